@@ -1,0 +1,165 @@
+"""API representations of the domain models."""
+
+from rest_framework import serializers
+
+from console.models import (
+    FaultInjection,
+    Job,
+    Node,
+    Operator,
+    Policy,
+    RecoveryEpisode,
+    Replica,
+)
+
+
+class NodeSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = Node
+        fields = [
+            "id",
+            "name",
+            "cpu_total",
+            "mem_total_mb",
+            "disk_max_mbps",
+            "bw_total_mbps",
+            "state",
+            "last_heartbeat",
+        ]
+        read_only_fields = ["state", "last_heartbeat"]
+
+
+class OperatorSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = Operator
+        fields = [
+            "name",
+            "kind",
+            "stage",
+            "upstream",
+            "downstream",
+            "cpu_demand",
+            "mem_demand_mb",
+            "type_score",
+            "resource_score",
+            "dependency_score",
+            "priority",
+            "predicted_fault_rate",
+            "mode",
+            "checkpoint_interval_s",
+            "updated_at",
+        ]
+        read_only_fields = fields
+
+
+class ReplicaSerializer(serializers.ModelSerializer):
+    node = serializers.SlugRelatedField(slug_field="name", read_only=True)
+
+    class Meta:
+        model = Replica
+        fields = [
+            "replica_id",
+            "stage",
+            "node",
+            "role",
+            "state",
+            "pid",
+            "fencing_epoch",
+            "last_heartbeat",
+            "started_at",
+            "ended_at",
+        ]
+        read_only_fields = fields
+
+
+class JobSerializer(serializers.ModelSerializer):
+    operators = OperatorSerializer(many=True, read_only=True)
+    replicas = ReplicaSerializer(many=True, read_only=True)
+    created_by = serializers.SlugRelatedField(slug_field="username", read_only=True)
+
+    class Meta:
+        model = Job
+        fields = [
+            "id",
+            "name",
+            "key",
+            "topology",
+            "strategy",
+            "params",
+            "status",
+            "status_reason",
+            "created_by",
+            "created_at",
+            "started_at",
+            "stopped_at",
+            "operators",
+            "replicas",
+        ]
+        read_only_fields = [
+            "key",
+            "status",
+            "status_reason",
+            "created_by",
+            "created_at",
+            "started_at",
+            "stopped_at",
+        ]
+
+
+class FaultInjectionSerializer(serializers.ModelSerializer):
+    target_node = serializers.SlugRelatedField(
+        slug_field="name", queryset=Node.objects.all(), required=False, allow_null=True
+    )
+    requested_by = serializers.SlugRelatedField(slug_field="username", read_only=True)
+
+    class Meta:
+        model = FaultInjection
+        fields = [
+            "id",
+            "kind",
+            "target_operator",
+            "target_node",
+            "params",
+            "requested_by",
+            "requested_at",
+            "injected_at",
+            "outcome",
+            "outcome_detail",
+        ]
+        read_only_fields = [
+            "requested_by",
+            "requested_at",
+            "injected_at",
+            "outcome",
+            "outcome_detail",
+        ]
+
+
+class RecoveryEpisodeSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = RecoveryEpisode
+        fields = [
+            "id",
+            "fault",
+            "strategy",
+            "stage",
+            "action",
+            "detected_at",
+            "recovered_at",
+            "downtime_s",
+            "recovery_time_s",
+            "peak_p99_ms",
+            "lost",
+            "duplicates",
+            "notes",
+        ]
+        read_only_fields = fields
+
+
+class PolicySerializer(serializers.ModelSerializer):
+    created_by = serializers.SlugRelatedField(slug_field="username", read_only=True)
+
+    class Meta:
+        model = Policy
+        fields = ["version", "created_at", "created_by", "reason", *Policy.threshold_field_names()]
+        read_only_fields = ["version", "created_at", "created_by"]

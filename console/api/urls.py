@@ -1,0 +1,22 @@
+"""API routes under /api/."""
+
+from django.urls import include, path
+from rest_framework.authtoken.views import obtain_auth_token
+from rest_framework.routers import DefaultRouter
+
+from console.api import views
+
+router = DefaultRouter()
+router.register("jobs", views.JobViewSet, basename="job")
+router.register("nodes", views.NodeViewSet, basename="node")
+router.register(r"jobs/(?P<job_pk>\d+)/faults", views.JobFaultViewSet, basename="job-fault")
+router.register(
+    r"jobs/(?P<job_pk>\d+)/recoveries", views.JobRecoveryViewSet, basename="job-recovery"
+)
+
+urlpatterns = [
+    path("auth/token/", obtain_auth_token, name="api-token"),
+    path("policy/", views.PolicyView.as_view(), name="policy"),
+    path("policy/history/", views.PolicyHistoryView.as_view(), name="policy-history"),
+    path("", include(router.urls)),
+]

@@ -1,0 +1,151 @@
+"""REST API views. Thin: validation and side effects live in console.services."""
+
+from django.shortcuts import get_object_or_404
+from drf_spectacular.utils import extend_schema
+from rest_framework import mixins, status, viewsets
+from rest_framework.decorators import action
+from rest_framework.exceptions import APIException, ValidationError
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from console.api.permissions import AdminWrites
+from console.api.serializers import (
+    FaultInjectionSerializer,
+    JobSerializer,
+    NodeSerializer,
+    PolicySerializer,
+    RecoveryEpisodeSerializer,
+)
+from console.models import Job, Node, Policy
+from console.services import faults as fault_service
+from console.services import jobs as job_service
+from console.services import policy as policy_service
+from console.services.results import read_results
+
+
+class Refused(APIException):
+    """A request refused for a reason other than bad input (conflict, rate limit)."""
+
+    def __init__(self, detail: str, status_code: int, code: str):
+        super().__init__(detail=detail, code=code)
+        self.status_code = status_code
+        self.default_code = code
+
+
+class JobViewSet(
+    mixins.ListModelMixin,
+    mixins.RetrieveModelMixin,
+    mixins.CreateModelMixin,
+    viewsets.GenericViewSet,
+):
+    """Jobs: list, create (operator), detail, and the `stop` action (operator)."""
+
+    serializer_class = JobSerializer
+    queryset = Job.objects.select_related("created_by").prefetch_related(
+        "operators", "replicas__node"
+    )
+
+    def perform_create(self, serializer):
+        data = serializer.validated_data
+        try:
+            serializer.instance = job_service.create_job(
+                name=data["name"],
+                topology=data["topology"],
+                strategy=data.get("strategy", Job.Strategy.ADAPTIVE),
+                params=data.get("params", {}),
+                user=self.request.user,
+            )
+        except job_service.JobRequestError as exc:
+            raise ValidationError({exc.field: [str(exc)]}) from exc
+
+    @action(detail=True, methods=["post"])
+    def stop(self, request, pk=None):
+        job = job_service.stop_job(self.get_object(), f"stopped by {request.user.username}")
+        return Response(self.get_serializer(job).data)
+
+    @extend_schema(responses={200: dict})
+    @action(detail=True, methods=["get"])
+    def results(self, request, pk=None):
+        return Response(read_results(self.get_object()))
+
+
+class JobFaultViewSet(mixins.ListModelMixin, mixins.CreateModelMixin, viewsets.GenericViewSet):
+    """Faults of one job: list them, or ask for one (operator role)."""
+
+    serializer_class = FaultInjectionSerializer
+
+    def get_job(self) -> Job:
+        return get_object_or_404(Job, pk=self.kwargs["job_pk"])
+
+    def get_queryset(self):
+        return self.get_job().faults.select_related("target_node", "requested_by")
+
+    def perform_create(self, serializer):
+        data = serializer.validated_data
+        try:
+            serializer.instance = fault_service.request_fault(
+                self.get_job(),
+                data["kind"],
+                target_operator=data.get("target_operator", ""),
+                target_node=data.get("target_node"),
+                params=data.get("params", {}),
+                requested_by=self.request.user,
+            )
+        except fault_service.FaultRefused as exc:
+            if exc.field:
+                raise ValidationError({exc.field: [str(exc)]}) from exc
+            code = "conflict" if exc.status == 409 else "throttled"
+            raise Refused(str(exc), exc.status, code) from exc
+
+
+class JobRecoveryViewSet(mixins.ListModelMixin, viewsets.GenericViewSet):
+    """Recovery episodes of one job, newest first."""
+
+    serializer_class = RecoveryEpisodeSerializer
+
+    def get_queryset(self):
+        job = get_object_or_404(Job, pk=self.kwargs["job_pk"])
+        return job.recoveries.all()
+
+
+class NodeViewSet(viewsets.ReadOnlyModelViewSet):
+    """Nodes with capacities, state and last heartbeat."""
+
+    serializer_class = NodeSerializer
+    queryset = Node.objects.all()
+
+
+class PolicyView(APIView):
+    """The policy version in force (GET) and changes to it (PUT/PATCH, admin): a new version."""
+
+    permission_classes = [AdminWrites]
+    serializer_class = PolicySerializer
+
+    def get(self, request):
+        return Response(PolicySerializer(Policy.current()).data)
+
+    def patch(self, request):
+        return self._change(request, partial=True)
+
+    def put(self, request):
+        return self._change(request, partial=False)
+
+    def _change(self, request, partial: bool):
+        serializer = PolicySerializer(data=request.data, partial=partial)
+        serializer.is_valid(raise_exception=True)
+        changes = dict(serializer.validated_data)
+        reason = changes.pop("reason", "")
+        try:
+            policy = policy_service.change_policy(changes, user=request.user, reason=reason)
+        except policy_service.PolicyRejected as exc:
+            raise ValidationError(exc.errors) from exc
+        return Response(PolicySerializer(policy).data, status=status.HTTP_201_CREATED)
+
+
+class PolicyHistoryView(APIView):
+    """Every policy version, newest first."""
+
+    serializer_class = PolicySerializer
+
+    def get(self, request):
+        return Response(PolicySerializer(Policy.objects.all()[:200], many=True).data)

@@ -1,0 +1,130 @@
+"""`manage.py demo`: migrate, create demo users and nodes, start Redis (if needed), the Celery
+controller, node agents and beat, and the web server; print the URL and the logins."""
+
+from __future__ import annotations
+
+import signal
+import sys
+import time
+
+from django.conf import settings
+from django.core.management import call_command
+from django.core.management.base import BaseCommand
+
+from console.services.demo_setup import DEMO_NODES, ensure_demo_nodes, ensure_demo_users
+from web.launcher import (
+    ProcessGroup,
+    celery_argv,
+    http_ok,
+    start_redis_if_needed,
+    wait_for,
+)
+from workers.queues import CONTROL_QUEUE, node_queue
+
+
+class Command(BaseCommand):
+    help = "Run the Backstop demo console on this machine (Ctrl-C stops everything)."
+
+    def add_arguments(self, parser):
+        parser.add_argument("--host", default="127.0.0.1")
+        parser.add_argument("--port", type=int, default=8000)
+        parser.add_argument(
+            "--check", action="store_true", help="Start, verify /healthz, then stop (smoke test)."
+        )
+
+    def step(self, number: int, total: int, text: str) -> None:
+        self.stdout.write(self.style.MIGRATE_HEADING(f"[{number}/{total}] {text}"))
+
+    def handle(self, *args, host, port, check, **options):
+        total = 6
+        log_dir = settings.VAR_DIR / "log"
+        group = ProcessGroup(log_dir)
+        signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+        try:
+            self.step(1, total, "database migrations")
+            call_command("migrate", interactive=False, verbosity=0)
+
+            self.step(2, total, "demo users and nodes")
+            passwords = ensure_demo_users(settings.VAR_DIR / "demo-passwords.json")
+            nodes = ensure_demo_nodes()
+            self.stdout.write(f"      nodes: {', '.join(n.name for n in nodes)}")
+
+            self.step(3, total, "Redis")
+            self.stdout.write(
+                "      "
+                + start_redis_if_needed(settings.REDIS_URL, group, settings.VAR_DIR / "redis")
+            )
+
+            self.step(4, total, "Celery: controller, node agents, beat")
+            group.start(
+                "controller",
+                celery_argv(
+                    "worker",
+                    "-Q",
+                    CONTROL_QUEUE,
+                    "-n",
+                    "controller@%h",
+                    "--concurrency",
+                    "2",
+                    "--loglevel",
+                    "INFO",
+                ),
+            )
+            for name in DEMO_NODES:
+                group.start(
+                    f"agent-{name}",
+                    celery_argv(
+                        "worker",
+                        "-Q",
+                        node_queue(name),
+                        "-n",
+                        f"agent-{name}@%h",
+                        "--concurrency",
+                        "1",
+                        "--loglevel",
+                        "INFO",
+                    ),
+                )
+            group.start(
+                "beat",
+                celery_argv(
+                    "beat",
+                    "--loglevel",
+                    "INFO",
+                    "--schedule",
+                    str(settings.VAR_DIR / "beat.db"),
+                ),
+            )
+
+            self.step(5, total, f"web server on http://{host}:{port}/")
+            group.start(
+                "web", [sys.executable, "manage.py", "runserver", f"{host}:{port}", "--noreload"]
+            )
+            base_url = f"http://{host}:{port}"
+            wait_for(
+                lambda: http_ok(f"{base_url}/healthz"),
+                90,
+                "/healthz to report database, Redis and Celery up (see var/log/)",
+            )
+
+            self.step(6, total, "ready")
+            self.stdout.write(self.style.SUCCESS(f"\n  Backstop console: {base_url}/"))
+            self.stdout.write(f"  API docs:         {base_url}/api/docs/")
+            self.stdout.write(f"  Admin:            {base_url}/admin/")
+            self.stdout.write(f"  Health:           {base_url}/healthz")
+            self.stdout.write("  Logins (also in var/demo-passwords.json):")
+            for username, password in passwords.items():
+                self.stdout.write(f"    {username:9} {password}")
+            self.stdout.write(f"  Logs: {log_dir}/   Stop with Ctrl-C.\n")
+            if check:
+                return
+            while True:
+                dead = group.dead()
+                if dead:
+                    self.stderr.write(f"stopped unexpectedly: {', '.join(dead)} (see {log_dir})")
+                    sys.exit(1)
+                time.sleep(2)
+        except KeyboardInterrupt:
+            self.stdout.write("\nstopping ...")
+        finally:
+            group.stop()

@@ -1,0 +1,457 @@
+"""Backstop's domain model: nodes, jobs and their operators, replicas, faults, recoveries, metrics
+and the versioned fault-tolerance policy."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import timedelta
+
+from django.conf import settings
+from django.core.exceptions import ValidationError
+from django.db import models, transaction
+from django.utils import timezone
+
+from console.policy.config import PolicyConfig, PolicyConfigError
+from spark_runtime.topology import OPERATOR_KINDS, TOPOLOGIES
+
+
+class InvalidTransition(Exception):
+    """A status change that the lifecycle does not allow (e.g. stopped -> running)."""
+
+
+class Node(models.Model):
+    """A host running a node agent; replicas of stages are placed on nodes.
+
+    Capacities are what the node offers Backstop (cores, MiB, MB/s); live usage arrives as
+    MetricSample rows from the node agent, and `last_heartbeat` tells the controller it is alive.
+    """
+
+    class State(models.TextChoices):
+        UP = "up", "up"
+        DOWN = "down", "down"
+        DRAINING = "draining", "draining"
+        UNKNOWN = "unknown", "unknown"
+
+    name = models.SlugField(max_length=64, unique=True)
+    cpu_total = models.FloatField(help_text="Cores offered to Backstop.")
+    mem_total_mb = models.FloatField(help_text="Memory offered to Backstop, MiB.")
+    disk_max_mbps = models.FloatField(default=200.0, help_text="Disk throughput ceiling, MB/s.")
+    bw_total_mbps = models.FloatField(default=1000.0, help_text="Network bandwidth, Mbit/s.")
+    state = models.CharField(max_length=16, choices=State.choices, default=State.UNKNOWN)
+    last_heartbeat = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self):
+        return self.name
+
+    @property
+    def queue(self) -> str:
+        """The Celery queue of this node's agent."""
+        from workers.queues import node_queue
+
+        return node_queue(self.name)
+
+    def record_heartbeat(self, at=None) -> None:
+        """Mark the node alive now (or at `at`)."""
+        self.last_heartbeat = at or timezone.now()
+        self.state = self.State.UP
+        self.save(update_fields=["last_heartbeat", "state"])
+
+
+class Job(models.Model):
+    """A streaming job: one topology run with one fault-tolerance strategy.
+
+    Status moves created -> starting -> running -> stopping -> stopped, with failed reachable from
+    any live state. Transition methods are idempotent: asking for the state the job is already in
+    does nothing, so a retried Celery task cannot corrupt the lifecycle.
+    """
+
+    class Status(models.TextChoices):
+        CREATED = "created", "created"
+        STARTING = "starting", "starting"
+        RUNNING = "running", "running"
+        STOPPING = "stopping", "stopping"
+        STOPPED = "stopped", "stopped"
+        FAILED = "failed", "failed"
+
+    class Strategy(models.TextChoices):
+        RESTART_ALL = "restart-all", "restart-all (one fused query, restart everything)"
+        LOCAL_RESTART = "local-restart", "local-restart (restart only the failed stage)"
+        ADAPTIVE = "adaptive", "adaptive (Da-Stream policy)"
+        ACTIVE_ALL = "active-all", "active-all (hot standby for every stage)"
+
+    # Allowed moves; the key is the target status, the value the statuses it may be reached from.
+    TRANSITIONS = {
+        Status.STARTING: {Status.CREATED, Status.STOPPED, Status.FAILED},
+        Status.RUNNING: {Status.STARTING},
+        Status.STOPPING: {Status.CREATED, Status.STARTING, Status.RUNNING},
+        Status.STOPPED: {Status.STOPPING},
+        Status.FAILED: {Status.CREATED, Status.STARTING, Status.RUNNING, Status.STOPPING},
+    }
+    LIVE_STATUSES = (Status.STARTING, Status.RUNNING, Status.STOPPING)
+
+    name = models.CharField(max_length=100)
+    key = models.SlugField(
+        max_length=40,
+        unique=True,
+        editable=False,
+        help_text="Identifier used in Redis keys (backstop:{key}:...); unique across resets.",
+    )
+    topology = models.CharField(
+        max_length=32, choices=[(name, name) for name in sorted(TOPOLOGIES)]
+    )
+    strategy = models.CharField(max_length=20, choices=Strategy.choices, default=Strategy.ADAPTIVE)
+    params = models.JSONField(default=dict, blank=True, help_text="e.g. {'rate': 500}")
+    status = models.CharField(max_length=16, choices=Status.choices, default=Status.CREATED)
+    status_reason = models.TextField(blank=True)
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL
+    )
+    created_at = models.DateTimeField(auto_now_add=True)
+    started_at = models.DateTimeField(null=True, blank=True)
+    stopped_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created_at"]
+
+    def __str__(self):
+        return f"{self.name} ({self.topology}, {self.strategy})"
+
+    def save(self, *args, **kwargs):
+        if not self.key:
+            self.key = f"job-{uuid.uuid4().hex[:12]}"
+        super().save(*args, **kwargs)
+
+    @property
+    def is_live(self) -> bool:
+        return self.status in self.LIVE_STATUSES
+
+    def transition(self, target: str, reason: str = "") -> bool:
+        """Move to `target`; False when already there; InvalidTransition when not allowed.
+
+        The row is locked while deciding so two workers cannot race the same job.
+        """
+        with transaction.atomic():
+            locked = Job.objects.select_for_update().get(pk=self.pk)
+            if locked.status == target:
+                self.status = locked.status
+                return False
+            if locked.status not in self.TRANSITIONS[target]:
+                raise InvalidTransition(
+                    f"job {self.pk}: cannot go from {locked.status} to {target}"
+                )
+            locked.status = target
+            locked.status_reason = reason
+            now = timezone.now()
+            if target == self.Status.RUNNING:
+                locked.started_at = now
+            if target in (self.Status.STOPPED, self.Status.FAILED):
+                locked.stopped_at = now
+            if target == self.Status.STARTING:
+                locked.stopped_at = None
+            locked.save(update_fields=["status", "status_reason", "started_at", "stopped_at"])
+        self.refresh_from_db(fields=["status", "status_reason", "started_at", "stopped_at"])
+        return True
+
+    def mark_starting(self, reason: str = "") -> bool:
+        return self.transition(self.Status.STARTING, reason)
+
+    def mark_running(self, reason: str = "") -> bool:
+        return self.transition(self.Status.RUNNING, reason)
+
+    def request_stop(self, reason: str = "") -> bool:
+        """Ask the job to stop; a job that is already stopping or stopped is left alone."""
+        if self.status in (self.Status.STOPPED, self.Status.FAILED):
+            return False
+        return self.transition(self.Status.STOPPING, reason)
+
+    def mark_stopped(self, reason: str = "") -> bool:
+        return self.transition(self.Status.STOPPED, reason)
+
+    def mark_failed(self, reason: str) -> bool:
+        return self.transition(self.Status.FAILED, reason)
+
+
+class Operator(models.Model):
+    """One operator of a job's topology with its current fault-tolerance assessment.
+
+    S, R, L and P are the Da-Stream type score, resource score, dependency strength and priority;
+    `mode` says whether it gets a hot standby (active) or relies on checkpoints (passive).
+    """
+
+    class Mode(models.TextChoices):
+        ACTIVE = "active", "active (hot standby)"
+        PASSIVE = "passive", "passive (checkpoint)"
+
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="operators")
+    name = models.CharField(max_length=64)
+    kind = models.CharField(max_length=32, choices=[(k, k) for k in OPERATOR_KINDS])
+    stage = models.CharField(max_length=64, blank=True, help_text="Stage (query) running it.")
+    upstream = models.JSONField(default=list, blank=True)
+    downstream = models.JSONField(default=list, blank=True)
+    cpu_demand = models.FloatField(default=0.25, help_text="Cores.")
+    mem_demand_mb = models.FloatField(default=256.0, help_text="MiB.")
+    type_score = models.FloatField(default=0.0, help_text="S")
+    resource_score = models.FloatField(default=0.0, help_text="R")
+    dependency_score = models.FloatField(default=0.0, help_text="L")
+    priority = models.FloatField(default=0.0, help_text="P = w1*S + w2*R + w3*L (+ fault risk)")
+    predicted_fault_rate = models.FloatField(default=0.0, help_text="fr")
+    mode = models.CharField(max_length=10, choices=Mode.choices, default=Mode.PASSIVE)
+    checkpoint_interval_s = models.FloatField(default=5.0)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["job", "id"]
+        constraints = [models.UniqueConstraint(fields=["job", "name"], name="operator_unique_name")]
+
+    def __str__(self):
+        return f"{self.job.name}/{self.name}"
+
+
+class Replica(models.Model):
+    """A process running one stage of a job on a node, as primary or hot standby.
+
+    `fencing_epoch` is the epoch the replica writes with; the sink refuses writes from an epoch
+    older than the stage's current one, so a stale primary can never write after a promotion.
+    """
+
+    class Role(models.TextChoices):
+        PRIMARY = "primary", "primary"
+        STANDBY = "standby", "standby"
+
+    class State(models.TextChoices):
+        STARTING = "starting", "starting"
+        RUNNING = "running", "running"
+        PROMOTING = "promoting", "promoting"
+        STOPPED = "stopped", "stopped"
+        FAILED = "failed", "failed"
+
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="replicas")
+    replica_id = models.CharField(max_length=100, unique=True)
+    stage = models.CharField(max_length=64)
+    node = models.ForeignKey(Node, on_delete=models.PROTECT, related_name="replicas")
+    role = models.CharField(max_length=10, choices=Role.choices)
+    state = models.CharField(max_length=10, choices=State.choices, default=State.STARTING)
+    pid = models.IntegerField(null=True, blank=True)
+    fencing_epoch = models.PositiveIntegerField(default=0)
+    last_heartbeat = models.DateTimeField(null=True, blank=True)
+    started_at = models.DateTimeField(auto_now_add=True)
+    ended_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["job", "stage", "role"]
+
+    def __str__(self):
+        return f"{self.replica_id} ({self.role} on {self.node.name})"
+
+
+class FaultInjection(models.Model):
+    """A fault asked for by a person or a schedule, and what came of it."""
+
+    class Kind(models.TextChoices):
+        KILL_DRIVER = "kill-driver", "kill a stage's primary process and its JVM"
+        KILL_STANDBY = "kill-standby", "kill a stage's hot standby"
+        KILL_NODE = "kill-node", "kill every replica on a node"
+        PAUSE_NODE = "pause-node", "SIGSTOP a node's replicas for N seconds"
+        OPERATOR_EXCEPTION = "operator-exception", "the operator raises on its next batch"
+        STRESS_NODE = "stress-node", "CPU hog on a node for N seconds"
+
+    class Outcome(models.TextChoices):
+        PENDING = "pending", "pending"
+        INJECTED = "injected", "injected"
+        FAILED = "failed", "failed"
+        REFUSED = "refused", "refused"
+
+    NODE_KINDS = (Kind.KILL_NODE, Kind.PAUSE_NODE, Kind.STRESS_NODE)
+
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="faults")
+    kind = models.CharField(max_length=24, choices=Kind.choices)
+    target_operator = models.CharField(max_length=64, blank=True)
+    target_node = models.ForeignKey(Node, null=True, blank=True, on_delete=models.SET_NULL)
+    params = models.JSONField(default=dict, blank=True, help_text="e.g. {'duration_s': 10}")
+    requested_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL,
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        help_text="Empty when a schedule asked.",
+    )
+    requested_at = models.DateTimeField(auto_now_add=True)
+    injected_at = models.DateTimeField(null=True, blank=True)
+    outcome = models.CharField(max_length=10, choices=Outcome.choices, default=Outcome.PENDING)
+    outcome_detail = models.TextField(blank=True)
+
+    class Meta:
+        ordering = ["-requested_at"]
+
+    def __str__(self):
+        target = self.target_operator or (self.target_node and self.target_node.name) or "?"
+        return f"{self.kind} on {target} ({self.outcome})"
+
+
+class RecoveryEpisode(models.Model):
+    """One failure and the recovery from it, measured by the recovery detector.
+
+    Downtime is the gap in output; recovery time is downtime plus catch-up until latency is back
+    within the band; lost and duplicates compare input ids with output ids.
+    """
+
+    class Action(models.TextChoices):
+        PROMOTE = "promote", "promoted the standby"
+        RESTART_STAGE = "restart-stage", "restarted the stage from its checkpoint"
+        RESTART_JOB = "restart-job", "restarted the whole job"
+        NONE = "none", "no action needed"
+
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="recoveries")
+    fault = models.ForeignKey(
+        FaultInjection, null=True, blank=True, on_delete=models.SET_NULL, related_name="episodes"
+    )
+    strategy = models.CharField(max_length=20, choices=Job.Strategy.choices)
+    stage = models.CharField(max_length=64, blank=True)
+    action = models.CharField(max_length=16, choices=Action.choices, default=Action.NONE)
+    detected_at = models.DateTimeField()
+    recovered_at = models.DateTimeField(null=True, blank=True)
+    downtime_s = models.FloatField(null=True, blank=True)
+    recovery_time_s = models.FloatField(null=True, blank=True)
+    peak_p99_ms = models.FloatField(null=True, blank=True)
+    lost = models.IntegerField(null=True, blank=True)
+    duplicates = models.IntegerField(null=True, blank=True)
+    notes = models.TextField(blank=True)
+
+    class Meta:
+        ordering = ["-detected_at"]
+
+    def __str__(self):
+        return f"{self.job.name} {self.stage} @ {self.detected_at:%Y-%m-%d %H:%M:%S}"
+
+    @property
+    def is_open(self) -> bool:
+        return self.recovered_at is None
+
+
+class MetricSampleQuerySet(models.QuerySet):
+    def older_than(self, hours: float):
+        return self.filter(at__lt=timezone.now() - timedelta(hours=hours))
+
+
+class MetricSample(models.Model):
+    """One measurement at one time, for a job (optionally one stage/operator) or a node.
+
+    Stored long-form (name, value) so new metrics need no migration; the indexes serve the two
+    queries the console makes: one metric of one job over time, one metric of one node over time.
+    """
+
+    at = models.DateTimeField(db_index=True)
+    job = models.ForeignKey(
+        Job, null=True, blank=True, on_delete=models.CASCADE, related_name="metrics"
+    )
+    stage = models.CharField(max_length=64, blank=True)
+    node = models.ForeignKey(
+        Node, null=True, blank=True, on_delete=models.CASCADE, related_name="metrics"
+    )
+    name = models.CharField(max_length=48, help_text="e.g. throughput_eps, latency_p99_ms")
+    value = models.FloatField()
+
+    objects = MetricSampleQuerySet.as_manager()
+
+    class Meta:
+        ordering = ["at"]
+        indexes = [
+            models.Index(fields=["job", "name", "at"], name="metric_job_name_at"),
+            models.Index(fields=["node", "name", "at"], name="metric_node_name_at"),
+        ]
+
+    def __str__(self):
+        return f"{self.name}={self.value} @ {self.at:%H:%M:%S}"
+
+
+class Policy(models.Model):
+    """One version of the fault-tolerance thresholds and weights (Da-Stream's knobs).
+
+    Versions are never edited in place: every change writes a new row with who, when and why, so
+    the history is the audit trail and any version can be restored. The newest row is in force.
+    Field names match `console.policy.config.PolicyConfig`, which validates them.
+    """
+
+    version = models.PositiveIntegerField(unique=True, editable=False)
+    created_at = models.DateTimeField(auto_now_add=True)
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL
+    )
+    reason = models.CharField(max_length=300, blank=True)
+
+    # Priority P = w_type*S + w_resource*R + w_dependency*L (+ fault_risk_weight*fr).
+    w_type = models.FloatField(default=0.4)
+    w_resource = models.FloatField(default=0.3)
+    w_dependency = models.FloatField(default=0.3)
+    alpha_cpu = models.FloatField(default=0.5)
+    beta_mem = models.FloatField(default=0.5)
+    priority_threshold = models.FloatField(default=0.35, help_text="P above it -> hot standby")
+    fault_risk_weight = models.FloatField(default=0.2)
+    # Node resource score Q.
+    q_w_cpu = models.FloatField(default=0.4)
+    q_w_mem = models.FloatField(default=0.3)
+    q_w_disk = models.FloatField(default=0.15)
+    q_w_bw = models.FloatField(default=0.15)
+    q_decay_lambda = models.FloatField(default=0.5)
+    q_samples = models.PositiveIntegerField(default=5)
+    resource_reserve = models.FloatField(default=0.2, help_text="Fraction of the cluster kept free")
+    # Checkpoint interval.
+    checkpoint_min_s = models.FloatField(default=1.0)
+    checkpoint_max_s = models.FloatField(default=60.0)
+    interval_horizon_s = models.FloatField(default=60.0, help_text="T in C_initial")
+    checkpoint_cost_s = models.FloatField(default=0.5, help_text="T_checkpoint")
+    recovery_cost_s = models.FloatField(default=20.0, help_text="T_recover")
+    cpu_const = models.FloatField(default=0.8)
+    mem_const = models.FloatField(default=0.8)
+    slow_task_limit = models.PositiveIntegerField(default=3)
+    fault_rate_prior = models.FloatField(default=0.05)
+    # Supervision and recovery detection.
+    heartbeat_timeout_s = models.FloatField(default=3.0)
+    cycle_interval_s = models.FloatField(default=5.0)
+    recovery_band = models.FloatField(default=0.15)
+    recovery_stable_window_s = models.FloatField(default=30.0)
+    reference_window_s = models.FloatField(default=60.0)
+    warmup_s = models.FloatField(default=20.0)
+
+    class Meta:
+        ordering = ["-version"]
+        verbose_name_plural = "policies"
+
+    def __str__(self):
+        return f"policy v{self.version}"
+
+    def save(self, *args, **kwargs):
+        if self.pk is not None:
+            raise ValidationError("policy versions are immutable; create a new version instead")
+        if not self.version:
+            latest = Policy.objects.order_by("-version").values_list("version", flat=True).first()
+            self.version = (latest or 0) + 1
+        super().save(*args, **kwargs)
+
+    @staticmethod
+    def threshold_field_names() -> list[str]:
+        """The tunable fields, in PolicyConfig's order."""
+        return list(PolicyConfig.__dataclass_fields__)
+
+    def to_config(self) -> PolicyConfig:
+        """The pure-Python config the policy code works with."""
+        return PolicyConfig(**{name: getattr(self, name) for name in self.threshold_field_names()})
+
+    def clean(self):
+        """Validate through PolicyConfig so the API, admin and console share one set of rules."""
+        try:
+            self.to_config().validate()
+        except PolicyConfigError as exc:
+            raise ValidationError(exc.errors) from exc
+
+    @classmethod
+    def current(cls) -> Policy:
+        """The version in force: the newest row, created with defaults if there is none."""
+        latest = cls.objects.order_by("-version").first()
+        if latest is None:
+            latest = cls(reason="defaults")
+            latest.save()
+        return latest

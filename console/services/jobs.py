@@ -1,0 +1,72 @@
+"""Creating and stopping jobs. The API, the console and management commands all go through here."""
+
+from __future__ import annotations
+
+from django.db import transaction
+
+from console.models import Job, Operator
+from spark_runtime.topology import get_topology
+
+
+class JobRequestError(Exception):
+    """The job request is invalid; `field` names the offending input."""
+
+    def __init__(self, message: str, field: str):
+        super().__init__(message)
+        self.field = field
+
+
+def validate_params(params: dict) -> dict:
+    """Check the job parameters users may set; return them with defaults filled in."""
+    if not isinstance(params, dict):
+        raise JobRequestError("params: must be an object", field="params")
+    cleaned = {"rate": 200, **params}
+    rate = cleaned["rate"]
+    if isinstance(rate, bool) or not isinstance(rate, int | float) or not 0 <= rate <= 100_000:
+        raise JobRequestError("params.rate: events per second must be in [0, 100000]", "params")
+    return cleaned
+
+
+@transaction.atomic
+def create_job(*, name: str, topology: str, strategy: str, params: dict | None, user=None) -> Job:
+    """Create a job and one Operator row per operator of its topology."""
+    try:
+        spec = get_topology(topology)
+    except KeyError as exc:
+        raise JobRequestError(f"topology: {exc.args[0]}", field="topology") from None
+    if strategy not in Job.Strategy.values:
+        raise JobRequestError(
+            f"strategy: must be one of {', '.join(Job.Strategy.values)}", field="strategy"
+        )
+    job = Job.objects.create(
+        name=name,
+        topology=topology,
+        strategy=strategy,
+        params=validate_params(params or {}),
+        created_by=user if getattr(user, "is_authenticated", False) else None,
+    )
+    Operator.objects.bulk_create(
+        Operator(
+            job=job,
+            name=op.name,
+            kind=op.kind,
+            upstream=list(op.upstream),
+            downstream=list(spec.downstream(op.name)),
+            cpu_demand=op.cpu,
+            mem_demand_mb=op.mem,
+        )
+        for op in spec.operators
+    )
+    return job
+
+
+def stop_job(job: Job, reason: str = "stopped by request") -> Job:
+    """Ask a job to stop. Idempotent: stopping a stopped job changes nothing."""
+    job.request_stop(reason)
+    if (
+        job.status == Job.Status.STOPPING
+        and not job.replicas.exclude(state__in=("stopped", "failed")).exists()
+    ):
+        # Nothing is running for this job, so there is nothing for the controller to wait for.
+        job.mark_stopped(reason)
+    return job

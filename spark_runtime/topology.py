@@ -1,0 +1,332 @@
+"""Declarative operator DAGs: the jobs Backstop knows how to run.
+
+This module is the shared vocabulary of the data plane (which compiles a topology into Structured
+Streaming queries) and the policy (which scores each operator). It holds no Spark code and no
+Django code, so both sides can import it cheaply.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+# Operator kinds. The policy maps them to Da-Stream type scores (stateless 0.1, aggregation 0.5,
+# join or other stateful operators such as windows and top-N 0.8).
+SOURCE = "source"
+MAP = "map"
+FILTER = "filter"
+FLATMAP = "flatmap"
+AGGREGATE = "aggregate"
+WINDOW_AGGREGATE = "window_aggregate"
+JOIN = "join"
+TOPN = "topn"
+SINK = "sink"
+
+OPERATOR_KINDS = (SOURCE, MAP, FILTER, FLATMAP, AGGREGATE, WINDOW_AGGREGATE, JOIN, TOPN, SINK)
+STATEFUL_KINDS = frozenset({AGGREGATE, WINDOW_AGGREGATE, JOIN, TOPN})
+
+
+@dataclass(frozen=True)
+class OperatorSpec:
+    """One operator of a topology.
+
+    `upstream` names the operators whose output this one reads; `params` carries kind-specific
+    settings (window length, N of top-N, selectivity...). `cpu` and `mem` are the default demand
+    estimates (cores, MiB) the policy uses until measured figures exist.
+    """
+
+    name: str
+    kind: str
+    upstream: tuple[str, ...] = ()
+    parallelism: int = 1
+    params: dict = field(default_factory=dict)
+    cpu: float = 0.25
+    mem: float = 256.0
+
+    def __post_init__(self):
+        if self.kind not in OPERATOR_KINDS:
+            raise ValueError(f"operator {self.name!r}: unknown kind {self.kind!r}")
+        if self.parallelism < 1:
+            raise ValueError(f"operator {self.name!r}: parallelism must be >= 1")
+
+    @property
+    def stateful(self) -> bool:
+        return self.kind in STATEFUL_KINDS
+
+
+@dataclass(frozen=True)
+class Topology:
+    """A named DAG of operators. Edges are given by each operator's `upstream` names."""
+
+    name: str
+    operators: tuple[OperatorSpec, ...]
+    description: str = ""
+
+    def __post_init__(self):
+        names = [op.name for op in self.operators]
+        if len(names) != len(set(names)):
+            raise ValueError(f"topology {self.name!r}: duplicate operator names")
+        known = set(names)
+        for op in self.operators:
+            missing = [u for u in op.upstream if u not in known]
+            if missing:
+                raise ValueError(f"topology {self.name!r}: {op.name!r} reads unknown {missing}")
+        self.topological_order()  # raises on cycles
+
+    def operator(self, name: str) -> OperatorSpec:
+        for op in self.operators:
+            if op.name == name:
+                return op
+        raise KeyError(f"topology {self.name!r} has no operator {name!r}")
+
+    def downstream(self, name: str) -> tuple[str, ...]:
+        """Names of the operators that read `name`'s output."""
+        return tuple(op.name for op in self.operators if name in op.upstream)
+
+    def topological_order(self) -> list[OperatorSpec]:
+        """Operators sorted so that each comes after everything it reads; raises on a cycle."""
+        done: list[OperatorSpec] = []
+        placed: set[str] = set()
+        pending = list(self.operators)
+        while pending:
+            ready = [op for op in pending if all(u in placed for u in op.upstream)]
+            if not ready:
+                raise ValueError(f"topology {self.name!r} has a cycle")
+            for op in ready:
+                done.append(op)
+                placed.add(op.name)
+                pending.remove(op)
+        return done
+
+
+WORDCOUNT = Topology(
+    name="wordcount",
+    description="Da-Stream's evaluation job: split lines into words and count each word.",
+    operators=(
+        OperatorSpec("source", SOURCE, cpu=0.1, mem=128),
+        OperatorSpec("split", FLATMAP, upstream=("source",), cpu=0.3, mem=256),
+        OperatorSpec("count", AGGREGATE, upstream=("split",), cpu=0.5, mem=512),
+        OperatorSpec("sink", SINK, upstream=("count",), cpu=0.1, mem=128),
+    ),
+)
+
+TOPN = Topology(
+    name="topn",
+    description="Da-Stream's Top-N job: count items per tumbling window, keep the N most frequent.",
+    operators=(
+        OperatorSpec("source", SOURCE, cpu=0.1, mem=128),
+        OperatorSpec(
+            "window_count",
+            WINDOW_AGGREGATE,
+            upstream=("source",),
+            params={"window_seconds": 10},
+            cpu=0.5,
+            mem=512,
+        ),
+        OperatorSpec("topn", TOPN, upstream=("window_count",), params={"n": 5}, cpu=0.3, mem=256),
+        OperatorSpec("sink", SINK, upstream=("topn",), cpu=0.1, mem=128),
+    ),
+)
+
+TRAFFIC = Topology(
+    name="traffic",
+    description="OSPBench's pipeline: join speed and flow per sensor lane and second, then "
+    "average speed and total flow per location.",
+    operators=(
+        OperatorSpec("speed_source", SOURCE, cpu=0.1, mem=128),
+        OperatorSpec("flow_source", SOURCE, cpu=0.1, mem=128),
+        OperatorSpec(
+            "join", JOIN, upstream=("speed_source", "flow_source"), cpu=0.6, mem=768
+        ),
+        OperatorSpec(
+            "location_aggregate",
+            WINDOW_AGGREGATE,
+            upstream=("join",),
+            params={"window_seconds": 1},
+            cpu=0.4,
+            mem=512,
+        ),
+        OperatorSpec("sink", SINK, upstream=("location_aggregate",), cpu=0.1, mem=128),
+    ),
+)
+
+SHUFFLE = Topology(
+    name="shuffle",
+    description="ShuffleBench's shape: assign records to keys, aggregate per key with state, "
+    "emit outputs with a set selectivity.",
+    operators=(
+        OperatorSpec("source", SOURCE, cpu=0.1, mem=128),
+        OperatorSpec("assign_keys", MAP, upstream=("source",), params={"keys": 100}, cpu=0.2),
+        OperatorSpec(
+            "aggregate",
+            AGGREGATE,
+            upstream=("assign_keys",),
+            params={"selectivity": 0.01},
+            cpu=0.5,
+            mem=512,
+        ),
+        OperatorSpec("sink", SINK, upstream=("aggregate",), cpu=0.1, mem=128),
+    ),
+)
+
+TOPOLOGIES: dict[str, Topology] = {t.name: t for t in (WORDCOUNT, TOPN, TRAFFIC, SHUFFLE)}
+
+
+def get_topology(name: str) -> Topology:
+    """Return the topology called `name`, or raise KeyError listing the known ones."""
+    try:
+        return TOPOLOGIES[name]
+    except KeyError:
+        raise KeyError(f"unknown topology {name!r}; known: {sorted(TOPOLOGIES)}") from None
+
+
+# --- Stage cutting (data plane) --------------------------------------------------------------
+# A stage is one Structured Streaming query reading Redis streams and writing a Redis stream or
+# the final sink. Sources are not stages (they are the input stream), sinks run inside the stage
+# of the operator they read. Every other operator is its own stage, so each stateful operator can
+# be restarted or backed by a standby on its own.
+
+INPUT_CHANNEL = "in"
+RESULTS_CHANNEL = "results"
+OUT_CHANNEL = "out"
+
+# Final outputs beyond the results hash, per topology (shuffle also emits records).
+EXTRA_OUTPUTS: dict[str, tuple[str, ...]] = {"shuffle": (OUT_CHANNEL,)}
+
+
+@dataclass(frozen=True)
+class SegmentSpec:
+    """One Structured Streaming query: a chain of operators from input channels to outputs.
+
+    Channels are named: `in` (the job input), `results` and `out` (final outputs), or the name of
+    the operator whose output an intermediate stream carries.
+    """
+
+    operators: tuple[str, ...]
+    inputs: tuple[str, ...]
+    outputs: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class StageSpec:
+    """A unit of supervision: one process (primary, optionally a hot standby) running one or
+    more queries. `input_keys`/`output_keys` are Redis keys (with `{job}` left in when compiled
+    without a job id)."""
+
+    name: str
+    operators: tuple[str, ...]
+    inputs: tuple[str, ...]
+    outputs: tuple[str, ...]
+    segments: tuple[SegmentSpec, ...]
+    stateful: bool
+    input_keys: tuple[str, ...] = ()
+    output_keys: tuple[str, ...] = ()
+
+
+def channel_key(job: str, channel: str) -> str:
+    """The Redis key of a named channel of `job`."""
+    from spark_runtime import keys
+
+    if channel == INPUT_CHANNEL:
+        return keys.input_stream(job)
+    if channel == RESULTS_CHANNEL:
+        return keys.results(job)
+    if channel == OUT_CHANNEL:
+        return keys.output_stream(job)
+    return keys.channel_stream(job, channel)
+
+
+def with_params(topology: Topology, overrides: dict[str, dict]) -> Topology:
+    """A copy of `topology` with operator params updated, e.g. `{"aggregate": {"keys": 10}}`."""
+    from dataclasses import replace
+
+    ops = tuple(
+        replace(op, params={**op.params, **overrides.get(op.name, {})}) for op in topology.operators
+    )
+    return replace(topology, operators=ops)
+
+
+def _operator_segments(topology: Topology) -> list[SegmentSpec]:
+    """One segment per processing operator (not source, not sink), in topological order."""
+    segments = []
+    for op in topology.topological_order():
+        if op.kind in (SOURCE, SINK):
+            continue
+        inputs = []
+        for up in op.upstream:
+            channel = INPUT_CHANNEL if topology.operator(up).kind == SOURCE else up
+            if channel not in inputs:
+                inputs.append(channel)
+        downstream = [topology.operator(d) for d in topology.downstream(op.name)]
+        if any(d.kind == SINK for d in downstream):
+            outputs = (RESULTS_CHANNEL, *EXTRA_OUTPUTS.get(topology.name, ()))
+        else:
+            outputs = (op.name,)
+        segments.append(SegmentSpec((op.name,), tuple(inputs), outputs))
+    return segments
+
+
+def _fuse(topology: Topology, segments: list[SegmentSpec]) -> list[SegmentSpec]:
+    """Merge consecutive segments into one query where Spark allows it: a query may hold at most
+    one stateful operator here (Spark cannot chain two update-mode aggregations), so a segment
+    is cut before a stateful operator that follows another one."""
+    fused: list[SegmentSpec] = []
+    for seg in segments:
+        if fused:
+            prev = fused[-1]
+            prev_stateful = any(topology.operator(o).stateful for o in prev.operators)
+            this_stateful = any(topology.operator(o).stateful for o in seg.operators)
+            chained = seg.inputs == (prev.outputs[0],)
+            if chained and not (prev_stateful and this_stateful):
+                fused[-1] = SegmentSpec(prev.operators + seg.operators, prev.inputs, seg.outputs)
+                continue
+        fused.append(seg)
+    return fused
+
+
+def compile_stages(topology: Topology, fused: bool = False, job: str | None = None):
+    """Cut `topology` into stages.
+
+    `fused=False`: one stage (and one query) per processing operator, Redis streams between
+    them. `fused=True`: the whole job as one stage named `job` (for the restart-all strategy),
+    with its operators fused into as few queries as Spark allows (one for wordcount and shuffle).
+    With `job`, the stages carry the real Redis keys of their inputs and outputs.
+    """
+    segments = _operator_segments(topology)
+
+    def make(name: str, segs: list[SegmentSpec]) -> StageSpec:
+        ops = tuple(o for s in segs for o in s.operators)
+        produced = {s.outputs[0] for s in segs}
+        inputs = tuple(dict.fromkeys(c for s in segs for c in s.inputs if c not in produced))
+        consumed = {c for s in segs for c in s.inputs}
+        outputs = tuple(dict.fromkeys(c for s in segs for c in s.outputs if c not in consumed))
+        job_id = job if job is not None else "{job}"
+        return StageSpec(
+            name=name,
+            operators=ops,
+            inputs=inputs,
+            outputs=outputs,
+            segments=tuple(segs),
+            stateful=any(topology.operator(o).stateful for o in ops),
+            input_keys=tuple(channel_key(job_id, c) for c in inputs),
+            output_keys=tuple(channel_key(job_id, c) for c in outputs),
+        )
+
+    if fused:
+        return [make("job", _fuse(topology, segments))]
+    return [make(seg.operators[0], [seg]) for seg in segments]
+
+
+def stage_of(topology: Topology, stages: list[StageSpec], operator: str) -> str:
+    """The name of the stage running `operator`: a source maps to the first stage reading it,
+    a sink to the stage writing the results, any other operator to the stage containing it."""
+    op = topology.operator(operator)
+    if op.kind == SOURCE:
+        candidates = topology.downstream(operator)
+    elif op.kind == SINK:
+        candidates = op.upstream
+    else:
+        candidates = (operator,)
+    for stage in stages:
+        if any(name in stage.operators for name in candidates):
+            return stage.name
+    raise KeyError(f"operator {operator!r} is in no stage")

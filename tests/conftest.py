@@ -1,0 +1,30 @@
+"""Fixtures shared by the whole suite."""
+
+import pytest
+from rest_framework.test import APIClient
+
+from console.roles import ADMIN, OPERATOR, VIEWER
+from tests.factories import UserFactory
+
+
+@pytest.fixture
+def users(db):
+    """One user per role plus one with no role."""
+    return {
+        VIEWER: UserFactory(username="vera", role=VIEWER),
+        OPERATOR: UserFactory(username="otto", role=OPERATOR),
+        ADMIN: UserFactory(username="ada", role=ADMIN),
+        None: UserFactory(username="nobody"),
+    }
+
+
+@pytest.fixture
+def api_as(users):
+    """`api_as(role)` returns an APIClient authenticated as that role's user."""
+
+    def _client(role):
+        client = APIClient()
+        client.force_authenticate(users[role])
+        return client
+
+    return _client

@@ -1,0 +1,78 @@
+"""factory_boy factories for the domain models."""
+
+import factory
+from django.contrib.auth.models import Group, User
+from django.utils import timezone
+
+from console.models import FaultInjection, Job, MetricSample, Node, RecoveryEpisode
+from console.services.jobs import create_job
+
+
+class UserFactory(factory.django.DjangoModelFactory):
+    class Meta:
+        model = User
+        django_get_or_create = ("username",)
+        skip_postgeneration_save = True
+
+    username = factory.Sequence(lambda n: f"user{n}")
+
+    @factory.post_generation
+    def password(self, create, extracted, **kwargs):
+        self.set_password(extracted or "pw-for-tests")
+        if create:
+            self.save(update_fields=["password"])
+
+    @factory.post_generation
+    def role(self, create, extracted, **kwargs):
+        if create and extracted:
+            self.groups.add(Group.objects.get_or_create(name=extracted)[0])
+
+
+class NodeFactory(factory.django.DjangoModelFactory):
+    class Meta:
+        model = Node
+        django_get_or_create = ("name",)
+
+    name = factory.Sequence(lambda n: f"node-{n + 1}")
+    cpu_total = 4.0
+    mem_total_mb = 8192.0
+    state = Node.State.UP
+
+
+def make_job(status: str = Job.Status.CREATED, topology: str = "wordcount", **kwargs) -> Job:
+    """A job with its operators (via the real service), forced into `status`."""
+    job = create_job(
+        name=kwargs.pop("name", "wc"),
+        topology=topology,
+        strategy=kwargs.pop("strategy", Job.Strategy.ADAPTIVE),
+        params=kwargs.pop("params", {}),
+    )
+    Job.objects.filter(pk=job.pk).update(status=status)
+    job.refresh_from_db()
+    return job
+
+
+class FaultFactory(factory.django.DjangoModelFactory):
+    class Meta:
+        model = FaultInjection
+
+    kind = FaultInjection.Kind.KILL_DRIVER
+    target_operator = "count"
+
+
+class EpisodeFactory(factory.django.DjangoModelFactory):
+    class Meta:
+        model = RecoveryEpisode
+
+    strategy = Job.Strategy.ADAPTIVE
+    stage = "count"
+    detected_at = factory.LazyFunction(timezone.now)
+
+
+class MetricFactory(factory.django.DjangoModelFactory):
+    class Meta:
+        model = MetricSample
+
+    at = factory.LazyFunction(timezone.now)
+    name = "throughput_eps"
+    value = 100.0

@@ -1,0 +1,192 @@
+"""Settings shared by every environment. Values that vary come from the environment via `env()`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import dj_database_url
+
+from web.env import env, parse_bool, parse_list, parse_url
+
+BASE_DIR = Path(__file__).resolve().parent.parent.parent
+VAR_DIR = Path(env("BACKSTOP_VAR_DIR", str(BASE_DIR / "var")))
+VAR_DIR.mkdir(parents=True, exist_ok=True)  # SQLite file, logs, checkpoints of the demo
+
+SECRET_KEY = env("SECRET_KEY", "insecure-local-key-change-me")
+DEBUG = env("DEBUG", False, parse_bool)
+ALLOWED_HOSTS = env("ALLOWED_HOSTS", ["localhost", "127.0.0.1", "[::1]"], parse_list)
+CSRF_TRUSTED_ORIGINS = env("CSRF_TRUSTED_ORIGINS", [], parse_list)
+
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "rest_framework",
+    "rest_framework.authtoken",
+    "drf_spectacular",
+    "drf_spectacular_sidecar",
+    "django_celery_beat",
+    "django_plotly_dash.apps.DjangoPlotlyDashConfig",
+    "console",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    "django_plotly_dash.middleware.BaseMiddleware",
+    "console.middleware.ApiJsonErrorsMiddleware",
+]
+
+ROOT_URLCONF = "web.urls"
+WSGI_APPLICATION = "web.wsgi.application"
+ASGI_APPLICATION = "web.asgi.application"
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [BASE_DIR / "templates"],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+                "console.context_processors.role",
+            ],
+        },
+    },
+]
+
+# SQLite file by default (zero-setup demo); PostgreSQL through psycopg2 with
+# DATABASE_URL=postgres://user@host:5432/name.
+DATABASE_URL = env(
+    "DATABASE_URL",
+    f"sqlite:///{VAR_DIR / 'backstop.sqlite3'}",
+    parse_url(("sqlite", "postgres", "postgresql", "pgsql")),
+)
+DATABASES = {"default": dj_database_url.parse(DATABASE_URL, conn_max_age=60)}
+if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
+    # Several processes (web, controller, agents) share the demo's SQLite file: wait for locks
+    # instead of failing at once.
+    DATABASES["default"]["OPTIONS"] = {"timeout": 20}
+    DATABASES["default"]["CONN_MAX_AGE"] = 0
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},
+    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+    {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
+]
+LOGIN_URL = "/accounts/login/"
+LOGIN_REDIRECT_URL = "/"
+LOGOUT_REDIRECT_URL = "/accounts/login/"
+
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = "UTC"
+USE_I18N = True
+USE_TZ = True
+
+STATIC_URL = "/static/"
+STATICFILES_DIRS = [BASE_DIR / "static"]
+STATIC_ROOT = VAR_DIR / "staticfiles"
+STATICFILES_FINDERS = [
+    "django.contrib.staticfiles.finders.FileSystemFinder",
+    "django.contrib.staticfiles.finders.AppDirectoriesFinder",
+    "django_plotly_dash.finders.DashAssetFinder",
+    "django_plotly_dash.finders.DashComponentFinder",
+]
+
+# Dash pages are embedded in Django pages with iframes served from the same origin.
+X_FRAME_OPTIONS = "SAMEORIGIN"
+PLOTLY_DASH = {"serve_locally": True, "cache_timeout_initial_arguments": 60}
+
+REDIS_URL = env("REDIS_URL", "redis://127.0.0.1:6379/0", parse_url(("redis", "rediss", "unix")))
+
+REST_FRAMEWORK = {
+    "DEFAULT_AUTHENTICATION_CLASSES": [
+        "rest_framework.authentication.TokenAuthentication",
+        "rest_framework.authentication.SessionAuthentication",
+    ],
+    "DEFAULT_PERMISSION_CLASSES": ["console.api.permissions.RolePermission"],
+    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    "EXCEPTION_HANDLER": "console.api.exceptions.json_exception_handler",
+    "DEFAULT_PAGINATION_CLASS": "rest_framework.pagination.LimitOffsetPagination",
+    "PAGE_SIZE": 100,
+}
+SPECTACULAR_SETTINGS = {
+    "TITLE": "Backstop API",
+    "DESCRIPTION": "Launch and supervise PySpark Structured Streaming jobs, inject faults, "
+    "read recoveries and thresholds.",
+    "VERSION": "0.1.0",
+    "SERVE_INCLUDE_SCHEMA": False,
+    # Serve Swagger UI from the installed sidecar package: the console works without internet.
+    "SWAGGER_UI_DIST": "SIDECAR",
+    "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
+    "REDOC_DIST": "SIDECAR",
+}
+
+# Celery: JSON only, bounded time per task (cookiecutter-django, PostHog).
+CELERY_BROKER_URL = env("CELERY_BROKER_URL", REDIS_URL, parse_url(("redis", "rediss", "amqp")))
+CELERY_RESULT_BACKEND = env("CELERY_RESULT_BACKEND", REDIS_URL)
+CELERY_ACCEPT_CONTENT = ["json"]
+CELERY_TASK_SERIALIZER = "json"
+CELERY_RESULT_SERIALIZER = "json"
+CELERY_RESULT_EXPIRES = 3600
+CELERY_TASK_TIME_LIMIT = env("CELERY_TASK_TIME_LIMIT", 300, int)
+CELERY_TASK_SOFT_TIME_LIMIT = env("CELERY_TASK_SOFT_TIME_LIMIT", 240, int)
+CELERY_WORKER_PREFETCH_MULTIPLIER = 1
+CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+CELERY_BEAT_SCHEDULER = "django_celery_beat.schedulers:DatabaseScheduler"
+CELERY_TIMEZONE = TIME_ZONE
+
+# Email: EMAIL_URL (smtp://user:pass@host:port, smtp+tls://..., console://, locmem://) or the
+# plain Django SMTP settings.
+EMAIL_URL = env(
+    "EMAIL_URL", "console://", parse_url(("smtp", "smtp+tls", "smtp+ssl", "console", "locmem"))
+)
+DEFAULT_FROM_EMAIL = env("DEFAULT_FROM_EMAIL", "backstop@localhost")
+
+SPARK_MASTER = env("SPARK_MASTER", "local[2]")
+METRIC_RETENTION_HOURS = env("METRIC_RETENTION_HOURS", 48, int)
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "root": {"handlers": ["console"], "level": env("LOG_LEVEL", "INFO")},
+}
+
+
+def _email_settings(url: str) -> dict:
+    """Translate EMAIL_URL into Django's EMAIL_* settings."""
+    from urllib.parse import unquote, urlparse
+
+    parsed = urlparse(url)
+    backends = {
+        "console": "django.core.mail.backends.console.EmailBackend",
+        "locmem": "django.core.mail.backends.locmem.EmailBackend",
+    }
+    if parsed.scheme in backends:
+        return {"EMAIL_BACKEND": backends[parsed.scheme]}
+    return {
+        "EMAIL_BACKEND": "django.core.mail.backends.smtp.EmailBackend",
+        "EMAIL_HOST": parsed.hostname or "localhost",
+        "EMAIL_PORT": parsed.port or (465 if parsed.scheme == "smtp+ssl" else 25),
+        "EMAIL_HOST_USER": unquote(parsed.username or ""),
+        "EMAIL_HOST_PASSWORD": unquote(parsed.password or ""),
+        "EMAIL_USE_TLS": parsed.scheme == "smtp+tls",
+        "EMAIL_USE_SSL": parsed.scheme == "smtp+ssl",
+        "EMAIL_TIMEOUT": 10,
+    }
+
+
+globals().update(_email_settings(EMAIL_URL))
