@@ -3,5 +3,5 @@
 Modules: `config` (PolicyConfig), `priority` (P_i), `resources` (idle rates, Q, cluster rates),
 `placement` (Algorithms 1 and 2), `actions` (what a cycle proposes), `checkpoint` (adaptive
 interval and its Spark mapping), `prediction` (fault-rate regression), `recovery` (measuring a
-recovery). See docs/POLICY.md.
+recovery), `explain` (the dry run behind `manage.py policy_explain`). See docs/POLICY.md.
 """

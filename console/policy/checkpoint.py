@@ -1,0 +1,153 @@
+"""Adaptive checkpoint interval for passive operators (Da-Stream) and its mapping to Spark.
+
+Formulas
+--------
+Initial interval: ``C_initial = T * T_checkpoint / (fr * T_recover)`` with T the planning horizon
+(`interval_horizon_s`), T_checkpoint the cost of one checkpoint (`checkpoint_cost_s`), T_recover
+the cost of one recovery (`recovery_cost_s`) and fr the predicted fault rate. Rare faults or
+cheap recoveries allow long intervals; expensive checkpoints push them out too.
+
+Online adjustment, applied in this order to the current interval CI:
+
+1. no fault since the last cycle -> ``CI + CI*(1-fr)``; a fault -> ``CI - CI*fr``;
+2. CPU utilisation above C_const -> ``CI * (U_cpu/C_const)`` (checkpoints cost CPU; do fewer);
+3. memory utilisation above M_const -> ``CI * (U_mem/M_const)``;
+4. slow tasks N_slow above M -> ``CI + CI*(N_slow-M)/M``;
+5. clamp to [checkpoint_min_s, checkpoint_max_s].
+
+Mapping to Spark Structured Streaming
+-------------------------------------
+A micro-batch query commits its offsets and state at every trigger: every micro-batch is already a
+consistent restart point, so "how often we checkpoint" in Da-Stream's sense is the cost-bearing
+part of the checkpoint, not the commit itself. With the RocksDB state store and
+``spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled=true`` each batch uploads
+only a small changelog of the state it changed; a full state snapshot is written every
+``spark.sql.streaming.stateStore.minDeltasForSnapshot`` batches. A restart loads the newest
+snapshot and replays the changelogs after it, so the snapshot spacing is what trades checkpoint
+cost against recovery cost, exactly Da-Stream's CI. Hence:
+
+- the stage keeps its latency-driven trigger interval (default 1 s), shortened to CI when CI is
+  shorter, because a trigger longer than CI would leave more than CI of un-committed input;
+- ``minDeltasForSnapshot = max(1, round(CI / trigger))`` so a full snapshot lands about every CI
+  seconds;
+- the snapshot is made locally at commit once that many changelogs have piled up, but uploaded by
+  the executors' background maintenance task, which runs every
+  ``spark.sql.streaming.stateStore.maintenanceInterval`` (Spark's default 60 s). So that interval
+  is set to ``min(60 s, CI)`` (whole seconds, at least 1 s), otherwise a CI below a minute would
+  not shorten the replay after a restart.
+
+Both settings are read when the stage process starts its query, so the controller applies a new
+interval by restarting the (passive) stage at a quiet moment, not on every cycle.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from console.policy.config import PolicyConfig
+
+# fr is a probability from the predictor, which clips to [0.001, 0.999]; the same floor here
+# keeps C_initial finite when a caller passes 0.
+MIN_FAULT_RATE = 0.001
+DEFAULT_TRIGGER_S = 1.0
+SPARK_MAINTENANCE_DEFAULT_S = 60
+
+
+def clamp_interval(seconds: float, config: PolicyConfig) -> float:
+    """Clamp an interval to [checkpoint_min_s, checkpoint_max_s]."""
+    return min(config.checkpoint_max_s, max(config.checkpoint_min_s, seconds))
+
+
+def initial_interval(fr: float, config: PolicyConfig) -> float:
+    """C_initial = T * T_checkpoint / (fr * T_recover), clamped to the configured bounds."""
+    fr = max(MIN_FAULT_RATE, fr)
+    raw = config.interval_horizon_s * config.checkpoint_cost_s / (fr * config.recovery_cost_s)
+    return clamp_interval(raw, config)
+
+
+@dataclass(frozen=True)
+class IntervalDecision:
+    """A new interval and the rules that produced it (human-readable, in order)."""
+
+    seconds: float
+    rules: tuple[str, ...]
+
+    @property
+    def reason(self) -> str:
+        """The rules joined into one line for an action's reason."""
+        return "; ".join(self.rules)
+
+
+def adjust_interval(
+    current: float,
+    *,
+    fault: bool,
+    fr: float,
+    cpu_util: float,
+    mem_util: float,
+    slow_tasks: int,
+    config: PolicyConfig,
+) -> IntervalDecision:
+    """Apply Da-Stream's online adjustment rules (see the module docstring) to `current`."""
+    ci = float(current)
+    rules: list[str] = []
+    if fault:
+        new = ci - ci * fr
+        rules.append(f"fault: {ci:.3g} - {ci:.3g}*{fr:.3g} = {new:.3g}")
+    else:
+        new = ci + ci * (1 - fr)
+        rules.append(f"no fault: {ci:.3g} + {ci:.3g}*(1-{fr:.3g}) = {new:.3g}")
+    ci = new
+    if cpu_util > config.cpu_const:
+        new = ci * (cpu_util / config.cpu_const)
+        rules.append(
+            f"cpu {cpu_util:.2f} > {config.cpu_const:g}: x{cpu_util / config.cpu_const:.3g}"
+        )
+        ci = new
+    if mem_util > config.mem_const:
+        new = ci * (mem_util / config.mem_const)
+        rules.append(
+            f"mem {mem_util:.2f} > {config.mem_const:g}: x{mem_util / config.mem_const:.3g}"
+        )
+        ci = new
+    limit = config.slow_task_limit
+    if slow_tasks > limit:
+        new = ci + ci * (slow_tasks - limit) / limit
+        rules.append(f"slow tasks {slow_tasks} > {limit}: +{(slow_tasks - limit) / limit:.3g}x")
+        ci = new
+    clamped = clamp_interval(ci, config)
+    if clamped != ci:
+        rules.append(
+            f"clamped {ci:.3g} to [{config.checkpoint_min_s:g}, {config.checkpoint_max_s:g}]"
+        )
+    return IntervalDecision(seconds=clamped, rules=tuple(rules))
+
+
+def _spark_duration(seconds: float) -> str:
+    # Spark parses "N seconds" and "N milliseconds"; use whole milliseconds for fractions.
+    if float(seconds).is_integer():
+        return f"{int(seconds)} seconds"
+    return f"{round(seconds * 1000)} milliseconds"
+
+
+def spark_settings_for_interval(seconds: float, trigger_s: float = DEFAULT_TRIGGER_S) -> dict:
+    """Spark settings that realise a checkpoint interval of `seconds` (see module docstring).
+
+    Returns the trigger interval as a Spark duration string and as float seconds, plus the SQL
+    confs for changelog checkpointing, the snapshot spacing in batches and the maintenance
+    interval that uploads the snapshots. Example: 30 s with a 1 s trigger -> trigger "1 seconds",
+    minDeltasForSnapshot "30", maintenanceInterval "30s".
+    """
+    if seconds <= 0 or trigger_s <= 0:
+        raise ValueError(f"interval and trigger must be positive (got {seconds}, {trigger_s})")
+    trigger = min(trigger_s, seconds)
+    maintenance_s = max(1, min(SPARK_MAINTENANCE_DEFAULT_S, round(seconds)))
+    return {
+        "trigger_interval": _spark_duration(trigger),
+        "trigger_interval_s": float(trigger),
+        "spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled": "true",
+        "spark.sql.streaming.stateStore.minDeltasForSnapshot": str(
+            max(1, round(seconds / trigger))
+        ),
+        "spark.sql.streaming.stateStore.maintenanceInterval": f"{maintenance_s}s",
+    }
