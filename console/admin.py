@@ -1,8 +1,12 @@
 """Admin pages for every model, with the list columns and filters ops teams search by."""
 
+from django import forms
 from django.contrib import admin, messages
+from django.forms.models import construct_instance
 from django.http import HttpResponseRedirect
+from django.utils.html import format_html, format_html_join
 
+from console.auth_throttle import LockoutAwareAdminAuthenticationForm
 from console.models import (
     FaultInjection,
     Job,
@@ -12,8 +16,13 @@ from console.models import (
     Policy,
     RecoveryEpisode,
     Replica,
+    ReportSubscription,
+    SentAlert,
 )
+from console.policy.config import PolicyConfig, PolicyConfigError
+from console.roles import ADMIN, OPERATOR, VIEWER, has_role
 from console.services import policy as policy_service
+from console.services import reports as report_service
 
 
 @admin.register(Node)
@@ -112,40 +121,247 @@ class MetricSampleAdmin(admin.ModelAdmin):
     date_hierarchy = "at"
 
 
+class PolicyAdminForm(forms.ModelForm):
+    """A new policy version: every threshold checked by PolicyConfig, each error on its field."""
+
+    reason = forms.CharField(
+        max_length=300, required=True, help_text="Required: why the thresholds change."
+    )
+
+    class Meta:
+        model = Policy
+        fields = ["reason", *Policy.threshold_field_names()]
+
+    def clean(self):
+        cleaned = super().clean()
+        names = Policy.threshold_field_names()
+        if any(name not in cleaned for name in names):
+            # A field already failed its own check (e.g. not a number); its message is shown and
+            # the cross-field rules cannot be evaluated without it.
+            return cleaned
+        try:
+            PolicyConfig(**{name: cleaned[name] for name in names}).validate()
+        except PolicyConfigError as exc:
+            for field, message in exc.errors.items():
+                self.add_error(field if field in self.fields else None, message)
+        return cleaned
+
+    def _post_clean(self):
+        # clean() has applied PolicyConfig's rules field by field. ModelForm's default
+        # _post_clean would run Policy.clean() again (the same rules, on an instance missing the
+        # rejected fields) and repeat every message, so only build the instance here.
+        self.instance = construct_instance(self, self.instance, self._meta.fields)
+
+
 @admin.register(Policy)
 class PolicyAdmin(admin.ModelAdmin):
-    """Versions are immutable: "add" starts from the version in force and writes a new one."""
+    """Versions are immutable: "add" starts from the version in force and writes a new one.
 
+    Every staff user with a role may read the history with what each version changed; only
+    admins may add a version or revert to an old one (which adds a version too).
+    """
+
+    form = PolicyAdminForm
     list_display = [
         "version",
+        "in_force",
         "created_at",
         "created_by",
         "reason",
-        "priority_threshold",
-        "resource_reserve",
-        "checkpoint_min_s",
-        "checkpoint_max_s",
+        "changes_summary",
     ]
-    readonly_fields = ["version", "created_at", "created_by"]
+    list_display_links = ["version"]
+    readonly_fields = ["version", "created_at", "created_by", "changes_table"]
+    actions = ["revert_to_version"]
+
+    def get_queryset(self, request):
+        return super().get_queryset(request).select_related("created_by")
+
+    def get_fields(self, request, obj=None):
+        names = ["reason", *Policy.threshold_field_names()]
+        if obj is None:
+            return names
+        return ["version", "created_at", "created_by", "changes_table", *names]
 
     def get_changeform_initial_data(self, request):
         current = Policy.current()
         return {name: getattr(current, name) for name in Policy.threshold_field_names()}
 
+    def has_module_permission(self, request):
+        return has_role(request.user, VIEWER)
+
+    def has_view_permission(self, request, obj=None):
+        return has_role(request.user, VIEWER)
+
+    def has_add_permission(self, request):
+        # The role decides, not Django model permissions: an operator who happens to hold
+        # console.add_policy still cannot change thresholds.
+        return has_role(request.user, ADMIN)
+
     def has_change_permission(self, request, obj=None):
         # Viewing a version is allowed; editing one in place is not (the history is the audit).
-        return obj is None and super().has_change_permission(request, obj)
+        return False
 
     def has_delete_permission(self, request, obj=None):
         return False
 
+    @admin.display(description="in force", boolean=True)
+    def in_force(self, obj):
+        return (
+            obj.version
+            == Policy.objects.order_by("-version").values_list("version", flat=True).first()
+        )
+
+    @admin.display(description="changes")
+    def changes_summary(self, obj):
+        changes = obj.changes_from_previous()
+        if not changes:
+            return "-"
+        return ", ".join(f"{name}: {old} → {new}" for name, (old, new) in changes.items())
+
+    @admin.display(description="changes from the previous version")
+    def changes_table(self, obj):
+        changes = obj.changes_from_previous() if obj.pk else {}
+        if not changes:
+            return "no change from the previous version" if obj.pk else "-"
+        rows = format_html_join(
+            "",
+            "<tr><td>{}</td><td>{}</td><td>{}</td></tr>",
+            ((name, old, new) for name, (old, new) in changes.items()),
+        )
+        return format_html("<table><tr><th>field</th><th>old</th><th>new</th></tr>{}</table>", rows)
+
+    @admin.action(
+        description="Revert to the selected version (writes a new version)", permissions=["add"]
+    )
+    def revert_to_version(self, request, queryset):
+        if queryset.count() != 1:
+            self.message_user(request, "Select exactly one version to revert to.", messages.ERROR)
+            return
+        target = queryset.get()
+        created = policy_service.revert_policy(target.version, user=request.user)
+        self.message_user(
+            request,
+            f"Policy version {created.version} (a copy of v{target.version}) is now in force.",
+            messages.SUCCESS,
+        )
+
     def save_model(self, request, obj, form, change):
         changes = {name: form.cleaned_data[name] for name in Policy.threshold_field_names()}
         created = policy_service.change_policy(
-            changes, user=request.user, reason=form.cleaned_data.get("reason", "")
+            changes, user=request.user, reason=form.cleaned_data["reason"]
         )
         obj.pk, obj.version = created.pk, created.version
 
     def response_add(self, request, obj, post_url_continue=None):
         messages.success(request, f"Policy version {obj.version} is now in force.")
         return HttpResponseRedirect("../")
+
+
+class ReportSubscriptionForm(forms.ModelForm):
+    class Meta:
+        model = ReportSubscription
+        fields = [
+            "name",
+            "enabled",
+            "recipients",
+            "scope",
+            "jobs",
+            "period_hours",
+            "crontab",
+            "alert_recovery_over_s",
+            "alert_on_job_failure",
+        ]
+
+    def clean(self):
+        cleaned = super().clean()
+        if cleaned.get("scope") == ReportSubscription.Scope.SELECTED and not cleaned.get("jobs"):
+            self.add_error("jobs", "jobs: choose at least one job when the scope is selected jobs")
+        return cleaned
+
+
+@admin.register(ReportSubscription)
+class ReportSubscriptionAdmin(admin.ModelAdmin):
+    """Report subscriptions: admins edit them (the crontab too); operators may "send now"."""
+
+    form = ReportSubscriptionForm
+    list_display = [
+        "name",
+        "enabled",
+        "recipients",
+        "scope",
+        "period_hours",
+        "crontab",
+        "alert_recovery_over_s",
+        "alert_on_job_failure",
+        "last_sent_at",
+    ]
+    list_filter = ["enabled", "scope"]
+    search_fields = ["name", "recipients"]
+    filter_horizontal = ["jobs"]
+    readonly_fields = ["periodic_task", "last_sent_at"]
+    actions = ["send_now"]
+
+    def has_module_permission(self, request):
+        return has_role(request.user, VIEWER)
+
+    def has_view_permission(self, request, obj=None):
+        return has_role(request.user, VIEWER)
+
+    def has_add_permission(self, request):
+        return has_role(request.user, ADMIN)
+
+    def has_change_permission(self, request, obj=None):
+        return has_role(request.user, ADMIN)
+
+    def has_delete_permission(self, request, obj=None):
+        return has_role(request.user, ADMIN)
+
+    def has_send_permission(self, request):
+        return has_role(request.user, OPERATOR)
+
+    @admin.action(description="Send the report now", permissions=["send"])
+    def send_now(self, request, queryset):
+        for subscription in queryset:
+            try:
+                report_service.send_report(subscription)
+            except OSError as exc:
+                # SMTP errors, refused connections and timeouts are all OSErrors: say what went
+                # wrong on the page instead of answering 500.
+                self.message_user(
+                    request, f"{subscription.name}: sending failed: {exc}", messages.ERROR
+                )
+            else:
+                self.message_user(
+                    request,
+                    f"{subscription.name}: report sent to {subscription.recipients}.",
+                    messages.SUCCESS,
+                )
+
+
+@admin.register(SentAlert)
+class SentAlertAdmin(admin.ModelAdmin):
+    """The alerts already emailed (read-only): what was sent to whom and when."""
+
+    list_display = ["sent_at", "subscription", "key", "subject"]
+    list_filter = ["subscription"]
+    search_fields = ["key", "subject"]
+
+    def has_module_permission(self, request):
+        return has_role(request.user, VIEWER)
+
+    def has_view_permission(self, request, obj=None):
+        return has_role(request.user, VIEWER)
+
+    def has_add_permission(self, request):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False
+
+    def has_delete_permission(self, request, obj=None):
+        return False
+
+
+# The admin login says "locked out" when the throttle refused the attempt (console.auth_throttle).
+admin.site.login_form = LockoutAwareAdminAuthenticationForm

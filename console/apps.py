@@ -6,3 +6,15 @@ class ConsoleConfig(AppConfig):
 
     name = "console"
     default_auto_field = "django.db.models.BigAutoField"
+
+    def ready(self):
+        from django.db.models.signals import post_migrate
+
+        post_migrate.connect(_ensure_schedules, sender=self)
+
+
+def _ensure_schedules(sender, **kwargs):
+    """After migrations, make sure the controller's periodic tasks exist."""
+    from console.services.schedules import ensure_periodic_tasks
+
+    ensure_periodic_tasks()

@@ -3,13 +3,18 @@ and the versioned fault-tolerance policy."""
 
 from __future__ import annotations
 
+import json
 import uuid
 from datetime import timedelta
 
 from django.conf import settings
 from django.core.exceptions import ValidationError
+from django.core.validators import validate_email
 from django.db import models, transaction
+from django.db.models.signals import post_delete
+from django.dispatch import receiver
 from django.utils import timezone
+from django_celery_beat.models import CrontabSchedule, PeriodicTask
 
 from console.policy.config import PolicyConfig, PolicyConfigError
 from spark_runtime.topology import OPERATOR_KINDS, TOPOLOGIES
@@ -388,7 +393,7 @@ class Policy(models.Model):
     w_dependency = models.FloatField(default=0.3)
     alpha_cpu = models.FloatField(default=0.5)
     beta_mem = models.FloatField(default=0.5)
-    priority_threshold = models.FloatField(default=0.35, help_text="P above it -> hot standby")
+    priority_threshold = models.FloatField(default=0.4, help_text="P above it -> hot standby")
     fault_risk_weight = models.FloatField(default=0.2)
     # Node resource score Q.
     q_w_cpu = models.FloatField(default=0.4)
@@ -447,6 +452,29 @@ class Policy(models.Model):
         except PolicyConfigError as exc:
             raise ValidationError(exc.errors) from exc
 
+    @staticmethod
+    def diff(older: Policy | None, newer: Policy) -> dict[str, list]:
+        """`{field: [old, new]}` for each threshold that differs between two versions.
+
+        With no older version (the first one) there is nothing to compare with: an empty dict.
+        """
+        if older is None:
+            return {}
+        changes = {}
+        for name in Policy.threshold_field_names():
+            old, new = getattr(older, name), getattr(newer, name)
+            if old != new:
+                changes[name] = [old, new]
+        return changes
+
+    def previous(self) -> Policy | None:
+        """The version this one replaced, or None for the first version."""
+        return Policy.objects.filter(version__lt=self.version).order_by("-version").first()
+
+    def changes_from_previous(self) -> dict[str, list]:
+        """What this version changed: `{field: [old, new]}` compared with the previous version."""
+        return Policy.diff(self.previous(), self)
+
     @classmethod
     def current(cls) -> Policy:
         """The version in force: the newest row, created with defaults if there is none."""
@@ -455,3 +483,211 @@ class Policy(models.Model):
             latest = cls(reason="defaults")
             latest.save()
         return latest
+
+
+class ControlDecision(models.Model):
+    """Something the controller decided or saw, with the reason, for the console and the audit.
+
+    Policy actions (add/drop/move standby, set interval), recovery actions (promote, restart) and
+    failures (with the tail of the failed stage's log in `detail["error_tail"]`) all land here.
+    """
+
+    class Kind(models.TextChoices):
+        ADD_STANDBY = "add-standby", "add standby"
+        DROP_STANDBY = "drop-standby", "drop standby"
+        MOVE_STANDBY = "move-standby", "move standby"
+        SET_INTERVAL = "set-interval", "set checkpoint interval"
+        PROMOTE = "promote", "promote standby"
+        RESTART_STAGE = "restart-stage", "restart stage"
+        RESTART_JOB = "restart-job", "restart job"
+        FAILURE = "failure", "failure"
+        FAULT = "fault", "fault injected"
+        GIVE_UP = "give-up", "gave up"
+
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="decisions")
+    at = models.DateTimeField(default=timezone.now, db_index=True)
+    kind = models.CharField(max_length=16, choices=Kind.choices)
+    operator = models.CharField(max_length=64, blank=True)
+    stage = models.CharField(max_length=64, blank=True)
+    node = models.CharField(max_length=64, blank=True)
+    replica_id = models.CharField(max_length=100, blank=True)
+    reason = models.TextField(blank=True)
+    detail = models.JSONField(default=dict, blank=True)
+
+    class Meta:
+        ordering = ["-at"]
+        indexes = [models.Index(fields=["job", "-at"], name="decision_job_at")]
+
+    def __str__(self):
+        return f"{self.kind} {self.stage or self.operator} @ {self.at:%H:%M:%S}"
+
+
+def split_recipients(raw: str) -> list[str]:
+    """The addresses of a comma-separated recipients list, blanks dropped."""
+    return [part.strip() for part in (raw or "").split(",") if part.strip()]
+
+
+def validate_recipients(raw: str) -> None:
+    """At least one address, each a valid email address; the message names the bad one."""
+    addresses = split_recipients(raw)
+    if not addresses:
+        raise ValidationError("recipients: give at least one email address")
+    for address in addresses:
+        try:
+            validate_email(address)
+        except ValidationError:
+            raise ValidationError(f"recipients: {address!r} is not a valid email address") from None
+
+
+def default_report_crontab() -> CrontabSchedule:
+    """Every day at 07:00 UTC: the schedule a new subscription starts with."""
+    crontab, _ = CrontabSchedule.objects.get_or_create(
+        minute="0",
+        hour="7",
+        day_of_week="*",
+        day_of_month="*",
+        month_of_year="*",
+        timezone="UTC",
+    )
+    return crontab
+
+
+class ReportSubscription(models.Model):
+    """Who receives the periodic report and the alerts, about which jobs, and when.
+
+    The crontab says when the report is sent; `period_hours` says how far back it looks. Saving
+    the subscription creates or updates its django-celery-beat PeriodicTask (task
+    `backstop.send_report`, kwargs `{"subscription_id": id}`), so beat picks up changes without a
+    restart and the crontab stays editable in the admin. Alerts go to the same recipients when a
+    recovery takes longer than `alert_recovery_over_s` or a job fails for good.
+    """
+
+    REPORT_TASK = "backstop.send_report"
+
+    class Scope(models.TextChoices):
+        ALL = "all", "all jobs"
+        SELECTED = "selected", "selected jobs"
+
+    name = models.CharField(max_length=100, unique=True)
+    recipients = models.TextField(
+        validators=[validate_recipients], help_text="Comma-separated email addresses."
+    )
+    scope = models.CharField(max_length=10, choices=Scope.choices, default=Scope.ALL)
+    jobs = models.ManyToManyField(
+        Job,
+        blank=True,
+        related_name="report_subscriptions",
+        help_text="Used when scope is selected.",
+    )
+    period_hours = models.PositiveIntegerField(
+        default=24, help_text="The report covers this many hours before it is sent."
+    )
+    crontab = models.ForeignKey(
+        CrontabSchedule,
+        on_delete=models.PROTECT,
+        null=True,
+        blank=True,
+        help_text="When the report is sent; empty means every day at 07:00 UTC.",
+    )
+    periodic_task = models.OneToOneField(
+        PeriodicTask, null=True, blank=True, editable=False, on_delete=models.SET_NULL
+    )
+    enabled = models.BooleanField(default=True)
+    alert_recovery_over_s = models.FloatField(
+        null=True,
+        blank=True,
+        help_text="Email an alert when a recovery takes longer than this (seconds); empty: never.",
+    )
+    alert_on_job_failure = models.BooleanField(
+        default=False, help_text="Email an alert when a job fails for good."
+    )
+    last_sent_at = models.DateTimeField(null=True, blank=True, editable=False)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self):
+        return self.name
+
+    @transaction.atomic
+    def save(self, *args, **kwargs):
+        self.recipients = ", ".join(self.recipient_list())
+        if self.crontab_id is None:
+            self.crontab = default_report_crontab()
+        super().save(*args, **kwargs)
+        self.sync_periodic_task()
+
+    def clean(self):
+        if self.period_hours is not None and self.period_hours < 1:
+            raise ValidationError({"period_hours": "period_hours: must be at least 1"})
+        if self.alert_recovery_over_s is not None and self.alert_recovery_over_s <= 0:
+            raise ValidationError(
+                {"alert_recovery_over_s": "alert_recovery_over_s: must be > 0 (or empty)"}
+            )
+
+    def recipient_list(self) -> list[str]:
+        return split_recipients(self.recipients)
+
+    def job_queryset(self):
+        """The jobs the subscription is about."""
+        if self.scope == self.Scope.ALL:
+            return Job.objects.all()
+        return self.jobs.all()
+
+    def covers(self, job: Job) -> bool:
+        """True when `job` is in the subscription's scope."""
+        return self.scope == self.Scope.ALL or self.jobs.filter(pk=job.pk).exists()
+
+    def sync_periodic_task(self) -> PeriodicTask:
+        """Create or update the beat entry that sends this report (its name carries the id)."""
+        values = {
+            "name": f"backstop report #{self.pk}: {self.name}"[:200],
+            "task": self.REPORT_TASK,
+            "crontab": self.crontab,
+            "interval": None,
+            "kwargs": json.dumps({"subscription_id": self.pk}),
+            "queue": "control",
+            "enabled": self.enabled,
+            "description": f"Sends the '{self.name}' report (managed by the subscription).",
+        }
+        task = self.periodic_task
+        if task is None:
+            task = PeriodicTask.objects.create(**values)
+            type(self).objects.filter(pk=self.pk).update(periodic_task=task)
+            self.periodic_task = task
+        else:
+            for field, value in values.items():
+                setattr(task, field, value)
+            task.save()
+        return task
+
+
+@receiver(post_delete, sender=ReportSubscription, dispatch_uid="backstop.delete_report_task")
+def _delete_report_task(sender, instance, **kwargs):
+    """A deleted subscription takes its beat entry with it (also for bulk deletes)."""
+    if instance.periodic_task_id:
+        PeriodicTask.objects.filter(pk=instance.periodic_task_id).delete()
+
+
+class SentAlert(models.Model):
+    """An alert already emailed to a subscription, so the same event is never alerted twice.
+
+    `key` names the event: `recovery:<episode id>` or `job-failed:<job id>:<failure time>`.
+    """
+
+    subscription = models.ForeignKey(
+        ReportSubscription, on_delete=models.CASCADE, related_name="sent_alerts"
+    )
+    key = models.CharField(max_length=120)
+    subject = models.CharField(max_length=200)
+    sent_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["-sent_at"]
+        constraints = [
+            models.UniqueConstraint(fields=["subscription", "key"], name="sent_alert_unique_key")
+        ]
+
+    def __str__(self):
+        return f"{self.key} -> {self.subscription.name}"

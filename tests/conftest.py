@@ -7,6 +7,14 @@ from console.roles import ADMIN, OPERATOR, VIEWER
 from tests.factories import UserFactory
 
 
+@pytest.fixture(autouse=True)
+def _clear_cache():
+    """Login-failure counters live in the cache (Redis db 15 in tests): start each test clean."""
+    from django.core.cache import cache
+
+    cache.clear()
+
+
 @pytest.fixture
 def users(db):
     """One user per role plus one with no role."""

@@ -4,7 +4,15 @@ import factory
 from django.contrib.auth.models import Group, User
 from django.utils import timezone
 
-from console.models import FaultInjection, Job, MetricSample, Node, RecoveryEpisode
+from console.models import (
+    FaultInjection,
+    Job,
+    MetricSample,
+    Node,
+    RecoveryEpisode,
+    Replica,
+    ReportSubscription,
+)
 from console.services.jobs import create_job
 
 
@@ -76,3 +84,35 @@ class MetricFactory(factory.django.DjangoModelFactory):
     at = factory.LazyFunction(timezone.now)
     name = "throughput_eps"
     value = 100.0
+
+
+class ReplicaFactory(factory.django.DjangoModelFactory):
+    """A running primary of a stage; pass job, node, stage and role to place it."""
+
+    class Meta:
+        model = Replica
+
+    replica_id = factory.Sequence(lambda n: f"replica-{n}")
+    stage = "count"
+    role = Replica.Role.PRIMARY
+    state = Replica.State.RUNNING
+    pid = factory.Sequence(lambda n: 10_000 + n)
+    last_heartbeat = factory.LazyFunction(timezone.now)
+
+
+class ReportSubscriptionFactory(factory.django.DjangoModelFactory):
+    """A report subscription for all jobs (daily at 07:00 UTC unless `crontab` is given)."""
+
+    class Meta:
+        model = ReportSubscription
+        skip_postgeneration_save = True
+
+    name = factory.Sequence(lambda n: f"report-{n}")
+    recipients = "ops@example.org"
+    scope = ReportSubscription.Scope.ALL
+    period_hours = 24
+
+    @factory.post_generation
+    def jobs(self, create, extracted, **kwargs):
+        if create and extracted:
+            self.jobs.set(extracted)

@@ -10,6 +10,10 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "web.settings.local")
 
 app = Celery("backstop")
 app.config_from_object("django.conf:settings", namespace="CELERY")
-# Tasks without an explicit queue go to the controller; node tasks are always routed explicitly.
+# Controller tasks go to `control` by default. Node-agent tasks must name their node's queue when
+# sent (`apply_async(queue=node_queue(name))`); one sent without it lands in a queue no worker
+# reads instead of running on the controller's host.
 app.conf.task_default_queue = CONTROL_QUEUE
-app.autodiscover_tasks(["workers"])
+app.conf.task_routes = {"backstop.agent.*": {"queue": "node.unrouted"}}
+# Every task module, listed explicitly (autodiscovery would only find workers/tasks.py).
+app.conf.imports = ("workers.tasks", "workers.agent", "workers.controller", "workers.reporting")

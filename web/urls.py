@@ -18,5 +18,6 @@ urlpatterns = [
     path("api/schema/", SpectacularAPIView.as_view(), name="api-schema"),
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="api-schema"), name="api-docs"),
     path("api/", include("console.api.urls")),
+    path("console/", include("console.dash.urls")),
     path("django_plotly_dash/", include("django_plotly_dash.urls")),
 ]

@@ -3,12 +3,9 @@
 from celery import shared_task
 from django.conf import settings
 
-from workers.queues import CONTROL_QUEUE
-
 
 @shared_task(
     name="backstop.purge_old_metrics",
-    queue=CONTROL_QUEUE,
     acks_late=True,  # idempotent: deleting already-deleted rows is a no-op
     expires=600,
     time_limit=120,

@@ -163,3 +163,15 @@ class PolicySerializer(serializers.ModelSerializer):
         model = Policy
         fields = ["version", "created_at", "created_by", "reason", *Policy.threshold_field_names()]
         read_only_fields = ["version", "created_at", "created_by"]
+
+
+class PolicyVersionSerializer(PolicySerializer):
+    """A policy version in the history, with what it changed: `{field: [old, new]}`."""
+
+    changes = serializers.DictField(
+        child=serializers.ListField(), read_only=True, help_text="{field: [old, new]}"
+    )
+
+    class Meta(PolicySerializer.Meta):
+        fields = [*PolicySerializer.Meta.fields, "changes"]
+        read_only_fields = fields

@@ -1,10 +1,10 @@
 """API routes under /api/."""
 
 from django.urls import include, path
-from rest_framework.authtoken.views import obtain_auth_token
 from rest_framework.routers import DefaultRouter
 
 from console.api import views
+from console.auth_throttle import obtain_auth_token
 
 router = DefaultRouter()
 router.register("jobs", views.JobViewSet, basename="job")
@@ -18,5 +18,6 @@ urlpatterns = [
     path("auth/token/", obtain_auth_token, name="api-token"),
     path("policy/", views.PolicyView.as_view(), name="policy"),
     path("policy/history/", views.PolicyHistoryView.as_view(), name="policy-history"),
+    path("policy/revert/<int:version>/", views.PolicyRevertView.as_view(), name="policy-revert"),
     path("", include(router.urls)),
 ]

@@ -4,7 +4,7 @@ from django.shortcuts import get_object_or_404
 from drf_spectacular.utils import extend_schema
 from rest_framework import mixins, status, viewsets
 from rest_framework.decorators import action
-from rest_framework.exceptions import APIException, ValidationError
+from rest_framework.exceptions import APIException, NotFound, ValidationError
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
@@ -14,6 +14,7 @@ from console.api.serializers import (
     JobSerializer,
     NodeSerializer,
     PolicySerializer,
+    PolicyVersionSerializer,
     RecoveryEpisodeSerializer,
 )
 from console.models import Job, Node, Policy
@@ -143,9 +144,31 @@ class PolicyView(APIView):
 
 
 class PolicyHistoryView(APIView):
-    """Every policy version, newest first."""
+    """The newest 200 policy versions, newest first, each with `changes`: {field: [old, new]}."""
 
+    serializer_class = PolicyVersionSerializer
+
+    @extend_schema(responses={200: PolicyVersionSerializer(many=True)})
+    def get(self, request):
+        versions = []
+        for policy, changes in policy_service.policy_history(limit=200):
+            policy.changes = changes
+            versions.append(policy)
+        return Response(PolicyVersionSerializer(versions, many=True).data)
+
+
+class PolicyRevertView(APIView):
+    """POST (admin): a NEW version with the values of version `version`, reason "revert to vN"."""
+
+    permission_classes = [AdminWrites]
     serializer_class = PolicySerializer
 
-    def get(self, request):
-        return Response(PolicySerializer(Policy.objects.all()[:200], many=True).data)
+    @extend_schema(request=None, responses={201: PolicySerializer})
+    def post(self, request, version: int):
+        try:
+            policy = policy_service.revert_policy(version, user=request.user)
+        except Policy.DoesNotExist as exc:
+            raise NotFound(f"no policy version {version}") from exc
+        except policy_service.PolicyRejected as exc:
+            raise ValidationError(exc.errors) from exc
+        return Response(PolicySerializer(policy).data, status=status.HTTP_201_CREATED)

@@ -35,7 +35,9 @@ class PolicyConfig:
     alpha_cpu: float = 0.5
     beta_mem: float = 0.5
     # P_eff above this -> active (hot standby).
-    priority_threshold: float = 0.35
+    # 0.4 keeps stateless operators (S=0.1) passive even with the highest dependency strength:
+    # P = 0.4*0.1 + 0.3*R + 0.3*1 stays below 0.4 unless R > 0.2 (a fifth of the cluster).
+    priority_threshold: float = 0.4
     # P_eff = min(1, P + fault_risk_weight * fr).
     fault_risk_weight: float = 0.2
     # Node score Q weights (cpu, mem, disk, bandwidth idle rates).

@@ -8,6 +8,7 @@ from django.conf import settings
 from django.utils import timezone
 
 from console.models import FaultInjection, Job, Node
+from console.services.jobs import dispatch
 
 
 class FaultRefused(Exception):
@@ -74,7 +75,7 @@ def request_fault(
             f"rate limit: at most {fault_rate_limit_per_minute()} faults per job per minute",
             status=429,
         )
-    return FaultInjection.objects.create(
+    fault = FaultInjection.objects.create(
         job=job,
         kind=kind,
         target_operator=target_operator,
@@ -82,3 +83,103 @@ def request_fault(
         params=params,
         requested_by=requested_by if getattr(requested_by, "is_authenticated", False) else None,
     )
+    dispatch(lambda: _inject_task().delay(fault.pk))
+    return fault
+
+
+def _inject_task():
+    from workers.controller import inject_fault
+
+    return inject_fault
+
+
+def _replica_of(job: Job, operator: str, role: str):
+    """The live replica of the stage that runs `operator`, in `role`."""
+    from console.models import Replica
+
+    stage = job.operators.filter(name=operator).values_list("stage", flat=True).first()
+    return (
+        Replica.objects.filter(job=job, stage=stage, role=role)
+        .exclude(state__in=(Replica.State.FAILED, Replica.State.STOPPED))
+        .select_related("node")
+        .order_by("-started_at")
+        .first()
+    )
+
+
+def inject(fault: FaultInjection) -> FaultInjection:
+    """Carry out a pending fault through the node agents or the replica's control channel.
+
+    Idempotent: a fault that is no longer pending is left as it is.
+    """
+    from workers import agent
+    from workers.queues import node_queue
+
+    if fault.outcome != FaultInjection.Outcome.PENDING:
+        return fault
+    job = fault.job
+    duration = float(fault.params.get("duration_s", 10))
+    detail = ""
+    if fault.kind in (FaultInjection.Kind.KILL_DRIVER, FaultInjection.Kind.KILL_STANDBY):
+        role = "primary" if fault.kind == FaultInjection.Kind.KILL_DRIVER else "standby"
+        replica = _replica_of(job, fault.target_operator, role)
+        if replica is None:
+            return _finish(
+                fault,
+                FaultInjection.Outcome.FAILED,
+                f"no running {role} for operator {fault.target_operator!r}",
+            )
+        local_id = replica.replica_id.split("/", 1)[1]
+        agent.kill_replica.apply_async(args=(local_id,), queue=node_queue(replica.node.name))
+        detail = f"SIGKILL to {local_id} (pid {replica.pid}) on {replica.node.name}"
+    elif fault.kind == FaultInjection.Kind.OPERATOR_EXCEPTION:
+        replica = _replica_of(job, fault.target_operator, "primary")
+        if replica is None:
+            return _finish(
+                fault,
+                FaultInjection.Outcome.FAILED,
+                f"no running primary for operator {fault.target_operator!r}",
+            )
+        local_id = replica.replica_id.split("/", 1)[1]
+        from console.services.controller import redis_client, send_command
+
+        send_command(
+            redis_client(),
+            job,
+            local_id,
+            {"cmd": "fault", "kind": "operator_exception", "after_batches": 1},
+        )
+        detail = f"armed an exception in the next batch of {local_id}"
+    elif fault.kind == FaultInjection.Kind.KILL_NODE:
+        agent.kill_node.apply_async(args=(job.key,), queue=node_queue(fault.target_node.name))
+        detail = f"SIGKILL to every replica of the job on {fault.target_node.name}"
+    elif fault.kind == FaultInjection.Kind.PAUSE_NODE:
+        agent.pause_node.apply_async(
+            args=(duration, job.key), queue=node_queue(fault.target_node.name)
+        )
+        detail = f"SIGSTOP for {duration:g} s on {fault.target_node.name}"
+    elif fault.kind == FaultInjection.Kind.STRESS_NODE:
+        workers = int(fault.params.get("workers", 2))
+        agent.stress_node.apply_async(
+            args=(duration, workers), queue=node_queue(fault.target_node.name)
+        )
+        detail = f"{workers} CPU hogs for {duration:g} s on {fault.target_node.name}"
+    return _finish(fault, FaultInjection.Outcome.INJECTED, detail)
+
+
+def _finish(fault: FaultInjection, outcome: str, detail: str) -> FaultInjection:
+    from console.models import ControlDecision
+
+    fault.outcome = outcome
+    fault.outcome_detail = detail
+    fault.injected_at = timezone.now() if outcome == FaultInjection.Outcome.INJECTED else None
+    fault.save(update_fields=["outcome", "outcome_detail", "injected_at"])
+    ControlDecision.objects.create(
+        job=fault.job,
+        kind=ControlDecision.Kind.FAULT,
+        operator=fault.target_operator,
+        node=fault.target_node.name if fault.target_node else "",
+        reason=f"{fault.kind} {outcome}: {detail}",
+        detail={"fault": fault.pk},
+    )
+    return fault

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from django.conf import settings
 from django.db import transaction
 
 from console.models import Job, Operator
@@ -57,7 +58,24 @@ def create_job(*, name: str, topology: str, strategy: str, params: dict | None, 
         )
         for op in spec.operators
     )
+    dispatch(lambda: _launch_task().delay(job.pk))
     return job
+
+
+def _launch_task():
+    from workers.controller import launch_job
+
+    return launch_job
+
+
+def dispatch(send) -> None:
+    """Send a controller task once the transaction commits (the worker must see the rows).
+
+    CONTROLLER_DISPATCH=False (unit tests) records the request without sending it, so no task
+    waits in a queue that no worker reads.
+    """
+    if getattr(settings, "CONTROLLER_DISPATCH", True):
+        transaction.on_commit(send)
 
 
 def stop_job(job: Job, reason: str = "stopped by request") -> Job:

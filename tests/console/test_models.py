@@ -70,7 +70,7 @@ def test_policy_current_creates_defaults_once():
     first = Policy.current()
     assert first.version == 1
     assert Policy.current().pk == first.pk
-    assert first.to_config().priority_threshold == 0.35
+    assert first.to_config().priority_threshold == 0.4
 
 
 def test_policy_versions_are_immutable():

@@ -20,7 +20,7 @@ def test_defaults_are_valid_and_match_the_brief():
     config = PolicyConfig()
     config.validate()
     assert (config.w_type, config.w_resource, config.w_dependency) == (0.4, 0.3, 0.3)
-    assert config.priority_threshold == 0.35
+    assert config.priority_threshold == 0.4
     assert config.resource_reserve == 0.2
     assert (config.checkpoint_min_s, config.checkpoint_max_s) == (1.0, 60.0)
     assert (config.q_samples, config.slow_task_limit) == (5, 3)

@@ -72,7 +72,7 @@ def test_report_on_two_nodes_by_hand():
     #        P = 0.04 + 0.0103125 + 0.3 = 0.3503125; P_eff = 0.3603125 -> active; standby on a.
     # Intervals: C_initial = 60*0.5/(0.05*20) = 30 s for every operator.
     nodes = parse_nodes([NODE, {**NODE, "name": "b"}])
-    report = explain(WORDCOUNT, nodes, PolicyConfig())
+    report = explain(WORDCOUNT, nodes, PolicyConfig(priority_threshold=0.35))
     ops = {o["name"]: o for o in report["operators"]}
     assert [ops[n]["primary"] for n in ("source", "split", "count", "sink")] == ["a", "b", "a", "b"]
     assert ops["count"]["P"] == pytest.approx(0.51875)
@@ -85,6 +85,14 @@ def test_report_on_two_nodes_by_hand():
     assert [n["Q"] for n in report["nodes"]] == [pytest.approx(0.825)] * 2
     assert report["cluster"] == {"cpu_total": 8.0, "mem_total": 8192.0}
     json.dumps(report)
+
+
+def test_default_threshold_keeps_the_stateless_split_passive():
+    # Same cluster as above: split P_eff 0.3603125 <= 0.4 (default), count 0.52875 > 0.4.
+    nodes = parse_nodes([NODE, {**NODE, "name": "b"}])
+    ops = {o["name"]: o for o in explain(WORDCOUNT, nodes, PolicyConfig())["operators"]}
+    assert (ops["split"]["mode"], ops["split"]["standby"]) == ("passive", None)
+    assert (ops["count"]["mode"], ops["count"]["standby"]) == ("active", "b")
 
 
 def test_table_is_aligned():

@@ -127,7 +127,7 @@ def test_algorithm_2_by_hand():
     assert (move_z.operator, move_z.from_node, move_z.to_node) == ("z", "b", "a")
     assert move_z.reason.startswith("it shares node b with its primary")
     assert (drop_y.operator, drop_y.node) == ("y", "a")
-    assert drop_y.reason == "now passive: P_eff 0.200 <= threshold 0.35"
+    assert drop_y.reason == "now passive: P_eff 0.200 <= threshold 0.4"
     assert (add_w.operator, add_w.node) == ("w", "b")
     assert (set_y.operator, set_y.seconds) == ("y", pytest.approx(30.0))
     assert set_y.reason.startswith("initial: 60*0.5/(0.05*20)")

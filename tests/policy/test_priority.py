@@ -50,9 +50,9 @@ def test_wordcount_priorities_by_hand():
     # Cluster 4 cores, 4096 MiB; defaults w=(0.4, 0.3, 0.3), alpha=beta=0.5, fr=0.05, weight 0.2.
     # source: R = 0.5*0.1/4 + 0.5*128/4096 = 0.0125 + 0.015625 = 0.028125
     #         P = 0.4*0.1 + 0.3*0.028125 + 0.3*0.5 = 0.04 + 0.0084375 + 0.15 = 0.1984375
-    #         P_eff = 0.1984375 + 0.2*0.05 = 0.2084375 <= 0.35 -> passive
+    #         P_eff = 0.1984375 + 0.2*0.05 = 0.2084375 <= 0.4 -> passive
     # split:  R = 0.5*0.3/4 + 0.5*256/4096 = 0.0375 + 0.03125 = 0.06875
-    #         P = 0.04 + 0.020625 + 0.3 = 0.360625; P_eff = 0.370625 -> active
+    #         P = 0.04 + 0.020625 + 0.3 = 0.360625; P_eff = 0.370625 <= 0.4 -> passive
     # count:  R = 0.5*0.5/4 + 0.5*512/4096 = 0.0625 + 0.0625 = 0.125
     #         P = 0.2 + 0.0375 + 0.3 = 0.5375; P_eff = 0.5475 -> active
     results = by_name(operator_priorities(WORDCOUNT, 4.0, 4096.0, PolicyConfig()))
@@ -60,7 +60,7 @@ def test_wordcount_priorities_by_hand():
     assert (source.R, source.P, source.P_eff) == pytest.approx((0.028125, 0.1984375, 0.2084375))
     assert source.mode == "passive"
     assert (split.R, split.P, split.P_eff) == pytest.approx((0.06875, 0.360625, 0.370625))
-    assert split.mode == "active"
+    assert split.mode == "passive"
     assert (count.S, count.L) == (0.5, 1.0)
     assert (count.R, count.P, count.P_eff) == pytest.approx((0.125, 0.5375, 0.5475))
     assert count.mode == "active"
@@ -77,9 +77,11 @@ def test_explain_names_each_term_with_numbers():
 
 
 def test_fault_risk_can_make_an_operator_active():
-    # sink: P = 0.1984375 as for source; fr = 0.9 -> P_eff = 0.1984375 + 0.2*0.9 = 0.3784375.
+    # sink: P = 0.1984375 as for source; fr = 0.9 -> P_eff = 0.1984375 + 0.2*0.9 = 0.3784375,
+    # above a threshold of 0.35; source keeps the prior fr and 0.2084375.
+    config = PolicyConfig(priority_threshold=0.35)
     results = by_name(
-        operator_priorities(WORDCOUNT, 4.0, 4096.0, PolicyConfig(), fault_rates={"sink": 0.9})
+        operator_priorities(WORDCOUNT, 4.0, 4096.0, config, fault_rates={"sink": 0.9})
     )
     assert results["sink"].P_eff == pytest.approx(0.3784375)
     assert results["sink"].mode == "active"

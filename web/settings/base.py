@@ -60,6 +60,7 @@ TEMPLATES = [
                 "django.contrib.auth.context_processors.auth",
                 "django.contrib.messages.context_processors.messages",
                 "console.context_processors.role",
+                "console.context_processors.policy_version",
             ],
         },
     },
@@ -85,6 +86,21 @@ AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
     {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
 ]
+# The throttled backend refuses logins for a username or address that failed too often; the
+# failures are counted in the shared cache (see console.auth_throttle).
+AUTHENTICATION_BACKENDS = ["console.auth_throttle.ThrottledModelBackend"]
+
+
+def _positive_int(raw: str) -> int:
+    """An integer >= 1 (a limit or window of 0 would lock everyone out or nobody)."""
+    value = int(raw)
+    if value < 1:
+        raise ValueError(f"expected an integer >= 1, got {raw!r}")
+    return value
+
+
+LOGIN_FAILURE_LIMIT = env("LOGIN_FAILURE_LIMIT", 5, _positive_int)
+LOGIN_FAILURE_WINDOW_S = env("LOGIN_FAILURE_WINDOW_S", 900, _positive_int)
 LOGIN_URL = "/accounts/login/"
 LOGIN_REDIRECT_URL = "/"
 LOGOUT_REDIRECT_URL = "/accounts/login/"
@@ -106,9 +122,31 @@ STATICFILES_FINDERS = [
 
 # Dash pages are embedded in Django pages with iframes served from the same origin.
 X_FRAME_OPTIONS = "SAMEORIGIN"
-PLOTLY_DASH = {"serve_locally": True, "cache_timeout_initial_arguments": 60}
+PLOTLY_DASH = {
+    "serve_locally": True,
+    "cache_timeout_initial_arguments": 60,
+    # Dash endpoints need a login like every other console page.
+    "view_decorator": "django_plotly_dash.access.login_required",
+}
 
 REDIS_URL = env("REDIS_URL", "redis://127.0.0.1:6379/0", parse_url(("redis", "rediss", "unix")))
+
+
+def cache_settings(redis_url: str) -> dict:
+    """Django's RedisCache on `redis_url`: every web worker shares counters such as login failures.
+
+    Environment modules that change REDIS_URL (test.py) call this again with their own URL.
+    """
+    return {
+        "default": {
+            "BACKEND": "django.core.cache.backends.redis.RedisCache",
+            "LOCATION": redis_url,
+            "KEY_PREFIX": "backstop",
+        }
+    }
+
+
+CACHES = cache_settings(REDIS_URL)
 
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [
@@ -153,8 +191,16 @@ EMAIL_URL = env(
     "EMAIL_URL", "console://", parse_url(("smtp", "smtp+tls", "smtp+ssl", "console", "locmem"))
 )
 DEFAULT_FROM_EMAIL = env("DEFAULT_FROM_EMAIL", "backstop@localhost")
+EMAIL_SUBJECT_PREFIX = env("EMAIL_SUBJECT_PREFIX", "[Backstop] ")
+# Links in reports and alerts point here (no request exists when Celery beat sends them).
+CONSOLE_BASE_URL = env("CONSOLE_BASE_URL", "http://127.0.0.1:8000")
 
 SPARK_MASTER = env("SPARK_MASTER", "local[2]")
+# Stage checkpoints. With nodes on several hosts this must be shared storage (NFS, HDFS, S3A)
+# so a stage can restart from its checkpoint on another node.
+BACKSTOP_CHECKPOINT_ROOT = Path(env("BACKSTOP_CHECKPOINT_ROOT", str(VAR_DIR / "checkpoints")))
+CONTROLLER_DISPATCH = env("CONTROLLER_DISPATCH", True, parse_bool)
+FAULT_RATE_LIMIT_PER_MINUTE = env("FAULT_RATE_LIMIT_PER_MINUTE", 6, int)
 METRIC_RETENTION_HOURS = env("METRIC_RETENTION_HOURS", 48, int)
 
 LOGGING = {

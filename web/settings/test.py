@@ -1,5 +1,7 @@
 """Tests: fast password hashing, in-memory email, a Redis database of its own."""
 
+import os
+
 from web.env import env, parse_url
 from web.settings import base, inherit
 
@@ -10,4 +12,13 @@ EMAIL_BACKEND = "django.core.mail.backends.locmem.EmailBackend"
 # Db 15 keeps test keys away from a demo running on the same Redis.
 REDIS_URL = env("TEST_REDIS_URL", "redis://127.0.0.1:6379/15", parse_url(("redis", "rediss")))
 CELERY_BROKER_URL = REDIS_URL
+CACHES = base.cache_settings(REDIS_URL)
 CELERY_RESULT_BACKEND = REDIS_URL
+# Unit tests record jobs and faults without sending controller tasks; integration tests that run
+# real workers turn it back on.
+CONTROLLER_DISPATCH = False
+# A file, not memory, so worker processes started by integration tests can open the test
+# database (they are given its path); one per test run so parallel runs do not collide.
+if base.DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
+    _test_db = str(base.VAR_DIR / f"test-{os.getpid()}.sqlite3")
+    DATABASES = {"default": {**base.DATABASES["default"], "TEST": {"NAME": _test_db}}}

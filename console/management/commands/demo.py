@@ -73,17 +73,24 @@ class Command(BaseCommand):
             for name in DEMO_NODES:
                 group.start(
                     f"agent-{name}",
+                    # solo pool: tasks run beside the agent's monitor thread (workers/agent.py)
                     celery_argv(
                         "worker",
                         "-Q",
                         node_queue(name),
                         "-n",
                         f"agent-{name}@%h",
-                        "--concurrency",
-                        "1",
+                        "--pool",
+                        "solo",
                         "--loglevel",
                         "INFO",
                     ),
+                    env={
+                        "BACKSTOP_NODE": name,
+                        # three agents share this machine: measure each node's own processes
+                        "BACKSTOP_NODE_SCOPE": "processes",
+                        "BACKSTOP_NODE_MEM_MB": str(nodes[0].mem_total_mb),
+                    },
                 )
             group.start(
                 "beat",

@@ -1,0 +1,91 @@
+"""The console's write actions, each checking the Django user's role on the server first.
+
+Hiding buttons is only a convenience: the Dash update endpoint can be called by hand, so every
+action here refuses users below the required role before touching anything. All writes go
+through console.services, the same code the REST API uses.
+"""
+
+from __future__ import annotations
+
+from console.models import FaultInjection, Job, Node, Policy
+from console.roles import ADMIN, OPERATOR
+from console.services import jobs as job_service
+from console.services.authz import RoleRequired, check_role
+from console.services.faults import FaultRefused, request_fault
+from console.services.policy import PolicyRejected, change_policy
+
+
+class ActionRefused(Exception):
+    """The action was not carried out; the message says why, for the person who asked."""
+
+
+def _require(user, role: str) -> None:
+    try:
+        check_role(user, role)
+    except RoleRequired as exc:
+        raise ActionRefused(str(exc)) from exc
+
+
+def start_job(user, *, name: str, topology: str, strategy: str, rate) -> Job:
+    """Create a job (the controller starts it), as POST /api/jobs/ does."""
+    _require(user, OPERATOR)
+    if not (name or "").strip():
+        raise ActionRefused("name: give the job a name")
+    try:
+        return job_service.create_job(
+            name=name.strip(),
+            topology=topology,
+            strategy=strategy,
+            params={"rate": rate} if rate is not None else {},
+            user=user,
+        )
+    except job_service.JobRequestError as exc:
+        raise ActionRefused(str(exc)) from exc
+
+
+def stop_job(user, job_id) -> Job:
+    """Ask a job to stop, as POST /api/jobs/{id}/stop/ does."""
+    _require(user, OPERATOR)
+    job = Job.objects.filter(pk=job_id).first()
+    if job is None:
+        raise ActionRefused("choose a job to stop")
+    return job_service.stop_job(job, f"stopped by {user.username} from the console")
+
+
+def inject_fault(
+    user, job_id, *, kind: str, operator: str | None, node_id, duration_s
+) -> FaultInjection:
+    """Record a fault request for the controller, as POST /api/jobs/{id}/faults/ does."""
+    _require(user, OPERATOR)
+    job = Job.objects.filter(pk=job_id).first()
+    if job is None:
+        raise ActionRefused("no such job")
+    node = Node.objects.filter(pk=node_id).first() if node_id else None
+    params = {"duration_s": duration_s} if duration_s else {}
+    try:
+        return request_fault(
+            job,
+            kind,
+            target_operator=operator or "",
+            target_node=node,
+            params=params,
+            requested_by=user,
+        )
+    except FaultRefused as exc:
+        raise ActionRefused(str(exc)) from exc
+
+
+def change_threshold(user, *, field: str, value, reason: str):
+    """Write a new policy version with one threshold changed, as PATCH /api/policy/ does."""
+    _require(user, ADMIN)
+    if not field or value is None:
+        raise ActionRefused("choose a threshold and give it a value")
+    # Number inputs send 5.0 for 5; integer thresholds (q_samples, slow_task_limit) need an int.
+    current = getattr(Policy.current(), field, None)
+    if isinstance(current, int) and isinstance(value, float) and value.is_integer():
+        value = int(value)
+    try:
+        # The policy service requires a reason; an empty one is refused there, with its message.
+        return change_policy({field: value}, user=user, reason=reason or "")
+    except PolicyRejected as exc:
+        raise ActionRefused(str(exc)) from exc

@@ -1,0 +1,458 @@
+"""Database queries behind the console pages.
+
+Every function takes plain arguments and returns plain Python (lists of dicts) or pandas
+DataFrames, so figure builders never touch the ORM and callbacks stay thin. Time series are
+averaged into buckets inside the database: a day of 1 s samples comes back as at most
+`max_points` rows per series, whatever the window.
+"""
+
+from __future__ import annotations
+
+import math
+from datetime import datetime, timedelta
+
+import pandas as pd
+from django.db.models import Avg, Count, F, Func, IntegerField, Q, Sum
+from django.utils import timezone
+
+from console.models import FaultInjection, Job, MetricSample, Node, Operator, Policy, Replica
+from console.models import RecoveryEpisode as Episode
+
+# Job-level samples (throughput, latency of the whole job) carry no stage; per-operator history
+# carries the operator's name in `stage`.
+JOB_SCOPE = ""
+JOB_METRICS = ("throughput_eps", "latency_p50_ms", "latency_p99_ms")
+NODE_UTIL_METRICS = ("cpu_util", "mem_util", "disk_util", "net_util")
+NODE_IDLE_METRICS = ("cpu_idle", "mem_idle", "disk_idle", "bw_idle")
+OPERATOR_METRICS = (
+    "priority",
+    "type_score",
+    "resource_score",
+    "dependency_score",
+    "checkpoint_interval_s",
+    "predicted_fault_rate",
+)
+# ControlDecision kinds that describe something breaking rather than the controller acting.
+FAILURE_KINDS = ("failure",)
+SERIES_COLUMNS = ["at", "job_id", "node_id", "stage", "name", "value"]
+
+
+class EpochBucket(Func):
+    """floor(seconds since 1970 / width): the time bucket a timestamp falls into.
+
+    PostgreSQL uses EXTRACT(EPOCH ...); SQLite (3.38+) uses unixepoch(). `width` is an int
+    formatted into the SQL, never user text.
+    """
+
+    output_field = IntegerField()
+    template = "CAST(FLOOR(EXTRACT(EPOCH FROM %(expressions)s) / %(width)s) AS BIGINT)"
+
+    def __init__(self, expression, width: int):
+        super().__init__(expression, width=int(width))
+
+    def as_sqlite(self, compiler, connection, **extra_context):
+        return self.as_sql(
+            compiler, connection, template="(unixepoch(%(expressions)s) / %(width)s)"
+        )
+
+
+def bucket_width(window_s: float, max_points: int) -> int:
+    """Whole seconds per bucket so that `window_s` gives at most about `max_points` buckets."""
+    return max(1, math.ceil(window_s / max_points))
+
+
+def metric_series(
+    names,
+    window_s: float,
+    *,
+    max_points: int,
+    job_ids=None,
+    node_ids=None,
+    stage: str | None = None,
+    exclude_job_scope: bool = False,
+    end: datetime | None = None,
+) -> pd.DataFrame:
+    """Bucket averages of the named metrics over the last `window_s` seconds before `end`.
+
+    Filter by jobs or nodes, and by `stage` ("" for job-level rows); `exclude_job_scope` keeps
+    only per-operator rows. Returns a DataFrame with SERIES_COLUMNS, sorted by time; `at` is the
+    start of each bucket (UTC).
+    """
+    end = end or timezone.now()
+    width = bucket_width(window_s, max_points)
+    rows = MetricSample.objects.filter(
+        name__in=list(names), at__gt=end - timedelta(seconds=window_s), at__lte=end
+    )
+    if job_ids is not None:
+        rows = rows.filter(job_id__in=list(job_ids))
+    if node_ids is not None:
+        rows = rows.filter(node_id__in=list(node_ids))
+    if stage is not None:
+        rows = rows.filter(stage=stage)
+    if exclude_job_scope:
+        rows = rows.exclude(stage=JOB_SCOPE)
+    grouped = (
+        rows.annotate(bucket=EpochBucket("at", width))
+        .values("job_id", "node_id", "stage", "name", "bucket")
+        .annotate(value=Avg("value"))
+        .order_by("bucket")
+    )
+    frame = pd.DataFrame.from_records(
+        list(grouped), columns=["job_id", "node_id", "stage", "name", "bucket", "value"]
+    )
+    frame["at"] = pd.to_datetime(frame["bucket"].astype("int64") * width, unit="s", utc=True)
+    return frame[SERIES_COLUMNS]
+
+
+def latest(names, **filters) -> dict[str, float]:
+    """The newest value of each named metric matching `filters` (one indexed lookup per name)."""
+    values = {}
+    for name in names:
+        value = (
+            MetricSample.objects.filter(name=name, **filters)
+            .order_by("-at")
+            .values_list("value", flat=True)
+            .first()
+        )
+        if value is not None:
+            values[name] = value
+    return values
+
+
+def job_rows(now: datetime | None = None, recent_s: float = 3600, limit: int = 50) -> list[dict]:
+    """Jobs, newest first, with their latest throughput and p99 and their episode counts.
+
+    `recent_episodes` counts episodes detected in the last `recent_s` seconds.
+    """
+    now = now or timezone.now()
+    jobs = Job.objects.annotate(
+        open_episodes=Count("recoveries", filter=Q(recoveries__recovered_at__isnull=True)),
+        recent_episodes=Count(
+            "recoveries", filter=Q(recoveries__detected_at__gte=now - timedelta(seconds=recent_s))
+        ),
+    ).order_by("-created_at")[:limit]
+    rows = []
+    for job in jobs:
+        current = latest(("throughput_eps", "latency_p99_ms"), job=job, stage=JOB_SCOPE)
+        rows.append(
+            {
+                "id": job.pk,
+                "name": job.name,
+                "topology": job.topology,
+                "strategy": job.strategy,
+                "status": job.status,
+                "is_live": job.is_live,
+                "throughput_eps": current.get("throughput_eps"),
+                "latency_p99_ms": current.get("latency_p99_ms"),
+                "open_episodes": job.open_episodes,
+                "recent_episodes": job.recent_episodes,
+            }
+        )
+    return rows
+
+
+def job_detail(job_id: int) -> dict | None:
+    """One job's header fields, or None when it does not exist."""
+    job = Job.objects.filter(pk=job_id).first()
+    if job is None:
+        return None
+    return {
+        "id": job.pk,
+        "name": job.name,
+        "topology": job.topology,
+        "strategy": job.strategy,
+        "status": job.status,
+        "status_reason": job.status_reason,
+        "is_live": job.is_live,
+        "started_at": job.started_at,
+    }
+
+
+def node_rows() -> list[dict]:
+    """Every node with its latest utilisation, idle rates and Q, and the replicas it runs."""
+    live_replicas = (
+        Replica.objects.exclude(state__in=(Replica.State.STOPPED, Replica.State.FAILED))
+        .select_related("job")
+        .order_by("job__name", "stage")
+    )
+    by_node: dict[int, dict[str, list]] = {}
+    for replica in live_replicas:
+        slot = by_node.setdefault(replica.node_id, {"primary": [], "standby": []})
+        slot[replica.role].append(
+            {
+                "job_id": replica.job_id,
+                "job": replica.job.name,
+                "stage": replica.stage,
+                "state": replica.state,
+                "replica_id": replica.replica_id,
+            }
+        )
+    rows = []
+    for node in Node.objects.all():
+        current = latest((*NODE_UTIL_METRICS, *NODE_IDLE_METRICS, "q_score"), node=node)
+        placed = by_node.get(node.pk, {"primary": [], "standby": []})
+        rows.append(
+            {
+                "id": node.pk,
+                "name": node.name,
+                "state": node.state,
+                "last_heartbeat": node.last_heartbeat,
+                "cpu_total": node.cpu_total,
+                "mem_total_mb": node.mem_total_mb,
+                **{name: current.get(name) for name in (*NODE_UTIL_METRICS, *NODE_IDLE_METRICS)},
+                "q_score": current.get("q_score"),
+                "primaries": placed["primary"],
+                "standbys": placed["standby"],
+            }
+        )
+    return rows
+
+
+def cluster_utilisation(window_s: float, max_points: int, end=None) -> pd.DataFrame:
+    """Da-Stream's Rate_cpu and Rate_mem over time: sum of used over sum of total.
+
+    Each node's utilisation fraction is weighted by its capacity, over the nodes that reported in
+    that bucket. Columns: at, cpu, mem (fractions 0..1).
+    """
+    series = metric_series(("cpu_util", "mem_util"), window_s, max_points=max_points, end=end)
+    series = series[series["node_id"].notna()]
+    if series.empty:
+        return pd.DataFrame(columns=["at", "cpu", "mem"])
+    capacity = {
+        node.pk: {"cpu_util": node.cpu_total, "mem_util": node.mem_total_mb}
+        for node in Node.objects.all()
+    }
+    series = series.assign(
+        capacity=[
+            capacity.get(int(node_id), {}).get(name, 0.0)
+            for node_id, name in zip(series["node_id"], series["name"], strict=True)
+        ]
+    )
+    series = series.assign(used=series["value"] * series["capacity"])
+    sums = series.groupby(["at", "name"])[["used", "capacity"]].sum().reset_index()
+    sums["rate"] = sums["used"] / sums["capacity"].where(sums["capacity"] > 0)
+    wide = sums.pivot(index="at", columns="name", values="rate").reset_index()
+    wide = wide.rename(columns={"cpu_util": "cpu", "mem_util": "mem"})
+    for column in ("cpu", "mem"):
+        if column not in wide:
+            wide[column] = float("nan")
+    return wide[["at", "cpu", "mem"]]
+
+
+def operator_rows(job_id: int) -> list[dict]:
+    """The job's operators with S, R, L, P, mode, interval and fr, in topology order."""
+    return list(
+        Operator.objects.filter(job_id=job_id)
+        .order_by("id")
+        .values(
+            "name",
+            "kind",
+            "stage",
+            "upstream",
+            "downstream",
+            "type_score",
+            "resource_score",
+            "dependency_score",
+            "priority",
+            "mode",
+            "checkpoint_interval_s",
+            "predicted_fault_rate",
+            "updated_at",
+        )
+    )
+
+
+def operator_history(job_id: int, window_s: float, max_points: int, end=None) -> pd.DataFrame:
+    """Per-operator history of P, S, R, L, interval and fr (`stage` is the operator's name)."""
+    return metric_series(
+        OPERATOR_METRICS,
+        window_s,
+        max_points=max_points,
+        job_ids=[job_id],
+        exclude_job_scope=True,
+        end=end,
+    )
+
+
+def _episode_dict(episode: Episode) -> dict:
+    fault = episode.fault
+    return {
+        "id": episode.pk,
+        "job_id": episode.job_id,
+        "job": episode.job.name,
+        "strategy": episode.strategy,
+        "stage": episode.stage,
+        "action": episode.action,
+        "detected_at": episode.detected_at,
+        "recovered_at": episode.recovered_at,
+        "downtime_s": episode.downtime_s,
+        "recovery_time_s": episode.recovery_time_s,
+        "peak_p99_ms": episode.peak_p99_ms,
+        "lost": episode.lost,
+        "duplicates": episode.duplicates,
+        "fault_kind": fault.kind if fault else "",
+        "fault_target": _fault_target(fault) if fault else "",
+    }
+
+
+def episode_rows(job_ids=None, since: datetime | None = None, limit: int = 200) -> list[dict]:
+    """Recovery episodes, newest first, optionally for some jobs and since a time."""
+    episodes = Episode.objects.select_related("job", "fault", "fault__target_node")
+    if job_ids is not None:
+        episodes = episodes.filter(job_id__in=list(job_ids))
+    if since is not None:
+        episodes = episodes.filter(Q(detected_at__gte=since) | Q(recovered_at__isnull=True))
+    return [_episode_dict(e) for e in episodes.order_by("-detected_at")[:limit]]
+
+
+def strategy_comparison() -> list[dict]:
+    """Per strategy: number of episodes and the mean downtime, recovery time and peak p99, and
+    the total lost and duplicated events, over all finished episodes."""
+    return list(
+        Episode.objects.filter(recovered_at__isnull=False)
+        .values("strategy")
+        .annotate(
+            episodes=Count("id"),
+            downtime_s=Avg("downtime_s"),
+            recovery_time_s=Avg("recovery_time_s"),
+            peak_p99_ms=Avg("peak_p99_ms"),
+            lost=Sum("lost"),
+            duplicates=Sum("duplicates"),
+        )
+        .order_by("strategy")
+    )
+
+
+def _fault_target(fault: FaultInjection) -> str:
+    if fault.target_operator:
+        return fault.target_operator
+    return fault.target_node.name if fault.target_node else ""
+
+
+def fault_rows(job_ids=None, since: datetime | None = None, limit: int = 100) -> list[dict]:
+    """Fault requests, newest first, with who asked and what came of it."""
+    faults = FaultInjection.objects.select_related("job", "target_node", "requested_by")
+    if job_ids is not None:
+        faults = faults.filter(job_id__in=list(job_ids))
+    if since is not None:
+        faults = faults.filter(requested_at__gte=since)
+    return [
+        {
+            "id": fault.pk,
+            "job_id": fault.job_id,
+            "job": fault.job.name,
+            "kind": fault.kind,
+            "target": _fault_target(fault),
+            "requested_at": fault.requested_at,
+            "injected_at": fault.injected_at,
+            # The time the fault hit, or when it was asked for while still pending.
+            "at": fault.injected_at or fault.requested_at,
+            "outcome": fault.outcome,
+            "detail": fault.outcome_detail,
+            "requested_by": fault.requested_by.username if fault.requested_by else "schedule",
+        }
+        for fault in faults.order_by("-requested_at")[:limit]
+    ]
+
+
+def _decision_dict(decision) -> dict:
+    detail = decision.detail or {}
+    return {
+        "id": decision.pk,
+        "at": decision.at,
+        "kind": decision.kind,
+        "operator": decision.operator or decision.stage,
+        "node": decision.node,
+        "replica_id": decision.replica_id,
+        "reason": decision.reason,
+        "error_tail": detail.get("error_tail", ""),
+    }
+
+
+def recent_decisions(job_id: int, limit: int = 50) -> list[dict]:
+    """The controller's latest decisions for a job, newest first, with their reasons."""
+    from console.models import ControlDecision
+
+    decisions = ControlDecision.objects.filter(job_id=job_id).order_by("-at", "-id")[:limit]
+    return [_decision_dict(d) for d in decisions]
+
+
+def failure_history(job_id: int, limit: int = 50) -> list[dict]:
+    """Failures of a job's replicas, newest first, each with the controller's response.
+
+    The response is the first decision at or after the failure that is not itself a failure,
+    on the same replica (the controller records the pair together), or on the same stage when
+    the failure names no replica.
+    """
+    from console.models import ControlDecision
+
+    failures = list(
+        ControlDecision.objects.filter(job_id=job_id, kind__in=FAILURE_KINDS).order_by(
+            "-at", "-id"
+        )[:limit]
+    )
+    rows = []
+    for failure in failures:
+        same_target = (
+            Q(replica_id=failure.replica_id)
+            if failure.replica_id
+            else Q(stage=failure.stage, operator=failure.operator)
+        )
+        response = (
+            ControlDecision.objects.filter(same_target, job_id=job_id, at__gte=failure.at)
+            .exclude(kind__in=FAILURE_KINDS)
+            .order_by("at", "id")
+            .first()
+        )
+        row = _decision_dict(failure)
+        row["response"] = f"{response.kind}: {response.reason}" if response else ""
+        rows.append(row)
+    return rows
+
+
+def policy_thresholds() -> dict:
+    """The policy version in force: version, author, reason and every tunable field."""
+    policy = Policy.current()
+    return {
+        "version": policy.version,
+        "created_at": policy.created_at,
+        "created_by": policy.created_by.username if policy.created_by else "",
+        "reason": policy.reason,
+        "values": {name: getattr(policy, name) for name in Policy.threshold_field_names()},
+    }
+
+
+def live_job_choices() -> list[dict]:
+    """Dropdown options for jobs that can be stopped."""
+    return [
+        {"label": f"{name} (#{pk}, {status})", "value": pk}
+        for pk, name, status in Job.objects.filter(status__in=Job.LIVE_STATUSES + ("created",))
+        .order_by("-created_at")
+        .values_list("pk", "name", "status")
+    ]
+
+
+def job_choices(limit: int = 50) -> list[dict]:
+    """Dropdown options for every job, newest first."""
+    return [
+        {"label": f"{name} ({strategy}, #{pk})", "value": pk}
+        for pk, name, strategy in Job.objects.order_by("-created_at").values_list(
+            "pk", "name", "strategy"
+        )[:limit]
+    ]
+
+
+def node_choices() -> list[dict]:
+    """Dropdown options for nodes."""
+    return [{"label": n, "value": pk} for pk, n in Node.objects.values_list("pk", "name")]
+
+
+def stage_placement(job_id: int) -> list[dict]:
+    """Where each live replica of a job runs."""
+    return list(
+        Replica.objects.filter(job_id=job_id)
+        .exclude(state__in=(Replica.State.STOPPED, Replica.State.FAILED))
+        .annotate(node_name=F("node__name"))
+        .order_by("stage", "role")
+        .values("stage", "role", "state", "node_name", "replica_id", "fencing_epoch")
+    )

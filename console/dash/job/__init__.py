@@ -1,0 +1,1 @@
+"""Job page: operator DAG, priorities and their history, decisions, failures, fault controls."""

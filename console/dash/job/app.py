@@ -1,0 +1,65 @@
+"""The job page's DjangoDash app: which callback reads and writes which component."""
+
+from dash import Input, Output, State
+from django_plotly_dash import DjangoDash
+
+from console.dash.job import callbacks, layout
+
+APP_NAME = "backstop-job"
+
+# Controls are added after load for operators only, so their ids are not in the first layout.
+app = DjangoDash(APP_NAME, suppress_callback_exceptions=True)
+app.layout = layout.layout
+
+app.callback(
+    Output("summary", "children"),
+    Output("dag", "figure"),
+    Output("replicas-table", "children"),
+    Output("operators-table", "children"),
+    Output("history", "figure"),
+    Output("decisions-table", "children"),
+    Output("failures-table", "children"),
+    Output("faults-table", "children"),
+    Input("refresh", "n_intervals"),
+    Input("window", "value"),
+    Input("url", "pathname"),
+)(callbacks.refresh)
+app.callback(Output("controls", "children"), Input("url", "pathname"))(callbacks.render_controls)
+app.callback(
+    Output("fault-operator", "disabled"),
+    Output("fault-node", "disabled"),
+    Input("fault-kind", "value"),
+)(callbacks.target_fields)
+app.callback(
+    Output("fault-confirm", "displayed"),
+    Output("fault-confirm", "message"),
+    Input("fault-button", "n_clicks"),
+    State("fault-kind", "value"),
+    State("fault-operator", "value"),
+    State("fault-node", "value"),
+    State("url", "pathname"),
+    prevent_initial_call=True,
+)(callbacks.ask_fault)
+app.callback(
+    Output("fault-result", "children"),
+    Input("fault-confirm", "submit_n_clicks"),
+    State("fault-kind", "value"),
+    State("fault-operator", "value"),
+    State("fault-node", "value"),
+    State("fault-duration", "value"),
+    State("url", "pathname"),
+    prevent_initial_call=True,
+)(callbacks.inject_confirmed)
+app.callback(
+    Output("stop-confirm", "displayed"),
+    Output("stop-confirm", "message"),
+    Input("stop-button", "n_clicks"),
+    State("url", "pathname"),
+    prevent_initial_call=True,
+)(callbacks.ask_stop)
+app.callback(
+    Output("stop-result", "children"),
+    Input("stop-confirm", "submit_n_clicks"),
+    State("url", "pathname"),
+    prevent_initial_call=True,
+)(callbacks.stop_confirmed)

@@ -1,0 +1,234 @@
+"""Job page callbacks: thin glue from data queries to tables and figures, plus fault controls.
+
+Each function is a Dash callback (wired in job/app.py) and can be called directly in tests;
+`user` is the Django user django-plotly-dash passes in.
+"""
+
+from __future__ import annotations
+
+import re
+
+from dash import html
+from dash.exceptions import PreventUpdate
+
+from console.dash import controls, data
+from console.dash.common import (
+    DEFAULT_WINDOW_S,
+    MAX_POINTS,
+    badge,
+    can_view,
+    fmt_num,
+    fmt_time,
+    message,
+    table,
+)
+from console.dash.job import figures
+from console.dash.job.layout import controls as controls_layout
+from console.models import FaultInjection, Policy
+from console.roles import OPERATOR, has_role
+
+JOB_PATH = re.compile(r"/console/jobs/(\d+)/?$")
+
+
+def job_id_from_path(pathname: str | None) -> int | None:
+    """The job id in /console/jobs/<id>/, or None for any other path."""
+    match = JOB_PATH.search(pathname or "")
+    return int(match.group(1)) if match else None
+
+
+def _tile(label: str, value, tile_id: str):
+    return html.Div(
+        [
+            html.Div(value, className="kpi-value", id=tile_id),
+            html.Div(label, className="kpi-label"),
+        ],
+        className="kpi",
+    )
+
+
+def _summary(job: dict, current: dict, replicas: list[dict]):
+    primaries = sum(1 for r in replicas if r["role"] == "primary")
+    standbys = sum(1 for r in replicas if r["role"] == "standby")
+    return [
+        _tile("status", badge(job["status"], job["status"]), "job-status"),
+        _tile("throughput (ev/s)", fmt_num(current.get("throughput_eps"), 0), "job-throughput"),
+        _tile("latency p99 (ms)", fmt_num(current.get("latency_p99_ms"), 0), "job-p99"),
+        _tile("primaries / standbys", f"{primaries} / {standbys}", "job-replicas"),
+    ]
+
+
+def _operator_table(operators: list[dict]):
+    rows = [
+        [
+            html.B(op["name"]),
+            op["kind"],
+            op["stage"] or "—",
+            fmt_num(op["type_score"], 2),
+            fmt_num(op["resource_score"], 2),
+            fmt_num(op["dependency_score"], 2),
+            html.B(fmt_num(op["priority"], 2)),
+            badge(op["mode"], op["mode"]),
+            fmt_num(op["checkpoint_interval_s"], 1),
+            fmt_num(op["predicted_fault_rate"], 3),
+            fmt_time(op["updated_at"]),
+        ]
+        for op in operators
+    ]
+    return table(
+        ["Operator", "Kind", "Stage", "S", "R", "L", "P", "Mode", "Interval (s)", "fr", "Updated"],
+        rows,
+        "This job has no operators.",
+        table_id="operators",
+    )
+
+
+def _replica_table(replicas: list[dict]):
+    rows = [
+        [
+            r["stage"],
+            badge(r["role"], r["role"]),
+            r["node_name"],
+            r["state"],
+            str(r["fencing_epoch"]),
+        ]
+        for r in replicas
+    ]
+    return table(["Stage", "Role", "Node", "State", "Epoch"], rows, "No replicas running.")
+
+
+def _decision_table(decisions: list[dict]):
+    rows = [
+        [fmt_time(d["at"]), d["kind"], d["operator"] or "—", d["node"] or "—", d["reason"]]
+        for d in decisions
+    ]
+    return table(
+        ["Time", "Decision", "Operator", "Node", "Reason"],
+        rows,
+        "No controller decisions recorded for this job yet.",
+        table_id="decisions",
+    )
+
+
+def _failure_table(failures: list[dict]):
+    rows = [
+        [
+            fmt_time(f["at"]),
+            f["replica_id"] or "—",
+            f["node"] or "—",
+            html.Pre(f["error_tail"] or f["reason"], className="log-tail"),
+            f["response"] or "—",
+        ]
+        for f in failures
+    ]
+    return table(
+        ["Time", "Replica", "Node", "Error (last log lines)", "Controller response"],
+        rows,
+        "No failures recorded for this job.",
+        table_id="failures",
+    )
+
+
+def _fault_table(faults: list[dict]):
+    rows = [
+        [
+            fmt_time(f["requested_at"]),
+            f["kind"],
+            f["target"],
+            f["requested_by"],
+            badge(f["outcome"], f["outcome"]),
+            fmt_time(f["injected_at"]),
+            f["detail"] or "",
+        ]
+        for f in faults
+    ]
+    return table(
+        ["Requested", "Kind", "Target", "By", "Outcome", "Injected", "Detail"],
+        rows,
+        "No faults requested for this job.",
+        table_id="faults",
+    )
+
+
+def refresh(n_intervals, window_s, pathname, user=None):
+    """Every 2 s: summary tiles, DAG, replicas, operators, history, decisions, failures, faults."""
+    job_id = job_id_from_path(pathname)
+    if not can_view(user) or job_id is None:
+        raise PreventUpdate
+    job = data.job_detail(job_id)
+    if job is None:
+        raise PreventUpdate
+    operators = data.operator_rows(job_id)
+    replicas = data.stage_placement(job_id)
+    current = data.latest(("throughput_eps", "latency_p99_ms"), job_id=job_id, stage=data.JOB_SCOPE)
+    threshold = Policy.current().priority_threshold
+    history = data.operator_history(job_id, window_s or DEFAULT_WINDOW_S, MAX_POINTS)
+    return (
+        _summary(job, current, replicas),
+        figures.dag_figure(operators, threshold),
+        _replica_table(replicas),
+        _operator_table(operators),
+        figures.history_figure(history, [op["name"] for op in operators], threshold),
+        _decision_table(data.recent_decisions(job_id, limit=30)),
+        _failure_table(data.failure_history(job_id, limit=30)),
+        _fault_table(data.fault_rows(job_ids=[job_id], limit=30)),
+    )
+
+
+def render_controls(pathname, user=None):
+    """Fault and stop controls for operators and admins; nothing at all for viewers."""
+    job_id = job_id_from_path(pathname)
+    if job_id is None or not has_role(user, OPERATOR):
+        return None
+    operators = [op["name"] for op in data.operator_rows(job_id)]
+    return controls_layout(operators, data.node_choices())
+
+
+def target_fields(kind):
+    """Enable the operator picker for operator faults and the node picker for node faults."""
+    node_fault = kind in FaultInjection.NODE_KINDS
+    return node_fault, not node_fault
+
+
+def ask_fault(n_clicks, kind, operator, node_id, pathname):
+    """First step of injecting: show a confirm dialog naming the fault and its target."""
+    if not n_clicks:
+        raise PreventUpdate
+    target = f"node #{node_id}" if kind in FaultInjection.NODE_KINDS else f"operator {operator}"
+    return True, f"Inject {kind} on {target} of job #{job_id_from_path(pathname)}?"
+
+
+def inject_confirmed(submit_n_clicks, kind, operator, node_id, duration_s, pathname, user=None):
+    """Second step: the user confirmed; record the fault through the fault service."""
+    if not submit_n_clicks:
+        raise PreventUpdate
+    node_fault = kind in FaultInjection.NODE_KINDS
+    try:
+        fault = controls.inject_fault(
+            user,
+            job_id_from_path(pathname),
+            kind=kind,
+            operator=None if node_fault else operator,
+            node_id=node_id if node_fault else None,
+            duration_s=duration_s,
+        )
+    except controls.ActionRefused as exc:
+        return message(f"Not injected: {exc}", ok=False)
+    return message(f"Fault #{fault.pk} requested: {fault}.", ok=True)
+
+
+def ask_stop(n_clicks, pathname):
+    """First step of stopping this job: the confirm dialog."""
+    if not n_clicks:
+        raise PreventUpdate
+    return True, f"Stop job #{job_id_from_path(pathname)}? Its replicas will be shut down."
+
+
+def stop_confirmed(submit_n_clicks, pathname, user=None):
+    """Second step: stop the job through the job service."""
+    if not submit_n_clicks:
+        raise PreventUpdate
+    try:
+        job = controls.stop_job(user, job_id_from_path(pathname))
+    except controls.ActionRefused as exc:
+        return message(f"Not stopped: {exc}", ok=False)
+    return message(f"Job {job.name} is {job.status}.", ok=True)

@@ -1,0 +1,1 @@
+"""Overview page: jobs, episodes, nodes and cluster utilisation."""

@@ -1,0 +1,47 @@
+"""The overview's DjangoDash app: which callback reads and writes which component."""
+
+from dash import Input, Output, State
+from django_plotly_dash import DjangoDash
+
+from console.dash.overview import callbacks, layout
+
+APP_NAME = "backstop-overview"
+
+# Controls are added after load for operators only, so their ids are not in the first layout.
+app = DjangoDash(APP_NAME, suppress_callback_exceptions=True)
+app.layout = layout.layout
+
+app.callback(
+    Output("kpis", "children"),
+    Output("jobs-table", "children"),
+    Output("episodes-table", "children"),
+    Output("nodes-table", "children"),
+    Output("utilisation", "figure"),
+    Output("throughput", "figure"),
+    Input("refresh", "n_intervals"),
+    Input("window", "value"),
+)(callbacks.refresh)
+app.callback(Output("controls", "children"), Input("url", "pathname"))(callbacks.render_controls)
+app.callback(Output("stop-job", "options"), Input("refresh", "n_intervals"))(callbacks.stop_options)
+app.callback(
+    Output("stop-confirm", "displayed"),
+    Output("stop-confirm", "message"),
+    Input("stop-button", "n_clicks"),
+    State("stop-job", "value"),
+    prevent_initial_call=True,
+)(callbacks.ask_stop)
+app.callback(
+    Output("stop-result", "children"),
+    Input("stop-confirm", "submit_n_clicks"),
+    State("stop-job", "value"),
+    prevent_initial_call=True,
+)(callbacks.stop_confirmed)
+app.callback(
+    Output("start-result", "children"),
+    Input("start-button", "n_clicks"),
+    State("start-name", "value"),
+    State("start-topology", "value"),
+    State("start-strategy", "value"),
+    State("start-rate", "value"),
+    prevent_initial_call=True,
+)(callbacks.start_clicked)

@@ -1,0 +1,38 @@
+"""The placement page's DjangoDash app: which callback reads and writes which component."""
+
+from dash import Input, Output, State
+from django_plotly_dash import DjangoDash
+
+from console.dash.placement import callbacks, layout
+
+APP_NAME = "backstop-placement"
+
+# Controls are added after load for admins only, so their ids are not in the first layout.
+app = DjangoDash(APP_NAME, suppress_callback_exceptions=True)
+app.layout = layout.layout
+
+app.callback(
+    Output("reserve-summary", "children"),
+    Output("idle", "figure"),
+    Output("q", "figure"),
+    Output("node-cards", "children"),
+    Output("policy-table", "children"),
+    Input("refresh", "n_intervals"),
+)(callbacks.refresh)
+app.callback(Output("controls", "children"), Input("url", "pathname"))(callbacks.render_controls)
+app.callback(
+    Output("threshold-confirm", "displayed"),
+    Output("threshold-confirm", "message"),
+    Input("threshold-button", "n_clicks"),
+    State("threshold-field", "value"),
+    State("threshold-value", "value"),
+    prevent_initial_call=True,
+)(callbacks.ask_threshold)
+app.callback(
+    Output("threshold-result", "children"),
+    Input("threshold-confirm", "submit_n_clicks"),
+    State("threshold-field", "value"),
+    State("threshold-value", "value"),
+    State("threshold-reason", "value"),
+    prevent_initial_call=True,
+)(callbacks.threshold_confirmed)

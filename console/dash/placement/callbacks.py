@@ -1,0 +1,133 @@
+"""Placement callbacks: thin glue from data queries to figures and node cards, plus the admin's
+threshold control.
+
+Each function is a Dash callback (wired in placement/app.py) and can be called directly in tests;
+`user` is the Django user django-plotly-dash passes in.
+"""
+
+from __future__ import annotations
+
+from dash import html
+from dash.exceptions import PreventUpdate
+
+from console.dash import controls, data
+from console.dash.common import can_view, fmt_num, fmt_pct, fmt_time, message
+from console.dash.placement import figures
+from console.dash.placement.layout import controls as controls_layout
+from console.roles import ADMIN, has_role
+
+
+def _chips(replicas: list[dict], role: str):
+    if not replicas:
+        return html.Span("none", className="muted")
+    return [
+        html.A(
+            f"{r['job']}/{r['stage']}",
+            href=f"/console/jobs/{r['job_id']}/",
+            className=f"chip chip-{role}",
+            title=f"{r['replica_id']} ({r['state']})",
+        )
+        for r in replicas
+    ]
+
+
+def _node_card(node: dict, rank: int):
+    idle = " · ".join(
+        f"{label} {fmt_pct(node[key])}" for key, label in figures.IDLE_BARS if node[key] is not None
+    )
+    return html.Div(
+        [
+            html.Div(
+                [
+                    html.Span(f"#{rank}", className="rank", title="place in the node queue by Q"),
+                    html.B(node["name"]),
+                    html.Span(node["state"], className=f"status status-{node['state']}"),
+                    html.Span(f"Q {fmt_num(node['q_score'], 2)}", className="q"),
+                ],
+                className="node-head",
+            ),
+            html.Div(idle or "no resource samples yet", className="muted small"),
+            html.Div("Primaries", className="label"),
+            html.Div(_chips(node["primaries"], "primary"), className="chips"),
+            html.Div("Standbys", className="label"),
+            html.Div(_chips(node["standbys"], "standby"), className="chips"),
+            html.Div(f"heartbeat {fmt_time(node['last_heartbeat'])}", className="muted small"),
+        ],
+        className="card node-card",
+        id=f"node-{node['name']}",
+    )
+
+
+def _summary(nodes: list[dict], reserve: float):
+    free = figures.cluster_free(nodes)
+    standbys = sum(len(n["standbys"]) for n in nodes)
+
+    def tile(label, value):
+        return html.Div(
+            [html.Div(value, className="kpi-value"), html.Div(label, className="kpi-label")],
+            className="kpi",
+        )
+
+    return [
+        tile("cluster CPU free", fmt_pct(free["cpu"])),
+        tile("cluster memory free", fmt_pct(free["mem"])),
+        tile("reserve kept free", fmt_pct(reserve)),
+        tile("standbys placed", str(standbys)),
+    ]
+
+
+def _policy_table(policy: dict):
+    items = [
+        html.Div([html.Span(name, className="muted"), html.Span(f"{value:g}")], className="kv")
+        for name, value in policy["values"].items()
+    ]
+    author = policy["created_by"] or "system"
+    return [
+        html.P(
+            f"Version {policy['version']} by {author} at {fmt_time(policy['created_at'])}: "
+            f"{policy['reason'] or 'no reason given'}",
+            id="policy-version",
+        ),
+        html.Div(items, className="kv-grid"),
+    ]
+
+
+def refresh(n_intervals, user=None):
+    """Every 2 s: reserve tiles, idle and Q charts, node cards with replicas, the policy."""
+    if not can_view(user):
+        raise PreventUpdate
+    nodes = data.node_rows()
+    policy = data.policy_thresholds()
+    reserve = policy["values"]["resource_reserve"]
+    cards = [_node_card(n, rank) for rank, n in enumerate(figures.by_q(nodes), start=1)]
+    return (
+        _summary(nodes, reserve),
+        figures.idle_figure(nodes, reserve),
+        figures.q_figure(nodes),
+        cards or html.P("No nodes registered.", className="muted"),
+        _policy_table(policy),
+    )
+
+
+def render_controls(pathname, user=None):
+    """The threshold editor for admins; nothing at all for everyone else."""
+    return controls_layout() if has_role(user, ADMIN) else None
+
+
+def ask_threshold(n_clicks, field, value):
+    """First step of changing a threshold: the confirm dialog with old and new value."""
+    if not n_clicks:
+        raise PreventUpdate
+    old = data.policy_thresholds()["values"].get(field)
+    return True, f"Change {field} from {old} to {value}? This writes a new policy version."
+
+
+def threshold_confirmed(submit_n_clicks, field, value, reason, user=None):
+    """Second step: write the new policy version through the policy service."""
+    if not submit_n_clicks:
+        raise PreventUpdate
+    try:
+        policy = controls.change_threshold(user, field=field, value=value, reason=reason)
+    except controls.ActionRefused as exc:
+        return message(f"Not saved: {exc}", ok=False)
+    return message(f"Saved: policy v{policy.version} has {field} = {value}.", ok=True)

@@ -1,0 +1,1 @@
+"""Recovery timelines: throughput and latency with faults and recovery windows, episodes."""

@@ -1,0 +1,22 @@
+"""The recovery timelines' DjangoDash app: which callback reads and writes which component."""
+
+from dash import Input, Output
+from django_plotly_dash import DjangoDash
+
+from console.dash.recoveries import callbacks, layout
+
+APP_NAME = "backstop-recoveries"
+
+app = DjangoDash(APP_NAME)
+app.layout = layout.layout
+
+app.callback(Output("jobs", "options"), Input("refresh", "n_intervals"))(callbacks.job_options)
+app.callback(
+    Output("timelines", "figure"),
+    Output("episodes-table", "children"),
+    Output("strategies", "figure"),
+    Output("strategies-table", "children"),
+    Input("refresh", "n_intervals"),
+    Input("jobs", "value"),
+    Input("window", "value"),
+)(callbacks.refresh)

@@ -1,0 +1,133 @@
+"""Recovery timeline callbacks: thin glue from data queries to figures and tables.
+
+Each function is a Dash callback (wired in recoveries/app.py) and can be called directly in
+tests; `user` is the Django user django-plotly-dash passes in.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from dash import html
+from dash.exceptions import PreventUpdate
+from django.utils import timezone
+
+from console.dash import data
+from console.dash.common import (
+    DEFAULT_WINDOW_S,
+    MAX_POINTS,
+    badge,
+    can_view,
+    fmt_num,
+    fmt_time,
+    table,
+)
+from console.dash.recoveries import figures
+
+# More columns than this make each timeline too narrow to read.
+MAX_COMPARED = 4
+
+
+def job_options(n_intervals, user=None):
+    """Every job, newest first, for the picker."""
+    if not can_view(user):
+        raise PreventUpdate
+    return data.job_choices()
+
+
+def _episode_table(episodes: list[dict]):
+    rows = [
+        [
+            html.A(e["job"], href=f"/console/jobs/{e['job_id']}/"),
+            e["strategy"],
+            e["stage"] or "—",
+            f"{e['fault_kind']} on {e['fault_target']}" if e["fault_kind"] else "detected",
+            fmt_time(e["detected_at"]),
+            badge("open", "failed") if e["recovered_at"] is None else fmt_time(e["recovered_at"]),
+            fmt_num(e["downtime_s"], 1),
+            fmt_num(e["recovery_time_s"], 1),
+            fmt_num(e["peak_p99_ms"], 0),
+            fmt_num(e["lost"], 0),
+            fmt_num(e["duplicates"], 0),
+            e["action"],
+        ]
+        for e in episodes
+    ]
+    return table(
+        [
+            "Job",
+            "Strategy",
+            "Stage",
+            "Cause",
+            "Detected",
+            "Recovered",
+            "Downtime (s)",
+            "Recovery (s)",
+            "Peak p99 (ms)",
+            "Lost",
+            "Duplicates",
+            "Action",
+        ],
+        rows,
+        "No recovery episodes for these jobs in this window.",
+        table_id="episodes",
+    )
+
+
+def _strategy_table(rows: list[dict]):
+    return table(
+        [
+            "Strategy",
+            "Episodes",
+            "Downtime (s)",
+            "Recovery (s)",
+            "Peak p99 (ms)",
+            "Lost",
+            "Duplicates",
+        ],
+        [
+            [
+                r["strategy"],
+                str(r["episodes"]),
+                fmt_num(r["downtime_s"], 1),
+                fmt_num(r["recovery_time_s"], 1),
+                fmt_num(r["peak_p99_ms"], 0),
+                fmt_num(r["lost"], 0),
+                fmt_num(r["duplicates"], 0),
+            ]
+            for r in rows
+        ],
+        "No finished episodes yet.",
+        table_id="strategy-rows",
+    )
+
+
+def refresh(n_intervals, job_ids, window_s, user=None):
+    """Every 2 s: the timelines of the chosen jobs (or the newest ones), episodes, strategies."""
+    if not can_view(user):
+        raise PreventUpdate
+    window_s = window_s or DEFAULT_WINDOW_S
+    now = timezone.now()
+    since = now - timedelta(seconds=window_s)
+    choices = data.job_choices()
+    chosen = list(job_ids or [c["value"] for c in choices])[:MAX_COMPARED]
+    jobs = [data.job_detail(job_id) for job_id in chosen]
+    jobs = [j for j in jobs if j is not None]
+    ids = [j["id"] for j in jobs]
+    series = data.metric_series(
+        data.JOB_METRICS,
+        window_s,
+        max_points=MAX_POINTS,
+        job_ids=ids,
+        stage=data.JOB_SCOPE,
+        end=now,
+    )
+    episodes = data.episode_rows(job_ids=ids, since=since)
+    faults = data.fault_rows(job_ids=ids, since=since)
+    comparison = data.strategy_comparison()
+    return (
+        figures.timeline_figure(jobs, series, episodes, faults, now),
+        _episode_table(episodes),
+        figures.strategy_figure(comparison),
+        _strategy_table(comparison),
+    )

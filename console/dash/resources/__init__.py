@@ -1,0 +1,1 @@
+"""Resources page: CPU, memory, disk and network per node over time."""

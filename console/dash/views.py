@@ -1,0 +1,52 @@
+"""Django views that host the Dash pages: login required, one template per page."""
+
+from django.contrib.auth.decorators import login_required
+from django.shortcuts import get_object_or_404, render
+
+from console.dash.job.app import APP_NAME as JOB_APP
+from console.dash.overview.app import APP_NAME as OVERVIEW_APP
+from console.dash.placement.app import APP_NAME as PLACEMENT_APP
+from console.dash.recoveries.app import APP_NAME as RECOVERIES_APP
+from console.dash.resources.app import APP_NAME as RESOURCES_APP
+from console.models import Job
+
+
+def _page(request, template: str, app_name: str, section: str, **context):
+    return render(
+        request,
+        template,
+        {"dash_app": app_name, "section": section, **context},
+    )
+
+
+@login_required
+def overview(request):
+    """Jobs, episodes, nodes and cluster utilisation."""
+    return _page(request, "console/page.html", OVERVIEW_APP, "overview", title="Overview")
+
+
+@login_required
+def job(request, job_id: int):
+    """One job: DAG, operator table and history, decisions, failures, fault controls."""
+    the_job = get_object_or_404(Job, pk=job_id)
+    return _page(
+        request, "console/page.html", JOB_APP, "job", title=f"Job {the_job.name}", job=the_job
+    )
+
+
+@login_required
+def placement(request):
+    """Nodes by Q with idle rates, primaries and standbys, and the reserve."""
+    return _page(request, "console/page.html", PLACEMENT_APP, "placement", title="Placement")
+
+
+@login_required
+def recoveries(request):
+    """Recovery timelines, episodes and the strategy comparison."""
+    return _page(request, "console/page.html", RECOVERIES_APP, "recoveries", title="Recoveries")
+
+
+@login_required
+def resources(request):
+    """CPU, memory, disk and network per node over time."""
+    return _page(request, "console/page.html", RESOURCES_APP, "resources", title="Resources")

@@ -1,0 +1,124 @@
+"""Alert emails: a recovery that takes too long, a job that failed for good.
+
+Recipients are the enabled ReportSubscriptions whose scope covers the job and that ask for the
+alert (`alert_recovery_over_s` set, or `alert_on_job_failure`). Each event is alerted at most once
+per subscription: a SentAlert row is written in the same transaction as the email is sent, so a
+failed send leaves no row and a later call tries again.
+
+Call points for the supervision code (or their Celery wrappers in workers/reporting.py, so a slow
+mail server never delays a supervision cycle):
+
+- `check_alerts_for_episode(episode)` every cycle while an episode is open, and once when it is
+  closed: an open episode alerts as soon as its elapsed time passes the threshold, a closed one
+  when its `recovery_time_s` does.
+- `alert_job_failed(job)` right after `job.mark_failed(...)` when the controller gives up.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from django.conf import settings
+from django.core.mail import EmailMessage
+from django.db import transaction
+from django.db.models import Q
+from django.template.loader import render_to_string
+from django.utils import timezone
+
+from console.models import Job, RecoveryEpisode, ReportSubscription, SentAlert
+
+logger = logging.getLogger(__name__)
+
+
+def subscriptions_for(job: Job):
+    """Enabled subscriptions whose scope includes `job`."""
+    return (
+        ReportSubscription.objects.filter(enabled=True)
+        .filter(Q(scope=ReportSubscription.Scope.ALL) | Q(jobs=job))
+        .distinct()
+    )
+
+
+def recovery_elapsed_s(episode: RecoveryEpisode, now=None) -> float:
+    """The recovery time of a closed episode, or how long an open one has been going on."""
+    if episode.recovery_time_s is not None:
+        return episode.recovery_time_s
+    return ((now or timezone.now()) - episode.detected_at).total_seconds()
+
+
+def check_alerts_for_episode(episode: RecoveryEpisode, *, now=None) -> int:
+    """Alert every subscription whose recovery threshold `episode` exceeds; return emails sent."""
+    elapsed = recovery_elapsed_s(episode, now)
+    sent = 0
+    candidates = subscriptions_for(episode.job).filter(alert_recovery_over_s__isnull=False)
+    for subscription in candidates:
+        if elapsed <= subscription.alert_recovery_over_s:
+            continue
+        state = "took" if episode.recovery_time_s is not None else "still recovering after"
+        subject = (
+            f"{settings.EMAIL_SUBJECT_PREFIX}Slow recovery: {episode.job.name} "
+            f"{state} {elapsed:.1f} s (limit {subscription.alert_recovery_over_s:g} s)"
+        )
+        facts = [
+            ("Job", f"{episode.job.name} (id {episode.job_id}, {episode.strategy})"),
+            ("Stage", episode.stage or "-"),
+            ("Action", episode.get_action_display()),
+            ("Detected at", f"{episode.detected_at:%Y-%m-%d %H:%M:%S} UTC"),
+            ("Recovered at", _time_or(episode.recovered_at, "not yet")),
+            ("Recovery time", f"{elapsed:.1f} s"),
+            ("Limit", f"{subscription.alert_recovery_over_s:g} s"),
+        ]
+        link = f"{settings.CONSOLE_BASE_URL}/api/jobs/{episode.job_id}/recoveries/"
+        if _send_once(subscription, f"recovery:{episode.pk}", subject, facts, link):
+            sent += 1
+    return sent
+
+
+def alert_job_failed(job: Job) -> int:
+    """Alert the subscriptions that ask for job failures that `job` failed; return emails sent."""
+    if job.status != Job.Status.FAILED:
+        return 0
+    # The failure time is in the key: a job restarted and failed again is a new event.
+    failed_at = job.stopped_at.isoformat() if job.stopped_at else ""
+    subject = f"{settings.EMAIL_SUBJECT_PREFIX}Job failed: {job.name}"
+    facts = [
+        ("Job", f"{job.name} (id {job.pk}, {job.topology}, {job.strategy})"),
+        ("Failed at", _time_or(job.stopped_at, "unknown")),
+        ("Reason", job.status_reason or "-"),
+    ]
+    link = f"{settings.CONSOLE_BASE_URL}/api/jobs/{job.pk}/"
+    sent = 0
+    for subscription in subscriptions_for(job).filter(alert_on_job_failure=True):
+        if _send_once(subscription, f"job-failed:{job.pk}:{failed_at}", subject, facts, link):
+            sent += 1
+    return sent
+
+
+def _time_or(value, fallback: str) -> str:
+    return f"{value:%Y-%m-%d %H:%M:%S} UTC" if value else fallback
+
+
+def _send_once(subscription: ReportSubscription, key: str, subject: str, facts, link) -> bool:
+    """Send unless this subscription already got the alert `key`; True when it was sent now."""
+    subject = subject[:200]
+    with transaction.atomic():
+        _, created = SentAlert.objects.get_or_create(
+            subscription=subscription, key=key, defaults={"subject": subject}
+        )
+        if not created:
+            return False
+        body = render_to_string(
+            "email/alert.txt",
+            {
+                "headline": subject.removeprefix(settings.EMAIL_SUBJECT_PREFIX),
+                "facts": facts,
+                "link": link,
+                "subscription": subscription,
+            },
+        )
+        # Raising here rolls the SentAlert row back, so the next call tries again.
+        EmailMessage(
+            subject, body, settings.DEFAULT_FROM_EMAIL, subscription.recipient_list()
+        ).send(fail_silently=False)
+    logger.info("alert %s sent to subscription %r", key, subscription.name)
+    return True

@@ -1,0 +1,586 @@
+"""The controller: launches jobs, supervises them, applies the policy every cycle, injects faults
+and records recoveries. Celery tasks in workers/controller.py call into here.
+
+Supervision reuses the data plane's state machine (`spark_runtime.supervision.Supervisor`) and
+its `observe`/`execute` helpers; this module only supplies a Launcher that works through node
+agents (Celery queues `node.<name>`) and keeps the database in step. The Supervisor's state is
+saved in Redis after every tick, so a controller that dies and comes back picks up where it was.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+import redis
+from django.conf import settings
+from django.utils import timezone
+
+from console.models import (
+    ControlDecision,
+    FaultInjection,
+    Job,
+    MetricSample,
+    Node,
+    Operator,
+    Policy,
+    RecoveryEpisode,
+    Replica,
+)
+from console.policy import actions as policy_actions
+from console.policy.checkpoint import spark_settings_for_interval
+from console.policy.placement import CycleInput, run_cycle
+from console.policy.priority import ACTIVE, operator_priorities
+from console.policy.resources import node_score
+from console.services import metrics, recovery
+from console.services.planning import JobPlan, plan_job
+from spark_runtime import keys as data_keys
+from spark_runtime.runner import observe, stage_args
+from spark_runtime.supervision import (
+    KillReplica,
+    PromoteStandby,
+    ReplicaSpec,
+    RestartJob,
+    RestartStage,
+    StartReplica,
+    Supervisor,
+    execute,
+)
+from spark_runtime.topology import compile_stages, get_topology
+from workers import keys as control_keys
+from workers.queues import node_queue
+
+log = logging.getLogger(__name__)
+
+TICK_S = 0.25
+NODE_HISTORY_SAMPLES = 20
+
+
+def redis_client() -> redis.Redis:
+    return redis.Redis.from_url(settings.REDIS_URL, decode_responses=True)
+
+
+def checkpoint_root() -> str:
+    """Where stage checkpoints live. Across hosts this must be shared storage (see README)."""
+    return str(settings.BACKSTOP_CHECKPOINT_ROOT)
+
+
+def alive_nodes(client) -> dict[str, dict]:
+    """Nodes whose agent heartbeat is fresh, with their newest usage sample."""
+    result = {}
+    for node in Node.objects.all():
+        beat = client.get(control_keys.node_heartbeat(node.name))
+        if beat is not None:
+            result[node.name] = json.loads(beat)
+    return result
+
+
+def node_history(client, names) -> dict:
+    """node -> its recent samples as the policy's NodeSamples, newest first."""
+    return {
+        name: [
+            metrics.node_sample_from_usage(name, usage)
+            for usage in metrics.recent_node_usages(client, name, NODE_HISTORY_SAMPLES)
+        ]
+        for name in names
+    }
+
+
+def decide(job: Job, kind: str, reason: str, **fields) -> ControlDecision:
+    """Record a controller decision (shown on the job page) and log it."""
+    log.info("job %s: %s %s", job.key, kind, reason)
+    return ControlDecision.objects.create(job=job, kind=kind, reason=reason, **fields)
+
+
+class AgentLauncher:
+    """A `Launcher` that starts and kills replicas through the node agents' queues."""
+
+    def __init__(self, job: Job, client, trigger_seconds: dict[str, float] | None = None):
+        self.job = job
+        self.client = client
+        self.trigger_seconds = trigger_seconds or {}
+
+    def start(self, replica: ReplicaSpec) -> None:
+        from workers.agent import start_replica
+
+        args = stage_args(
+            replica,
+            settings.REDIS_URL,
+            checkpoint_root(),
+            trigger_seconds=self.trigger_seconds.get(replica.stage, 0.5),
+        )
+        node = Node.objects.get(name=replica.node)
+        Replica.objects.update_or_create(
+            replica_id=self._db_id(replica.replica_id),
+            defaults={
+                "job": self.job,
+                "stage": replica.stage,
+                "node": node,
+                "role": replica.role,
+                "state": Replica.State.STARTING,
+                "ended_at": None,
+            },
+        )
+        # A fresh start clears the record of an earlier exit of the same replica id.
+        self.client.hdel(self._exits_key(), replica.replica_id)
+        start_replica.apply_async(
+            args=("spark_runtime.stage", args, replica.replica_id, self.job.key),
+            queue=node_queue(replica.node),
+        )
+
+    def kill(self, replica_id: str) -> None:
+        from workers.agent import kill_replica
+
+        row = Replica.objects.filter(replica_id=self._db_id(replica_id)).first()
+        if row is None:
+            return
+        kill_replica.apply_async(args=(replica_id,), queue=node_queue(row.node.name))
+        Replica.objects.filter(pk=row.pk).update(
+            state=Replica.State.STOPPED, ended_at=timezone.now()
+        )
+
+    def alive(self, replica_id: str) -> bool:
+        return not self.client.hexists(self._exits_key(), replica_id)
+
+    def exit_code(self, replica_id: str) -> int | None:
+        raw = self.client.hget(self._exits_key(), replica_id)
+        return None if raw is None else int(json.loads(raw)["returncode"])
+
+    def _exits_key(self) -> str:
+        return f"backstop:{self.job.key}:exits"
+
+    def _db_id(self, replica_id: str) -> str:
+        # Replica ids from the state machine are unique within a job; the table spans all jobs.
+        return f"{self.job.key}/{replica_id}"
+
+
+def send_command(client, job: Job, replica_id: str, command: dict) -> None:
+    client.rpush(data_keys.control(job.key, replica_id), json.dumps(command))
+
+
+# --- launching ---------------------------------------------------------------------------------
+
+
+def launch_job(job: Job) -> JobPlan:
+    """Plan the job with the policy in force, record the assessment, start its replicas."""
+    client = redis_client()
+    config = Policy.current().to_config()
+    nodes = alive_nodes(client)
+    topology = get_topology(job.topology)
+    plan = plan_job(topology, job.strategy, node_history(client, nodes), config)
+    job.mark_starting(f"placing {len(plan.stages)} stages on {', '.join(sorted(nodes))}")
+    _store_assessment(job, plan)
+    supervisor = Supervisor(
+        job.key,
+        job.topology,
+        [s.name for s in plan.stages],
+        job.strategy,
+        sorted(nodes),
+        active_stages={s.name for s in plan.stages if s.standby_node},
+        fused=job.strategy == "restart-all",
+        placement={s.name: (s.primary_node, s.standby_node) for s in plan.stages},
+    )
+    for stage in plan.stages:
+        decide(
+            job,
+            ControlDecision.Kind.ADD_STANDBY
+            if stage.standby_node
+            else ControlDecision.Kind.SET_INTERVAL,
+            stage.reason,
+            stage=stage.name,
+            node=stage.standby_node or stage.primary_node,
+        )
+    launcher = AgentLauncher(job, client)
+    now = time.time()
+    execute(supervisor.start(now), launcher, lambda rid, cmd: send_command(client, job, rid, cmd))
+    save_supervisor(client, job, supervisor)
+    _start_generator(job, sorted(nodes)[0])
+    return plan
+
+
+def _store_assessment(job: Job, plan: JobPlan) -> None:
+    stage_of = {op: stage.name for stage in plan.stages for op in stage.operators}
+    for priority in plan.priorities:
+        Operator.objects.filter(job=job, name=priority.name).update(
+            type_score=priority.S,
+            resource_score=priority.R,
+            dependency_score=priority.L,
+            priority=priority.P_eff,
+            predicted_fault_rate=priority.fr,
+            mode=priority.mode,
+            stage=stage_of.get(priority.name, ""),
+            checkpoint_interval_s=plan.intervals.get(priority.name, 0.0),
+        )
+
+
+def _start_generator(job: Job, node: str) -> None:
+    """The demo's input: a seeded generator at the job's rate, run by a node agent."""
+    rate = float(job.params.get("rate", 0))
+    if rate <= 0:
+        return
+    from workers.agent import start_generator
+
+    start_generator.apply_async(
+        args=(job.key, job.topology, rate, int(job.params.get("seed", 0))),
+        queue=node_queue(node),
+    )
+
+
+# --- supervising -----------------------------------------------------------------------------
+
+
+def save_supervisor(client, job: Job, supervisor: Supervisor) -> None:
+    client.set(control_keys.controller_state(job.key), json.dumps(supervisor.to_dict()))
+
+
+def load_supervisor(client, job: Job) -> Supervisor | None:
+    raw = client.get(control_keys.controller_state(job.key))
+    return None if raw is None else Supervisor.from_dict(json.loads(raw))
+
+
+@dataclass
+class TickReport:
+    """What one supervision tick saw and did (for logs and tests)."""
+
+    events: int = 0
+    actions: int = 0
+
+
+def read_agent_exits(client, job: Job) -> None:
+    """Copy the job's process exits from the agents' event stream into the job's exits hash."""
+    cursor_key = f"backstop:{job.key}:agent-events-cursor"
+    cursor = client.get(cursor_key) or "0-0"
+    entries = client.xrange(control_keys.agent_events(), min=f"({cursor}", count=1000)
+    for _, fields in entries:
+        if fields.get("job") == job.key and fields.get("kind") == "exit":
+            client.hset(f"backstop:{job.key}:exits", fields["replica_id"], json.dumps(fields))
+            client.hset(f"backstop:{job.key}:exit-tails", fields["replica_id"], fields["log_tail"])
+    if entries:
+        client.set(cursor_key, entries[-1][0])
+
+
+def supervise_tick(job: Job, supervisor: Supervisor, client) -> TickReport:
+    """One round: observe replicas, let the state machine decide, act, record the decisions."""
+    report = TickReport()
+    read_agent_exits(client, job)
+    launcher = AgentLauncher(job, client)
+    now = time.time()
+    for event in observe(supervisor, launcher, client, job.key, now):
+        actions = supervisor.handle(event)
+        if not actions:
+            continue
+        report.events += 1
+        report.actions += len(actions)
+        _record_failure(job, client, event, actions)
+        execute(actions, launcher, lambda rid, cmd: send_command(client, job, rid, cmd))
+        # Other observations of this round may be stale after an action: look again next tick.
+        break
+    return report
+
+
+def _record_failure(job: Job, client, event, actions: list) -> None:
+    """A failure and the action taken: a ControlDecision pair and an open RecoveryEpisode."""
+    replica_id = event.replica_id
+    row = (
+        Replica.objects.filter(replica_id=f"{job.key}/{replica_id}").select_related("node").first()
+    )
+    tail = client.hget(f"backstop:{job.key}:exit-tails", replica_id) or ""
+    stage = row.stage if row else ""
+    node = row.node.name if row else ""
+    decide(
+        job,
+        ControlDecision.Kind.FAILURE,
+        f"{replica_id}: {type(event).__name__}",
+        stage=stage,
+        node=node,
+        replica_id=replica_id,
+        detail={"error_tail": tail, "event": repr(event)},
+    )
+    if row is not None:
+        Replica.objects.filter(pk=row.pk).update(
+            state=Replica.State.FAILED, ended_at=timezone.now()
+        )
+    action_kind, episode_action = _describe(actions)
+    decide(
+        job,
+        action_kind,
+        "; ".join(repr(a) for a in actions),
+        stage=stage,
+        node=node,
+        replica_id=replica_id,
+    )
+    if row is not None and row.role == Replica.Role.STANDBY and episode_action == "restart-stage":
+        return  # a lost standby costs no output: nothing to recover from
+    fault = (
+        FaultInjection.objects.filter(
+            job=job,
+            outcome=FaultInjection.Outcome.INJECTED,
+            injected_at__gte=timezone.now() - timezone.timedelta(seconds=60),
+        )
+        .order_by("-injected_at")
+        .first()
+    )
+    RecoveryEpisode.objects.create(
+        job=job,
+        fault=fault,
+        strategy=job.strategy,
+        stage=stage,
+        action=episode_action,
+        detected_at=timezone.now(),
+        notes=f"{replica_id} on {node}: {type(event).__name__}",
+    )
+
+
+def _describe(actions: list) -> tuple[str, str]:
+    if any(isinstance(a, PromoteStandby) for a in actions):
+        return ControlDecision.Kind.PROMOTE, RecoveryEpisode.Action.PROMOTE
+    if any(isinstance(a, RestartJob) for a in actions):
+        return ControlDecision.Kind.RESTART_JOB, RecoveryEpisode.Action.RESTART_JOB
+    if any(isinstance(a, RestartStage) for a in actions):
+        return ControlDecision.Kind.RESTART_STAGE, RecoveryEpisode.Action.RESTART_STAGE
+    if any(isinstance(a, StartReplica | KillReplica) for a in actions):
+        return ControlDecision.Kind.ADD_STANDBY, RecoveryEpisode.Action.NONE
+    return ControlDecision.Kind.FAILURE, RecoveryEpisode.Action.NONE
+
+
+def sync_replicas(job: Job, client) -> None:
+    """Copy what replicas report about themselves (pid, state, epoch, heartbeat) into the DB."""
+    reported = client.hgetall(data_keys.replicas(job.key))
+    for replica_id, raw in reported.items():
+        info = json.loads(raw)
+        state = {
+            "running": Replica.State.RUNNING,
+            "starting": Replica.State.STARTING,
+            "stopped": Replica.State.STOPPED,
+        }.get(info.get("state"), Replica.State.FAILED)
+        alive = client.exists(data_keys.heartbeat(job.key, replica_id))
+        Replica.objects.filter(replica_id=f"{job.key}/{replica_id}").exclude(
+            state__in=(Replica.State.FAILED, Replica.State.STOPPED)
+        ).update(
+            pid=info.get("pid"),
+            role=info.get("role", Replica.Role.PRIMARY),
+            fencing_epoch=info.get("epoch") or 0,
+            state=state if alive else Replica.State.STARTING,
+            last_heartbeat=datetime.fromtimestamp(info["updated"], tz=UTC)
+            if alive and info.get("updated")
+            else None,
+        )
+
+
+def update_nodes(client) -> dict[str, dict]:
+    """Mark nodes up or down from their agents' heartbeats; store their new usage samples."""
+    alive = alive_nodes(client)
+    for node in Node.objects.all():
+        if node.name in alive:
+            node.record_heartbeat()
+            metrics.ingest_node_metrics(client, node)
+        elif node.state != Node.State.DOWN:
+            Node.objects.filter(pk=node.pk).update(state=Node.State.DOWN)
+    return alive
+
+
+def policy_cycle(job: Job, supervisor: Supervisor, client) -> list:
+    """Algorithm 2 with fresh metrics and the policy in force; apply and record its actions.
+
+    Only the adaptive strategy lets the policy add, drop or move standbys; every strategy gets
+    its passive stages' checkpoint intervals adjusted.
+    """
+    config = Policy.current().to_config()  # re-read every cycle: admin changes apply here
+    history = node_history(client, alive_nodes(client))
+    if not history:
+        return []
+    topology = get_topology(job.topology)
+    newest = [samples[0] for samples in history.values() if samples]
+    operators = {op.name: op for op in job.operators.all()}
+    priorities = operator_priorities(
+        topology,
+        sum(s.cpu_total for s in newest),
+        sum(s.mem_total for s in newest),
+        config,
+        fault_rates={
+            name: op.predicted_fault_rate or config.fault_rate_prior
+            for name, op in operators.items()
+        },
+    )
+    now = timezone.now()
+    MetricSample.objects.bulk_create(
+        MetricSample(
+            at=now,
+            node=node,
+            name="q_score",
+            value=round(node_score(history[node.name], config), 4),
+        )
+        for node in Node.objects.filter(name__in=list(history))
+    )
+    stages = compile_stages(topology, fused=supervisor.fused)
+    stage_of = {op: s.name for s in stages for op in s.operators}
+    placement = supervisor.placement_by_stage()
+    primaries = {op: placement[stage][0] for op, stage in stage_of.items() if stage in placement}
+    standbys = {}
+    for stage in stages:
+        node = placement.get(stage.name, (None, None))[1]
+        top = _top_operator(stage.operators, priorities)
+        if node and top:
+            standbys[top] = node
+    state = CycleInput(
+        priorities=[p for p in priorities if p.name in stage_of],
+        primaries=primaries,
+        standbys=standbys if job.strategy == "adaptive" else {},
+        samples=history,
+        alive={name: True for name in history},
+        faults=recovery.faults_since(job, seconds=config.cycle_interval_s),
+        intervals={
+            name: op.checkpoint_interval_s
+            for name, op in operators.items()
+            if op.checkpoint_interval_s
+        },
+    )
+    actions = run_cycle(state, config)
+    if job.strategy != "adaptive":
+        actions = [a for a in actions if isinstance(a, policy_actions.SetCheckpointInterval)]
+    _apply_cycle(job, supervisor, client, actions, stage_of)
+    for p in priorities:
+        Operator.objects.filter(job=job, name=p.name).update(
+            type_score=p.S, resource_score=p.R, dependency_score=p.L, priority=p.P_eff, mode=p.mode
+        )
+        MetricSample.objects.bulk_create(
+            MetricSample(at=now, job=job, stage=p.name, name=name, value=round(value, 4))
+            for name, value in (
+                ("priority", p.P_eff),
+                ("type_score", p.S),
+                ("resource_score", p.R),
+                ("dependency_score", p.L),
+                ("predicted_fault_rate", p.fr),
+                ("checkpoint_interval_s", operators[p.name].checkpoint_interval_s),
+            )
+        )
+    return actions
+
+
+def _top_operator(names, priorities) -> str | None:
+    """The stage's standby is attributed to its highest-priority active operator."""
+    active = [p for p in priorities if p.name in names and p.mode == ACTIVE]
+    return max(active, key=lambda p: (p.P_eff, p.name)).name if active else None
+
+
+def _apply_cycle(job, supervisor, client, actions, stage_of) -> None:
+    launcher = AgentLauncher(job, client)
+    now = time.time()
+    for action in actions:
+        stage = stage_of.get(action.operator, "")
+        if isinstance(action, policy_actions.AddStandby):
+            if supervisor.has_standby(stage):
+                continue
+            execute(
+                supervisor.add_standby(stage, action.node, now),
+                launcher,
+                lambda rid, cmd: send_command(client, job, rid, cmd),
+            )
+            decide(
+                job,
+                ControlDecision.Kind.ADD_STANDBY,
+                action.reason,
+                operator=action.operator,
+                stage=stage,
+                node=action.node,
+            )
+        elif isinstance(action, policy_actions.DropStandby):
+            execute(
+                supervisor.drop_standby(stage),
+                launcher,
+                lambda rid, cmd: send_command(client, job, rid, cmd),
+            )
+            decide(
+                job,
+                ControlDecision.Kind.DROP_STANDBY,
+                action.reason,
+                operator=action.operator,
+                stage=stage,
+                node=action.node,
+            )
+        elif isinstance(action, policy_actions.MoveStandby):
+            execute(
+                supervisor.drop_standby(stage) + supervisor.add_standby(stage, action.to_node, now),
+                launcher,
+                lambda rid, cmd: send_command(client, job, rid, cmd),
+            )
+            decide(
+                job,
+                ControlDecision.Kind.MOVE_STANDBY,
+                action.reason,
+                operator=action.operator,
+                stage=stage,
+                node=action.to_node,
+            )
+        elif isinstance(action, policy_actions.SetCheckpointInterval):
+            op = Operator.objects.filter(job=job, name=action.operator).first()
+            if op is None or abs(op.checkpoint_interval_s - action.seconds) < 0.5:
+                continue
+            Operator.objects.filter(pk=op.pk).update(checkpoint_interval_s=action.seconds)
+            decide(
+                job,
+                ControlDecision.Kind.SET_INTERVAL,
+                action.reason,
+                operator=action.operator,
+                stage=stage,
+                detail=spark_settings_for_interval(action.seconds),
+            )
+
+
+def stop_everything(job: Job, supervisor: Supervisor, client) -> None:
+    """Kill the job's replicas and its generator; the sinks are idempotent, checkpoints stay."""
+    from workers.agent import kill_replica
+
+    launcher = AgentLauncher(job, client)
+    execute(supervisor.stop(), launcher, lambda rid, cmd: send_command(client, job, rid, cmd))
+    for node in Node.objects.all():
+        kill_replica.apply_async(args=(generator_id(job),), queue=node_queue(node.name))
+    Replica.objects.filter(job=job).exclude(
+        state__in=(Replica.State.STOPPED, Replica.State.FAILED)
+    ).update(state=Replica.State.STOPPED, ended_at=timezone.now())
+    client.delete(control_keys.controller_state(job.key))
+
+
+def generator_id(job: Job) -> str:
+    return f"generator-{job.key}"
+
+
+def supervise_window(job: Job, client, window_s: float, keep_lease) -> bool:
+    """Tick the job's supervision for `window_s`; returns whether the job is still live.
+
+    Every tick (TICK_S) handles failures; every policy cycle (cycle_interval_s) also syncs
+    replica rows, stores metrics, runs Algorithm 2 and measures open recovery episodes.
+    """
+    supervisor = load_supervisor(client, job)
+    if supervisor is None:
+        if job.is_live:
+            job.mark_failed("supervision state lost: relaunch the job")
+        return False
+    deadline = time.monotonic() + window_s
+    next_cycle = 0.0
+    while time.monotonic() < deadline:
+        keep_lease()
+        job.refresh_from_db(fields=["status"])
+        if job.status == Job.Status.STOPPING:
+            stop_everything(job, supervisor, client)
+            job.mark_stopped(job.status_reason or "stopped")
+            return False
+        if not job.is_live:
+            return False
+        supervise_tick(job, supervisor, client)
+        save_supervisor(client, job, supervisor)
+        if time.monotonic() >= next_cycle:
+            config = Policy.current().to_config()
+            sync_replicas(job, client)
+            metrics.ingest_job_progress(client, job)
+            if job.status == Job.Status.STARTING and supervisor.all_running():
+                job.mark_running("every primary is running")
+            policy_cycle(job, supervisor, client)
+            save_supervisor(client, job, supervisor)
+            recovery.measure_open_episodes(job, client, config)
+            next_cycle = time.monotonic() + config.cycle_interval_s
+        time.sleep(TICK_S)
+    return job.is_live

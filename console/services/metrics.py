@@ -1,0 +1,145 @@
+"""Moving metrics from Redis into MetricSample rows, in batches, from where the last run stopped.
+
+Sources: the data plane's progress stream of each job (`backstop:{job}:progress`, one record per
+micro-batch of each replica) and each node agent's usage stream (`backstop:node:{name}:metrics`).
+A cursor per stream (the last stream id read) is kept in Redis, so ingestion is idempotent across
+controller restarts: a batch re-read after a crash is skipped by its id.
+
+Metric names written (MetricSample.name):
+- job level (stage ""): `throughput_eps`, `input_rate_eps`, `latency_p50_ms`, `latency_p90_ms`,
+  `latency_p99_ms` (event time to output, final stage only), `batch_duration_ms`;
+- stage level (stage = stage name): `throughput_eps`, `input_rate_eps`, `batch_duration_ms`,
+  `state_rows`, `state_memory_bytes`;
+- node level: `cpu_util`, `mem_util`, `disk_util`, `net_util` (fractions 0..1), `cpu_idle`,
+  `mem_idle`, `disk_idle`, `bw_idle`, and `q_score` (written by the controller's cycle).
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime
+
+from console.models import Job, MetricSample, Node
+from console.policy.resources import NodeSample, idle_rates
+from spark_runtime import keys as data_keys
+from workers import keys as control_keys
+
+READ_BATCH = 2000
+
+
+def _cursor_key(stream: str) -> str:
+    return f"{stream}:ingest-cursor"
+
+
+def _read_new(client, stream: str) -> list[tuple[str, dict]]:
+    """Entries of `stream` after the stored cursor (at most READ_BATCH); advances nothing yet."""
+    cursor = client.get(_cursor_key(stream)) or "0-0"
+    return client.xrange(stream, min=f"({cursor}", count=READ_BATCH)
+
+
+def _advance(client, stream: str, entries: list[tuple[str, dict]]) -> None:
+    if entries:
+        client.set(_cursor_key(stream), entries[-1][0])
+
+
+def _at(epoch_s: str | float) -> datetime:
+    return datetime.fromtimestamp(float(epoch_s), tz=UTC)
+
+
+def _number(record: dict, field: str) -> float | None:
+    raw = record.get(field, "")
+    if raw in ("", "None", "nan"):
+        return None
+    return float(raw)
+
+
+def progress_samples(job: Job, record: dict) -> list[MetricSample]:
+    """MetricSample rows for one progress record of a primary replica (standbys are skipped:
+    their output is held back, so their rates are not the job's)."""
+    if record.get("role") != "primary":
+        return []
+    at = _at(record["at"])
+    stage = record.get("stage", "")
+    rows = []
+    stage_metrics = {
+        "throughput_eps": _number(record, "processed_rate"),
+        "input_rate_eps": _number(record, "input_rate"),
+        "batch_duration_ms": _number(record, "batch_ms"),
+        "state_rows": _number(record, "state_rows"),
+        "state_memory_bytes": _number(record, "state_memory_bytes"),
+    }
+    for name, value in stage_metrics.items():
+        if value is not None:
+            rows.append(MetricSample(at=at, job=job, stage=stage, name=name, value=value))
+    if record.get("final") == "True":
+        job_metrics = {
+            "throughput_eps": _number(record, "processed_rate"),
+            "input_rate_eps": _number(record, "input_rate"),
+            "batch_duration_ms": _number(record, "batch_ms"),
+        }
+        for pct in ("p50", "p90", "p99"):
+            seconds = _number(record, f"latency_{pct}")
+            job_metrics[f"latency_{pct}_ms"] = None if seconds is None else seconds * 1000.0
+        for name, value in job_metrics.items():
+            if value is not None:
+                rows.append(MetricSample(at=at, job=job, stage="", name=name, value=value))
+    return rows
+
+
+def ingest_job_progress(client, job: Job) -> int:
+    """Store the job's new progress records as MetricSample rows; return how many rows."""
+    stream = data_keys.progress(job.key)
+    entries = _read_new(client, stream)
+    rows = [row for _, record in entries for row in progress_samples(job, record)]
+    MetricSample.objects.bulk_create(rows, batch_size=500)
+    _advance(client, stream, entries)
+    return len(rows)
+
+
+def node_sample_from_usage(name: str, usage: dict) -> NodeSample:
+    """The policy's view of one agent sample."""
+    return NodeSample(
+        name=name,
+        cpu_total=usage["cpu_total"],
+        cpu_used=usage["cpu_used"],
+        mem_total=usage["mem_total"],
+        mem_used=usage["mem_used"],
+        disk_throughput=usage["disk_throughput"],
+        disk_max_throughput=usage["disk_max_throughput"],
+        bw_used=usage["bw_used"],
+        bw_total=usage["bw_total"],
+    )
+
+
+def usage_samples(node: Node, usage: dict) -> list[MetricSample]:
+    """MetricSample rows for one agent sample: utilisation and idle rates."""
+    rates = idle_rates(node_sample_from_usage(node.name, usage))
+    at = _at(usage["at"])
+    values = {
+        "cpu_util": 1 - rates.cpu,
+        "mem_util": 1 - rates.mem,
+        "disk_util": 1 - rates.disk,
+        "net_util": 1 - rates.bw,
+        "cpu_idle": rates.cpu,
+        "mem_idle": rates.mem,
+        "disk_idle": rates.disk,
+        "bw_idle": rates.bw,
+    }
+    return [MetricSample(at=at, node=node, name=k, value=round(v, 4)) for k, v in values.items()]
+
+
+def ingest_node_metrics(client, node: Node) -> list[dict]:
+    """Store a node's new usage samples; return them (newest last) for the policy cycle."""
+    stream = control_keys.node_metrics(node.name)
+    entries = _read_new(client, stream)
+    usages = [json.loads(fields["sample"]) for _, fields in entries]
+    rows = [row for usage in usages for row in usage_samples(node, usage)]
+    MetricSample.objects.bulk_create(rows, batch_size=500)
+    _advance(client, stream, entries)
+    return usages
+
+
+def recent_node_usages(client, node_name: str, count: int) -> list[dict]:
+    """The node's newest `count` usage samples, newest first (the Q score's history)."""
+    entries = client.xrevrange(control_keys.node_metrics(node_name), count=count)
+    return [json.loads(fields["sample"]) for _, fields in entries]

@@ -1,0 +1,77 @@
+"""Stage placement per strategy (no database: pure planning from node samples)."""
+
+import pytest
+
+from console.policy.config import PolicyConfig
+from console.policy.resources import NodeSample
+from console.services.planning import plan_job, rank_nodes
+from spark_runtime.topology import get_topology
+
+
+def sample(name, cpu_used, mem_used, cpu_total=2.0, mem_total=8000.0):
+    return NodeSample(name, cpu_total, cpu_used, mem_total, mem_used, 0.0, 100.0, 0.0, 1000.0)
+
+
+# node-1 idle, node-2 half busy, node-3 busiest: Q order node-1, node-2, node-3.
+HISTORY = {
+    "node-1": [sample("node-1", 0.0, 0.0)],
+    "node-2": [sample("node-2", 1.0, 4000.0)],
+    "node-3": [sample("node-3", 1.6, 6400.0)],
+}
+
+
+def test_nodes_are_ranked_by_q():
+    assert rank_nodes(HISTORY, PolicyConfig()) == ["node-1", "node-2", "node-3"]
+
+
+def test_restart_all_runs_one_fused_stage_without_standby():
+    plan = plan_job(get_topology("wordcount"), "restart-all", HISTORY, PolicyConfig())
+    assert [(s.name, s.operators, s.primary_node, s.standby_node) for s in plan.stages] == [
+        ("job", ("split", "count"), "node-1", None)
+    ]
+
+
+def test_local_restart_spreads_stages_without_standbys():
+    plan = plan_job(get_topology("wordcount"), "local-restart", HISTORY, PolicyConfig())
+    # count (0.5 cores + 512 MiB) outweighs split (0.3 + 256): it gets the best node.
+    assert {s.name: (s.primary_node, s.standby_node) for s in plan.stages} == {
+        "count": ("node-1", None),
+        "split": ("node-2", None),
+    }
+
+
+def test_active_all_gives_every_stage_a_standby_on_another_node():
+    plan = plan_job(get_topology("wordcount"), "active-all", HISTORY, PolicyConfig())
+    for stage in plan.stages:
+        assert stage.standby_node is not None
+        assert stage.standby_node != stage.primary_node
+
+
+def test_adaptive_protects_only_the_stateful_stage():
+    # With the default threshold 0.4 the stateless split is passive and count is active.
+    plan = plan_job(get_topology("wordcount"), "adaptive", HISTORY, PolicyConfig())
+    stages = {s.name: s for s in plan.stages}
+    assert stages["split"].standby_node is None
+    assert "passive" in stages["split"].reason
+    assert stages["count"].standby_node == "node-2"  # best Q that is not count's primary
+    assert "Algorithm 1" in stages["count"].reason
+
+
+def test_adaptive_falls_back_to_checkpoints_when_the_reserve_is_reached():
+    busy = {
+        "node-1": [sample("node-1", 1.9, 7800.0)],
+        "node-2": [sample("node-2", 1.9, 7800.0)],
+    }
+    plan = plan_job(get_topology("wordcount"), "adaptive", busy, PolicyConfig())
+    assert all(s.standby_node is None for s in plan.stages)
+    assert "fell back" in plan.stage("count").reason
+
+
+def test_no_alive_node_is_an_error():
+    with pytest.raises(ValueError, match="no node is alive"):
+        plan_job(get_topology("wordcount"), "adaptive", {}, PolicyConfig())
+
+
+def test_unknown_strategy_is_an_error():
+    with pytest.raises(ValueError, match="strategy"):
+        plan_job(get_topology("wordcount"), "yolo", HISTORY, PolicyConfig())

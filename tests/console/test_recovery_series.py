@@ -1,0 +1,36 @@
+"""Building the per-second output series the recovery detector reads (pure functions)."""
+
+from console.services.recovery import output_series
+
+
+def record(at, written, p90=0.5, p99=0.8, role="primary", final="True"):
+    return {
+        "at": str(at),
+        "written": str(written),
+        "latency_p90": str(p90),
+        "latency_p99": str(p99),
+        "role": role,
+        "final": final,
+    }
+
+
+def test_rows_are_summed_per_second_and_latency_converted_to_ms():
+    series = output_series([record(100.2, 10), record(100.7, 5), record(101.1, 7)], 100.0, 102.0)
+    assert series.times == [100.0, 101.0]
+    assert series.throughput == [15.0, 7.0]
+    assert series.p90_ms == [500.0, 500.0]
+    assert series.output_times == [100.2, 100.7, 101.1]
+
+
+def test_standby_and_intermediate_batches_are_not_output():
+    records = [record(100.5, 10, role="standby"), record(100.6, 10, final="False")]
+    series = output_series(records, 100.0, 101.0)
+    assert series.throughput == [0.0]
+    assert series.output_times == []
+
+
+def test_latency_grows_through_an_outage():
+    # Output at 100.x with p99 0.8 s, nothing in 101 and 102, output again at 103.
+    series = output_series([record(100.5, 10), record(103.5, 10, p99=2.0)], 100.0, 104.0)
+    assert series.throughput == [10.0, 0.0, 0.0, 10.0]
+    assert series.p99_ms == [800.0, 1800.0, 2800.0, 2000.0]

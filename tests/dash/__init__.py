@@ -1,0 +1,1 @@
+"""Console pages: figure builders, data queries, callbacks, the browser test."""

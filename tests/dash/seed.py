@@ -1,0 +1,229 @@
+"""A small, deterministic cluster for console tests and screenshots.
+
+Three nodes, two running word-count jobs with different strategies, operator scores and their
+history, replicas, half an hour of job and node metrics, and one fault with its recovery per job.
+Values follow smooth curves (no randomness) so tests and screenshots are reproducible.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from django.utils import timezone
+
+from console.models import ControlDecision, Job, MetricSample, Node, Operator, Replica
+from tests.factories import EpisodeFactory, FaultFactory, NodeFactory, ReplicaFactory, make_job
+
+ERROR_TAIL = """pyspark.errors.exceptions.captured.StreamingQueryException: [STREAM_FAILED]
+Query [id = 5f1c..., runId = 9a0e...] terminated with exception:
+Python worker exited unexpectedly (crashed)
+  File "spark_runtime/stage.py", line 212, in run
+    query.awaitTermination()
+Killed (signal 9)"""
+
+# name: (mode, S, R, L, P, interval, fr)
+OPERATOR_SCORES = {
+    "source": ("passive", 0.1, 0.05, 0.5, 0.21, 10.0, 0.02),
+    "split": ("passive", 0.1, 0.15, 1.0, 0.39, 6.0, 0.04),
+    "count": ("active", 0.5, 0.25, 1.0, 0.58, 5.0, 0.09),
+    "sink": ("passive", 0.1, 0.05, 0.5, 0.21, 12.0, 0.01),
+}
+
+
+@dataclass
+class Seeded:
+    """What seed_console created, for assertions."""
+
+    nodes: list[Node]
+    adaptive: Job
+    baseline: Job
+    now: datetime
+
+
+def _job_metrics(job: Job, start: datetime, steps: int, step_s: int, outage: tuple[int, int]):
+    rows = []
+    for i in range(steps):
+        at = start + timedelta(seconds=i * step_s)
+        down = outage[0] <= i < outage[1]
+        catch_up = outage[1] <= i < outage[1] + 4
+        throughput = 0.0 if down else 480 + 40 * math.sin(i / 9)
+        p50 = 900 + 80 * math.sin(i / 7) + (2500 if catch_up else 0)
+        p99 = 1400 + 150 * math.sin(i / 5) + (7000 if catch_up else 0)
+        for name, value in (
+            ("throughput_eps", throughput),
+            ("latency_p50_ms", p50),
+            ("latency_p99_ms", p99),
+        ):
+            rows.append(MetricSample(at=at, job=job, stage="", name=name, value=value))
+        if i % 6 == 0:  # operator scores are recomputed every policy cycle, not every sample
+            for op, (_, s, r, ell, p, interval, fr) in OPERATOR_SCORES.items():
+                drift = 0.03 * math.sin(i / 40)
+                for name, value in (
+                    ("priority", p + drift),
+                    ("type_score", s),
+                    ("resource_score", r + drift),
+                    ("dependency_score", ell),
+                    ("checkpoint_interval_s", interval * (1 + 0.2 * math.sin(i / 30))),
+                    ("predicted_fault_rate", fr * (1 + math.sin(i / 25) / 2)),
+                ):
+                    rows.append(MetricSample(at=at, job=job, stage=op, name=name, value=value))
+    return rows
+
+
+def _node_metrics(node: Node, index: int, start: datetime, steps: int, step_s: int):
+    rows = []
+    for i in range(steps):
+        at = start + timedelta(seconds=i * step_s)
+        cpu = 0.35 + 0.15 * index + 0.1 * math.sin(i / 8 + index)
+        mem = 0.30 + 0.12 * index + 0.05 * math.sin(i / 15 + index)
+        disk = 0.10 + 0.05 * math.sin(i / 6 + index)
+        net = 0.08 + 0.04 * index + 0.03 * math.sin(i / 4)
+        for name, value in (
+            ("cpu_util", cpu),
+            ("mem_util", mem),
+            ("disk_util", disk),
+            ("net_util", net),
+            ("cpu_idle", 1 - cpu),
+            ("mem_idle", 1 - mem),
+            ("disk_idle", 1 - disk),
+            ("bw_idle", 1 - net),
+            (
+                "q_score",
+                2.2 * (0.4 * (1 - cpu) + 0.3 * (1 - mem) + 0.15 * (1 - disk) + 0.15 * (1 - net)),
+            ),
+        ):
+            rows.append(MetricSample(at=at, node=node, name=name, value=value))
+    return rows
+
+
+def _decisions(job: Job, detected: datetime, action: str) -> None:
+    """What the controller would have written around the fault: placement, failure, response."""
+    replica_id = f"{job.key}-count-primary"
+    rows = [
+        (
+            detected - timedelta(minutes=10),
+            "set-interval",
+            "split",
+            "",
+            "",
+            "no fault in the last cycle: interval 5.0 s -> 6.0 s",
+            {},
+        ),
+        (
+            detected,
+            "failure",
+            "count",
+            "node-b",
+            replica_id,
+            f"{replica_id}: ReplicaExited",
+            {"error_tail": ERROR_TAIL},
+        ),
+        (
+            detected,
+            action,
+            "count",
+            "node-c" if action == "promote" else "node-b",
+            replica_id,
+            "standby on node-c promoted, fencing epoch 1"
+            if action == "promote"
+            else "restarted the fused query from its checkpoint",
+            {},
+        ),
+    ]
+    if action == "promote":
+        rows.insert(
+            0,
+            (
+                detected - timedelta(minutes=12),
+                "add-standby",
+                "count",
+                "node-c",
+                "",
+                "P=0.58 above 0.40; node-c has the highest Q apart from the primary's",
+                {},
+            ),
+        )
+    for at, kind, stage, node, replica, reason, detail in rows:
+        ControlDecision.objects.create(
+            job=job,
+            at=at,
+            kind=kind,
+            stage=stage,
+            node=node,
+            replica_id=replica,
+            reason=reason,
+            detail=detail,
+        )
+
+
+def seed_console(minutes: int = 30, step_s: int = 5, now: datetime | None = None) -> Seeded:
+    """Create the demo cluster described in the module docstring; returns what it made."""
+    now = now or timezone.now()
+    nodes = [
+        NodeFactory(name=name, cpu_total=4.0, mem_total_mb=8192.0, last_heartbeat=now)
+        for name in ("node-a", "node-b", "node-c")
+    ]
+    adaptive = make_job(Job.Status.RUNNING, name="wc-adaptive", strategy=Job.Strategy.ADAPTIVE)
+    baseline = make_job(Job.Status.RUNNING, name="wc-restart", strategy=Job.Strategy.RESTART_ALL)
+    for job in (adaptive, baseline):
+        for op, (mode, s, r, ell, p, interval, fr) in OPERATOR_SCORES.items():
+            is_active = mode == "active" and job == adaptive
+            Operator.objects.filter(job=job, name=op).update(
+                stage=op,
+                mode="active" if is_active else "passive",
+                type_score=s,
+                resource_score=r,
+                dependency_score=ell,
+                priority=p,
+                checkpoint_interval_s=interval,
+                predicted_fault_rate=fr,
+            )
+    placements = [
+        (adaptive, "split", nodes[0], Replica.Role.PRIMARY),
+        (adaptive, "count", nodes[1], Replica.Role.PRIMARY),
+        (adaptive, "count", nodes[2], Replica.Role.STANDBY),
+        (adaptive, "sink", nodes[0], Replica.Role.PRIMARY),
+        (baseline, "job", nodes[2], Replica.Role.PRIMARY),
+    ]
+    for job, stage, node, role in placements:
+        ReplicaFactory(
+            job=job, stage=stage, node=node, role=role, replica_id=f"{job.key}-{stage}-{role}"
+        )
+    steps = minutes * 60 // step_s
+    start = now - timedelta(seconds=steps * step_s)
+    rows = []
+    for job, outage in ((adaptive, (200, 201)), (baseline, (250, 255))):
+        rows += _job_metrics(job, start, steps, step_s, outage)
+    for index, node in enumerate(nodes):
+        rows += _node_metrics(node, index, start, steps, step_s)
+    MetricSample.objects.bulk_create(rows, batch_size=2000)
+    for job, outage, downtime, recovery, action in (
+        (adaptive, (200, 201), 2.1, 9.5, "promote"),
+        (baseline, (250, 255), 24.0, 41.0, "restart-job"),
+    ):
+        detected = start + timedelta(seconds=outage[0] * step_s)
+        fault = FaultFactory(
+            job=job,
+            kind="kill-driver",
+            target_operator="count",
+            outcome="injected",
+            injected_at=detected - timedelta(seconds=1),
+        )
+        _decisions(job, detected, action)
+        EpisodeFactory(
+            job=job,
+            fault=fault,
+            strategy=job.strategy,
+            stage="count",
+            action=action,
+            detected_at=detected,
+            recovered_at=detected + timedelta(seconds=recovery),
+            downtime_s=downtime,
+            recovery_time_s=recovery,
+            peak_p99_ms=8400.0 if action == "promote" else 26_000.0,
+            lost=0,
+            duplicates=0,
+        )
+    return Seeded(nodes=nodes, adaptive=adaptive, baseline=baseline, now=now)

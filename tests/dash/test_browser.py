@@ -1,0 +1,208 @@
+"""The console in a real browser (the system Chromium through Playwright).
+
+An operator logs in through the login form, watches live numbers change, injects a fault by
+clicking (with the confirm step) and sees the recovery episode appear; a viewer sees no controls.
+Screenshots of every page go to docs/screenshots/.
+
+The data source is the `live_job` fixture. For now it is a stopgap that writes MetricSample and
+RecoveryEpisode rows from the test; swap it for a fixture that starts a real job under the
+supervision code (same attributes: `job`, `tick()`, `react_to(fault)`) and this test does not
+change.
+"""
+
+from __future__ import annotations
+
+import math
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+from django.db import connections
+from django.utils import timezone
+
+from console.models import FaultInjection, MetricSample, RecoveryEpisode
+from console.roles import OPERATOR, VIEWER
+from tests.dash.seed import seed_console
+from tests.factories import UserFactory
+
+CHROMIUM = Path("/usr/bin/chromium")
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+]
+SCREENSHOTS = Path(__file__).resolve().parents[2] / "docs" / "screenshots"
+PASSWORD = "browser-test-pw-1"
+# Dash loads its bundles on the first visit; after that a refresh lands every 2 s.
+LOAD_MS = 20_000
+REFRESHES_MS = 8_000
+
+pytestmark = [
+    pytest.mark.browser,
+    pytest.mark.skipif(
+        not CHROMIUM.exists(), reason="needs the system Chromium at /usr/bin/chromium"
+    ),
+]
+
+
+class StopgapLiveJob:
+    """Stands in for a running job until the supervision code can run one in tests.
+
+    `tick()` appends a job-level sample with a new throughput and p99 (a real job produces them
+    on its own); `react_to(fault)` records the recovery episode the supervision code would
+    detect for that fault.
+    """
+
+    def __init__(self, job):
+        self.job = job
+        self.ticks = 0
+
+    def tick(self) -> None:
+        self.ticks += 1
+        now = timezone.now()
+        value = 700 + 50 * self.ticks + 10 * math.sin(self.ticks)
+        MetricSample.objects.bulk_create(
+            [
+                MetricSample(at=now, job=self.job, stage="", name="throughput_eps", value=value),
+                MetricSample(
+                    at=now, job=self.job, stage="", name="latency_p99_ms", value=value * 2
+                ),
+            ]
+        )
+
+    def react_to(self, fault: FaultInjection) -> RecoveryEpisode:
+        now = timezone.now()
+        FaultInjection.objects.filter(pk=fault.pk).update(outcome="injected", injected_at=now)
+        return RecoveryEpisode.objects.create(
+            job=self.job,
+            fault=fault,
+            strategy=self.job.strategy,
+            stage=fault.target_operator,
+            action=RecoveryEpisode.Action.PROMOTE,
+            detected_at=now,
+            recovered_at=now + timedelta(seconds=6),
+            downtime_s=2.0,
+            recovery_time_s=6.0,
+            peak_p99_ms=5200.0,
+            lost=0,
+            duplicates=0,
+        )
+
+
+@pytest.fixture
+def live_job(transactional_db):
+    """The job the browser watches (stopgap: seeded rows plus StopgapLiveJob; see module doc)."""
+    seeded = seed_console()
+    return StopgapLiveJob(seeded.adaptive)
+
+
+@pytest.fixture
+def console_users(transactional_db):
+    """An operator and a viewer who log in with PASSWORD."""
+    return {
+        OPERATOR: UserFactory(username="olga", role=OPERATOR, password=PASSWORD),
+        VIEWER: UserFactory(username="victor", role=VIEWER, password=PASSWORD),
+    }
+
+
+@pytest.fixture
+def browser(monkeypatch):
+    """The system Chromium; Playwright's own browser downloads are never used."""
+    sync_api = pytest.importorskip("playwright.sync_api")
+    # Playwright's sync API keeps an event loop on this thread; the ORM calls the test makes in
+    # between are still plain synchronous calls.
+    monkeypatch.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
+    # Assertions wait as long as page loads may take (the first visit loads Dash's bundles).
+    sync_api.expect.set_options(timeout=LOAD_MS)
+    with sync_api.sync_playwright() as playwright:
+        chromium = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+        yield chromium
+        chromium.close()
+        # ORM calls made while Playwright runs use their own connection (Django keys connections
+        # by context, and Playwright's loop makes one); close it or PostgreSQL cannot drop the
+        # test database at the end of the session.
+        connections.close_all()
+
+
+def _log_in(browser, base_url: str, username: str):
+    page = browser.new_page(viewport={"width": 1440, "height": 1000})
+    page.set_default_timeout(LOAD_MS)
+    page.goto(f"{base_url}/accounts/login/?next=/console/")
+    page.fill("input[name=username]", username)
+    page.fill("input[name=password]", PASSWORD)
+    page.click("button[type=submit]")
+    page.wait_for_url(f"{base_url}/console/")
+    return page
+
+
+def _shoot(page, name: str) -> None:
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    page.wait_for_timeout(1500)  # let plotly finish drawing after the data arrived
+    page.screenshot(path=str(SCREENSHOTS / f"{name}.png"), full_page=True)
+
+
+def test_operator_watches_live_numbers_injects_a_fault_and_sees_the_episode(
+    live_server, browser, live_job, console_users
+):
+    from playwright.sync_api import expect
+
+    job = live_job.job
+    page = _log_in(browser, live_server.url, "olga")
+
+    # Overview: the job's throughput is shown and changes while the page stays open.
+    throughput = page.locator("#jobs tr", has_text=job.name).locator("td").nth(4)
+    expect(throughput).not_to_have_text("—")
+    before = throughput.inner_text()
+    live_job.tick()
+    expect(throughput).not_to_have_text(before, timeout=REFRESHES_MS)
+    expect(page.locator("#start-button")).to_be_visible()
+    _shoot(page, "overview")
+
+    # Job page: choose an operator, click inject, confirm; the fault is recorded for this user.
+    page.goto(f"{live_server.url}/console/jobs/{job.pk}/")
+    expect(page.locator("#operators")).to_be_visible()
+    page.click("#fault-operator")
+    page.locator("#fault-operator").get_by_text("split", exact=True).click()
+    page.once("dialog", lambda dialog: dialog.accept())
+    page.click("#fault-button")
+    expect(page.locator("#fault-result")).to_contain_text("requested")
+    fault = FaultInjection.objects.get(job=job, target_operator="split")
+    assert fault.requested_by == console_users[OPERATOR]
+    assert fault.kind == FaultInjection.Kind.KILL_DRIVER
+    expect(page.locator("#faults")).to_contain_text("split")
+    _shoot(page, "job")
+
+    # Recoveries: the episode the fault caused shows up within a few refreshes.
+    page.goto(f"{live_server.url}/console/recoveries/")
+    episodes = page.locator("#episodes")
+    expect(episodes).to_be_visible()
+    expect(episodes).not_to_contain_text("kill-driver on split")
+    live_job.react_to(fault)
+    expect(episodes).to_contain_text("kill-driver on split", timeout=REFRESHES_MS)
+    _shoot(page, "recoveries")
+
+    page.goto(f"{live_server.url}/console/placement/")
+    expect(page.locator("#node-node-a")).to_be_visible()
+    _shoot(page, "placement")
+
+    page.goto(f"{live_server.url}/console/resources/")
+    expect(page.locator("#resources-note")).to_contain_text("nodes")
+    _shoot(page, "resources")
+
+
+def test_viewer_sees_numbers_but_no_controls(live_server, browser, live_job, console_users):
+    page = _log_in(browser, live_server.url, "victor")
+    controls = "#controls *, #start-button, #stop-button, #fault-button, #threshold-button"
+    for path, ready in (
+        ("/console/", "#jobs"),
+        (f"/console/jobs/{live_job.job.pk}/", "#operators"),
+        ("/console/placement/", "#node-node-a"),
+    ):
+        page.goto(f"{live_server.url}{path}")
+        page.wait_for_selector(ready)
+        # Controls arrive with the first callbacks; give them a refresh to show up if they would.
+        page.wait_for_timeout(2500)
+        assert page.locator(controls).count() == 0, path

@@ -1,0 +1,53 @@
+"""Node sampling with psutil against real processes."""
+
+import subprocess
+import sys
+import time
+
+import pytest
+
+from workers.node_metrics import HOST, PROCESSES, Capacity, NodeSampler, node_processes
+
+CAPACITY = Capacity(cpu_total=2.0, mem_total_mb=4096.0, disk_max_mbps=100.0, bw_total_mbps=1000.0)
+
+
+@pytest.fixture
+def busy_stage():
+    """A process that looks like a stage of node 'tn-1' to the sampler and burns one core."""
+    proc = subprocess.Popen(
+        [sys.executable, "-c", "while True: pass", "spark_runtime.stage", "--node", "tn-1"]
+    )
+    yield proc
+    proc.kill()
+    proc.wait()
+
+
+def test_processes_scope_counts_only_the_nodes_processes(busy_stage):
+    assert [p.pid for p in node_processes("tn-1")] == [busy_stage.pid]
+    assert node_processes("tn-2") == []
+    sampler = NodeSampler("tn-1", CAPACITY, scope=PROCESSES)
+    sampler.sample()  # first call primes psutil's CPU counters
+    time.sleep(1.0)
+    usage = sampler.sample()
+    assert usage.processes == 1
+    # A busy loop uses up to one core; on a loaded machine it may get much less, never none.
+    assert 0.02 < usage.cpu_used <= 1.1
+    assert 0 < usage.mem_used < 200
+    other = NodeSampler("tn-2", CAPACITY, scope=PROCESSES)
+    other.sample()
+    time.sleep(0.2)
+    assert other.sample().cpu_used == 0.0
+
+
+def test_host_scope_reports_the_machine():
+    sampler = NodeSampler("host", CAPACITY, scope=HOST)
+    time.sleep(0.2)
+    usage = sampler.sample()
+    assert usage.cpu_total == 2.0 and usage.mem_total == 4096.0
+    assert usage.mem_used > 0
+    assert usage.bw_total == 1000.0
+
+
+def test_unknown_scope_is_refused():
+    with pytest.raises(ValueError, match="scope"):
+        NodeSampler("x", CAPACITY, scope="galaxy")

@@ -1,0 +1,289 @@
+"""Node agent: a Celery worker consuming `node.<name>` that starts, stops, kills, pauses and
+stresses the stage processes of its node, and publishes the node's heartbeat and metrics.
+
+Run one per node with `BACKSTOP_NODE=<name>` and `--pool solo`: the solo pool runs tasks in the
+worker's main process, so the Popen handles of the stage processes live next to the monitor
+thread that reaps them and reports their exits.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import psutil
+import redis
+from celery import shared_task
+from celery.signals import worker_ready, worker_shutting_down
+from django.conf import settings
+
+from workers import keys
+from workers.node_metrics import PROCESSES, Capacity, NodeSampler
+
+log = logging.getLogger(__name__)
+
+PUBLISH_INTERVAL_S = 1.0
+HEARTBEAT_TTL_S = 5
+LOG_TAIL_LINES = 30
+# Only these module entry points may be started through the queue: a task message must never
+# be able to run an arbitrary command on a node.
+ALLOWED_MODULES = ("spark_runtime.stage", "spark_runtime.generators")
+
+# Replica id -> (process, job key, log path), for the processes this agent started.
+_children: dict[str, tuple[subprocess.Popen, str, Path]] = {}
+_children_lock = threading.Lock()
+_stop = threading.Event()
+
+
+def this_node() -> str:
+    """The node this agent serves (env BACKSTOP_NODE); tasks for other nodes are refused."""
+    node = os.environ.get("BACKSTOP_NODE", "")
+    if not node:
+        raise RuntimeError("BACKSTOP_NODE is not set: this worker is not a node agent")
+    return node
+
+
+def _redis() -> redis.Redis:
+    return redis.Redis.from_url(settings.REDIS_URL, decode_responses=True)
+
+
+def stage_log_path(replica_id: str) -> Path:
+    return settings.VAR_DIR / "log" / "stages" / f"{replica_id}.log"
+
+
+def log_tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
+    """The last `lines` lines of a log file ('' when it does not exist)."""
+    try:
+        with open(path, "rb") as handle:
+            handle.seek(0, os.SEEK_END)
+            handle.seek(max(0, handle.tell() - 64_000))
+            return "\n".join(handle.read().decode(errors="replace").splitlines()[-lines:])
+    except FileNotFoundError:
+        return ""
+
+
+def find_replica_process(replica_id: str) -> psutil.Process | None:
+    """The live process (stage or generator) running `replica_id` on this machine, if any."""
+    for proc in psutil.process_iter(["cmdline", "status"]):
+        cmdline = proc.info["cmdline"] or []
+        if proc.info["status"] == psutil.STATUS_ZOMBIE:
+            continue
+        started_by_agent = any(module in cmdline for module in ALLOWED_MODULES)
+        if started_by_agent and _arg(cmdline, "--replica-id") == replica_id:
+            return proc
+    return None
+
+
+def _arg(cmdline: list[str], flag: str) -> str | None:
+    try:
+        return cmdline[cmdline.index(flag) + 1]
+    except (ValueError, IndexError):
+        return None
+
+
+def _signal_group(proc: psutil.Process, sig: int) -> None:
+    """Signal the process group of a stage (its Python driver and the JVM it launched)."""
+    try:
+        os.killpg(os.getpgid(proc.pid), sig)
+    except ProcessLookupError:
+        return
+
+
+@shared_task(name="backstop.agent.start_replica", acks_late=True, expires=60, time_limit=30)
+def start_replica(module: str, args: list[str], replica_id: str, job_key: str) -> int:
+    """Start `python -m module args...` for a replica; return its pid.
+
+    Idempotent: when a process for `replica_id` is already running, its pid is returned.
+    """
+    if module not in ALLOWED_MODULES:
+        raise ValueError(f"module {module!r} may not be started by a node agent")
+    if _arg(args, "--replica-id") != replica_id or _arg(args, "--node") != this_node():
+        raise ValueError("args must carry this replica's --replica-id and this node's --node")
+    existing = find_replica_process(replica_id)
+    if existing is not None:
+        return existing.pid
+    path = stage_log_path(replica_id)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "ab") as log_file:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", module, *args],
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
+            # Its own session: killing the group takes the JVM too, and an agent restart does
+            # not take the stage down.
+            start_new_session=True,
+            env={**os.environ, "PYSPARK_PYTHON": sys.executable},
+        )
+    with _children_lock:
+        _children[replica_id] = (proc, job_key, path)
+    log.info("started %s pid %s on %s", replica_id, proc.pid, this_node())
+    return proc.pid
+
+
+@shared_task(name="backstop.agent.start_generator", acks_late=True, expires=60, time_limit=30)
+def start_generator(job_key: str, topology: str, rate: float, seed: int = 0) -> int:
+    """Start the seeded input generator of a job at `rate` entries/s; return its pid."""
+    replica_id = f"generator-{job_key}"
+    args = [
+        "--job", job_key, "--topology", topology, "--rate", str(float(rate)),
+        "--seed", str(int(seed)), "--redis-url", settings.REDIS_URL,
+        "--replica-id", replica_id, "--node", this_node(),
+    ]  # fmt: skip
+    return start_replica(
+        module="spark_runtime.generators", args=args, replica_id=replica_id, job_key=job_key
+    )
+
+
+@shared_task(name="backstop.agent.kill_replica", acks_late=True, expires=30, time_limit=30)
+def kill_replica(replica_id: str, signal_name: str = "SIGKILL") -> bool:
+    """Send `signal_name` to a replica's process group; False when it was not running."""
+    proc = find_replica_process(replica_id)
+    if proc is None:
+        return False
+    _signal_group(proc, signal.Signals[signal_name])
+    log.info("sent %s to %s (pid %s)", signal_name, replica_id, proc.pid)
+    return True
+
+
+def _node_stage_processes(node: str, job_key: str | None = None) -> list[psutil.Process]:
+    found = []
+    for proc in psutil.process_iter(["cmdline", "status"]):
+        cmdline = proc.info["cmdline"] or []
+        if proc.info["status"] == psutil.STATUS_ZOMBIE or "spark_runtime.stage" not in cmdline:
+            continue
+        if _arg(cmdline, "--node") != node:
+            continue
+        if job_key is None or _arg(cmdline, "--job") == job_key:
+            found.append(proc)
+    return found
+
+
+@shared_task(name="backstop.agent.kill_node", acks_late=True, expires=30, time_limit=30)
+def kill_node(job_key: str | None = None) -> list[int]:
+    """SIGKILL every stage process of this node (of one job, when given); return their pids."""
+    procs = _node_stage_processes(this_node(), job_key)
+    for proc in procs:
+        _signal_group(proc, signal.SIGKILL)
+    return [p.pid for p in procs]
+
+
+@shared_task(name="backstop.agent.pause_node", expires=30, time_limit=30)
+def pause_node(duration_s: float, job_key: str | None = None) -> list[int]:
+    """SIGSTOP this node's stage processes for `duration_s` seconds (a hang or partition).
+
+    The SIGCONT is sent by a detached `sleep; kill -CONT` process, so the stages resume even if
+    this agent dies meanwhile.
+    """
+    procs = _node_stage_processes(this_node(), job_key)
+    groups = sorted({os.getpgid(p.pid) for p in procs})
+    for group in groups:
+        os.killpg(group, signal.SIGSTOP)
+    if groups:
+        resume = " ".join(f"-{g}" for g in groups)
+        subprocess.Popen(
+            ["sh", "-c", f"sleep {float(duration_s)}; kill -CONT -- {resume}"],
+            start_new_session=True,
+        )
+    return groups
+
+
+@shared_task(name="backstop.agent.stress_node", expires=30, time_limit=30)
+def stress_node(duration_s: float, workers: int = 1) -> list[int]:
+    """Start `workers` CPU hogs tagged with this node for `duration_s` seconds; return their pids.
+
+    The hogs run the stage entry point's neighbour `workers.cpu_hog`, which exits on its own.
+    """
+    pids = []
+    for _ in range(max(1, int(workers))):
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "workers.cpu_hog", str(float(duration_s)), this_node()],
+            start_new_session=True,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        pids.append(proc.pid)
+    return pids
+
+
+def _report_exits(client: redis.Redis, node: str) -> None:
+    """Reap children that ended and publish each exit with the tail of its log."""
+    with _children_lock:
+        ended = [(rid, entry) for rid, entry in _children.items() if entry[0].poll() is not None]
+        for rid, _ in ended:
+            del _children[rid]
+    for replica_id, (proc, job_key, path) in ended:
+        client.xadd(
+            keys.agent_events(),
+            {
+                "kind": "exit",
+                "node": node,
+                "job": job_key,
+                "replica_id": replica_id,
+                "returncode": str(proc.returncode),
+                "log_tail": log_tail(path),
+                "at": str(time.time()),
+            },
+            maxlen=keys.AGENT_EVENTS_MAXLEN,
+            approximate=True,
+        )
+
+
+def publish_forever(node: str, sampler: NodeSampler) -> None:
+    """Heartbeat and metrics every second until the worker shuts down; survives Redis outages."""
+    client = _redis()
+    while not _stop.wait(PUBLISH_INTERVAL_S):
+        try:
+            usage = sampler.sample().to_dict()
+            payload = json.dumps(usage)
+            pipe = client.pipeline()
+            pipe.set(keys.node_heartbeat(node), payload, ex=HEARTBEAT_TTL_S)
+            pipe.xadd(
+                keys.node_metrics(node),
+                {"sample": payload},
+                maxlen=keys.NODE_METRICS_MAXLEN,
+                approximate=True,
+            )
+            pipe.execute()
+            _report_exits(client, node)
+        except redis.RedisError as exc:
+            log.warning("node %s: could not publish to Redis: %s", node, exc)
+
+
+def capacity_from_env() -> Capacity:
+    """The node's capacity: BACKSTOP_NODE_CPU / _MEM_MB / _DISK_MBPS / _BW_MBPS or the host's."""
+    from web.env import env
+
+    return Capacity(
+        cpu_total=env("BACKSTOP_NODE_CPU", float(psutil.cpu_count() or 1), float),
+        mem_total_mb=env("BACKSTOP_NODE_MEM_MB", psutil.virtual_memory().total / 2**20, float),
+        disk_max_mbps=env("BACKSTOP_NODE_DISK_MBPS", 200.0, float),
+        bw_total_mbps=env("BACKSTOP_NODE_BW_MBPS", 1000.0, float),
+    )
+
+
+@worker_ready.connect
+def start_agent_loop(sender=None, **kwargs) -> None:
+    """Begin publishing when this worker is a node agent (BACKSTOP_NODE set)."""
+    node = os.environ.get("BACKSTOP_NODE")
+    if not node:
+        return
+    from web.env import env
+
+    scope = env("BACKSTOP_NODE_SCOPE", PROCESSES)
+    sampler = NodeSampler(node, capacity_from_env(), scope=scope)
+    threading.Thread(
+        target=publish_forever, args=(node, sampler), name=f"agent-{node}", daemon=True
+    ).start()
+    log.info("node agent %s publishing heartbeat and metrics (scope %s)", node, scope)
+
+
+@worker_shutting_down.connect
+def stop_agent_loop(**kwargs) -> None:
+    _stop.set()

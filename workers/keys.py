@@ -1,0 +1,30 @@
+"""Redis keys of the control plane (node agents, controller). Data-plane keys live in
+spark_runtime/keys.py."""
+
+NODE_METRICS_MAXLEN = 3600  # an hour of 1 s samples per node
+AGENT_EVENTS_MAXLEN = 10_000
+
+
+def node_heartbeat(node: str) -> str:
+    """Latest usage sample of a node as JSON, with a short TTL: gone means the agent is silent."""
+    return f"backstop:node:{node}:hb"
+
+
+def node_metrics(node: str) -> str:
+    """Capped stream of a node's usage samples (field `sample`, JSON)."""
+    return f"backstop:node:{node}:metrics"
+
+
+def agent_events() -> str:
+    """Stream of what agents saw happen (a stage process exited, with its log tail)."""
+    return "backstop:agent-events"
+
+
+def controller_lease(job_key: str) -> str:
+    """Held by the controller task that currently supervises a job (expires if it dies)."""
+    return f"backstop:{job_key}:controller-lease"
+
+
+def controller_state(job_key: str) -> str:
+    """The supervision state of a job as JSON, so a restarted controller picks it up."""
+    return f"backstop:{job_key}:controller-state"

@@ -1,0 +1,154 @@
+"""Node resource sampling with psutil (no Django): what a node agent publishes every second.
+
+Two scopes:
+- `host`: the whole machine is the node (one agent per host, the production layout);
+- `processes`: the node is the set of stage processes started with `--node NAME` and their
+  children (the Spark JVMs). The demo runs three agents on one machine, so usage measured per
+  host would be the same for all three and say nothing about where load sits.
+
+Network use cannot be attributed to processes with psutil, so bandwidth is always the host's:
+on one machine the demo's nodes really do share one network interface.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass
+
+import psutil
+
+HOST = "host"
+PROCESSES = "processes"
+
+
+@dataclass(frozen=True)
+class Capacity:
+    """What the node offers: cores, MiB of memory, disk MB/s, network Mbit/s."""
+
+    cpu_total: float
+    mem_total_mb: float
+    disk_max_mbps: float
+    bw_total_mbps: float
+
+
+@dataclass(frozen=True)
+class NodeUsage:
+    """One sample, in the shape the policy's NodeSample wants (plus the time it was taken)."""
+
+    at: float
+    cpu_total: float
+    cpu_used: float
+    mem_total: float
+    mem_used: float
+    disk_throughput: float
+    disk_max_throughput: float
+    bw_used: float
+    bw_total: float
+    processes: int
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def node_processes(node: str) -> list[psutil.Process]:
+    """Stage processes started for `node` (`spark_runtime.stage ... --node NODE`), CPU hogs of
+    stress-node faults on it, and their children."""
+    roots = []
+    for proc in psutil.process_iter(["cmdline"]):
+        cmdline = proc.info["cmdline"] or []
+        is_stage = "spark_runtime.stage" in cmdline and _arg(cmdline, "--node") == node
+        # stress-node's CPU hogs (`workers.cpu_hog SECONDS NODE`) count against their node too.
+        is_hog = "workers.cpu_hog" in cmdline and cmdline[-1] == node
+        if is_stage or is_hog:
+            roots.append(proc)
+    found: dict[int, psutil.Process] = {}
+    for root in roots:
+        found[root.pid] = root
+        try:
+            for child in root.children(recursive=True):
+                found[child.pid] = child
+        except psutil.NoSuchProcess:
+            continue
+    return list(found.values())
+
+
+def _arg(cmdline: list[str], flag: str) -> str | None:
+    try:
+        return cmdline[cmdline.index(flag) + 1]
+    except (ValueError, IndexError):
+        return None
+
+
+class NodeSampler:
+    """Samples one node's usage; rates (CPU, disk, network) are measured between two calls."""
+
+    def __init__(self, node: str, capacity: Capacity, scope: str = HOST):
+        if scope not in (HOST, PROCESSES):
+            raise ValueError(f"scope must be {HOST!r} or {PROCESSES!r}, got {scope!r}")
+        self.node = node
+        self.capacity = capacity
+        self.scope = scope
+        # psutil measures a process's CPU share since the previous call on the same object,
+        # so process objects are kept between samples.
+        self._procs: dict[int, psutil.Process] = {}
+        self._last_at = time.monotonic()
+        self._last_disk = self._disk_bytes([])
+        self._last_net = self._net_bytes()
+        psutil.cpu_percent(None)
+
+    def sample(self) -> NodeUsage:
+        now = time.monotonic()
+        elapsed = max(now - self._last_at, 1e-3)
+        procs = self._current_processes() if self.scope == PROCESSES else []
+        if self.scope == HOST:
+            cpu_used = psutil.cpu_percent(None) / 100.0 * (psutil.cpu_count() or 1)
+            mem_used = (psutil.virtual_memory().total - psutil.virtual_memory().available) / 2**20
+        else:
+            cpu_used = sum(self._safe(p.cpu_percent, 0.0) for p in procs) / 100.0
+            mem_used = sum(self._safe(lambda p=p: p.memory_info().rss, 0) for p in procs) / 2**20
+        disk = self._disk_bytes(procs)
+        net = self._net_bytes()
+        usage = NodeUsage(
+            at=time.time(),
+            cpu_total=self.capacity.cpu_total,
+            cpu_used=round(min(cpu_used, self.capacity.cpu_total), 3),
+            mem_total=self.capacity.mem_total_mb,
+            mem_used=round(mem_used, 1),
+            disk_throughput=round(max(disk - self._last_disk, 0) / elapsed / 1e6, 3),
+            disk_max_throughput=self.capacity.disk_max_mbps,
+            bw_used=round(max(net - self._last_net, 0) * 8 / elapsed / 1e6, 3),
+            bw_total=self.capacity.bw_total_mbps,
+            processes=len(procs),
+        )
+        self._last_at, self._last_disk, self._last_net = now, disk, net
+        return usage
+
+    def _current_processes(self) -> list[psutil.Process]:
+        current = {p.pid: p for p in node_processes(self.node)}
+        # Reuse known objects so cpu_percent compares against the previous sample.
+        self._procs = {pid: self._procs.get(pid, proc) for pid, proc in current.items()}
+        return list(self._procs.values())
+
+    def _disk_bytes(self, procs: list[psutil.Process]) -> int:
+        if self.scope == HOST:
+            counters = psutil.disk_io_counters()
+            return (counters.read_bytes + counters.write_bytes) if counters else 0
+        total = 0
+        for proc in procs:
+            io = self._safe(proc.io_counters, None)
+            if io is not None:
+                total += io.read_bytes + io.write_bytes
+        return total
+
+    @staticmethod
+    def _net_bytes() -> int:
+        counters = psutil.net_io_counters()
+        return (counters.bytes_sent + counters.bytes_recv) if counters else 0
+
+    @staticmethod
+    def _safe(call, default):
+        """psutil raises when a process ends between listing and reading it: count it as gone."""
+        try:
+            return call()
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            return default

@@ -1,0 +1,81 @@
+"""Celery tasks for reports and alerts. Thin: take an id, call console.services.
+
+None of them is acks_late: sending an email is not idempotent, and a redelivered message after a
+worker crash would mail the same report twice. Only transient SMTP/network errors are retried, a
+bounded number of times with exponential backoff; anything else fails the task at once.
+
+`backstop.send_report` is what django-celery-beat runs for each ReportSubscription (its
+PeriodicTask passes `{"subscription_id": id}`); the alert tasks are for the supervision code.
+"""
+
+from __future__ import annotations
+
+import logging
+import smtplib
+
+from celery import shared_task
+
+logger = logging.getLogger(__name__)
+
+# Worth another try later: the mail server was unreachable, hung up or timed out. Authentication
+# failures and refused recipients are not: retrying would fail the same way.
+TRANSIENT_SMTP_ERRORS = (
+    smtplib.SMTPConnectError,
+    smtplib.SMTPServerDisconnected,
+    ConnectionError,
+    TimeoutError,
+)
+
+# No queue here: controller tasks default to `control` (web/celery.py).
+EMAIL_TASK_OPTIONS = {
+    "autoretry_for": TRANSIENT_SMTP_ERRORS,
+    "max_retries": 4,
+    "retry_backoff": 30,  # 30 s, 60 s, 120 s, 240 s (with jitter)
+    "retry_backoff_max": 600,
+    "retry_jitter": True,
+    "time_limit": 180,
+    "soft_time_limit": 150,
+}
+
+
+@shared_task(
+    name="backstop.send_report",
+    # A report that could not start within an hour is dropped; the next scheduled one covers it.
+    expires=3600,
+    **EMAIL_TASK_OPTIONS,
+)
+def send_report(subscription_id: int) -> str:
+    """Send subscription `subscription_id`'s report now (skipped when gone or disabled)."""
+    from console.models import ReportSubscription
+    from console.services import reports
+
+    subscription = ReportSubscription.objects.filter(pk=subscription_id).first()
+    if subscription is None or not subscription.enabled:
+        logger.info("report %s skipped: subscription missing or disabled", subscription_id)
+        return "skipped"
+    reports.send_report(subscription)
+    return "sent"
+
+
+@shared_task(name="backstop.alert_recovery", expires=600, **EMAIL_TASK_OPTIONS)
+def alert_recovery(episode_id: int) -> int:
+    """Check episode `episode_id` against every recovery-time alert; return emails sent."""
+    from console.models import RecoveryEpisode
+    from console.services import alerts
+
+    episode = RecoveryEpisode.objects.select_related("job").filter(pk=episode_id).first()
+    if episode is None:
+        return 0
+    return alerts.check_alerts_for_episode(episode)
+
+
+@shared_task(name="backstop.alert_job_failed", expires=3600, **EMAIL_TASK_OPTIONS)
+def alert_job_failed(job_id: int) -> int:
+    """Alert the subscriptions that ask for it that job `job_id` failed; return emails sent."""
+    from console.models import Job
+    from console.services import alerts
+
+    job = Job.objects.filter(pk=job_id).first()
+    if job is None:
+        return 0
+    return alerts.alert_job_failed(job)
