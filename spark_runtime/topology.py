@@ -98,7 +98,7 @@ class Topology:
         return done
 
 
-WORDCOUNT = Topology(
+WORDCOUNT_JOB = Topology(
     name="wordcount",
     description="Da-Stream's evaluation job: split lines into words and count each word.",
     operators=(
@@ -109,7 +109,7 @@ WORDCOUNT = Topology(
     ),
 )
 
-TOPN = Topology(
+TOPN_JOB = Topology(
     name="topn",
     description="Da-Stream's Top-N job: count items per tumbling window, keep the N most frequent.",
     operators=(
@@ -127,16 +127,14 @@ TOPN = Topology(
     ),
 )
 
-TRAFFIC = Topology(
+TRAFFIC_JOB = Topology(
     name="traffic",
     description="OSPBench's pipeline: join speed and flow per sensor lane and second, then "
     "average speed and total flow per location.",
     operators=(
         OperatorSpec("speed_source", SOURCE, cpu=0.1, mem=128),
         OperatorSpec("flow_source", SOURCE, cpu=0.1, mem=128),
-        OperatorSpec(
-            "join", JOIN, upstream=("speed_source", "flow_source"), cpu=0.6, mem=768
-        ),
+        OperatorSpec("join", JOIN, upstream=("speed_source", "flow_source"), cpu=0.6, mem=768),
         OperatorSpec(
             "location_aggregate",
             WINDOW_AGGREGATE,
@@ -149,7 +147,7 @@ TRAFFIC = Topology(
     ),
 )
 
-SHUFFLE = Topology(
+SHUFFLE_JOB = Topology(
     name="shuffle",
     description="ShuffleBench's shape: assign records to keys, aggregate per key with state, "
     "emit outputs with a set selectivity.",
@@ -168,7 +166,9 @@ SHUFFLE = Topology(
     ),
 )
 
-TOPOLOGIES: dict[str, Topology] = {t.name: t for t in (WORDCOUNT, TOPN, TRAFFIC, SHUFFLE)}
+TOPOLOGIES: dict[str, Topology] = {
+    t.name: t for t in (WORDCOUNT_JOB, TOPN_JOB, TRAFFIC_JOB, SHUFFLE_JOB)
+}
 
 
 def get_topology(name: str) -> Topology:

@@ -18,8 +18,6 @@ ACTIVE = "active"
 PASSIVE = "passive"
 
 # Da-Stream's type scores: stateless 0.1, aggregation 0.5, join and other stateful 0.8.
-# Keyed by the kind strings rather than spark_runtime.topology's constants because that module
-# rebinds TOPN (the "topn" kind) to the Top-N Topology object further down.
 TYPE_SCORES: dict[str, float] = {
     "source": 0.1,
     "map": 0.1,

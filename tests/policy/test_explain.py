@@ -9,7 +9,7 @@ import pytest
 
 from console.policy.config import PolicyConfig
 from console.policy.explain import explain, format_table, parse_nodes, parse_operators
-from spark_runtime.topology import WORDCOUNT
+from spark_runtime.topology import WORDCOUNT_JOB
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "docs" / "examples"
 
@@ -30,7 +30,7 @@ def test_example_files_parse():
     nodes = parse_nodes(json.loads((EXAMPLES / "nodes.json").read_text()))
     assert list(nodes) == ["node-a", "node-b", "node-c"]
     assert [len(s) for s in nodes.values()] == [3, 2, 1]
-    demands = parse_operators(json.loads((EXAMPLES / "operators.json").read_text()), WORDCOUNT)
+    demands = parse_operators(json.loads((EXAMPLES / "operators.json").read_text()), WORDCOUNT_JOB)
     assert demands == {"count": {"cpu": 0.8, "mem": 1024.0}, "split": {"cpu": 0.4}}
 
 
@@ -56,11 +56,11 @@ def test_bad_nodes_name_the_node_and_field(document, message):
 
 def test_bad_operators_name_the_operator():
     with pytest.raises(ValueError, match="'cuont' is not in topology 'wordcount'"):
-        parse_operators({"cuont": {"cpu": 1}}, WORDCOUNT)
+        parse_operators({"cuont": {"cpu": 1}}, WORDCOUNT_JOB)
     with pytest.raises(ValueError, match="'count'.cpu must be a finite number"):
-        parse_operators({"count": {"cpu": "lots"}}, WORDCOUNT)
+        parse_operators({"count": {"cpu": "lots"}}, WORDCOUNT_JOB)
     with pytest.raises(ValueError, match="only 'cpu' and/or 'mem'"):
-        parse_operators({"count": {"gpu": 1}}, WORDCOUNT)
+        parse_operators({"count": {"gpu": 1}}, WORDCOUNT_JOB)
 
 
 def test_report_on_two_nodes_by_hand():
@@ -72,7 +72,7 @@ def test_report_on_two_nodes_by_hand():
     #        P = 0.04 + 0.0103125 + 0.3 = 0.3503125; P_eff = 0.3603125 -> active; standby on a.
     # Intervals: C_initial = 60*0.5/(0.05*20) = 30 s for every operator.
     nodes = parse_nodes([NODE, {**NODE, "name": "b"}])
-    report = explain(WORDCOUNT, nodes, PolicyConfig(priority_threshold=0.35))
+    report = explain(WORDCOUNT_JOB, nodes, PolicyConfig(priority_threshold=0.35))
     ops = {o["name"]: o for o in report["operators"]}
     assert [ops[n]["primary"] for n in ("source", "split", "count", "sink")] == ["a", "b", "a", "b"]
     assert ops["count"]["P"] == pytest.approx(0.51875)
@@ -90,14 +90,14 @@ def test_report_on_two_nodes_by_hand():
 def test_default_threshold_keeps_the_stateless_split_passive():
     # Same cluster as above: split P_eff 0.3603125 <= 0.4 (default), count 0.52875 > 0.4.
     nodes = parse_nodes([NODE, {**NODE, "name": "b"}])
-    ops = {o["name"]: o for o in explain(WORDCOUNT, nodes, PolicyConfig())["operators"]}
+    ops = {o["name"]: o for o in explain(WORDCOUNT_JOB, nodes, PolicyConfig())["operators"]}
     assert (ops["split"]["mode"], ops["split"]["standby"]) == ("passive", None)
     assert (ops["count"]["mode"], ops["count"]["standby"]) == ("active", "b")
 
 
 def test_table_is_aligned():
     nodes = parse_nodes(json.loads((EXAMPLES / "nodes.json").read_text()))
-    text = format_table(explain(WORDCOUNT, nodes, PolicyConfig()))
+    text = format_table(explain(WORDCOUNT_JOB, nodes, PolicyConfig()))
     lines = text.splitlines()
     header = next(line for line in lines if line.startswith("operator"))
     count = next(line for line in lines if line.startswith("count"))

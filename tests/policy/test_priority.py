@@ -16,7 +16,7 @@ from console.policy.priority import (
     resource_score,
     type_score,
 )
-from spark_runtime.topology import TRAFFIC, WORDCOUNT, OperatorSpec, Topology
+from spark_runtime.topology import TRAFFIC_JOB, WORDCOUNT_JOB, OperatorSpec, Topology
 
 
 def by_name(results):
@@ -31,10 +31,15 @@ def test_type_scores():
 
 def test_dependency_scores_wordcount_and_traffic():
     # wordcount is a chain: degrees source 1, split 2, count 2, sink 1; max 2.
-    assert dependency_scores(WORDCOUNT) == {"source": 0.5, "split": 1.0, "count": 1.0, "sink": 0.5}
+    assert dependency_scores(WORDCOUNT_JOB) == {
+        "source": 0.5,
+        "split": 1.0,
+        "count": 1.0,
+        "sink": 0.5,
+    }
     # traffic: join reads 2 sources and feeds 1 -> degree 3 (the max); sources 1; the
     # aggregate 2 (join in, sink out); sink 1.
-    scores = dependency_scores(TRAFFIC)
+    scores = dependency_scores(TRAFFIC_JOB)
     assert scores["join"] == 1.0
     assert scores["speed_source"] == pytest.approx(1 / 3)
     assert scores["location_aggregate"] == pytest.approx(2 / 3)
@@ -55,7 +60,7 @@ def test_wordcount_priorities_by_hand():
     #         P = 0.04 + 0.020625 + 0.3 = 0.360625; P_eff = 0.370625 <= 0.4 -> passive
     # count:  R = 0.5*0.5/4 + 0.5*512/4096 = 0.0625 + 0.0625 = 0.125
     #         P = 0.2 + 0.0375 + 0.3 = 0.5375; P_eff = 0.5475 -> active
-    results = by_name(operator_priorities(WORDCOUNT, 4.0, 4096.0, PolicyConfig()))
+    results = by_name(operator_priorities(WORDCOUNT_JOB, 4.0, 4096.0, PolicyConfig()))
     source, split, count = results["source"], results["split"], results["count"]
     assert (source.R, source.P, source.P_eff) == pytest.approx((0.028125, 0.1984375, 0.2084375))
     assert source.mode == "passive"
@@ -68,7 +73,7 @@ def test_wordcount_priorities_by_hand():
 
 
 def test_explain_names_each_term_with_numbers():
-    count = by_name(operator_priorities(WORDCOUNT, 4.0, 4096.0, PolicyConfig()))["count"]
+    count = by_name(operator_priorities(WORDCOUNT_JOB, 4.0, 4096.0, PolicyConfig()))["count"]
     assert "S=0.500" in count.explain
     assert "R=0.5*0.5/4 + 0.5*512/4096 = 0.125" in count.explain
     assert "L=1.000 (in 1 + out 1)" in count.explain
@@ -81,7 +86,7 @@ def test_fault_risk_can_make_an_operator_active():
     # above a threshold of 0.35; source keeps the prior fr and 0.2084375.
     config = PolicyConfig(priority_threshold=0.35)
     results = by_name(
-        operator_priorities(WORDCOUNT, 4.0, 4096.0, config, fault_rates={"sink": 0.9})
+        operator_priorities(WORDCOUNT_JOB, 4.0, 4096.0, config, fault_rates={"sink": 0.9})
     )
     assert results["sink"].P_eff == pytest.approx(0.3784375)
     assert results["sink"].mode == "active"
@@ -94,7 +99,7 @@ def test_demand_overrides_and_clamps():
     config = replace(PolicyConfig(), fault_risk_weight=0.3)
     results = by_name(
         operator_priorities(
-            WORDCOUNT,
+            WORDCOUNT_JOB,
             4.0,
             4096.0,
             config,
@@ -110,16 +115,18 @@ def test_demand_overrides_and_clamps():
 def test_threshold_is_strict():
     # P_eff exactly at the threshold stays passive ("above it -> active").
     config = replace(PolicyConfig(), priority_threshold=0.5475)
-    count = by_name(operator_priorities(WORDCOUNT, 4.0, 4096.0, config))["count"]
+    count = by_name(operator_priorities(WORDCOUNT_JOB, 4.0, 4096.0, config))["count"]
     assert count.P_eff == pytest.approx(0.5475)
     assert count.mode == "passive"
 
 
 def test_unknown_operator_names_are_refused():
     with pytest.raises(KeyError, match="cuont"):
-        operator_priorities(WORDCOUNT, 4.0, 4096.0, PolicyConfig(), demands={"cuont": {"cpu": 1}})
+        operator_priorities(
+            WORDCOUNT_JOB, 4.0, 4096.0, PolicyConfig(), demands={"cuont": {"cpu": 1}}
+        )
     with pytest.raises(KeyError, match="snik"):
-        operator_priorities(WORDCOUNT, 4.0, 4096.0, PolicyConfig(), fault_rates={"snik": 0.1})
+        operator_priorities(WORDCOUNT_JOB, 4.0, 4096.0, PolicyConfig(), fault_rates={"snik": 0.1})
 
 
 def test_resource_score_needs_a_cluster():

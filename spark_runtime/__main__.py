@@ -1,0 +1,87 @@
+"""Command line of the data plane (no Django).
+
+python -m spark_runtime run --topology NAME --job ID [--strategy S] [--redis-url URL]
+python -m spark_runtime generate --topology NAME --job ID [--rate R] [--count N] [--seed S]
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+
+from spark_runtime.config import DEFAULT_REDIS_URL
+from spark_runtime.supervision import STRATEGIES
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of `python -m spark_runtime`."""
+    import redis
+
+    from spark_runtime import generators
+    from spark_runtime.runner import DEFAULT_NODES, build_runner
+
+    parser = argparse.ArgumentParser(prog="python -m spark_runtime")
+    sub = parser.add_subparsers(dest="command", required=True)
+    run = sub.add_parser("run", help="start a job's stages here and supervise them")
+    run.add_argument("--topology", required=True)
+    run.add_argument("--job", required=True)
+    run.add_argument("--strategy", choices=STRATEGIES, default="local-restart")
+    run.add_argument("--active-stages", default="", help="stages with a hot standby (adaptive)")
+    run.add_argument("--nodes", default=",".join(DEFAULT_NODES))
+    run.add_argument("--trigger-seconds", type=float, default=0.5)
+    run.add_argument("--standby-nice", type=int, default=0)
+    run.add_argument("--duration", type=float, default=None, help="seconds; default: forever")
+    run.add_argument("--param", action="append", default=[], help="OP.KEY=VALUE")
+    gen = sub.add_parser("generate", help="write seeded input at a controlled rate")
+    gen.add_argument("--topology", required=True)
+    gen.add_argument("--job", required=True)
+    gen.add_argument("--rate", type=float, default=1000)
+    gen.add_argument("--count", type=int, default=None)
+    gen.add_argument("--duration", type=float, default=None)
+    gen.add_argument("--seed", type=int, default=0)
+    gen.add_argument("--malformed-every", type=int, default=0)
+    for p in (run, gen):
+        p.add_argument("--redis-url", default=os.environ.get("REDIS_URL", DEFAULT_REDIS_URL))
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    client = redis.Redis.from_url(args.redis_url, decode_responses=True)
+    if args.command == "generate":
+        sent = generators.generate(
+            client,
+            args.job,
+            args.topology,
+            count=args.count,
+            rate=args.rate,
+            seed=args.seed,
+            duration=args.duration,
+            malformed_every=args.malformed_every,
+        )
+        print(f"wrote {sent} entries to the input of {args.job}")
+        return 0
+    active = {s for s in args.active_stages.split(",") if s}
+    runner = build_runner(
+        args.topology,
+        args.job,
+        args.strategy,
+        args.redis_url,
+        client,
+        nodes=args.nodes.split(","),
+        active_stages=active,
+        trigger_seconds=args.trigger_seconds,
+        standby_nice=args.standby_nice,
+        params=tuple(args.param),
+    )
+    runner.start()
+    try:
+        runner.run(duration=args.duration)
+    except KeyboardInterrupt:
+        runner.shutdown()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,90 @@
+"""Helpers shared by the benchmarks: waiting for replicas, reading progress, writing RESULTS.md."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import time
+
+from spark_runtime import keys
+
+log = logging.getLogger(__name__)
+
+RESULTS_MD = os.path.join("docs", "RESULTS.md")
+SECTION = "## Data plane"
+
+
+def wait_running(client, job: str, replicas: list[str], timeout: float = 180) -> None:
+    """Block until every replica reports state `running` in the replicas hash."""
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        states = {k: json.loads(v) for k, v in client.hgetall(keys.replicas(job)).items()}
+        if all(states.get(r, {}).get("state") == "running" for r in replicas):
+            return
+        time.sleep(0.5)
+    raise TimeoutError(f"replicas of {job} not running after {timeout} s")
+
+
+def final_progress(
+    client, job: str, since: float, until: float, role: str | None = "primary"
+) -> list[dict]:
+    """Progress records of batches that produced final outputs, within [since, until]
+    (of replicas in `role`; every role if None)."""
+    records = []
+    start_id = f"{int(since * 1000)}-0"
+    end_id = f"{int(until * 1000)}-0"
+    for _, fields in client.xrange(keys.progress(job), start_id, end_id):
+        if fields.get("final") == "True" and role in (None, fields.get("role")):
+            records.append(fields)
+    return records
+
+
+def wait_steady(
+    client, job: str, replicas: list[str], bound: float, timeout: float, batches: int = 5
+) -> float:
+    """Wait until the last `batches` final batches of every replica had latency p99 under
+    `bound` seconds (the backlog of the start is worked off); returns the seconds waited."""
+    started = time.time()
+    while time.time() - started < timeout:
+        recent = final_progress(client, job, time.time() - 30, time.time(), role=None)
+        steady = True
+        for replica in replicas:
+            mine = [r for r in recent if r["replica"] == replica and r.get("latency_p99")]
+            last = mine[-batches:]
+            if len(last) < batches or any(float(r["latency_p99"]) >= bound for r in last):
+                steady = False
+        if steady:
+            return time.time() - started
+        time.sleep(1)
+    raise TimeoutError(f"{job} not steady (p99 < {bound} s) after {timeout} s")
+
+
+def write_section(subsection: str, body: str, path: str = RESULTS_MD) -> None:
+    """Replace `### {subsection}` inside the `## Data plane` section of docs/RESULTS.md.
+
+    Other sections of the file (written by other parts of the project) are left untouched.
+    """
+    text = "# Results\n"
+    if os.path.exists(path):
+        with open(path) as fh:
+            text = fh.read()
+    block = f"### {subsection}\n\n{body.strip()}\n"
+    if SECTION not in text:
+        text = text.rstrip() + f"\n\n{SECTION}\n\n{block}"
+    else:
+        start = text.index(SECTION)
+        nxt = re.search(r"^## ", text[start + len(SECTION) :], flags=re.M)
+        end = start + len(SECTION) + nxt.start() if nxt else len(text)
+        section = text[start:end]
+        pattern = re.compile(rf"^### {re.escape(subsection)}\n.*?(?=^### |\Z)", flags=re.M | re.S)
+        if pattern.search(section):
+            section = pattern.sub(lambda _m: block + "\n", section)
+        else:
+            section = section.rstrip() + "\n\n" + block + "\n"
+        text = text[:start] + section.rstrip() + "\n\n" + text[end:].lstrip()
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "w") as fh:
+        fh.write(text.rstrip() + "\n")
+    log.info("wrote %s / %s to %s", SECTION, subsection, path)

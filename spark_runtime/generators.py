@@ -1,0 +1,143 @@
+"""Seeded, rate-controlled input generators, one per topology.
+
+Each writes entries to `backstop:{job}:in` with `id` (unique), `ts` (event time: the wall clock
+at generation, epoch ms, so that end-to-end latency can be measured) and the topology's payload:
+
+- wordcount: `text`, 3-12 words from a skewed vocabulary of 200 words;
+- topn: `item`, one of 50 items with Zipf-like frequencies;
+- traffic: `kind` (speed|flow), `sensor` (a location), `lane`, `value` (integer km/h or vehicles);
+  every wall-clock second gets exactly one speed and one flow measurement per sensor lane, so the
+  join per (sensor, lane, second) is well defined;
+- shuffle: `value`, an integer 0-999.
+
+`malformed_every=N` makes every N-th entry malformed (missing id, non-integer ts, or missing
+payload field, in turn) to exercise the dead-letter path.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+
+from spark_runtime import keys
+
+log = logging.getLogger(__name__)
+
+VOCABULARY = [f"w{i:03d}" for i in range(200)]
+WORD_WEIGHTS = [1.0 / (i + 1) ** 0.8 for i in range(len(VOCABULARY))]
+ITEMS = [f"item{i:02d}" for i in range(50)]
+ITEM_WEIGHTS = [1.0 / (i + 1) for i in range(len(ITEMS))]
+LANES = 4
+
+
+class _Traffic:
+    """Emits rounds of measurements: one round per wall-clock second, covering every sensor lane."""
+
+    def __init__(self, rng: random.Random, rate: float):
+        self.rng = rng
+        pairs = max(LANES, int(rate // 2))
+        self.sensors = [f"L{i:03d}" for i in range(max(1, pairs // LANES))]
+        self.round: list[dict] = []
+        self.second = 0
+
+    def next(self, now_ms: int) -> dict:
+        if not self.round:
+            # A new round belongs to the current second, or to the next one if this second has
+            # been used already: a sensor lane never gets two measurements of a kind per second.
+            self.second = max(now_ms // 1000, self.second + 1)
+            for sensor in self.sensors:
+                for lane in range(LANES):
+                    speed = self.rng.randint(40, 130)
+                    flow = self.rng.randint(0, 30)
+                    self.round.append(
+                        {"kind": "speed", "sensor": sensor, "lane": lane, "value": speed}
+                    )
+                    self.round.append(
+                        {"kind": "flow", "sensor": sensor, "lane": lane, "value": flow}
+                    )
+            self.round.reverse()
+        fields = self.round.pop()
+        ts = min(max(now_ms, self.second * 1000), self.second * 1000 + 999)
+        return {**fields, "ts": ts}
+
+
+def make_payload_factory(topology: str, rng: random.Random, rate: float):
+    """A function `now_ms -> fields` (payload and ts) for `topology`."""
+    if topology == "wordcount":
+
+        def words(now_ms: int) -> dict:
+            n = rng.randint(3, 12)
+            return {"ts": now_ms, "text": " ".join(rng.choices(VOCABULARY, WORD_WEIGHTS, k=n))}
+
+        return words
+    if topology == "topn":
+        return lambda now_ms: {"ts": now_ms, "item": rng.choices(ITEMS, ITEM_WEIGHTS)[0]}
+    if topology == "traffic":
+        return _Traffic(rng, rate).next
+    if topology == "shuffle":
+        return lambda now_ms: {"ts": now_ms, "value": rng.randint(0, 999)}
+    raise KeyError(f"no generator for topology {topology!r}")
+
+
+def _malform(fields: dict, n: int) -> dict:
+    bad = dict(fields)
+    kind = n % 3
+    if kind == 0:
+        bad.pop("id")
+    elif kind == 1:
+        bad["ts"] = "not-a-number"
+    else:
+        payload = [k for k in bad if k not in ("id", "ts")]
+        bad.pop(payload[0])
+    return bad
+
+
+def generate(
+    client,
+    job: str,
+    topology: str,
+    count: int | None = None,
+    rate: float = 1000.0,
+    seed: int = 0,
+    duration: float | None = None,
+    malformed_every: int = 0,
+    id_prefix: str = "e",
+    stop=None,
+) -> int:
+    """Write entries to the job's input stream at `rate` entries/s until `count` entries or
+    `duration` seconds (or `stop()` returns True). Returns how many were written."""
+    rng = random.Random(seed)
+    payload = make_payload_factory(topology, rng, rate)
+    stream = keys.input_stream(job)
+    started = time.time()
+    last_log = started
+    sent = 0
+    while True:
+        now = time.time()
+        elapsed = now - started
+        if duration is not None and elapsed >= duration:
+            break
+        if count is not None and sent >= count:
+            break
+        if stop is not None and stop():
+            break
+        due = int(rate * elapsed) + 1 - sent
+        if count is not None:
+            due = min(due, count - sent)
+        if due <= 0:
+            time.sleep(0.01)
+            continue
+        pipe = client.pipeline(transaction=False)
+        now_ms = int(now * 1000)
+        for _ in range(min(due, 5000)):
+            fields = {"id": f"{id_prefix}{sent}", **payload(now_ms)}
+            if malformed_every and sent % malformed_every == malformed_every - 1:
+                fields = _malform(fields, sent // malformed_every)
+            pipe.xadd(stream, {k: str(v) for k, v in fields.items()})
+            sent += 1
+        pipe.execute()
+        if now - last_log >= 5:
+            log.info("generator %s: %s entries in %.0f s", job, sent, elapsed)
+            last_log = now
+    return sent

@@ -1,0 +1,107 @@
+"""Every Redis key the data plane reads or writes, in one place.
+
+All keys of a job share the prefix `backstop:{job}:`, so a job can be inspected with
+`redis-cli --scan --pattern 'backstop:JOB:*'` and removed with `delete_job_keys`.
+"""
+
+from __future__ import annotations
+
+PREFIX = "backstop"
+
+
+def job_prefix(job: str) -> str:
+    """The prefix shared by all keys of `job`."""
+    return f"{PREFIX}:{job}:"
+
+
+def input_stream(job: str) -> str:
+    """The job's input stream (entries carry `id`, `ts` and the topology's payload fields)."""
+    return f"{PREFIX}:{job}:in"
+
+
+def channel_stream(job: str, stage: str) -> str:
+    """The intermediate stream written by `stage` and read by the stage after it."""
+    return f"{PREFIX}:{job}:s:{stage}"
+
+
+def results(job: str) -> str:
+    """The hash of final results (wordcount: word -> count; see docs/DATA_PLANE.md)."""
+    return f"{PREFIX}:{job}:results"
+
+
+def result_versions(job: str) -> str:
+    """Hash field -> version (input offset) of the value in `results`; makes upserts idempotent."""
+    return f"{PREFIX}:{job}:results:ver"
+
+
+def output_stream(job: str) -> str:
+    """The stream of emitted records of topologies that emit records (shuffle)."""
+    return f"{PREFIX}:{job}:out"
+
+
+def dead_letters(job: str) -> str:
+    """The dead-letter stream: malformed input entries with the stage and the reason."""
+    return f"{PREFIX}:{job}:dead"
+
+
+def dead_seen(job: str) -> str:
+    """Hash `{stage}|{entry id}` -> 1, so a replayed batch does not dead-letter an entry twice."""
+    return f"{PREFIX}:{job}:dead:seen"
+
+
+def stats(job: str) -> str:
+    """Hash of counters (e.g. `dead:{stage}`: malformed entries seen by a stage)."""
+    return f"{PREFIX}:{job}:stats"
+
+
+def fence(job: str, stage: str) -> str:
+    """The fencing epoch of `stage`: incremented by every replica that becomes its primary."""
+    return f"{PREFIX}:{job}:fence:{stage}"
+
+
+def watermarks(job: str, stage: str) -> str:
+    """Hash sink name -> highest output version `stage` has written to that sink."""
+    return f"{PREFIX}:{job}:wm:{stage}"
+
+
+def replicas(job: str) -> str:
+    """Hash replica id -> JSON (stage, role, pid, node, state, ...), kept current by each stage."""
+    return f"{PREFIX}:{job}:replicas"
+
+
+def heartbeat(job: str, replica: str) -> str:
+    """Heartbeat of a replica: a key with a short TTL, refreshed while the process lives."""
+    return f"{PREFIX}:{job}:hb:{replica}"
+
+
+def control(job: str, replica: str) -> str:
+    """List of JSON control commands for a replica (promote, stop, trigger, fault)."""
+    return f"{PREFIX}:{job}:control:{replica}"
+
+
+def progress(job: str) -> str:
+    """Stream of query progress records of all replicas of the job (capped)."""
+    return f"{PREFIX}:{job}:progress"
+
+
+def events(job: str) -> str:
+    """Stream of supervision events and actions (failures, restarts, promotions), capped."""
+    return f"{PREFIX}:{job}:events"
+
+
+PROGRESS_MAXLEN = 10_000
+EVENTS_MAXLEN = 10_000
+
+
+def delete_job_keys(client, job: str) -> int:
+    """Delete every key of `job`; returns how many were removed. Used by tests and benchmarks."""
+    removed = 0
+    batch = []
+    for key in client.scan_iter(match=f"{job_prefix(job)}*", count=1000):
+        batch.append(key)
+        if len(batch) >= 500:
+            removed += client.delete(*batch)
+            batch = []
+    if batch:
+        removed += client.delete(*batch)
+    return removed

@@ -1,0 +1,223 @@
+"""A Spark 4 Python streaming data source over a Redis stream.
+
+Offsets are Redis stream entry ids (`{"id": "1700000000000-3"}`: everything up to and including
+that id has been read). A restarted query replays from the offset in its checkpoint, because
+Redis keeps the entries (the data plane never trims an input stream). `latestOffset(start, limit)`
+honours Spark's admission control (`ReadMaxRows` from the `maxRecordsPerBatch` option), and
+`partitions` splits large ranges into parallel partitions of `partitionSize` entries each.
+
+Each entry must carry `id` (unique string), `ts` (event time, epoch ms, integer) and the payload
+fields named in the `fields` option. Malformed entries are not returned: they are written to the
+job's dead-letter stream with the reason, once per (stage, entry) even when a batch is replayed.
+
+Rows have the columns `pos` (the entry id as one sortable long: ms * 1e6 + seq), `entry`
+(the Redis entry id), `id`, `ts` and the payload fields.
+"""
+
+from __future__ import annotations
+
+from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
+from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows
+
+from spark_runtime import keys
+
+FORMAT_NAME = "redis_stream"
+SEQ_FACTOR = 1_000_000  # pos = ms * SEQ_FACTOR + seq; seq stays far below 1e6 in practice
+SPARK_TYPES = {"string": "string", "int": "bigint", "double": "double"}
+
+# Walks the stream from an exclusive start id to an inclusive end id, at most `max` entries
+# (0: no limit), and returns every `psize`-th id plus the last one: the batch end offset and the
+# partition boundaries in one round trip, without shipping the entries to the client.
+PLAN_LUA = """
+local cur = ARGV[1]
+local last = ARGV[2]
+local maxn = tonumber(ARGV[3])
+local psize = tonumber(ARGV[4])
+local bounds = {}
+local n = 0
+while true do
+  local want = psize
+  if maxn > 0 and n + want > maxn then want = maxn - n end
+  if want <= 0 then break end
+  local r = redis.call('XRANGE', KEYS[1], '(' .. cur, last, 'COUNT', want)
+  if #r == 0 then break end
+  n = n + #r
+  cur = r[#r][1]
+  table.insert(bounds, cur)
+  if #r < want then break end
+end
+return bounds
+"""
+
+# Dead-letters an entry once per stage: HSETNX on the seen-hash gates the XADD and the counter.
+DEAD_LUA = """
+if redis.call('HSETNX', KEYS[2], ARGV[1], '1') == 1 then
+  redis.call('XADD', KEYS[1], '*', 'entry', ARGV[2], 'stage', ARGV[3], 'reason', ARGV[4],
+             'raw', ARGV[5])
+  redis.call('HINCRBY', KEYS[3], 'dead:' .. ARGV[3], 1)
+  return 1
+end
+return 0
+"""
+
+
+def parse_fields(spec: str) -> list[tuple[str, str]]:
+    """Parse a field spec such as `"text"` or `"sensor,lane:int,value:double"`."""
+    fields = []
+    for part in spec.split(","):
+        part = part.strip()
+        if not part:
+            continue
+        name, _, kind = part.partition(":")
+        kind = kind or "string"
+        if kind not in SPARK_TYPES:
+            raise ValueError(f"field {name!r}: unknown type {kind!r}")
+        fields.append((name, kind))
+    return fields
+
+
+def schema_for(fields: list[tuple[str, str]]) -> str:
+    """The DDL schema of the rows for the given payload fields."""
+    cols = ["pos bigint", "entry string", "id string", "ts bigint"]
+    cols += [f"{name} {SPARK_TYPES[kind]}" for name, kind in fields]
+    return ", ".join(cols)
+
+
+def entry_pos(entry_id: str) -> int:
+    """A Redis entry id `ms-seq` as one sortable integer."""
+    ms, _, seq = entry_id.partition("-")
+    return int(ms) * SEQ_FACTOR + int(seq)
+
+
+def _convert(value: str, kind: str):
+    if kind == "int":
+        return int(value)
+    if kind == "double":
+        return float(value)
+    return value
+
+
+def validate(entry_id: str, raw: dict, fields: list[tuple[str, str]]):
+    """Return `(row, None)` for a well-formed entry or `(None, reason)` for a malformed one."""
+    rid = raw.get("id")
+    if not rid:
+        return None, "missing id"
+    ts = raw.get("ts")
+    if ts is None:
+        return None, "missing ts"
+    try:
+        ts_value = int(ts)
+    except ValueError:
+        return None, f"ts is not an integer: {ts[:40]!r}"
+    row = [entry_pos(entry_id), entry_id, rid, ts_value]
+    for name, kind in fields:
+        value = raw.get(name)
+        if value is None:
+            return None, f"missing field {name}"
+        try:
+            row.append(_convert(value, kind))
+        except ValueError:
+            return None, f"field {name} is not {kind}: {value[:40]!r}"
+    return tuple(row), None
+
+
+class RangePartition(InputPartition):
+    """Entries with ids in (start, end]."""
+
+    def __init__(self, start: str, end: str):
+        super().__init__((start, end))
+        self.start = start
+        self.end = end
+
+
+class RedisStreamReader(DataSourceStreamReader):
+    """The stream reader; lives in Spark's driver-side Python runner (offsets, planning) and is
+    pickled to the executors' Python workers (read)."""
+
+    def __init__(self, options: dict, fields: list[tuple[str, str]]):
+        # Spark hands options over case-insensitively; look them up in lower case.
+        opts = {str(k).lower(): v for k, v in options.items()}
+        self.redis_url = opts.get("redisurl", "redis://127.0.0.1:6379/0")
+        self.stream = opts["stream"]
+        self.job = opts.get("job", "")
+        self.stage = opts.get("stage", "")
+        self.start_id = opts.get("startid", "0-0")
+        self.max_records = int(opts.get("maxrecordsperbatch", "5000"))
+        self.partition_size = int(opts.get("partitionsize", "2000"))
+        self.fields = fields
+        self._client = None
+
+    def _redis(self):
+        # Created lazily: the reader is pickled to executors and a client is not picklable.
+        if self._client is None:
+            import redis
+
+            self._client = redis.Redis.from_url(self.redis_url, decode_responses=True)
+        return self._client
+
+    def _plan(self, start: str, end: str, max_count: int) -> list[str]:
+        client = self._redis()
+        return client.eval(PLAN_LUA, 1, self.stream, start, end, max_count, self.partition_size)
+
+    def initialOffset(self) -> dict:
+        return {"id": self.start_id}
+
+    def getDefaultReadLimit(self):
+        return ReadMaxRows(self.max_records)
+
+    def latestOffset(self, start: dict, limit) -> dict:
+        max_count = 0 if isinstance(limit, ReadAllAvailable) else int(limit.max_rows)
+        bounds = self._plan(start["id"], "+", max_count)
+        return {"id": bounds[-1]} if bounds else start
+
+    def partitions(self, start: dict, end: dict):
+        if start["id"] == end["id"]:
+            return []
+        bounds = self._plan(start["id"], end["id"], 0)
+        parts = []
+        lower = start["id"]
+        for upper in bounds:
+            parts.append(RangePartition(lower, upper))
+            lower = upper
+        return parts
+
+    def read(self, partition: RangePartition):
+        import redis
+
+        client = redis.Redis.from_url(self.redis_url, decode_responses=True)
+        dead = client.register_script(DEAD_LUA)
+        dead_keys = [keys.dead_letters(self.job), keys.dead_seen(self.job), keys.stats(self.job)]
+        cursor = partition.start
+        while True:
+            entries = client.xrange(self.stream, f"({cursor}", partition.end, count=1000)
+            if not entries:
+                return
+            for entry_id, raw in entries:
+                row, reason = validate(entry_id, raw, self.fields)
+                if row is not None:
+                    yield row
+                else:
+                    seen = f"{self.stage}|{self.stream}|{entry_id}"
+                    dead(keys=dead_keys, args=[seen, entry_id, self.stage, reason, str(raw)])
+            cursor = entries[-1][0]
+            if cursor == partition.end:
+                return
+
+    def commit(self, end: dict) -> None:
+        # Nothing to release: input streams are kept so any checkpointed offset can be replayed.
+        return None
+
+
+class RedisStreamDataSource(DataSource):
+    """`spark.readStream.format("redis_stream")` with options `stream`, `fields`, `redisUrl`,
+    `job`, `stage`, `startId`, `maxRecordsPerBatch`, `partitionSize`."""
+
+    @classmethod
+    def name(cls) -> str:
+        return FORMAT_NAME
+
+    def schema(self) -> str:
+        return schema_for(parse_fields(self.options.get("fields", "")))
+
+    def streamReader(self, schema) -> RedisStreamReader:
+        return RedisStreamReader(self.options, parse_fields(self.options.get("fields", "")))

@@ -1,0 +1,271 @@
+"""The local runner: starts a job's stage processes on this machine and supervises them with the
+state machine of `supervision.py` (no Django, no Celery).
+
+    python -m spark_runtime run --topology wordcount --job demo --strategy local-restart
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+
+from spark_runtime import keys
+from spark_runtime.supervision import (
+    HeartbeatMissed,
+    HeartbeatSeen,
+    ProcessExited,
+    ReplicaSpec,
+    Supervisor,
+    execute,
+)
+from spark_runtime.topology import compile_stages, get_topology
+
+log = logging.getLogger(__name__)
+
+DEFAULT_NODES = ("node-1", "node-2", "node-3")
+
+
+def stage_args(
+    replica: ReplicaSpec,
+    redis_url: str,
+    checkpoint_root: str,
+    trigger_seconds: float = 0.5,
+    max_records: int = 5000,
+) -> list[str]:
+    """The arguments of `python -m spark_runtime.stage` for a replica, with its checkpoint at
+    `{checkpoint_root}/{job}/{stage}/{replica}` (the same replica id resumes the same checkpoint).
+    Shared by every launcher (local subprocesses here, node agents in the controller)."""
+    checkpoint = os.path.join(checkpoint_root, replica.job, replica.stage, replica.replica_id)
+    return [
+        *replica.argv(),
+        "--redis-url",
+        redis_url,
+        "--checkpoint-dir",
+        checkpoint,
+        "--trigger-seconds",
+        str(trigger_seconds),
+        "--max-records",
+        str(max_records),
+    ]
+
+
+class SubprocessLauncher:
+    """A `Launcher` running each replica as `python -m spark_runtime.stage` on this machine.
+
+    Node names are only labels here (every "node" is this machine). Standbys can be started at a
+    lower CPU priority (`standby_nice`), the knob between primary latency and failover gap.
+    """
+
+    def __init__(
+        self,
+        redis_url: str,
+        checkpoint_root: str,
+        log_dir: str,
+        trigger_seconds: float = 0.5,
+        max_records: int = 5000,
+        standby_nice: int = 0,
+    ):
+        self.redis_url = redis_url
+        self.checkpoint_root = checkpoint_root
+        self.log_dir = log_dir
+        self.trigger_seconds = trigger_seconds
+        self.max_records = max_records
+        self.standby_nice = standby_nice
+        self.processes: dict[str, subprocess.Popen] = {}
+
+    def command(self, replica: ReplicaSpec) -> list[str]:
+        """The command line of a replica."""
+        args = stage_args(
+            replica,
+            self.redis_url,
+            self.checkpoint_root,
+            trigger_seconds=self.trigger_seconds,
+            max_records=self.max_records,
+        )
+        return [sys.executable, "-m", "spark_runtime.stage", *args]
+
+    def start(self, replica: ReplicaSpec) -> None:
+        """Launch the replica's process (its output goes to `{log_dir}/{replica}.log`)."""
+        os.makedirs(self.log_dir, exist_ok=True)
+        logfile = open(os.path.join(self.log_dir, f"{replica.replica_id}.log"), "ab")  # noqa: SIM115
+        nice = self.standby_nice if replica.role == "standby" else 0
+        env = {**os.environ, "PYSPARK_PYTHON": os.environ.get("PYSPARK_PYTHON", sys.executable)}
+        proc = subprocess.Popen(
+            self.command(replica),
+            stdout=logfile,
+            stderr=subprocess.STDOUT,
+            env=env,
+            # Own process group: a kill takes the JVM and the Python workers down with the driver.
+            start_new_session=True,
+            preexec_fn=(lambda: os.nice(nice)) if nice else None,
+        )
+        logfile.close()
+        self.processes[replica.replica_id] = proc
+        log.info(
+            "started %s (%s of %s on %s) pid %s",
+            replica.replica_id,
+            replica.role,
+            replica.stage,
+            replica.node,
+            proc.pid,
+        )
+
+    def kill(self, replica_id: str) -> None:
+        """SIGKILL the replica's whole process group."""
+        proc = self.processes.get(replica_id)
+        if proc is None or proc.poll() is not None:
+            return
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            return
+        proc.wait(timeout=30)
+
+    def alive(self, replica_id: str) -> bool:
+        """True while the replica's process runs."""
+        proc = self.processes.get(replica_id)
+        return proc is not None and proc.poll() is None
+
+    def exit_code(self, replica_id: str) -> int | None:
+        """The exit code of a finished replica (None while it runs)."""
+        proc = self.processes.get(replica_id)
+        return None if proc is None else proc.poll()
+
+    def pid(self, replica_id: str) -> int | None:
+        """The process id of the replica's current process."""
+        proc = self.processes.get(replica_id)
+        return None if proc is None else proc.pid
+
+    def kill_all(self) -> None:
+        """Kill every replica started by this launcher."""
+        for replica_id in list(self.processes):
+            self.kill(replica_id)
+
+
+def observe(supervisor: Supervisor, launcher, client, job: str, now: float) -> list:
+    """Poll the live replicas once and return the events to feed the supervisor."""
+    events = []
+    watched = supervisor.live()
+    pipe = client.pipeline(transaction=False)
+    for replica in watched:
+        pipe.get(keys.heartbeat(job, replica.id))
+    beats = pipe.execute()
+    for replica, beat in zip(watched, beats, strict=True):
+        if not launcher.alive(replica.id):
+            events.append(ProcessExited(replica.id, now, launcher.exit_code(replica.id)))
+        elif beat is None:
+            events.append(HeartbeatMissed(replica.id, now))
+        else:
+            events.append(HeartbeatSeen(replica.id, now, json.loads(beat)))
+    return events
+
+
+class LocalRunner:
+    """Drives a `Supervisor` with a `SubprocessLauncher` until stopped."""
+
+    def __init__(self, supervisor: Supervisor, launcher: SubprocessLauncher, client, job: str):
+        self.supervisor = supervisor
+        self.launcher = launcher
+        self.client = client
+        self.job = job
+
+    def send_command(self, replica_id: str, command: dict) -> None:
+        """Push a control command to a replica."""
+        self.client.rpush(keys.control(self.job, replica_id), json.dumps(command))
+
+    def _record(self, what: str, now: float) -> None:
+        log.info("%s", what)
+        self.client.xadd(
+            keys.events(self.job),
+            {"at": str(now), "what": what},
+            maxlen=keys.EVENTS_MAXLEN,
+            approximate=True,
+        )
+
+    def _mark_lost(self, replica_id: str, now: float) -> None:
+        # A killed replica cannot report its own end: keep the replicas hash current for it.
+        raw = self.client.hget(keys.replicas(self.job), replica_id)
+        info = json.loads(raw) if raw else {"replica": replica_id}
+        if info.get("state") != "lost":
+            info.update(state="lost", updated=now)
+            self.client.hset(keys.replicas(self.job), replica_id, json.dumps(info))
+
+    def apply(self, actions: list, now: float) -> None:
+        """Carry out actions and log them to the job's events stream."""
+        for action in actions:
+            self._record(f"action {action}", now)
+        execute(actions, self.launcher, self.send_command)
+
+    def start(self) -> None:
+        """Launch the job."""
+        self.client.delete(keys.replicas(self.job))
+        self.apply(self.supervisor.start(time.time()), time.time())
+
+    def tick(self) -> None:
+        """One supervision round: observe, decide, act."""
+        now = time.time()
+        for event in observe(self.supervisor, self.launcher, self.client, self.job, now):
+            if isinstance(event, ProcessExited | HeartbeatMissed):
+                self._mark_lost(event.replica_id, now)
+            actions = self.supervisor.handle(event)
+            if actions:
+                self._record(f"event {event}", now)
+                self.apply(actions, now)
+                # Other observations of this round may be stale after a restart: look again.
+                return
+
+    def run(self, duration: float | None = None, interval: float = 0.25, stop=None) -> None:
+        """Supervise until `duration` elapses or `stop()` is true, then stop the job."""
+        started = time.time()
+        try:
+            while duration is None or time.time() - started < duration:
+                if stop is not None and stop():
+                    break
+                self.tick()
+                time.sleep(interval)
+        finally:
+            self.shutdown()
+
+    def shutdown(self) -> None:
+        """Stop every replica (SIGKILL: the sinks are idempotent, checkpoints stay valid)."""
+        self.apply(self.supervisor.stop(), time.time())
+        self.launcher.kill_all()
+
+
+def build_runner(
+    topology: str,
+    job: str,
+    strategy: str,
+    redis_url: str,
+    client,
+    nodes=DEFAULT_NODES,
+    active_stages: set[str] | None = None,
+    checkpoint_root: str = "var/checkpoints",
+    log_dir: str | None = None,
+    trigger_seconds: float = 0.5,
+    max_records: int = 5000,
+    standby_nice: int = 0,
+    params: tuple[str, ...] = (),
+    fused: bool | None = None,
+) -> LocalRunner:
+    """Assemble a runner for `topology` under `strategy`. The job runs as one fused stage under
+    restart-all (and wherever `fused=True`), else as one stage per operator."""
+    fused = strategy == "restart-all" if fused is None else fused
+    stages = [s.name for s in compile_stages(get_topology(topology), fused=fused)]
+    supervisor = Supervisor(
+        job, topology, stages, strategy, list(nodes), active_stages, fused=fused, params=params
+    )
+    launcher = SubprocessLauncher(
+        redis_url,
+        checkpoint_root,
+        log_dir or os.path.join("var", "logs", job),
+        trigger_seconds=trigger_seconds,
+        max_records=max_records,
+        standby_nice=standby_nice,
+    )
+    return LocalRunner(supervisor, launcher, client, job)

@@ -1,0 +1,260 @@
+"""Running one stage's queries inside a Spark driver: used by the stage process and by tests.
+
+`StageRuntime` starts one Structured Streaming query per segment of a `StageSpec`, reading the
+Redis streams through the `redis_stream` source and writing every micro-batch through the
+`OutputGate`. The gate is where the replica's role matters: a primary writes through the fenced,
+idempotent sinks; a hot standby keeps its outputs in an `OutputBuffer` until it is promoted.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+
+from spark_runtime import keys
+from spark_runtime.buffer import OutputBuffer
+from spark_runtime.pipelines import plan_for
+from spark_runtime.redis_source import FORMAT_NAME
+from spark_runtime.sink import FencedWriter
+from spark_runtime.topology import (
+    OUT_CHANNEL,
+    RESULTS_CHANNEL,
+    SegmentSpec,
+    StageSpec,
+    Topology,
+    channel_key,
+)
+
+log = logging.getLogger(__name__)
+
+PRIMARY = "primary"
+STANDBY = "standby"
+
+
+class InjectedFault(RuntimeError):
+    """Raised by an armed operator-exception fault (fault injection)."""
+
+
+class PromotionError(RuntimeError):
+    """The standby cannot take over without losing output (its buffer dropped unwritten data)."""
+
+
+def percentiles(values: list[float], points=(50, 90, 99)) -> dict[str, float | None]:
+    """Nearest-rank percentiles of `values` as {"p50": ..., ...} (None when empty)."""
+    if not values:
+        return {f"p{p}": None for p in points}
+    ordered = sorted(values)
+    result = {}
+    for p in points:
+        rank = max(0, min(len(ordered) - 1, -(-p * len(ordered) // 100) - 1))
+        result[f"p{p}"] = ordered[rank]
+    return result
+
+
+class OutputGate:
+    """Receives every micro-batch of a stage's queries and writes or buffers its outputs."""
+
+    def __init__(self, client, job: str, stage: str, role: str, buffer_max: int = 200_000):
+        self.client = client
+        self.job = job
+        self.stage = stage
+        self.role = role
+        self.writer = FencedWriter(client, job, stage)
+        self.buffer = OutputBuffer(buffer_max)
+        # Held while a batch is written or buffered, and during promotion, so that a promotion
+        # never interleaves with a batch.
+        self.lock = threading.Lock()
+        self.fault_after: int | None = None
+        self.batch_stats: dict[str, dict] = {}
+        self.last_write_at: float | None = None
+        if role == PRIMARY:
+            self.writer.acquire()
+
+    # -- sinks --------------------------------------------------------------------------------
+
+    def _write(self, sink: str, records: list) -> int:
+        if sink == RESULTS_CHANNEL:
+            return self.writer.upsert_hash(
+                sink, keys.results(self.job), keys.result_versions(self.job), records
+            )
+        if sink == OUT_CHANNEL:
+            return self.writer.emit_stream(sink, keys.output_stream(self.job), records)
+        return self.writer.emit_stream(sink, keys.channel_stream(self.job, sink), records)
+
+    def handle_batch(
+        self, segment: SegmentSpec, topology: Topology, df, batch_id: int, query: str
+    ) -> None:
+        """foreachBatch body: convert the batch's rows to sink records and write or buffer them."""
+        if self.fault_after is not None:
+            self.fault_after -= 1
+            if self.fault_after <= 0:
+                self.fault_after = None
+                raise InjectedFault(f"injected operator exception in stage {self.stage}")
+        last = plan_for(topology.name, segment.operators[-1])
+        rows = df.toArrow().to_pylist()
+        per_sink: dict[str, list] = {}
+        for row in rows:
+            if last.to_outputs is not None and segment.outputs[0] == RESULTS_CHANNEL:
+                for sink, rec in last.to_outputs(row):
+                    per_sink.setdefault(sink, []).append(rec)
+            else:
+                per_sink.setdefault(segment.outputs[0], []).append(last.to_channel(row))
+        now_ms = time.time() * 1000
+        latencies = [(now_ms - row["ts"]) / 1000 for row in rows]
+        written = 0
+        with self.lock:
+            if self.role == PRIMARY:
+                for sink, records in per_sink.items():
+                    written += self._write(sink, records)
+                if written:
+                    self.last_write_at = time.time()
+            else:
+                for sink, records in per_sink.items():
+                    self.buffer.add(sink, records)
+                self._trim_buffer()
+        final = segment.outputs[0] in (RESULTS_CHANNEL, OUT_CHANNEL)
+        self.batch_stats[f"{query}:{batch_id}"] = {
+            "rows_out": len(rows),
+            "written": written,
+            "final": final,
+            "latency": percentiles(latencies) if final else percentiles([]),
+            "buffered": len(self.buffer),
+        }
+        # Keep the stats map small: the listener reads the entry of the batch it reports.
+        while len(self.batch_stats) > 50:
+            self.batch_stats.pop(next(iter(self.batch_stats)))
+
+    def _trim_buffer(self) -> None:
+        marks = self.client.hgetall(keys.watermarks(self.job, self.stage))
+        for sink in self.buffer.sinks():
+            if sink in marks:
+                self.buffer.trim(sink, marks[sink])
+
+    # -- promotion ----------------------------------------------------------------------------
+
+    def promote(self) -> dict:
+        """Take over as primary: fence the old primary, emit what it had not, then write directly.
+
+        Returns a summary ({"epoch", "flushed"}). Raises PromotionError if the buffer dropped
+        output that the primary had not written.
+        """
+        with self.lock:
+            if self.role == PRIMARY:
+                return {"epoch": self.writer.epoch, "flushed": 0}
+            epoch = self.writer.acquire()  # from here on the old primary's writes are refused
+            marks = self.client.hgetall(keys.watermarks(self.job, self.stage))
+            for sink in list(self.buffer.lost_above):
+                if self.buffer.gap(sink, marks.get(sink, "")):
+                    raise PromotionError(f"standby buffer of {sink!r} dropped unwritten output")
+            flushed = 0
+            for sink in self.buffer.sinks():
+                flushed += self._write(sink, self.buffer.drain(sink))
+            self.role = PRIMARY
+            if flushed:
+                self.last_write_at = time.time()
+            log.info(
+                "promoted %s: epoch %s, flushed %s buffered records", self.stage, epoch, flushed
+            )
+            return {"epoch": epoch, "flushed": flushed}
+
+
+class StageRuntime:
+    """The queries of one stage in this Spark driver."""
+
+    def __init__(
+        self,
+        spark,
+        client,
+        job: str,
+        topology: Topology,
+        stage: StageSpec,
+        role: str,
+        redis_url: str,
+        checkpoint_dir: str,
+        trigger_seconds: float = 0.5,
+        max_records: int = 5000,
+        buffer_max: int = 200_000,
+    ):
+        self.spark = spark
+        self.job = job
+        self.topology = topology
+        self.stage = stage
+        self.redis_url = redis_url
+        self.checkpoint_dir = checkpoint_dir
+        self.trigger_seconds = trigger_seconds
+        self.max_records = max_records
+        if role == STANDBY and len(stage.segments) > 1:
+            # A standby buffers its outputs, so its later segments would never see input.
+            raise ValueError(f"stage {stage.name!r} has several queries: no hot standby")
+        self.gate = OutputGate(client, job, stage.name, role, buffer_max)
+        self.queries: list = []
+
+    def query_name(self, index: int) -> str:
+        """The Spark query name of segment `index` (reported in progress events)."""
+        # The role is part of the name: a session may run a primary and a standby (tests).
+        return f"{self.job}.{self.stage.name}.{self.gate.role}.{index}"
+
+    def _build(self, index: int, segment: SegmentSpec):
+        first = plan_for(self.topology.name, segment.operators[0])
+        (channel,) = segment.inputs
+        df = (
+            self.spark.readStream.format(FORMAT_NAME)
+            .option("stream", channel_key(self.job, channel))
+            .option("fields", first.input_fields)
+            .option("redisUrl", self.redis_url)
+            .option("job", self.job)
+            .option("stage", self.stage.name)
+            .option("maxRecordsPerBatch", str(self.max_records))
+            .load()
+        )
+        stateful = False
+        for name in segment.operators:
+            df = plan_for(self.topology.name, name).build(df, self.topology.operator(name))
+            stateful = stateful or self.topology.operator(name).stateful
+
+        name = self.query_name(index)
+
+        def on_batch(batch_df, batch_id):
+            self.gate.handle_batch(segment, self.topology, batch_df, batch_id, name)
+
+        return (
+            df.writeStream.queryName(name)
+            .outputMode("update" if stateful else "append")
+            .option("checkpointLocation", os.path.join(self.checkpoint_dir, str(index)))
+            .trigger(processingTime=f"{self.trigger_seconds} seconds")
+            .foreachBatch(on_batch)
+        )
+
+    def start(self) -> None:
+        """Start (or resume from the checkpoints) every segment's query."""
+        for index, segment in enumerate(self.stage.segments):
+            self.queries.append(self._build(index, segment).start())
+            log.info("stage %s: query %s started", self.stage.name, self.query_name(index))
+
+    def stop(self) -> None:
+        """Stop every query (a running batch is interrupted; it is replayed on the next start)."""
+        for query in self.queries:
+            query.stop()
+        self.queries = []
+
+    def restart(self, trigger_seconds: float) -> None:
+        """Restart the queries from their checkpoints with another trigger interval."""
+        self.stop()
+        self.trigger_seconds = trigger_seconds
+        self.start()
+
+    def failure(self) -> BaseException | None:
+        """The exception of the first query that died, if any."""
+        for query in self.queries:
+            if not query.isActive:
+                return query.exception() or RuntimeError(f"query {query.name} stopped")
+        return None
+
+    def process_all_available(self, rounds: int = 3) -> None:
+        """Run the queries until their inputs are drained (tests). Later segments read what
+        earlier ones wrote, so a few rounds are needed for multi-segment stages."""
+        for _ in range(rounds):
+            for query in self.queries:
+                query.processAllAvailable()

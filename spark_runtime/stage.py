@@ -1,0 +1,273 @@
+"""The stage process: one replica (primary or hot standby) of one stage of a job.
+
+    python -m spark_runtime.stage --job ID --topology NAME --stage NAME \
+        --role primary|standby --replica-id ID --node NODE [--redis-url URL] \
+        [--checkpoint-dir DIR] [--trigger-seconds S] [--fused] [--param OP.KEY=VALUE ...]
+
+It heartbeats to Redis (`backstop:{job}:hb:{replica}` with a TTL) and keeps its entry in
+`backstop:{job}:replicas` current, publishes query progress to `backstop:{job}:progress`, and obeys
+JSON commands pushed to the list `backstop:{job}:control:{replica}`:
+
+- `{"cmd": "promote"}`: a standby becomes the primary (fences the old one, flushes its buffer);
+- `{"cmd": "stop"}`: stop the queries and exit 0;
+- `{"cmd": "trigger", "seconds": S}`: restart the queries from their checkpoints with trigger S;
+- `{"cmd": "fault", "kind": "operator_exception", "after_batches": N}`: arm an operator exception
+  raised in the N-th next batch (the query fails, the process exits 1).
+
+Exit codes: 0 stopped on request, 1 query failure, 3 fenced (another replica is primary),
+4 promotion impossible.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import socket
+import sys
+import threading
+import time
+
+from spark_runtime import keys
+from spark_runtime.config import DEFAULT_REDIS_URL, ensure_python_env
+
+log = logging.getLogger("spark_runtime.stage")
+
+HEARTBEAT_INTERVAL = 0.5
+HEARTBEAT_TTL_MS = 3000
+EXIT_STOPPED, EXIT_FAILED, EXIT_FENCED, EXIT_PROMOTION = 0, 1, 3, 4
+
+
+def parse_params(items: list[str]) -> dict[str, dict]:
+    """`["aggregate.keys=10"]` -> `{"aggregate": {"keys": "10"}}` (topology param overrides)."""
+    overrides: dict[str, dict] = {}
+    for item in items:
+        target, _, value = item.partition("=")
+        op, _, key = target.partition(".")
+        if not (op and key and value):
+            raise ValueError(f"bad --param {item!r}: expected OP.KEY=VALUE")
+        overrides.setdefault(op, {})[key] = value
+    return overrides
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The stage CLI."""
+    parser = argparse.ArgumentParser(prog="python -m spark_runtime.stage", description=__doc__)
+    parser.add_argument("--job", required=True)
+    parser.add_argument("--topology", required=True)
+    parser.add_argument("--stage", required=True)
+    parser.add_argument("--role", choices=("primary", "standby"), default="primary")
+    parser.add_argument("--replica-id", required=True)
+    parser.add_argument("--node", default=socket.gethostname())
+    parser.add_argument("--redis-url", default=os.environ.get("REDIS_URL", DEFAULT_REDIS_URL))
+    parser.add_argument("--checkpoint-dir", default=None)
+    parser.add_argument("--trigger-seconds", type=float, default=0.5)
+    parser.add_argument("--max-records", type=int, default=5000)
+    parser.add_argument("--buffer-max", type=int, default=200_000)
+    parser.add_argument("--fused", action="store_true")
+    parser.add_argument("--param", action="append", default=[])
+    return parser
+
+
+class ReplicaState:
+    """What this replica reports about itself (the value in the replicas hash)."""
+
+    def __init__(self, client, args):
+        self.client = client
+        self.job = args.job
+        self.replica = args.replica_id
+        self.info = {
+            "replica": args.replica_id,
+            "stage": args.stage,
+            "role": args.role,
+            "pid": os.getpid(),
+            "node": args.node,
+            "host": socket.gethostname(),
+            "state": "starting",
+            "epoch": None,
+            "started_at": time.time(),
+        }
+        self.lock = threading.Lock()
+
+    def update(self, **fields) -> None:
+        """Change fields and publish the entry right away."""
+        with self.lock:
+            self.info.update(fields)
+        self.publish()
+
+    def publish(self) -> None:
+        """Write the entry to the replicas hash and refresh the heartbeat key."""
+        with self.lock:
+            self.info["updated"] = time.time()
+            payload = json.dumps(self.info)
+        pipe = self.client.pipeline(transaction=False)
+        pipe.hset(keys.replicas(self.job), self.replica, payload)
+        pipe.set(keys.heartbeat(self.job, self.replica), payload, px=HEARTBEAT_TTL_MS)
+        pipe.execute()
+
+
+def heartbeat_loop(state: ReplicaState, stop: threading.Event) -> None:
+    """Refresh the heartbeat until `stop` is set; a Redis hiccup only skips a beat."""
+    import redis
+
+    while not stop.wait(HEARTBEAT_INTERVAL):
+        try:
+            state.publish()
+        except redis.exceptions.RedisError as exc:
+            log.warning("heartbeat failed: %s", exc)
+
+
+def make_listener(client, job: str, state: ReplicaState, gate):
+    """A StreamingQueryListener that publishes every progress event of this process to Redis."""
+    from pyspark.sql.streaming import StreamingQueryListener
+
+    class ProgressPublisher(StreamingQueryListener):
+        def onQueryStarted(self, event):
+            return None
+
+        def onQueryIdle(self, event):
+            return None
+
+        def onQueryTerminated(self, event):
+            return None
+
+        def onQueryProgress(self, event):
+            progress = event.progress
+            ops = progress.stateOperators or []
+            segment = progress.name.rsplit(".", 1)[-1] if progress.name else ""
+            stats = gate.batch_stats.get(f"{progress.name}:{progress.batchId}", {})
+            record = {
+                "replica": state.replica,
+                "stage": state.info["stage"],
+                "role": gate.role,
+                "node": state.info["node"],
+                "query": progress.name or "",
+                "segment": segment,
+                "batch": progress.batchId,
+                "at": time.time(),
+                "input_rows": progress.numInputRows,
+                "input_rate": progress.inputRowsPerSecond,
+                "processed_rate": progress.processedRowsPerSecond,
+                "batch_ms": progress.batchDuration,
+                "state_rows": sum(op.numRowsTotal for op in ops),
+                "state_memory_bytes": sum(op.memoryUsedBytes for op in ops),
+                "rows_out": stats.get("rows_out", 0),
+                "written": stats.get("written", 0),
+                "final": stats.get("final", False),
+                "buffered": stats.get("buffered", 0),
+                **{f"latency_{k}": v for k, v in stats.get("latency", {}).items()},
+            }
+            fields = {k: "" if v is None else str(v) for k, v in record.items()}
+            client.xadd(keys.progress(job), fields, maxlen=keys.PROGRESS_MAXLEN, approximate=True)
+
+    return ProgressPublisher()
+
+
+def handle_command(command: dict, runtime, state: ReplicaState) -> int | None:
+    """Apply one control command; returns an exit code when the process should end."""
+    from spark_runtime.runtime import PromotionError
+
+    cmd = command.get("cmd")
+    log.info("control command %s", command)
+    if cmd == "stop":
+        runtime.stop()
+        state.update(state="stopped")
+        return EXIT_STOPPED
+    if cmd == "promote":
+        try:
+            result = runtime.gate.promote()
+        except PromotionError as exc:
+            log.error("promotion failed: %s", exc)
+            state.update(state="promote_failed", error=str(exc))
+            return EXIT_PROMOTION
+        state.update(
+            role="primary", state="running", epoch=result["epoch"], promoted_at=time.time()
+        )
+        return None
+    if cmd == "trigger":
+        runtime.restart(float(command["seconds"]))
+        state.update(trigger_seconds=float(command["seconds"]))
+        return None
+    if cmd == "fault" and command.get("kind") == "operator_exception":
+        runtime.gate.fault_after = int(command.get("after_batches", 1))
+        return None
+    log.warning("ignored unknown command %s", command)
+    return None
+
+
+def run(args) -> int:
+    """Run the replica until stopped, fenced or failed; returns the exit code."""
+    import redis
+
+    from spark_runtime.config import build_session
+    from spark_runtime.runtime import StageRuntime
+    from spark_runtime.sink import FencedError
+    from spark_runtime.topology import compile_stages, get_topology, with_params
+
+    client = redis.Redis.from_url(args.redis_url, decode_responses=True)
+    state = ReplicaState(client, args)
+    state.publish()
+    stop_beats = threading.Event()
+    beats = threading.Thread(target=heartbeat_loop, args=(state, stop_beats), daemon=True)
+    beats.start()
+
+    topology = with_params(get_topology(args.topology), parse_params(args.param))
+    stages = {s.name: s for s in compile_stages(topology, fused=args.fused, job=args.job)}
+    stage = stages[args.stage]
+    checkpoint = args.checkpoint_dir or os.path.join(
+        "var", "checkpoints", args.job, args.stage, args.replica_id
+    )
+    spark = build_session(f"backstop-{args.job}-{args.replica_id}")
+    runtime = StageRuntime(
+        spark,
+        client,
+        args.job,
+        topology,
+        stage,
+        args.role,
+        args.redis_url,
+        checkpoint,
+        trigger_seconds=args.trigger_seconds,
+        max_records=args.max_records,
+        buffer_max=args.buffer_max,
+    )
+    spark.streams.addListener(make_listener(client, args.job, state, runtime.gate))
+    runtime.start()
+    state.update(state="running", epoch=runtime.gate.writer.epoch, checkpoint=checkpoint)
+    code = EXIT_FAILED
+    try:
+        while True:
+            popped = client.blpop([keys.control(args.job, args.replica_id)], timeout=0.5)
+            if popped:
+                result = handle_command(json.loads(popped[1]), runtime, state)
+                if result is not None:
+                    code = result
+                    break
+            failure = runtime.failure()
+            if failure is not None:
+                fenced = FencedError.__name__ in str(failure) or "FENCED" in str(failure)
+                code = EXIT_FENCED if fenced else EXIT_FAILED
+                log.error("query failed (%s): %s", "fenced" if fenced else "error", failure)
+                state.update(state="fenced" if fenced else "failed", error=str(failure)[:500])
+                break
+    finally:
+        stop_beats.set()
+        runtime.stop()
+        client.delete(keys.heartbeat(args.job, args.replica_id))
+    return code
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of `python -m spark_runtime.stage`."""
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    logging.getLogger("py4j").setLevel(logging.WARNING)
+    ensure_python_env()
+    args = build_parser().parse_args(argv)
+    return run(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

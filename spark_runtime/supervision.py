@@ -1,0 +1,448 @@
+"""The supervision state machine of a job: which replicas should run where, and what to do when
+one fails. Pure Python: no I/O, no clock (times come in with the events).
+
+Drivers (the local runner here, the Celery controller later) feed it events and carry out the
+actions it returns through a `Launcher` (processes) and a control channel (commands to replicas):
+
+    sup = Supervisor(job, topology, stages, strategy="local-restart", nodes=["node-1", ...])
+    execute(sup.start(now), launcher, send_command)
+    ... every tick, per live replica:
+        ProcessExited / HeartbeatMissed / HeartbeatSeen(reported=<replicas-hash entry>)
+    execute(sup.handle(event), launcher, send_command)
+
+Strategies:
+- `restart-all`: one fused stage; any failure restarts the whole job from its checkpoint.
+- `local-restart`: one primary per stage; a failed primary restarts from its own checkpoint.
+- `active-all`: every stage has a hot standby on another node; a failed primary is replaced by
+  promoting its standby, and a new standby is started.
+- `adaptive`: like active-all for the stages in `active_stages` (chosen by the policy), like
+  local-restart for the others.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol
+
+STRATEGIES = ("restart-all", "local-restart", "active-all", "adaptive")
+
+# Replica states as the supervisor sees them.
+STARTING = "starting"
+RUNNING = "running"
+PROMOTING = "promoting"
+FAILED = "failed"
+
+PRIMARY = "primary"
+STANDBY = "standby"
+
+
+@dataclass(frozen=True)
+class ReplicaSpec:
+    """Everything needed to launch one replica (the stage CLI arguments)."""
+
+    job: str
+    topology: str
+    stage: str
+    role: str
+    replica_id: str
+    node: str
+    fused: bool = False
+    params: tuple[str, ...] = ()  # "OP.KEY=VALUE" overrides
+
+    def argv(self) -> list[str]:
+        """Arguments of `python -m spark_runtime.stage` for this replica."""
+        args = ["--job", self.job, "--topology", self.topology, "--stage", self.stage]
+        args += ["--role", self.role, "--replica-id", self.replica_id, "--node", self.node]
+        if self.fused:
+            args.append("--fused")
+        for param in self.params:
+            args += ["--param", param]
+        return args
+
+
+# --- events ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class HeartbeatSeen:
+    """The replica's heartbeat is fresh; `reported` is its replicas-hash entry (role, state)."""
+
+    replica_id: str
+    at: float
+    reported: dict = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class HeartbeatMissed:
+    """The replica's heartbeat key has expired."""
+
+    replica_id: str
+    at: float
+
+
+@dataclass(frozen=True)
+class ProcessExited:
+    """The replica's process is gone (exit code if known)."""
+
+    replica_id: str
+    at: float
+    code: int | None = None
+
+
+# --- actions ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class StartReplica:
+    """Launch a new replica (fresh, or resuming its own checkpoint if it has one)."""
+
+    replica: ReplicaSpec
+
+
+@dataclass(frozen=True)
+class KillReplica:
+    """Make sure the replica's process is gone."""
+
+    replica_id: str
+
+
+@dataclass(frozen=True)
+class PromoteStandby:
+    """Tell a standby to take over as primary."""
+
+    replica_id: str
+    stage: str
+
+
+@dataclass(frozen=True)
+class RestartStage:
+    """Kill the replica if needed and launch it again from its own checkpoint."""
+
+    replica: ReplicaSpec
+
+
+@dataclass(frozen=True)
+class RestartJob:
+    """Kill every replica of the job and launch them again from their checkpoints."""
+
+    replicas: tuple[ReplicaSpec, ...]
+
+
+@dataclass
+class Replica:
+    """The supervisor's view of one replica."""
+
+    spec: ReplicaSpec
+    state: str
+    since: float
+
+    @property
+    def id(self) -> str:
+        return self.spec.replica_id
+
+    @property
+    def role(self) -> str:
+        return self.spec.role
+
+
+class Supervisor:
+    """The state machine. `handle(event)` updates the replica table and returns actions."""
+
+    def __init__(
+        self,
+        job: str,
+        topology: str,
+        stages: list[str],
+        strategy: str,
+        nodes: list[str],
+        active_stages: set[str] | None = None,
+        fused: bool = False,
+        params: tuple[str, ...] = (),
+        startup_grace: float = 90.0,
+        placement: dict[str, tuple[str, str | None]] | None = None,
+    ):
+        if strategy not in STRATEGIES:
+            raise ValueError(f"unknown strategy {strategy!r}; known: {STRATEGIES}")
+        if not nodes:
+            raise ValueError("at least one node is needed")
+        self.job = job
+        self.topology = topology
+        self.stages = list(stages)
+        self.strategy = strategy
+        self.nodes = list(nodes)
+        self.fused = fused
+        self.params = params
+        self.startup_grace = startup_grace
+        # Optional (primary node, standby node) per stage chosen by the policy; else round robin.
+        self.placement = dict(placement or {})
+        if strategy == "active-all":
+            self.active_stages = set(stages)
+        elif strategy == "adaptive":
+            self.active_stages = set(active_stages or ())
+        else:
+            self.active_stages = set()
+        self.replicas: dict[str, Replica] = {}
+        self._counter: dict[str, int] = {}
+        self.history: list[tuple[float, str]] = []  # (time, description) of every recovery step
+
+    # -- helpers ------------------------------------------------------------------------------
+
+    def _new_spec(self, stage: str, role: str, node: str) -> ReplicaSpec:
+        self._counter[stage] = self._counter.get(stage, 0) + 1
+        replica_id = f"{stage}-{self._counter[stage]}"
+        return ReplicaSpec(
+            self.job, self.topology, stage, role, replica_id, node, self.fused, self.params
+        )
+
+    def _node_for(self, index: int, avoid: str | None = None) -> str:
+        for shift in range(len(self.nodes)):
+            node = self.nodes[(index + shift) % len(self.nodes)]
+            if node != avoid or len(self.nodes) == 1:
+                return node
+        return self.nodes[0]
+
+    def _add(self, spec: ReplicaSpec, now: float) -> StartReplica:
+        self.replicas[spec.replica_id] = Replica(spec, STARTING, now)
+        return StartReplica(spec)
+
+    def of_stage(self, stage: str, role: str | None = None) -> list[Replica]:
+        """Replicas of `stage` (optionally of one role) currently in the table."""
+        return [
+            r
+            for r in self.replicas.values()
+            if r.spec.stage == stage and (role is None or r.role == role)
+        ]
+
+    def live(self) -> list[Replica]:
+        """Replicas the driver should watch (everything not already failed)."""
+        return [r for r in self.replicas.values() if r.state != FAILED]
+
+    def _standby_for(self, stage: str, primary_node: str, now: float) -> StartReplica:
+        index = self.stages.index(stage) + 1
+        return self._add(self._new_spec(stage, STANDBY, self._node_for(index, primary_node)), now)
+
+    # -- transitions --------------------------------------------------------------------------
+
+    def start(self, now: float) -> list:
+        """The actions that bring the job up: a primary per stage, standbys for active stages."""
+        actions = []
+        for index, stage in enumerate(self.stages):
+            primary_node, standby_node = self.placement.get(stage, (None, None))
+            node = primary_node or self._node_for(index)
+            primary = self._add(self._new_spec(stage, PRIMARY, node), now)
+            actions.append(primary)
+            if stage in self.active_stages:
+                if standby_node:
+                    actions.append(self._add(self._new_spec(stage, STANDBY, standby_node), now))
+                else:
+                    actions.append(self._standby_for(stage, node, now))
+        return actions
+
+    def all_running(self) -> bool:
+        """True once every replica in the table reports running."""
+        return bool(self.replicas) and all(r.state == RUNNING for r in self.replicas.values())
+
+    def has_standby(self, stage: str) -> bool:
+        """True if `stage` has a standby that is not failed."""
+        return any(r.state != FAILED for r in self.of_stage(stage, STANDBY))
+
+    def placement_by_stage(self) -> dict[str, tuple[str | None, str | None]]:
+        """(primary node, standby node or None) per stage, from the live replicas."""
+        result: dict[str, tuple[str | None, str | None]] = {}
+        for stage in self.stages:
+            primaries = [r for r in self.of_stage(stage, PRIMARY) if r.state != FAILED]
+            standbys = [r for r in self.of_stage(stage, STANDBY) if r.state != FAILED]
+            result[stage] = (
+                primaries[0].spec.node if primaries else None,
+                standbys[0].spec.node if standbys else None,
+            )
+        return result
+
+    def add_standby(self, stage: str, node: str, now: float) -> list:
+        """Give `stage` a hot standby on `node` (the policy's decision); no-op if it has one."""
+        if stage in self.stages and self.strategy != "restart-all" and not self.has_standby(stage):
+            self.active_stages.add(stage)
+            self.history.append((now, f"add a standby for {stage} on {node}"))
+            return [self._add(self._new_spec(stage, STANDBY, node), now)]
+        return []
+
+    def drop_standby(self, stage: str) -> list:
+        """Remove `stage`'s standby (the policy's decision): kill it and stop replacing it."""
+        self.active_stages.discard(stage)
+        actions = []
+        for replica in self.of_stage(stage, STANDBY):
+            if replica.state != PROMOTING:
+                del self.replicas[replica.id]
+                actions.append(KillReplica(replica.id))
+        return actions
+
+    def to_dict(self) -> dict:
+        """A JSON-serialisable snapshot, so a driver can persist the machine between ticks."""
+        return {
+            "job": self.job,
+            "topology": self.topology,
+            "stages": self.stages,
+            "strategy": self.strategy,
+            "nodes": self.nodes,
+            "active_stages": sorted(self.active_stages),
+            "fused": self.fused,
+            "params": list(self.params),
+            "startup_grace": self.startup_grace,
+            "placement": {k: list(v) for k, v in self.placement.items()},
+            "counter": self._counter,
+            "history": [list(h) for h in self.history[-200:]],
+            "replicas": [
+                {
+                    "spec": {**r.spec.__dict__, "params": list(r.spec.params)},
+                    "state": r.state,
+                    "since": r.since,
+                }
+                for r in self.replicas.values()
+            ],
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict) -> Supervisor:
+        """Rebuild a machine from `to_dict()` output."""
+        sup = cls(
+            data["job"],
+            data["topology"],
+            data["stages"],
+            data["strategy"],
+            data["nodes"],
+            set(data["active_stages"]),
+            fused=data["fused"],
+            params=tuple(data["params"]),
+            startup_grace=data["startup_grace"],
+            placement={k: tuple(v) for k, v in data.get("placement", {}).items()},
+        )
+        # The strategy decides the initial active set; the snapshot's set is what counts now.
+        sup.active_stages = set(data["active_stages"])
+        sup._counter = dict(data["counter"])
+        sup.history = [tuple(h) for h in data["history"]]
+        for item in data["replicas"]:
+            spec = ReplicaSpec(**{**item["spec"], "params": tuple(item["spec"]["params"])})
+            sup.replicas[spec.replica_id] = Replica(spec, item["state"], item["since"])
+        return sup
+
+    def stop(self) -> list:
+        """The actions that take the whole job down."""
+        actions = [KillReplica(r.id) for r in self.replicas.values()]
+        self.replicas.clear()
+        return actions
+
+    def handle(self, event) -> list:
+        """Apply one event; returns the actions to carry out (possibly none)."""
+        replica = self.replicas.get(event.replica_id)
+        if replica is None or replica.state == FAILED:
+            return []  # late news about a replica already dealt with
+        if isinstance(event, HeartbeatSeen):
+            return self._on_heartbeat(replica, event)
+        if isinstance(event, HeartbeatMissed):
+            if replica.state == STARTING and event.at - replica.since < self.startup_grace:
+                return []  # a replica has no heartbeat until its interpreter is up
+            return self._on_failure(replica, event.at, "heartbeat missed")
+        if isinstance(event, ProcessExited):
+            return self._on_failure(replica, event.at, f"process exited ({event.code})")
+        raise TypeError(f"unknown event {event!r}")
+
+    def _on_heartbeat(self, replica: Replica, event: HeartbeatSeen) -> list:
+        reported = event.reported or {}
+        if replica.state == STARTING and reported.get("state") == RUNNING:
+            replica.state = RUNNING
+            replica.since = event.at
+        if replica.state == PROMOTING:
+            if reported.get("role") == PRIMARY and reported.get("state") == RUNNING:
+                return self._on_promoted(replica, event.at)
+            if reported.get("state") == "promote_failed":
+                return self._on_promotion_failed(replica, event.at)
+        return []
+
+    def _on_failure(self, replica: Replica, now: float, reason: str) -> list:
+        stage = replica.spec.stage
+        self.history.append((now, f"{replica.id} ({replica.role} of {stage}) failed: {reason}"))
+        if self.strategy == "restart-all":
+            specs = tuple(r.spec for r in self.replicas.values())
+            for r in self.replicas.values():
+                r.state, r.since = STARTING, now
+            self.history.append((now, "restart job from checkpoints"))
+            return [RestartJob(specs)]
+        if replica.state == PROMOTING:
+            return self._on_promotion_failed(replica, now)
+        if replica.role == STANDBY:
+            replica.state, replica.since = STARTING, now
+            self.history.append((now, f"restart standby {replica.id} from its checkpoint"))
+            return [RestartStage(replica.spec)]
+        standbys = [r for r in self.of_stage(stage, STANDBY) if r.state == RUNNING]
+        if standbys:
+            standby = standbys[0]
+            replica.state = FAILED
+            standby.state, standby.since = PROMOTING, now
+            self.history.append((now, f"promote {standby.id} for {stage}"))
+            return [KillReplica(replica.id), PromoteStandby(standby.id, stage)]
+        replica.state, replica.since = STARTING, now
+        self.history.append((now, f"restart {replica.id} from its checkpoint"))
+        return [RestartStage(replica.spec)]
+
+    def _on_promoted(self, standby: Replica, now: float) -> list:
+        stage = standby.spec.stage
+        for old in self.of_stage(stage, PRIMARY):
+            if old.state == FAILED:
+                del self.replicas[old.id]
+        standby.spec = ReplicaSpec(**{**standby.spec.__dict__, "role": PRIMARY})
+        standby.state, standby.since = RUNNING, now
+        self.history.append((now, f"{standby.id} is the primary of {stage}"))
+        if stage in self.active_stages:
+            return [self._standby_for(stage, standby.spec.node, now)]
+        return []
+
+    def _on_promotion_failed(self, standby: Replica, now: float) -> list:
+        stage = standby.spec.stage
+        self.history.append((now, f"promotion of {standby.id} failed; restart {stage}"))
+        actions: list = [KillReplica(standby.id)]
+        del self.replicas[standby.id]
+        for old in self.of_stage(stage, PRIMARY):
+            old.state, old.since = STARTING, now
+            actions.append(RestartStage(old.spec))
+        if stage in self.active_stages:
+            primary_node = actions[-1].replica.node if len(actions) > 1 else None
+            actions.append(self._standby_for(stage, primary_node, now))
+        return actions
+
+
+# --- carrying out actions ----------------------------------------------------------------
+
+
+class Launcher(Protocol):
+    """Starts and kills replica processes; the local runner uses subprocesses, the Celery
+    controller node agents."""
+
+    def start(self, replica: ReplicaSpec) -> None:
+        """Launch the replica's stage process on `replica.node`."""
+
+    def kill(self, replica_id: str) -> None:
+        """Kill the replica's process (SIGKILL); a no-op if it is gone."""
+
+    def alive(self, replica_id: str) -> bool:
+        """True while the replica's process runs."""
+
+
+def execute(actions: list, launcher: Launcher, send_command) -> None:
+    """Carry out `actions`. `send_command(replica_id, dict)` delivers a control command."""
+    for action in actions:
+        if isinstance(action, StartReplica):
+            launcher.start(action.replica)
+        elif isinstance(action, KillReplica):
+            launcher.kill(action.replica_id)
+        elif isinstance(action, PromoteStandby):
+            send_command(action.replica_id, {"cmd": "promote"})
+        elif isinstance(action, RestartStage):
+            launcher.kill(action.replica.replica_id)
+            launcher.start(action.replica)
+        elif isinstance(action, RestartJob):
+            for spec in action.replicas:
+                launcher.kill(spec.replica_id)
+            for spec in action.replicas:
+                launcher.start(spec)
+        else:
+            raise TypeError(f"unknown action {action!r}")

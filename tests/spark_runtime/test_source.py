@@ -1,0 +1,76 @@
+"""The Redis stream reader's offset planning and validation, called directly (no Spark)."""
+
+from __future__ import annotations
+
+from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows
+
+from spark_runtime import keys
+from spark_runtime.redis_source import RedisStreamReader, parse_fields
+
+
+def make_reader(redis_url, job, **options):
+    opts = {"stream": keys.input_stream(job), "redisUrl": redis_url, "job": job, "stage": "s"}
+    opts.update({k: str(v) for k, v in options.items()})
+    return RedisStreamReader(opts, parse_fields("text"))
+
+
+def fill(client, job, n):
+    pipe = client.pipeline()
+    for i in range(n):
+        pipe.xadd(keys.input_stream(job), {"id": f"e{i}", "ts": str(1000 + i), "text": f"w{i}"})
+    return pipe.execute()
+
+
+def test_offsets_respect_the_read_limit_and_partition_large_ranges(client, job, redis_url):
+    ids = fill(client, job, 25)
+    reader = make_reader(redis_url, job, maxRecordsPerBatch=10, partitionSize=4)
+    start = reader.initialOffset()
+    assert start == {"id": "0-0"}
+    assert reader.getDefaultReadLimit() == ReadMaxRows(10)
+    end = reader.latestOffset(start, ReadMaxRows(10))
+    assert end == {"id": ids[9]}
+    parts = reader.partitions(start, end)
+    assert [(p.start, p.end) for p in parts] == [
+        ("0-0", ids[3]),
+        (ids[3], ids[7]),
+        (ids[7], ids[9]),
+    ]
+    rows = [row for p in parts for row in reader.read(p)]
+    assert [r[2] for r in rows] == [f"e{i}" for i in range(10)]
+    assert reader.latestOffset(end, ReadAllAvailable()) == {"id": ids[-1]}
+    # Nothing new: the start offset comes back unchanged.
+    assert reader.latestOffset({"id": ids[-1]}, ReadMaxRows(10)) == {"id": ids[-1]}
+    assert reader.partitions(end, end) == []
+
+
+def test_replay_from_any_offset_returns_the_same_rows(client, job, redis_url):
+    ids = fill(client, job, 12)
+    reader = make_reader(redis_url, job)
+    first = [r for p in reader.partitions({"id": ids[2]}, {"id": ids[8]}) for r in reader.read(p)]
+    again = [r for p in reader.partitions({"id": ids[2]}, {"id": ids[8]}) for r in reader.read(p)]
+    assert first == again
+    assert [r[2] for r in first] == [f"e{i}" for i in range(3, 9)]
+
+
+def test_malformed_entries_go_to_the_dead_letter_stream_once(client, job, redis_url):
+    stream = keys.input_stream(job)
+    client.xadd(stream, {"id": "ok", "ts": "5", "text": "a b"})
+    bad_ids = [
+        client.xadd(stream, {"ts": "5", "text": "no id"}),
+        client.xadd(stream, {"id": "x", "ts": "soon", "text": "bad ts"}),
+        client.xadd(stream, {"id": "y", "ts": "5"}),
+    ]
+    reader = make_reader(redis_url, job)
+    end = reader.latestOffset(reader.initialOffset(), ReadAllAvailable())
+    for _ in range(2):  # a replayed batch must not dead-letter twice
+        rows = [r for p in reader.partitions(reader.initialOffset(), end) for r in reader.read(p)]
+        assert [r[2] for r in rows] == ["ok"]
+    dead = client.xrange(keys.dead_letters(job))
+    assert [f["entry"] for _, f in dead] == bad_ids
+    assert [f["reason"] for _, f in dead] == [
+        "missing id",
+        "ts is not an integer: 'soon'",
+        "missing field text",
+    ]
+    assert {f["stage"] for _, f in dead} == {"s"}
+    assert client.hget(keys.stats(job), "dead:s") == "3"

@@ -1,0 +1,166 @@
+"""The supervision state machine, driven with synthetic events (no processes, no Redis)."""
+
+from __future__ import annotations
+
+import json
+
+from spark_runtime.supervision import (
+    HeartbeatMissed,
+    HeartbeatSeen,
+    KillReplica,
+    ProcessExited,
+    PromoteStandby,
+    RestartJob,
+    RestartStage,
+    StartReplica,
+    Supervisor,
+    execute,
+)
+
+NODES = ["node-1", "node-2", "node-3"]
+
+
+def running(sup, at=1.0):
+    for replica in list(sup.replicas.values()):
+        sup.handle(HeartbeatSeen(replica.id, at, {"state": "running", "role": replica.role}))
+
+
+def test_local_restart_restarts_only_the_failed_stage_from_its_checkpoint():
+    sup = Supervisor("j", "wordcount", ["split", "count"], "local-restart", NODES)
+    actions = sup.start(0.0)
+    assert [(a.replica.stage, a.replica.role, a.replica.node) for a in actions] == [
+        ("split", "primary", "node-1"),
+        ("count", "primary", "node-2"),
+    ]
+    running(sup)
+    actions = sup.handle(ProcessExited("count-1", 5.0, -9))
+    assert actions == [RestartStage(sup.replicas["count-1"].spec)]
+    assert sup.replicas["count-1"].state == "starting"
+    # Late news about the same failure changes nothing.
+    assert sup.handle(HeartbeatMissed("count-1", 5.5)) == []
+
+
+def test_heartbeat_missed_is_ignored_during_startup_grace_only():
+    sup = Supervisor("j", "wordcount", ["split"], "local-restart", NODES, startup_grace=30)
+    sup.start(0.0)
+    assert sup.handle(HeartbeatMissed("split-1", 10.0)) == []
+    assert isinstance(sup.handle(HeartbeatMissed("split-1", 31.0))[0], RestartStage)
+
+
+def test_active_all_promotes_the_standby_then_starts_a_new_one_elsewhere():
+    sup = Supervisor("j", "wordcount", ["split", "count"], "active-all", NODES)
+    actions = sup.start(0.0)
+    specs = {a.replica.replica_id: a.replica for a in actions}
+    assert specs["count-2"].role == "standby"
+    assert specs["count-2"].node != specs["count-1"].node
+    running(sup)
+    actions = sup.handle(ProcessExited("count-1", 10.0, -9))
+    assert actions == [KillReplica("count-1"), PromoteStandby("count-2", "count")]
+    # Until the standby reports itself primary, nothing else happens.
+    assert sup.handle(HeartbeatSeen("count-2", 10.5, {"role": "standby", "state": "running"})) == []
+    actions = sup.handle(HeartbeatSeen("count-2", 11.0, {"role": "primary", "state": "running"}))
+    (start,) = actions
+    assert isinstance(start, StartReplica)
+    assert start.replica.role == "standby" and start.replica.replica_id == "count-3"
+    assert start.replica.node != sup.replicas["count-2"].spec.node
+    assert "count-1" not in sup.replicas
+    assert sup.replicas["count-2"].role == "primary"
+
+
+def test_failed_promotion_restarts_the_primary_from_its_checkpoint():
+    sup = Supervisor("j", "wordcount", ["count"], "active-all", NODES)
+    sup.start(0.0)
+    running(sup)
+    sup.handle(ProcessExited("count-1", 10.0, -9))
+    actions = sup.handle(HeartbeatSeen("count-2", 11.0, {"state": "promote_failed"}))
+    assert actions[0] == KillReplica("count-2")
+    assert isinstance(actions[1], RestartStage) and actions[1].replica.replica_id == "count-1"
+    assert isinstance(actions[2], StartReplica) and actions[2].replica.role == "standby"
+
+
+def test_standby_failure_restarts_the_standby():
+    sup = Supervisor("j", "wordcount", ["count"], "adaptive", NODES, active_stages={"count"})
+    sup.start(0.0)
+    running(sup)
+    actions = sup.handle(ProcessExited("count-2", 3.0, 1))
+    assert actions == [RestartStage(sup.replicas["count-2"].spec)]
+
+
+def test_adaptive_gives_standbys_only_to_active_stages():
+    sup = Supervisor("j", "wordcount", ["split", "count"], "adaptive", NODES, {"count"})
+    roles = sorted((a.replica.stage, a.replica.role) for a in sup.start(0.0))
+    assert roles == [("count", "primary"), ("count", "standby"), ("split", "primary")]
+
+
+def test_restart_all_restarts_the_whole_job():
+    sup = Supervisor("j", "wordcount", ["job"], "restart-all", NODES, fused=True)
+    (start,) = sup.start(0.0)
+    assert start.replica.fused and "--fused" in start.replica.argv()
+    running(sup)
+    (restart,) = sup.handle(HeartbeatMissed("job-1", 20.0))
+    assert isinstance(restart, RestartJob)
+    assert [s.replica_id for s in restart.replicas] == ["job-1"]
+
+
+class FakeLauncher:
+    def __init__(self):
+        self.calls = []
+
+    def start(self, replica):
+        self.calls.append(("start", replica.replica_id))
+
+    def kill(self, replica_id):
+        self.calls.append(("kill", replica_id))
+
+    def alive(self, replica_id):
+        return True
+
+
+def test_execute_maps_actions_to_launcher_calls_and_commands():
+    sup = Supervisor("j", "wordcount", ["count"], "active-all", NODES)
+    launcher, commands = FakeLauncher(), []
+    execute(sup.start(0.0), launcher, lambda r, c: commands.append((r, c)))
+    running(sup)
+    execute(
+        sup.handle(ProcessExited("count-1", 1.0)), launcher, lambda r, c: commands.append((r, c))
+    )
+    assert launcher.calls == [("start", "count-1"), ("start", "count-2"), ("kill", "count-1")]
+    assert commands == [("count-2", {"cmd": "promote"})]
+
+
+def test_policy_can_add_move_and_drop_standbys_and_the_state_survives_a_snapshot():
+    sup = Supervisor(
+        "j",
+        "wordcount",
+        ["split", "count"],
+        "adaptive",
+        NODES,
+        placement={"split": ("node-3", None), "count": ("node-1", None)},
+    )
+    nodes = {a.replica.replica_id: a.replica.node for a in sup.start(0.0)}
+    assert nodes == {"split-1": "node-3", "count-1": "node-1"}
+    running(sup)
+    assert sup.all_running()
+    (start,) = sup.add_standby("count", "node-2", 5.0)
+    assert (start.replica.role, start.replica.node) == ("standby", "node-2")
+    assert sup.has_standby("count") and sup.add_standby("count", "node-3", 5.0) == []
+    assert sup.placement_by_stage() == {"split": ("node-3", None), "count": ("node-1", "node-2")}
+    restored = Supervisor.from_dict(json.loads(json.dumps(sup.to_dict())))
+    assert restored.placement_by_stage() == sup.placement_by_stage()
+    assert restored.active_stages == {"count"}
+    assert restored.drop_standby("count") == [KillReplica("count-2")]
+    assert not restored.has_standby("count")
+    # Without a standby, a primary failure falls back to a restart from the checkpoint.
+    running(restored)
+    assert isinstance(restored.handle(ProcessExited("count-1", 9.0))[0], RestartStage)
+
+
+def test_stage_args_resume_the_replica_checkpoint():
+    from spark_runtime.runner import stage_args
+
+    sup = Supervisor("j", "wordcount", ["count"], "local-restart", NODES)
+    (start,) = sup.start(0.0)
+    args = stage_args(start.replica, "redis://h:1/2", "/ck", trigger_seconds=2)
+    assert args[args.index("--checkpoint-dir") + 1] == "/ck/j/count/count-1"
+    assert args[args.index("--trigger-seconds") + 1] == "2"
+    assert args[args.index("--replica-id") + 1] == "count-1"
