@@ -42,6 +42,9 @@ def main(argv: list[str] | None = None) -> int:
     gen.add_argument("--duration", type=float, default=None)
     gen.add_argument("--seed", type=int, default=0)
     gen.add_argument("--malformed-every", type=int, default=0)
+    # Labels only: they let a node agent find (and stop) the generator it started.
+    gen.add_argument("--replica-id", default="generator")
+    gen.add_argument("--node", default="")
     for p in (run, gen):
         p.add_argument("--redis-url", default=os.environ.get("REDIS_URL", DEFAULT_REDIS_URL))
     args = parser.parse_args(argv)

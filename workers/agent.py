@@ -32,9 +32,9 @@ log = logging.getLogger(__name__)
 PUBLISH_INTERVAL_S = 1.0
 HEARTBEAT_TTL_S = 5
 LOG_TAIL_LINES = 30
-# Only these module entry points may be started through the queue: a task message must never
-# be able to run an arbitrary command on a node.
-ALLOWED_MODULES = ("spark_runtime.stage", "spark_runtime.generators")
+# Only these entry points (module, required first argument) may be started through the queue:
+# a task message must never be able to run an arbitrary command on a node.
+ALLOWED_ENTRY_POINTS = {"spark_runtime.stage": None, "spark_runtime": "generate"}
 
 # Replica id -> (process, job key, log path), for the processes this agent started.
 _children: dict[str, tuple[subprocess.Popen, str, Path]] = {}
@@ -75,7 +75,7 @@ def find_replica_process(replica_id: str) -> psutil.Process | None:
         cmdline = proc.info["cmdline"] or []
         if proc.info["status"] == psutil.STATUS_ZOMBIE:
             continue
-        started_by_agent = any(module in cmdline for module in ALLOWED_MODULES)
+        started_by_agent = any(module in cmdline for module in ALLOWED_ENTRY_POINTS)
         if started_by_agent and _arg(cmdline, "--replica-id") == replica_id:
             return proc
     return None
@@ -96,14 +96,20 @@ def _signal_group(proc: psutil.Process, sig: int) -> None:
         return
 
 
-@shared_task(name="backstop.agent.start_replica", acks_late=True, expires=60, time_limit=30)
+@shared_task(
+    name="backstop.agent.start_replica",
+    acks_late=True,
+    expires=60,
+    time_limit=30,
+    soft_time_limit=25,
+)
 def start_replica(module: str, args: list[str], replica_id: str, job_key: str) -> int:
     """Start `python -m module args...` for a replica; return its pid.
 
     Idempotent: when a process for `replica_id` is already running, its pid is returned.
     """
-    if module not in ALLOWED_MODULES:
-        raise ValueError(f"module {module!r} may not be started by a node agent")
+    if module not in ALLOWED_ENTRY_POINTS or ALLOWED_ENTRY_POINTS[module] not in (None, args[0]):
+        raise ValueError(f"{module} {args[:1]} may not be started by a node agent")
     if _arg(args, "--replica-id") != replica_id or _arg(args, "--node") != this_node():
         raise ValueError("args must carry this replica's --replica-id and this node's --node")
     existing = find_replica_process(replica_id)
@@ -127,21 +133,36 @@ def start_replica(module: str, args: list[str], replica_id: str, job_key: str) -
     return proc.pid
 
 
-@shared_task(name="backstop.agent.start_generator", acks_late=True, expires=60, time_limit=30)
-def start_generator(job_key: str, topology: str, rate: float, seed: int = 0) -> int:
-    """Start the seeded input generator of a job at `rate` entries/s; return its pid."""
+@shared_task(
+    name="backstop.agent.start_generator",
+    acks_late=True,
+    expires=60,
+    time_limit=30,
+    soft_time_limit=25,
+)
+def start_generator(
+    job_key: str, topology: str, rate: float, seed: int = 0, count: int | None = None
+) -> int:
+    """Start the seeded input generator of a job at `rate` entries/s (`count` entries, or until
+    stopped); return its pid."""
     replica_id = f"generator-{job_key}"
     args = [
-        "--job", job_key, "--topology", topology, "--rate", str(float(rate)),
+        "generate", "--job", job_key, "--topology", topology, "--rate", str(float(rate)),
         "--seed", str(int(seed)), "--redis-url", settings.REDIS_URL,
         "--replica-id", replica_id, "--node", this_node(),
     ]  # fmt: skip
-    return start_replica(
-        module="spark_runtime.generators", args=args, replica_id=replica_id, job_key=job_key
-    )
+    if count is not None:
+        args += ["--count", str(int(count))]
+    return start_replica(module="spark_runtime", args=args, replica_id=replica_id, job_key=job_key)
 
 
-@shared_task(name="backstop.agent.kill_replica", acks_late=True, expires=30, time_limit=30)
+@shared_task(
+    name="backstop.agent.kill_replica",
+    acks_late=True,
+    expires=30,
+    time_limit=30,
+    soft_time_limit=25,
+)
 def kill_replica(replica_id: str, signal_name: str = "SIGKILL") -> bool:
     """Send `signal_name` to a replica's process group; False when it was not running."""
     proc = find_replica_process(replica_id)
@@ -165,7 +186,9 @@ def _node_stage_processes(node: str, job_key: str | None = None) -> list[psutil.
     return found
 
 
-@shared_task(name="backstop.agent.kill_node", acks_late=True, expires=30, time_limit=30)
+@shared_task(
+    name="backstop.agent.kill_node", acks_late=True, expires=30, time_limit=30, soft_time_limit=25
+)
 def kill_node(job_key: str | None = None) -> list[int]:
     """SIGKILL every stage process of this node (of one job, when given); return their pids."""
     procs = _node_stage_processes(this_node(), job_key)
@@ -174,7 +197,7 @@ def kill_node(job_key: str | None = None) -> list[int]:
     return [p.pid for p in procs]
 
 
-@shared_task(name="backstop.agent.pause_node", expires=30, time_limit=30)
+@shared_task(name="backstop.agent.pause_node", expires=30, time_limit=30, soft_time_limit=25)
 def pause_node(duration_s: float, job_key: str | None = None) -> list[int]:
     """SIGSTOP this node's stage processes for `duration_s` seconds (a hang or partition).
 
@@ -194,7 +217,7 @@ def pause_node(duration_s: float, job_key: str | None = None) -> list[int]:
     return groups
 
 
-@shared_task(name="backstop.agent.stress_node", expires=30, time_limit=30)
+@shared_task(name="backstop.agent.stress_node", expires=30, time_limit=30, soft_time_limit=25)
 def stress_node(duration_s: float, workers: int = 1) -> list[int]:
     """Start `workers` CPU hogs tagged with this node for `duration_s` seconds; return their pids.
 

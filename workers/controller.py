@@ -50,7 +50,7 @@ def launch_job(job_id: int) -> str:
         return f"job {job_id} is {job.status}: not launched again"
     try:
         controller.launch_job(job)
-    except ValueError as exc:
+    except controller.LaunchError as exc:
         job.mark_failed(f"could not launch: {exc}")
         return str(exc)
     supervise_job.apply_async(args=(job_id,))
@@ -93,6 +93,7 @@ def supervise_job(job_id: int) -> str:
     name="backstop.controller.watchdog",
     expires=10,  # a watchdog run that waited longer than the next one is worthless
     time_limit=30,
+    soft_time_limit=25,
 )
 def watchdog() -> list[int]:
     """Refresh node states and metrics; restart supervision of live jobs nobody supervises."""
@@ -117,6 +118,7 @@ def watchdog() -> list[int]:
     acks_late=True,  # idempotent: only pending faults are injected
     expires=60,
     time_limit=30,
+    soft_time_limit=25,
 )
 def inject_fault(fault_id: int) -> str:
     """Inject a requested fault."""
@@ -133,6 +135,7 @@ def inject_fault(fault_id: int) -> str:
     name="backstop.controller.drill",
     expires=60,
     time_limit=30,
+    soft_time_limit=25,
 )
 def drill(job_id: int, kind: str, target_operator: str = "", target_node: str = "") -> str:
     """A scheduled chaos drill (django-celery-beat): request and inject one fault."""

@@ -9,6 +9,7 @@ from django.conf import settings
     acks_late=True,  # idempotent: deleting already-deleted rows is a no-op
     expires=600,
     time_limit=120,
+    soft_time_limit=100,
 )
 def purge_old_metrics(hours: float | None = None) -> int:
     """Delete MetricSample rows older than the retention period; return how many went."""

@@ -40,6 +40,7 @@ from console.services.planning import JobPlan, plan_job
 from spark_runtime import keys as data_keys
 from spark_runtime.runner import observe, stage_args
 from spark_runtime.supervision import (
+    HeartbeatSeen,
     KillReplica,
     PromoteStandby,
     ReplicaSpec,
@@ -164,13 +165,20 @@ def send_command(client, job: Job, replica_id: str, command: dict) -> None:
 # --- launching ---------------------------------------------------------------------------------
 
 
+class LaunchError(Exception):
+    """The job cannot be placed (no node alive, unknown strategy)."""
+
+
 def launch_job(job: Job) -> JobPlan:
     """Plan the job with the policy in force, record the assessment, start its replicas."""
     client = redis_client()
     config = Policy.current().to_config()
     nodes = alive_nodes(client)
     topology = get_topology(job.topology)
-    plan = plan_job(topology, job.strategy, node_history(client, nodes), config)
+    try:
+        plan = plan_job(topology, job.strategy, node_history(client, nodes), config)
+    except ValueError as exc:
+        raise LaunchError(str(exc)) from exc
     job.mark_starting(f"placing {len(plan.stages)} stages on {', '.join(sorted(nodes))}")
     _store_assessment(job, plan)
     supervisor = Supervisor(
@@ -197,7 +205,6 @@ def launch_job(job: Job) -> JobPlan:
     now = time.time()
     execute(supervisor.start(now), launcher, lambda rid, cmd: send_command(client, job, rid, cmd))
     save_supervisor(client, job, supervisor)
-    _start_generator(job, sorted(nodes)[0])
     return plan
 
 
@@ -217,14 +224,17 @@ def _store_assessment(job: Job, plan: JobPlan) -> None:
 
 
 def _start_generator(job: Job, node: str) -> None:
-    """The demo's input: a seeded generator at the job's rate, run by a node agent."""
+    """The job's input: a seeded generator at the job's rate, run by a node agent.
+
+    Started once every primary runs, so the first measurements are not a start-up backlog.
+    """
     rate = float(job.params.get("rate", 0))
     if rate <= 0:
         return
     from workers.agent import start_generator
 
     start_generator.apply_async(
-        args=(job.key, job.topology, rate, int(job.params.get("seed", 0))),
+        args=(job.key, job.topology, rate, int(job.params.get("seed", 0)), job.params.get("count")),
         queue=node_queue(node),
     )
 
@@ -274,7 +284,18 @@ def supervise_tick(job: Job, supervisor: Supervisor, client) -> TickReport:
             continue
         report.events += 1
         report.actions += len(actions)
-        _record_failure(job, client, event, actions)
+        if isinstance(event, HeartbeatSeen):
+            # Not a failure: a promotion completed and the machine asks for a new standby.
+            decide(
+                job,
+                ControlDecision.Kind.ADD_STANDBY,
+                f"{event.replica_id} took over as primary; new standby: "
+                + "; ".join(repr(a) for a in actions),
+                replica_id=event.replica_id,
+                stage=event.reported.get("stage", ""),
+            )
+        else:
+            _record_failure(job, client, event, actions)
         execute(actions, launcher, lambda rid, cmd: send_command(client, job, rid, cmd))
         # Other observations of this round may be stale after an action: look again next tick.
         break
@@ -578,6 +599,7 @@ def supervise_window(job: Job, client, window_s: float, keep_lease) -> bool:
             metrics.ingest_job_progress(client, job)
             if job.status == Job.Status.STARTING and supervisor.all_running():
                 job.mark_running("every primary is running")
+                _start_generator(job, supervisor.placement_by_stage()[supervisor.stages[0]][0])
             policy_cycle(job, supervisor, client)
             save_supervisor(client, job, supervisor)
             recovery.measure_open_episodes(job, client, config)

@@ -18,13 +18,26 @@ class JobRequestError(Exception):
 
 
 def validate_params(params: dict) -> dict:
-    """Check the job parameters users may set; return them with defaults filled in."""
+    """Check the job parameters users may set; return them with defaults filled in.
+
+    `rate`: input entries per second written by the job's generator (0: bring your own input);
+    `count`: stop the generator after this many entries; `seed`: the generator's seed.
+    """
     if not isinstance(params, dict):
         raise JobRequestError("params: must be an object", field="params")
     cleaned = {"rate": 200, **params}
     rate = cleaned["rate"]
     if isinstance(rate, bool) or not isinstance(rate, int | float) or not 0 <= rate <= 100_000:
         raise JobRequestError("params.rate: events per second must be in [0, 100000]", "params")
+    for name in ("count", "seed"):
+        value = cleaned.get(name)
+        if value is not None and (
+            isinstance(value, bool) or not isinstance(value, int) or value < 0
+        ):
+            raise JobRequestError(f"params.{name}: must be a whole number >= 0", "params")
+    unknown = sorted(set(cleaned) - {"rate", "count", "seed"})
+    if unknown:
+        raise JobRequestError(f"params: unknown parameters {unknown}", "params")
     return cleaned
 
 

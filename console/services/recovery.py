@@ -2,7 +2,9 @@
 
 The data plane publishes one progress record per micro-batch of each replica. Only batches of a
 final stage written by a primary are output the user sees, so the series is built from those:
-per second, the rows written and the p90/p99 event-time latency. A second with no output while
+per second, the events that reached the output (the final stage's input rows: for wordcount the
+rows written are upserts of distinct words, bounded by the vocabulary, so they say little about
+throughput) and the p90/p99 event-time latency. A second with no output while
 the job is down gets zero throughput and a latency that keeps growing (time since the last output
 plus that output's latency): that is how an outage looks to a consumer, and what the detector
 (console.policy.recovery, the ShuffleBench method) expects.
@@ -27,7 +29,7 @@ PROGRESS_READ_LIMIT = 20_000
 
 @dataclass
 class OutputSeries:
-    """Per-second output of a job: times (epoch s), rows written, p90 and p99 latency (ms)."""
+    """Per-second output of a job: times (epoch s), events output, p90 and p99 latency (ms)."""
 
     times: list[float]
     throughput: list[float]
@@ -60,7 +62,7 @@ def output_series(records: list[dict], start: float, end: float) -> OutputSeries
             continue
         output_times.append(at)
         slot = int(at - start)
-        rows[slot] += written
+        rows[slot] += float(record.get("input_rows") or 0)
         for target, field in ((p90, "latency_p90"), (p99, "latency_p99")):
             value = _float(record, field)
             if value is not None:
@@ -137,6 +139,10 @@ def measure_episode(
     gave_up = now - fault_at > GIVE_UP_AFTER_S
     if recovered_at is None and not gave_up:
         return False
+    if recovered_at is not None and downtime is not None:
+        # Recovery is downtime plus catch-up: never shorter than the output gap, even when the
+        # smoothed signals never left the band (a gap of about a second after a promotion).
+        recovered_at = max(recovered_at, fault_at + downtime)
     end = recovered_at if recovered_at is not None else now
     peak = max(
         (v for t, v in zip(series.times, series.p99_ms, strict=True) if fault_at <= t <= end),

@@ -39,8 +39,12 @@ def schedule_drill(job_id: int, kind: str, every_s: int, *, target_operator="", 
             "task": "backstop.controller.drill",
             "interval": interval,
             "kwargs": json.dumps(
-                {"job_id": job_id, "kind": kind, "target_operator": target_operator,
-                 "target_node": target_node}
+                {
+                    "job_id": job_id,
+                    "kind": kind,
+                    "target_operator": target_operator,
+                    "target_node": target_node,
+                }
             ),
         },
     )

@@ -189,9 +189,7 @@ def test_invalid_policy_is_refused_naming_the_field_and_nothing_is_written(api_a
 
 def test_policy_history_lists_versions(api_as):
     client = api_as(ADMIN)
-    client.patch(
-        "/api/policy/", {"resource_reserve": 0.3, "reason": "more reserve"}, format="json"
-    )
+    client.patch("/api/policy/", {"resource_reserve": 0.3, "reason": "more reserve"}, format="json")
     history = client.get("/api/policy/history/").json()
     assert [v["version"] for v in history] == [2, 1]
     assert [v["resource_reserve"] for v in history] == [0.3, 0.2]

@@ -3,10 +3,11 @@
 from console.services.recovery import output_series
 
 
-def record(at, written, p90=0.5, p99=0.8, role="primary", final="True"):
+def record(at, written, p90=0.5, p99=0.8, role="primary", final="True", input_rows=None):
     return {
         "at": str(at),
         "written": str(written),
+        "input_rows": str(written if input_rows is None else input_rows),
         "latency_p90": str(p90),
         "latency_p99": str(p99),
         "role": role,
@@ -20,6 +21,17 @@ def test_rows_are_summed_per_second_and_latency_converted_to_ms():
     assert series.throughput == [15.0, 7.0]
     assert series.p90_ms == [500.0, 500.0]
     assert series.output_times == [100.2, 100.7, 101.1]
+
+
+def test_throughput_counts_events_reaching_the_output_not_upserts():
+    # 300 words in, 40 distinct words upserted: 300 events reached the output.
+    series = output_series([record(100.5, 40, input_rows=300)], 100.0, 101.0)
+    assert series.throughput == [300.0]
+
+
+def test_a_batch_that_wrote_nothing_is_no_output():
+    series = output_series([record(100.5, 0, input_rows=50)], 100.0, 101.0)
+    assert series.throughput == [0.0] and series.output_times == []
 
 
 def test_standby_and_intermediate_batches_are_not_output():

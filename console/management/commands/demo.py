@@ -32,11 +32,29 @@ class Command(BaseCommand):
             "--check", action="store_true", help="Start, verify /healthz, then stop (smoke test)."
         )
 
+    def ensure_demo_job(self):
+        """The live demo job: a running one, else a new wordcount job under the adaptive policy."""
+        from django.contrib.auth.models import User
+
+        from console.models import Job
+        from console.services.jobs import create_job
+
+        live = Job.objects.filter(name="demo-wordcount", status__in=Job.LIVE_STATUSES).first()
+        if live is not None:
+            return live
+        return create_job(
+            name="demo-wordcount",
+            topology="wordcount",
+            strategy=Job.Strategy.ADAPTIVE,
+            params={"rate": 50},
+            user=User.objects.get(username="operator"),
+        )
+
     def step(self, number: int, total: int, text: str) -> None:
         self.stdout.write(self.style.MIGRATE_HEADING(f"[{number}/{total}] {text}"))
 
     def handle(self, *args, host, port, check, **options):
-        total = 6
+        total = 7
         log_dir = settings.VAR_DIR / "log"
         group = ProcessGroup(log_dir)
         signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
@@ -58,17 +76,20 @@ class Command(BaseCommand):
             self.step(4, total, "Celery: controller, node agents, beat")
             group.start(
                 "controller",
+                # threads: each supervised job holds one worker slot for its window
                 celery_argv(
                     "worker",
                     "-Q",
                     CONTROL_QUEUE,
                     "-n",
                     "controller@%h",
+                    "--pool",
+                    "threads",
                     "--concurrency",
-                    "2",
+                    "8",
                     "--loglevel",
                     "INFO",
-                ),
+                ),  # fmt: skip
             )
             for name in DEMO_NODES:
                 group.start(
@@ -114,7 +135,17 @@ class Command(BaseCommand):
                 "/healthz to report database, Redis and Celery up (see var/log/)",
             )
 
-            self.step(6, total, "ready")
+            self.step(6, total, "live demo job (wordcount, adaptive, 50 lines/s)")
+            job = self.ensure_demo_job()
+            wait_for(
+                lambda: job.__class__.objects.get(pk=job.pk).status == "running",
+                240,
+                f"demo job {job.pk} to run (first start: Spark takes a minute; see var/log/)",
+                poll_s=2,
+            )
+            self.stdout.write(f"      job {job.pk} running: {base_url}/console/jobs/{job.pk}/")
+
+            self.step(7, total, "ready")
             self.stdout.write(self.style.SUCCESS(f"\n  Backstop console: {base_url}/"))
             self.stdout.write(f"  API docs:         {base_url}/api/docs/")
             self.stdout.write(f"  Admin:            {base_url}/admin/")

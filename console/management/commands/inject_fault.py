@@ -48,8 +48,12 @@ class Command(BaseCommand):
         params = {"duration_s": duration} if duration else {}
         try:
             fault = faults.request_fault(
-                target_job, kind, target_operator=operator, target_node=target_node,
-                params=params, requested_by=user,
+                target_job,
+                kind,
+                target_operator=operator,
+                target_node=target_node,
+                params=params,
+                requested_by=user,
             )
         except faults.FaultRefused as exc:
             raise CommandError(str(exc)) from exc
