@@ -36,3 +36,18 @@ def api_as(users):
         return client
 
     return _client
+
+
+@pytest.fixture
+def cluster(transactional_db, tmp_path, settings):
+    """A real controller, beat and three node agents (see tests/cluster.py)."""
+    from tests.cluster import Cluster, prepare
+
+    settings.CONTROLLER_DISPATCH = True  # the API sends real tasks to the real controller
+    prepare()
+    running = Cluster(tmp_path)
+    try:
+        running.start_all()
+        yield running
+    finally:
+        running.stop()

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import logging
+import signal
 import time
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -286,11 +287,13 @@ def supervise_tick(job: Job, supervisor: Supervisor, client) -> TickReport:
         report.actions += len(actions)
         if isinstance(event, HeartbeatSeen):
             # Not a failure: a promotion completed and the machine asks for a new standby.
+            Replica.objects.filter(replica_id=f"{job.key}/{event.replica_id}").update(
+                role=Replica.Role.PRIMARY, state=Replica.State.RUNNING
+            )
             decide(
                 job,
                 ControlDecision.Kind.ADD_STANDBY,
-                f"{event.replica_id} took over as primary; new standby: "
-                + "; ".join(repr(a) for a in actions),
+                f"{event.replica_id} took over as primary; " + describe_actions(actions),
                 replica_id=event.replica_id,
                 stage=event.reported.get("stage", ""),
             )
@@ -302,19 +305,56 @@ def supervise_tick(job: Job, supervisor: Supervisor, client) -> TickReport:
     return report
 
 
+def exit_status(returncode, event_name: str) -> str:
+    """How a replica ended, in words (a negative return code is the signal that killed it)."""
+    if returncode is None:
+        return "heartbeat missed" if event_name == "HeartbeatMissed" else event_name
+    code = int(returncode)
+    if code < 0:
+        return f"killed by {signal.Signals(-code).name}"
+    meaning = {1: "query failed", 3: "fenced by a newer primary", 4: "promotion impossible"}
+    return f"exited with code {code}" + (f" ({meaning[code]})" if code in meaning else "")
+
+
+def describe_actions(actions: list) -> str:
+    """The state machine's actions as a sentence for the decision log."""
+    words = []
+    for action in actions:
+        if isinstance(action, StartReplica):
+            spec = action.replica
+            words.append(f"start {spec.role} {spec.replica_id} on {spec.node}")
+        elif isinstance(action, KillReplica):
+            words.append(f"make sure {action.replica_id} is gone")
+        elif isinstance(action, PromoteStandby):
+            words.append(f"promote standby {action.replica_id} of {action.stage}")
+        elif isinstance(action, RestartStage):
+            spec = action.replica
+            words.append(f"restart {spec.replica_id} on {spec.node} from its checkpoint")
+        elif isinstance(action, RestartJob):
+            ids = ", ".join(spec.replica_id for spec in action.replicas)
+            words.append(f"restart the whole job ({ids}) from its checkpoints")
+    return "; ".join(words)
+
+
 def _record_failure(job: Job, client, event, actions: list) -> None:
     """A failure and the action taken: a ControlDecision pair and an open RecoveryEpisode."""
     replica_id = event.replica_id
     row = (
         Replica.objects.filter(replica_id=f"{job.key}/{replica_id}").select_related("node").first()
     )
-    tail = client.hget(f"backstop:{job.key}:exit-tails", replica_id) or ""
+    exit_info = client.hget(f"backstop:{job.key}:exits", replica_id)
+    returncode = json.loads(exit_info)["returncode"] if exit_info else None
+    tail = (
+        exit_status(returncode, type(event).__name__)
+        + "\n"
+        + (client.hget(f"backstop:{job.key}:exit-tails", replica_id) or "")
+    )
     stage = row.stage if row else ""
     node = row.node.name if row else ""
     decide(
         job,
         ControlDecision.Kind.FAILURE,
-        f"{replica_id}: {type(event).__name__}",
+        f"{replica_id}: " + exit_status(returncode, type(event).__name__),
         stage=stage,
         node=node,
         replica_id=replica_id,
@@ -328,7 +368,7 @@ def _record_failure(job: Job, client, event, actions: list) -> None:
     decide(
         job,
         action_kind,
-        "; ".join(repr(a) for a in actions),
+        describe_actions(actions),
         stage=stage,
         node=node,
         replica_id=replica_id,

@@ -75,3 +75,19 @@ def test_no_alive_node_is_an_error():
 def test_unknown_strategy_is_an_error():
     with pytest.raises(ValueError, match="strategy"):
         plan_job(get_topology("wordcount"), "yolo", HISTORY, PolicyConfig())
+
+
+def test_exit_status_and_actions_read_as_sentences():
+    from console.services.controller import describe_actions, exit_status
+    from spark_runtime.supervision import KillReplica, PromoteStandby, ReplicaSpec, StartReplica
+
+    assert exit_status("-9", "ProcessExited") == "killed by SIGKILL"
+    assert exit_status("3", "ProcessExited") == "exited with code 3 (fenced by a newer primary)"
+    assert exit_status(None, "HeartbeatMissed") == "heartbeat missed"
+    spec = ReplicaSpec("j", "wordcount", "count", "standby", "count-3", "node-3")
+    assert describe_actions(
+        [KillReplica("count-1"), PromoteStandby("count-2", "count"), StartReplica(spec)]
+    ) == (
+        "make sure count-1 is gone; promote standby count-2 of count; "
+        "start standby count-3 on node-3"
+    )

@@ -4,26 +4,25 @@ An operator logs in through the login form, watches live numbers change, injects
 clicking (with the confirm step) and sees the recovery episode appear; a viewer sees no controls.
 Screenshots of every page go to docs/screenshots/.
 
-The data source is the `live_job` fixture. For now it is a stopgap that writes MetricSample and
-RecoveryEpisode rows from the test; swap it for a fixture that starts a real job under the
-supervision code (same attributes: `job`, `tick()`, `react_to(fault)`) and this test does not
-change.
+The operator test watches a real job: the `cluster` fixture runs the Celery controller, beat and
+three node agents, which run the job's Spark stages; the fault clicked in the browser is injected
+by the real controller, and the episode is the one the supervision code records. The viewer test
+needs no running job and uses seeded rows.
 """
 
 from __future__ import annotations
 
-import math
-from datetime import timedelta
 from pathlib import Path
 
 import pytest
 from django.db import connections
-from django.utils import timezone
 
-from console.models import FaultInjection, MetricSample, RecoveryEpisode
+from console.models import FaultInjection, Job, MetricSample
 from console.roles import OPERATOR, VIEWER
+from console.services.jobs import create_job
 from tests.dash.seed import seed_console
 from tests.factories import UserFactory
+from web.launcher import wait_for
 
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMIUM_ARGS = [
@@ -38,7 +37,8 @@ SCREENSHOTS = Path(__file__).resolve().parents[2] / "docs" / "screenshots"
 PASSWORD = "browser-test-pw-1"
 # Dash loads its bundles on the first visit; after that a refresh lands every 2 s.
 LOAD_MS = 20_000
-REFRESHES_MS = 8_000
+# Metrics are stored every policy cycle (5 s) and pages refresh every 2 s.
+REFRESHES_MS = 20_000
 
 pytestmark = [
     pytest.mark.browser,
@@ -48,55 +48,46 @@ pytestmark = [
 ]
 
 
-class StopgapLiveJob:
-    """Stands in for a running job until the supervision code can run one in tests.
+class LiveJob:
+    """A real adaptive wordcount job run by the `cluster` fixture's controller and node agents.
 
-    `tick()` appends a job-level sample with a new throughput and p99 (a real job produces them
-    on its own); `react_to(fault)` records the recovery episode the supervision code would
-    detect for that fault.
+    Its numbers arrive on their own (the controller stores metrics every cycle) and the episode a
+    fault causes is recorded by the supervision code, so `tick()` and `react_to()` only wait.
     """
 
     def __init__(self, job):
         self.job = job
-        self.ticks = 0
 
     def tick(self) -> None:
-        self.ticks += 1
-        now = timezone.now()
-        value = 700 + 50 * self.ticks + 10 * math.sin(self.ticks)
-        MetricSample.objects.bulk_create(
-            [
-                MetricSample(at=now, job=self.job, stage="", name="throughput_eps", value=value),
-                MetricSample(
-                    at=now, job=self.job, stage="", name="latency_p99_ms", value=value * 2
-                ),
-            ]
-        )
+        """New samples land every policy cycle (5 s); nothing to do but let one pass."""
 
-    def react_to(self, fault: FaultInjection) -> RecoveryEpisode:
-        now = timezone.now()
-        FaultInjection.objects.filter(pk=fault.pk).update(outcome="injected", injected_at=now)
-        return RecoveryEpisode.objects.create(
-            job=self.job,
-            fault=fault,
-            strategy=self.job.strategy,
-            stage=fault.target_operator,
-            action=RecoveryEpisode.Action.PROMOTE,
-            detected_at=now,
-            recovered_at=now + timedelta(seconds=6),
-            downtime_s=2.0,
-            recovery_time_s=6.0,
-            peak_p99_ms=5200.0,
-            lost=0,
-            duplicates=0,
-        )
+    def react_to(self, fault: FaultInjection) -> None:
+        """The controller injects the fault and records the episode itself."""
 
 
 @pytest.fixture
-def live_job(transactional_db):
-    """The job the browser watches (stopgap: seeded rows plus StopgapLiveJob; see module doc)."""
-    seeded = seed_console()
-    return StopgapLiveJob(seeded.adaptive)
+def live_job(cluster, console_users):
+    """A running job with real throughput samples, launched like an operator would."""
+    job = create_job(
+        name="wc-live",
+        topology="wordcount",
+        strategy="adaptive",
+        params={"rate": 60},
+        user=console_users[OPERATOR],
+    )
+    wait_for(lambda: Job.objects.get(pk=job.pk).status == "running", 180, "the job to run")
+    wait_for(
+        lambda: MetricSample.objects.filter(job=job, stage="", name="throughput_eps").exists(),
+        60,
+        "throughput samples",
+    )
+    return LiveJob(Job.objects.get(pk=job.pk))
+
+
+@pytest.fixture
+def seeded_job(transactional_db):
+    """A job with seeded history, for checks that need no running job."""
+    return seed_console().adaptive
 
 
 @pytest.fixture
@@ -165,27 +156,28 @@ def test_operator_watches_live_numbers_injects_a_fault_and_sees_the_episode(
     page.goto(f"{live_server.url}/console/jobs/{job.pk}/")
     expect(page.locator("#operators")).to_be_visible()
     page.click("#fault-operator")
-    page.locator("#fault-operator").get_by_text("split", exact=True).click()
+    page.locator("#fault-operator").get_by_text("count", exact=True).click()
     page.once("dialog", lambda dialog: dialog.accept())
     page.click("#fault-button")
     expect(page.locator("#fault-result")).to_contain_text("requested")
-    fault = FaultInjection.objects.get(job=job, target_operator="split")
+    fault = FaultInjection.objects.get(job=job, target_operator="count")
     assert fault.requested_by == console_users[OPERATOR]
     assert fault.kind == FaultInjection.Kind.KILL_DRIVER
-    expect(page.locator("#faults")).to_contain_text("split")
+    expect(page.locator("#faults")).to_contain_text("count")
     _shoot(page, "job")
 
     # Recoveries: the episode the fault caused shows up within a few refreshes.
     page.goto(f"{live_server.url}/console/recoveries/")
     episodes = page.locator("#episodes")
     expect(episodes).to_be_visible()
-    expect(episodes).not_to_contain_text("kill-driver on split")
     live_job.react_to(fault)
-    expect(episodes).to_contain_text("kill-driver on split", timeout=REFRESHES_MS)
+    # The standby of the stateful count stage takes over.
+    expect(episodes).to_contain_text("kill-driver on count", timeout=REFRESHES_MS)
+    expect(episodes).to_contain_text("promote", timeout=REFRESHES_MS)
     _shoot(page, "recoveries")
 
     page.goto(f"{live_server.url}/console/placement/")
-    expect(page.locator("#node-node-a")).to_be_visible()
+    expect(page.locator("#node-node-1")).to_be_visible()
     _shoot(page, "placement")
 
     page.goto(f"{live_server.url}/console/resources/")
@@ -193,12 +185,12 @@ def test_operator_watches_live_numbers_injects_a_fault_and_sees_the_episode(
     _shoot(page, "resources")
 
 
-def test_viewer_sees_numbers_but_no_controls(live_server, browser, live_job, console_users):
+def test_viewer_sees_numbers_but_no_controls(live_server, browser, seeded_job, console_users):
     page = _log_in(browser, live_server.url, "victor")
     controls = "#controls *, #start-button, #stop-button, #fault-button, #threshold-button"
     for path, ready in (
         ("/console/", "#jobs"),
-        (f"/console/jobs/{live_job.job.pk}/", "#operators"),
+        (f"/console/jobs/{seeded_job.pk}/", "#operators"),
         ("/console/placement/", "#node-node-a"),
     ):
         page.goto(f"{live_server.url}{path}")

@@ -11,116 +11,28 @@ Scenarios (kept to two jobs so the module stays within a few minutes on 2 cores)
 from __future__ import annotations
 
 import collections
-import os
-import signal
-import subprocess
-import sys
 import time
 
 import pytest
 import redis
-from django.conf import settings as django_settings
-from django.db import connection
+from django.conf import settings
 from rest_framework.test import APIClient
 
 from console.models import ControlDecision, FaultInjection, Job, RecoveryEpisode, Replica
 from console.roles import OPERATOR
 from spark_runtime import keys
-from tests.factories import NodeFactory, UserFactory
+from tests.factories import UserFactory
 from web.launcher import wait_for
 
 pytestmark = [pytest.mark.spark, pytest.mark.django_db(transaction=True)]
 
-NODES = ("node-1", "node-2", "node-3")
 LINES = 1500  # input entries per job (about 11,000 words)
 RATE = 60
 
 
-def database_url() -> str:
-    """The test database, spelled for the worker processes."""
-    conf = connection.settings_dict
-    if conf["ENGINE"].endswith("sqlite3"):
-        return f"sqlite:///{conf['NAME']}"
-    user = conf.get("USER") or "postgres"
-    host, port = conf.get("HOST") or "127.0.0.1", conf.get("PORT") or 5432
-    return f"postgres://{user}@{host}:{port}/{conf['NAME']}"
-
-
-class Cluster:
-    """The controller, beat and three node agents as real processes, logs under `log_dir`."""
-
-    def __init__(self, log_dir):
-        self.log_dir = log_dir
-        self.env = {
-            **os.environ,
-            "DJANGO_SETTINGS_MODULE": "web.settings.test",
-            "DATABASE_URL": database_url(),
-            "TEST_REDIS_URL": django_settings.REDIS_URL,
-            "CONTROLLER_DISPATCH": "true",
-            "BACKSTOP_VAR_DIR": str(log_dir),
-        }
-        self.procs: dict[str, subprocess.Popen] = {}
-
-    def start(self, name: str, *args: str, extra_env: dict | None = None) -> None:
-        log = open(self.log_dir / f"{name}.log", "ab")  # noqa: SIM115 (kept open for the child)
-        self.procs[name] = subprocess.Popen(
-            [sys.executable, "-m", "celery", "-A", "web", *args],
-            env={**self.env, **(extra_env or {})},
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-
-    def start_controller(self) -> None:
-        self.start(
-            "controller", "worker", "-Q", "control", "-n", "it-controller@%h",
-            "--pool", "threads", "--concurrency", "6", "--loglevel", "INFO",
-        )  # fmt: skip
-
-    def kill(self, name: str) -> None:
-        proc = self.procs.pop(name)
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(timeout=30)
-
-    def stop(self) -> None:
-        for name in list(self.procs):
-            self.kill(name)
-
-
-@pytest.fixture
-def cluster(transactional_db, tmp_path, settings):
-    from console.services.schedules import ensure_periodic_tasks
-
-    settings.CONTROLLER_DISPATCH = True  # the API sends real tasks to the real controller
-    ensure_periodic_tasks()
-    for name in NODES:
-        NodeFactory(name=name, cpu_total=2.0, mem_total_mb=8000.0)
-    UserFactory(username="opal", role=OPERATOR)
-    # Workers of an interrupted earlier run would take this run's tasks: end them first.
-    subprocess.run(["pkill", "-9", "-f", "--", "-n it-"], check=False)
-    client = redis.Redis.from_url(django_settings.REDIS_URL)
-    client.flushdb()  # no task or heartbeat left over from an earlier run
-    cluster = Cluster(tmp_path)
-    cluster.start_controller()
-    cluster.start("beat", "beat", "--loglevel", "INFO", "--schedule", str(tmp_path / "beat.db"))
-    for name in NODES:
-        cluster.start(
-            f"agent-{name}", "worker", "-Q", f"node.{name}", "-n", f"it-agent-{name}@%h",
-            "--pool", "solo", "--loglevel", "INFO",
-            extra_env={"BACKSTOP_NODE": name, "BACKSTOP_NODE_SCOPE": "processes",
-                       "BACKSTOP_NODE_MEM_MB": "8000", "BACKSTOP_NODE_CPU": "2"},
-        )  # fmt: skip
-    wait_for(lambda: all(client.exists(f"backstop:node:{n}:hb") for n in NODES), 90, "node agents")
-    try:
-        yield cluster
-        for job in Job.objects.filter(status__in=Job.LIVE_STATUSES):
-            job.request_stop("test over")
-        time.sleep(3)
-    finally:
-        cluster.stop()
-    # Stage processes belong to the agents' sessions only loosely (own process groups): end them.
-    subprocess.run(["pkill", "-9", "-f", "--", f"--checkpoint-dir {tmp_path}"], check=False)
-    subprocess.run(["pkill", "-9", "-f", "spark_runtime generate"], check=False)
+@pytest.fixture(autouse=True)
+def operator_user(transactional_db):
+    return UserFactory(username="opal", role=OPERATOR)
 
 
 def api() -> APIClient:
@@ -181,7 +93,7 @@ def wait_for_exact_results(client, job: Job) -> None:
 
 
 def test_adaptive_survives_controller_restart_and_kill_driver(cluster):
-    client = redis.Redis.from_url(django_settings.REDIS_URL)
+    client = redis.Redis.from_url(settings.REDIS_URL)
     job = launch("adaptive")
     count_standby = Replica.objects.filter(job=job, stage="count", role="standby").first()
     assert count_standby is not None, "adaptive gives the stateful count stage a standby"
@@ -213,7 +125,7 @@ def test_adaptive_survives_controller_restart_and_kill_driver(cluster):
 
 
 def test_local_restart_restarts_the_killed_stage_with_exact_results(cluster):
-    client = redis.Redis.from_url(django_settings.REDIS_URL)
+    client = redis.Redis.from_url(settings.REDIS_URL)
     job = launch("local-restart")
     assert not Replica.objects.filter(job=job, role="standby").exists()
     time.sleep(8)

@@ -1,0 +1,108 @@
+"""A real Backstop cluster for tests: the Celery controller, beat and three node agents as
+processes on this machine, sharing the test database and the test Redis.
+
+Used through the `cluster` fixture (tests/conftest.py) by the integration and browser tests.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import redis
+from django.conf import settings
+from django.db import connection
+
+from console.models import Job
+from tests.factories import NodeFactory
+from web.launcher import wait_for
+
+NODES = ("node-1", "node-2", "node-3")
+
+
+def database_url() -> str:
+    """The test database, spelled for the worker processes."""
+    conf = connection.settings_dict
+    if conf["ENGINE"].endswith("sqlite3"):
+        return f"sqlite:///{conf['NAME']}"
+    user = conf.get("USER") or "postgres"
+    host, port = conf.get("HOST") or "127.0.0.1", conf.get("PORT") or 5432
+    return f"postgres://{user}@{host}:{port}/{conf['NAME']}"
+
+
+class Cluster:
+    """The controller, beat and node agents as real processes, logs under `log_dir`."""
+
+    def __init__(self, log_dir):
+        self.log_dir = log_dir
+        self.env = {
+            **os.environ,
+            "DJANGO_SETTINGS_MODULE": "web.settings.test",
+            "DATABASE_URL": database_url(),
+            "TEST_REDIS_URL": settings.REDIS_URL,
+            "CONTROLLER_DISPATCH": "true",
+            "BACKSTOP_VAR_DIR": str(log_dir),
+        }
+        self.procs: dict[str, subprocess.Popen] = {}
+
+    def start(self, name: str, *args: str, extra_env: dict | None = None) -> None:
+        log = open(self.log_dir / f"{name}.log", "ab")  # noqa: SIM115 (kept open for the child)
+        self.procs[name] = subprocess.Popen(
+            [sys.executable, "-m", "celery", "-A", "web", *args],
+            env={**self.env, **(extra_env or {})},
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+
+    def start_controller(self) -> None:
+        self.start(
+            "controller", "worker", "-Q", "control", "-n", "it-controller@%h",
+            "--pool", "threads", "--concurrency", "6", "--loglevel", "INFO",
+        )  # fmt: skip
+
+    def start_all(self) -> None:
+        """Controller, beat and one agent per node; returns when every agent heartbeats."""
+        self.start_controller()
+        self.start("beat", "beat", "--loglevel", "INFO", "--schedule", str(self.log_dir / "beat"))
+        for name in NODES:
+            self.start(
+                f"agent-{name}", "worker", "-Q", f"node.{name}", "-n", f"it-agent-{name}@%h",
+                "--pool", "solo", "--loglevel", "INFO",
+                extra_env={"BACKSTOP_NODE": name, "BACKSTOP_NODE_SCOPE": "processes",
+                           "BACKSTOP_NODE_MEM_MB": "8000", "BACKSTOP_NODE_CPU": "2"},
+            )  # fmt: skip
+        client = redis.Redis.from_url(settings.REDIS_URL)
+        wait_for(
+            lambda: all(client.exists(f"backstop:node:{n}:hb") for n in NODES), 90, "node agents"
+        )
+
+    def kill(self, name: str) -> None:
+        proc = self.procs.pop(name)
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)
+
+    def stop(self) -> None:
+        """Stop live jobs, then every process, then any stage or generator they left behind."""
+        for job in Job.objects.filter(status__in=Job.LIVE_STATUSES):
+            job.request_stop("test over")
+        time.sleep(3)
+        for name in list(self.procs):
+            self.kill(name)
+        # Stages run in their own sessions (an agent restart must not take them down): end them.
+        subprocess.run(["pkill", "-9", "-f", "--", f"--checkpoint-dir {self.log_dir}"], check=False)
+        subprocess.run(["pkill", "-9", "-f", "spark_runtime generate"], check=False)
+
+
+def prepare() -> None:
+    """Nodes, schedules and a clean Redis; no worker of an interrupted earlier run."""
+    from console.services.schedules import ensure_periodic_tasks
+
+    subprocess.run(["pkill", "-9", "-f", "--", "-n it-"], check=False)
+    redis.Redis.from_url(settings.REDIS_URL).flushdb()
+    ensure_periodic_tasks()
+    for name in NODES:
+        NodeFactory(name=name, cpu_total=2.0, mem_total_mb=8000.0)
