@@ -52,6 +52,7 @@ def launch_job(job_id: int) -> str:
         controller.launch_job(job)
     except controller.LaunchError as exc:
         job.mark_failed(f"could not launch: {exc}")
+        controller.alert_failed_job(job)
         return str(exc)
     supervise_job.apply_async(args=(job_id,))
     return f"launched job {job_id}"

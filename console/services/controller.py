@@ -160,7 +160,13 @@ class AgentLauncher:
 
 
 def send_command(client, job: Job, replica_id: str, command: dict) -> None:
+    """Push a control command (promote, stop, trigger, fault) to a replica's command list."""
     client.rpush(data_keys.control(job.key, replica_id), json.dumps(command))
+
+
+def command_sender(client, job: Job):
+    """`send_command` bound to a job, in the shape the state machine's `execute` wants."""
+    return lambda replica_id, command: send_command(client, job, replica_id, command)
 
 
 # --- launching ---------------------------------------------------------------------------------
@@ -204,7 +210,7 @@ def launch_job(job: Job) -> JobPlan:
         )
     launcher = AgentLauncher(job, client)
     now = time.time()
-    execute(supervisor.start(now), launcher, lambda rid, cmd: send_command(client, job, rid, cmd))
+    execute(supervisor.start(now), launcher, command_sender(client, job))
     save_supervisor(client, job, supervisor)
     return plan
 
@@ -299,7 +305,7 @@ def supervise_tick(job: Job, supervisor: Supervisor, client) -> TickReport:
             )
         else:
             _record_failure(job, client, event, actions)
-        execute(actions, launcher, lambda rid, cmd: send_command(client, job, rid, cmd))
+        execute(actions, launcher, command_sender(client, job))
         # Other observations of this round may be stale after an action: look again next tick.
         break
     return report
@@ -528,67 +534,60 @@ def _top_operator(names, priorities) -> str | None:
 
 
 def _apply_cycle(job, supervisor, client, actions, stage_of) -> None:
-    launcher = AgentLauncher(job, client)
+    """Carry out Algorithm 2's actions through the state machine and record each with its reason.
+
+    Standby changes start or kill replicas; an interval change is stored on the operator with the
+    Spark settings it maps to (see console/policy/checkpoint.py).
+    """
     now = time.time()
     for action in actions:
         stage = stage_of.get(action.operator, "")
-        if isinstance(action, policy_actions.AddStandby):
-            if supervisor.has_standby(stage):
-                continue
-            execute(
-                supervisor.add_standby(stage, action.node, now),
-                launcher,
-                lambda rid, cmd: send_command(client, job, rid, cmd),
-            )
-            decide(
-                job,
-                ControlDecision.Kind.ADD_STANDBY,
-                action.reason,
-                operator=action.operator,
-                stage=stage,
-                node=action.node,
-            )
-        elif isinstance(action, policy_actions.DropStandby):
-            execute(
-                supervisor.drop_standby(stage),
-                launcher,
-                lambda rid, cmd: send_command(client, job, rid, cmd),
-            )
-            decide(
-                job,
-                ControlDecision.Kind.DROP_STANDBY,
-                action.reason,
-                operator=action.operator,
-                stage=stage,
-                node=action.node,
-            )
-        elif isinstance(action, policy_actions.MoveStandby):
-            execute(
-                supervisor.drop_standby(stage) + supervisor.add_standby(stage, action.to_node, now),
-                launcher,
-                lambda rid, cmd: send_command(client, job, rid, cmd),
-            )
-            decide(
-                job,
-                ControlDecision.Kind.MOVE_STANDBY,
-                action.reason,
-                operator=action.operator,
-                stage=stage,
-                node=action.to_node,
-            )
-        elif isinstance(action, policy_actions.SetCheckpointInterval):
+        if isinstance(action, policy_actions.SetCheckpointInterval):
             op = Operator.objects.filter(job=job, name=action.operator).first()
             if op is None or abs(op.checkpoint_interval_s - action.seconds) < 0.5:
                 continue
             Operator.objects.filter(pk=op.pk).update(checkpoint_interval_s=action.seconds)
-            decide(
-                job,
-                ControlDecision.Kind.SET_INTERVAL,
-                action.reason,
-                operator=action.operator,
-                stage=stage,
-                detail=spark_settings_for_interval(action.seconds),
-            )
+            kind, node, steps = ControlDecision.Kind.SET_INTERVAL, "", []
+            detail = spark_settings_for_interval(action.seconds)
+        elif isinstance(action, policy_actions.AddStandby):
+            if supervisor.has_standby(stage):
+                continue
+            kind, node, detail = ControlDecision.Kind.ADD_STANDBY, action.node, {}
+            steps = supervisor.add_standby(stage, action.node, now)
+        elif isinstance(action, policy_actions.DropStandby):
+            kind, node, detail = ControlDecision.Kind.DROP_STANDBY, action.node, {}
+            steps = supervisor.drop_standby(stage)
+        elif isinstance(action, policy_actions.MoveStandby):
+            kind, node, detail = ControlDecision.Kind.MOVE_STANDBY, action.to_node, {}
+            steps = supervisor.drop_standby(stage) + supervisor.add_standby(stage, node, now)
+        else:
+            raise TypeError(f"unknown policy action {action!r}")
+        execute(steps, AgentLauncher(job, client), command_sender(client, job))
+        decide(
+            job, kind, action.reason, operator=action.operator, stage=stage, node=node,
+            detail=detail,
+        )  # fmt: skip
+
+
+def alert_slow_recoveries(job: Job) -> None:
+    """Ask for recovery-time alerts on the job's recent episodes (each is emailed at most once
+    per subscription, so asking every cycle is safe; an open episode alerts while it lasts)."""
+    from console.models import ReportSubscription
+    from workers.reporting import alert_recovery
+
+    wanted = ReportSubscription.objects.filter(enabled=True, alert_recovery_over_s__isnull=False)
+    if not wanted.exists():
+        return
+    since = timezone.now() - timezone.timedelta(minutes=15)
+    for episode_id in job.recoveries.filter(detected_at__gte=since).values_list("pk", flat=True):
+        alert_recovery.delay(episode_id)
+
+
+def alert_failed_job(job: Job) -> None:
+    """Email the subscriptions that asked to hear about jobs failing for good."""
+    from workers.reporting import alert_job_failed
+
+    alert_job_failed.delay(job.pk)
 
 
 def stop_everything(job: Job, supervisor: Supervisor, client) -> None:
@@ -596,7 +595,7 @@ def stop_everything(job: Job, supervisor: Supervisor, client) -> None:
     from workers.agent import kill_replica
 
     launcher = AgentLauncher(job, client)
-    execute(supervisor.stop(), launcher, lambda rid, cmd: send_command(client, job, rid, cmd))
+    execute(supervisor.stop(), launcher, command_sender(client, job))
     for node in Node.objects.all():
         kill_replica.apply_async(args=(generator_id(job),), queue=node_queue(node.name))
     Replica.objects.filter(job=job).exclude(
@@ -619,6 +618,7 @@ def supervise_window(job: Job, client, window_s: float, keep_lease) -> bool:
     if supervisor is None:
         if job.is_live:
             job.mark_failed("supervision state lost: relaunch the job")
+            alert_failed_job(job)
         return False
     deadline = time.monotonic() + window_s
     next_cycle = 0.0
@@ -643,6 +643,7 @@ def supervise_window(job: Job, client, window_s: float, keep_lease) -> bool:
             policy_cycle(job, supervisor, client)
             save_supervisor(client, job, supervisor)
             recovery.measure_open_episodes(job, client, config)
+            alert_slow_recoveries(job)
             next_cycle = time.monotonic() + config.cycle_interval_s
         time.sleep(TICK_S)
     return job.is_live
