@@ -3,6 +3,7 @@ controller, node agents and beat, and the web server; print the URL and the logi
 
 from __future__ import annotations
 
+import contextlib
 import signal
 import sys
 import time
@@ -20,6 +21,32 @@ from web.launcher import (
     wait_for,
 )
 from workers.queues import CONTROL_QUEUE, node_queue
+
+
+def stop_demo_jobs() -> int:
+    """End the processes of this database's jobs and mark live jobs stopped.
+
+    Stage processes run in sessions of their own (an agent restart must not take a job down), so
+    stopping the demo's Celery processes leaves them running; the demo owns them, so it ends them.
+    """
+    import psutil
+
+    from console.models import Job
+
+    job_keys = set(Job.objects.values_list("key", flat=True))
+    ended = 0
+    for proc in psutil.process_iter(["cmdline"]):
+        cmdline = proc.info["cmdline"] or []
+        if not any(part.startswith("spark_runtime") for part in cmdline) or "--job" not in cmdline:
+            continue
+        if cmdline[cmdline.index("--job") + 1] in job_keys:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                proc.kill()
+                ended += 1
+    for job in Job.objects.filter(status__in=Job.LIVE_STATUSES):
+        job.request_stop("demo stopped")
+        job.mark_stopped("demo stopped")
+    return ended
 
 
 class Command(BaseCommand):
@@ -166,3 +193,6 @@ class Command(BaseCommand):
             self.stdout.write("\nstopping ...")
         finally:
             group.stop()
+            stopped = stop_demo_jobs()
+            if stopped:
+                self.stdout.write(f"stopped {stopped} stage and generator processes")
