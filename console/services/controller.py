@@ -18,6 +18,7 @@ from datetime import UTC, datetime
 
 import redis
 from django.conf import settings
+from django.db import transaction
 from django.utils import timezone
 
 from console.models import (
@@ -342,8 +343,10 @@ def describe_actions(actions: list) -> str:
     return "; ".join(words)
 
 
+@transaction.atomic
 def _record_failure(job: Job, client, event, actions: list) -> None:
-    """A failure and the action taken: a ControlDecision pair and an open RecoveryEpisode."""
+    """A failure and the action taken: a ControlDecision pair and an open RecoveryEpisode,
+    written together so nobody sees the decision without its episode."""
     replica_id = event.replica_id
     row = (
         Replica.objects.filter(replica_id=f"{job.key}/{replica_id}").select_related("node").first()

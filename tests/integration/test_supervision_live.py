@@ -113,8 +113,9 @@ def test_adaptive_survives_controller_restart_and_kill_driver(cluster):
 
     fault = inject_kill_driver(job)
     wait_for(
-        lambda: ControlDecision.objects.filter(job=job, kind="promote").exists(), 60, "promotion"
+        lambda: RecoveryEpisode.objects.filter(job=job, action="promote").exists(), 60, "promotion"
     )
+    assert ControlDecision.objects.filter(job=job, kind="promote").exists()
     episode = RecoveryEpisode.objects.get(job=job, action="promote")
     assert episode.fault == fault
     assert episode.stage == "count"
@@ -130,11 +131,8 @@ def test_local_restart_restarts_the_killed_stage_with_exact_results(cluster):
     assert not Replica.objects.filter(job=job, role="standby").exists()
     time.sleep(8)
     inject_kill_driver(job)
-    wait_for(
-        lambda: ControlDecision.objects.filter(job=job, kind="restart-stage").exists(),
-        60,
-        "stage restart",
-    )
+    wait_for(lambda: RecoveryEpisode.objects.filter(job=job).exists(), 60, "stage restart")
+    assert ControlDecision.objects.filter(job=job, kind="restart-stage").exists()
     episode = RecoveryEpisode.objects.get(job=job)
     assert (episode.stage, episode.action) == ("count", "restart-stage")
     wait_for_exact_results(client, job)
