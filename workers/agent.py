@@ -25,7 +25,7 @@ from celery.signals import worker_ready, worker_shutting_down
 from django.conf import settings
 
 from workers import keys
-from workers.node_metrics import PROCESSES, Capacity, NodeSampler
+from workers.node_metrics import PROCESSES, Capacity, NodeSampler, cmdline_arg
 
 log = logging.getLogger(__name__)
 
@@ -76,16 +76,9 @@ def find_replica_process(replica_id: str) -> psutil.Process | None:
         if proc.info["status"] == psutil.STATUS_ZOMBIE:
             continue
         started_by_agent = any(module in cmdline for module in ALLOWED_ENTRY_POINTS)
-        if started_by_agent and _arg(cmdline, "--replica-id") == replica_id:
+        if started_by_agent and cmdline_arg(cmdline, "--replica-id") == replica_id:
             return proc
     return None
-
-
-def _arg(cmdline: list[str], flag: str) -> str | None:
-    try:
-        return cmdline[cmdline.index(flag) + 1]
-    except (ValueError, IndexError):
-        return None
 
 
 def _signal_group(proc: psutil.Process, sig: int) -> None:
@@ -110,7 +103,10 @@ def start_replica(module: str, args: list[str], replica_id: str, job_key: str) -
     """
     if module not in ALLOWED_ENTRY_POINTS or ALLOWED_ENTRY_POINTS[module] not in (None, args[0]):
         raise ValueError(f"{module} {args[:1]} may not be started by a node agent")
-    if _arg(args, "--replica-id") != replica_id or _arg(args, "--node") != this_node():
+    if (
+        cmdline_arg(args, "--replica-id") != replica_id
+        or cmdline_arg(args, "--node") != this_node()
+    ):
         raise ValueError("args must carry this replica's --replica-id and this node's --node")
     existing = find_replica_process(replica_id)
     if existing is not None:
@@ -179,9 +175,9 @@ def _node_stage_processes(node: str, job_key: str | None = None) -> list[psutil.
         cmdline = proc.info["cmdline"] or []
         if proc.info["status"] == psutil.STATUS_ZOMBIE or "spark_runtime.stage" not in cmdline:
             continue
-        if _arg(cmdline, "--node") != node:
+        if cmdline_arg(cmdline, "--node") != node:
             continue
-        if job_key is None or _arg(cmdline, "--job") == job_key:
+        if job_key is None or cmdline_arg(cmdline, "--job") == job_key:
             found.append(proc)
     return found
 

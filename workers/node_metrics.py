@@ -56,7 +56,7 @@ def node_processes(node: str) -> list[psutil.Process]:
     roots = []
     for proc in psutil.process_iter(["cmdline"]):
         cmdline = proc.info["cmdline"] or []
-        is_stage = "spark_runtime.stage" in cmdline and _arg(cmdline, "--node") == node
+        is_stage = "spark_runtime.stage" in cmdline and cmdline_arg(cmdline, "--node") == node
         # stress-node's CPU hogs (`workers.cpu_hog SECONDS NODE`) count against their node too.
         is_hog = "workers.cpu_hog" in cmdline and cmdline[-1] == node
         if is_stage or is_hog:
@@ -72,7 +72,8 @@ def node_processes(node: str) -> list[psutil.Process]:
     return list(found.values())
 
 
-def _arg(cmdline: list[str], flag: str) -> str | None:
+def cmdline_arg(cmdline: list[str], flag: str) -> str | None:
+    """The value after `flag` in a process's command line, or None."""
     try:
         return cmdline[cmdline.index(flag) + 1]
     except (ValueError, IndexError):
