@@ -9,7 +9,6 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 import time
 
 import redis
@@ -18,7 +17,7 @@ from django.db import connection
 
 from console.models import Job
 from tests.factories import NodeFactory
-from web.launcher import wait_for
+from web.launcher import agent_argv, agent_env, celery_argv, controller_argv, wait_for
 
 NODES = ("node-1", "node-2", "node-3")
 
@@ -48,10 +47,10 @@ class Cluster:
         }
         self.procs: dict[str, subprocess.Popen] = {}
 
-    def start(self, name: str, *args: str, extra_env: dict | None = None) -> None:
+    def start(self, name: str, argv: list[str], extra_env: dict | None = None) -> None:
         log = open(self.log_dir / f"{name}.log", "ab")  # noqa: SIM115 (kept open for the child)
         self.procs[name] = subprocess.Popen(
-            [sys.executable, "-m", "celery", "-A", "web", *args],
+            argv,
             env={**self.env, **(extra_env or {})},
             stdout=log,
             stderr=subprocess.STDOUT,
@@ -59,22 +58,21 @@ class Cluster:
         )
 
     def start_controller(self) -> None:
-        self.start(
-            "controller", "worker", "-Q", "control", "-n", "it-controller@%h",
-            "--pool", "threads", "--concurrency", "6", "--loglevel", "INFO",
-        )  # fmt: skip
+        self.start("controller", controller_argv("it-controller@%h", concurrency=6))
 
     def start_all(self) -> None:
         """Controller, beat and one agent per node; returns when every agent heartbeats."""
         self.start_controller()
-        self.start("beat", "beat", "--loglevel", "INFO", "--schedule", str(self.log_dir / "beat"))
+        self.start(
+            "beat",
+            celery_argv("beat", "--loglevel", "INFO", "--schedule", str(self.log_dir / "beat")),
+        )
         for name in NODES:
             self.start(
-                f"agent-{name}", "worker", "-Q", f"node.{name}", "-n", f"it-agent-{name}@%h",
-                "--pool", "solo", "--loglevel", "INFO",
-                extra_env={"BACKSTOP_NODE": name, "BACKSTOP_NODE_SCOPE": "processes",
-                           "BACKSTOP_NODE_MEM_MB": "8000", "BACKSTOP_NODE_CPU": "2"},
-            )  # fmt: skip
+                f"agent-{name}",
+                agent_argv(name, f"it-agent-{name}@%h"),
+                extra_env=agent_env(name, mem_mb=8000, cpu=2),
+            )
         client = redis.Redis.from_url(settings.REDIS_URL)
         wait_for(
             lambda: all(client.exists(f"backstop:node:{n}:hb") for n in NODES), 90, "node agents"

@@ -19,6 +19,8 @@ from urllib.parse import urlparse
 
 import redis
 
+from workers.queues import CONTROL_QUEUE, node_queue
+
 
 def redis_answers(url: str, timeout: float = 1.0) -> bool:
     client = redis.Redis.from_url(url, socket_connect_timeout=timeout, socket_timeout=timeout)
@@ -111,6 +113,37 @@ def start_redis_if_needed(url: str, group: ProcessGroup, data_dir: Path) -> str:
 
 def celery_argv(*args: str) -> list[str]:
     return [sys.executable, "-m", "celery", "-A", "web", *args]
+
+
+def controller_argv(worker_name: str = "controller@%h", concurrency: int = 8) -> list[str]:
+    """The Celery controller: consumes the control queue."""
+    # threads: each supervised job holds one worker slot for its 30 s window
+    return celery_argv(
+        "worker", "-Q", CONTROL_QUEUE, "-n", worker_name, "--pool", "threads",
+        "--concurrency", str(concurrency), "--loglevel", "INFO",
+    )  # fmt: skip
+
+
+def agent_argv(node: str, worker_name: str | None = None) -> list[str]:
+    """The node agent of `node`: consumes that node's queue."""
+    # solo pool: tasks run beside the agent's monitor thread (workers/agent.py)
+    return celery_argv(
+        "worker", "-Q", node_queue(node), "-n", worker_name or f"agent-{node}@%h",
+        "--pool", "solo", "--loglevel", "INFO",
+    )  # fmt: skip
+
+
+def agent_env(node: str, mem_mb: float, cpu: float | None = None) -> dict[str, str]:
+    """Environment of a node agent sharing this machine with the other nodes' agents."""
+    env = {
+        "BACKSTOP_NODE": node,
+        # several agents share this machine: each measures its own stage processes
+        "BACKSTOP_NODE_SCOPE": "processes",
+        "BACKSTOP_NODE_MEM_MB": str(mem_mb),
+    }
+    if cpu is not None:
+        env["BACKSTOP_NODE_CPU"] = str(cpu)
+    return env
 
 
 def http_ok(url: str) -> bool:

@@ -25,7 +25,7 @@ from celery.signals import worker_ready, worker_shutting_down
 from django.conf import settings
 
 from workers import keys
-from workers.node_metrics import PROCESSES, Capacity, NodeSampler, cmdline_arg
+from workers.node_metrics import PROCESSES, Capacity, NodeSampler, cmdline_arg, stage_processes
 
 log = logging.getLogger(__name__)
 
@@ -169,25 +169,12 @@ def kill_replica(replica_id: str, signal_name: str = "SIGKILL") -> bool:
     return True
 
 
-def _node_stage_processes(node: str, job_key: str | None = None) -> list[psutil.Process]:
-    found = []
-    for proc in psutil.process_iter(["cmdline", "status"]):
-        cmdline = proc.info["cmdline"] or []
-        if proc.info["status"] == psutil.STATUS_ZOMBIE or "spark_runtime.stage" not in cmdline:
-            continue
-        if cmdline_arg(cmdline, "--node") != node:
-            continue
-        if job_key is None or cmdline_arg(cmdline, "--job") == job_key:
-            found.append(proc)
-    return found
-
-
 @shared_task(
     name="backstop.agent.kill_node", acks_late=True, expires=30, time_limit=30, soft_time_limit=25
 )
 def kill_node(job_key: str | None = None) -> list[int]:
     """SIGKILL every stage process of this node (of one job, when given); return their pids."""
-    procs = _node_stage_processes(this_node(), job_key)
+    procs = stage_processes(node=this_node(), job=job_key)
     for proc in procs:
         _signal_group(proc, signal.SIGKILL)
     return [p.pid for p in procs]
@@ -200,7 +187,7 @@ def pause_node(duration_s: float, job_key: str | None = None) -> list[int]:
     The SIGCONT is sent by a detached `sleep; kill -CONT` process, so the stages resume even if
     this agent dies meanwhile.
     """
-    procs = _node_stage_processes(this_node(), job_key)
+    procs = stage_processes(node=this_node(), job=job_key)
     groups = sorted({os.getpgid(p.pid) for p in procs})
     for group in groups:
         os.killpg(group, signal.SIGSTOP)

@@ -50,17 +50,25 @@ class NodeUsage:
         return asdict(self)
 
 
-def node_processes(node: str) -> list[psutil.Process]:
-    """Stage processes started for `node` (`spark_runtime.stage ... --node NODE`), CPU hogs of
-    stress-node faults on it, and their children."""
-    roots = []
-    for proc in psutil.process_iter(["cmdline"]):
+def stage_processes(*, node: str | None = None, job: str | None = None) -> list[psutil.Process]:
+    """Live stage processes (`spark_runtime.stage ...`), of one node and/or one job when given.
+
+    Only the Python roots: their Spark JVMs are children (see `with_children`).
+    """
+    found = []
+    for proc in psutil.process_iter(["cmdline", "status"]):
         cmdline = proc.info["cmdline"] or []
-        is_stage = "spark_runtime.stage" in cmdline and cmdline_arg(cmdline, "--node") == node
-        # stress-node's CPU hogs (`workers.cpu_hog SECONDS NODE`) count against their node too.
-        is_hog = "workers.cpu_hog" in cmdline and cmdline[-1] == node
-        if is_stage or is_hog:
-            roots.append(proc)
+        if proc.info["status"] == psutil.STATUS_ZOMBIE or "spark_runtime.stage" not in cmdline:
+            continue
+        if node is not None and cmdline_arg(cmdline, "--node") != node:
+            continue
+        if job is None or cmdline_arg(cmdline, "--job") == job:
+            found.append(proc)
+    return found
+
+
+def with_children(roots: list[psutil.Process]) -> list[psutil.Process]:
+    """`roots` and all their descendants (a stage's Spark JVM), each once."""
     found: dict[int, psutil.Process] = {}
     for root in roots:
         found[root.pid] = root
@@ -70,6 +78,18 @@ def node_processes(node: str) -> list[psutil.Process]:
         except psutil.NoSuchProcess:
             continue
     return list(found.values())
+
+
+def node_processes(node: str) -> list[psutil.Process]:
+    """Stage processes started for `node` (`spark_runtime.stage ... --node NODE`), CPU hogs of
+    stress-node faults on it, and their children."""
+    hogs = [
+        proc
+        for proc in psutil.process_iter(["cmdline"])
+        # stress-node's CPU hogs (`workers.cpu_hog SECONDS NODE`) count against their node too.
+        if "workers.cpu_hog" in (proc.info["cmdline"] or []) and proc.info["cmdline"][-1] == node
+    ]
+    return with_children(stage_processes(node=node) + hogs)
 
 
 def cmdline_arg(cmdline: list[str], flag: str) -> str | None:

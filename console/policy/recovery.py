@@ -226,3 +226,74 @@ def lost_and_duplicates(
         duplicated=sum(1 for count in emitted.values() if count > 1),
         unexpected=len(emitted.keys() - expected),
     )
+
+
+# --- the output series of a job, from its progress records --------------------------------
+
+
+@dataclass
+class OutputSeries:
+    """Per-second output of a job: times (epoch s), events output, p90 and p99 latency (ms)."""
+
+    times: list[float]
+    throughput: list[float]
+    p90_ms: list[float]
+    p99_ms: list[float]
+    output_times: list[float]
+
+
+def _float(record: dict, field: str) -> float | None:
+    raw = record.get(field, "")
+    if raw in ("", "None"):
+        return None
+    value = float(raw)
+    return None if math.isnan(value) else value
+
+
+def output_series(records: list[dict], start: float, end: float) -> OutputSeries:
+    """Build the per-second series over [start, end) from progress records (any order).
+
+    Only batches of a final stage written by a primary are output a consumer sees. Throughput is
+    the final stage's input rows per second (its written rows are upserts of distinct keys, so
+    they say little about throughput); a second without output gets zero throughput and a
+    latency that keeps growing (time since the last output plus that output's latency), which is
+    how an outage looks to a consumer and what `detect_recovery` expects.
+    """
+    seconds = max(0, int(math.ceil(end - start)))
+    rows = [0.0] * seconds
+    p90: list[float | None] = [None] * seconds
+    p99: list[float | None] = [None] * seconds
+    output_times = []
+    for record in records:
+        if record.get("role") != "primary" or record.get("final") != "True":
+            continue
+        at = float(record["at"])
+        written = float(record.get("written") or 0)
+        if written <= 0 or not start <= at < end:
+            continue
+        output_times.append(at)
+        slot = int(at - start)
+        rows[slot] += float(record.get("input_rows") or 0)
+        for target, field in ((p90, "latency_p90"), (p99, "latency_p99")):
+            value = _float(record, field)
+            if value is not None:
+                target[slot] = max(target[slot] or 0.0, value * 1000.0)
+    times = [start + i for i in range(seconds)]
+    return OutputSeries(
+        times, rows, _fill_outage(times, p90), _fill_outage(times, p99), sorted(output_times)
+    )
+
+
+def _fill_outage(times: list[float], latency: list[float | None]) -> list[float]:
+    """Seconds without output: the last latency plus the time since that output."""
+    filled = []
+    last_value, last_time = None, None
+    for t, value in zip(times, latency, strict=True):
+        if value is not None:
+            last_value, last_time = value, t
+            filled.append(value)
+        elif last_value is None:
+            filled.append(0.0)
+        else:
+            filled.append(last_value + (t - last_time) * 1000.0)
+    return filled

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+
 from django.conf import settings
 from django.db import transaction
 
@@ -101,3 +103,25 @@ def stop_job(job: Job, reason: str = "stopped by request") -> Job:
         # Nothing is running for this job, so there is nothing for the controller to wait for.
         job.mark_stopped(reason)
     return job
+
+
+def kill_job_processes(job_keys: set[str]) -> int:
+    """SIGKILL this machine's stage and generator processes of the given jobs; returns how many.
+
+    For whoever started the node agents on this machine (the demo, the benchmark) and must leave
+    nothing behind: stage processes outlive their agent on purpose.
+    """
+    import psutil
+
+    from workers.node_metrics import cmdline_arg
+
+    ended = 0
+    for proc in psutil.process_iter(["cmdline"]):
+        cmdline = proc.info["cmdline"] or []
+        if not any(part.startswith("spark_runtime") for part in cmdline):
+            continue
+        if cmdline_arg(cmdline, "--job") in job_keys:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                proc.kill()
+                ended += 1
+    return ended

@@ -1,6 +1,6 @@
 """Building the per-second output series the recovery detector reads (pure functions)."""
 
-from console.services.recovery import output_series
+from console.policy.recovery import output_series
 
 
 def record(at, written, p90=0.5, p99=0.8, role="primary", final="True", input_rows=None):

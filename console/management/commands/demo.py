@@ -3,7 +3,6 @@ controller, node agents and beat, and the web server; print the URL and the logi
 
 from __future__ import annotations
 
-import contextlib
 import signal
 import sys
 import time
@@ -13,14 +12,17 @@ from django.core.management import call_command
 from django.core.management.base import BaseCommand
 
 from console.services.demo_setup import DEMO_NODES, ensure_demo_nodes, ensure_demo_users
+from console.services.jobs import kill_job_processes
 from web.launcher import (
     ProcessGroup,
+    agent_argv,
+    agent_env,
     celery_argv,
+    controller_argv,
     http_ok,
     start_redis_if_needed,
     wait_for,
 )
-from workers.queues import CONTROL_QUEUE, node_queue
 
 
 def stop_demo_jobs() -> int:
@@ -29,20 +31,9 @@ def stop_demo_jobs() -> int:
     Stage processes run in sessions of their own (an agent restart must not take a job down), so
     stopping the demo's Celery processes leaves them running; the demo owns them, so it ends them.
     """
-    import psutil
-
     from console.models import Job
 
-    job_keys = set(Job.objects.values_list("key", flat=True))
-    ended = 0
-    for proc in psutil.process_iter(["cmdline"]):
-        cmdline = proc.info["cmdline"] or []
-        if not any(part.startswith("spark_runtime") for part in cmdline) or "--job" not in cmdline:
-            continue
-        if cmdline[cmdline.index("--job") + 1] in job_keys:
-            with contextlib.suppress(psutil.NoSuchProcess):
-                proc.kill()
-                ended += 1
+    ended = kill_job_processes(set(Job.objects.values_list("key", flat=True)))
     for job in Job.objects.filter(status__in=Job.LIVE_STATUSES):
         job.request_stop("demo stopped")
         job.mark_stopped("demo stopped")
@@ -101,44 +92,10 @@ class Command(BaseCommand):
             )
 
             self.step(4, total, "Celery: controller, node agents, beat")
-            group.start(
-                "controller",
-                # threads: each supervised job holds one worker slot for its window
-                celery_argv(
-                    "worker",
-                    "-Q",
-                    CONTROL_QUEUE,
-                    "-n",
-                    "controller@%h",
-                    "--pool",
-                    "threads",
-                    "--concurrency",
-                    "8",
-                    "--loglevel",
-                    "INFO",
-                ),  # fmt: skip
-            )
+            group.start("controller", controller_argv())
             for name in DEMO_NODES:
                 group.start(
-                    f"agent-{name}",
-                    # solo pool: tasks run beside the agent's monitor thread (workers/agent.py)
-                    celery_argv(
-                        "worker",
-                        "-Q",
-                        node_queue(name),
-                        "-n",
-                        f"agent-{name}@%h",
-                        "--pool",
-                        "solo",
-                        "--loglevel",
-                        "INFO",
-                    ),
-                    env={
-                        "BACKSTOP_NODE": name,
-                        # three agents share this machine: measure each node's own processes
-                        "BACKSTOP_NODE_SCOPE": "processes",
-                        "BACKSTOP_NODE_MEM_MB": str(nodes[0].mem_total_mb),
-                    },
+                    f"agent-{name}", agent_argv(name), env=agent_env(name, nodes[0].mem_total_mb)
                 )
             group.start(
                 "beat",

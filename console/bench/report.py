@@ -1,0 +1,124 @@
+"""bench.json -> bench.md (tables) and bench.png (throughput and latency over time)."""
+
+from __future__ import annotations
+
+from statistics import mean
+
+BASELINE = "restart-all"
+
+
+def mean_recovery(run: dict) -> float | None:
+    """Mean recovery time of a run's faults; None when a fault never recovered (or no faults)."""
+    times = [f["recovery_time_s"] for f in run["faults"]]
+    if not times or any(t is None for t in times):
+        return None
+    return round(mean(times), 2)
+
+
+def mean_downtime(run: dict) -> float | None:
+    times = [f["downtime_s"] for f in run["faults"]]
+    if not times or any(t is None for t in times):
+        return None
+    return round(mean(times), 2)
+
+
+def recovery_ratios(runs: list[dict]) -> dict[str, float | None]:
+    """Each strategy's mean recovery time divided by restart-all's (same topology and kind)."""
+    baseline = next((r for r in runs if r["strategy"] == BASELINE), None)
+    base = mean_recovery(baseline) if baseline else None
+    ratios = {}
+    for run in runs:
+        own = mean_recovery(run)
+        ratios[run["strategy"]] = (
+            round(own / base, 3) if own is not None and base not in (None, 0) else None
+        )
+    return ratios
+
+
+def _fmt(value, digits: int = 1, suffix: str = "") -> str:
+    if value is None:
+        return "n/a"
+    if isinstance(value, float):
+        return f"{value:.{digits}f}{suffix}"
+    return f"{value}{suffix}"
+
+
+def to_markdown(bench: dict) -> str:
+    """The summary table (one row per strategy) and the per-fault table."""
+    runs = bench["runs"]
+    ratios = recovery_ratios(runs)
+    settings = bench.get("settings", {})
+    lines = [
+        f"Topology `{settings.get('topology', '?')}`, fault `{settings.get('fault_kind', '?')}` "
+        f"x{settings.get('faults', '?')} on `{settings.get('target', '?')}`, "
+        f"{settings.get('rate', '?')} events/s, warm-up {settings.get('warmup_s', '?')} s, "
+        f"measured {settings.get('duration_s', '?')} s, recovery band "
+        f"{settings.get('band', '?')}, stable window {settings.get('stable_window_s', '?')} s.",
+        "",
+        "| strategy | mean downtime s | mean recovery s | vs restart-all | worst peak p99 ms "
+        "| lost | dup | steady p50 ms | steady p99 ms | events/s | CPU % | RSS MB |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for run in runs:
+        steady = run["steady"]
+        peaks = [f["peak_p99_ms"] for f in run["faults"] if f["peak_p99_ms"] is not None]
+        ratio = ratios.get(run["strategy"])
+        lines.append(
+            f"| {run['strategy']} | {_fmt(mean_downtime(run), 2)} | "
+            f"{_fmt(mean_recovery(run), 2)} | "
+            f"{'n/a' if ratio is None else f'{ratio * 100:.0f}%'} | "
+            f"{_fmt(max(peaks) if peaks else None, 0)} | {run['lost']} | {run['duplicates']} | "
+            f"{_fmt(steady['p50_ms'], 0)} | {_fmt(steady['p99_ms'], 0)} | "
+            f"{_fmt(steady['throughput_eps'], 1)} | {_fmt(steady['cpu_pct'], 0)} | "
+            f"{_fmt(steady['rss_mb'], 0)} |"
+        )
+    lines += [
+        "",
+        "| strategy | fault | at s | action | downtime s | recovery s | peak p99 ms | note |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for run in runs:
+        for number, fault in enumerate(run["faults"], start=1):
+            lines.append(
+                f"| {run['strategy']} | {number}: {fault['kind']} | {_fmt(fault['at_s'])} | "
+                f"{fault.get('action') or 'n/a'} | {_fmt(fault['downtime_s'], 2)} | "
+                f"{_fmt(fault['recovery_time_s'], 2)} | {_fmt(fault['peak_p99_ms'], 0)} | "
+                f"{fault.get('note', '')} |"
+            )
+    return "\n".join(lines) + "\n"
+
+
+def plot_png(bench: dict, path) -> None:
+    """Throughput and p99 latency per second for every strategy, faults marked."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    runs = bench["runs"]
+    figure = Figure(figsize=(11, 2.4 * max(len(runs), 1) + 0.6), dpi=100)
+    FigureCanvasAgg(figure)
+    axes = figure.subplots(max(len(runs), 1), 1, sharex=True, squeeze=False)[:, 0]
+    for axis, run in zip(axes, runs, strict=False):
+        series = run.get("series") or {"t": [], "throughput": [], "p99_ms": []}
+        axis.plot(series["t"], series["throughput"], color="#1f77b4", linewidth=0.9)
+        axis.set_ylabel("events/s", color="#1f77b4")
+        axis.set_title(
+            f"{run['strategy']}: mean recovery {_fmt(mean_recovery(run), 1, ' s')}, "
+            f"lost {run['lost']}, dup {run['duplicates']}",
+            fontsize=9,
+            loc="left",
+        )
+        latency = axis.twinx()
+        latency.plot(
+            series["t"], [v / 1000.0 for v in series["p99_ms"]], color="#d62728", linewidth=0.9
+        )
+        latency.set_ylabel("p99 s", color="#d62728")
+        for fault in run["faults"]:
+            axis.axvline(fault["at_s"], color="black", linestyle="--", linewidth=0.8)
+            if fault.get("recovery_time_s") is not None:
+                axis.axvspan(
+                    fault["at_s"], fault["at_s"] + fault["recovery_time_s"], color="orange",
+                    alpha=0.2,
+                )  # fmt: skip
+    axes[-1].set_xlabel("seconds since the input started (dashed: fault; shaded: recovery)")
+    figure.tight_layout()
+    figure.savefig(path)

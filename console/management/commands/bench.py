@@ -1,0 +1,84 @@
+"""`manage.py bench`: the side-by-side strategy benchmark (console/services/bench.py)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from django.core.management import call_command
+from django.core.management.base import BaseCommand, CommandError
+
+from console.services.bench import FAULT_KINDS, STRATEGIES, BenchSettings, run_bench
+
+# Small enough for a few minutes on 2 cores: the baseline and the adaptive strategy, one fault.
+QUICK = {"strategies": "restart-all,adaptive", "faults": 1, "warmup": 20.0, "duration": 120.0}
+
+
+class Command(BaseCommand):
+    help = (
+        "Run each strategy on the same seeded workload and fault schedule, one after another, "
+        "and write DIR/bench.json, bench.md and bench.png. Starts Redis (if none answers), the "
+        "controller, beat and three node agents itself; stop the demo first."
+    )
+
+    def add_arguments(self, parser):
+        parser.add_argument("--topology", default="wordcount", help="wordcount or topn")
+        parser.add_argument(
+            "--strategies",
+            default=None,
+            help=f"comma-separated, from {','.join(STRATEGIES)} (default: all; --quick: "
+            f"{QUICK['strategies']})",
+        )
+        parser.add_argument("--faults", type=int, default=None, help="faults per run, 0 to 4")
+        parser.add_argument("--fault-kind", default="kill-driver", choices=FAULT_KINDS)
+        parser.add_argument(
+            "--rate", type=float, default=50.0, help="input events per second (default: the demo's)"
+        )
+        parser.add_argument("--warmup", type=float, default=None, help="seconds before measuring")
+        parser.add_argument(
+            "--duration",
+            type=float,
+            default=None,
+            help="measured seconds after the warm-up; faults at duration*i/(faults+1) "
+            "(default: 50 s per fault interval)",
+        )
+        parser.add_argument(
+            "--stable-window",
+            type=float,
+            default=10.0,
+            help="seconds back in band that count as recovered",
+        )
+        parser.add_argument("--target", default=None, help="operator to fault (default: key)")
+        parser.add_argument("--seed", type=int, default=7)
+        parser.add_argument("--out", default="var/bench", help="output directory")
+        parser.add_argument("--quick", action="store_true", help="a run of a few minutes")
+
+    def handle(self, *args, **opts):
+        quick = QUICK if opts["quick"] else {}
+        faults = opts["faults"] if opts["faults"] is not None else quick.get("faults", 4)
+        try:
+            bench = BenchSettings(
+                topology=opts["topology"],
+                strategies=tuple(
+                    s.strip()
+                    for s in (
+                        opts["strategies"] or quick.get("strategies") or ",".join(STRATEGIES)
+                    ).split(",")
+                    if s.strip()
+                ),
+                faults=faults,
+                fault_kind=opts["fault_kind"],
+                rate=opts["rate"],
+                warmup_s=opts["warmup"] or quick.get("warmup", 30.0),
+                duration_s=opts["duration"] or quick.get("duration", 50.0 * (faults + 1)),
+                out=Path(opts["out"]),
+                stable_window_s=opts["stable_window"],
+                seed=opts["seed"],
+                target=opts["target"],
+            )
+        except ValueError as exc:
+            raise CommandError(str(exc)) from None
+        call_command("migrate", interactive=False, verbosity=0)
+        try:
+            run_bench(bench, say=self.stdout.write)
+        except RuntimeError as exc:
+            raise CommandError(str(exc)) from None

@@ -1,0 +1,434 @@
+"""The side-by-side strategy benchmark (`manage.py bench`): the same seeded workload and the same
+fault schedule under each strategy, one job after another, on a cluster this module starts.
+
+Per strategy: launch the job through the normal services (planner, controller, node agents),
+let the generator write `rate * (warmup + duration)` events, inject the faults at fixed offsets
+from the first input event (through `request_fault`, as an operator would), sample the job's
+processes' CPU and memory, wait until the output has caught up, compare the results with the
+ground truth computed in plain Python from the input (console/bench/truth.py), stop the job, and
+measure every fault from the recorded progress (console/bench/measure.py).
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import psutil
+import redis
+from django.conf import settings as django_settings
+from django.contrib.auth.models import Group, User
+
+from console.bench import measure, report, truth
+from console.models import FaultInjection, Job, Node, Policy, RecoveryEpisode
+from console.roles import OPERATOR
+from console.services.controller import load_supervisor
+from console.services.demo_setup import DEMO_NODES, ensure_demo_nodes
+from console.services.faults import FaultRefused, request_fault
+from console.services.jobs import create_job, kill_job_processes, stop_job
+from console.services.recovery import read_progress
+from console.services.schedules import ensure_periodic_tasks
+from spark_runtime import keys as data_keys
+from spark_runtime.topology import SINK, SOURCE, compile_stages, get_topology
+from web.launcher import (
+    ProcessGroup,
+    agent_argv,
+    agent_env,
+    celery_argv,
+    controller_argv,
+    start_redis_if_needed,
+    wait_for,
+)
+from workers.keys import node_heartbeat
+from workers.node_metrics import cmdline_arg, stage_processes, with_children
+
+STRATEGIES = ("restart-all", "local-restart", "adaptive", "active-all")
+FAULT_KINDS = ("kill-driver", "kill-node")
+BENCH_USER = "bench"
+
+
+@dataclass(frozen=True)
+class BenchSettings:
+    """One invocation: a topology, the strategies to compare and the shared workload."""
+
+    topology: str
+    strategies: tuple[str, ...]
+    faults: int
+    fault_kind: str
+    rate: float
+    warmup_s: float
+    duration_s: float
+    out: Path
+    stable_window_s: float = 10.0
+    seed: int = 7
+    target: str | None = None
+    drain_timeout_s: float = 240.0
+
+    def __post_init__(self):
+        problems = []
+        if self.topology not in truth.CHECKED_TOPOLOGIES:
+            problems.append(f"--topology: one of {', '.join(truth.CHECKED_TOPOLOGIES)}")
+        unknown = [s for s in self.strategies if s not in STRATEGIES]
+        if unknown or not self.strategies:
+            problems.append(f"--strategies: comma-separated, from {', '.join(STRATEGIES)}")
+        if self.fault_kind not in FAULT_KINDS:
+            problems.append(f"--fault-kind: one of {', '.join(FAULT_KINDS)}")
+        if not 0 <= self.faults <= 4:
+            problems.append("--faults: 0 to 4")
+        if not 1 <= self.rate <= 5000:
+            problems.append("--rate: 1 to 5000 events/s")
+        if self.warmup_s < 15:
+            problems.append("--warmup: at least 15 s (the reference window needs steady output)")
+        if self.faults and self.duration_s / (self.faults + 1) < self.stable_window_s + 15:
+            problems.append(
+                f"--duration: faults are spaced duration/(faults+1) apart; that must be at least "
+                f"{self.stable_window_s + 15:g} s (stable window + 15 s) to see each recovery"
+            )
+        if problems:
+            raise ValueError("; ".join(problems))
+
+    @property
+    def events(self) -> int:
+        return int(self.rate * (self.warmup_s + self.duration_s))
+
+    @property
+    def schedule(self) -> list[float]:
+        return measure.fault_schedule(self.warmup_s, self.duration_s, self.faults)
+
+
+@dataclass
+class ResourceSampler:
+    """Samples the CPU (% of one core) and RSS (MB) of a job's stage processes and their JVMs
+    once a second in a background thread."""
+
+    job_key: str
+    samples: list[tuple[float, float, float]] = field(default_factory=list)
+    _stop: threading.Event = field(default_factory=threading.Event)
+    _procs: dict[int, psutil.Process] = field(default_factory=dict)
+
+    def start(self) -> None:
+        threading.Thread(target=self._run, name="bench-sampler", daemon=True).start()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def _run(self) -> None:
+        while not self._stop.wait(1.0):
+            current = {p.pid: p for p in with_children(stage_processes(job=self.job_key))}
+            # psutil measures CPU since the previous call on the same object: keep the objects.
+            self._procs = {pid: self._procs.get(pid, p) for pid, p in current.items()}
+            cpu = rss = 0.0
+            for proc in self._procs.values():
+                try:
+                    cpu += proc.cpu_percent(None)
+                    rss += proc.memory_info().rss / 2**20
+                except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+                    continue
+            self.samples.append((time.time(), cpu, rss))
+
+    def mean_between(self, start: float, end: float) -> tuple[float | None, float | None]:
+        # The first sample of a new process reads 0 % CPU; skip the first two seconds.
+        window = [(c, r) for t, c, r in self.samples if start + 2 <= t < end]
+        if not window:
+            return None, None
+        return (
+            round(sum(c for c, _ in window) / len(window), 1),
+            round(sum(r for _, r in window) / len(window), 1),
+        )
+
+
+def other_backstop_workers() -> list[str]:
+    """Celery workers of Backstop already running on this machine (e.g. the demo's)."""
+    found = []
+    for proc in psutil.process_iter(["cmdline"]):
+        cmdline = proc.info["cmdline"] or []
+        if "celery" in " ".join(cmdline[:3]) and cmdline_arg(cmdline, "-A") == "web":
+            found.append(f"pid {proc.pid}: {' '.join(cmdline[3:8])}")
+    return found
+
+
+class BenchCluster:
+    """Redis (if none answers), the controller, beat and one agent per demo node, for the
+    duration of a `with` block; logs in `log_dir`."""
+
+    def __init__(self, log_dir: Path, say):
+        self.group = ProcessGroup(log_dir)
+        self.log_dir = log_dir
+        self.say = say
+
+    def __enter__(self) -> BenchCluster:
+        busy = other_backstop_workers()
+        if busy:
+            raise RuntimeError(
+                "other Backstop workers are running on this machine (stop the demo first: the "
+                "benchmark needs the cores to itself and the node queues to its own agents): "
+                + "; ".join(busy)
+            )
+        self.say("Redis: " + start_redis_if_needed(
+            django_settings.REDIS_URL, self.group, self.log_dir / "redis"
+        ))  # fmt: skip
+        nodes = ensure_demo_nodes()
+        ensure_periodic_tasks()
+        self.group.start("controller", controller_argv("bench-controller@%h"))
+        for node in nodes:
+            self.group.start(
+                f"agent-{node.name}",
+                agent_argv(node.name, f"bench-agent-{node.name}@%h"),
+                env=agent_env(node.name, node.mem_total_mb),
+            )
+        self.group.start(
+            "beat",
+            celery_argv("beat", "--loglevel", "INFO", "--schedule", str(self.log_dir / "beat")),
+        )
+        client = redis.Redis.from_url(django_settings.REDIS_URL)
+        wait_for(
+            lambda: all(client.exists(node_heartbeat(n)) for n in DEMO_NODES),
+            90,
+            f"the node agents' heartbeats (logs in {self.log_dir})",
+        )
+        self.say(f"controller, beat and agents {', '.join(DEMO_NODES)} up (logs: {self.log_dir})")
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.group.stop()
+
+
+def bench_user() -> User:
+    """The operator the benchmark's jobs and faults are recorded under."""
+    user, created = User.objects.get_or_create(username=BENCH_USER)
+    if created:
+        user.set_unusable_password()
+        user.save()
+    user.groups.add(Group.objects.get_or_create(name=OPERATOR)[0])
+    return user
+
+
+def key_operator(job: Job) -> str:
+    """The processing operator with the highest fault-tolerance priority (the key stage)."""
+    return (
+        job.operators.exclude(kind__in=(SOURCE, SINK))
+        .order_by("-priority", "name")
+        .values_list("name", flat=True)
+        .first()
+    )
+
+
+def _wait_status(job: Job, statuses: tuple[str, ...], timeout_s: float, what: str) -> Job:
+    def reached() -> bool:
+        job.refresh_from_db(fields=["status", "status_reason"])
+        return job.status in statuses
+
+    wait_for(reached, timeout_s, what, poll_s=1)
+    return job
+
+
+def _sleep_until(when: float) -> None:
+    time.sleep(max(0.0, when - time.time()))
+
+
+def _inject(job: Job, kind: str, target: str, user: User) -> tuple[FaultInjection | None, str]:
+    """Request one fault like an operator would and wait for the controller to inject it."""
+    client = redis.Redis.from_url(django_settings.REDIS_URL, decode_responses=True)
+    try:
+        if kind == "kill-driver":
+            fault = request_fault(job, kind, target_operator=target, requested_by=user)
+        else:
+            stage = job.operators.get(name=target).stage
+            supervisor = load_supervisor(client, job)
+            node_name = (
+                supervisor.placement_by_stage().get(stage, (None,))[0] if supervisor else None
+            )
+            if node_name is None:
+                return None, f"no primary of {stage} to take down"
+            fault = request_fault(
+                job, kind, target_node=Node.objects.get(name=node_name), requested_by=user
+            )
+    except FaultRefused as exc:
+        return None, f"refused: {exc}"
+    finally:
+        client.close()
+
+    def injected() -> bool:
+        fault.refresh_from_db()
+        return fault.outcome != FaultInjection.Outcome.PENDING
+
+    wait_for(injected, 30, f"fault {fault.pk} to be injected", poll_s=0.2)
+    return fault, fault.outcome_detail
+
+
+def _read_cells(client, job: Job, params: dict) -> tuple[dict, dict, int]:
+    entries = [fields for _, fields in client.xrange(data_keys.input_stream(job.key))]
+    expected = truth.expected_cells(job.topology, entries, params)
+    actual = truth.result_cells(job.topology, client.hgetall(data_keys.results(job.key)))
+    return expected, actual, len(entries)
+
+
+def _drain(client, job: Job, params: dict, timeout_s: float, say) -> truth.Comparison:
+    """Wait until the results equal the ground truth, or stop changing for 30 s."""
+    deadline = time.time() + timeout_s
+    last, last_change = None, time.time()
+    while True:
+        expected, actual, _ = _read_cells(client, job, params)
+        comparison = truth.compare(expected, actual)
+        if comparison.exact:
+            # A late duplicate would show up as an overshoot: look once more.
+            time.sleep(3)
+            return truth.compare(*_read_cells(client, job, params)[:2])
+        if actual != last:
+            last, last_change = actual, time.time()
+        if time.time() - last_change > 30 or time.time() > deadline:
+            say(f"      results still differ after waiting: {comparison}")
+            return comparison
+        time.sleep(2)
+
+
+def run_strategy(bench: BenchSettings, strategy: str, target: str | None, say) -> tuple[dict, str]:
+    """Run one strategy's job through the workload and the fault schedule; returns its
+    bench.json run and the faults' target operator (chosen on the first run, kept after)."""
+    user = bench_user()
+    topology = get_topology(bench.topology)
+    params = {name: value for op in topology.operators for name, value in op.params.items()}
+    job = create_job(
+        name=f"bench-{bench.topology}-{strategy}-{time.strftime('%H%M%S')}",
+        topology=bench.topology,
+        strategy=strategy,
+        params={"rate": bench.rate, "seed": bench.seed, "count": bench.events},
+        user=user,
+    )
+    client = redis.Redis.from_url(django_settings.REDIS_URL, decode_responses=True)
+    launched = time.time()
+    _wait_status(job, (Job.Status.RUNNING, Job.Status.FAILED), 300, f"job {job.pk} to run")
+    if job.status != Job.Status.RUNNING:
+        raise RuntimeError(f"job {job.pk} ({strategy}) failed to start: {job.status_reason}")
+    target = target or key_operator(job)
+    wait_for(lambda: client.xlen(data_keys.input_stream(job.key)) > 0, 60, "the first input")
+    first_id = client.xrange(data_keys.input_stream(job.key), count=1)[0][0]
+    t0 = int(first_id.split("-")[0]) / 1000.0
+    say(f"      job {job.pk} running after {t0 - launched:.0f} s; input started")
+    sampler = ResourceSampler(job.key)
+    sampler.start()
+    faults = []
+    try:
+        for number, at_s in enumerate(bench.schedule, start=1):
+            _sleep_until(t0 + at_s)
+            fault, detail = _inject(job, bench.fault_kind, target, user)
+            say(f"      fault {number}/{bench.faults} at +{at_s:.0f} s: {bench.fault_kind} "
+                f"on {target}: {detail}")  # fmt: skip
+            faults.append((at_s, fault, detail))
+        end = t0 + bench.warmup_s + bench.duration_s
+        say(f"      input ends in {max(0, end - time.time()):.0f} s")
+        _sleep_until(end)
+        wait_for(
+            lambda: client.xlen(data_keys.input_stream(job.key)) >= bench.events,
+            120, "the generator to finish",
+        )  # fmt: skip
+        comparison = _drain(client, job, params, bench.drain_timeout_s, say)
+    finally:
+        sampler.stop()
+        stop_job(job, "benchmark run over")
+        try:
+            _wait_status(job, (Job.Status.STOPPED, Job.Status.FAILED), 60, f"job {job.pk} to stop")
+        finally:
+            kill_job_processes({job.key})
+    records = read_progress(client, job, t0 - 5)
+    input_count = client.xlen(data_keys.input_stream(job.key))
+    client.close()
+    config = Policy.current().to_config()
+    steady_end = t0 + (bench.schedule[0] if bench.schedule else bench.warmup_s + bench.duration_s)
+    input_stage = compile_stages(topology, fused=strategy == "restart-all")[0].name
+    steady = measure.steady_figures(records, t0 + bench.warmup_s, steady_end, input_stage)
+    steady["cpu_pct"], steady["rss_mb"] = sampler.mean_between(t0 + bench.warmup_s, steady_end)
+    fault_rows = []
+    for index, (at_s, fault, detail) in enumerate(faults):
+        fault_at = fault.injected_at.timestamp() if fault and fault.injected_at else t0 + at_s
+        until = t0 + (
+            faults[index + 1][0] if index + 1 < len(faults) else bench.warmup_s + bench.duration_s
+        )
+        figures = measure.fault_figures(
+            records,
+            fault_at=fault_at,
+            until=until,
+            reference=(t0 + bench.warmup_s, steady_end),
+            band=config.recovery_band,
+            stable_window_s=bench.stable_window_s,
+        )
+        actions = (
+            sorted(
+                set(RecoveryEpisode.objects.filter(fault=fault).values_list("action", flat=True))
+            )
+            if fault
+            else []
+        )
+        fault_rows.append(
+            {
+                "kind": bench.fault_kind,
+                "at_s": round(fault_at - t0, 1),
+                "target": target,
+                "injected": detail,
+                "action": "+".join(actions) or "none recorded",
+                **figures.to_dict(),
+            }
+        )
+    run = {
+        "strategy": strategy,
+        "topology": bench.topology,
+        "rate": bench.rate,
+        "job": job.pk,
+        "input_events": input_count,
+        "faults": fault_rows,
+        "lost": comparison.lost,
+        "duplicates": comparison.duplicates,
+        "result_cells": comparison.cells,
+        "steady": steady,
+        "series": measure.downsample_series(records, t0, time.time()),
+    }
+    say(f"      lost {run['lost']}, duplicates {run['duplicates']} over {comparison.cells} result "
+        f"cells; steady p50 {steady['p50_ms']} ms, CPU {steady['cpu_pct']} %, "
+        f"RSS {steady['rss_mb']} MB; recovery "
+        + ", ".join(str(f["recovery_time_s"]) for f in fault_rows))  # fmt: skip
+    return run, target
+
+
+def run_bench(bench: BenchSettings, say) -> dict:
+    """Run every strategy of `bench` and write bench.json, bench.md and bench.png to its out."""
+    bench.out.mkdir(parents=True, exist_ok=True)
+    runs = []
+    target = bench.target
+    with BenchCluster(bench.out / "logs", say):
+        for number, strategy in enumerate(bench.strategies, start=1):
+            say(f"[{number}/{len(bench.strategies)}] {strategy}: {bench.topology} at "
+                f"{bench.rate:g} events/s, {bench.faults} x {bench.fault_kind}")  # fmt: skip
+            run, target = run_strategy(bench, strategy, target, say)
+            runs.append(run)
+            time.sleep(5)  # let the machine settle between runs
+    result = {
+        "settings": {
+            **{k: v for k, v in asdict(bench).items() if k not in ("out", "strategies")},
+            "strategies": list(bench.strategies),
+            "target": target,
+            "band": Policy.current().to_config().recovery_band,
+            "machine": machine_description(),
+        },
+        "runs": runs,
+    }
+    (bench.out / "bench.json").write_text(json.dumps(result, indent=1))
+    (bench.out / "bench.md").write_text(report.to_markdown(result))
+    report.plot_png(result, bench.out / "bench.png")
+    say(f"wrote {bench.out / 'bench.json'}, bench.md and bench.png")
+    return result
+
+
+def machine_description() -> str:
+    """Cores, memory and Python/Spark versions of this machine, for the report."""
+    import platform
+
+    import pyspark
+
+    return (
+        f"{psutil.cpu_count()} cores, {psutil.virtual_memory().total / 2**30:.0f} GiB, "
+        f"{platform.system()} {platform.machine()}, Python {platform.python_version()}, "
+        f"PySpark {pyspark.__version__}"
+    )

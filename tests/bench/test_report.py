@@ -1,0 +1,54 @@
+"""bench.md and bench.png from a bench.json-shaped dict."""
+
+from console.bench import report
+
+
+def run(strategy, recoveries, lost=0, dup=0):
+    return {
+        "strategy": strategy,
+        "faults": [
+            {
+                "kind": "kill-driver",
+                "at_s": 50.0 * (i + 1),
+                "action": "promote",
+                "downtime_s": None if r is None else r / 2,
+                "recovery_time_s": r,
+                "peak_p99_ms": None if r is None else 1000.0 * r,
+                "note": "",
+            }
+            for i, r in enumerate(recoveries)
+        ],  # fmt: skip
+        "lost": lost,
+        "duplicates": dup,
+        "steady": {
+            "p50_ms": 400.0,
+            "p99_ms": 900.0,
+            "throughput_eps": 99.0,
+            "cpu_pct": 120.0,
+            "rss_mb": 1500.0,
+        },  # fmt: skip
+        "series": {"t": [0, 1, 2], "throughput": [100, 0, 100], "p99_ms": [900, 1900, 900]},
+    }
+
+
+BENCH = {
+    "settings": {"topology": "wordcount", "fault_kind": "kill-driver", "faults": 2},
+    "runs": [run("restart-all", [20.0, 30.0]), run("adaptive", [2.0, 3.0]), run("x", [1.0, None])],
+}
+
+
+def test_ratios_divide_mean_recovery_by_restart_alls():
+    # restart-all: mean 25 s; adaptive: mean 2.5 s -> 10%; a run with an unrecovered fault: n/a.
+    assert report.recovery_ratios(BENCH["runs"]) == {"restart-all": 1.0, "adaptive": 0.1, "x": None}
+
+
+def test_markdown_has_a_row_per_strategy_and_per_fault():
+    text = report.to_markdown(BENCH)
+    assert "| adaptive | 1.25 | 2.50 | 10% | 3000 | 0 | 0 | 400 | 900 | 99.0 | 120 | 1500 |" in text
+    assert "| restart-all | 2: kill-driver | 100.0 | promote | 15.00 | 30.00 | 30000 |  |" in text
+    assert "| x | n/a | n/a | n/a |" in text
+
+
+def test_png_is_written(tmp_path):
+    report.plot_png(BENCH, tmp_path / "bench.png")
+    assert (tmp_path / "bench.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
