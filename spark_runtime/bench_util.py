@@ -61,8 +61,10 @@ def wait_steady(
     raise TimeoutError(f"{job} not steady (p99 < {bound} s) after {timeout} s")
 
 
-def write_section(subsection: str, body: str, path: str = RESULTS_MD) -> None:
-    """Replace `### {subsection}` inside the `## Data plane` section of docs/RESULTS.md.
+def write_section(
+    subsection: str, body: str, path: str = RESULTS_MD, section: str = SECTION
+) -> None:
+    """Replace `### {subsection}` inside `section` (a `## ` heading) of docs/RESULTS.md.
 
     Other sections of the file (written by other parts of the project) are left untouched.
     """
@@ -71,20 +73,20 @@ def write_section(subsection: str, body: str, path: str = RESULTS_MD) -> None:
         with open(path) as fh:
             text = fh.read()
     block = f"### {subsection}\n\n{body.strip()}\n"
-    if SECTION not in text:
-        text = text.rstrip() + f"\n\n{SECTION}\n\n{block}"
+    if section not in text:
+        text = text.rstrip() + f"\n\n{section}\n\n{block}"
     else:
-        start = text.index(SECTION)
-        nxt = re.search(r"^## ", text[start + len(SECTION) :], flags=re.M)
-        end = start + len(SECTION) + nxt.start() if nxt else len(text)
-        section = text[start:end]
+        start = text.index(section)
+        nxt = re.search(r"^## ", text[start + len(section) :], flags=re.M)
+        end = start + len(section) + nxt.start() if nxt else len(text)
+        part = text[start:end]
         pattern = re.compile(rf"^### {re.escape(subsection)}\n.*?(?=^### |\Z)", flags=re.M | re.S)
-        if pattern.search(section):
-            section = pattern.sub(lambda _m: block + "\n", section)
+        if pattern.search(part):
+            part = pattern.sub(lambda _m: block + "\n", part)
         else:
-            section = section.rstrip() + "\n\n" + block + "\n"
-        text = text[:start] + section.rstrip() + "\n\n" + text[end:].lstrip()
+            part = part.rstrip() + "\n\n" + block + "\n"
+        text = text[:start] + part.rstrip() + "\n\n" + text[end:].lstrip()
     os.makedirs(os.path.dirname(path), exist_ok=True)
     with open(path, "w") as fh:
         fh.write(text.rstrip() + "\n")
-    log.info("wrote %s / %s to %s", SECTION, subsection, path)
+    log.info("wrote %s / %s to %s", section, subsection, path)

@@ -432,3 +432,20 @@ def machine_description() -> str:
         f"{platform.system()} {platform.machine()}, Python {platform.python_version()}, "
         f"PySpark {pyspark.__version__}"
     )
+
+
+RESULTS_SECTION = "## Strategy benchmark (manage.py bench)"
+
+
+def write_results(result: dict, command: str) -> str:
+    """Put a run's tables into docs/RESULTS.md under its topology, fault kind and fault count."""
+    from spark_runtime.bench_util import RESULTS_MD, write_section
+
+    settings = result["settings"]
+    subsection = f"{settings['topology']}, {settings['fault_kind']}, {settings['faults']} fault(s)"
+    body = (
+        f"`{command}` on {time.strftime('%Y-%m-%d')} ({settings['machine']}).\n\n"
+        + report.to_markdown(result)
+    )
+    write_section(subsection, body, section=RESULTS_SECTION)
+    return f"{RESULTS_MD} / {subsection}"

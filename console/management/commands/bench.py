@@ -2,12 +2,19 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError
 
-from console.services.bench import FAULT_KINDS, STRATEGIES, BenchSettings, run_bench
+from console.services.bench import (
+    FAULT_KINDS,
+    STRATEGIES,
+    BenchSettings,
+    run_bench,
+    write_results,
+)
 
 # Small enough for a few minutes on 2 cores: the baseline and the adaptive strategy, one fault.
 QUICK = {"strategies": "restart-all,adaptive", "faults": 1, "warmup": 20.0, "duration": 120.0}
@@ -51,6 +58,11 @@ class Command(BaseCommand):
         parser.add_argument("--seed", type=int, default=7)
         parser.add_argument("--out", default="var/bench", help="output directory")
         parser.add_argument("--quick", action="store_true", help="a run of a few minutes")
+        parser.add_argument(
+            "--write-results",
+            action="store_true",
+            help="also put the tables, the command and the machine into docs/RESULTS.md",
+        )
 
     def handle(self, *args, **opts):
         quick = QUICK if opts["quick"] else {}
@@ -79,6 +91,10 @@ class Command(BaseCommand):
             raise CommandError(str(exc)) from None
         call_command("migrate", interactive=False, verbosity=0)
         try:
-            run_bench(bench, say=self.stdout.write)
+            result = run_bench(bench, say=self.stdout.write)
         except RuntimeError as exc:
             raise CommandError(str(exc)) from None
+        if opts["write_results"]:
+            self.stdout.write(
+                "wrote " + write_results(result, "python manage.py " + " ".join(sys.argv[2:]))
+            )
