@@ -229,6 +229,7 @@ class Replica(models.Model):
     class State(models.TextChoices):
         STARTING = "starting", "starting"
         RUNNING = "running", "running"
+        CATCHING_UP = "catching_up", "catching up (standby too far behind to take over)"
         PROMOTING = "promoting", "promoting"
         STOPPED = "stopped", "stopped"
         FAILED = "failed", "failed"
@@ -238,7 +239,7 @@ class Replica(models.Model):
     stage = models.CharField(max_length=64)
     node = models.ForeignKey(Node, on_delete=models.PROTECT, related_name="replicas")
     role = models.CharField(max_length=10, choices=Role.choices)
-    state = models.CharField(max_length=10, choices=State.choices, default=State.STARTING)
+    state = models.CharField(max_length=16, choices=State.choices, default=State.STARTING)
     pid = models.IntegerField(null=True, blank=True)
     fencing_epoch = models.PositiveIntegerField(default=0)
     last_heartbeat = models.DateTimeField(null=True, blank=True)

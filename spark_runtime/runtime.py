@@ -16,7 +16,7 @@ import time
 from spark_runtime import keys
 from spark_runtime.buffer import OutputBuffer
 from spark_runtime.pipelines import plan_for
-from spark_runtime.redis_source import FORMAT_NAME
+from spark_runtime.redis_source import FORMAT_NAME, SEQ_FACTOR
 from spark_runtime.sink import FencedWriter
 from spark_runtime.topology import (
     OUT_CHANNEL,
@@ -31,6 +31,22 @@ log = logging.getLogger(__name__)
 
 PRIMARY = "primary"
 STANDBY = "standby"
+
+
+def version_ms(version: str) -> int:
+    """The input entry time (epoch ms) inside an output version (see sink.version)."""
+    return int(version[:20]) // SEQ_FACTOR
+
+
+def lag_behind(watermarks: dict[str, str], per_sink: dict[str, list]) -> float | None:
+    """Seconds of input between the primary's watermarks and the newest outputs of a standby's
+    batch (0 when the standby is ahead); None when no sink of the batch has a watermark yet."""
+    lags = [
+        version_ms(watermarks[sink]) - version_ms(max(r.version for r in records))
+        for sink, records in per_sink.items()
+        if sink in watermarks and records
+    ]
+    return max(0.0, max(lags) / 1000.0) if lags else None
 
 
 class InjectedFault(RuntimeError):
@@ -69,6 +85,9 @@ class OutputGate:
         self.fault_after: int | None = None
         self.batch_stats: dict[str, dict] = {}
         self.last_write_at: float | None = None
+        # A standby's distance behind its primary, in seconds of input, after its latest batch
+        # (None before its first batch): a standby far behind must not be promoted.
+        self.standby_lag_s: float | None = None
         if role == PRIMARY:
             self.writer.acquire()
 
@@ -113,7 +132,9 @@ class OutputGate:
             else:
                 for sink, records in per_sink.items():
                     self.buffer.add(sink, records)
-                self._trim_buffer()
+                lag = lag_behind(self._trim_buffer(), per_sink)
+                if lag is not None:
+                    self.standby_lag_s = lag
         final = segment.outputs[0] in (RESULTS_CHANNEL, OUT_CHANNEL)
         self.batch_stats[f"{query}:{batch_id}"] = {
             "rows_out": len(rows),
@@ -126,11 +147,23 @@ class OutputGate:
         while len(self.batch_stats) > 50:
             self.batch_stats.pop(next(iter(self.batch_stats)))
 
-    def _trim_buffer(self) -> None:
+    def _trim_buffer(self) -> dict[str, str]:
+        """Forget what the primary has written; returns its watermarks per sink."""
         marks = self.client.hgetall(keys.watermarks(self.job, self.stage))
         for sink in self.buffer.sinks():
             if sink in marks:
                 self.buffer.trim(sink, marks[sink])
+        return marks
+
+    def caught_up(self, bound_s: float) -> bool:
+        """True for a primary, and for a standby at most `bound_s` seconds of input behind its
+        primary; a standby that has not run a batch yet is caught up only while the primary has
+        not written anything either (a job that is just starting)."""
+        if self.role == PRIMARY:
+            return True
+        if self.standby_lag_s is None:
+            return not self.client.exists(keys.watermarks(self.job, self.stage))
+        return self.standby_lag_s <= bound_s
 
     # -- promotion ----------------------------------------------------------------------------
 

@@ -35,6 +35,11 @@ from spark_runtime.config import DEFAULT_REDIS_URL, ensure_python_env
 log = logging.getLogger("spark_runtime.stage")
 
 HEARTBEAT_INTERVAL = 0.5
+RUNNING, CATCHING_UP = "running", "catching_up"
+# A standby more than this many seconds of input behind its primary reports `catching_up` and is
+# not promoted (the supervisor restarts the primary instead): promoting it would stall the output
+# for as long as it takes to catch up, e.g. a new standby replaying the input from the start.
+CAUGHT_UP_S = 5.0
 HEARTBEAT_TTL_MS = 3000
 EXIT_STOPPED, EXIT_FAILED, EXIT_FENCED, EXIT_PROMOTION = 0, 1, 3, 4
 
@@ -164,6 +169,11 @@ def make_listener(client, job: str, state: ReplicaState, gate):
     return ProgressPublisher()
 
 
+def readiness(gate) -> str:
+    """`running`, or `catching_up` for a standby too far behind its primary to take over."""
+    return RUNNING if gate.caught_up(CAUGHT_UP_S) else CATCHING_UP
+
+
 def handle_command(command: dict, runtime, state: ReplicaState) -> int | None:
     """Apply one control command; returns an exit code when the process should end."""
     from spark_runtime.runtime import PromotionError
@@ -234,10 +244,16 @@ def run(args) -> int:
     )
     spark.streams.addListener(make_listener(client, args.job, state, runtime.gate))
     runtime.start()
-    state.update(state="running", epoch=runtime.gate.writer.epoch, checkpoint=checkpoint)
+    state.update(
+        state=readiness(runtime.gate), epoch=runtime.gate.writer.epoch, checkpoint=checkpoint
+    )
     code = EXIT_FAILED
     try:
         while True:
+            if state.info["state"] in (RUNNING, CATCHING_UP):
+                ready = readiness(runtime.gate)
+                if ready != state.info["state"]:
+                    state.update(state=ready, lag_s=runtime.gate.standby_lag_s)
             popped = client.blpop([keys.control(args.job, args.replica_id)], timeout=0.5)
             if popped:
                 result = handle_command(json.loads(popped[1]), runtime, state)

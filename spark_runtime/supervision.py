@@ -29,6 +29,8 @@ STRATEGIES = ("restart-all", "local-restart", "active-all", "adaptive")
 # Replica states as the supervisor sees them.
 STARTING = "starting"
 RUNNING = "running"
+# A standby that is up but too far behind its primary to take over (it is not promoted).
+CATCHING_UP = "catching_up"
 PROMOTING = "promoting"
 FAILED = "failed"
 
@@ -348,8 +350,11 @@ class Supervisor:
 
     def _on_heartbeat(self, replica: Replica, event: HeartbeatSeen) -> list:
         reported = event.reported or {}
-        if replica.state == STARTING and reported.get("state") == RUNNING:
+        if replica.state in (STARTING, CATCHING_UP) and reported.get("state") == RUNNING:
             replica.state = RUNNING
+            replica.since = event.at
+        elif replica.state in (STARTING, RUNNING) and reported.get("state") == CATCHING_UP:
+            replica.state = CATCHING_UP
             replica.since = event.at
         if replica.state == PROMOTING:
             if reported.get("role") == PRIMARY and reported.get("state") == RUNNING:

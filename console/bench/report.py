@@ -43,6 +43,13 @@ def _fmt(value, digits: int = 1, suffix: str = "") -> str:
     return f"{value}{suffix}"
 
 
+def _lost(run: dict) -> str:
+    """Lost results; for a run whose output had not caught up when the wait ended, say so."""
+    if run.get("drained", True):
+        return str(run["lost"])
+    return f"{run['lost']} (not caught up after {run.get('drain_s', '?')} s)"
+
+
 def to_markdown(bench: dict) -> str:
     """The summary table (one row per strategy) and the per-fault table."""
     runs = bench["runs"]
@@ -67,7 +74,7 @@ def to_markdown(bench: dict) -> str:
             f"| {run['strategy']} | {_fmt(mean_downtime(run), 2)} | "
             f"{_fmt(mean_recovery(run), 2)} | "
             f"{'n/a' if ratio is None else f'{ratio * 100:.0f}%'} | "
-            f"{_fmt(max(peaks) if peaks else None, 0)} | {run['lost']} | {run['duplicates']} | "
+            f"{_fmt(max(peaks) if peaks else None, 0)} | {_lost(run)} | {run['duplicates']} | "
             f"{_fmt(steady['p50_ms'], 0)} | {_fmt(steady['p99_ms'], 0)} | "
             f"{_fmt(steady['throughput_eps'], 1)} | {_fmt(steady['cpu_pct'], 0)} | "
             f"{_fmt(steady['rss_mb'], 0)} |"
@@ -100,7 +107,7 @@ def plot_png(bench: dict, path) -> None:
     for axis, run in zip(axes, runs, strict=False):
         series = run.get("series") or {"t": [], "throughput": [], "p99_ms": []}
         axis.plot(series["t"], series["throughput"], color="#1f77b4", linewidth=0.9)
-        axis.set_ylabel("events/s", color="#1f77b4")
+        axis.set_ylabel("rows/s into the\nfinal stage", color="#1f77b4")
         axis.set_title(
             f"{run['strategy']}: mean recovery {_fmt(mean_recovery(run), 1, ' s')}, "
             f"lost {run['lost']}, dup {run['duplicates']}",

@@ -423,6 +423,7 @@ def sync_replicas(job: Job, client) -> None:
         info = json.loads(raw)
         state = {
             "running": Replica.State.RUNNING,
+            "catching_up": Replica.State.CATCHING_UP,
             "starting": Replica.State.STARTING,
             "stopped": Replica.State.STOPPED,
         }.get(info.get("state"), Replica.State.FAILED)

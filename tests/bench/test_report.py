@@ -49,6 +49,12 @@ def test_markdown_has_a_row_per_strategy_and_per_fault():
     assert "| x | n/a | n/a | n/a |" in text
 
 
+def test_output_still_catching_up_is_not_reported_as_plain_loss():
+    behind = {**run("adaptive", [2.0]), "lost": 40, "drained": False, "drain_s": 300.0}
+    text = report.to_markdown({"settings": {}, "runs": [behind]})
+    assert "| 40 (not caught up after 300.0 s) |" in text
+
+
 def test_png_is_written(tmp_path):
     report.plot_png(BENCH, tmp_path / "bench.png")
     assert (tmp_path / "bench.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

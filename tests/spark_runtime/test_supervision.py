@@ -67,6 +67,30 @@ def test_active_all_promotes_the_standby_then_starts_a_new_one_elsewhere():
     assert sup.replicas["count-2"].role == "primary"
 
 
+def test_a_standby_catching_up_is_not_promoted_until_it_reports_running_again():
+    sup = Supervisor("j", "wordcount", ["count"], "active-all", NODES)
+    sup.start(0.0)
+    running(sup)
+    # The standby fell far behind its primary (e.g. a new one replaying the input).
+    sup.handle(HeartbeatSeen("count-2", 2.0, {"role": "standby", "state": "catching_up"}))
+    assert sup.replicas["count-2"].state == "catching_up"
+    assert not sup.all_running()
+    # Lagging but alive: a missed heartbeat is a failure, not start-up grace.
+    assert isinstance(sup.handle(HeartbeatMissed("count-2", 3.0))[0], RestartStage)
+    sup.handle(HeartbeatSeen("count-2", 4.0, {"role": "standby", "state": "catching_up"}))
+    # The primary fails while the standby is behind: restart the primary, keep the standby.
+    assert sup.handle(ProcessExited("count-1", 5.0, -9)) == [
+        RestartStage(sup.replicas["count-1"].spec)
+    ]
+    assert sup.replicas["count-2"].state == "catching_up"
+    running(sup, at=6.0)  # both report running again (the standby caught up)
+    assert sup.replicas["count-2"].state == "running"
+    assert sup.handle(ProcessExited("count-1", 9.0, -9)) == [
+        KillReplica("count-1"),
+        PromoteStandby("count-2", "count"),
+    ]
+
+
 def test_failed_promotion_restarts_the_primary_from_its_checkpoint():
     sup = Supervisor("j", "wordcount", ["count"], "active-all", NODES)
     sup.start(0.0)

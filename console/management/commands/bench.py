@@ -40,7 +40,13 @@ class Command(BaseCommand):
         parser.add_argument(
             "--rate", type=float, default=50.0, help="input events per second (default: the demo's)"
         )
-        parser.add_argument("--warmup", type=float, default=None, help="seconds before measuring")
+        parser.add_argument(
+            "--warmup",
+            type=float,
+            default=None,
+            help="seconds of input before measuring (default 60: the split jobs' first batches "
+            "work off a start-up backlog; --quick: 20)",
+        )
         parser.add_argument(
             "--duration",
             type=float,
@@ -80,7 +86,7 @@ class Command(BaseCommand):
                 faults=faults,
                 fault_kind=opts["fault_kind"],
                 rate=opts["rate"],
-                warmup_s=opts["warmup"] or quick.get("warmup", 30.0),
+                warmup_s=opts["warmup"] or quick.get("warmup", 60.0),
                 duration_s=opts["duration"] or quick.get("duration", 50.0 * (faults + 1)),
                 out=Path(opts["out"]),
                 stable_window_s=opts["stable_window"],

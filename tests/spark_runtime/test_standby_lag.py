@@ -1,0 +1,38 @@
+"""How far a hot standby is behind its primary, and when it may be promoted (real Redis)."""
+
+from __future__ import annotations
+
+from spark_runtime import keys
+from spark_runtime.runtime import OutputGate, lag_behind, version_ms
+from spark_runtime.sink import StreamRecord, version
+
+MS = 1_700_000_000_000  # an input entry time, epoch ms
+
+
+def at(ms: int, seq: int = 0, k: int = 0) -> str:
+    return version(ms * 1_000_000 + seq, k)
+
+
+def test_version_ms_reads_the_entry_time_back():
+    assert version_ms(at(MS, seq=7, k=3)) == MS
+
+
+def test_lag_is_the_primary_watermark_minus_the_standbys_newest_output():
+    batch = {"results": [StreamRecord(at(MS + 1000), {}), StreamRecord(at(MS + 4000), {})]}
+    # Primary has written up to MS + 10 s; the standby's newest output is MS + 4 s: 6 s behind.
+    assert lag_behind({"results": at(MS + 10_000)}, batch) == 6.0
+    # Ahead of the primary counts as caught up, not as a negative lag.
+    assert lag_behind({"results": at(MS + 2000)}, batch) == 0.0
+    # Nothing written by the primary to this sink yet: no measure.
+    assert lag_behind({"other": at(MS)}, batch) is None
+
+
+def test_standby_is_caught_up_at_job_start_and_then_by_its_lag(client, job):
+    gate = OutputGate(client, job, "count", "standby")
+    assert gate.caught_up(5.0)  # no batch, and the primary has written nothing yet
+    client.hset(keys.watermarks(job, "count"), "results", at(MS))
+    assert not gate.caught_up(5.0)  # the primary has output, the standby has shown nothing
+    gate.standby_lag_s = 2.0
+    assert gate.caught_up(5.0)
+    gate.standby_lag_s = 12.0
+    assert not gate.caught_up(5.0)
