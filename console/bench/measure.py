@@ -26,6 +26,8 @@ class FaultFigures:
     recovery_time_s: float | None
     peak_p99_ms: float | None
     note: str
+    # How long after the fault it was watched: an unrecovered fault took longer than this.
+    watched_s: float
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -79,6 +81,7 @@ def fault_figures(
         recovery_time_s=None if recovered_at is None else round(recovered_at - fault_at, 2),
         peak_p99_ms=None if peak is None else round(peak, 1),
         note=note,
+        watched_s=round(until - fault_at, 1),
     )
 
 

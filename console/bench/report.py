@@ -15,24 +15,38 @@ def mean_recovery(run: dict) -> float | None:
     return round(mean(times), 2)
 
 
+def recovery_bound(run: dict) -> tuple[float | None, bool]:
+    """(mean recovery time, whether it is only a lower bound): a fault that was not back to
+    normal when the next one came (or the input ended) counts with the time it was watched."""
+    faults = run["faults"]
+    if not faults:
+        return None, False
+    times = [f["recovery_time_s"] if f["recovery_time_s"] is not None else f.get("watched_s")
+             for f in faults]  # fmt: skip
+    if any(t is None for t in times):
+        return None, False
+    return round(mean(times), 2), any(f["recovery_time_s"] is None for f in faults)
+
+
+def ratio_text(run: dict, baseline: dict | None) -> str:
+    """This run's mean recovery relative to the baseline's, with < or > when a side is a bound."""
+    own, own_bound = recovery_bound(run)
+    base, base_bound = recovery_bound(baseline) if baseline else (None, False)
+    if own is None or not base or (own_bound and base_bound):
+        return "n/a"
+    text = f"{own / base * 100:.0f}%"
+    if base_bound and not own_bound:
+        return f"< {text}"
+    if own_bound and not base_bound:
+        return f"> {text}"
+    return text
+
+
 def mean_downtime(run: dict) -> float | None:
     times = [f["downtime_s"] for f in run["faults"]]
     if not times or any(t is None for t in times):
         return None
     return round(mean(times), 2)
-
-
-def recovery_ratios(runs: list[dict]) -> dict[str, float | None]:
-    """Each strategy's mean recovery time divided by restart-all's (same topology and kind)."""
-    baseline = next((r for r in runs if r["strategy"] == BASELINE), None)
-    base = mean_recovery(baseline) if baseline else None
-    ratios = {}
-    for run in runs:
-        own = mean_recovery(run)
-        ratios[run["strategy"]] = (
-            round(own / base, 3) if own is not None and base not in (None, 0) else None
-        )
-    return ratios
 
 
 def _fmt(value, digits: int = 1, suffix: str = "") -> str:
@@ -41,6 +55,12 @@ def _fmt(value, digits: int = 1, suffix: str = "") -> str:
     if isinstance(value, float):
         return f"{value:.{digits}f}{suffix}"
     return f"{value}{suffix}"
+
+
+def _recovery_cell(fault: dict) -> str:
+    if fault["recovery_time_s"] is None and fault.get("watched_s") is not None:
+        return f"> {fault['watched_s']:.1f}"
+    return _fmt(fault["recovery_time_s"], 2)
 
 
 def _lost(run: dict) -> str:
@@ -53,7 +73,7 @@ def _lost(run: dict) -> str:
 def to_markdown(bench: dict) -> str:
     """The summary table (one row per strategy) and the per-fault table."""
     runs = bench["runs"]
-    ratios = recovery_ratios(runs)
+    baseline = next((r for r in runs if r["strategy"] == BASELINE), None)
     settings = bench.get("settings", {})
     lines = [
         f"Topology `{settings.get('topology', '?')}`, fault `{settings.get('fault_kind', '?')}` "
@@ -69,11 +89,10 @@ def to_markdown(bench: dict) -> str:
     for run in runs:
         steady = run["steady"]
         peaks = [f["peak_p99_ms"] for f in run["faults"] if f["peak_p99_ms"] is not None]
-        ratio = ratios.get(run["strategy"])
+        recovery, is_bound = recovery_bound(run)
         lines.append(
             f"| {run['strategy']} | {_fmt(mean_downtime(run), 2)} | "
-            f"{_fmt(mean_recovery(run), 2)} | "
-            f"{'n/a' if ratio is None else f'{ratio * 100:.0f}%'} | "
+            f"{'> ' if is_bound else ''}{_fmt(recovery, 2)} | {ratio_text(run, baseline)} | "
             f"{_fmt(max(peaks) if peaks else None, 0)} | {_lost(run)} | {run['duplicates']} | "
             f"{_fmt(steady['p50_ms'], 0)} | {_fmt(steady['p99_ms'], 0)} | "
             f"{_fmt(steady['throughput_eps'], 1)} | {_fmt(steady['cpu_pct'], 0)} | "
@@ -89,7 +108,7 @@ def to_markdown(bench: dict) -> str:
             lines.append(
                 f"| {run['strategy']} | {number}: {fault['kind']} | {_fmt(fault['at_s'])} | "
                 f"{fault.get('action') or 'n/a'} | {_fmt(fault['downtime_s'], 2)} | "
-                f"{_fmt(fault['recovery_time_s'], 2)} | {_fmt(fault['peak_p99_ms'], 0)} | "
+                f"{_recovery_cell(fault)} | {_fmt(fault['peak_p99_ms'], 0)} | "
                 f"{fault.get('note', '')} |"
             )
     return "\n".join(lines) + "\n"

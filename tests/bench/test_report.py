@@ -38,8 +38,24 @@ BENCH = {
 
 
 def test_ratios_divide_mean_recovery_by_restart_alls():
-    # restart-all: mean 25 s; adaptive: mean 2.5 s -> 10%; a run with an unrecovered fault: n/a.
-    assert report.recovery_ratios(BENCH["runs"]) == {"restart-all": 1.0, "adaptive": 0.1, "x": None}
+    restart_all, adaptive, unknown = BENCH["runs"]
+    # restart-all: mean 25 s; adaptive: mean 2.5 s -> 10%; an unrecovered fault with no
+    # watched time: n/a.
+    assert report.ratio_text(adaptive, restart_all) == "10%"
+    assert report.ratio_text(restart_all, restart_all) == "100%"
+    assert report.ratio_text(unknown, restart_all) == "n/a"
+
+
+def test_an_unrecovered_fault_makes_the_mean_a_bound():
+    restart_all = run("restart-all", [None])
+    restart_all["faults"][0]["watched_s"] = 55.0  # not back to normal within 55 s
+    adaptive = run("adaptive", [5.5])
+    assert report.recovery_bound(restart_all) == (55.0, True)
+    assert report.ratio_text(adaptive, restart_all) == "< 10%"
+    assert report.ratio_text(restart_all, adaptive) == "> 1000%"  # a bound over an exact value
+    text = report.to_markdown({"settings": {}, "runs": [restart_all, adaptive]})
+    assert "| restart-all | n/a | > 55.00 | n/a |" in text
+    assert "| restart-all | 1: kill-driver | 50.0 | promote | n/a | > 55.0 |" in text
 
 
 def test_markdown_has_a_row_per_strategy_and_per_fault():
