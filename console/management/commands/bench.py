@@ -102,5 +102,5 @@ class Command(BaseCommand):
             raise CommandError(str(exc)) from None
         if opts["write_results"]:
             self.stdout.write(
-                "wrote " + write_results(result, "python manage.py " + " ".join(sys.argv[2:]))
+                "wrote " + write_results(result, "python manage.py " + " ".join(sys.argv[1:]))
             )
