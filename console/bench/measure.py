@@ -48,13 +48,21 @@ def fault_figures(
     reference: tuple[float, float],
     band: float,
     stable_window_s: float,
+    previous_fault_at: float | None = None,
 ) -> FaultFigures:
     """Figures of the fault at `fault_at` (epoch s), judged on [fault_at, until) against the
-    output in the `reference` window (epoch s, start and end)."""
+    output in the `reference` window (epoch s, start and end).
+
+    The downtime counts from the last output before the fault, but not from before the previous
+    fault: if the job was still down from that one, this fault's downtime starts at the fault.
+    """
     ref_start, ref_end = reference
     series = output_series(records, ref_start, until)
     keep = [i for i, t in enumerate(series.times) if t < ref_end or t >= fault_at]
-    outputs = [t for t in series.output_times if t < ref_end or fault_at - 30 <= t < until]
+    since = max(fault_at - 30, previous_fault_at or ref_start)
+    outputs = [t for t in series.output_times if since <= t < until]
+    if not any(t < fault_at for t in outputs):
+        outputs.insert(0, fault_at)  # already down when the fault came: count from the fault
     downtime = output_gap(outputs, fault_time=fault_at)
     try:
         result = detect_recovery(
@@ -70,7 +78,10 @@ def fault_figures(
         recovered_at, note = result.recovered_at, result.note
     except ValueError as exc:
         recovered_at, note = None, f"not measurable: {exc}"
-    if recovered_at is not None and downtime is not None:
+    if downtime is None:
+        # No output at all before `until`: whatever the smoothed signals did, not recovered.
+        recovered_at, note = None, "no output after the fault"
+    elif recovered_at is not None:
         recovered_at = max(recovered_at, fault_at + downtime)
     end = recovered_at if recovered_at is not None else until
     peak = max((series.p99_ms[i] for i in keep if fault_at <= series.times[i] <= end), default=None)

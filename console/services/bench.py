@@ -334,20 +334,54 @@ def run_strategy(bench: BenchSettings, strategy: str, target: str | None, say) -
             _wait_status(job, (Job.Status.STOPPED, Job.Status.FAILED), 60, f"job {job.pk} to stop")
         finally:
             kill_job_processes({job.key})
-    records = read_progress(client, job, t0 - 5)
     input_count = client.xlen(data_keys.input_stream(job.key))
     client.close()
-    config = Policy.current().to_config()
+    run = {
+        "strategy": strategy,
+        "topology": bench.topology,
+        "rate": bench.rate,
+        "job": job.pk,
+        "input_events": input_count,
+        "lost": comparison.lost,
+        "duplicates": comparison.duplicates,
+        "result_cells": comparison.cells,
+        # Seconds after the input ended until the results equalled the ground truth (or the
+        # wait ended): `lost` of an undrained run is output still missing when the wait ended.
+        "drain_s": round(drain_s, 1),
+        "drained": comparison.exact,
+        **measure_run(job, bench, t0, faults, target),
+    }
     steady_end = t0 + (bench.schedule[0] if bench.schedule else bench.warmup_s + bench.duration_s)
-    input_stage = compile_stages(topology, fused=strategy == "restart-all")[0].name
-    steady = measure.steady_figures(records, t0 + bench.warmup_s, steady_end, input_stage)
-    steady["cpu_pct"], steady["rss_mb"] = sampler.mean_between(t0 + bench.warmup_s, steady_end)
+    run["steady"]["cpu_pct"], run["steady"]["rss_mb"] = sampler.mean_between(
+        t0 + bench.warmup_s, steady_end
+    )
+    steady, fault_rows = run["steady"], run["faults"]
+    say(f"      lost {run['lost']}, duplicates {run['duplicates']} over {comparison.cells} result "
+        f"cells; steady p50 {steady['p50_ms']} ms, CPU {steady['cpu_pct']} %, "
+        f"RSS {steady['rss_mb']} MB; recovery "
+        + ", ".join(str(f["recovery_time_s"]) for f in fault_rows))  # fmt: skip
+    return run, target
+
+
+def measure_run(job: Job, bench: BenchSettings, t0: float, faults: list, target: str) -> dict:
+    """Steady figures, per-fault figures and the plotted series of a finished run, from the
+    progress records the job left in Redis. `faults`: (scheduled at_s, FaultInjection or None,
+    what was injected) per fault; `t0`: when the input started (epoch s)."""
+    client = redis.Redis.from_url(django_settings.REDIS_URL, decode_responses=True)
+    try:
+        records = read_progress(client, job, t0 - 5)
+    finally:
+        client.close()
+    config = Policy.current().to_config()
+    end_s = bench.warmup_s + bench.duration_s
+    steady_end = t0 + (bench.schedule[0] if bench.schedule else end_s)
+    input_stage = compile_stages(get_topology(job.topology), fused=job.strategy == "restart-all")
+    steady = measure.steady_figures(records, t0 + bench.warmup_s, steady_end, input_stage[0].name)
     fault_rows = []
+    previous = None
     for index, (at_s, fault, detail) in enumerate(faults):
         fault_at = fault.injected_at.timestamp() if fault and fault.injected_at else t0 + at_s
-        until = t0 + (
-            faults[index + 1][0] if index + 1 < len(faults) else bench.warmup_s + bench.duration_s
-        )
+        until = t0 + (faults[index + 1][0] if index + 1 < len(faults) else end_s)
         figures = measure.fault_figures(
             records,
             fault_at=fault_at,
@@ -355,7 +389,9 @@ def run_strategy(bench: BenchSettings, strategy: str, target: str | None, say) -
             reference=(t0 + bench.warmup_s, steady_end),
             band=config.recovery_band,
             stable_window_s=bench.stable_window_s,
+            previous_fault_at=previous,
         )
+        previous = fault_at
         actions = (
             sorted(
                 set(RecoveryEpisode.objects.filter(fault=fault).values_list("action", flat=True))
@@ -373,28 +409,48 @@ def run_strategy(bench: BenchSettings, strategy: str, target: str | None, say) -
                 **figures.to_dict(),
             }
         )
-    run = {
-        "strategy": strategy,
-        "topology": bench.topology,
-        "rate": bench.rate,
-        "job": job.pk,
-        "input_events": input_count,
+    return {
+        "input_started_at": t0,
         "faults": fault_rows,
-        "lost": comparison.lost,
-        "duplicates": comparison.duplicates,
-        "result_cells": comparison.cells,
-        # Seconds after the input ended until the results equalled the ground truth (or the
-        # wait ended): `lost` of an undrained run is output still missing when the wait ended.
-        "drain_s": round(drain_s, 1),
-        "drained": comparison.exact,
         "steady": steady,
-        "series": measure.downsample_series(records, t0, time.time()),
+        "series": measure.downsample_series(records, t0, t0 + end_s + 60),
     }
-    say(f"      lost {run['lost']}, duplicates {run['duplicates']} over {comparison.cells} result "
-        f"cells; steady p50 {steady['p50_ms']} ms, CPU {steady['cpu_pct']} %, "
-        f"RSS {steady['rss_mb']} MB; recovery "
-        + ", ".join(str(f["recovery_time_s"]) for f in fault_rows))  # fmt: skip
-    return run, target
+
+
+def remeasure(result: dict) -> dict:
+    """Recompute the figures of a bench.json whose jobs' progress is still in Redis (e.g. after
+    a change to the measurement); lost/duplicates and CPU/RSS are kept as measured."""
+    settings = result["settings"]
+    bench = BenchSettings(
+        **{k: settings[k] for k in ("topology", "faults", "fault_kind", "rate", "seed", "target")},
+        strategies=tuple(settings["strategies"]),
+        warmup_s=settings["warmup_s"],
+        duration_s=settings["duration_s"],
+        stable_window_s=settings["stable_window_s"],
+        out=Path("."),
+    )
+    client = redis.Redis.from_url(django_settings.REDIS_URL, decode_responses=True)
+    for run in result["runs"]:
+        job = Job.objects.get(pk=run["job"])
+        first_id = client.xrange(data_keys.input_stream(job.key), count=1)[0][0]
+        t0 = run.get("input_started_at") or int(first_id.split("-")[0]) / 1000.0
+        injected = list(job.faults.order_by("requested_at"))
+        faults = [
+            (at_s, fault, fault.outcome_detail)
+            for at_s, fault in zip(bench.schedule, injected, strict=False)
+        ]
+        kept = {k: run["steady"].get(k) for k in ("cpu_pct", "rss_mb")}
+        run.update(measure_run(job, bench, t0, faults, settings["target"]))
+        run["steady"].update(kept)
+    client.close()
+    return result
+
+
+def write_outputs(result: dict, out: Path) -> None:
+    """bench.json, bench.md and bench.png into `out`."""
+    (out / "bench.json").write_text(json.dumps(result, indent=1))
+    (out / "bench.md").write_text(report.to_markdown(result))
+    report.plot_png(result, out / "bench.png")
 
 
 def run_bench(bench: BenchSettings, say) -> dict:
@@ -419,10 +475,7 @@ def run_bench(bench: BenchSettings, say) -> dict:
         },
         "runs": runs,
     }
-    (bench.out / "bench.json").write_text(json.dumps(result, indent=1))
-    (bench.out / "bench.md").write_text(report.to_markdown(result))
-    report.plot_png(result, bench.out / "bench.png")
-    say(f"wrote {bench.out / 'bench.json'}, bench.md and bench.png")
+    write_outputs(result, bench.out)
     return result
 
 

@@ -32,6 +32,27 @@ def test_outage_of_ten_seconds_gives_its_downtime_and_recovery():
     assert figures.peak_p99_ms == 11000.0
 
 
+def test_a_job_still_down_from_the_previous_fault_counts_downtime_from_this_fault():
+    # Output stops at 40 (first fault), and only resumes at 70.5, after a second fault at 60.
+    records = [batch(t + 0.5) for t in range(0, 40)] + [batch(t + 0.5) for t in range(70, 110)]
+    figures = measure.fault_figures(
+        records, fault_at=60.0, until=110.0, reference=(5.0, 35.0), band=0.15,
+        stable_window_s=10, previous_fault_at=40.0,
+    )  # fmt: skip
+    assert figures.downtime_s == 10.5  # 60 -> 70.5, not 39.5 -> 70.5
+    assert figures.watched_s == 50.0
+
+
+def test_no_output_after_the_fault_is_never_a_recovery():
+    # A noisy reference (throughput 0 or 200 a second) makes a band that zero fits in.
+    records = [batch(t + 0.5, rows=200 * (t % 2)) for t in range(0, 40)]
+    figures = measure.fault_figures(
+        records, fault_at=40.0, until=90.0, reference=(5.0, 35.0), band=0.15, stable_window_s=10
+    )
+    assert (figures.downtime_s, figures.recovery_time_s) == (None, None)
+    assert "not back to normal" in figures.note
+
+
 def test_never_back_in_band_is_reported_not_guessed():
     records = [batch(t + 0.5) for t in range(0, 40)]
     records += [batch(t + 0.5, rows=20) for t in range(45, 90)]  # a fifth of the throughput

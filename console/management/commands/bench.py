@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
@@ -12,7 +13,9 @@ from console.services.bench import (
     FAULT_KINDS,
     STRATEGIES,
     BenchSettings,
+    remeasure,
     run_bench,
+    write_outputs,
     write_results,
 )
 
@@ -65,6 +68,13 @@ class Command(BaseCommand):
         parser.add_argument("--out", default="var/bench", help="output directory")
         parser.add_argument("--quick", action="store_true", help="a run of a few minutes")
         parser.add_argument(
+            "--remeasure",
+            metavar="DIR",
+            default=None,
+            help="recompute DIR/bench.json's figures from the progress its jobs left in Redis "
+            "(no new run)",
+        )
+        parser.add_argument(
             "--write-results",
             action="store_true",
             help="also put the tables, the command and the machine into docs/RESULTS.md",
@@ -95,12 +105,21 @@ class Command(BaseCommand):
             )
         except ValueError as exc:
             raise CommandError(str(exc)) from None
+        command = "python manage.py " + " ".join(sys.argv[1:])
         call_command("migrate", interactive=False, verbosity=0)
-        try:
-            result = run_bench(bench, say=self.stdout.write)
-        except RuntimeError as exc:
-            raise CommandError(str(exc)) from None
+        if opts["remeasure"]:
+            out = Path(opts["remeasure"])
+            result = remeasure(json.loads((out / "bench.json").read_text()))
+        else:
+            out = bench.out
+            try:
+                result = run_bench(bench, say=self.stdout.write)
+            except RuntimeError as exc:
+                raise CommandError(str(exc)) from None
+            result["settings"]["command"] = command
+        write_outputs(result, out)
+        self.stdout.write(f"wrote {out / 'bench.json'}, bench.md and bench.png")
         if opts["write_results"]:
             self.stdout.write(
-                "wrote " + write_results(result, "python manage.py " + " ".join(sys.argv[1:]))
+                "wrote " + write_results(result, result["settings"].get("command", command))
             )
