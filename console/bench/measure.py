@@ -7,7 +7,9 @@ OSPBench evaluate a run:
 - fault i is measured on [fault_i, fault_{i+1}) (the next fault, or the end of the input): its
   downtime is the longest output gap spanning or following it, its recovery time the first point
   from which throughput and p90 latency stay in the band for `stable_window_s`
-  (console.policy.recovery.detect_recovery), never shorter than the downtime;
+  (console.policy.recovery.detect_recovery; the latency band at least one trigger interval wide,
+  500 ms, since 15% of a sub-second latency is finer than a micro-batch's granularity), never
+  shorter than the downtime;
 - steady latency percentiles are weighted by the events of each micro-batch.
 """
 
@@ -49,6 +51,7 @@ def fault_figures(
     band: float,
     stable_window_s: float,
     previous_fault_at: float | None = None,
+    latency_floor_ms: float = 0.0,
 ) -> FaultFigures:
     """Figures of the fault at `fault_at` (epoch s), judged on [fault_at, until) against the
     output in the `reference` window (epoch s, start and end).
@@ -74,6 +77,7 @@ def fault_figures(
             reference_window_s=ref_end - ref_start,
             band=band,
             stable_window_s=stable_window_s,
+            latency_floor=latency_floor_ms,
         )
         recovered_at, note = result.recovered_at, result.note
     except ValueError as exc:

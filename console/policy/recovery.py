@@ -91,6 +91,7 @@ def detect_recovery(
     stable_window_s: float,
     smoothing_s: float = DEFAULT_SMOOTHING_S,
     noise_sigmas: float = DEFAULT_NOISE_SIGMAS,
+    latency_floor: float = 0.0,
 ) -> RecoveryResult:
     """Find the fault and the recovery in a series (method in the module docstring).
 
@@ -131,7 +132,9 @@ def detect_recovery(
     lat_mean = float(trailing_lat[in_ref].mean())
     lat_std = float(trailing_lat[in_ref].std())
     half_width = max(band * abs(thr_mean), noise_sigmas * thr_std)
-    lat_limit = lat_mean + max(band * abs(lat_mean), noise_sigmas * lat_std)
+    # `latency_floor` (same unit as the latencies) keeps the latency band at least that wide: at
+    # sub-second latencies 15% is finer than a micro-batch engine's granularity (one trigger).
+    lat_limit = lat_mean + max(band * abs(lat_mean), noise_sigmas * lat_std, latency_floor)
     reference = Reference(thr_mean, thr_std, half_width, lat_mean, lat_std, lat_limit)
 
     def normal(thr_values: np.ndarray, lat_values: np.ndarray) -> np.ndarray:

@@ -48,6 +48,8 @@ from workers.node_metrics import cmdline_arg, stage_processes, with_children
 STRATEGIES = ("restart-all", "local-restart", "adaptive", "active-all")
 FAULT_KINDS = ("kill-driver", "kill-node")
 BENCH_USER = "bench"
+# The latency band is at least one stage trigger interval wide (see console/bench/measure.py).
+LATENCY_FLOOR_MS = 500.0
 
 
 @dataclass(frozen=True)
@@ -390,6 +392,7 @@ def measure_run(job: Job, bench: BenchSettings, t0: float, faults: list, target:
             band=config.recovery_band,
             stable_window_s=bench.stable_window_s,
             previous_fault_at=previous,
+            latency_floor_ms=LATENCY_FLOOR_MS,
         )
         previous = fault_at
         actions = (

@@ -53,6 +53,22 @@ def test_no_output_after_the_fault_is_never_a_recovery():
     assert "not back to normal" in figures.note
 
 
+def test_latency_floor_keeps_a_sub_second_band_from_being_finer_than_a_trigger():
+    # p90 400 ms before the fault, 600 ms after it: 50% above, but only 200 ms.
+    records = [batch(t + 0.5, p90=0.4) for t in range(0, 40)]
+    records += [batch(t + 0.5, p90=0.6) for t in range(45, 90)]
+    strict = measure.fault_figures(
+        records, fault_at=40.0, until=90.0, reference=(5.0, 35.0), band=0.15, stable_window_s=10
+    )
+    floored = measure.fault_figures(
+        records, fault_at=40.0, until=90.0, reference=(5.0, 35.0), band=0.15,
+        stable_window_s=10, latency_floor_ms=500,
+    )  # fmt: skip
+    assert strict.recovery_time_s is None
+    # Output resumes at 45.5 (gap 6 s); in band from the first full second of output.
+    assert floored.recovery_time_s == 6.0
+
+
 def test_never_back_in_band_is_reported_not_guessed():
     records = [batch(t + 0.5) for t in range(0, 40)]
     records += [batch(t + 0.5, rows=20) for t in range(45, 90)]  # a fifth of the throughput
