@@ -100,6 +100,37 @@ def cmdline_arg(cmdline: list[str], flag: str) -> str | None:
         return None
 
 
+def safe_read(call, default):
+    """psutil raises when a process ends between listing and reading it: count it as gone."""
+    try:
+        return call()
+    except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+        return default
+
+
+class ProcessTracker:
+    """A changing set of processes (`select()` lists them now) whose CPU and memory are read
+    between calls: psutil measures a process's CPU share since the previous call on the same
+    object, so the objects are kept from one call to the next."""
+
+    def __init__(self, select):
+        self.select = select
+        self._procs: dict[int, psutil.Process] = {}
+
+    def current(self) -> list[psutil.Process]:
+        """The selected processes, reusing the objects of the previous call."""
+        found = {p.pid: p for p in self.select()}
+        self._procs = {pid: self._procs.get(pid, proc) for pid, proc in found.items()}
+        return list(self._procs.values())
+
+    @staticmethod
+    def usage(procs: list[psutil.Process]) -> tuple[float, float]:
+        """(CPU in % of one core since the previous call, resident memory in MiB) of `procs`."""
+        cpu = sum(safe_read(p.cpu_percent, 0.0) for p in procs)
+        rss = sum(safe_read(lambda p=p: p.memory_info().rss, 0) for p in procs) / 2**20
+        return cpu, rss
+
+
 class NodeSampler:
     """Samples one node's usage; rates (CPU, disk, network) are measured between two calls."""
 
@@ -109,9 +140,7 @@ class NodeSampler:
         self.node = node
         self.capacity = capacity
         self.scope = scope
-        # psutil measures a process's CPU share since the previous call on the same object,
-        # so process objects are kept between samples.
-        self._procs: dict[int, psutil.Process] = {}
+        self._tracker = ProcessTracker(lambda: node_processes(node))
         self._last_at = time.monotonic()
         self._last_disk = self._disk_bytes([])
         self._last_net = self._net_bytes()
@@ -120,13 +149,13 @@ class NodeSampler:
     def sample(self) -> NodeUsage:
         now = time.monotonic()
         elapsed = max(now - self._last_at, 1e-3)
-        procs = self._current_processes() if self.scope == PROCESSES else []
+        procs = self._tracker.current() if self.scope == PROCESSES else []
         if self.scope == HOST:
             cpu_used = psutil.cpu_percent(None) / 100.0 * (psutil.cpu_count() or 1)
             mem_used = (psutil.virtual_memory().total - psutil.virtual_memory().available) / 2**20
         else:
-            cpu_used = sum(self._safe(p.cpu_percent, 0.0) for p in procs) / 100.0
-            mem_used = sum(self._safe(lambda p=p: p.memory_info().rss, 0) for p in procs) / 2**20
+            cpu_percent, mem_used = ProcessTracker.usage(procs)
+            cpu_used = cpu_percent / 100.0
         disk = self._disk_bytes(procs)
         net = self._net_bytes()
         usage = NodeUsage(
@@ -144,19 +173,13 @@ class NodeSampler:
         self._last_at, self._last_disk, self._last_net = now, disk, net
         return usage
 
-    def _current_processes(self) -> list[psutil.Process]:
-        current = {p.pid: p for p in node_processes(self.node)}
-        # Reuse known objects so cpu_percent compares against the previous sample.
-        self._procs = {pid: self._procs.get(pid, proc) for pid, proc in current.items()}
-        return list(self._procs.values())
-
     def _disk_bytes(self, procs: list[psutil.Process]) -> int:
         if self.scope == HOST:
             counters = psutil.disk_io_counters()
             return (counters.read_bytes + counters.write_bytes) if counters else 0
         total = 0
         for proc in procs:
-            io = self._safe(proc.io_counters, None)
+            io = safe_read(proc.io_counters, None)
             if io is not None:
                 total += io.read_bytes + io.write_bytes
         return total
@@ -165,11 +188,3 @@ class NodeSampler:
     def _net_bytes() -> int:
         counters = psutil.net_io_counters()
         return (counters.bytes_sent + counters.bytes_recv) if counters else 0
-
-    @staticmethod
-    def _safe(call, default):
-        """psutil raises when a process ends between listing and reading it: count it as gone."""
-        try:
-            return call()
-        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
-            return default

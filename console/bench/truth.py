@@ -38,19 +38,30 @@ def wordcount_cells(entries: list[dict]) -> dict[str, int]:
     return dict(counts)
 
 
-def topn_cells(entries: list[dict], window_seconds: int, n: int) -> dict[str, int]:
-    """`{window start ms}|{item}` -> count for the `n` most frequent items of each tumbling
-    window (ties broken by item name), as the topn job's contract says (docs/DATA_PLANE.md)."""
+def top_items_per_window(
+    entries: list[dict], window_seconds: int, n: int
+) -> dict[int, list[tuple[str, int]]]:
+    """Window start (epoch ms) -> the `n` most frequent items of that tumbling window with their
+    counts, by count descending then item ascending, as the topn job's contract says
+    (docs/DATA_PLANE.md)."""
     width = window_seconds * 1000
     per_window: dict[int, Counter] = defaultdict(Counter)
     for entry in entries:
         ts = int(entry["ts"])
         per_window[ts - ts % width][entry["item"]] += 1
-    cells = {}
-    for window, counts in per_window.items():
-        for item, count in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))[:n]:
-            cells[f"{window}|{item}"] = count
-    return cells
+    return {
+        window: sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))[:n]
+        for window, counts in per_window.items()
+    }
+
+
+def topn_cells(entries: list[dict], window_seconds: int, n: int) -> dict[str, int]:
+    """`{window start ms}|{item}` -> count for the `n` most frequent items of each window."""
+    return {
+        f"{window}|{item}": count
+        for window, top in top_items_per_window(entries, window_seconds, n).items()
+        for item, count in top
+    }
 
 
 def expected_cells(topology: str, entries: list[dict], params: dict) -> dict[str, int]:

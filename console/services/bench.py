@@ -43,7 +43,7 @@ from web.launcher import (
     wait_for,
 )
 from workers.keys import node_heartbeat
-from workers.node_metrics import cmdline_arg, stage_processes, with_children
+from workers.node_metrics import ProcessTracker, cmdline_arg, stage_processes, with_children
 
 STRATEGIES = ("restart-all", "local-restart", "adaptive", "active-all")
 FAULT_KINDS = ("kill-driver", "kill-node")
@@ -93,12 +93,23 @@ class BenchSettings:
             raise ValueError("; ".join(problems))
 
     @property
+    def input_s(self) -> float:
+        """Seconds the generator writes input: the warm-up plus the measured duration."""
+        return self.warmup_s + self.duration_s
+
+    @property
     def events(self) -> int:
-        return int(self.rate * (self.warmup_s + self.duration_s))
+        return int(self.rate * self.input_s)
 
     @property
     def schedule(self) -> list[float]:
         return measure.fault_schedule(self.warmup_s, self.duration_s, self.faults)
+
+    @property
+    def steady_s(self) -> tuple[float, float]:
+        """The steady window (seconds after the input started): after the warm-up, before the
+        first fault (or the end of the input)."""
+        return self.warmup_s, self.schedule[0] if self.schedule else self.input_s
 
 
 @dataclass
@@ -109,7 +120,6 @@ class ResourceSampler:
     job_key: str
     samples: list[tuple[float, float, float]] = field(default_factory=list)
     _stop: threading.Event = field(default_factory=threading.Event)
-    _procs: dict[int, psutil.Process] = field(default_factory=dict)
 
     def start(self) -> None:
         threading.Thread(target=self._run, name="bench-sampler", daemon=True).start()
@@ -118,17 +128,9 @@ class ResourceSampler:
         self._stop.set()
 
     def _run(self) -> None:
+        tracker = ProcessTracker(lambda: with_children(stage_processes(job=self.job_key)))
         while not self._stop.wait(1.0):
-            current = {p.pid: p for p in with_children(stage_processes(job=self.job_key))}
-            # psutil measures CPU since the previous call on the same object: keep the objects.
-            self._procs = {pid: self._procs.get(pid, p) for pid, p in current.items()}
-            cpu = rss = 0.0
-            for proc in self._procs.values():
-                try:
-                    cpu += proc.cpu_percent(None)
-                    rss += proc.memory_info().rss / 2**20
-                except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
-                    continue
+            cpu, rss = tracker.usage(tracker.current())
             self.samples.append((time.time(), cpu, rss))
 
     def mean_between(self, start: float, end: float) -> tuple[float | None, float | None]:
@@ -261,11 +263,18 @@ def _inject(job: Job, kind: str, target: str, user: User) -> tuple[FaultInjectio
     return fault, fault.outcome_detail
 
 
-def _read_cells(client, job: Job, params: dict) -> tuple[dict, dict, int]:
+def _read_cells(client, job: Job, params: dict) -> tuple[dict, dict]:
+    """(ground truth from the job's whole input, the job's results), as cells."""
     entries = [fields for _, fields in client.xrange(data_keys.input_stream(job.key))]
     expected = truth.expected_cells(job.topology, entries, params)
     actual = truth.result_cells(job.topology, client.hgetall(data_keys.results(job.key)))
-    return expected, actual, len(entries)
+    return expected, actual
+
+
+def input_started_at(client, job: Job) -> float:
+    """When the job's first input entry was written (epoch s, from its stream id)."""
+    first_id = client.xrange(data_keys.input_stream(job.key), count=1)[0][0]
+    return int(first_id.split("-")[0]) / 1000.0
 
 
 def _drain(client, job: Job, params: dict, timeout_s: float, say) -> tuple[truth.Comparison, float]:
@@ -274,12 +283,12 @@ def _drain(client, job: Job, params: dict, timeout_s: float, say) -> tuple[truth
     started = time.time()
     last, last_change = None, started
     while True:
-        expected, actual, _ = _read_cells(client, job, params)
+        expected, actual = _read_cells(client, job, params)
         comparison = truth.compare(expected, actual)
         if comparison.exact:
             # A late duplicate would show up as an overshoot: look once more.
             time.sleep(3)
-            return truth.compare(*_read_cells(client, job, params)[:2]), time.time() - started
+            return truth.compare(*_read_cells(client, job, params)), time.time() - started
         if actual != last:
             last, last_change = actual, time.time()
         if time.time() - last_change > 90 or time.time() - started > timeout_s:
@@ -308,8 +317,7 @@ def run_strategy(bench: BenchSettings, strategy: str, target: str | None, say) -
         raise RuntimeError(f"job {job.pk} ({strategy}) failed to start: {job.status_reason}")
     target = target or key_operator(job)
     wait_for(lambda: client.xlen(data_keys.input_stream(job.key)) > 0, 60, "the first input")
-    first_id = client.xrange(data_keys.input_stream(job.key), count=1)[0][0]
-    t0 = int(first_id.split("-")[0]) / 1000.0
+    t0 = input_started_at(client, job)
     say(f"      job {job.pk} running after {t0 - launched:.0f} s; input started")
     sampler = ResourceSampler(job.key)
     sampler.start()
@@ -321,7 +329,7 @@ def run_strategy(bench: BenchSettings, strategy: str, target: str | None, say) -
             say(f"      fault {number}/{bench.faults} at +{at_s:.0f} s: {bench.fault_kind} "
                 f"on {target}: {detail}")  # fmt: skip
             faults.append((at_s, fault, detail))
-        end = t0 + bench.warmup_s + bench.duration_s
+        end = t0 + bench.input_s
         say(f"      input ends in {max(0, end - time.time()):.0f} s")
         _sleep_until(end)
         wait_for(
@@ -353,9 +361,9 @@ def run_strategy(bench: BenchSettings, strategy: str, target: str | None, say) -
         "drained": comparison.exact,
         **measure_run(job, bench, t0, faults, target),
     }
-    steady_end = t0 + (bench.schedule[0] if bench.schedule else bench.warmup_s + bench.duration_s)
+    steady_start, steady_end = bench.steady_s
     run["steady"]["cpu_pct"], run["steady"]["rss_mb"] = sampler.mean_between(
-        t0 + bench.warmup_s, steady_end
+        t0 + steady_start, t0 + steady_end
     )
     steady, fault_rows = run["steady"], run["faults"]
     say(f"      lost {run['lost']}, duplicates {run['duplicates']} over {comparison.cells} result "
@@ -375,20 +383,19 @@ def measure_run(job: Job, bench: BenchSettings, t0: float, faults: list, target:
     finally:
         client.close()
     config = Policy.current().to_config()
-    end_s = bench.warmup_s + bench.duration_s
-    steady_end = t0 + (bench.schedule[0] if bench.schedule else end_s)
+    steady_window = (t0 + bench.steady_s[0], t0 + bench.steady_s[1])
     input_stage = compile_stages(get_topology(job.topology), fused=job.strategy == "restart-all")
-    steady = measure.steady_figures(records, t0 + bench.warmup_s, steady_end, input_stage[0].name)
+    steady = measure.steady_figures(records, *steady_window, input_stage[0].name)
     fault_rows = []
     previous = None
     for index, (at_s, fault, detail) in enumerate(faults):
         fault_at = fault.injected_at.timestamp() if fault and fault.injected_at else t0 + at_s
-        until = t0 + (faults[index + 1][0] if index + 1 < len(faults) else end_s)
+        until = t0 + (faults[index + 1][0] if index + 1 < len(faults) else bench.input_s)
         figures = measure.fault_figures(
             records,
             fault_at=fault_at,
             until=until,
-            reference=(t0 + bench.warmup_s, steady_end),
+            reference=steady_window,
             band=config.recovery_band,
             stable_window_s=bench.stable_window_s,
             previous_fault_at=previous,
@@ -416,7 +423,7 @@ def measure_run(job: Job, bench: BenchSettings, t0: float, faults: list, target:
         "input_started_at": t0,
         "faults": fault_rows,
         "steady": steady,
-        "series": measure.downsample_series(records, t0, t0 + end_s + 60),
+        "series": measure.downsample_series(records, t0, t0 + bench.input_s + 60),
     }
 
 
@@ -435,8 +442,7 @@ def remeasure(result: dict) -> dict:
     client = redis.Redis.from_url(django_settings.REDIS_URL, decode_responses=True)
     for run in result["runs"]:
         job = Job.objects.get(pk=run["job"])
-        first_id = client.xrange(data_keys.input_stream(job.key), count=1)[0][0]
-        t0 = run.get("input_started_at") or int(first_id.split("-")[0]) / 1000.0
+        t0 = run.get("input_started_at") or input_started_at(client, job)
         injected = list(job.faults.order_by("requested_at"))
         faults = [
             (at_s, fault, fault.outcome_detail)

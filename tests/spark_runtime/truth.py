@@ -1,9 +1,15 @@
-"""Ground truth computed in plain Python from the input stream (never via spark_runtime code)."""
+"""Ground truth computed in plain Python from the input stream (never via spark_runtime code).
+
+Wordcount and top-N come from console/bench/truth.py (plain Python too, shared with the strategy
+benchmark and tested on hand-counted inputs in tests/bench/test_truth.py)."""
 
 from __future__ import annotations
 
 import zlib
-from collections import Counter, defaultdict
+from collections import defaultdict
+
+from console.bench.truth import top_items_per_window
+from console.bench.truth import wordcount_cells as wordcount  # noqa: F401 (used by the tests)
 
 
 def valid_entries(client, stream: str, payload: list[str]) -> list[dict]:
@@ -26,24 +32,12 @@ def malformed_count(client, stream: str, payload: list[str]) -> int:
     return client.xlen(stream) - len(valid_entries(client, stream, payload))
 
 
-def wordcount(entries) -> dict[str, int]:
-    counts = Counter()
-    for e in entries:
-        counts.update(e["text"].lower().split())
-    return dict(counts)
-
-
 def topn(entries, window_seconds: int, n: int) -> dict[str, list]:
-    width = window_seconds * 1000
-    per_window: dict[int, Counter] = defaultdict(Counter)
-    for e in entries:
-        ts = int(e["ts"])
-        per_window[ts - ts % width][e["item"]] += 1
-    result = {}
-    for window, counts in per_window.items():
-        top = sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))[:n]
-        result[str(window)] = [[item, count] for item, count in top]
-    return result
+    """Window start (ms, as the results hash field) -> [[item, count], ...]."""
+    return {
+        str(window): [[item, count] for item, count in top]
+        for window, top in top_items_per_window(entries, window_seconds, n).items()
+    }
 
 
 def traffic(entries) -> dict[str, dict]:
