@@ -17,6 +17,7 @@ from django.utils import timezone
 from django_celery_beat.models import CrontabSchedule, PeriodicTask
 
 from console.policy.config import PolicyConfig, PolicyConfigError
+from spark_runtime.strategies import STRATEGY_TABLE
 from spark_runtime.topology import OPERATOR_KINDS, TOPOLOGIES
 
 
@@ -81,11 +82,11 @@ class Job(models.Model):
         STOPPED = "stopped", "stopped"
         FAILED = "failed", "failed"
 
-    class Strategy(models.TextChoices):
-        RESTART_ALL = "restart-all", "restart-all (one fused query, restart everything)"
-        LOCAL_RESTART = "local-restart", "local-restart (restart only the failed stage)"
-        ADAPTIVE = "adaptive", "adaptive (Da-Stream policy)"
-        ACTIVE_ALL = "active-all", "active-all (hot standby for every stage)"
+    # One member per entry of spark_runtime.strategies (RESTART_ALL, LOCAL_RESTART, ...).
+    Strategy = models.TextChoices(
+        "Strategy",
+        [(s.name.upper().replace("-", "_"), (s.name, s.label)) for s in STRATEGY_TABLE.values()],
+    )
 
     # Allowed moves; the key is the target status, the value the statuses it may be reached from.
     TRANSITIONS = {
@@ -322,6 +323,8 @@ class RecoveryEpisode(models.Model):
     downtime_s = models.FloatField(null=True, blank=True)
     recovery_time_s = models.FloatField(null=True, blank=True)
     peak_p99_ms = models.FloatField(null=True, blank=True)
+    # After a promotion: seconds until the stage again had a promotable (caught-up) standby.
+    reprotect_s = models.FloatField(null=True, blank=True)
     lost = models.IntegerField(null=True, blank=True)
     duplicates = models.IntegerField(null=True, blank=True)
     notes = models.TextField(blank=True)
@@ -415,6 +418,9 @@ class Policy(models.Model):
     slow_task_limit = models.PositiveIntegerField(default=3)
     fault_rate_prior = models.FloatField(default=0.05)
     # Supervision and recovery detection.
+    warm_spares_per_node = models.PositiveSmallIntegerField(
+        default=1, help_text="Pre-started stage processes per node (adaptive)"
+    )
     heartbeat_timeout_s = models.FloatField(default=3.0)
     cycle_interval_s = models.FloatField(default=5.0)
     recovery_band = models.FloatField(default=0.15)

@@ -12,7 +12,7 @@ import os
 import sys
 
 from spark_runtime.config import DEFAULT_REDIS_URL
-from spark_runtime.supervision import STRATEGIES
+from spark_runtime.strategies import STRATEGIES
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -42,6 +42,9 @@ def main(argv: list[str] | None = None) -> int:
     gen.add_argument("--duration", type=float, default=None)
     gen.add_argument("--seed", type=int, default=0)
     gen.add_argument("--malformed-every", type=int, default=0)
+    gen.add_argument(
+        "--resume", action="store_true", help="count the entries already in the stream as written"
+    )
     # Labels only: they let a node agent find (and stop) the generator it started.
     gen.add_argument("--replica-id", default="generator")
     gen.add_argument("--node", default="")
@@ -62,6 +65,7 @@ def main(argv: list[str] | None = None) -> int:
             seed=args.seed,
             duration=args.duration,
             malformed_every=args.malformed_every,
+            resume=args.resume,
         )
         print(f"wrote {sent} entries to the input of {args.job}")
         return 0

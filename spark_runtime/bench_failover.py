@@ -27,6 +27,7 @@ import redis
 from spark_runtime import generators, keys
 from spark_runtime.bench_util import final_progress, wait_running, wait_steady, write_section
 from spark_runtime.runner import build_runner
+from spark_runtime.topology import FUSED, PER_OPERATOR
 
 log = logging.getLogger("spark_runtime.bench_failover")
 
@@ -62,7 +63,7 @@ def scenario(client, redis_url: str, strategy: str, args) -> dict:
         checkpoint_root=os.path.join(root, "checkpoints"),
         log_dir=os.path.join(root, "logs"),
         standby_nice=args.standby_nice,
-        fused=not args.stages,
+        chaining=PER_OPERATOR if args.stages else FUSED,
     )
     finals = [f"{stage}-1"] + ([f"{stage}-2"] if active else [])
     replicas = (["split-1"] if args.stages else []) + finals

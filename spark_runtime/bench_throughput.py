@@ -24,7 +24,7 @@ import redis
 from spark_runtime import generators, keys
 from spark_runtime.bench_util import final_progress, wait_running, wait_steady, write_section
 from spark_runtime.runner import build_runner
-from spark_runtime.topology import compile_stages, get_topology
+from spark_runtime.topology import PER_OPERATOR, compile_stages, get_topology
 
 log = logging.getLogger("spark_runtime.bench_throughput")
 
@@ -52,8 +52,9 @@ def measure(client, redis_url: str, topology: str, args) -> dict:
         checkpoint_root=os.path.join(root, "checkpoints"),
         log_dir=os.path.join(root, "logs"),
         max_records=args.max_records,
+        chaining=PER_OPERATOR,
     )
-    stages = [s.name for s in compile_stages(get_topology(topology))]
+    stages = [s.name for s in compile_stages(get_topology(topology), PER_OPERATOR)]
     stop = threading.Event()
     steps = []
     best = None

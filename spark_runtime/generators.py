@@ -104,15 +104,21 @@ def generate(
     malformed_every: int = 0,
     id_prefix: str = "e",
     stop=None,
+    resume: bool = False,
 ) -> int:
     """Write entries to the job's input stream at `rate` entries/s until `count` entries or
-    `duration` seconds (or `stop()` returns True). Returns how many were written."""
+    `duration` seconds (or `stop()` returns True). Returns how many were written.
+
+    With `resume`, the stream's length counts as already written: a generator started again
+    (after its node agent or the controller was restarted) goes on from there with the next ids
+    and stops at the same `count`, so a repeated start never duplicates input."""
     rng = random.Random(seed)
     payload = make_payload_factory(topology, rng, rate)
     stream = keys.input_stream(job)
     started = time.time()
     last_log = started
-    sent = 0
+    sent = client.xlen(stream) if resume else 0
+    resumed_at = sent
     while True:
         now = time.time()
         elapsed = now - started
@@ -122,7 +128,7 @@ def generate(
             break
         if stop is not None and stop():
             break
-        due = int(rate * elapsed) + 1 - sent
+        due = int(rate * elapsed) + 1 - (sent - resumed_at)
         if count is not None:
             due = min(due, count - sent)
         if due <= 0:
@@ -140,4 +146,4 @@ def generate(
         if now - last_log >= 5:
             log.info("generator %s: %s entries in %.0f s", job, sent, elapsed)
             last_log = now
-    return sent
+    return sent - resumed_at

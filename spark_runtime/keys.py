@@ -89,6 +89,22 @@ def events(job: str) -> str:
     return f"{PREFIX}:{job}:events"
 
 
+def spares(node: str) -> str:
+    """Hash spare id -> JSON {pid, state (`starting`, `idle`), since} of a node's warm spares:
+    pre-started stage processes (JVM and SparkSession up, no query) waiting for a replica."""
+    return f"{PREFIX}:node:{node}:spares"
+
+
+def spare_control(node: str, spare: str) -> str:
+    """List of JSON commands for a warm spare: `{"cmd": "become", "args": [stage CLI args]}`."""
+    return f"{PREFIX}:node:{node}:spare:{spare}"
+
+
+def spares_wanted(node: str) -> str:
+    """How many warm spares the policy wants on a node (set by the controller every cycle)."""
+    return f"{PREFIX}:node:{node}:spares:wanted"
+
+
 PROGRESS_MAXLEN = 10_000
 EVENTS_MAXLEN = 10_000
 

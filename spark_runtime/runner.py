@@ -15,6 +15,7 @@ import sys
 import time
 
 from spark_runtime import keys
+from spark_runtime.strategies import get_strategy
 from spark_runtime.supervision import (
     HeartbeatMissed,
     HeartbeatSeen,
@@ -38,10 +39,14 @@ def stage_args(
     max_records: int = 5000,
 ) -> list[str]:
     """The arguments of `python -m spark_runtime.stage` for a replica, with its checkpoint at
-    `{checkpoint_root}/{job}/{stage}/{replica}` (the same replica id resumes the same checkpoint).
-    Shared by every launcher (local subprocesses here, node agents in the controller)."""
-    checkpoint = os.path.join(checkpoint_root, replica.job, replica.stage, replica.replica_id)
+    `{checkpoint_root}/{job}/{stage}/{replica}` (the same replica id resumes the same checkpoint;
+    a seeded standby copies its primary's from the same layout). Shared by every launcher (local
+    subprocesses here, node agents in the controller)."""
+    stage_root = os.path.join(checkpoint_root, replica.job, replica.stage)
+    checkpoint = os.path.join(stage_root, replica.replica_id)
+    seed = ["--seed-from", os.path.join(stage_root, replica.seed_from)] if replica.seed_from else []
     return [
+        *seed,
         *replica.argv(),
         "--redis-url",
         redis_url,
@@ -58,7 +63,8 @@ class SubprocessLauncher:
     """A `Launcher` running each replica as `python -m spark_runtime.stage` on this machine.
 
     Node names are only labels here (every "node" is this machine). Standbys can be started at a
-    lower CPU priority (`standby_nice`), the knob between primary latency and failover gap.
+    lower CPU priority (`standby_nice`), the knob between primary latency and failover gap; a
+    low-priority standby (the strategy's choice) also renices itself while it catches up.
     """
 
     def __init__(
@@ -251,14 +257,18 @@ def build_runner(
     max_records: int = 5000,
     standby_nice: int = 0,
     params: tuple[str, ...] = (),
-    fused: bool | None = None,
+    chaining: str | None = None,
+    active_operators: frozenset[str] = frozenset(),
 ) -> LocalRunner:
-    """Assemble a runner for `topology` under `strategy`. The job runs as one fused stage under
-    restart-all (and wherever `fused=True`), else as one stage per operator."""
-    fused = strategy == "restart-all" if fused is None else fused
-    stages = [s.name for s in compile_stages(get_topology(topology), fused=fused)]
+    """Assemble a runner for `topology` under `strategy`, cut into stages by the strategy's
+    chaining rule (or `chaining`); `active_operators` are the ones the policy would protect."""
+    rule = chaining or get_strategy(strategy).chaining
+    stages = {
+        s.name: s.operators
+        for s in compile_stages(get_topology(topology), rule, active=active_operators)
+    }
     supervisor = Supervisor(
-        job, topology, stages, strategy, list(nodes), active_stages, fused=fused, params=params
+        job, topology, stages, strategy, list(nodes), active_stages, params=params
     )
     launcher = SubprocessLauncher(
         redis_url,

@@ -218,9 +218,9 @@ class StageRuntime:
         self.checkpoint_dir = checkpoint_dir
         self.trigger_seconds = trigger_seconds
         self.max_records = max_records
-        if role == STANDBY and len(stage.segments) > 1:
-            # A standby buffers its outputs, so its later segments would never see input.
-            raise ValueError(f"stage {stage.name!r} has several queries: no hot standby")
+        # A standby of a stage with several queries buffers what its first query would write to
+        # the stage's internal channel; its later queries read that channel as the primary
+        # writes it (the same records, exactly once), and after a promotion as it writes it.
         self.gate = OutputGate(client, job, stage.name, role, buffer_max)
         self.queries: list = []
 

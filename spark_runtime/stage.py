@@ -1,8 +1,14 @@
 """The stage process: one replica (primary or hot standby) of one stage of a job.
 
-    python -m spark_runtime.stage --job ID --topology NAME --stage NAME \
+    python -m spark_runtime.stage --job ID --topology NAME --stage NAME --operators OP,OP \
         --role primary|standby --replica-id ID --node NODE [--redis-url URL] \
-        [--checkpoint-dir DIR] [--trigger-seconds S] [--fused] [--param OP.KEY=VALUE ...]
+        [--checkpoint-dir DIR] [--seed-from DIR] [--low-priority] [--trigger-seconds S] \
+        [--param OP.KEY=VALUE ...]
+
+A standby started with `--seed-from` (its primary's checkpoint) begins from a copy of the
+primary's latest committed batch instead of replaying the input from the beginning. With
+`--low-priority` a standby runs below its primary's CPU priority, at the bottom while it is
+catching up (spark_runtime/strategies.py has the levels).
 
 It heartbeats to Redis (`backstop:{job}:hb:{replica}` with a TTL) and keeps its entry in
 `backstop:{job}:replicas` current, publishes query progress to `backstop:{job}:progress`, and obeys
@@ -31,6 +37,7 @@ import time
 
 from spark_runtime import keys
 from spark_runtime.config import DEFAULT_REDIS_URL, ensure_python_env
+from spark_runtime.strategies import CATCHING_UP_NICE, STANDBY_NICE
 
 log = logging.getLogger("spark_runtime.stage")
 
@@ -62,15 +69,17 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--job", required=True)
     parser.add_argument("--topology", required=True)
     parser.add_argument("--stage", required=True)
+    parser.add_argument("--operators", required=True, help="the stage's operators, comma-separated")
     parser.add_argument("--role", choices=("primary", "standby"), default="primary")
     parser.add_argument("--replica-id", required=True)
     parser.add_argument("--node", default=socket.gethostname())
     parser.add_argument("--redis-url", default=os.environ.get("REDIS_URL", DEFAULT_REDIS_URL))
     parser.add_argument("--checkpoint-dir", default=None)
+    parser.add_argument("--seed-from", default=None, help="checkpoint to copy before a first start")
+    parser.add_argument("--low-priority", action="store_true")
     parser.add_argument("--trigger-seconds", type=float, default=0.5)
     parser.add_argument("--max-records", type=int, default=5000)
     parser.add_argument("--buffer-max", type=int, default=200_000)
-    parser.add_argument("--fused", action="store_true")
     parser.add_argument("--param", action="append", default=[])
     return parser
 
@@ -174,6 +183,25 @@ def readiness(gate) -> str:
     return RUNNING if gate.caught_up(CAUGHT_UP_S) else CATCHING_UP
 
 
+def wanted_nice(low_priority: bool, role: str, ready: str) -> int:
+    """The nice level of this replica's processes: a primary runs at the normal priority; a
+    low-priority standby runs a little below it, and at the bottom while catching up."""
+    if not low_priority or role == "primary":
+        return 0
+    return CATCHING_UP_NICE if ready == CATCHING_UP else STANDBY_NICE
+
+
+def set_group_nice(level: int) -> int:
+    """Set the nice level of this process group (the driver, its JVM and Python workers);
+    returns the level in force. Raising the priority again needs CAP_SYS_NICE: without it the
+    group stays where it was, and the replica reports the level it really has."""
+    try:
+        os.setpriority(os.PRIO_PGRP, 0, level)
+    except PermissionError:
+        log.warning("cannot set nice %s (needs CAP_SYS_NICE); staying at %s", level, os.nice(0))
+    return os.getpriority(os.PRIO_PROCESS, 0)
+
+
 def handle_command(command: dict, runtime, state: ReplicaState) -> int | None:
     """Apply one control command; returns an exit code when the process should end."""
     from spark_runtime.runtime import PromotionError
@@ -192,7 +220,11 @@ def handle_command(command: dict, runtime, state: ReplicaState) -> int | None:
             state.update(state="promote_failed", error=str(exc))
             return EXIT_PROMOTION
         state.update(
-            role="primary", state="running", epoch=result["epoch"], promoted_at=time.time()
+            role="primary",
+            state="running",
+            epoch=result["epoch"],
+            promoted_at=time.time(),
+            nice=set_group_nice(0),
         )
         return None
     if cmd == "trigger":
@@ -206,29 +238,35 @@ def handle_command(command: dict, runtime, state: ReplicaState) -> int | None:
     return None
 
 
-def run(args) -> int:
-    """Run the replica until stopped, fenced or failed; returns the exit code."""
+def run(args, spark=None) -> int:
+    """Run the replica until stopped, fenced or failed; returns the exit code. `spark` is the
+    session of a warm spare taking this replica over (else one is built here)."""
     import redis
 
+    from spark_runtime.checkpoint_seed import seed_checkpoint
     from spark_runtime.config import build_session
     from spark_runtime.runtime import StageRuntime
     from spark_runtime.sink import FencedError
-    from spark_runtime.topology import compile_stages, get_topology, with_params
+    from spark_runtime.topology import get_topology, stage_spec, with_params
 
     client = redis.Redis.from_url(args.redis_url, decode_responses=True)
     state = ReplicaState(client, args)
-    state.publish()
+    state.update(nice=set_group_nice(wanted_nice(args.low_priority, args.role, CATCHING_UP)))
     stop_beats = threading.Event()
     beats = threading.Thread(target=heartbeat_loop, args=(state, stop_beats), daemon=True)
     beats.start()
 
     topology = with_params(get_topology(args.topology), parse_params(args.param))
-    stages = {s.name: s for s in compile_stages(topology, fused=args.fused, job=args.job)}
-    stage = stages[args.stage]
+    operators = [o for o in args.operators.split(",") if o]
+    stage = stage_spec(topology, args.stage, operators, job=args.job)
     checkpoint = args.checkpoint_dir or os.path.join(
         "var", "checkpoints", args.job, args.stage, args.replica_id
     )
-    spark = build_session(f"backstop-{args.job}-{args.replica_id}")
+    if args.seed_from:
+        seeded = seed_checkpoint(args.seed_from, checkpoint, len(stage.segments))
+        state.update(seeded_batches=seeded)
+    if spark is None:
+        spark = build_session(f"backstop-{args.job}-{args.replica_id}")
     runtime = StageRuntime(
         spark,
         client,
@@ -244,8 +282,12 @@ def run(args) -> int:
     )
     spark.streams.addListener(make_listener(client, args.job, state, runtime.gate))
     runtime.start()
+    ready = readiness(runtime.gate)
     state.update(
-        state=readiness(runtime.gate), epoch=runtime.gate.writer.epoch, checkpoint=checkpoint
+        state=ready,
+        epoch=runtime.gate.writer.epoch,
+        checkpoint=checkpoint,
+        nice=set_group_nice(wanted_nice(args.low_priority, args.role, ready)),
     )
     code = EXIT_FAILED
     try:
@@ -253,7 +295,10 @@ def run(args) -> int:
             if state.info["state"] in (RUNNING, CATCHING_UP):
                 ready = readiness(runtime.gate)
                 if ready != state.info["state"]:
-                    state.update(state=ready, lag_s=runtime.gate.standby_lag_s)
+                    nice = wanted_nice(args.low_priority, runtime.gate.role, ready)
+                    state.update(
+                        state=ready, lag_s=runtime.gate.standby_lag_s, nice=set_group_nice(nice)
+                    )
             popped = client.blpop([keys.control(args.job, args.replica_id)], timeout=0.5)
             if popped:
                 result = handle_command(json.loads(popped[1]), runtime, state)

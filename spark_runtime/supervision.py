@@ -10,21 +10,31 @@ actions it returns through a `Launcher` (processes) and a control channel (comma
         ProcessExited / HeartbeatMissed / HeartbeatSeen(reported=<replicas-hash entry>)
     execute(sup.handle(event), launcher, send_command)
 
-Strategies:
+Strategies (spark_runtime/strategies.py defines each once):
 - `restart-all`: one fused stage; any failure restarts the whole job from its checkpoint.
 - `local-restart`: one primary per stage; a failed primary restarts from its own checkpoint.
 - `active-all`: every stage has a hot standby on another node; a failed primary is replaced by
-  promoting its standby, and a new standby is started.
+  promoting its standby, and a new standby is started, seeded from the new primary's checkpoint.
 - `adaptive`: like active-all for the stages in `active_stages` (chosen by the policy), like
   local-restart for the others.
+
+Re-protection: after a promotion the stage has no promotable standby until the new one reports
+`running` (caught up with its primary); `reprotections` records each such interval.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-STRATEGIES = ("restart-all", "local-restart", "active-all", "adaptive")
+from spark_runtime.strategies import (
+    ALL_STANDBYS,
+    POLICY_STANDBYS,
+    PROMOTE,
+    RESTART_JOB,
+    get_strategy,
+)
 
 # Replica states as the supervisor sees them.
 STARTING = "starting"
@@ -48,15 +58,23 @@ class ReplicaSpec:
     role: str
     replica_id: str
     node: str
-    fused: bool = False
+    operators: tuple[str, ...] = ()  # the stage's processing operators (its chain)
     params: tuple[str, ...] = ()  # "OP.KEY=VALUE" overrides
+    # A new standby starts from a copy of this replica's latest committed checkpoint.
+    seed_from: str | None = None
+    # May take over a warm spare process of its node (a launcher's hint).
+    warm: bool = False
+    # A standby at a lower CPU priority (see strategies.STANDBY_NICE).
+    low_priority: bool = False
 
     def argv(self) -> list[str]:
-        """Arguments of `python -m spark_runtime.stage` for this replica."""
+        """Arguments of `python -m spark_runtime.stage` for this replica (the launcher adds the
+        checkpoint paths, see runner.stage_args)."""
         args = ["--job", self.job, "--topology", self.topology, "--stage", self.stage]
         args += ["--role", self.role, "--replica-id", self.replica_id, "--node", self.node]
-        if self.fused:
-            args.append("--fused")
+        args += ["--operators", ",".join(self.operators)]
+        if self.low_priority:
+            args.append("--low-priority")
         for param in self.params:
             args += ["--param", param]
         return args
@@ -154,46 +172,64 @@ class Supervisor:
         self,
         job: str,
         topology: str,
-        stages: list[str],
+        stages: Mapping[str, Sequence[str]],
         strategy: str,
         nodes: list[str],
         active_stages: set[str] | None = None,
-        fused: bool = False,
         params: tuple[str, ...] = (),
         startup_grace: float = 90.0,
         placement: dict[str, tuple[str, str | None]] | None = None,
     ):
-        if strategy not in STRATEGIES:
-            raise ValueError(f"unknown strategy {strategy!r}; known: {STRATEGIES}")
         if not nodes:
             raise ValueError("at least one node is needed")
         self.job = job
         self.topology = topology
-        self.stages = list(stages)
+        # Stage name -> its operators, in launch order.
+        self.stage_operators = {name: tuple(ops) for name, ops in stages.items()}
+        self.stages = list(self.stage_operators)
         self.strategy = strategy
+        self.definition = get_strategy(strategy)
         self.nodes = list(nodes)
-        self.fused = fused
         self.params = params
         self.startup_grace = startup_grace
         # Optional (primary node, standby node) per stage chosen by the policy; else round robin.
         self.placement = dict(placement or {})
-        if strategy == "active-all":
-            self.active_stages = set(stages)
-        elif strategy == "adaptive":
+        if self.definition.standbys == ALL_STANDBYS:
+            self.active_stages = set(self.stages)
+        elif self.definition.standbys == POLICY_STANDBYS:
             self.active_stages = set(active_stages or ())
         else:
             self.active_stages = set()
         self.replicas: dict[str, Replica] = {}
         self._counter: dict[str, int] = {}
         self.history: list[tuple[float, str]] = []  # (time, description) of every recovery step
+        # Stage -> time its standby was promoted, until a new standby is promotable again.
+        self.unprotected_since: dict[str, float] = {}
+        # (stage, promoted at, protected again at) per completed re-protection, newest last.
+        self.reprotections: list[tuple[str, float, float]] = []
 
     # -- helpers ------------------------------------------------------------------------------
 
     def _new_spec(self, stage: str, role: str, node: str) -> ReplicaSpec:
         self._counter[stage] = self._counter.get(stage, 0) + 1
         replica_id = f"{stage}-{self._counter[stage]}"
+        strategy = self.definition
+        seed = None
+        if role == STANDBY and strategy.seeded_standbys:
+            primaries = [r for r in self.of_stage(stage, PRIMARY) if r.state == RUNNING]
+            seed = primaries[0].id if primaries else None
         return ReplicaSpec(
-            self.job, self.topology, stage, role, replica_id, node, self.fused, self.params
+            self.job,
+            self.topology,
+            stage,
+            role,
+            replica_id,
+            node,
+            operators=self.stage_operators[stage],
+            params=self.params,
+            seed_from=seed,
+            warm=strategy.warm_spares,
+            low_priority=role == STANDBY and strategy.low_priority_standbys,
         )
 
     def _node_for(self, index: int, avoid: str | None = None) -> str:
@@ -262,7 +298,8 @@ class Supervisor:
 
     def add_standby(self, stage: str, node: str, now: float) -> list:
         """Give `stage` a hot standby on `node` (the policy's decision); no-op if it has one."""
-        if stage in self.stages and self.strategy != "restart-all" and not self.has_standby(stage):
+        allowed = self.definition.on_failure == PROMOTE
+        if stage in self.stages and allowed and not self.has_standby(stage):
             self.active_stages.add(stage)
             self.history.append((now, f"add a standby for {stage} on {node}"))
             return [self._add(self._new_spec(stage, STANDBY, node), now)]
@@ -283,19 +320,24 @@ class Supervisor:
         return {
             "job": self.job,
             "topology": self.topology,
-            "stages": self.stages,
+            "stages": {name: list(ops) for name, ops in self.stage_operators.items()},
             "strategy": self.strategy,
             "nodes": self.nodes,
             "active_stages": sorted(self.active_stages),
-            "fused": self.fused,
             "params": list(self.params),
+            "unprotected_since": self.unprotected_since,
+            "reprotections": [list(r) for r in self.reprotections[-50:]],
             "startup_grace": self.startup_grace,
             "placement": {k: list(v) for k, v in self.placement.items()},
             "counter": self._counter,
             "history": [list(h) for h in self.history[-200:]],
             "replicas": [
                 {
-                    "spec": {**r.spec.__dict__, "params": list(r.spec.params)},
+                    "spec": {
+                        **r.spec.__dict__,
+                        "operators": list(r.spec.operators),
+                        "params": list(r.spec.params),
+                    },
                     "state": r.state,
                     "since": r.since,
                 }
@@ -313,7 +355,6 @@ class Supervisor:
             data["strategy"],
             data["nodes"],
             set(data["active_stages"]),
-            fused=data["fused"],
             params=tuple(data["params"]),
             startup_grace=data["startup_grace"],
             placement={k: tuple(v) for k, v in data.get("placement", {}).items()},
@@ -322,8 +363,13 @@ class Supervisor:
         sup.active_stages = set(data["active_stages"])
         sup._counter = dict(data["counter"])
         sup.history = [tuple(h) for h in data["history"]]
+        sup.unprotected_since = dict(data.get("unprotected_since", {}))
+        sup.reprotections = [tuple(r) for r in data.get("reprotections", [])]
         for item in data["replicas"]:
-            spec = ReplicaSpec(**{**item["spec"], "params": tuple(item["spec"]["params"])})
+            raw = item["spec"]
+            spec = ReplicaSpec(
+                **{**raw, "operators": tuple(raw["operators"]), "params": tuple(raw["params"])}
+            )
             sup.replicas[spec.replica_id] = Replica(spec, item["state"], item["since"])
         return sup
 
@@ -353,6 +399,14 @@ class Supervisor:
         if replica.state in (STARTING, CATCHING_UP) and reported.get("state") == RUNNING:
             replica.state = RUNNING
             replica.since = event.at
+            stage = replica.spec.stage
+            if replica.role == STANDBY and stage in self.unprotected_since:
+                promoted_at = self.unprotected_since.pop(stage)
+                self.reprotections.append((stage, promoted_at, event.at))
+                self.history.append(
+                    (event.at, f"{stage} protected again by {replica.id} "
+                     f"({event.at - promoted_at:.1f} s after the promotion)")
+                )  # fmt: skip
         elif replica.state in (STARTING, RUNNING) and reported.get("state") == CATCHING_UP:
             replica.state = CATCHING_UP
             replica.since = event.at
@@ -366,7 +420,7 @@ class Supervisor:
     def _on_failure(self, replica: Replica, now: float, reason: str) -> list:
         stage = replica.spec.stage
         self.history.append((now, f"{replica.id} ({replica.role} of {stage}) failed: {reason}"))
-        if self.strategy == "restart-all":
+        if self.definition.on_failure == RESTART_JOB:
             specs = tuple(r.spec for r in self.replicas.values())
             for r in self.replicas.values():
                 r.state, r.since = STARTING, now
@@ -383,6 +437,7 @@ class Supervisor:
             standby = standbys[0]
             replica.state = FAILED
             standby.state, standby.since = PROMOTING, now
+            self.unprotected_since[stage] = now  # until a new standby is caught up
             self.history.append((now, f"promote {standby.id} for {stage}"))
             return [KillReplica(replica.id), PromoteStandby(standby.id, stage)]
         replica.state, replica.since = STARTING, now
@@ -394,11 +449,15 @@ class Supervisor:
         for old in self.of_stage(stage, PRIMARY):
             if old.state == FAILED:
                 del self.replicas[old.id]
-        standby.spec = ReplicaSpec(**{**standby.spec.__dict__, "role": PRIMARY})
+        standby.spec = ReplicaSpec(
+            **{**standby.spec.__dict__, "role": PRIMARY, "seed_from": None, "low_priority": False}
+        )
         standby.state, standby.since = RUNNING, now
         self.history.append((now, f"{standby.id} is the primary of {stage}"))
         if stage in self.active_stages:
+            self.unprotected_since.setdefault(stage, now)
             return [self._standby_for(stage, standby.spec.node, now)]
+        self.unprotected_since.pop(stage, None)
         return []
 
     def _on_promotion_failed(self, standby: Replica, now: float) -> list:

@@ -180,10 +180,27 @@ def get_topology(name: str) -> Topology:
 
 
 # --- Stage cutting (data plane) --------------------------------------------------------------
-# A stage is one Structured Streaming query reading Redis streams and writing a Redis stream or
-# the final sink. Sources are not stages (they are the input stream), sinks run inside the stage
-# of the operator they read. Every other operator is its own stage, so each stateful operator can
-# be restarted or backed by a standby on its own.
+# A stage is one process (a primary, optionally a hot standby) running one or more Structured
+# Streaming queries that read Redis streams and write a Redis stream or the final sink. Sources
+# are not stages (they are the input stream); a sink runs inside the stage of the operator it
+# reads. How operators are grouped into stages is the strategy's chaining rule (see
+# `compile_stages` and docs/DATA_PLANE.md):
+#
+# - `fused`: the whole job is one stage (restart-all, the plain Spark way);
+# - `per-operator`: every processing operator is its own stage (micro-benchmarks only);
+# - `per-stateful`: a stateless operator chains into its stateful neighbour's stage, and every
+#   stateful operator starts a stage of its own (local-restart: restart only the failed part);
+# - `chained`: like Flink's operator chaining, a boundary only where it buys something: where the
+#   parallelism changes, or where the policy gives two stateful operators different protection
+#   (one active, one passive). Two stateful operators with the same protection share a stage
+#   (one process, one standby) as two queries linked by a Redis stream.
+
+FUSED = "fused"
+PER_OPERATOR = "per-operator"
+PER_STATEFUL = "per-stateful"
+CHAINED = "chained"
+CHAINING_RULES = (FUSED, PER_OPERATOR, PER_STATEFUL, CHAINED)
+FUSED_STAGE = "job"
 
 INPUT_CHANNEL = "in"
 RESULTS_CHANNEL = "results"
@@ -283,37 +300,95 @@ def _fuse(topology: Topology, segments: list[SegmentSpec]) -> list[SegmentSpec]:
     return fused
 
 
-def compile_stages(topology: Topology, fused: bool = False, job: str | None = None):
-    """Cut `topology` into stages.
+def _chains_into(topology: Topology, op: OperatorSpec) -> str | None:
+    """The operator `op` may chain onto: its only upstream, when that is a processing operator
+    whose only reader is `op` and whose parallelism is the same (a forward edge, as in Flink)."""
+    if len(op.upstream) != 1:
+        return None
+    up = topology.operator(op.upstream[0])
+    if up.kind in (SOURCE, SINK) or up.parallelism != op.parallelism:
+        return None
+    readers = [d for d in topology.downstream(up.name) if topology.operator(d).kind != SINK]
+    return up.name if readers == [op.name] else None
 
-    `fused=False`: one stage (and one query) per processing operator, Redis streams between
-    them. `fused=True`: the whole job as one stage named `job` (for the restart-all strategy),
-    with its operators fused into as few queries as Spark allows (one for wordcount and shuffle).
-    With `job`, the stages carry the real Redis keys of their inputs and outputs.
+
+def _group_operators(topology: Topology, chaining: str, active: frozenset[str]) -> list[list[str]]:
+    """Processing operators grouped into stages by the chaining rule, in topological order."""
+    processing = [op for op in topology.topological_order() if op.kind not in (SOURCE, SINK)]
+    if chaining == FUSED:
+        return [[op.name for op in processing]]
+    groups: list[list[str]] = []
+    group_of: dict[str, int] = {}
+    for op in processing:
+        up = _chains_into(topology, op) if chaining != PER_OPERATOR else None
+        target = group_of.get(up) if up else None
+        if target is not None and op.stateful:
+            stateful = [topology.operator(o) for o in groups[target]]
+            stateful = [o for o in stateful if o.stateful]
+            if stateful and chaining == PER_STATEFUL:
+                target = None  # every stateful operator restarts on its own
+            elif any((o.name in active) != (op.name in active) for o in stateful):
+                target = None  # the policy protects the two parts differently
+        if target is None:
+            groups.append([op.name])
+            group_of[op.name] = len(groups) - 1
+        else:
+            groups[target].append(op.name)
+            group_of[op.name] = target
+    return groups
+
+
+def stage_spec(
+    topology: Topology, name: str, operators: tuple[str, ...] | list[str], job: str | None = None
+) -> StageSpec:
+    """The stage called `name` running `operators` (processing operators of `topology`), with
+    its queries and channels. With `job`, it carries the real Redis keys of its inputs and
+    outputs. A stage process rebuilds its spec from its operator list with this function."""
+    members = set(operators)
+    segments = [s for s in _operator_segments(topology) if s.operators[0] in members]
+    segs = _fuse(topology, segments)
+    ops = tuple(o for s in segs for o in s.operators)
+    produced = {s.outputs[0] for s in segs}
+    inputs = tuple(dict.fromkeys(c for s in segs for c in s.inputs if c not in produced))
+    consumed = {c for s in segs for c in s.inputs}
+    outputs = tuple(dict.fromkeys(c for s in segs for c in s.outputs if c not in consumed))
+    job_id = job if job is not None else "{job}"
+    return StageSpec(
+        name=name,
+        operators=ops,
+        inputs=inputs,
+        outputs=outputs,
+        segments=tuple(segs),
+        stateful=any(topology.operator(o).stateful for o in ops),
+        input_keys=tuple(channel_key(job_id, c) for c in inputs),
+        output_keys=tuple(channel_key(job_id, c) for c in outputs),
+    )
+
+
+def compile_stages(
+    topology: Topology,
+    chaining: str = PER_OPERATOR,
+    active: frozenset[str] | set[str] = frozenset(),
+    job: str | None = None,
+) -> list[StageSpec]:
+    """Cut `topology` into stages by the chaining rule (see the comment above `FUSED`).
+
+    `active` names the operators the policy protects with a hot standby; under `chained` two
+    stateful operators with different protection go to different stages. A stage is named after
+    its first stateful operator (else its first operator); the fused stage is called `job`.
+    Within a stage, operators are fused into as few queries as Spark allows.
     """
-    segments = _operator_segments(topology)
-
-    def make(name: str, segs: list[SegmentSpec]) -> StageSpec:
-        ops = tuple(o for s in segs for o in s.operators)
-        produced = {s.outputs[0] for s in segs}
-        inputs = tuple(dict.fromkeys(c for s in segs for c in s.inputs if c not in produced))
-        consumed = {c for s in segs for c in s.inputs}
-        outputs = tuple(dict.fromkeys(c for s in segs for c in s.outputs if c not in consumed))
-        job_id = job if job is not None else "{job}"
-        return StageSpec(
-            name=name,
-            operators=ops,
-            inputs=inputs,
-            outputs=outputs,
-            segments=tuple(segs),
-            stateful=any(topology.operator(o).stateful for o in ops),
-            input_keys=tuple(channel_key(job_id, c) for c in inputs),
-            output_keys=tuple(channel_key(job_id, c) for c in outputs),
-        )
-
-    if fused:
-        return [make("job", _fuse(topology, segments))]
-    return [make(seg.operators[0], [seg]) for seg in segments]
+    if chaining not in CHAINING_RULES:
+        raise ValueError(f"unknown chaining rule {chaining!r}; known: {CHAINING_RULES}")
+    stages = []
+    for group in _group_operators(topology, chaining, frozenset(active)):
+        if chaining == FUSED:
+            name = FUSED_STAGE
+        else:
+            stateful = [o for o in group if topology.operator(o).stateful]
+            name = (stateful or group)[0]
+        stages.append(stage_spec(topology, name, group, job))
+    return stages
 
 
 def stage_of(topology: Topology, stages: list[StageSpec], operator: str) -> str:

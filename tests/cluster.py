@@ -11,6 +11,7 @@ import signal
 import subprocess
 import time
 
+import psutil
 import redis
 from django.conf import settings
 from django.db import connection
@@ -90,16 +91,32 @@ class Cluster:
         time.sleep(3)
         for name in list(self.procs):
             self.kill(name)
-        # Stages run in their own sessions (an agent restart must not take them down): end them.
-        subprocess.run(["pkill", "-9", "-f", "--", f"--checkpoint-dir {self.log_dir}"], check=False)
-        subprocess.run(["pkill", "-9", "-f", "spark_runtime generate"], check=False)
+        # Stages and generators run in their own sessions (an agent restart must not take them
+        # down): end the ones this cluster's agents started, by pid, and nobody else's.
+        kill_started_under(self.log_dir)
+
+
+def kill_started_under(var_dir) -> int:
+    """SIGKILL every process whose environment names `var_dir` as its BACKSTOP_VAR_DIR: the
+    processes this cluster started and their children (stages, generators), found by pid."""
+    marker = str(var_dir)
+    ended = 0
+    for proc in psutil.process_iter(["pid"]):
+        if proc.pid == os.getpid():
+            continue
+        try:
+            if proc.environ().get("BACKSTOP_VAR_DIR") == marker:
+                proc.kill()
+                ended += 1
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            continue
+    return ended
 
 
 def prepare() -> None:
-    """Nodes, schedules and a clean Redis; no worker of an interrupted earlier run."""
+    """Nodes, schedules and a clean Redis (the test Redis database is this run's own)."""
     from console.services.schedules import ensure_periodic_tasks
 
-    subprocess.run(["pkill", "-9", "-f", "--", "-n it-"], check=False)
     redis.Redis.from_url(settings.REDIS_URL).flushdb()
     ensure_periodic_tasks()
     for name in NODES:

@@ -8,6 +8,7 @@ thread that reaps them and reports their exits.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -24,8 +25,16 @@ from celery import shared_task
 from celery.signals import worker_ready, worker_shutting_down
 from django.conf import settings
 
+from spark_runtime import keys as data_keys
 from workers import keys
-from workers.node_metrics import PROCESSES, Capacity, NodeSampler, cmdline_arg, stage_processes
+from workers.node_metrics import (
+    PROCESSES,
+    Capacity,
+    NodeSampler,
+    argv_of,
+    cmdline_arg,
+    stage_processes,
+)
 
 log = logging.getLogger(__name__)
 
@@ -72,7 +81,7 @@ def log_tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
 def find_replica_process(replica_id: str) -> psutil.Process | None:
     """The live process (stage or generator) running `replica_id` on this machine, if any."""
     for proc in psutil.process_iter(["cmdline", "status"]):
-        cmdline = proc.info["cmdline"] or []
+        cmdline = argv_of(proc.info["cmdline"])
         if proc.info["status"] == psutil.STATUS_ZOMBIE:
             continue
         started_by_agent = any(module in cmdline for module in ALLOWED_ENTRY_POINTS)
@@ -96,8 +105,11 @@ def _signal_group(proc: psutil.Process, sig: int) -> None:
     time_limit=30,
     soft_time_limit=25,
 )
-def start_replica(module: str, args: list[str], replica_id: str, job_key: str) -> int:
-    """Start `python -m module args...` for a replica; return its pid.
+def start_replica(
+    module: str, args: list[str], replica_id: str, job_key: str, warm: bool = False
+) -> int:
+    """Start `python -m module args...` for a replica; return its pid. With `warm`, a stage
+    replica takes over an idle warm spare of this node when there is one (no JVM start).
 
     Idempotent: when a process for `replica_id` is already running, its pid is returned.
     """
@@ -111,6 +123,10 @@ def start_replica(module: str, args: list[str], replica_id: str, job_key: str) -
     existing = find_replica_process(replica_id)
     if existing is not None:
         return existing.pid
+    if warm and module == STAGE_MODULE:
+        pid = hand_to_spare(args, replica_id, job_key)
+        if pid is not None:
+            return pid
     path = stage_log_path(replica_id)
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "ab") as log_file:
@@ -129,6 +145,102 @@ def start_replica(module: str, args: list[str], replica_id: str, job_key: str) -
     return proc.pid
 
 
+# --- warm spares ---------------------------------------------------------------------------
+
+STAGE_MODULE = "spark_runtime.stage"
+SPARE_MODULE = "spark_runtime.spare"
+# A spare that has not become idle within this time is replaced (its start hung or failed).
+SPARE_START_TIMEOUT_S = 180
+
+
+def _spare_entries(client, node: str) -> dict[str, dict]:
+    return {k: json.loads(v) for k, v in client.hgetall(data_keys.spares(node)).items()}
+
+
+def _is_spare_process(pid: int, spare_id: str) -> bool:
+    try:
+        cmdline = argv_of(psutil.Process(pid).cmdline())
+    except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+        return False
+    return SPARE_MODULE in cmdline and cmdline_arg(cmdline, "--spare-id") == spare_id
+
+
+def hand_to_spare(args: list[str], replica_id: str, job_key: str) -> int | None:
+    """Give replica `replica_id` (stage CLI `args`) to an idle warm spare of this node; returns
+    the spare's pid, or None when no spare is idle (the caller starts a cold process)."""
+    node = this_node()
+    client = _redis()
+    for spare_id, entry in sorted(_spare_entries(client, node).items()):
+        if entry.get("state") != "idle" or not _is_spare_process(entry["pid"], spare_id):
+            continue
+        # HDEL answers 1 to one taker only: the spare is ours from here on.
+        if not client.hdel(data_keys.spares(node), spare_id):
+            continue
+        command = {"cmd": "become", "args": args}
+        client.rpush(data_keys.spare_control(node, spare_id), json.dumps(command))
+        with _children_lock:
+            entry_proc = _children.pop(spare_id, None)
+            if entry_proc is not None:
+                _children[replica_id] = (entry_proc[0], job_key, entry_proc[2])
+        log.info("spare %s (pid %s) becomes %s", spare_id, entry["pid"], replica_id)
+        return int(entry["pid"])
+    return None
+
+
+def reconcile_spares(client, node: str) -> None:
+    """Keep as many warm spares on this node as the controller wants: forget dead ones, replace
+    ones whose start hung, start one more or stop one extra per call (no bursts)."""
+    wanted = int(client.get(data_keys.spares_wanted(node)) or 0)
+    entries = _spare_entries(client, node)
+    now = time.time()
+    live = []
+    for spare_id, entry in entries.items():
+        stuck = (
+            entry.get("state") != "idle" and now - entry.get("since", now) > SPARE_START_TIMEOUT_S
+        )
+        if not _is_spare_process(entry["pid"], spare_id) or stuck:
+            client.hdel(data_keys.spares(node), spare_id)
+            if stuck:
+                with contextlib.suppress(psutil.NoSuchProcess):
+                    _signal_group(psutil.Process(entry["pid"]), signal.SIGKILL)
+            continue
+        live.append(spare_id)
+    if len(live) < wanted:
+        start_spare(client, node)
+    elif len(live) > wanted:
+        extra = sorted(live)[-1]
+        client.hdel(data_keys.spares(node), extra)
+        client.rpush(data_keys.spare_control(node, extra), json.dumps({"cmd": "stop"}))
+
+
+def start_spare(client, node: str) -> int:
+    """Start one warm spare process on this node; returns its pid."""
+    spare_id = f"spare-{node}-{int(time.time() * 1000)}"
+    path = stage_log_path(spare_id)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "ab") as log_file:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", SPARE_MODULE, "--node", node, "--spare-id", spare_id,
+             "--redis-url", settings.REDIS_URL],
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            env={**os.environ, "PYSPARK_PYTHON": sys.executable},
+        )  # fmt: skip
+    # Registered here too, so a spare that dies while starting is noticed and replaced.
+    entry = {"pid": proc.pid, "state": "starting", "since": time.time()}
+    client.hset(data_keys.spares(node), spare_id, json.dumps(entry))
+    with _children_lock:
+        _children[spare_id] = (proc, "", path)
+    log.info("started warm spare %s pid %s", spare_id, proc.pid)
+    return proc.pid
+
+
+def idle_spares(client, node: str) -> int:
+    """How many warm spares of `node` are idle (reported with the node's metrics)."""
+    return sum(1 for e in _spare_entries(client, node).values() if e.get("state") == "idle")
+
+
 @shared_task(
     name="backstop.agent.start_generator",
     acks_late=True,
@@ -140,12 +252,13 @@ def start_generator(
     job_key: str, topology: str, rate: float, seed: int = 0, count: int | None = None
 ) -> int:
     """Start the seeded input generator of a job at `rate` entries/s (`count` entries, or until
-    stopped); return its pid."""
+    stopped); return its pid. Idempotent: a running generator is left alone, and a new one
+    resumes after the entries already in the input stream."""
     replica_id = f"generator-{job_key}"
     args = [
         "generate", "--job", job_key, "--topology", topology, "--rate", str(float(rate)),
         "--seed", str(int(seed)), "--redis-url", settings.REDIS_URL,
-        "--replica-id", replica_id, "--node", this_node(),
+        "--replica-id", replica_id, "--node", this_node(), "--resume",
     ]  # fmt: skip
     if count is not None:
         args += ["--count", str(int(count))]
@@ -225,6 +338,8 @@ def _report_exits(client: redis.Redis, node: str) -> None:
         for rid, _ in ended:
             del _children[rid]
     for replica_id, (proc, job_key, path) in ended:
+        if not job_key:
+            continue  # a warm spare that ended before it became a replica
         client.xadd(
             keys.agent_events(),
             {
@@ -246,7 +361,8 @@ def publish_forever(node: str, sampler: NodeSampler) -> None:
     client = _redis()
     while not _stop.wait(PUBLISH_INTERVAL_S):
         try:
-            usage = sampler.sample().to_dict()
+            reconcile_spares(client, node)
+            usage = {**sampler.sample().to_dict(), "spares": idle_spares(client, node)}
             payload = json.dumps(usage)
             pipe = client.pipeline()
             pipe.set(keys.node_heartbeat(node), payload, ex=HEARTBEAT_TTL_S)

@@ -28,3 +28,8 @@ def controller_lease(job_key: str) -> str:
 def controller_state(job_key: str) -> str:
     """The supervision state of a job as JSON, so a restarted controller picks it up."""
     return f"backstop:{job_key}:controller-state"
+
+
+def generator_node(job_key: str) -> str:
+    """The node whose agent runs the job's input generator (chosen once, kept while it lives)."""
+    return f"backstop:{job_key}:generator-node"

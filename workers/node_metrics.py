@@ -57,8 +57,10 @@ def stage_processes(*, node: str | None = None, job: str | None = None) -> list[
     """
     found = []
     for proc in psutil.process_iter(["cmdline", "status"]):
-        cmdline = proc.info["cmdline"] or []
-        if proc.info["status"] == psutil.STATUS_ZOMBIE or "spark_runtime.stage" not in cmdline:
+        cmdline = argv_of(proc.info["cmdline"])
+        # Warm spares are the node's too: their memory counts against its free resources.
+        entry = "spark_runtime.stage" in cmdline or "spark_runtime.spare" in cmdline
+        if proc.info["status"] == psutil.STATUS_ZOMBIE or not entry:
             continue
         if node is not None and cmdline_arg(cmdline, "--node") != node:
             continue
@@ -90,6 +92,16 @@ def node_processes(node: str) -> list[psutil.Process]:
         if "workers.cpu_hog" in (proc.info["cmdline"] or []) and proc.info["cmdline"][-1] == node
     ]
     return with_children(stage_processes(node=node) + hogs)
+
+
+def argv_of(cmdline: list[str] | None) -> list[str]:
+    """A process's arguments from psutil's `cmdline()`. A warm spare that became a replica
+    renamed itself (setproctitle) to that stage's command line: Linux then shows one string,
+    NUL-padded, which is split back into arguments here."""
+    cmdline = cmdline or []
+    if cmdline and " " in cmdline[0] and not any(cmdline[1:]):
+        return cmdline[0].split()
+    return cmdline
 
 
 def cmdline_arg(cmdline: list[str], flag: str) -> str | None:

@@ -149,6 +149,7 @@ class RecoveryEpisodeSerializer(serializers.ModelSerializer):
             "downtime_s",
             "recovery_time_s",
             "peak_p99_ms",
+            "reprotect_s",
             "lost",
             "duplicates",
             "notes",

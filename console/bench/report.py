@@ -100,8 +100,9 @@ def to_markdown(bench: dict) -> str:
         )
     lines += [
         "",
-        "| strategy | fault | at s | action | downtime s | recovery s | peak p99 ms | note |",
-        "|---|---|---|---|---|---|---|---|",
+        "| strategy | fault | at s | action | downtime s | recovery s | peak p99 ms "
+        "| re-protect s | note |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for run in runs:
         for number, fault in enumerate(run["faults"], start=1):
@@ -109,7 +110,7 @@ def to_markdown(bench: dict) -> str:
                 f"| {run['strategy']} | {number}: {fault['kind']} | {_fmt(fault['at_s'])} | "
                 f"{fault.get('action') or 'n/a'} | {_fmt(fault['downtime_s'], 2)} | "
                 f"{_recovery_cell(fault)} | {_fmt(fault['peak_p99_ms'], 0)} | "
-                f"{fault.get('note', '')} |"
+                f"{_fmt(fault.get('reprotect_s'), 1)} | {fault.get('note', '')} |"
             )
     return "\n".join(lines) + "\n"
 

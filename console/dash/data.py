@@ -189,7 +189,9 @@ def node_rows() -> list[dict]:
         )
     rows = []
     for node in Node.objects.all():
-        current = latest((*NODE_UTIL_METRICS, *NODE_IDLE_METRICS, "q_score"), node=node)
+        current = latest(
+            (*NODE_UTIL_METRICS, *NODE_IDLE_METRICS, "q_score", "warm_spares"), node=node
+        )
         placed = by_node.get(node.pk, {"primary": [], "standby": []})
         rows.append(
             {
@@ -201,6 +203,7 @@ def node_rows() -> list[dict]:
                 "mem_total_mb": node.mem_total_mb,
                 **{name: current.get(name) for name in (*NODE_UTIL_METRICS, *NODE_IDLE_METRICS)},
                 "q_score": current.get("q_score"),
+                "warm_spares": int(current.get("warm_spares") or 0),
                 "primaries": placed["primary"],
                 "standbys": placed["standby"],
             }
@@ -288,6 +291,7 @@ def _episode_dict(episode: Episode) -> dict:
         "downtime_s": episode.downtime_s,
         "recovery_time_s": episode.recovery_time_s,
         "peak_p99_ms": episode.peak_p99_ms,
+        "reprotect_s": episode.reprotect_s,
         "lost": episode.lost,
         "duplicates": episode.duplicates,
         "fault_kind": fault.kind if fault else "",

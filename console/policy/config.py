@@ -15,6 +15,10 @@ from numbers import Real
 SUM_TOLERANCE = 1e-6
 
 
+# Each spare holds a JVM (about 0.5-1 GB): more than this per node only wastes memory.
+MAX_SPARES_PER_NODE = 4
+
+
 class PolicyConfigError(ValueError):
     """A policy configuration is invalid; `errors` maps each bad field to a message naming it."""
 
@@ -63,6 +67,9 @@ class PolicyConfig:
     slow_task_limit: int = 3
     # fr used when no trained predictor is available.
     fault_rate_prior: float = 0.05
+    # Warm spares (pre-started stage processes) each node keeps for restarts and new standbys,
+    # under strategies that use them; they count against the resource reserve.
+    warm_spares_per_node: int = 1
     # Supervision timing.
     heartbeat_timeout_s: float = 3.0
     cycle_interval_s: float = 5.0
@@ -75,7 +82,7 @@ class PolicyConfig:
     def validate(self) -> None:
         """Raise PolicyConfigError listing every invalid field; return None when all is well."""
         errors: dict[str, str] = {}
-        ints = {"q_samples", "slow_task_limit"}
+        ints = {"q_samples", "slow_task_limit", "warm_spares_per_node"}
         for f in fields(self):
             value = getattr(self, f.name)
             if f.name in ints:
@@ -157,6 +164,12 @@ class PolicyConfig:
         for name in ("cpu_const", "mem_const", "fault_rate_prior"):
             if numeric(name):
                 check(name, 0.0 < getattr(self, name) <= 1.0, "must be > 0 and <= 1")
+        if numeric("warm_spares_per_node"):
+            check(
+                "warm_spares_per_node",
+                0 <= self.warm_spares_per_node <= MAX_SPARES_PER_NODE,
+                f"must be between 0 and {MAX_SPARES_PER_NODE}",
+            )
         if numeric("slow_task_limit"):
             check("slow_task_limit", self.slow_task_limit >= 1, "must be >= 1")
         if numeric("recovery_band"):

@@ -28,11 +28,12 @@ from console.roles import OPERATOR
 from console.services.controller import load_supervisor
 from console.services.demo_setup import DEMO_NODES, ensure_demo_nodes
 from console.services.faults import FaultRefused, request_fault
-from console.services.jobs import create_job, kill_job_processes, stop_job
+from console.services.jobs import create_job, kill_job_processes, kill_warm_spares, stop_job
 from console.services.recovery import read_progress
 from console.services.schedules import ensure_periodic_tasks
 from spark_runtime import keys as data_keys
-from spark_runtime.topology import SINK, SOURCE, compile_stages, get_topology
+from spark_runtime.strategies import STRATEGIES
+from spark_runtime.topology import SINK, SOURCE, get_topology
 from web.launcher import (
     ProcessGroup,
     agent_argv,
@@ -45,7 +46,6 @@ from web.launcher import (
 from workers.keys import node_heartbeat
 from workers.node_metrics import ProcessTracker, cmdline_arg, stage_processes, with_children
 
-STRATEGIES = ("restart-all", "local-restart", "adaptive", "active-all")
 FAULT_KINDS = ("kill-driver", "kill-node")
 BENCH_USER = "bench"
 # The latency band is at least one stage trigger interval wide (see console/bench/measure.py).
@@ -198,6 +198,7 @@ class BenchCluster:
 
     def __exit__(self, *exc) -> None:
         self.group.stop()
+        kill_warm_spares(django_settings.REDIS_URL)
 
 
 def bench_user() -> User:
@@ -384,8 +385,11 @@ def measure_run(job: Job, bench: BenchSettings, t0: float, faults: list, target:
         client.close()
     config = Policy.current().to_config()
     steady_window = (t0 + bench.steady_s[0], t0 + bench.steady_s[1])
-    input_stage = compile_stages(get_topology(job.topology), fused=job.strategy == "restart-all")
-    steady = measure.steady_figures(records, *steady_window, input_stage[0].name)
+    # The stage reading the job's input: its first processing operator's (stored at launch).
+    topology = get_topology(job.topology)
+    first = next(op for op in topology.topological_order() if op.kind not in (SOURCE, SINK))
+    input_stage = job.operators.get(name=first.name).stage
+    steady = measure.steady_figures(records, *steady_window, input_stage)
     fault_rows = []
     previous = None
     for index, (at_s, fault, detail) in enumerate(faults):
@@ -402,13 +406,9 @@ def measure_run(job: Job, bench: BenchSettings, t0: float, faults: list, target:
             latency_floor_ms=LATENCY_FLOOR_MS,
         )
         previous = fault_at
-        actions = (
-            sorted(
-                set(RecoveryEpisode.objects.filter(fault=fault).values_list("action", flat=True))
-            )
-            if fault
-            else []
-        )
+        episodes = list(RecoveryEpisode.objects.filter(fault=fault)) if fault else []
+        actions = sorted({e.action for e in episodes})
+        reprotect = [e.reprotect_s for e in episodes if e.reprotect_s is not None]
         fault_rows.append(
             {
                 "kind": bench.fault_kind,
@@ -416,6 +416,8 @@ def measure_run(job: Job, bench: BenchSettings, t0: float, faults: list, target:
                 "target": target,
                 "injected": detail,
                 "action": "+".join(actions) or "none recorded",
+                # After a promotion: seconds until the stage had a promotable standby again.
+                "reprotect_s": max(reprotect) if reprotect else None,
                 **figures.to_dict(),
             }
         )

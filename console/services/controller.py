@@ -36,7 +36,8 @@ from console.policy import actions as policy_actions
 from console.policy.checkpoint import spark_settings_for_interval
 from console.policy.placement import CycleInput, run_cycle
 from console.policy.priority import ACTIVE, operator_priorities
-from console.policy.resources import node_score
+from console.policy.resources import node_capacities, node_score
+from console.policy.spares import spares_wanted
 from console.services import metrics, recovery
 from console.services.planning import JobPlan, plan_job
 from spark_runtime import keys as data_keys
@@ -52,7 +53,7 @@ from spark_runtime.supervision import (
     Supervisor,
     execute,
 )
-from spark_runtime.topology import compile_stages, get_topology
+from spark_runtime.topology import get_topology
 from workers import keys as control_keys
 from workers.queues import node_queue
 
@@ -131,6 +132,7 @@ class AgentLauncher:
         self.client.hdel(self._exits_key(), replica.replica_id)
         start_replica.apply_async(
             args=("spark_runtime.stage", args, replica.replica_id, self.job.key),
+            kwargs={"warm": replica.warm},
             queue=node_queue(replica.node),
         )
 
@@ -192,11 +194,10 @@ def launch_job(job: Job) -> JobPlan:
     supervisor = Supervisor(
         job.key,
         job.topology,
-        [s.name for s in plan.stages],
+        {s.name: s.operators for s in plan.stages},
         job.strategy,
         sorted(nodes),
         active_stages={s.name for s in plan.stages if s.standby_node},
-        fused=job.strategy == "restart-all",
         placement={s.name: (s.primary_node, s.standby_node) for s in plan.stages},
     )
     for stage in plan.stages:
@@ -231,19 +232,36 @@ def _store_assessment(job: Job, plan: JobPlan) -> None:
         )
 
 
-def _start_generator(job: Job, node: str) -> None:
-    """The job's input: a seeded generator at the job's rate, run by a node agent.
+def ensure_generator(job: Job, supervisor: Supervisor, client) -> None:
+    """The job's input, reconciled every cycle: a running job whose params ask for generated
+    input (`rate` > 0) has its seeded generator running on one node until `count` entries are in.
 
-    Started once every primary runs, so the first measurements are not a start-up backlog.
+    Asking again is harmless: the agent leaves a running generator alone, and a new one resumes
+    after the entries already in the stream. So a controller that dies between marking the job
+    running and starting its input loses nothing: the next cycle starts it. Not asked before the
+    job runs, so the first measurements are not a start-up backlog.
     """
     rate = float(job.params.get("rate", 0))
-    if rate <= 0:
+    if rate <= 0 or job.status != Job.Status.RUNNING:
         return
+    count = job.params.get("count")
+    if count is not None and client.xlen(data_keys.input_stream(job.key)) >= int(count):
+        return
+    alive = alive_nodes(client)
+    node = client.get(control_keys.generator_node(job.key))
+    if node not in alive:
+        node = supervisor.placement_by_stage()[supervisor.stages[0]][0]
+        if node not in alive:
+            node = min(alive, default=None)
+        if node is None:
+            return
+        client.set(control_keys.generator_node(job.key), node)
     from workers.agent import start_generator
 
     start_generator.apply_async(
-        args=(job.key, job.topology, rate, int(job.params.get("seed", 0)), job.params.get("count")),
+        args=(job.key, job.topology, rate, int(job.params.get("seed", 0)), count),
         queue=node_queue(node),
+        expires=30,
     )
 
 
@@ -453,6 +471,45 @@ def update_nodes(client) -> dict[str, dict]:
     return alive
 
 
+def keep_warm_spares(client, config) -> dict[str, int]:
+    """Tell each node agent how many warm spares to keep (policy setting, within the reserve)."""
+    beats = alive_nodes(client)
+    wanted = spares_wanted(
+        node_capacities(node_history(client, beats), config),
+        {name: int(beat.get("spares", 0)) for name, beat in beats.items()},
+        config,
+    )
+    for name, count in wanted.items():
+        client.set(data_keys.spares_wanted(name), count)
+    return wanted
+
+
+def record_reprotections(job: Job, supervisor: Supervisor) -> None:
+    """Put each completed re-protection (promotion -> promotable standby again) on the promotion
+    episode of that stage. Idempotent: an episode that has its figure keeps it."""
+    for stage, promoted_at, protected_at in supervisor.reprotections:
+        episode = (
+            job.recoveries.filter(
+                stage=stage,
+                action=RecoveryEpisode.Action.PROMOTE,
+                detected_at__lte=datetime.fromtimestamp(promoted_at + 5, tz=UTC),
+            )
+            .order_by("-detected_at")
+            .first()
+        )
+        if episode is not None and episode.reprotect_s is None:
+            episode.reprotect_s = round(protected_at - promoted_at, 2)
+            episode.save(update_fields=["reprotect_s"])
+            decide(
+                job,
+                ControlDecision.Kind.ADD_STANDBY,
+                f"{stage} has a promotable standby again, {episode.reprotect_s:.1f} s after "
+                "the promotion",
+                stage=stage,
+            )
+    supervisor.reprotections.clear()
+
+
 def policy_cycle(job: Job, supervisor: Supervisor, client) -> list:
     """Algorithm 2 with fresh metrics and the policy in force; apply and record its actions.
 
@@ -486,20 +543,20 @@ def policy_cycle(job: Job, supervisor: Supervisor, client) -> list:
         )
         for node in Node.objects.filter(name__in=list(history))
     )
-    stages = compile_stages(topology, fused=supervisor.fused)
-    stage_of = {op: s.name for s in stages for op in s.operators}
+    stage_of = {op: name for name, ops in supervisor.stage_operators.items() for op in ops}
     placement = supervisor.placement_by_stage()
     primaries = {op: placement[stage][0] for op, stage in stage_of.items() if stage in placement}
     standbys = {}
-    for stage in stages:
-        node = placement.get(stage.name, (None, None))[1]
-        top = _top_operator(stage.operators, priorities)
+    moves_standbys = supervisor.definition.policy_moves_standbys
+    for stage, ops in supervisor.stage_operators.items():
+        node = placement.get(stage, (None, None))[1]
+        top = _top_operator(ops, priorities)
         if node and top:
             standbys[top] = node
     state = CycleInput(
         priorities=[p for p in priorities if p.name in stage_of],
         primaries=primaries,
-        standbys=standbys if job.strategy == "adaptive" else {},
+        standbys=standbys if moves_standbys else {},
         samples=history,
         alive={name: True for name in history},
         faults=recovery.faults_since(job, seconds=config.cycle_interval_s),
@@ -510,7 +567,7 @@ def policy_cycle(job: Job, supervisor: Supervisor, client) -> list:
         },
     )
     actions = run_cycle(state, config)
-    if job.strategy != "adaptive":
+    if not moves_standbys:
         actions = [a for a in actions if isinstance(a, policy_actions.SetCheckpointInterval)]
     _apply_cycle(job, supervisor, client, actions, stage_of)
     for p in priorities:
@@ -636,6 +693,7 @@ def supervise_window(job: Job, client, window_s: float, keep_lease) -> bool:
         if not job.is_live:
             return False
         supervise_tick(job, supervisor, client)
+        record_reprotections(job, supervisor)
         save_supervisor(client, job, supervisor)
         if time.monotonic() >= next_cycle:
             config = Policy.current().to_config()
@@ -643,8 +701,10 @@ def supervise_window(job: Job, client, window_s: float, keep_lease) -> bool:
             metrics.ingest_job_progress(client, job)
             if job.status == Job.Status.STARTING and supervisor.all_running():
                 job.mark_running("every primary is running")
-                _start_generator(job, supervisor.placement_by_stage()[supervisor.stages[0]][0])
+            ensure_generator(job, supervisor, client)
             policy_cycle(job, supervisor, client)
+            if supervisor.definition.warm_spares:
+                keep_warm_spares(client, config)
             save_supervisor(client, job, supervisor)
             recovery.measure_open_episodes(job, client, config)
             alert_slow_recoveries(job)

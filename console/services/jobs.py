@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import contextlib
+import os
+import signal
 
 from django.conf import settings
 from django.db import transaction
@@ -113,15 +115,33 @@ def kill_job_processes(job_keys: set[str]) -> int:
     """
     import psutil
 
-    from workers.node_metrics import cmdline_arg
+    from workers.node_metrics import argv_of, cmdline_arg
 
     ended = 0
     for proc in psutil.process_iter(["cmdline"]):
-        cmdline = proc.info["cmdline"] or []
+        cmdline = argv_of(proc.info["cmdline"])
         if not any(part.startswith("spark_runtime") for part in cmdline):
             continue
         if cmdline_arg(cmdline, "--job") in job_keys:
             with contextlib.suppress(psutil.NoSuchProcess):
                 proc.kill()
+                ended += 1
+    return ended
+
+
+def kill_warm_spares(redis_url: str) -> int:
+    """SIGKILL this machine's idle warm spares serving the Backstop at `redis_url`; returns how
+    many. For whoever started the node agents here (the demo, the benchmark): spares run in
+    sessions of their own, like stage processes, and outlive their agent."""
+    import psutil
+
+    from workers.node_metrics import argv_of, cmdline_arg
+
+    ended = 0
+    for proc in psutil.process_iter(["cmdline"]):
+        cmdline = argv_of(proc.info["cmdline"])
+        if "spark_runtime.spare" in cmdline and cmdline_arg(cmdline, "--redis-url") == redis_url:
+            with contextlib.suppress(psutil.NoSuchProcess, ProcessLookupError):
+                os.killpg(os.getpgid(proc.pid), signal.SIGKILL)
                 ended += 1
     return ended

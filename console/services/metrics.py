@@ -112,7 +112,7 @@ def node_sample_from_usage(name: str, usage: dict) -> NodeSample:
 
 
 def usage_samples(node: Node, usage: dict) -> list[MetricSample]:
-    """MetricSample rows for one agent sample: utilisation and idle rates."""
+    """MetricSample rows for one agent sample: utilisation, idle rates and warm spares."""
     rates = idle_rates(node_sample_from_usage(node.name, usage))
     at = _at(usage["at"])
     values = {
@@ -124,6 +124,8 @@ def usage_samples(node: Node, usage: dict) -> list[MetricSample]:
         "mem_idle": rates.mem,
         "disk_idle": rates.disk,
         "bw_idle": rates.bw,
+        # Idle warm spares the agent keeps (pre-started stage processes).
+        "warm_spares": float(usage.get("spares", 0)),
     }
     return [MetricSample(at=at, node=node, name=k, value=round(v, 4)) for k, v in values.items()]
 

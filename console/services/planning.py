@@ -1,11 +1,14 @@
 """Planning a job's placement from the policy: where each stage's primary and standby run.
 
-The policy scores operators; the data plane runs stages (one Structured Streaming query per
-stateful operator, or one fused query for restart-all). A stage gets a hot standby when the
-strategy says so: never for restart-all and local-restart, always for active-all (the resource
-upper bound: the reserve is not kept), and for adaptive when one of its operators is active and
-Algorithm 1 found it a node within the reserve. The standby goes where Algorithm 1 put the
-stage's highest-priority active operator.
+The policy scores operators; the data plane runs stages, cut by the strategy's chaining rule
+(spark_runtime/strategies.py): one fused stage for restart-all, a stage per stateful operator for
+local-restart, and for adaptive and active-all chained stages whose boundaries follow the
+policy's protection (an active and a passive stateful operator never share a stage). A stage
+gets a hot standby when the strategy says so: never for restart-all and local-restart, always
+for active-all (the resource upper bound: the reserve is not kept), and for adaptive when one of
+its operators is active and Algorithm 1 found it a node within the reserve. The standby goes
+where Algorithm 1 put the stage's highest-priority active operator: a stage's protection follows
+its highest-priority operator.
 
 No Django imports: the controller feeds it plain data, tests call it directly.
 """
@@ -20,13 +23,8 @@ from console.policy.config import PolicyConfig
 from console.policy.placement import place_standbys
 from console.policy.priority import ACTIVE, OperatorPriority, operator_priorities
 from console.policy.resources import NodeSample, node_capacities, node_score
+from spark_runtime.strategies import ALL_STANDBYS, POLICY_STANDBYS, STRATEGIES, get_strategy
 from spark_runtime.topology import StageSpec, Topology, compile_stages
-
-RESTART_ALL = "restart-all"
-LOCAL_RESTART = "local-restart"
-ADAPTIVE = "adaptive"
-ACTIVE_ALL = "active-all"
-STRATEGIES = (RESTART_ALL, LOCAL_RESTART, ADAPTIVE, ACTIVE_ALL)
 
 
 @dataclass(frozen=True)
@@ -87,7 +85,14 @@ def plan_job(
         topology, cluster_cpu, cluster_mem, config, fault_rates=fault_rates
     )
     by_operator = {p.name: p for p in priorities}
-    stages = compile_stages(topology, fused=strategy == RESTART_ALL)
+    definition = get_strategy(strategy)
+    if definition.standbys == ALL_STANDBYS:
+        protected = {p.name for p in priorities}
+    elif definition.standbys == POLICY_STANDBYS:
+        protected = {p.name for p in priorities if p.mode == ACTIVE}
+    else:
+        protected = set()
+    stages = compile_stages(topology, definition.chaining, active=protected)
     primaries = _place_primaries(stages, by_operator, ranked)
     operator_primary = {op: primaries[s.name] for s in stages for op in s.operators}
     scores = {name: node_score(history[name], config) for name in ranked}
@@ -95,7 +100,7 @@ def plan_job(
     fallbacks: list[dict] = []
     standby_nodes: dict[str, str | None] = {s.name: None for s in stages}
     reasons: dict[str, str] = {s.name: f"{strategy}: checkpoints only" for s in stages}
-    if strategy == ACTIVE_ALL:
+    if definition.standbys == ALL_STANDBYS:
         for stage in stages:
             others = [n for n in ranked if n != primaries[stage.name]]
             standby_nodes[stage.name] = others[0] if others else None
@@ -104,7 +109,7 @@ def plan_job(
                 if others
                 else "active-all: no second node for a standby"
             )
-    elif strategy == ADAPTIVE:
+    elif definition.standbys == POLICY_STANDBYS:
         staged = [by_operator[op] for s in stages for op in s.operators]
         placement = place_standbys(
             staged, operator_primary, node_capacities(history, config), config

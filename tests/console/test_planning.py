@@ -32,11 +32,12 @@ def test_restart_all_runs_one_fused_stage_without_standby():
 
 
 def test_local_restart_spreads_stages_without_standbys():
-    plan = plan_job(get_topology("wordcount"), "local-restart", HISTORY, PolicyConfig())
-    # count (0.5 cores + 512 MiB) outweighs split (0.3 + 256): it gets the best node.
-    assert {s.name: (s.primary_node, s.standby_node) for s in plan.stages} == {
-        "count": ("node-1", None),
-        "split": ("node-2", None),
+    plan = plan_job(get_topology("topn"), "local-restart", HISTORY, PolicyConfig())
+    # One stage per stateful operator; window_count (0.5 cores + 512 MiB) outweighs topn
+    # (0.3 + 256): it gets the best node.
+    assert {s.name: (s.operators, s.primary_node, s.standby_node) for s in plan.stages} == {
+        "window_count": (("window_count",), "node-1", None),
+        "topn": (("topn",), "node-2", None),
     }
 
 
@@ -47,14 +48,26 @@ def test_active_all_gives_every_stage_a_standby_on_another_node():
         assert stage.standby_node != stage.primary_node
 
 
-def test_adaptive_protects_only_the_stateful_stage():
-    # With the default threshold 0.4 the stateless split is passive and count is active.
+def test_adaptive_chains_the_stateless_split_into_the_protected_count_stage():
+    # With the default threshold 0.4 the stateless split is passive and count is active: split
+    # chains into count's stage, whose protection follows count (its highest priority).
     plan = plan_job(get_topology("wordcount"), "adaptive", HISTORY, PolicyConfig())
-    stages = {s.name: s for s in plan.stages}
-    assert stages["split"].standby_node is None
-    assert "passive" in stages["split"].reason
-    assert stages["count"].standby_node == "node-2"  # best Q that is not count's primary
-    assert "Algorithm 1" in stages["count"].reason
+    (stage,) = plan.stages
+    assert (stage.name, stage.operators) == ("count", ("split", "count"))
+    assert {p.name: p.mode for p in plan.priorities}["split"] == "passive"
+    assert stage.standby_node == "node-2"  # best Q that is not the stage primary's
+    assert "count is active" in stage.reason and "Algorithm 1" in stage.reason
+
+
+def test_adaptive_cuts_stateful_operators_apart_only_where_protection_differs():
+    # Both topn operators are active by default: one stage (two queries), one standby.
+    (both,) = plan_job(get_topology("topn"), "adaptive", HISTORY, PolicyConfig()).stages
+    assert both.operators == ("window_count", "topn") and both.standby_node
+    # A threshold between their priorities (0.646 and 0.639) protects window_count only.
+    config = PolicyConfig(priority_threshold=0.642)
+    stages = {s.name: s for s in plan_job(get_topology("topn"), "adaptive", HISTORY, config).stages}
+    assert stages["window_count"].standby_node and stages["topn"].standby_node is None
+    assert stages["topn"].operators == ("topn",)
 
 
 def test_adaptive_falls_back_to_checkpoints_when_the_reserve_is_reached():

@@ -2,15 +2,19 @@
 Celery workers), a real controller supervises them, Spark runs the stages, Redis carries the data.
 
 Scenarios (kept to two jobs so the module stays within a few minutes on 2 cores):
-- adaptive wordcount: the controller process is SIGKILLed mid-job and started again, the job keeps
-  running; then `kill-driver` on the key stage (count): the standby is promoted, an episode is
-  recorded, and the final counts equal the ground truth computed from the input stream;
+- adaptive wordcount (split and count chained into one stage): the controller process is
+  SIGKILLed mid-job and started again, the job keeps running; then `kill-driver` on the key stage
+  (count): the standby is promoted, an episode is recorded with its re-protect time, the new
+  standby runs in a node's warm spare process, seeded from the new primary's checkpoint; then
+  `kill-standby`: the standby's restart from its checkpoint also takes over a warm spare; the final
+  counts equal the ground truth computed from the input stream;
 - local-restart wordcount: `kill-driver` on count restarts it from its checkpoint, exact results.
 """
 
 from __future__ import annotations
 
 import collections
+import json
 import time
 
 import pytest
@@ -21,6 +25,8 @@ from rest_framework.test import APIClient
 from console.models import ControlDecision, FaultInjection, Job, RecoveryEpisode, Replica
 from console.roles import OPERATOR
 from spark_runtime import keys
+from spark_runtime.checkpoint_seed import committed_batch
+from tests.cluster import NODES
 from tests.factories import UserFactory
 from web.launcher import wait_for
 
@@ -67,15 +73,33 @@ def launch(strategy: str) -> Job:
     return Job.objects.get(pk=job.pk)
 
 
-def inject_kill_driver(job: Job) -> FaultInjection:
-    response = api().post(
-        f"/api/jobs/{job.pk}/faults/", {"kind": "kill-driver", "target_operator": "count"},
-        format="json",
-    )  # fmt: skip
+def replica_entry(client, job: Job, replica_id: str) -> dict:
+    raw = client.hget(keys.replicas(job.key), replica_id)
+    return json.loads(raw) if raw else {}
+
+
+def idle_spares(client, node: str) -> int:
+    entries = client.hgetall(keys.spares(node)).values()
+    return sum(1 for raw in entries if json.loads(raw)["state"] == "idle")
+
+
+def became_from_spare(cluster, replica_id: str, times: int = 1) -> bool:
+    """True when warm spares' logs say they became `replica_id` (at least `times` times)."""
+    logs = (cluster.log_dir / "log" / "stages").glob("spare-*.log")
+    said = sum(path.read_text(errors="replace").count(f"becomes {replica_id} ") for path in logs)
+    return said >= times
+
+
+def inject(job: Job, fault: dict) -> FaultInjection:
+    response = api().post(f"/api/jobs/{job.pk}/faults/", fault, format="json")
     assert response.status_code == 201, response.content
     fault_id = response.json()["id"]
     wait_for(lambda: FaultInjection.objects.get(pk=fault_id).outcome == "injected", 30, "injection")
     return FaultInjection.objects.get(pk=fault_id)
+
+
+def inject_kill_driver(job: Job) -> FaultInjection:
+    return inject(job, {"kind": "kill-driver", "target_operator": "count"})
 
 
 def wait_for_exact_results(client, job: Job) -> None:
@@ -111,6 +135,15 @@ def test_adaptive_survives_controller_restart_and_kill_driver(cluster):
     )
     assert client.hlen(keys.results(job.key)) >= before
 
+    # The standby has committed work of its own (the next standby is seeded from it), and every
+    # node keeps a warm spare for adaptive jobs (policy default: one per node).
+    standby_checkpoint = cluster.log_dir / "checkpoints" / job.key / "count" / "count-2" / "0"
+    wait_for(lambda: (committed_batch(str(standby_checkpoint)) or 0) >= 1, 180, "standby batches")
+    wait_for(
+        lambda: all(idle_spares(client, node) > 0 for node in NODES),
+        180,
+        "warm spares on every node",
+    )
     fault = inject_kill_driver(job)
     wait_for(
         lambda: RecoveryEpisode.objects.filter(job=job, action="promote").exists(), 60, "promotion"
@@ -119,6 +152,30 @@ def test_adaptive_survives_controller_restart_and_kill_driver(cluster):
     episode = RecoveryEpisode.objects.get(job=job, action="promote")
     assert episode.fault == fault
     assert episode.stage == "count"
+    # The new standby (count-3) is seeded from count-2's checkpoint and runs in a warm spare;
+    # once it is caught up the episode gets its re-protect time.
+    wait_for(
+        lambda: RecoveryEpisode.objects.get(pk=episode.pk).reprotect_s is not None,
+        180,
+        "the new standby to be caught up",
+    )
+    standby = replica_entry(client, job, "count-3")
+    assert standby["role"] == "standby" and standby["seeded_batches"]["0"] is not None
+    assert became_from_spare(cluster, "count-3")
+    # A restart from the checkpoint takes over a warm spare too: kill the standby once its node
+    # has an idle spare again.
+    node = standby["node"]
+    wait_for(lambda: idle_spares(client, node) > 0, 180, f"a warm spare on {node}")
+    inject(job, {"kind": "kill-standby", "target_operator": "count"})
+    wait_for(
+        lambda: (
+            replica_entry(client, job, "count-3").get("pid") not in (None, standby["pid"])
+            and replica_entry(client, job, "count-3").get("state") == "running"
+        ),
+        180,
+        "the standby restarted",
+    )
+    assert became_from_spare(cluster, "count-3", times=2)
     wait_for_exact_results(client, job)
     promoted = Replica.objects.get(replica_id=count_standby.replica_id)
     assert promoted.role == "primary"

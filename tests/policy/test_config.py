@@ -32,7 +32,7 @@ def test_defaults_are_valid_and_match_the_brief():
         "resource_reserve", "checkpoint_min_s", "checkpoint_max_s",
         "interval_horizon_s", "checkpoint_cost_s", "recovery_cost_s",
         "cpu_const", "mem_const", "slow_task_limit", "fault_rate_prior",
-        "heartbeat_timeout_s", "cycle_interval_s",
+        "warm_spares_per_node", "heartbeat_timeout_s", "cycle_interval_s",
         "recovery_band", "recovery_stable_window_s", "reference_window_s", "warmup_s",
     ]  # fmt: skip
 

@@ -20,13 +20,18 @@ from spark_runtime.supervision import (
 NODES = ["node-1", "node-2", "node-3"]
 
 
+def per_operator(*names):
+    """Stages that each run the operator of the same name (the per-operator cut)."""
+    return {name: (name,) for name in names}
+
+
 def running(sup, at=1.0):
     for replica in list(sup.replicas.values()):
         sup.handle(HeartbeatSeen(replica.id, at, {"state": "running", "role": replica.role}))
 
 
 def test_local_restart_restarts_only_the_failed_stage_from_its_checkpoint():
-    sup = Supervisor("j", "wordcount", ["split", "count"], "local-restart", NODES)
+    sup = Supervisor("j", "wordcount", per_operator("split", "count"), "local-restart", NODES)
     actions = sup.start(0.0)
     assert [(a.replica.stage, a.replica.role, a.replica.node) for a in actions] == [
         ("split", "primary", "node-1"),
@@ -41,14 +46,16 @@ def test_local_restart_restarts_only_the_failed_stage_from_its_checkpoint():
 
 
 def test_heartbeat_missed_is_ignored_during_startup_grace_only():
-    sup = Supervisor("j", "wordcount", ["split"], "local-restart", NODES, startup_grace=30)
+    sup = Supervisor(
+        "j", "wordcount", per_operator("split"), "local-restart", NODES, startup_grace=30
+    )
     sup.start(0.0)
     assert sup.handle(HeartbeatMissed("split-1", 10.0)) == []
     assert isinstance(sup.handle(HeartbeatMissed("split-1", 31.0))[0], RestartStage)
 
 
 def test_active_all_promotes_the_standby_then_starts_a_new_one_elsewhere():
-    sup = Supervisor("j", "wordcount", ["split", "count"], "active-all", NODES)
+    sup = Supervisor("j", "wordcount", per_operator("split", "count"), "active-all", NODES)
     actions = sup.start(0.0)
     specs = {a.replica.replica_id: a.replica for a in actions}
     assert specs["count-2"].role == "standby"
@@ -68,7 +75,7 @@ def test_active_all_promotes_the_standby_then_starts_a_new_one_elsewhere():
 
 
 def test_a_standby_catching_up_is_not_promoted_until_it_reports_running_again():
-    sup = Supervisor("j", "wordcount", ["count"], "active-all", NODES)
+    sup = Supervisor("j", "wordcount", per_operator("count"), "active-all", NODES)
     sup.start(0.0)
     running(sup)
     # The standby fell far behind its primary (e.g. a new one replaying the input).
@@ -92,7 +99,7 @@ def test_a_standby_catching_up_is_not_promoted_until_it_reports_running_again():
 
 
 def test_failed_promotion_restarts_the_primary_from_its_checkpoint():
-    sup = Supervisor("j", "wordcount", ["count"], "active-all", NODES)
+    sup = Supervisor("j", "wordcount", per_operator("count"), "active-all", NODES)
     sup.start(0.0)
     running(sup)
     sup.handle(ProcessExited("count-1", 10.0, -9))
@@ -103,7 +110,9 @@ def test_failed_promotion_restarts_the_primary_from_its_checkpoint():
 
 
 def test_standby_failure_restarts_the_standby():
-    sup = Supervisor("j", "wordcount", ["count"], "adaptive", NODES, active_stages={"count"})
+    sup = Supervisor(
+        "j", "wordcount", per_operator("count"), "adaptive", NODES, active_stages={"count"}
+    )
     sup.start(0.0)
     running(sup)
     actions = sup.handle(ProcessExited("count-2", 3.0, 1))
@@ -111,15 +120,17 @@ def test_standby_failure_restarts_the_standby():
 
 
 def test_adaptive_gives_standbys_only_to_active_stages():
-    sup = Supervisor("j", "wordcount", ["split", "count"], "adaptive", NODES, {"count"})
+    sup = Supervisor("j", "wordcount", per_operator("split", "count"), "adaptive", NODES, {"count"})
     roles = sorted((a.replica.stage, a.replica.role) for a in sup.start(0.0))
     assert roles == [("count", "primary"), ("count", "standby"), ("split", "primary")]
 
 
 def test_restart_all_restarts_the_whole_job():
-    sup = Supervisor("j", "wordcount", ["job"], "restart-all", NODES, fused=True)
+    sup = Supervisor("j", "wordcount", {"job": ("split", "count")}, "restart-all", NODES)
     (start,) = sup.start(0.0)
-    assert start.replica.fused and "--fused" in start.replica.argv()
+    argv = start.replica.argv()
+    assert argv[argv.index("--operators") + 1] == "split,count"
+    assert not start.replica.warm and start.replica.seed_from is None
     running(sup)
     (restart,) = sup.handle(HeartbeatMissed("job-1", 20.0))
     assert isinstance(restart, RestartJob)
@@ -141,7 +152,7 @@ class FakeLauncher:
 
 
 def test_execute_maps_actions_to_launcher_calls_and_commands():
-    sup = Supervisor("j", "wordcount", ["count"], "active-all", NODES)
+    sup = Supervisor("j", "wordcount", per_operator("count"), "active-all", NODES)
     launcher, commands = FakeLauncher(), []
     execute(sup.start(0.0), launcher, lambda r, c: commands.append((r, c)))
     running(sup)
@@ -156,7 +167,7 @@ def test_policy_can_add_move_and_drop_standbys_and_the_state_survives_a_snapshot
     sup = Supervisor(
         "j",
         "wordcount",
-        ["split", "count"],
+        per_operator("split", "count"),
         "adaptive",
         NODES,
         placement={"split": ("node-3", None), "count": ("node-1", None)},
@@ -182,9 +193,47 @@ def test_policy_can_add_move_and_drop_standbys_and_the_state_survives_a_snapshot
 def test_stage_args_resume_the_replica_checkpoint():
     from spark_runtime.runner import stage_args
 
-    sup = Supervisor("j", "wordcount", ["count"], "local-restart", NODES)
+    sup = Supervisor("j", "wordcount", per_operator("count"), "local-restart", NODES)
     (start,) = sup.start(0.0)
     args = stage_args(start.replica, "redis://h:1/2", "/ck", trigger_seconds=2)
     assert args[args.index("--checkpoint-dir") + 1] == "/ck/j/count/count-1"
     assert args[args.index("--trigger-seconds") + 1] == "2"
     assert args[args.index("--replica-id") + 1] == "count-1"
+
+
+def test_a_new_standby_after_a_promotion_is_seeded_from_the_new_primary_and_timed():
+    sup = Supervisor("j", "wordcount", {"count": ("split", "count")}, "adaptive", NODES, {"count"})
+    first = {a.replica.replica_id: a.replica for a in sup.start(0.0)}
+    # At launch nothing is committed yet: the first standby starts empty, at a low priority.
+    assert first["count-2"].seed_from is None and first["count-2"].low_priority
+    assert not first["count-1"].low_priority
+    running(sup)
+    sup.handle(ProcessExited("count-1", 10.0, -9))
+    (start,) = sup.handle(HeartbeatSeen("count-2", 11.0, {"role": "primary", "state": "running"}))
+    new = start.replica
+    assert (new.replica_id, new.role, new.seed_from) == ("count-3", "standby", "count-2")
+    assert new.warm and new.low_priority
+    assert new.node != first["count-2"].node  # not beside its new primary
+    # The promoted replica runs at the normal priority and is not re-seeded on a restart.
+    promoted = sup.replicas["count-2"].spec
+    assert (promoted.role, promoted.seed_from, promoted.low_priority) == ("primary", None, False)
+    # Protected again once the new standby reports running (caught up): 10 s -> 18.5 s.
+    sup.handle(HeartbeatSeen("count-3", 14.0, {"role": "standby", "state": "catching_up"}))
+    assert sup.reprotections == []
+    sup.handle(HeartbeatSeen("count-3", 18.5, {"role": "standby", "state": "running"}))
+    assert sup.reprotections == [("count", 10.0, 18.5)]
+    restored = Supervisor.from_dict(json.loads(json.dumps(sup.to_dict())))
+    assert restored.reprotections == [("count", 10.0, 18.5)]
+    assert restored.replicas["count-3"].spec == new
+
+
+def test_strategies_differ_only_through_the_strategy_table():
+    from spark_runtime.strategies import STRATEGY_TABLE
+
+    for name, definition in STRATEGY_TABLE.items():
+        sup = Supervisor("j", "wordcount", {"count": ("split", "count")}, name, NODES, {"count"})
+        specs = [a.replica for a in sup.start(0.0)]
+        standbys = [s for s in specs if s.role == "standby"]
+        assert bool(standbys) == (definition.standbys != "none"), name
+        assert all(s.warm == definition.warm_spares for s in specs), name
+        assert all(s.low_priority == definition.low_priority_standbys for s in standbys), name

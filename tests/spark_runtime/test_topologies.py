@@ -12,7 +12,14 @@ import pytest
 
 from spark_runtime import generators, keys
 from spark_runtime.runtime import PRIMARY, STANDBY, StageRuntime
-from spark_runtime.topology import compile_stages, get_topology, with_params
+from spark_runtime.topology import (
+    CHAINED,
+    FUSED,
+    PER_OPERATOR,
+    compile_stages,
+    get_topology,
+    with_params,
+)
 from tests.spark_runtime import truth
 
 pytestmark = pytest.mark.spark
@@ -27,9 +34,11 @@ def spark():
     session.stop()
 
 
-def run_stages(spark, client, redis_url, job, topology, tmp_path, fused=False, role=PRIMARY):
+def run_stages(
+    spark, client, redis_url, job, topology, tmp_path, chaining=PER_OPERATOR, role=PRIMARY
+):
     runtimes = []
-    for stage in compile_stages(topology, fused=fused, job=job):
+    for stage in compile_stages(topology, chaining, job=job):
         rt = StageRuntime(
             spark,
             client,
@@ -82,7 +91,7 @@ def test_wordcount_stages_match_ground_truth_and_dead_letter_malformed(
 def test_a_reexecuted_batch_does_not_double_count(spark, client, redis_url, job, tmp_path):
     topology = get_topology("wordcount")
     generators.generate(client, job, "wordcount", count=1200, rate=1e6, seed=2)
-    runtimes = run_stages(spark, client, redis_url, job, topology, tmp_path, fused=True)
+    runtimes = run_stages(spark, client, redis_url, job, topology, tmp_path, chaining=FUSED)
     drain(runtimes)
     stop(runtimes)
     # Forget that the last batches were committed: Spark runs them again on restart, as after a
@@ -95,7 +104,7 @@ def test_a_reexecuted_batch_does_not_double_count(spark, client, redis_url, job,
         if os.path.exists(crc):
             os.remove(crc)
     generators.generate(client, job, "wordcount", count=300, rate=1e6, seed=3, id_prefix="f")
-    runtimes = run_stages(spark, client, redis_url, job, topology, tmp_path, fused=True)
+    runtimes = run_stages(spark, client, redis_url, job, topology, tmp_path, chaining=FUSED)
     try:
         drain(runtimes)
     finally:
@@ -109,7 +118,7 @@ def test_standby_promotion_emits_exactly_what_the_primary_had_not(
     spark, client, redis_url, job, tmp_path
 ):
     topology = get_topology("wordcount")
-    (stage,) = compile_stages(topology, fused=True, job=job)
+    (stage,) = compile_stages(topology, FUSED, job=job)
     generators.generate(client, job, "wordcount", count=1400, rate=1e6, seed=4)
 
     def runtime(role, max_records):
@@ -149,11 +158,55 @@ def test_standby_promotion_emits_exactly_what_the_primary_had_not(
     assert got == truth.wordcount(entries)
 
 
-@pytest.mark.parametrize("fused", [True, False], ids=["fused", "stages"])
-def test_topn_matches_ground_truth(spark, client, redis_url, job, tmp_path, fused):
+def test_a_chained_stage_of_two_queries_fails_over_to_its_standby_exactly(
+    spark, client, redis_url, job, tmp_path
+):
+    """Chained topn: window_count and topn in one stage (two queries linked by the stage's
+    internal stream). The standby's first query buffers what it would write to that stream, its
+    second query reads what the primary wrote; after the promotion it writes both itself."""
+    topology = with_params(get_topology("topn"), {"window_count": {"window_seconds": 1}})
+    (stage,) = compile_stages(topology, CHAINED, active={"window_count", "topn"}, job=job)
+    assert stage.operators == ("window_count", "topn") and len(stage.segments) == 2
+    generators.generate(client, job, "topn", count=1500, rate=1500, seed=11)
+
+    def runtime(role, max_records):
+        rt = StageRuntime(
+            spark, client, job, topology, stage, role, redis_url, str(tmp_path / role),
+            max_records=max_records,
+        )  # fmt: skip
+        rt.start()
+        return rt
+
+    primary = runtime(PRIMARY, 400)
+    standby = None
+    try:
+        primary.process_all_available()
+        standby = runtime(STANDBY, 650)
+        standby.process_all_available()
+        primary.stop()  # the primary dies having written everything so far
+        generators.generate(client, job, "topn", count=1500, rate=1500, seed=12, id_prefix="g")
+        standby.process_all_available()
+        assert len(standby.gate.buffer) > 0
+        standby.gate.promote()
+        standby.process_all_available()
+        generators.generate(client, job, "topn", count=600, rate=1500, seed=13, id_prefix="h")
+        standby.process_all_available()
+    finally:
+        if standby is not None:
+            standby.stop()
+        primary.stop()
+    entries = truth.valid_entries(client, keys.input_stream(job), ["item"])
+    expected = truth.topn(entries, window_seconds=1, n=5)
+    got = {w: json.loads(v) for w, v in client.hgetall(keys.results(job)).items()}
+    assert len(expected) >= 2
+    assert got == expected
+
+
+@pytest.mark.parametrize("chaining", [FUSED, PER_OPERATOR, CHAINED])
+def test_topn_matches_ground_truth(spark, client, redis_url, job, tmp_path, chaining):
     topology = with_params(get_topology("topn"), {"window_count": {"window_seconds": 1}})
     generators.generate(client, job, "topn", count=3000, rate=1500, seed=7, malformed_every=97)
-    runtimes = run_stages(spark, client, redis_url, job, topology, tmp_path, fused=fused)
+    runtimes = run_stages(spark, client, redis_url, job, topology, tmp_path, chaining=chaining)
     try:
         drain(runtimes, rounds=3)
     finally:
@@ -171,7 +224,7 @@ def test_topn_matches_ground_truth(spark, client, redis_url, job, tmp_path, fuse
 def test_traffic_matches_ground_truth(spark, client, redis_url, job, tmp_path):
     topology = get_topology("traffic")
     generators.generate(client, job, "traffic", count=2400, rate=800, seed=8)
-    runtimes = run_stages(spark, client, redis_url, job, topology, tmp_path, fused=True)
+    runtimes = run_stages(spark, client, redis_url, job, topology, tmp_path, chaining=FUSED)
     try:
         drain(runtimes, rounds=3)
     finally:
@@ -191,7 +244,7 @@ def test_shuffle_matches_ground_truth(spark, client, redis_url, job, tmp_path):
         {"assign_keys": {"keys": 20}, "aggregate": {"selectivity": 0.05}},
     )
     generators.generate(client, job, "shuffle", count=2000, rate=1e6, seed=9)
-    runtimes = run_stages(spark, client, redis_url, job, topology, tmp_path, fused=True)
+    runtimes = run_stages(spark, client, redis_url, job, topology, tmp_path, chaining=FUSED)
     try:
         drain(runtimes)
     finally:

@@ -51,3 +51,34 @@ def test_host_scope_reports_the_machine():
 def test_unknown_scope_is_refused():
     with pytest.raises(ValueError, match="scope"):
         NodeSampler("x", CAPACITY, scope="galaxy")
+
+
+def test_a_renamed_warm_spare_reads_as_the_stage_it_became():
+    """A spare renames itself with setproctitle: Linux shows one NUL-padded string, which
+    argv_of splits back, so every scanner finds the replica by its flags."""
+    import subprocess
+    import sys
+    import time
+
+    import psutil
+
+    from workers.node_metrics import argv_of, cmdline_arg
+
+    title = f"{sys.executable} -m spark_runtime.stage --job j1 --replica-id count-2 --node n-1"
+    code = f"import setproctitle, time; setproctitle.setproctitle({title!r}); time.sleep(5)"
+    proc = subprocess.Popen([sys.executable, "-c", code])
+    try:
+        deadline = time.time() + 5
+        while time.time() < deadline:
+            argv = argv_of(psutil.Process(proc.pid).cmdline())
+            if "spark_runtime.stage" in argv:
+                break
+            time.sleep(0.1)
+        assert cmdline_arg(argv, "--replica-id") == "count-2"
+        assert cmdline_arg(argv, "--node") == "n-1"
+    finally:
+        proc.kill()
+        proc.wait()
+    # An ordinary command line is left as it is.
+    assert argv_of(["python", "-m", "x", "--a b"]) == ["python", "-m", "x", "--a b"]
+    assert argv_of(None) == []

@@ -82,10 +82,11 @@ def _operator_table(operators: list[dict]):
     )
 
 
-def _replica_table(replicas: list[dict]):
+def _replica_table(replicas: list[dict], chains: dict[str, str]):
     rows = [
         [
             r["stage"],
+            chains.get(r["stage"], "—"),
             badge(r["role"], r["role"]),
             r["node_name"],
             r["state"],
@@ -93,7 +94,9 @@ def _replica_table(replicas: list[dict]):
         ]
         for r in replicas
     ]
-    return table(["Stage", "Role", "Node", "State", "Epoch"], rows, "No replicas running.")
+    return table(
+        ["Stage", "Chains", "Role", "Node", "State", "Epoch"], rows, "No replicas running."
+    )
 
 
 def _decision_table(decisions: list[dict]):
@@ -165,7 +168,7 @@ def refresh(n_intervals, window_s, pathname, user=None):
     return (
         _summary(job, current, replicas),
         figures.dag_figure(operators, threshold),
-        _replica_table(replicas),
+        _replica_table(replicas, figures.stage_chains(operators)),
         _operator_table(operators),
         figures.history_figure(history, [op["name"] for op in operators], threshold),
         _decision_table(data.recent_decisions(job_id, limit=30)),

@@ -144,3 +144,13 @@ def history_figure(frame: pd.DataFrame, operator_names: list[str], threshold: fl
     fig.update_xaxes(**GRID)
     fig.update_yaxes(**GRID)
     return fig
+
+
+def stage_chains(operators: list[dict]) -> dict[str, str]:
+    """Stage -> the operators it chains, in topology order ("split → count"), from operator rows
+    (each carries the stage it runs in; sources and sinks run in none)."""
+    chains: dict[str, list[str]] = {}
+    for op in operators:
+        if op.get("stage"):
+            chains.setdefault(op["stage"], []).append(op["name"])
+    return {stage: " → ".join(names) for stage, names in chains.items()}

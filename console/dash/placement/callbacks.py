@@ -51,6 +51,12 @@ def _node_card(node: dict, rank: int):
             html.Div(_chips(node["primaries"], "primary"), className="chips"),
             html.Div("Standbys", className="label"),
             html.Div(_chips(node["standbys"], "standby"), className="chips"),
+            html.Div(
+                f"warm spares: {node['warm_spares']}",
+                className="muted small",
+                title="pre-started stage processes (JVM and session up) that a restart or a new "
+                "standby takes over; they count against the reserve",
+            ),
             html.Div(f"heartbeat {fmt_time(node['last_heartbeat'])}", className="muted small"),
         ],
         className="card node-card",
@@ -73,6 +79,7 @@ def _summary(nodes: list[dict], reserve: float):
         tile("cluster memory free", fmt_pct(free["mem"])),
         tile("reserve kept free", fmt_pct(reserve)),
         tile("standbys placed", str(standbys)),
+        tile("warm spares", str(sum(n["warm_spares"] for n in nodes))),
     ]
 
 

@@ -12,7 +12,7 @@ from django.core.management import call_command
 from django.core.management.base import BaseCommand
 
 from console.services.demo_setup import DEMO_NODES, ensure_demo_nodes, ensure_demo_users
-from console.services.jobs import kill_job_processes
+from console.services.jobs import kill_job_processes, kill_warm_spares
 from web.launcher import (
     ProcessGroup,
     agent_argv,
@@ -34,6 +34,7 @@ def stop_demo_jobs() -> int:
     from console.models import Job
 
     ended = kill_job_processes(set(Job.objects.values_list("key", flat=True)))
+    ended += kill_warm_spares(settings.REDIS_URL)
     for job in Job.objects.filter(status__in=Job.LIVE_STATUSES):
         job.request_stop("demo stopped")
         job.mark_stopped("demo stopped")

@@ -1,0 +1,54 @@
+"""How many warm spares each node keeps: a pure rule, no Django.
+
+A warm spare is a pre-started stage process (Python, JVM and SparkSession up, no query) that a
+restart or a new standby takes over instead of starting cold. Spares cost memory, so they count
+against the same resource reserve as standbys (see placement.py): nodes are filled by Q
+(best first), one spare at a time, up to the policy's `warm_spares_per_node`, while the
+cluster's free memory and cpu stay above the reserve. Spares already running are part of the
+measured usage, so only spares beyond the current ones are charged.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from console.policy.config import PolicyConfig
+from console.policy.resources import NodeCapacity
+
+# The measured footprint of an idle spare on this machine's Spark 4 defaults (driver JVM with a
+# 1 GB heap ceiling, one warm Python worker); cpu is near zero while it waits.
+SPARE_MEM_MB = 600.0
+SPARE_CPU = 0.02
+
+
+def spares_wanted(
+    capacities: Mapping[str, NodeCapacity],
+    current: Mapping[str, int],
+    config: PolicyConfig,
+) -> dict[str, int]:
+    """Spares wanted per alive node. `current`: idle spares each node reports now."""
+    alive = sorted((c for c in capacities.values() if c.alive), key=lambda c: (-c.score, c.name))
+    cpu_total = sum(c.cpu_total for c in alive)
+    mem_total = sum(c.mem_total for c in alive)
+    if cpu_total <= 0 or mem_total <= 0:
+        return {}
+    cpu_free = sum(c.cpu_free for c in alive)
+    mem_free = sum(c.mem_free for c in alive)
+    wanted = {c.name: min(current.get(c.name, 0), config.warm_spares_per_node) for c in alive}
+
+    def keeps_reserve(extra: int) -> bool:
+        return (cpu_free - extra * SPARE_CPU) / cpu_total >= config.resource_reserve and (
+            mem_free - extra * SPARE_MEM_MB
+        ) / mem_total >= config.resource_reserve
+
+    added = 0
+    while True:
+        short = [c for c in alive if wanted[c.name] < config.warm_spares_per_node]
+        if not short or not keeps_reserve(added + 1):
+            break
+        # Round robin by Q: the node with the fewest spares first, the best Q breaking ties.
+        node = min(short, key=lambda c: (wanted[c.name], -c.score, c.name))
+        wanted[node.name] += 1
+        if wanted[node.name] > current.get(node.name, 0):
+            added += 1
+    return wanted

@@ -1,0 +1,102 @@
+"""A warm spare: a stage process started ahead of need, waiting to become a replica.
+
+    python -m spark_runtime.spare --node NODE --spare-id ID [--redis-url URL]
+
+A cold start of a stage costs a Python interpreter, a JVM and a SparkSession (about 10 s here)
+before its query even starts. A node agent keeps a few spares per node (a policy setting): each
+builds its session, warms a Python worker, registers itself as `idle` in
+`backstop:node:{node}:spares` and blocks on its command list. The agent hands it a replica with
+`{"cmd": "become", "args": [...]}` (the stage CLI arguments); the spare renames its process to
+that stage command line, so every process scanner sees it as that replica, and runs the stage in
+its already-warm session. Idle spares run at the lowest CPU priority.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import socket
+import sys
+import time
+
+from spark_runtime import keys
+from spark_runtime.config import DEFAULT_REDIS_URL, build_session, ensure_python_env
+from spark_runtime.strategies import SPARE_NICE
+
+log = logging.getLogger("spark_runtime.spare")
+
+STAGE_ENTRY = "spark_runtime.stage"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m spark_runtime.spare", description=__doc__)
+    parser.add_argument("--node", default=socket.gethostname())
+    parser.add_argument("--spare-id", required=True)
+    parser.add_argument("--redis-url", default=os.environ.get("REDIS_URL", DEFAULT_REDIS_URL))
+    return parser
+
+
+def warm_up(spark) -> None:
+    """Start the JVM's Python worker daemon with a tiny Arrow job, as a first batch would."""
+    spark.range(4).mapInArrow(lambda batches: batches, "id long").collect()
+
+
+def become(argv: list[str], spark) -> int:
+    """Run the stage described by `argv` (stage CLI arguments) in this process and session."""
+    import setproctitle
+
+    from spark_runtime import stage
+
+    args = stage.build_parser().parse_args(argv)
+    # Process scanners (node agents, the node sampler, shutdown) find replicas by command line.
+    setproctitle.setproctitle(" ".join([sys.executable, "-m", STAGE_ENTRY, *argv]))
+    log.info("spare becomes %s (%s of %s)", args.replica_id, args.role, args.stage)
+    return stage.run(args, spark=spark)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of `python -m spark_runtime.spare`."""
+    import redis
+
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    logging.getLogger("py4j").setLevel(logging.WARNING)
+    ensure_python_env()
+    args = build_parser().parse_args(argv)
+    os.setpriority(os.PRIO_PGRP, 0, SPARE_NICE)
+    client = redis.Redis.from_url(args.redis_url, decode_responses=True)
+
+    def register(state: str) -> None:
+        entry = {"pid": os.getpid(), "state": state, "since": time.time()}
+        client.hset(keys.spares(args.node), args.spare_id, json.dumps(entry))
+
+    register("starting")
+    spark = build_session(f"backstop-spare-{args.spare_id}")
+    warm_up(spark)
+    register("idle")
+    log.info("spare %s on %s is warm", args.spare_id, args.node)
+    while True:
+        try:
+            # A short block: redis-py's default socket timeout (5 s) must not fire first.
+            popped = client.blpop([keys.spare_control(args.node, args.spare_id)], timeout=1)
+        except redis.exceptions.RedisError as exc:
+            log.warning("spare %s: Redis unavailable (%s); waiting", args.spare_id, exc)
+            time.sleep(1)
+            continue
+        if popped is None:
+            continue
+        command = json.loads(popped[1])
+        if command.get("cmd") == "stop":
+            client.hdel(keys.spares(args.node), args.spare_id)
+            return 0
+        if command.get("cmd") == "become":
+            # The agent already took this spare out of the idle set.
+            return become([str(a) for a in command["args"]], spark)
+        log.warning("ignored unknown command %s", command)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,121 @@
+"""The fault-tolerance strategies, each defined once.
+
+Every part of Backstop that behaves differently per strategy reads this table: the job model's
+choices, the planner (how stages are cut, which get a standby), the supervision state machine
+(what a failure leads to), the policy cycle (whether Algorithm 2 may add, drop or move
+standbys), the launchers (seeded standbys, warm spares, CPU priority) and the benchmark. Adding a
+strategy is one entry here. No Django, no Spark: both sides import it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from spark_runtime.topology import CHAINED, FUSED, PER_STATEFUL
+
+# What a stage gets a hot standby for.
+NO_STANDBYS = "none"
+POLICY_STANDBYS = "policy"  # the operators Da-Stream's policy makes active, within the reserve
+ALL_STANDBYS = "all"  # every stage, the reserve not kept (the resource upper bound)
+
+# What a failed primary leads to.
+RESTART_JOB = "restart-job"  # every stage restarts from its checkpoint
+RESTART_STAGE = "restart-stage"  # only the failed stage restarts from its checkpoint
+PROMOTE = "promote"  # a caught-up standby takes over; else the stage restarts
+
+# Nice levels (0 = normal). A standby that is caught up runs a little below its primary, a
+# standby replaying a backlog and an idle warm spare run at the bottom, so that neither starves
+# a primary or a primary's restart on a small machine (measured in docs/RESULTS.md).
+STANDBY_NICE = 5
+CATCHING_UP_NICE = 10
+SPARE_NICE = 19
+
+
+@dataclass(frozen=True)
+class Strategy:
+    """One strategy: how a job's operators are cut into stages and protected.
+
+    - `chaining`: the stage-cutting rule of spark_runtime.topology.compile_stages;
+    - `standbys`: which stages get a hot standby at launch (`none`, `policy`, `all`);
+    - `policy_moves_standbys`: whether the policy cycle (Algorithm 2) may add, drop or move them;
+    - `on_failure`: what a failed primary leads to;
+    - `seeded_standbys`: a new standby starts from a copy of its primary's latest committed
+      checkpoint instead of replaying the input from the beginning;
+    - `warm_spares`: restarts and new standbys take over a node's pre-started stage process
+      (JVM and SparkSession up) when one is free;
+    - `low_priority_standbys`: standbys (and spares) run at a lower CPU priority.
+    """
+
+    name: str
+    label: str
+    chaining: str
+    standbys: str
+    policy_moves_standbys: bool
+    on_failure: str
+    seeded_standbys: bool
+    warm_spares: bool
+    low_priority_standbys: bool
+
+    @property
+    def fused(self) -> bool:
+        return self.chaining == FUSED
+
+
+RESTART_ALL = Strategy(
+    name="restart-all",
+    label="restart-all (one fused query, restart everything)",
+    chaining=FUSED,
+    standbys=NO_STANDBYS,
+    policy_moves_standbys=False,
+    on_failure=RESTART_JOB,
+    # The plain Spark baseline: none of Backstop's mechanisms.
+    seeded_standbys=False,
+    warm_spares=False,
+    low_priority_standbys=False,
+)
+LOCAL_RESTART = Strategy(
+    name="local-restart",
+    label="local-restart (restart only the failed stage)",
+    chaining=PER_STATEFUL,
+    standbys=NO_STANDBYS,
+    policy_moves_standbys=False,
+    on_failure=RESTART_STAGE,
+    seeded_standbys=False,
+    warm_spares=False,
+    low_priority_standbys=False,
+)
+ADAPTIVE = Strategy(
+    name="adaptive",
+    label="adaptive (Da-Stream policy)",
+    chaining=CHAINED,
+    standbys=POLICY_STANDBYS,
+    policy_moves_standbys=True,
+    on_failure=PROMOTE,
+    seeded_standbys=True,
+    warm_spares=True,
+    low_priority_standbys=True,
+)
+ACTIVE_ALL = Strategy(
+    name="active-all",
+    label="active-all (hot standby for every stage)",
+    chaining=CHAINED,
+    standbys=ALL_STANDBYS,
+    policy_moves_standbys=False,
+    on_failure=PROMOTE,
+    seeded_standbys=True,
+    warm_spares=False,
+    low_priority_standbys=True,
+)
+
+STRATEGY_TABLE: dict[str, Strategy] = {
+    s.name: s for s in (RESTART_ALL, LOCAL_RESTART, ADAPTIVE, ACTIVE_ALL)
+}
+STRATEGIES: tuple[str, ...] = tuple(STRATEGY_TABLE)
+
+
+def get_strategy(name: str) -> Strategy:
+    """The strategy called `name`; ValueError naming the known ones otherwise."""
+    try:
+        return STRATEGY_TABLE[name]
+    except KeyError:
+        raise ValueError(f"unknown strategy {name!r}; known: {', '.join(STRATEGIES)}") from None

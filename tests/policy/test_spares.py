@@ -1,0 +1,45 @@
+"""How many warm spares each node keeps (console/policy/spares.py): pure, no database."""
+
+from __future__ import annotations
+
+from console.policy.config import PolicyConfig
+from console.policy.resources import NodeCapacity
+from console.policy.spares import SPARE_MEM_MB, spares_wanted
+
+
+def node(name, score, mem_free=8000.0, alive=True):
+    return NodeCapacity(name, 2.0, 8000.0, 1.8, mem_free, score, alive)
+
+
+def test_every_alive_node_gets_the_configured_spares_when_there_is_room():
+    nodes = {n.name: n for n in (node("a", 2.0), node("b", 1.0), node("dead", 3.0, alive=False))}
+    config = PolicyConfig(warm_spares_per_node=2)
+    assert spares_wanted(nodes, {}, config) == {"a": 2, "b": 2}
+
+
+def test_spares_stop_at_the_reserve_best_q_first_and_running_ones_are_not_charged_again():
+    # 16,000 MB in all, reserve 20% = 3,200 MB must stay free. 4,400 MB free leaves room for
+    # two new spares of 600 MB (4,400 - 1,200 = 3,200), not three.
+    nodes = {"a": node("a", 2.0, 2200.0), "b": node("b", 1.0, 2200.0)}
+    config = PolicyConfig(warm_spares_per_node=2, resource_reserve=0.2)
+    assert SPARE_MEM_MB == 600.0
+    assert spares_wanted(nodes, {}, config) == {"a": 1, "b": 1}
+    # One spare already runs on b (its memory is in b's measured usage): it is kept, and two
+    # more fit, the best Q first.
+    assert spares_wanted(nodes, {"b": 1}, config) == {"a": 2, "b": 1}
+
+
+def test_no_spares_when_the_policy_says_none_and_extra_ones_are_trimmed():
+    nodes = {"a": node("a", 2.0)}
+    assert spares_wanted(nodes, {"a": 3}, PolicyConfig(warm_spares_per_node=0)) == {"a": 0}
+    assert spares_wanted(nodes, {"a": 3}, PolicyConfig(warm_spares_per_node=1)) == {"a": 1}
+
+
+def test_the_setting_is_bounded():
+    import pytest
+
+    from console.policy.config import PolicyConfigError
+
+    for bad in (-1, 5, 1.5, True):
+        with pytest.raises(PolicyConfigError, match="warm_spares_per_node"):
+            PolicyConfig(warm_spares_per_node=bad).validate()
