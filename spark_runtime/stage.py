@@ -107,6 +107,12 @@ class ReplicaState:
         }
         self.lock = threading.Lock()
 
+    def count_batch(self) -> None:
+        """One more finished batch (published with the next heartbeat): the supervisor learns
+        that a restarted replica is producing again."""
+        with self.lock:
+            self.info["batches"] = self.info.get("batches", 0) + 1
+
     def update(self, **fields) -> None:
         """Change fields and publish the entry right away."""
         with self.lock:
@@ -153,6 +159,7 @@ def make_listener(client, job: str, state: ReplicaState, runtime):
             return None
 
         def onQueryProgress(self, event):
+            state.count_batch()
             progress = event.progress
             ops = progress.stateOperators or []
             segment = progress.name.rsplit(".", 1)[-1] if progress.name else ""
