@@ -22,7 +22,12 @@ import sys
 import time
 
 from spark_runtime import keys
-from spark_runtime.config import DEFAULT_REDIS_URL, build_session, ensure_python_env
+from spark_runtime.config import (
+    DEFAULT_REDIS_URL,
+    build_session,
+    configure_logging,
+    ensure_python_env,
+)
 from spark_runtime.strategies import SPARE_NICE
 
 log = logging.getLogger("spark_runtime.spare")
@@ -82,10 +87,7 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point of `python -m spark_runtime.spare`."""
     import redis
 
-    logging.basicConfig(
-        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
-    logging.getLogger("py4j").setLevel(logging.WARNING)
+    configure_logging()
     ensure_python_env()
     args = build_parser().parse_args(argv)
     os.setpriority(os.PRIO_PGRP, 0, SPARE_NICE)

@@ -36,7 +36,7 @@ import threading
 import time
 
 from spark_runtime import keys
-from spark_runtime.config import DEFAULT_REDIS_URL, ensure_python_env
+from spark_runtime.config import DEFAULT_REDIS_URL, configure_logging, ensure_python_env
 from spark_runtime.strategies import CATCHING_UP_NICE, STANDBY_NICE
 
 log = logging.getLogger("spark_runtime.stage")
@@ -334,10 +334,7 @@ def run(args, spark=None) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of `python -m spark_runtime.stage`."""
-    logging.basicConfig(
-        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
-    logging.getLogger("py4j").setLevel(logging.WARNING)
+    configure_logging()
     ensure_python_env()
     args = build_parser().parse_args(argv)
     return run(args)
