@@ -16,9 +16,8 @@ from spark_runtime.strategies import STRATEGIES
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of `python -m spark_runtime`."""
-    import redis
-
     from spark_runtime import generators
+    from spark_runtime.redis_client import connect
     from spark_runtime.runner import DEFAULT_NODES, build_runner
 
     parser = argparse.ArgumentParser(prog="python -m spark_runtime")
@@ -51,7 +50,7 @@ def main(argv: list[str] | None = None) -> int:
         p.add_argument("--redis-url", default=os.environ.get("REDIS_URL", DEFAULT_REDIS_URL))
     args = parser.parse_args(argv)
     configure_logging()
-    client = redis.Redis.from_url(args.redis_url, decode_responses=True)
+    client = connect(args.redis_url)
     if args.command == "generate":
         sent = generators.generate(
             client,

@@ -22,10 +22,9 @@ import statistics
 import threading
 import time
 
-import redis
-
 from spark_runtime import generators, keys
 from spark_runtime.bench_util import final_progress, wait_running, wait_steady, write_section
+from spark_runtime.redis_client import connect
 from spark_runtime.runner import build_runner
 from spark_runtime.topology import FUSED, PER_OPERATOR
 
@@ -105,15 +104,15 @@ def scenario(client, redis_url: str, strategy: str, args) -> dict:
     after = [t for t in changes if t > killed_at]
     gap = (after[0] - before[-1]) if before and after else float("nan")
     base = final_progress(client, job, killed_at - args.warmup / 2, killed_at)
-    base_p99 = [float(r["latency_p99"]) for r in base if r.get("latency_p99")]
+    base_p99 = [r.latency_p99 for r in base if r.latency_p99 is not None]
     baseline = statistics.median(base_p99) if base_p99 else float("nan")
     post = final_progress(client, job, killed_at, ended)
-    peak = max((float(r["latency_p99"]) for r in post if r.get("latency_p99")), default=None)
+    peak = max((r.latency_p99 for r in post if r.latency_p99 is not None), default=None)
     recovered = None
     normal = max(2 * baseline, baseline + 1)
     for rec in post:
-        if rec.get("latency_p99") and float(rec["latency_p99"]) <= normal:
-            recovered = float(rec["at"]) - killed_at
+        if rec.latency_p99 is not None and rec.latency_p99 <= normal:
+            recovered = rec.at - killed_at
             break
     history = [what for _, what in runner.supervisor.history]
     result = {
@@ -152,7 +151,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-write", action="store_true", help="do not update docs/RESULTS.md")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
-    client = redis.Redis.from_url(args.redis_url, decode_responses=True)
+    client = connect(args.redis_url)
     results = [scenario(client, args.redis_url, s, args) for s in ("local-restart", "adaptive")]
     lines = [
         f"Command: `{COMMAND} --rate {args.rate:g} --warmup {args.warmup:g} "

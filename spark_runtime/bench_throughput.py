@@ -19,10 +19,9 @@ import shutil
 import threading
 import time
 
-import redis
-
 from spark_runtime import generators, keys
 from spark_runtime.bench_util import final_progress, wait_running, wait_steady, write_section
+from spark_runtime.redis_client import connect
 from spark_runtime.runner import build_runner
 from spark_runtime.topology import PER_OPERATOR, compile_stages, get_topology
 
@@ -100,7 +99,7 @@ def measure(client, redis_url: str, topology: str, args) -> dict:
             # Let the last inputs of the step come out before judging it.
             time.sleep(2)
             records = final_progress(client, job, started + args.settle, time.time())
-            p99s = [float(r["latency_p99"]) for r in records if r.get("latency_p99")]
+            p99s = [r.latency_p99 for r in records if r.latency_p99 is not None]
             worst = max(p99s) if p99s else float("inf")
             passed = worst < P99_BOUND
             steps.append({"rate": rate, "achieved": achieved, "p99": worst, "passed": passed})
@@ -133,7 +132,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-write", action="store_true", help="do not update docs/RESULTS.md")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
-    client = redis.Redis.from_url(args.redis_url, decode_responses=True)
+    client = connect(args.redis_url)
     topologies = args.topology or list(RATES)
     results = [measure(client, args.redis_url, t, args) for t in topologies]
     opts = "".join(f" --topology {t}" for t in args.topology or [])

@@ -9,6 +9,7 @@ import re
 import time
 
 from spark_runtime import keys
+from spark_runtime.progress import ProgressRecord, read_progress
 
 log = logging.getLogger(__name__)
 
@@ -29,16 +30,12 @@ def wait_running(client, job: str, replicas: list[str], timeout: float = 180) ->
 
 def final_progress(
     client, job: str, since: float, until: float, role: str | None = "primary"
-) -> list[dict]:
+) -> list[ProgressRecord]:
     """Progress records of batches that produced final outputs, within [since, until]
     (of replicas in `role`; every role if None)."""
-    records = []
-    start_id = f"{int(since * 1000)}-0"
-    end_id = f"{int(until * 1000)}-0"
-    for _, fields in client.xrange(keys.progress(job), start_id, end_id):
-        if fields.get("final") == "True" and role in (None, fields.get("role")):
-            records.append(fields)
-    return records
+    return [
+        r for r in read_progress(client, job, since, until) if r.final and role in (None, r.role)
+    ]
 
 
 def wait_steady(
@@ -51,9 +48,9 @@ def wait_steady(
         recent = final_progress(client, job, time.time() - 30, time.time(), role=None)
         steady = True
         for replica in replicas:
-            mine = [r for r in recent if r["replica"] == replica and r.get("latency_p99")]
+            mine = [r for r in recent if r.replica == replica and r.latency_p99 is not None]
             last = mine[-batches:]
-            if len(last) < batches or any(float(r["latency_p99"]) >= bound for r in last):
+            if len(last) < batches or any(r.latency_p99 >= bound for r in last):
                 steady = False
         if steady:
             return time.time() - started

@@ -20,6 +20,7 @@ from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPart
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows
 
 from spark_runtime import keys
+from spark_runtime.redis_client import connect
 
 FORMAT_NAME = "redis_stream"
 SEQ_FACTOR = 1_000_000  # pos = ms * SEQ_FACTOR + seq; seq stays far below 1e6 in practice
@@ -150,9 +151,7 @@ class RedisStreamReader(DataSourceStreamReader):
     def _redis(self):
         # Created lazily: the reader is pickled to executors and a client is not picklable.
         if self._client is None:
-            import redis
-
-            self._client = redis.Redis.from_url(self.redis_url, decode_responses=True)
+            self._client = connect(self.redis_url)
         return self._client
 
     def _plan(self, start: str, end: str, max_count: int) -> list[str]:
@@ -182,9 +181,7 @@ class RedisStreamReader(DataSourceStreamReader):
         return parts
 
     def read(self, partition: RangePartition):
-        import redis
-
-        client = redis.Redis.from_url(self.redis_url, decode_responses=True)
+        client = connect(self.redis_url)
         dead = client.register_script(DEAD_LUA)
         dead_keys = [keys.dead_letters(self.job), keys.dead_seen(self.job), keys.stats(self.job)]
         cursor = partition.start

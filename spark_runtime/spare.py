@@ -87,11 +87,13 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point of `python -m spark_runtime.spare`."""
     import redis
 
+    from spark_runtime.redis_client import connect
+
     configure_logging()
     ensure_python_env()
     args = build_parser().parse_args(argv)
     os.setpriority(os.PRIO_PGRP, 0, SPARE_NICE)
-    client = redis.Redis.from_url(args.redis_url, decode_responses=True)
+    client = connect(args.redis_url)
 
     def register(state: str) -> None:
         entry = {"pid": os.getpid(), "state": state, "since": time.time()}

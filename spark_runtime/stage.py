@@ -37,6 +37,8 @@ import time
 
 from spark_runtime import keys
 from spark_runtime.config import DEFAULT_REDIS_URL, configure_logging, ensure_python_env
+from spark_runtime.progress import ProgressRecord, publish_progress
+from spark_runtime.redis_client import connect
 from spark_runtime.strategies import CATCHING_UP_NICE, STANDBY_NICE
 
 log = logging.getLogger("spark_runtime.stage")
@@ -164,29 +166,31 @@ def make_listener(client, job: str, state: ReplicaState, runtime):
             ops = progress.stateOperators or []
             segment = progress.name.rsplit(".", 1)[-1] if progress.name else ""
             stats = runtime.gate.batch_stats.get(f"{progress.name}:{progress.batchId}", {})
-            record = {
-                "replica": state.replica,
-                "stage": state.info["stage"],
-                "role": runtime.gate.role,
-                "node": state.info["node"],
-                "query": progress.name or "",
-                "segment": segment,
-                "batch": progress.batchId,
-                "at": time.time(),
-                "input_rows": progress.numInputRows,
-                "input_rate": progress.inputRowsPerSecond,
-                "processed_rate": progress.processedRowsPerSecond,
-                "batch_ms": progress.batchDuration,
-                "state_rows": sum(op.numRowsTotal for op in ops),
-                "state_memory_bytes": sum(op.memoryUsedBytes for op in ops),
-                "rows_out": stats.get("rows_out", 0),
-                "written": stats.get("written", 0),
-                "final": stats.get("final", False),
-                "buffered": stats.get("buffered", 0),
-                **{f"latency_{k}": v for k, v in stats.get("latency", {}).items()},
-            }
-            fields = {k: "" if v is None else str(v) for k, v in record.items()}
-            client.xadd(keys.progress(job), fields, maxlen=keys.PROGRESS_MAXLEN, approximate=True)
+            latency = stats.get("latency", {})
+            record = ProgressRecord(
+                replica=state.replica,
+                stage=state.info["stage"],
+                role=runtime.gate.role,
+                node=state.info["node"],
+                query=progress.name or "",
+                segment=segment,
+                batch=progress.batchId,
+                at=time.time(),
+                input_rows=progress.numInputRows,
+                input_rate=progress.inputRowsPerSecond,
+                processed_rate=progress.processedRowsPerSecond,
+                batch_ms=progress.batchDuration,
+                state_rows=sum(op.numRowsTotal for op in ops),
+                state_memory_bytes=sum(op.memoryUsedBytes for op in ops),
+                rows_out=stats.get("rows_out", 0),
+                written=stats.get("written", 0),
+                final=stats.get("final", False),
+                buffered=stats.get("buffered", 0),
+                latency_p50=latency.get("p50"),
+                latency_p90=latency.get("p90"),
+                latency_p99=latency.get("p99"),
+            )
+            publish_progress(client, job, record)
 
     return ProgressPublisher()
 
@@ -254,15 +258,13 @@ def handle_command(command: dict, runtime, state: ReplicaState) -> int | None:
 def run(args, spark=None) -> int:
     """Run the replica until stopped, fenced or failed; returns the exit code. `spark` is the
     session of a warm spare taking this replica over (else one is built here)."""
-    import redis
-
     from spark_runtime.checkpoint_seed import seed_checkpoint
     from spark_runtime.config import build_session
     from spark_runtime.runtime import StageRuntime
     from spark_runtime.sink import FencedError
     from spark_runtime.topology import get_topology, stage_spec, with_params
 
-    client = redis.Redis.from_url(args.redis_url, decode_responses=True)
+    client = connect(args.redis_url)
     state = ReplicaState(client, args)
     state.update(nice=set_group_nice(wanted_nice(args.low_priority, args.role, CATCHING_UP)))
     stop_beats = threading.Event()

@@ -12,13 +12,14 @@ import subprocess
 import time
 
 import psutil
-import redis
 from django.conf import settings
 from django.db import connection
 
 from console.models import Job
 from tests.factories import NodeFactory
 from web.launcher import agent_argv, agent_env, celery_argv, controller_argv, wait_for
+from workers.keys import node_heartbeat
+from workers.redis_client import redis_client
 
 NODES = ("node-1", "node-2", "node-3")
 
@@ -74,10 +75,8 @@ class Cluster:
                 agent_argv(name, f"it-agent-{name}@%h"),
                 extra_env=agent_env(name, mem_mb=8000, cpu=2),
             )
-        client = redis.Redis.from_url(settings.REDIS_URL)
-        wait_for(
-            lambda: all(client.exists(f"backstop:node:{n}:hb") for n in NODES), 90, "node agents"
-        )
+        client = redis_client(decode_responses=False)
+        wait_for(lambda: all(client.exists(node_heartbeat(n)) for n in NODES), 90, "node agents")
 
     def kill(self, name: str) -> None:
         proc = self.procs.pop(name)
@@ -117,7 +116,7 @@ def prepare() -> None:
     """Nodes, schedules and a clean Redis (the test Redis database is this run's own)."""
     from console.services.schedules import ensure_periodic_tasks
 
-    redis.Redis.from_url(settings.REDIS_URL).flushdb()
+    redis_client(decode_responses=False).flushdb()
     ensure_periodic_tasks()
     for name in NODES:
         NodeFactory(name=name, cpu_total=2.0, mem_total_mb=8000.0)

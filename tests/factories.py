@@ -14,6 +14,7 @@ from console.models import (
     ReportSubscription,
 )
 from console.services.jobs import create_job
+from spark_runtime.progress import ProgressRecord
 
 
 class UserFactory(factory.django.DjangoModelFactory):
@@ -116,3 +117,28 @@ class ReportSubscriptionFactory(factory.django.DjangoModelFactory):
     def jobs(self, create, extracted, **kwargs):
         if create and extracted:
             self.jobs.set(extracted)
+
+
+def progress_record(**fields) -> ProgressRecord:
+    """A data-plane progress record: a primary's final batch, with `fields` overridden."""
+    base = {
+        "replica": "count-0",
+        "stage": "count",
+        "role": "primary",
+        "node": "node-1",
+        "query": "job.count.0",
+        "segment": "0",
+        "batch": 0,
+        "at": 0.0,
+        "input_rows": 0,
+        "input_rate": None,
+        "processed_rate": None,
+        "batch_ms": None,
+        "state_rows": 0,
+        "state_memory_bytes": 0,
+        "rows_out": 0,
+        "written": 0,
+        "final": True,
+        "buffered": 0,
+    }
+    return ProgressRecord(**{**base, **fields})

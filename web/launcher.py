@@ -20,10 +20,11 @@ from urllib.parse import urlparse
 import redis
 
 from workers.queues import CONTROL_QUEUE, node_queue
+from workers.redis_client import redis_client
 
 
 def redis_answers(url: str, timeout: float = 1.0) -> bool:
-    client = redis.Redis.from_url(url, socket_connect_timeout=timeout, socket_timeout=timeout)
+    client = redis_client(url, decode_responses=False, timeout=timeout)
     try:
         return bool(client.ping())
     except redis.RedisError:

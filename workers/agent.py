@@ -35,6 +35,7 @@ from workers.node_metrics import (
     cmdline_arg,
     stage_processes,
 )
+from workers.redis_client import redis_client
 
 log = logging.getLogger(__name__)
 
@@ -57,10 +58,6 @@ def this_node() -> str:
     if not node:
         raise RuntimeError("BACKSTOP_NODE is not set: this worker is not a node agent")
     return node
-
-
-def _redis() -> redis.Redis:
-    return redis.Redis.from_url(settings.REDIS_URL, decode_responses=True)
 
 
 def stage_log_path(replica_id: str, job_key: str = "") -> Path:
@@ -172,7 +169,7 @@ def hand_to_spare(args: list[str], replica_id: str, job_key: str) -> int | None:
     """Give replica `replica_id` (stage CLI `args`) to an idle warm spare of this node; returns
     the spare's pid, or None when no spare is idle (the caller starts a cold process)."""
     node = this_node()
-    client = _redis()
+    client = redis_client()
     for spare_id, entry in sorted(_spare_entries(client, node).items()):
         if entry.get("state") != "idle" or not _is_spare_process(entry["pid"], spare_id):
             continue
@@ -361,7 +358,7 @@ def _report_exits(client: redis.Redis, node: str) -> None:
 
 def publish_forever(node: str, sampler: NodeSampler) -> None:
     """Heartbeat and metrics every second until the worker shuts down; survives Redis outages."""
-    client = _redis()
+    client = redis_client()
     while not _stop.wait(PUBLISH_INTERVAL_S):
         try:
             reconcile_spares(client, node)

@@ -13,6 +13,8 @@ import uuid
 
 from celery import shared_task
 
+from workers.redis_client import redis_client
+
 log = logging.getLogger(__name__)
 
 SUPERVISE_WINDOW_S = 30.0
@@ -70,7 +72,7 @@ def supervise_job(job_id: int) -> str:
     from console.services import controller
     from workers.keys import controller_lease
 
-    client = controller.redis_client()
+    client = redis_client()
     job = Job.objects.get(pk=job_id)
     lease, token = controller_lease(job.key), uuid.uuid4().hex
     if not client.set(lease, token, nx=True, px=int(LEASE_S * 1000)):
@@ -102,7 +104,7 @@ def watchdog() -> list[int]:
     from console.services import controller
     from workers.keys import controller_lease
 
-    client = controller.redis_client()
+    client = redis_client()
     controller.update_nodes(client)
     restarted = []
     for job in Job.objects.filter(status__in=Job.LIVE_STATUSES):

@@ -33,3 +33,24 @@ def controller_state(job_key: str) -> str:
 def generator_node(job_key: str) -> str:
     """The node whose agent runs the job's input generator (chosen once, kept while it lives)."""
     return f"backstop:{job_key}:generator-node"
+
+
+def exits(job_key: str) -> str:
+    """Hash replica id -> JSON of the agent's exit event (returncode, ...) of the job's processes
+    that ended, copied from `agent_events` by the controller."""
+    return f"backstop:{job_key}:exits"
+
+
+def exit_tails(job_key: str) -> str:
+    """Hash replica id -> the last lines of the log of an ended process of the job."""
+    return f"backstop:{job_key}:exit-tails"
+
+
+def agent_events_cursor(job_key: str) -> str:
+    """The last `agent_events` entry id the job's controller has read."""
+    return f"backstop:{job_key}:agent-events-cursor"
+
+
+def ingest_cursor(stream: str) -> str:
+    """The last entry id of `stream` (a progress or node-metrics stream) stored as metrics."""
+    return f"{stream}:ingest-cursor"

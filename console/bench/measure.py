@@ -18,6 +18,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 from console.policy.recovery import detect_recovery, output_gap, output_series
+from spark_runtime.progress import ProgressRecord
 
 
 @dataclass(frozen=True)
@@ -43,7 +44,7 @@ def fault_schedule(warmup_s: float, duration_s: float, faults: int) -> list[floa
 
 
 def fault_figures(
-    records: list[dict],
+    records: list[ProgressRecord],
     *,
     fault_at: float,
     until: float,
@@ -114,7 +115,9 @@ def weighted_percentile(values: list[float], weights: list[float], q: float) -> 
     return pairs[-1][0]
 
 
-def steady_figures(records: list[dict], start: float, end: float, input_stage: str) -> dict:
+def steady_figures(
+    records: list[ProgressRecord], start: float, end: float, input_stage: str
+) -> dict:
     """Latency p50/p99 (ms) and throughput (input events/s) over [start, end).
 
     Per micro-batch the data plane reports event-time latency percentiles of its events; the
@@ -124,37 +127,31 @@ def steady_figures(records: list[dict], start: float, end: float, input_stage: s
     strategies that cut the job differently are counted in the same unit.
     """
     batches = [
-        r
-        for r in records
-        if r.get("role") == "primary"
-        and r.get("final") == "True"
-        and start <= float(r["at"]) < end
-        and float(r.get("input_rows") or 0) > 0
+        r for r in records if r.is_primary and r.final and start <= r.at < end and r.input_rows > 0
     ]
-    weights = [float(r["input_rows"]) for r in batches]
 
-    def percentile(field: str, q: float) -> float | None:
-        pairs = [(float(r[field]) * 1000.0, w) for r, w in zip(batches, weights, strict=True)
-                 if r.get(field) not in (None, "", "None")]  # fmt: skip
+    def percentile(latencies: list[float | None], q: float) -> float | None:
+        pairs = [(s * 1000.0, float(r.input_rows)) for s, r in zip(latencies, batches, strict=True)
+                 if s is not None]  # fmt: skip
         value = weighted_percentile([v for v, _ in pairs], [w for _, w in pairs], q)
         return None if value is None else round(value, 1)
 
     read = sum(
-        float(r.get("input_rows") or 0)
+        r.input_rows
         for r in records
-        if r.get("role") == "primary"
-        and r.get("stage") == input_stage
-        and r.get("segment") == "0"  # the stage's first query is the one reading the input
-        and start <= float(r["at"]) < end
+        if r.is_primary
+        and r.stage == input_stage
+        and r.segment == "0"  # the stage's first query is the one reading the input
+        and start <= r.at < end
     )
     return {
-        "p50_ms": percentile("latency_p50", 0.5),
-        "p99_ms": percentile("latency_p99", 0.99),
+        "p50_ms": percentile([r.latency_p50 for r in batches], 0.5),
+        "p99_ms": percentile([r.latency_p99 for r in batches], 0.99),
         "throughput_eps": round(read / max(end - start, 1e-9), 1),
     }
 
 
-def downsample_series(records: list[dict], start: float, end: float) -> dict:
+def downsample_series(records: list[ProgressRecord], start: float, end: float) -> dict:
     """Per-second throughput and p99 over [start, end), times relative to `start` (for plots)."""
     series = output_series(records, start, end)
     return {

@@ -33,6 +33,8 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
+from spark_runtime.progress import ProgressRecord
+
 DEFAULT_SMOOTHING_S = 5.0
 DEFAULT_NOISE_SIGMAS = 3.0
 
@@ -245,15 +247,7 @@ class OutputSeries:
     output_times: list[float]
 
 
-def _float(record: dict, field: str) -> float | None:
-    raw = record.get(field, "")
-    if raw in ("", "None"):
-        return None
-    value = float(raw)
-    return None if math.isnan(value) else value
-
-
-def output_series(records: list[dict], start: float, end: float) -> OutputSeries:
+def output_series(records: Iterable[ProgressRecord], start: float, end: float) -> OutputSeries:
     """Build the per-second series over [start, end) from progress records (any order).
 
     Only batches of a final stage written by a primary are output a consumer sees. Throughput is
@@ -268,17 +262,13 @@ def output_series(records: list[dict], start: float, end: float) -> OutputSeries
     p99: list[float | None] = [None] * seconds
     output_times = []
     for record in records:
-        if record.get("role") != "primary" or record.get("final") != "True":
-            continue
-        at = float(record["at"])
-        written = float(record.get("written") or 0)
-        if written <= 0 or not start <= at < end:
+        at = record.at
+        if not record.is_output or not start <= at < end:
             continue
         output_times.append(at)
         slot = int(at - start)
-        rows[slot] += float(record.get("input_rows") or 0)
-        for target, field in ((p90, "latency_p90"), (p99, "latency_p99")):
-            value = _float(record, field)
+        rows[slot] += record.input_rows
+        for target, value in ((p90, record.latency_p90), (p99, record.latency_p99)):
             if value is not None:
                 target[slot] = max(target[slot] or 0.0, value * 1000.0)
     times = [start + i for i in range(seconds)]

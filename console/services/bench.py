@@ -18,7 +18,6 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import psutil
-import redis
 from django.conf import settings as django_settings
 from django.contrib.auth.models import Group, User
 
@@ -29,9 +28,10 @@ from console.services.controller import load_supervisor
 from console.services.demo_setup import DEMO_NODES, ensure_demo_nodes
 from console.services.faults import FaultRefused, request_fault
 from console.services.jobs import create_job, kill_job_processes, kill_warm_spares, stop_job
-from console.services.recovery import read_progress
+from console.services.recovery import PROGRESS_READ_LIMIT
 from console.services.schedules import ensure_periodic_tasks
 from spark_runtime import keys as data_keys
+from spark_runtime.progress import read_progress
 from spark_runtime.strategies import STRATEGIES
 from spark_runtime.topology import SINK, SOURCE, get_topology
 from web.launcher import (
@@ -45,6 +45,7 @@ from web.launcher import (
 )
 from workers.keys import node_heartbeat
 from workers.node_metrics import ProcessTracker, cmdline_arg, stage_processes, with_children
+from workers.redis_client import redis_client
 
 FAULT_KINDS = ("kill-driver", "kill-node")
 BENCH_USER = "bench"
@@ -187,7 +188,7 @@ class BenchCluster:
             "beat",
             celery_argv("beat", "--loglevel", "INFO", "--schedule", str(self.log_dir / "beat")),
         )
-        client = redis.Redis.from_url(django_settings.REDIS_URL)
+        client = redis_client(decode_responses=False)
         wait_for(
             lambda: all(client.exists(node_heartbeat(n)) for n in DEMO_NODES),
             90,
@@ -236,7 +237,7 @@ def _sleep_until(when: float) -> None:
 
 def _inject(job: Job, kind: str, target: str, user: User) -> tuple[FaultInjection | None, str]:
     """Request one fault like an operator would and wait for the controller to inject it."""
-    client = redis.Redis.from_url(django_settings.REDIS_URL, decode_responses=True)
+    client = redis_client()
     try:
         if kind == "kill-driver":
             fault = request_fault(job, kind, target_operator=target, requested_by=user)
@@ -311,7 +312,7 @@ def run_strategy(bench: BenchSettings, strategy: str, target: str | None, say) -
         params={"rate": bench.rate, "seed": bench.seed, "count": bench.events},
         user=user,
     )
-    client = redis.Redis.from_url(django_settings.REDIS_URL, decode_responses=True)
+    client = redis_client()
     launched = time.time()
     _wait_status(job, (Job.Status.RUNNING, Job.Status.FAILED), 300, f"job {job.pk} to run")
     if job.status != Job.Status.RUNNING:
@@ -378,9 +379,9 @@ def measure_run(job: Job, bench: BenchSettings, t0: float, faults: list, target:
     """Steady figures, per-fault figures and the plotted series of a finished run, from the
     progress records the job left in Redis. `faults`: (scheduled at_s, FaultInjection or None,
     what was injected) per fault; `t0`: when the input started (epoch s)."""
-    client = redis.Redis.from_url(django_settings.REDIS_URL, decode_responses=True)
+    client = redis_client()
     try:
-        records = read_progress(client, job, t0 - 5)
+        records = read_progress(client, job.key, t0 - 5, count=PROGRESS_READ_LIMIT)
     finally:
         client.close()
     config = Policy.current().to_config()
@@ -441,7 +442,7 @@ def remeasure(result: dict) -> dict:
         stable_window_s=settings["stable_window_s"],
         out=Path("."),
     )
-    client = redis.Redis.from_url(django_settings.REDIS_URL, decode_responses=True)
+    client = redis_client()
     for run in result["runs"]:
         job = Job.objects.get(pk=run["job"])
         t0 = run.get("input_started_at") or input_started_at(client, job)

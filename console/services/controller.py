@@ -16,7 +16,6 @@ import time
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
-import redis
 from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
@@ -56,15 +55,12 @@ from spark_runtime.supervision import (
 from spark_runtime.topology import get_topology
 from workers import keys as control_keys
 from workers.queues import node_queue
+from workers.redis_client import redis_client
 
 log = logging.getLogger(__name__)
 
 TICK_S = 0.25
 NODE_HISTORY_SAMPLES = 20
-
-
-def redis_client() -> redis.Redis:
-    return redis.Redis.from_url(settings.REDIS_URL, decode_responses=True)
 
 
 def checkpoint_root() -> str:
@@ -155,7 +151,7 @@ class AgentLauncher:
         return None if raw is None else int(json.loads(raw)["returncode"])
 
     def _exits_key(self) -> str:
-        return f"backstop:{self.job.key}:exits"
+        return control_keys.exits(self.job.key)
 
     def _db_id(self, replica_id: str) -> str:
         # Replica ids from the state machine are unique within a job; the table spans all jobs.
@@ -287,13 +283,14 @@ class TickReport:
 
 def read_agent_exits(client, job: Job) -> None:
     """Copy the job's process exits from the agents' event stream into the job's exits hash."""
-    cursor_key = f"backstop:{job.key}:agent-events-cursor"
+    cursor_key = control_keys.agent_events_cursor(job.key)
     cursor = client.get(cursor_key) or "0-0"
     entries = client.xrange(control_keys.agent_events(), min=f"({cursor}", count=1000)
     for _, fields in entries:
         if fields.get("job") == job.key and fields.get("kind") == "exit":
-            client.hset(f"backstop:{job.key}:exits", fields["replica_id"], json.dumps(fields))
-            client.hset(f"backstop:{job.key}:exit-tails", fields["replica_id"], fields["log_tail"])
+            replica_id = fields["replica_id"]
+            client.hset(control_keys.exits(job.key), replica_id, json.dumps(fields))
+            client.hset(control_keys.exit_tails(job.key), replica_id, fields["log_tail"])
     if entries:
         client.set(cursor_key, entries[-1][0])
 
@@ -371,12 +368,12 @@ def _record_failure(job: Job, client, event, actions: list) -> None:
     row = (
         Replica.objects.filter(replica_id=f"{job.key}/{replica_id}").select_related("node").first()
     )
-    exit_info = client.hget(f"backstop:{job.key}:exits", replica_id)
+    exit_info = client.hget(control_keys.exits(job.key), replica_id)
     returncode = json.loads(exit_info)["returncode"] if exit_info else None
     tail = (
         exit_status(returncode, type(event).__name__)
         + "\n"
-        + (client.hget(f"backstop:{job.key}:exit-tails", replica_id) or "")
+        + (client.hget(control_keys.exit_tails(job.key), replica_id) or "")
     )
     stage = row.stage if row else ""
     node = row.node.name if row else ""

@@ -9,6 +9,7 @@ from django.utils import timezone
 
 from console.models import FaultInjection, Job, Node
 from console.services.jobs import dispatch
+from workers.redis_client import redis_client
 
 
 class FaultRefused(Exception):
@@ -141,7 +142,7 @@ def inject(fault: FaultInjection) -> FaultInjection:
                 f"no running primary for operator {fault.target_operator!r}",
             )
         local_id = replica.replica_id.split("/", 1)[1]
-        from console.services.controller import redis_client, send_command
+        from console.services.controller import send_command
 
         send_command(
             redis_client(),

@@ -6,6 +6,8 @@ import redis
 from django.conf import settings
 from django.db import DatabaseError, connection
 
+from workers.redis_client import redis_client
+
 CHECK_TIMEOUT_S = 1.0
 
 
@@ -20,11 +22,7 @@ def check_database() -> tuple[bool, str]:
 
 
 def check_redis(url: str | None = None) -> tuple[bool, str]:
-    client = redis.Redis.from_url(
-        url or settings.REDIS_URL,
-        socket_connect_timeout=CHECK_TIMEOUT_S,
-        socket_timeout=CHECK_TIMEOUT_S,
-    )
+    client = redis_client(url, decode_responses=False, timeout=CHECK_TIMEOUT_S)
     try:
         client.ping()
     except redis.RedisError as exc:

@@ -22,64 +22,57 @@ from datetime import UTC, datetime
 from console.models import Job, MetricSample, Node
 from console.policy.resources import NodeSample, idle_rates
 from spark_runtime import keys as data_keys
+from spark_runtime.progress import ProgressRecord
 from workers import keys as control_keys
 
 READ_BATCH = 2000
 
 
-def _cursor_key(stream: str) -> str:
-    return f"{stream}:ingest-cursor"
-
-
 def _read_new(client, stream: str) -> list[tuple[str, dict]]:
     """Entries of `stream` after the stored cursor (at most READ_BATCH); advances nothing yet."""
-    cursor = client.get(_cursor_key(stream)) or "0-0"
+    cursor = client.get(control_keys.ingest_cursor(stream)) or "0-0"
     return client.xrange(stream, min=f"({cursor}", count=READ_BATCH)
 
 
 def _advance(client, stream: str, entries: list[tuple[str, dict]]) -> None:
     if entries:
-        client.set(_cursor_key(stream), entries[-1][0])
+        client.set(control_keys.ingest_cursor(stream), entries[-1][0])
 
 
-def _at(epoch_s: str | float) -> datetime:
+def _at(epoch_s: float) -> datetime:
     return datetime.fromtimestamp(float(epoch_s), tz=UTC)
 
 
-def _number(record: dict, field: str) -> float | None:
-    raw = record.get(field, "")
-    if raw in ("", "None", "nan"):
-        return None
-    return float(raw)
+def _ms(seconds: float | None) -> float | None:
+    return None if seconds is None else seconds * 1000.0
 
 
-def progress_samples(job: Job, record: dict) -> list[MetricSample]:
+def progress_samples(job: Job, record: ProgressRecord) -> list[MetricSample]:
     """MetricSample rows for one progress record of a primary replica (standbys are skipped:
     their output is held back, so their rates are not the job's)."""
-    if record.get("role") != "primary":
+    if not record.is_primary:
         return []
-    at = _at(record["at"])
-    stage = record.get("stage", "")
+    at = _at(record.at)
     rows = []
     stage_metrics = {
-        "throughput_eps": _number(record, "processed_rate"),
-        "input_rate_eps": _number(record, "input_rate"),
-        "batch_duration_ms": _number(record, "batch_ms"),
-        "state_rows": _number(record, "state_rows"),
-        "state_memory_bytes": _number(record, "state_memory_bytes"),
+        "throughput_eps": record.processed_rate,
+        "input_rate_eps": record.input_rate,
+        "batch_duration_ms": record.batch_ms,
+        "state_rows": float(record.state_rows),
+        "state_memory_bytes": float(record.state_memory_bytes),
     }
     for name, value in stage_metrics.items():
         if value is not None:
-            rows.append(MetricSample(at=at, job=job, stage=stage, name=name, value=value))
-    if record.get("final") == "True":
+            rows.append(MetricSample(at=at, job=job, stage=record.stage, name=name, value=value))
+    if record.final:
         job_metrics = {
-            "throughput_eps": _number(record, "processed_rate"),
-            "input_rate_eps": _number(record, "input_rate"),
-            "batch_duration_ms": _number(record, "batch_ms"),
+            "throughput_eps": record.processed_rate,
+            "input_rate_eps": record.input_rate,
+            "batch_duration_ms": record.batch_ms,
+            "latency_p50_ms": _ms(record.latency_p50),
+            "latency_p90_ms": _ms(record.latency_p90),
+            "latency_p99_ms": _ms(record.latency_p99),
         }
-        for pct in ("p50", "p90", "p99"):
-            seconds = _number(record, f"latency_{pct}")
-            job_metrics[f"latency_{pct}_ms"] = None if seconds is None else seconds * 1000.0
         for name, value in job_metrics.items():
             if value is not None:
                 rows.append(MetricSample(at=at, job=job, stage="", name=name, value=value))
@@ -90,7 +83,11 @@ def ingest_job_progress(client, job: Job) -> int:
     """Store the job's new progress records as MetricSample rows; return how many rows."""
     stream = data_keys.progress(job.key)
     entries = _read_new(client, stream)
-    rows = [row for _, record in entries for row in progress_samples(job, record)]
+    rows = [
+        row
+        for _, fields in entries
+        for row in progress_samples(job, ProgressRecord.from_fields(fields))
+    ]
     MetricSample.objects.bulk_create(rows, batch_size=500)
     _advance(client, stream, entries)
     return len(rows)

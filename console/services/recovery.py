@@ -19,21 +19,10 @@ from django.utils import timezone
 from console.models import ControlDecision, Job, Operator, RecoveryEpisode
 from console.policy.config import PolicyConfig
 from console.policy.recovery import detect_recovery, output_gap, output_series
-from spark_runtime import keys as data_keys
+from spark_runtime.progress import ProgressRecord, read_progress
 
 GIVE_UP_AFTER_S = 600.0
 PROGRESS_READ_LIMIT = 20_000
-
-
-def read_progress(client, job: Job, since: float) -> list[dict]:
-    """Progress records of the job published after `since` (epoch seconds)."""
-    start_id = f"{int(since * 1000)}-0"
-    return [
-        fields
-        for _, fields in client.xrange(
-            data_keys.progress(job.key), min=start_id, count=PROGRESS_READ_LIMIT
-        )
-    ]
 
 
 def fault_time(episode: RecoveryEpisode, config: PolicyConfig) -> datetime:
@@ -44,7 +33,7 @@ def fault_time(episode: RecoveryEpisode, config: PolicyConfig) -> datetime:
 
 
 def measure_episode(
-    episode: RecoveryEpisode, records: list[dict], config: PolicyConfig, now: float
+    episode: RecoveryEpisode, records: list[ProgressRecord], config: PolicyConfig, now: float
 ) -> bool:
     """Fill in downtime, recovery time and peak p99 once the job is back; True when closed.
 
@@ -110,7 +99,9 @@ def measure_open_episodes(job: Job, client, config: PolicyConfig) -> int:
     if not open_episodes:
         return 0
     earliest = min(fault_time(e, config) for e in open_episodes).timestamp()
-    records = read_progress(client, job, earliest - config.reference_window_s - 5)
+    records = read_progress(
+        client, job.key, earliest - config.reference_window_s - 5, count=PROGRESS_READ_LIMIT
+    )
     now = timezone.now().timestamp()
     return sum(measure_episode(e, records, config, now) for e in open_episodes)
 

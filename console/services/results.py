@@ -2,26 +2,21 @@
 
 from __future__ import annotations
 
-import redis
-from django.conf import settings
-
 from console.models import Job
-
-
-def results_key(job: Job) -> str:
-    return f"backstop:{job.key}:results"
+from spark_runtime import keys as data_keys
+from workers.redis_client import redis_client
 
 
 def read_results(job: Job, limit: int = 1000) -> dict:
     """The job's result hash (e.g. word -> count for wordcount), largest values first."""
-    client = redis.Redis.from_url(settings.REDIS_URL, decode_responses=True)
+    client = redis_client()
     try:
-        raw = client.hgetall(results_key(job))
+        raw = client.hgetall(data_keys.results(job.key))
     finally:
         client.close()
     items = sorted(raw.items(), key=lambda kv: (-_as_number(kv[1]), kv[0]))
     return {
-        "key": results_key(job),
+        "key": data_keys.results(job.key),
         "total_keys": len(raw),
         "results": dict(items[:limit]),
     }

@@ -11,7 +11,8 @@ import sys
 from pathlib import Path
 
 import pytest
-import redis
+
+from workers.redis_client import redis_client
 
 pytestmark = [pytest.mark.slow, pytest.mark.spark]
 
@@ -20,7 +21,7 @@ REDIS_URL = "redis://127.0.0.1:6379/13"
 
 
 def test_quick_bench_writes_exact_results_and_adaptive_recovers_faster(tmp_path):
-    redis.Redis.from_url(REDIS_URL).flushdb()
+    redis_client(REDIS_URL, decode_responses=False).flushdb()
     out = tmp_path / "out"
     env = {
         **os.environ,

@@ -1,14 +1,14 @@
 """Per-fault and steady figures on synthetic progress records with known answers."""
 
 from console.bench import measure
+from tests.factories import progress_record
 
 
-def batch(at, rows=100, p50=0.5, p90=0.8, p99=1.0, role="primary", final="True", stage="count"):
-    return {
-        "at": str(at), "role": role, "final": final, "written": "5", "input_rows": str(rows),
-        "stage": stage, "segment": "0",
-        "latency_p50": str(p50), "latency_p90": str(p90), "latency_p99": str(p99),
-    }  # fmt: skip
+def batch(at, rows=100, p50=0.5, p90=0.8, p99=1.0, role="primary", final=True, stage="count"):
+    return progress_record(
+        at=at, role=role, final=final, written=5, input_rows=rows, stage=stage, segment="0",
+        latency_p50=p50, latency_p90=p90, latency_p99=p99,
+    )  # fmt: skip
 
 
 def test_fault_schedule_spaces_faults_evenly_after_the_warmup():
@@ -85,9 +85,9 @@ def test_steady_figures_weight_batches_by_their_events():
         batch(10.5, rows=300, p50=0.1, p99=0.2),
         batch(11.5, rows=100, p50=0.9, p99=3.0),
         batch(12.5, rows=100, p50=0.2, p99=0.4, role="standby"),  # not output: ignored
-        batch(13.5, rows=100, p50=0.2, p99=0.4, final="False"),  # not final: ignored
-        batch(13.6, rows=50, final="False", stage="split"),  # read the input: throughput
-        batch(13.7, rows=30, final="False", stage="split", role="standby"),  # a standby's read
+        batch(13.5, rows=100, p50=0.2, p99=0.4, final=False),  # not final: ignored
+        batch(13.6, rows=50, final=False, stage="split"),  # read the input: throughput
+        batch(13.7, rows=30, final=False, stage="split", role="standby"),  # a standby's read
     ]
     steady = measure.steady_figures(records, 10.0, 14.0, input_stage="split")
     # 400 output events: 300 at p50 100 ms, 100 at 900 ms -> median 100 ms; the 99th

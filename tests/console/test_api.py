@@ -7,6 +7,7 @@ from rest_framework.test import APIClient
 
 from console.models import FaultInjection, Job, Policy
 from console.roles import ADMIN, OPERATOR, VIEWER
+from spark_runtime import keys as data_keys
 from tests.factories import NodeFactory, make_job
 
 pytestmark = pytest.mark.django_db
@@ -155,7 +156,7 @@ def test_recoveries_and_results_are_readable(api_as):
     client = api_as(VIEWER)
     assert client.get(f"/api/jobs/{job.pk}/recoveries/").json()["results"] == []
     results = client.get(f"/api/jobs/{job.pk}/results/").json()
-    assert results["key"] == f"backstop:{job.key}:results"
+    assert results["key"] == data_keys.results(job.key)
 
 
 def test_nodes_are_listed(api_as):

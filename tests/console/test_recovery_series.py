@@ -1,18 +1,19 @@
 """Building the per-second output series the recovery detector reads (pure functions)."""
 
 from console.policy.recovery import output_series
+from tests.factories import progress_record
 
 
-def record(at, written, p90=0.5, p99=0.8, role="primary", final="True", input_rows=None):
-    return {
-        "at": str(at),
-        "written": str(written),
-        "input_rows": str(written if input_rows is None else input_rows),
-        "latency_p90": str(p90),
-        "latency_p99": str(p99),
-        "role": role,
-        "final": final,
-    }
+def record(at, written, p90=0.5, p99=0.8, role="primary", final=True, input_rows=None):
+    return progress_record(
+        at=at,
+        written=written,
+        input_rows=written if input_rows is None else input_rows,
+        latency_p90=p90,
+        latency_p99=p99,
+        role=role,
+        final=final,
+    )
 
 
 def test_rows_are_summed_per_second_and_latency_converted_to_ms():
@@ -35,7 +36,7 @@ def test_a_batch_that_wrote_nothing_is_no_output():
 
 
 def test_standby_and_intermediate_batches_are_not_output():
-    records = [record(100.5, 10, role="standby"), record(100.6, 10, final="False")]
+    records = [record(100.5, 10, role="standby"), record(100.6, 10, final=False)]
     series = output_series(records, 100.0, 101.0)
     assert series.throughput == [0.0]
     assert series.output_times == []

@@ -18,8 +18,6 @@ import json
 import time
 
 import pytest
-import redis
-from django.conf import settings
 from rest_framework.test import APIClient
 
 from console.models import ControlDecision, FaultInjection, Job, RecoveryEpisode, Replica
@@ -29,6 +27,8 @@ from spark_runtime.checkpoint_seed import committed_batch
 from tests.cluster import NODES
 from tests.factories import UserFactory
 from web.launcher import wait_for
+from workers.keys import controller_lease
+from workers.redis_client import redis_client
 
 pytestmark = [pytest.mark.spark, pytest.mark.django_db(transaction=True)]
 
@@ -117,7 +117,7 @@ def wait_for_exact_results(client, job: Job) -> None:
 
 
 def test_adaptive_survives_controller_restart_and_kill_driver(cluster):
-    client = redis.Redis.from_url(settings.REDIS_URL)
+    client = redis_client(decode_responses=False)
     job = launch("adaptive")
     count_standby = Replica.objects.filter(job=job, stage="count", role="standby").first()
     assert count_standby is not None, "adaptive gives the stateful count stage a standby"
@@ -130,9 +130,7 @@ def test_adaptive_survives_controller_restart_and_kill_driver(cluster):
     assert client.exists(keys.heartbeat(job.key, "count-1"))
     cluster.start_controller()
     # The watchdog (beat, every 5 s) resumes supervision once the old lease has expired.
-    wait_for(
-        lambda: client.exists(f"backstop:{job.key}:controller-lease"), 60, "supervision resumed"
-    )
+    wait_for(lambda: client.exists(controller_lease(job.key)), 60, "supervision resumed")
     assert client.hlen(keys.results(job.key)) >= before
 
     # The standby has committed work of its own (the next standby is seeded from it), and every
@@ -183,7 +181,7 @@ def test_adaptive_survives_controller_restart_and_kill_driver(cluster):
 
 
 def test_local_restart_restarts_the_killed_stage_with_exact_results(cluster):
-    client = redis.Redis.from_url(settings.REDIS_URL)
+    client = redis_client(decode_responses=False)
     job = launch("local-restart")
     assert not Replica.objects.filter(job=job, role="standby").exists()
     time.sleep(8)

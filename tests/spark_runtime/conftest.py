@@ -10,6 +10,7 @@ import pytest
 import redis
 
 from spark_runtime import keys
+from spark_runtime.redis_client import connect
 
 REDIS_URL = os.environ.get("BACKSTOP_TEST_REDIS_URL", "redis://127.0.0.1:6379/11")
 
@@ -25,7 +26,7 @@ def redis_url() -> str:
 
 @pytest.fixture(scope="session")
 def client():
-    conn = redis.Redis.from_url(REDIS_URL, decode_responses=True)
+    conn = connect(REDIS_URL)
     try:
         conn.ping()
     except redis.exceptions.ConnectionError:

@@ -1,0 +1,121 @@
+"""The progress record: what a stage publishes after each micro-batch, and how it is read back.
+
+Every replica appends one record per micro-batch of each of its queries to the job's progress
+stream (`keys.progress(job)`, capped at `keys.PROGRESS_MAXLEN`). A Redis stream entry holds
+strings only, so `to_fields` encodes the record (None as "", booleans as "True"/"False", numbers
+with `str`) and `from_fields` decodes it; both sides use this module, so the console, the
+benchmarks and the stage agree on the fields and their types. `from_fields` accepts the records
+older versions wrote: a missing, empty, "None" or "nan" value reads as None (or 0 for a count).
+
+No Django imports: the stage processes import this module.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, fields
+from typing import get_type_hints
+
+from spark_runtime import keys
+
+PRIMARY = "primary"
+
+
+@dataclass(frozen=True)
+class ProgressRecord:
+    """One micro-batch of one query of one replica (see docs/DATA_PLANE.md, "Progress")."""
+
+    replica: str
+    stage: str
+    role: str  # "primary" or "standby", when the batch ran
+    node: str
+    query: str  # the Spark query name
+    segment: str  # the query's position in the stage ("0" reads the stage's input)
+    batch: int  # Spark batch id
+    at: float  # epoch seconds when the progress event arrived
+    input_rows: int
+    input_rate: float | None  # input rows per second (Spark's inputRowsPerSecond)
+    processed_rate: float | None  # rows processed per second (processedRowsPerSecond)
+    batch_ms: float | None  # batch duration
+    state_rows: int  # rows in the state stores of the query's stateful operators
+    state_memory_bytes: int
+    rows_out: int  # rows the batch produced
+    written: int  # records written to the sinks (0 for a standby, which buffers them)
+    final: bool  # the batch's outputs are the job's results (not a channel to a next stage)
+    buffered: int  # records held in the standby's output buffer after the batch
+    # Event-time latency of the batch's output (seconds; None for non-final or empty batches).
+    latency_p50: float | None = None
+    latency_p90: float | None = None
+    latency_p99: float | None = None
+
+    @property
+    def is_primary(self) -> bool:
+        """The batch ran on the stage's primary (a standby's rates and output are held back)."""
+        return self.role == PRIMARY
+
+    @property
+    def is_output(self) -> bool:
+        """The batch wrote results a consumer sees: a final stage's primary wrote something."""
+        return self.is_primary and self.final and self.written > 0
+
+    def to_fields(self) -> dict[str, str]:
+        """The stream entry's fields (what goes into XADD)."""
+        return {f.name: _encode(getattr(self, f.name)) for f in fields(self)}
+
+    @classmethod
+    def from_fields(cls, raw: dict) -> ProgressRecord:
+        """Decode a stream entry's fields; tolerant of missing and empty values (older records)."""
+        values = {}
+        for f in fields(cls):
+            text, kind = raw.get(f.name), _TYPES[f.name]
+            if kind is str:
+                values[f.name] = "" if text is None else str(text)
+            elif kind is bool:
+                values[f.name] = text == "True"
+            elif kind in (int, float):
+                # A count (or the time) that is missing reads as 0, not None.
+                values[f.name] = kind(_number(text) or 0)
+            else:
+                values[f.name] = _number(text)
+        return cls(**values)
+
+
+# The decoded type of each field (annotations are strings under `from __future__`).
+_TYPES = get_type_hints(ProgressRecord)
+
+
+def _encode(value) -> str:
+    return "" if value is None else str(value)
+
+
+def _number(text) -> float | None:
+    """A float from a field's text; None for missing, empty, "None", "nan" and unparsable."""
+    if text is None or text in ("", "None"):
+        return None
+    try:
+        value = float(text)
+    except ValueError:
+        return None
+    return None if math.isnan(value) else value
+
+
+def publish_progress(client, job: str, record: ProgressRecord) -> None:
+    """Append `record` to the job's progress stream (capped)."""
+    client.xadd(
+        keys.progress(job), record.to_fields(), maxlen=keys.PROGRESS_MAXLEN, approximate=True
+    )
+
+
+def read_progress(
+    client,
+    job: str,
+    start_s: float | None = None,
+    end_s: float | None = None,
+    count: int | None = None,
+) -> list[ProgressRecord]:
+    """The job's progress records published in [start_s, end_s] (epoch seconds; open-ended when
+    None), oldest first, at most `count`. Stream ids are the publish time in milliseconds."""
+    low = "-" if start_s is None else f"{int(start_s * 1000)}-0"
+    high = "+" if end_s is None else str(int(end_s * 1000))
+    entries = client.xrange(keys.progress(job), min=low, max=high, count=count)
+    return [ProgressRecord.from_fields(raw) for _, raw in entries]
