@@ -309,11 +309,12 @@ def run(args, spark=None) -> int:
         while True:
             if state.info["state"] in (RUNNING, CATCHING_UP):
                 ready = readiness(runtime.gate)
+                lag = runtime.gate.standby_lag_s
                 if ready != state.info["state"]:
                     nice = wanted_nice(args.low_priority, runtime.gate.role, ready)
-                    state.update(
-                        state=ready, lag_s=runtime.gate.standby_lag_s, nice=set_group_nice(nice)
-                    )
+                    state.update(state=ready, lag_s=lag, nice=set_group_nice(nice))
+                elif lag != state.info.get("lag_s"):
+                    state.update(lag_s=lag)  # a standby's lag, current after each batch
             popped = client.blpop([keys.control(args.job, args.replica_id)], timeout=0.5)
             if popped:
                 result = handle_command(json.loads(popped[1]), runtime, state)

@@ -133,11 +133,15 @@ def test_a_seeded_standby_takes_over_after_a_second_kill(client, redis_url, job,
         assert runner.supervisor.stage_operators == {"count": ("split", "count")}
         wait_running(client, job, ["count-1", "count-2"])
         generator = feed(client, job, seed)
-        # Kill once the standby has committed a batch: its checkpoint is what the next standby
-        # is seeded from.
+        # Kill once the standby has committed a batch (its checkpoint is what the next standby
+        # is seeded from) and reports itself caught up with the primary (promotable).
         standby_checkpoint = tmp_path / "checkpoints" / job / "count" / "count-2" / "0"
         deadline = time.time() + 120
-        while (committed_batch(str(standby_checkpoint)) or 0) < 1 and time.time() < deadline:
+        while time.time() < deadline and not (
+            (committed_batch(str(standby_checkpoint)) or 0) >= 1
+            and replica_info(client, job, "count-2").get("lag_s") is not None
+            and replica_info(client, job, "count-2")["state"] == "running"
+        ):
             time.sleep(0.5)
         time.sleep(rng.uniform(0, 3))
         killed_at = time.time()
