@@ -33,3 +33,9 @@ def controller_state(job_key: str) -> str:
 def generator_node(job_key: str) -> str:
     """The node whose agent runs the job's input generator (chosen once, kept while it lives)."""
     return f"backstop:{job_key}:generator-node"
+
+
+def paused_groups(node: str) -> str:
+    """Hash of the process groups a pause-node fault stopped on `node`: pgid -> JSON with the
+    time (epoch seconds) the agent must resume them, so a restarted agent still resumes them."""
+    return f"backstop:node:{node}:paused"

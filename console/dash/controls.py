@@ -53,15 +53,25 @@ def stop_job(user, job_id) -> Job:
 
 
 def inject_fault(
-    user, job_id, *, kind: str, operator: str | None, node_id, duration_s
+    user, job_id, *, kind: str, operator: str | None, node_id, duration_s, workers=None
 ) -> FaultInjection:
-    """Record a fault request for the controller, as POST /api/jobs/{id}/faults/ does."""
+    """Record a fault request for the controller, as POST /api/jobs/{id}/faults/ does.
+
+    Empty inputs take the kind's defaults; anything given goes to the fault service, which
+    refuses wrong types and out-of-bound values with the same message as the API.
+    """
     _require(user, OPERATOR)
-    job = Job.objects.filter(pk=job_id).first()
+    job = Job.objects.filter(pk=job_id).first() if _is_id(job_id) else None
     if job is None:
         raise ActionRefused("no such job")
+    if node_id not in (None, "") and not _is_id(node_id):
+        raise ActionRefused(f"target_node: not a node id: {node_id!r:.40}")
     node = Node.objects.filter(pk=node_id).first() if node_id else None
-    params = {"duration_s": duration_s} if duration_s else {}
+    params = {}
+    if duration_s not in (None, ""):
+        params["duration_s"] = duration_s
+    if workers not in (None, ""):
+        params["workers"] = workers
     try:
         return request_fault(
             job,
@@ -73,6 +83,13 @@ def inject_fault(
         )
     except FaultRefused as exc:
         raise ActionRefused(str(exc)) from exc
+
+
+def _is_id(value) -> bool:
+    """A primary key as a Dash component sends it: an int (not a bool) or a string of digits."""
+    if isinstance(value, bool):
+        return False
+    return isinstance(value, int) or (isinstance(value, str) and value.isdigit())
 
 
 def change_threshold(user, *, field: str, value, reason: str):

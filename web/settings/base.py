@@ -201,6 +201,8 @@ SPARK_MASTER = env("SPARK_MASTER", "local[2]")
 BACKSTOP_CHECKPOINT_ROOT = Path(env("BACKSTOP_CHECKPOINT_ROOT", str(VAR_DIR / "checkpoints")))
 CONTROLLER_DISPATCH = env("CONTROLLER_DISPATCH", True, parse_bool)
 FAULT_RATE_LIMIT_PER_MINUTE = env("FAULT_RATE_LIMIT_PER_MINUTE", 6, int)
+# Longest pause-node or stress-node a fault may ask for; node agents check it again.
+FAULT_MAX_DURATION_S = env("FAULT_MAX_DURATION_S", 600.0, float)
 METRIC_RETENTION_HOURS = env("METRIC_RETENTION_HOURS", 48, int)
 
 LOGGING = {

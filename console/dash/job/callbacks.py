@@ -200,8 +200,11 @@ def ask_fault(n_clicks, kind, operator, node_id, pathname):
     return True, f"Inject {kind} on {target} of job #{job_id_from_path(pathname)}?"
 
 
-def inject_confirmed(submit_n_clicks, kind, operator, node_id, duration_s, pathname, user=None):
-    """Second step: the user confirmed; record the fault through the fault service."""
+def inject_confirmed(
+    submit_n_clicks, kind, operator, node_id, duration_s, pathname, workers=None, user=None
+):
+    """Second step: the user confirmed; record the fault through the fault service, which
+    checks the params (duration, CPU hogs) against the target node's bounds."""
     if not submit_n_clicks:
         raise PreventUpdate
     node_fault = kind in FaultInjection.NODE_KINDS
@@ -213,6 +216,7 @@ def inject_confirmed(submit_n_clicks, kind, operator, node_id, duration_s, pathn
             operator=None if node_fault else operator,
             node_id=node_id if node_fault else None,
             duration_s=duration_s,
+            workers=workers,
         )
     except controls.ActionRefused as exc:
         return message(f"Not injected: {exc}", ok=False)
