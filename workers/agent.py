@@ -372,16 +372,28 @@ def resume_due(client: redis.Redis, node: str, now: float | None = None) -> list
 def pause_node(duration_s: float, job_key: str | None = None) -> list[int]:
     """SIGSTOP this node's stage processes for `duration_s` seconds (a hang or partition).
 
-    The agent loop sends the SIGCONT when the deadline kept in Redis has passed (see
-    `resume_due`), also after an agent restart.
+    A timer in this agent sends the SIGCONT when the deadline kept in Redis has passed, and the
+    agent loop checks the deadline every second too (see `resume_due`), so a restarted agent
+    still resumes the groups.
     """
     checked = check_fault_params(PAUSE_NODE, {"duration_s": duration_s})
     node = this_node()
     procs = stage_processes(node=node, job=job_key)
     groups = sorted({os.getpgid(p.pid) for p in procs})
     pause_groups(_redis(), node, groups, checked["duration_s"])
+    # On time to the millisecond while this agent lives; the loop's check covers a restart.
+    timer = threading.Timer(checked["duration_s"], _resume_due_quietly, args=(node,))
+    timer.daemon = True
+    timer.start()
     log.info("node %s paused groups %s for %g s", node, groups, checked["duration_s"])
     return groups
+
+
+def _resume_due_quietly(node: str) -> None:
+    try:
+        resume_due(_redis(), node)
+    except redis.RedisError as exc:
+        log.warning("node %s: could not resume paused groups now (the loop retries): %s", node, exc)
 
 
 @shared_task(name="backstop.agent.stress_node", expires=30, time_limit=30, soft_time_limit=25)

@@ -8,6 +8,7 @@ through console.services, the same code the REST API uses.
 from __future__ import annotations
 
 from console.models import FaultInjection, Job, Node, Policy
+from console.policy.config import request_errors
 from console.roles import ADMIN, OPERATOR
 from console.services import jobs as job_service
 from console.services.authz import RoleRequired, check_role
@@ -97,6 +98,12 @@ def change_threshold(user, *, field: str, value, reason: str):
     _require(user, ADMIN)
     if not field or value is None:
         raise ActionRefused("choose a threshold and give it a value")
+    # The endpoint can be called by hand: check the field and the raw value as the API does.
+    if not isinstance(field, str) or field not in Policy.threshold_field_names():
+        raise ActionRefused(f"{field!s:.60}: unknown policy field")
+    errors = request_errors({field: value}, full=False)
+    if errors:
+        raise ActionRefused("; ".join(errors.values()))
     # Number inputs send 5.0 for 5; integer thresholds (q_samples, slow_task_limit) need an int.
     current = getattr(Policy.current(), field, None)
     if isinstance(current, int) and isinstance(value, float) and value.is_integer():
