@@ -65,6 +65,8 @@ def inject_fault(
     job = Job.objects.filter(pk=job_id).first() if _is_id(job_id) else None
     if job is None:
         raise ActionRefused("no such job")
+    if not isinstance(kind, str) or not isinstance(operator, str | None):
+        raise ActionRefused("kind, target_operator: choose them from the lists")
     if node_id not in (None, "") and not _is_id(node_id):
         raise ActionRefused(f"target_node: not a node id: {node_id!r:.40}")
     node = Node.objects.filter(pk=node_id).first() if node_id else None
@@ -101,6 +103,8 @@ def change_threshold(user, *, field: str, value, reason: str):
     # The endpoint can be called by hand: check the field and the raw value as the API does.
     if not isinstance(field, str) or field not in Policy.threshold_field_names():
         raise ActionRefused(f"{field!s:.60}: unknown policy field")
+    if not isinstance(reason, str | None):
+        raise ActionRefused("reason: must be text")
     errors = request_errors({field: value}, full=False)
     if errors:
         raise ActionRefused("; ".join(errors.values()))

@@ -92,3 +92,13 @@ def test_malformed_json_to_a_dash_endpoint_is_a_json_400(operator_client):
     response = operator_client.post(DASH_UPDATE, '{"output": ', content_type="application/json")
     assert response.status_code == 400
     assert response.json()["error"]["detail"].startswith("request body: not valid JSON")
+
+
+@pytest.mark.parametrize(
+    "body, field",
+    [([1], "non_field_errors"), ("abc", "non_field_errors"), ({"username": {"a": 1}}, "username")],
+)
+def test_the_token_endpoint_refuses_bodies_that_are_not_credentials(body, field):
+    response = Client().post("/api/auth/token/", json.dumps(body), content_type="application/json")
+    assert response.status_code == 400
+    assert field in response.json()["error"]["detail"]

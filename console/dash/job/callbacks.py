@@ -32,7 +32,9 @@ JOB_PATH = re.compile(r"/console/jobs/(\d+)/?$")
 
 def job_id_from_path(pathname: str | None) -> int | None:
     """The job id in /console/jobs/<id>/, or None for any other path."""
-    match = JOB_PATH.search(pathname or "")
+    if not isinstance(pathname, str):
+        return None  # a hand-made request to the Dash endpoint can send anything
+    match = JOB_PATH.search(pathname)
     return int(match.group(1)) if match else None
 
 
