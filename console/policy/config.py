@@ -35,6 +35,11 @@ class Bound:
         below = value < self.high if self.high_open else value <= self.high
         return above and below
 
+    def interval(self) -> str:
+        """The range in interval notation, e.g. "[0.5, 60]" or "(0, 1]"."""
+        low, high = "(" if self.low_open else "[", ")" if self.high_open else "]"
+        return f"{low}{self.low:g}, {self.high:g}{high}"
+
     def message(self) -> str:
         if self.low_open and self.high_open:
             return f"must be between {self.low:g} and {self.high:g} (exclusive)"

@@ -117,3 +117,14 @@ def test_the_console_threshold_control_refuses_the_same(users, baseline, field, 
     with pytest.raises(controls.ActionRefused, match=words.replace("(", r"\(")):
         controls.change_threshold(users[ADMIN], field=field, value=value, reason="try")
     assert Policy.objects.count() == 1
+
+
+def test_the_admin_form_shows_each_range(client, users, baseline):
+    admin_user = users[ADMIN]
+    admin_user.is_staff = True
+    admin_user.save()
+    client.force_login(admin_user)
+    page = client.get("/admin/console/policy/add/").content.decode()
+    assert 'name="cycle_interval_s"' in page
+    assert 'min="0.5"' in page and 'max="60.0"' in page
+    assert "Range [0.5, 60]:" in page
