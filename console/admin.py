@@ -136,7 +136,9 @@ class PolicyAdminForm(forms.ModelForm):
         super().__init__(*args, **kwargs)
         # Show each field's range (the browser keeps number inputs in it; clean() decides).
         for name, bound in BOUNDS.items():
-            field = self.fields[name]
+            field = self.fields.get(name)
+            if field is None:
+                continue  # a stored version: its fields are read-only, not form fields
             field.widget.attrs.update(min=bound.low, max=bound.high)
             described = f"Range {bound.interval()}: {bound.why}."
             field.help_text = f"{field.help_text} {described}" if field.help_text else described
