@@ -30,6 +30,7 @@ from django.core.exceptions import PermissionDenied, ValidationError
 from django.dispatch import receiver
 from rest_framework import status
 from rest_framework.authtoken.views import ObtainAuthToken
+from rest_framework.exceptions import ValidationError as DRFValidationError
 from rest_framework.response import Response
 
 LOCKED_OUT_FLAG = "login_locked_out"
@@ -159,7 +160,13 @@ class ThrottledObtainAuthToken(ObtainAuthToken):
     """
 
     def post(self, request, *args, **kwargs):
+        if not isinstance(request.data, dict):
+            raise DRFValidationError(
+                {"non_field_errors": [f"expected an object, got {type(request.data).__name__}"]}
+            )
         username = request.data.get("username")
+        if not isinstance(username, str):
+            username = None  # the serializer refuses it below, naming the field
         if is_locked_out(username, client_address(request)):
             # Count it: hammering a locked account keeps the address's counter at the limit.
             record_failure(username, client_address(request))

@@ -7,7 +7,10 @@ from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
 from console import views
 
+handler400 = "console.views.bad_request"
+handler403 = "console.views.permission_denied"
 handler404 = "console.views.api_not_found"
+handler500 = "console.views.server_error"
 
 urlpatterns = [
     path("", views.home, name="home"),

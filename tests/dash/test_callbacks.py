@@ -246,6 +246,7 @@ def test_the_dash_endpoint_checks_the_role_of_the_logged_in_user(client, seeded,
             {"id": "fault-node", "property": "value", "value": None},
             {"id": "fault-duration", "property": "value", "value": None},
             {"id": "url", "property": "pathname", "value": _job_path(seeded.adaptive)},
+            {"id": "fault-workers", "property": "value", "value": None},
         ],
         "changedPropIds": ["fault-confirm.submit_n_clicks"],
     }

@@ -35,6 +35,8 @@ INSTALLED_APPS = [
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
+    # Before anything reads the body: 413 over DATA_UPLOAD_MAX_MEMORY_SIZE, 400 past JSON_MAX_DEPTH.
+    "console.middleware.RequestBodyLimitsMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
@@ -44,6 +46,10 @@ MIDDLEWARE = [
     "django_plotly_dash.middleware.BaseMiddleware",
     "console.middleware.ApiJsonErrorsMiddleware",
 ]
+
+# Request bodies: larger ones get a JSON 413, JSON nested deeper a JSON 400 (console.middleware).
+DATA_UPLOAD_MAX_MEMORY_SIZE = env("DATA_UPLOAD_MAX_MEMORY_SIZE", 2_621_440, int)
+JSON_MAX_DEPTH = env("JSON_MAX_DEPTH", 64, int)
 
 ROOT_URLCONF = "web.urls"
 WSGI_APPLICATION = "web.wsgi.application"
@@ -201,6 +207,8 @@ SPARK_MASTER = env("SPARK_MASTER", "local[2]")
 BACKSTOP_CHECKPOINT_ROOT = Path(env("BACKSTOP_CHECKPOINT_ROOT", str(VAR_DIR / "checkpoints")))
 CONTROLLER_DISPATCH = env("CONTROLLER_DISPATCH", True, parse_bool)
 FAULT_RATE_LIMIT_PER_MINUTE = env("FAULT_RATE_LIMIT_PER_MINUTE", 6, int)
+# Longest pause-node or stress-node a fault may ask for; node agents check it again.
+FAULT_MAX_DURATION_S = env("FAULT_MAX_DURATION_S", 600.0, float)
 METRIC_RETENTION_HOURS = env("METRIC_RETENTION_HOURS", 48, int)
 
 LOGGING = {
