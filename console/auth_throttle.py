@@ -20,6 +20,7 @@ client can forge it.
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Mapping
 
 from django.conf import settings
 from django.contrib.admin.forms import AdminAuthenticationForm
@@ -62,7 +63,7 @@ def _keys(username: str | None, address: str) -> list[str]:
     # Usernames are hashed so odd characters cannot break a cache key; case-folded so "Ada" and
     # "ada" share a counter.
     keys = []
-    if username:
+    if isinstance(username, str) and username:
         digest = hashlib.sha256(username.strip().lower().encode()).hexdigest()[:32]
         keys.append(f"login-fail:user:{digest}")
     if address:
@@ -159,7 +160,13 @@ class ThrottledObtainAuthToken(ObtainAuthToken):
     """
 
     def post(self, request, *args, **kwargs):
-        username = request.data.get("username")
+        # A body that is not an object, or a username that is not a string (a list, a number,
+        # null): AuthTokenSerializer refuses it with a 400; only the address counts towards a
+        # lockout.
+        data = request.data if isinstance(request.data, Mapping) else {}
+        username = data.get("username")
+        if not isinstance(username, str):
+            username = None
         if is_locked_out(username, client_address(request)):
             # Count it: hammering a locked account keeps the address's counter at the limit.
             record_failure(username, client_address(request))
