@@ -120,8 +120,9 @@ STATICFILES_FINDERS = [
     "django_plotly_dash.finders.DashComponentFinder",
 ]
 
-# Dash pages are embedded in Django pages with iframes served from the same origin.
-X_FRAME_OPTIONS = "SAMEORIGIN"
+# No page is ever framed: the Dash apps are rendered into the Django pages (plotly_direct), not
+# in iframes.
+X_FRAME_OPTIONS = "DENY"
 PLOTLY_DASH = {
     "serve_locally": True,
     "cache_timeout_initial_arguments": 60,
@@ -156,7 +157,7 @@ REST_FRAMEWORK = {
     "DEFAULT_PERMISSION_CLASSES": ["console.api.permissions.RolePermission"],
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
     "EXCEPTION_HANDLER": "console.api.exceptions.json_exception_handler",
-    "DEFAULT_PAGINATION_CLASS": "rest_framework.pagination.LimitOffsetPagination",
+    "DEFAULT_PAGINATION_CLASS": "console.api.pagination.BoundedLimitOffsetPagination",
     "PAGE_SIZE": 100,
 }
 SPECTACULAR_SETTINGS = {
@@ -169,6 +170,11 @@ SPECTACULAR_SETTINGS = {
     "SWAGGER_UI_DIST": "SIDECAR",
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
     "REDOC_DIST": "SIDECAR",
+    # drf-spectacular's default enum hook, then the error responses every operation can give.
+    "POSTPROCESSING_HOOKS": [
+        "drf_spectacular.hooks.postprocess_schema_enums",
+        "console.api.schema.document_errors",
+    ],
 }
 
 # Celery: JSON only, bounded time per task (cookiecutter-django, PostHog).
