@@ -10,6 +10,9 @@ class ConsoleConfig(AppConfig):
     def ready(self):
         from django.db.models.signals import post_migrate
 
+        # Connects the audit log's receivers for logins, failed logins and logouts.
+        from console import audit  # noqa: F401
+
         post_migrate.connect(_ensure_schedules, sender=self)
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 from pathlib import Path
 
 import dj_database_url
@@ -16,6 +17,20 @@ SECRET_KEY = env("SECRET_KEY", "insecure-local-key-change-me")
 DEBUG = env("DEBUG", False, parse_bool)
 ALLOWED_HOSTS = env("ALLOWED_HOSTS", ["localhost", "127.0.0.1", "[::1]"], parse_list)
 CSRF_TRUSTED_ORIGINS = env("CSRF_TRUSTED_ORIGINS", [], parse_list)
+
+
+def _networks(raw: str) -> list[str]:
+    """Comma-separated addresses or CIDR blocks, each checked (a typo must not trust everyone)."""
+    entries = parse_list(raw)
+    for entry in entries:
+        ipaddress.ip_network(entry, strict=False)  # raises ValueError naming the bad entry
+    return entries
+
+
+# Reverse proxies in front of the web server (addresses or CIDR blocks, e.g.
+# "10.0.0.5,172.16.0.0/12"). X-Forwarded-For is believed only from these
+# (console.middleware.TrustedProxyMiddleware); empty: never, REMOTE_ADDR is the client.
+TRUSTED_PROXIES = env("TRUSTED_PROXIES", [], _networks)
 
 INSTALLED_APPS = [
     "django.contrib.admin",
@@ -34,6 +49,8 @@ INSTALLED_APPS = [
 ]
 
 MIDDLEWARE = [
+    # First, so every later step sees the real client address in REMOTE_ADDR.
+    "console.middleware.TrustedProxyMiddleware",
     "django.middleware.security.SecurityMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
