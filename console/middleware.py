@@ -92,3 +92,17 @@ def _parse_address(text: str):
 def _is_trusted(address: str, trusted) -> bool:
     parsed = _parse_address(address)
     return parsed is not None and any(parsed in network for network in trusted)
+
+
+class ContentSecurityPolicyMiddleware:
+    """Send settings.CONTENT_SECURITY_POLICY on every response that has none of its own."""
+
+    def __init__(self, get_response):
+        self.get_response = get_response
+
+    def __call__(self, request):
+        response = self.get_response(request)
+        policy = settings.CONTENT_SECURITY_POLICY
+        if policy and "Content-Security-Policy" not in response.headers:
+            response.headers["Content-Security-Policy"] = policy
+        return response

@@ -52,6 +52,7 @@ MIDDLEWARE = [
     # First, so every later step sees the real client address in REMOTE_ADDR.
     "console.middleware.TrustedProxyMiddleware",
     "django.middleware.security.SecurityMiddleware",
+    "console.middleware.ContentSecurityPolicyMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
@@ -137,15 +138,41 @@ STATICFILES_FINDERS = [
     "django_plotly_dash.finders.DashComponentFinder",
 ]
 
+# Security headers on every response: nosniff, no referrer to other sites, and a CSP. Scripts
+# come from this site only; the one inline script is Dash's renderer start-up,
+# `var renderer = new DashRenderer();`, allowed by its hash (tests/dash/test_dash_access.py checks
+# that every inline script of every console page matches a hash listed here). Plotly sets inline
+# styles and draws images from data: URLs.
+SECURE_CONTENT_TYPE_NOSNIFF = True
+SECURE_REFERRER_POLICY = "same-origin"
+DASH_RENDERER_SCRIPT_HASH = "sha256-jZlsGVOhUAIcH+4PVs7QuGZkthRMgvT2n0ilH6/zTM0="
+CONTENT_SECURITY_POLICY = "; ".join(
+    [
+        "default-src 'self'",
+        f"script-src 'self' '{DASH_RENDERER_SCRIPT_HASH}'",
+        "style-src 'self' 'unsafe-inline'",
+        "img-src 'self' data: blob:",
+        "font-src 'self' data:",
+        "connect-src 'self'",
+        "object-src 'none'",
+        "base-uri 'self'",
+        "form-action 'self'",
+        "frame-ancestors 'none'",
+    ]
+)
+
 # No page is ever framed: the Dash apps are rendered into the Django pages (plotly_direct), not
 # in iframes.
 X_FRAME_OPTIONS = "DENY"
 PLOTLY_DASH = {
     "serve_locally": True,
     "cache_timeout_initial_arguments": 60,
-    # Dash endpoints need a login like every other console page.
-    "view_decorator": "django_plotly_dash.access.login_required",
+    # Dash endpoints need a session with a role and, for callback updates, a CSRF token.
+    "view_decorator": "console.dash.access.console_access",
 }
+# Dash's renderer sends the X-CSRFToken header from a cookie of this name; Django's forms and
+# checks follow the setting, so the console and Dash share one token.
+CSRF_COOKIE_NAME = "_csrf_token"
 
 REDIS_URL = env("REDIS_URL", "redis://127.0.0.1:6379/0", parse_url(("redis", "rediss", "unix")))
 
