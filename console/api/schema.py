@@ -36,6 +36,7 @@ ERRORS = {
     "403": "Authenticated, but the role does not allow this.",
     "404": "No such object.",
     "413": "The request body is larger than the server accepts.",
+    "415": "A request body in a media type the endpoint does not parse.",
 }
 # Refusals that only some operations give: (method, path) -> {status: description}.
 SPECIFIC_ERRORS = {
@@ -65,6 +66,7 @@ def document_errors(result, generator, request, public):
             codes = dict(ERRORS)
             if method not in BODY_METHODS:
                 codes.pop("413")
+                codes.pop("415")
             if path == "/api/auth/token/":
                 # Anyone may ask for a token: no role check, nothing to look up.
                 codes.pop("403")

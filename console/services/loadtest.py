@@ -36,6 +36,8 @@ class Sample:
     target: str
     latency_ms: float
     ok: bool
+    # What went wrong, for the report: the status code, or the exception's class name.
+    error: str = ""
 
 
 def require_loopback(base_url: str) -> tuple[str, int]:
@@ -67,9 +69,14 @@ def summarize(samples: list[Sample], duration_s: float) -> dict:
 
     def stats(group: list[Sample]) -> dict:
         latencies = sorted(sample.latency_ms for sample in group)
+        kinds: dict[str, int] = {}
+        for sample in group:
+            if not sample.ok:
+                kinds[sample.error] = kinds.get(sample.error, 0) + 1
         return {
             "requests": len(group),
             "errors": sum(1 for sample in group if not sample.ok),
+            "error_kinds": kinds,
             "rps": round(len(group) / duration_s, 1) if duration_s > 0 else None,
             "p50_ms": _round(percentile(latencies, 50)),
             "p99_ms": _round(percentile(latencies, 99)),
@@ -103,12 +110,14 @@ def _client_loop(host, port, targets, deadline, samples, lock, offset) -> None:
                 response = connection.getresponse()
                 response.read()
                 ok = 200 <= response.status < 300
-            except (OSError, http.client.HTTPException):
+                error = "" if ok else str(response.status)
+            except (OSError, http.client.HTTPException) as exc:
                 # A refused or dropped connection is an error of this request; reconnect.
-                ok = False
+                ok, error = False, type(exc).__name__
                 connection.close()
                 connection = http.client.HTTPConnection(host, port, timeout=30)
-            own.append(Sample(target.name, (time.perf_counter() - started) * 1000.0, ok))
+            elapsed_ms = (time.perf_counter() - started) * 1000.0
+            own.append(Sample(target.name, elapsed_ms, ok, error))
     finally:
         connection.close()
         with lock:

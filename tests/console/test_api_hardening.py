@@ -66,7 +66,7 @@ def test_schema_states_the_pagination_bounds_and_nullable_users(client):
 def test_schema_documents_error_responses(client):
     paths = client.get("/api/schema/?format=json").json()["paths"]
     faults = paths["/api/jobs/{job_pk}/faults/"]["post"]["responses"]
-    assert {"400", "401", "403", "404", "409", "413", "429"} <= set(faults)
+    assert {"400", "401", "403", "404", "409", "413", "415", "429"} <= set(faults)
     assert faults["403"]["content"]["application/json"]["schema"] == {
         "$ref": "#/components/schemas/Error"
     }

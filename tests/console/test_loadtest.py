@@ -28,16 +28,18 @@ def test_percentiles_are_nearest_rank():
 
 def test_summary_counts_errors_and_latency_per_target():
     samples = [Sample("a", float(ms), True) for ms in range(1, 101)]
-    samples += [Sample("b", 5.0, False), Sample("b", 15.0, True)]
+    samples += [Sample("b", 5.0, False, "503"), Sample("b", 15.0, True)]
     report = summarize(samples, duration_s=2.0)
     assert report["targets"]["a"] == {
         "requests": 100,
         "errors": 0,
+        "error_kinds": {},
         "rps": 50.0,
         "p50_ms": 50.0,
         "p99_ms": 99.0,
     }
     assert report["targets"]["b"]["errors"] == 1
+    assert report["targets"]["b"]["error_kinds"] == {"503": 1}
     assert report["overall"]["requests"] == 102
     assert report["overall"]["errors"] == 1
 
@@ -86,9 +88,23 @@ def test_write_results_replaces_only_the_load_section(tmp_path, monkeypatch):
         "clients": 2,
         "duration_s": 2.0,
         "targets": {
-            "job list": {"requests": 4, "rps": 2.0, "p50_ms": 3.0, "p99_ms": 9.0, "errors": 0}
+            "job list": {
+                "requests": 4,
+                "rps": 2.0,
+                "p50_ms": 3.0,
+                "p99_ms": 9.0,
+                "errors": 0,
+                "error_kinds": {},
+            }
         },
-        "overall": {"requests": 4, "rps": 2.0, "p50_ms": 3.0, "p99_ms": 9.0, "errors": 0},
+        "overall": {
+            "requests": 4,
+            "rps": 2.0,
+            "p50_ms": 3.0,
+            "p99_ms": 9.0,
+            "errors": 2,
+            "error_kinds": {"503": 2},
+        },
         "job_p99_ms": {"before": None, "before_samples": 0, "during": None, "during_samples": 0},
     }
     command.write_results(report, "manage.py loadtest --clients 2")
@@ -96,6 +112,7 @@ def test_write_results_replaces_only_the_load_section(tmp_path, monkeypatch):
     assert "keep me" in text and "me too" in text and "old" not in text
     assert text.count("## Load (manage.py loadtest)") == 1
     assert "| job list | 4 | 2.0 | 3.0 | 9.0 | 0 |" in text
+    assert "| all | 4 | 2.0 | 3.0 | 9.0 | 2 (503: 2) |" in text
     assert ".venv/bin/python manage.py loadtest --clients 2" in text
 
 

@@ -284,3 +284,17 @@ def test_every_inline_script_of_the_console_is_allowed_by_the_csp(seeded, users)
                 continue  # files from this site, or data that is never run
             digest = base64.b64encode(hashlib.sha256(body.encode()).digest()).decode()
             assert f"sha256-{digest}" in allowed, f"{url}: inline script {body[:60]!r}"
+
+
+def test_every_console_dash_app_is_registered_by_migrate():
+    """Registered up front, so concurrent first requests do not race to create the rows."""
+    from django_plotly_dash.models import StatelessApp
+
+    names = set(StatelessApp.objects.values_list("app_name", flat=True))
+    assert {
+        "backstop-overview",
+        "backstop-job",
+        "backstop-placement",
+        "backstop-recoveries",
+        "backstop-resources",
+    } <= names

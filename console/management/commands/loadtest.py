@@ -117,9 +117,13 @@ def format_report(report: dict) -> str:
     ]
     rows = [*report["targets"].items(), ("all", report["overall"])]
     for name, stats in rows:
+        kinds = ", ".join(
+            f"{kind}: {count}" for kind, count in sorted(stats["error_kinds"].items())
+        )
+        errors = f"{stats['errors']} ({kinds})" if kinds else str(stats["errors"])
         lines.append(
             f"| {name} | {stats['requests']} | {stats['rps']} | {stats['p50_ms']} | "
-            f"{stats['p99_ms']} | {stats['errors']} |"
+            f"{stats['p99_ms']} | {errors} |"
         )
     latency = report["job_p99_ms"]
     lines += [
