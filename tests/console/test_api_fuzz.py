@@ -135,7 +135,7 @@ def run_operation(operation, mode, headers, user, max_examples, derandomize) -> 
 
 @pytest.mark.parametrize("role", ROLES, ids=lambda role: role or "anonymous")
 def test_api_conforms_to_its_schema_for_every_role(users, role):
-    fuzz(users, role, max_examples=6, derandomize=True)
+    fuzz(users, role, max_examples=15, derandomize=True)
 
 
 @pytest.mark.slow
