@@ -79,9 +79,9 @@ def seed(users) -> None:
     make_job(name="stopped", status=Job.Status.STOPPED)
     FaultFactory(job=job, target_node=node, requested_by=users[OPERATOR])
     EpisodeFactory(job=job)
-    # One version written by a person and one without (created_by null, as the first version).
+    # The default version (written by no one: created_by null) and one written by an admin.
+    Policy.current()
     change_policy({"priority_threshold": 0.5}, user=users[ADMIN], reason="fuzz seed")
-    Policy.objects.filter(pk=Policy.current().pk).update()
 
 
 def token_headers(users, role) -> dict[str, str]:
