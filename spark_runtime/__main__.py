@@ -7,11 +7,10 @@ python -m spark_runtime generate --topology NAME --job ID [--rate R] [--count N]
 from __future__ import annotations
 
 import argparse
-import logging
 import os
 import sys
 
-from spark_runtime.config import DEFAULT_REDIS_URL
+from spark_runtime.config import DEFAULT_REDIS_URL, configure_logging
 from spark_runtime.strategies import STRATEGIES
 
 
@@ -51,9 +50,7 @@ def main(argv: list[str] | None = None) -> int:
     for p in (run, gen):
         p.add_argument("--redis-url", default=os.environ.get("REDIS_URL", DEFAULT_REDIS_URL))
     args = parser.parse_args(argv)
-    logging.basicConfig(
-        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
+    configure_logging()
     client = redis.Redis.from_url(args.redis_url, decode_responses=True)
     if args.command == "generate":
         sent = generators.generate(

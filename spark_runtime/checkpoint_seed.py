@@ -10,8 +10,8 @@ committed micro-batch C, per query of the stage (`{checkpoint}/{query index}/`):
   `V.snapshot` and their `.crc` sidecars) above version C + 1, which belong to the batch in flight
   (state version = batch id + 1); the RocksDB SST folders and `_metadata/` come along whole;
 - `sources/` whole when present;
-- not `metadata`: without it Spark gives the copy a new query id, so the primary and the standby
-  never share one.
+- `metadata` written anew with a fresh query id (Spark refuses a checkpoint that has offsets but
+  no metadata file), so the primary and the standby never share a query id.
 
 The primary keeps running while it is copied: Spark writes offsets and commits by rename, and
 state files of version <= C + 1 are complete once commit C exists, so the copy is consistent as
@@ -22,10 +22,12 @@ process killed while seeding leaves either no checkpoint or a whole one.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import re
 import shutil
+import uuid
 
 log = logging.getLogger(__name__)
 
@@ -85,6 +87,9 @@ def copy_query_checkpoint(source: str, target: str) -> int | None:
                 )
     if skipped:
         log.info("seed %s: %s files vanished while copying (old versions)", source, skipped)
+    # Spark's StreamMetadata file: only the query id, which must not be the primary's.
+    with open(os.path.join(target, "metadata"), "w") as metadata:
+        json.dump({"id": str(uuid.uuid4())}, metadata)
     return batch
 
 

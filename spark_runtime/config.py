@@ -61,3 +61,12 @@ def build_session(app_name: str, extra_conf: dict | None = None):
     spark.sparkContext.setLogLevel("WARN")
     spark.dataSource.register(RedisStreamDataSource)
     return spark
+
+
+def configure_logging() -> None:
+    """Log format of the data plane's processes (stages, spares, generators, the runner); py4j's
+    own chatter only from warnings up."""
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    logging.getLogger("py4j").setLevel(logging.WARNING)

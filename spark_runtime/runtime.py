@@ -85,9 +85,10 @@ class OutputGate:
         self.fault_after: int | None = None
         self.batch_stats: dict[str, dict] = {}
         self.last_write_at: float | None = None
-        # A standby's distance behind its primary, in seconds of input, after its latest batch
-        # (None before its first batch): a standby far behind must not be promoted.
-        self.standby_lag_s: float | None = None
+        # A standby's distance behind its primary, in seconds of input, per query after its
+        # latest batch (0 once the query is idle: it has read all the input there is): a standby
+        # far behind must not be promoted.
+        self.query_lag_s: dict[str, float] = {}
         if role == PRIMARY:
             self.writer.acquire()
 
@@ -134,7 +135,7 @@ class OutputGate:
                     self.buffer.add(sink, records)
                 lag = lag_behind(self._trim_buffer(), per_sink)
                 if lag is not None:
-                    self.standby_lag_s = lag
+                    self.query_lag_s[query] = lag
         final = segment.outputs[0] in (RESULTS_CHANNEL, OUT_CHANNEL)
         self.batch_stats[f"{query}:{batch_id}"] = {
             "rows_out": len(rows),
@@ -155,15 +156,28 @@ class OutputGate:
                 self.buffer.trim(sink, marks[sink])
         return marks
 
+    def note_idle(self, query: str) -> None:
+        """Spark found no new input for `query`: it has read everything there is, so a standby
+        is not behind on it (a standby seeded with everything its primary had read runs no batch
+        until new input comes, and must not stay `catching_up` meanwhile)."""
+        if self.role != PRIMARY:
+            self.query_lag_s[query] = 0.0
+
+    @property
+    def standby_lag_s(self) -> float | None:
+        """The largest lag over this standby's queries (None before any batch or idle event)."""
+        return max(self.query_lag_s.values()) if self.query_lag_s else None
+
     def caught_up(self, bound_s: float) -> bool:
         """True for a primary, and for a standby at most `bound_s` seconds of input behind its
-        primary; a standby that has not run a batch yet is caught up only while the primary has
-        not written anything either (a job that is just starting)."""
+        primary; a standby that has neither run a batch nor been idle yet is caught up only while
+        the primary has not written anything either (a job that is just starting)."""
         if self.role == PRIMARY:
             return True
-        if self.standby_lag_s is None:
+        lag = self.standby_lag_s
+        if lag is None:
             return not self.client.exists(keys.watermarks(self.job, self.stage))
-        return self.standby_lag_s <= bound_s
+        return lag <= bound_s
 
     # -- promotion ----------------------------------------------------------------------------
 
@@ -277,6 +291,13 @@ class StageRuntime:
         self.stop()
         self.trigger_seconds = trigger_seconds
         self.start()
+
+    def query_name_by_id(self, query_id: str) -> str | None:
+        """The name of this stage's running query with id `query_id` (listener events carry ids)."""
+        for query in self.queries:
+            if str(query.id) == query_id:
+                return query.name
+        return None
 
     def failure(self) -> BaseException | None:
         """The exception of the first query that died, if any."""

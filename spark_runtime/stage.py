@@ -36,7 +36,7 @@ import threading
 import time
 
 from spark_runtime import keys
-from spark_runtime.config import DEFAULT_REDIS_URL, ensure_python_env
+from spark_runtime.config import DEFAULT_REDIS_URL, configure_logging, ensure_python_env
 from spark_runtime.strategies import CATCHING_UP_NICE, STANDBY_NICE
 
 log = logging.getLogger("spark_runtime.stage")
@@ -45,8 +45,11 @@ HEARTBEAT_INTERVAL = 0.5
 RUNNING, CATCHING_UP = "running", "catching_up"
 # A standby more than this many seconds of input behind its primary reports `catching_up` and is
 # not promoted (the supervisor restarts the primary instead): promoting it would stall the output
-# for as long as it takes to catch up, e.g. a new standby replaying the input from the start.
-CAUGHT_UP_S = 5.0
+# for as long as it takes to catch up, e.g. a new standby replaying the input from the start. The
+# bound is what a local restart costs anyway (a new driver and SparkSession, 10-15 s here, then
+# the replay since its last commit): a standby nearer than that is the faster way back, even a
+# low-priority one that fell a few batches behind while the CPU was busy.
+CAUGHT_UP_S = 15.0
 HEARTBEAT_TTL_MS = 3000
 EXIT_STOPPED, EXIT_FAILED, EXIT_FENCED, EXIT_PROMOTION = 0, 1, 3, 4
 
@@ -104,6 +107,12 @@ class ReplicaState:
         }
         self.lock = threading.Lock()
 
+    def count_batch(self) -> None:
+        """One more finished batch (published with the next heartbeat): the supervisor learns
+        that a restarted replica is producing again."""
+        with self.lock:
+            self.info["batches"] = self.info.get("batches", 0) + 1
+
     def update(self, **fields) -> None:
         """Change fields and publish the entry right away."""
         with self.lock:
@@ -132,8 +141,9 @@ def heartbeat_loop(state: ReplicaState, stop: threading.Event) -> None:
             log.warning("heartbeat failed: %s", exc)
 
 
-def make_listener(client, job: str, state: ReplicaState, gate):
-    """A StreamingQueryListener that publishes every progress event of this process to Redis."""
+def make_listener(client, job: str, state: ReplicaState, runtime):
+    """A StreamingQueryListener that publishes every progress event of this process to Redis and
+    tells the output gate when a query is idle (it has read all the input there is)."""
     from pyspark.sql.streaming import StreamingQueryListener
 
     class ProgressPublisher(StreamingQueryListener):
@@ -141,20 +151,23 @@ def make_listener(client, job: str, state: ReplicaState, gate):
             return None
 
         def onQueryIdle(self, event):
-            return None
+            name = runtime.query_name_by_id(str(event.id))
+            if name is not None:
+                runtime.gate.note_idle(name)
 
         def onQueryTerminated(self, event):
             return None
 
         def onQueryProgress(self, event):
+            state.count_batch()
             progress = event.progress
             ops = progress.stateOperators or []
             segment = progress.name.rsplit(".", 1)[-1] if progress.name else ""
-            stats = gate.batch_stats.get(f"{progress.name}:{progress.batchId}", {})
+            stats = runtime.gate.batch_stats.get(f"{progress.name}:{progress.batchId}", {})
             record = {
                 "replica": state.replica,
                 "stage": state.info["stage"],
-                "role": gate.role,
+                "role": runtime.gate.role,
                 "node": state.info["node"],
                 "query": progress.name or "",
                 "segment": segment,
@@ -280,7 +293,7 @@ def run(args, spark=None) -> int:
         max_records=args.max_records,
         buffer_max=args.buffer_max,
     )
-    spark.streams.addListener(make_listener(client, args.job, state, runtime.gate))
+    spark.streams.addListener(make_listener(client, args.job, state, runtime))
     runtime.start()
     ready = readiness(runtime.gate)
     state.update(
@@ -321,10 +334,7 @@ def run(args, spark=None) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of `python -m spark_runtime.stage`."""
-    logging.basicConfig(
-        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
-    logging.getLogger("py4j").setLevel(logging.WARNING)
+    configure_logging()
     ensure_python_env()
     args = build_parser().parse_args(argv)
     return run(args)

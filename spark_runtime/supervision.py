@@ -20,6 +20,11 @@ Strategies (spark_runtime/strategies.py defines each once):
 
 Re-protection: after a promotion the stage has no promotable standby until the new one reports
 `running` (caught up with its primary); `reprotections` records each such interval.
+
+Racing a restart: when a primary fails while its standby is still catching up, the primary is
+restarted from its checkpoint; if the standby catches up before the restarted primary has
+finished a batch (a restart costs a driver, a session and a state load), the standby is promoted
+then and the restart is abandoned, so the faster of the two serves.
 """
 
 from __future__ import annotations
@@ -35,6 +40,10 @@ from spark_runtime.strategies import (
     RESTART_JOB,
     get_strategy,
 )
+
+# Replica entries carry their process's start time from the node's clock; allow this much skew
+# when telling a restarted process from the one that failed.
+CLOCK_SLACK_S = 1.0
 
 # Replica states as the supervisor sees them.
 STARTING = "starting"
@@ -207,6 +216,9 @@ class Supervisor:
         self.unprotected_since: dict[str, float] = {}
         # (stage, promoted at, protected again at) per completed re-protection, newest last.
         self.reprotections: list[tuple[str, float, float]] = []
+        # Stage -> time its primary was restarted after a failure, until that primary reports a
+        # finished batch; a standby that catches up meanwhile takes over (see the module doc).
+        self.restarting: dict[str, float] = {}
 
     # -- helpers ------------------------------------------------------------------------------
 
@@ -327,6 +339,7 @@ class Supervisor:
             "params": list(self.params),
             "unprotected_since": self.unprotected_since,
             "reprotections": [list(r) for r in self.reprotections[-50:]],
+            "restarting": self.restarting,
             "startup_grace": self.startup_grace,
             "placement": {k: list(v) for k, v in self.placement.items()},
             "counter": self._counter,
@@ -365,6 +378,7 @@ class Supervisor:
         sup.history = [tuple(h) for h in data["history"]]
         sup.unprotected_since = dict(data.get("unprotected_since", {}))
         sup.reprotections = [tuple(r) for r in data.get("reprotections", [])]
+        sup.restarting = dict(data.get("restarting", {}))
         for item in data["replicas"]:
             raw = item["spec"]
             spec = ReplicaSpec(
@@ -396,10 +410,20 @@ class Supervisor:
 
     def _on_heartbeat(self, replica: Replica, event: HeartbeatSeen) -> list:
         reported = event.reported or {}
+        stage = replica.spec.stage
+        restarted_at = self.restarting.get(stage)
+        if (
+            replica.role == PRIMARY
+            and restarted_at is not None
+            and reported.get("batches")
+            and reported.get("started_at", 0) >= restarted_at - CLOCK_SLACK_S
+        ):
+            del self.restarting[stage]  # the restarted process has finished a batch
         if replica.state in (STARTING, CATCHING_UP) and reported.get("state") == RUNNING:
             replica.state = RUNNING
             replica.since = event.at
-            stage = replica.spec.stage
+            if replica.role == STANDBY and stage in self.restarting:
+                return self._promote_over_restart(replica, event.at)
             if replica.role == STANDBY and stage in self.unprotected_since:
                 promoted_at = self.unprotected_since.pop(stage)
                 self.reprotections.append((stage, promoted_at, event.at))
@@ -441,8 +465,27 @@ class Supervisor:
             self.history.append((now, f"promote {standby.id} for {stage}"))
             return [KillReplica(replica.id), PromoteStandby(standby.id, stage)]
         replica.state, replica.since = STARTING, now
+        if self.of_stage(stage, STANDBY):
+            self.restarting[stage] = now  # a standby still catching up may beat the restart
         self.history.append((now, f"restart {replica.id} from its checkpoint"))
         return [RestartStage(replica.spec)]
+
+    def _promote_over_restart(self, standby: Replica, now: float) -> list:
+        """`standby` caught up while its stage's primary is still restarting: promote it and
+        abandon the restart (the restarted process is killed; the promotion fences it anyway)."""
+        stage = standby.spec.stage
+        restarted_at = self.restarting.pop(stage)
+        actions: list = []
+        for primary in self.of_stage(stage, PRIMARY):
+            primary.state = FAILED
+            actions.append(KillReplica(primary.id))
+        standby.state, standby.since = PROMOTING, now
+        self.unprotected_since[stage] = now
+        self.history.append(
+            (now, f"promote {standby.id} for {stage}: caught up {now - restarted_at:.1f} s "
+             "into the primary's restart, before it produced output")
+        )  # fmt: skip
+        return [*actions, PromoteStandby(standby.id, stage)]
 
     def _on_promoted(self, standby: Replica, now: float) -> list:
         stage = standby.spec.stage

@@ -63,8 +63,11 @@ def _redis() -> redis.Redis:
     return redis.Redis.from_url(settings.REDIS_URL, decode_responses=True)
 
 
-def stage_log_path(replica_id: str) -> Path:
-    return settings.VAR_DIR / "log" / "stages" / f"{replica_id}.log"
+def stage_log_path(replica_id: str, job_key: str = "") -> Path:
+    """The log of a replica (`var/log/stages/{job}/{replica}.log`: replica ids repeat across
+    jobs) or, without a job, of a warm spare (`var/log/stages/{spare}.log`; it keeps writing
+    there after it becomes a replica)."""
+    return settings.VAR_DIR / "log" / "stages" / job_key / f"{replica_id}.log"
 
 
 def log_tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
@@ -127,7 +130,7 @@ def start_replica(
         pid = hand_to_spare(args, replica_id, job_key)
         if pid is not None:
             return pid
-    path = stage_log_path(replica_id)
+    path = stage_log_path(replica_id, job_key)
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "ab") as log_file:
         proc = subprocess.Popen(

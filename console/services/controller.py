@@ -310,7 +310,9 @@ def supervise_tick(job: Job, supervisor: Supervisor, client) -> TickReport:
             continue
         report.events += 1
         report.actions += len(actions)
-        if isinstance(event, HeartbeatSeen):
+        if isinstance(event, HeartbeatSeen) and any(isinstance(a, PromoteStandby) for a in actions):
+            record_promotion_over_restart(job, event, actions)
+        elif isinstance(event, HeartbeatSeen):
             # Not a failure: a promotion completed and the machine asks for a new standby.
             Replica.objects.filter(replica_id=f"{job.key}/{event.replica_id}").update(
                 role=Replica.Role.PRIMARY, state=Replica.State.RUNNING
@@ -420,6 +422,32 @@ def _record_failure(job: Job, client, event, actions: list) -> None:
         detected_at=timezone.now(),
         notes=f"{replica_id} on {node}: {type(event).__name__}",
     )
+
+
+@transaction.atomic
+def record_promotion_over_restart(job: Job, event: HeartbeatSeen, actions: list) -> None:
+    """A standby caught up while its stage's primary was still restarting and takes over: the
+    decision, and the stage's open restart episode now records a promotion."""
+    stage = event.reported.get("stage", "")
+    decide(
+        job,
+        ControlDecision.Kind.PROMOTE,
+        f"{event.replica_id} caught up before the restarted primary produced output; "
+        + describe_actions(actions),
+        replica_id=event.replica_id,
+        stage=stage,
+    )
+    episode = (
+        job.recoveries.filter(
+            stage=stage, action=RecoveryEpisode.Action.RESTART_STAGE, recovered_at__isnull=True
+        )
+        .order_by("-detected_at")
+        .first()
+    )
+    if episode is not None:
+        episode.action = RecoveryEpisode.Action.PROMOTE
+        episode.notes += f"; restart overtaken by {event.replica_id}, promoted when caught up"
+        episode.save(update_fields=["action", "notes"])
 
 
 def _describe(actions: list) -> tuple[str, str]:

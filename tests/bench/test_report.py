@@ -59,9 +59,13 @@ def test_an_unrecovered_fault_makes_the_mean_a_bound():
 
 
 def test_markdown_has_a_row_per_strategy_and_per_fault():
-    text = report.to_markdown(BENCH)
+    adaptive = run("adaptive", [2.0, 3.0])
+    adaptive["faults"][0]["reprotect_s"] = 7.5  # a new standby caught up 7.5 s after promotion
+    text = report.to_markdown({**BENCH, "runs": [BENCH["runs"][0], adaptive, BENCH["runs"][2]]})
     assert "| adaptive | 1.25 | 2.50 | 10% | 3000 | 0 | 0 | 400 | 900 | 99.0 | 120 | 1500 |" in text
-    assert "| restart-all | 2: kill-driver | 100.0 | promote | 15.00 | 30.00 | 30000 |  |" in text
+    restart_all = "| restart-all | 2: kill-driver | 100.0 | promote | 15.00 | 30.00 | 30000 |"
+    assert restart_all + " n/a |  |" in text
+    assert "| adaptive | 1: kill-driver | 50.0 | promote | 1.00 | 2.00 | 2000 | 7.5 |  |" in text
     assert "| x | n/a | n/a | n/a |" in text
 
 

@@ -4,6 +4,7 @@ seeded standby that resumes and takes over) is in test_failover.py."""
 
 from __future__ import annotations
 
+import json
 import os
 
 from spark_runtime.checkpoint_seed import committed_batch, seed_checkpoint
@@ -26,7 +27,7 @@ def primary_checkpoint(root):
     """Query 0 with batches 3..6 planned, 3..5 committed (6 in flight), RocksDB changelogs for
     state versions 4..7, a snapshot at 5, SSTs and metadata."""
     q = os.path.join(root, "0")
-    touch(q, "metadata")
+    touch(q, "metadata", text='{"id":"primary-query-id"}')
     for batch in (3, 4, 5, 6):
         touch(q, "offsets", str(batch), text=f"offsets {batch}")
         touch(q, "offsets", f".{batch}.crc")
@@ -58,7 +59,12 @@ def test_the_copy_stops_at_the_latest_commit_and_its_state_version(tmp_path):
         + [f"0/state/0/0/.{v}.changelog.crc" for v in (4, 5, 6)]
         + ["0/state/0/0/5.zip", "0/state/0/0/SSTs/000008-abc.sst"]
         + ["0/state/0/_metadata/metadata", "0/state/0/0/_metadata/schema"]
-    )  # no `metadata`: the copy runs under a new query id
+        + ["0/metadata"]
+    )
+    # Spark needs the metadata file beside the logs; the copy runs under a new query id.
+    with open(os.path.join(target, "0", "metadata")) as handle:
+        query_id = json.load(handle)["id"]
+    assert query_id != "primary-query-id" and len(query_id) == 36
     with open(os.path.join(target, "0", "offsets", "5")) as handle:
         assert handle.read() == "offsets 5"
 

@@ -32,7 +32,21 @@ def test_standby_is_caught_up_at_job_start_and_then_by_its_lag(client, job):
     assert gate.caught_up(5.0)  # no batch, and the primary has written nothing yet
     client.hset(keys.watermarks(job, "count"), "results", at(MS))
     assert not gate.caught_up(5.0)  # the primary has output, the standby has shown nothing
-    gate.standby_lag_s = 2.0
+    gate.query_lag_s["count.standby.0"] = 2.0
     assert gate.caught_up(5.0)
-    gate.standby_lag_s = 12.0
+    gate.query_lag_s["count.standby.0"] = 12.0
     assert not gate.caught_up(5.0)
+    # A second query that is behind holds the stage back; once idle, it has read all the input.
+    gate.query_lag_s["count.standby.0"] = 1.0
+    gate.query_lag_s["count.standby.1"] = 30.0
+    assert gate.standby_lag_s == 30.0 and not gate.caught_up(5.0)
+    gate.note_idle("count.standby.1")
+    assert gate.standby_lag_s == 1.0 and gate.caught_up(5.0)
+
+
+def test_a_seeded_standby_with_no_new_input_is_caught_up_once_idle(client, job):
+    gate = OutputGate(client, job, "count", "standby")
+    client.hset(keys.watermarks(job, "count"), "results", at(MS))
+    assert not gate.caught_up(5.0)
+    gate.note_idle("count.standby.0")
+    assert gate.caught_up(5.0)

@@ -90,7 +90,10 @@ def test_a_standby_catching_up_is_not_promoted_until_it_reports_running_again():
         RestartStage(sup.replicas["count-1"].spec)
     ]
     assert sup.replicas["count-2"].state == "catching_up"
-    running(sup, at=6.0)  # both report running again (the standby caught up)
+    # The restarted primary finishes a batch, then the standby catches up.
+    restarted = {"state": "running", "role": "primary", "batches": 1, "started_at": 5.5}
+    sup.handle(HeartbeatSeen("count-1", 6.0, restarted))
+    sup.handle(HeartbeatSeen("count-2", 6.0, {"role": "standby", "state": "running"}))
     assert sup.replicas["count-2"].state == "running"
     assert sup.handle(ProcessExited("count-1", 9.0, -9)) == [
         KillReplica("count-1"),
@@ -237,3 +240,44 @@ def test_strategies_differ_only_through_the_strategy_table():
         assert bool(standbys) == (definition.standbys != "none"), name
         assert all(s.warm == definition.warm_spares for s in specs), name
         assert all(s.low_priority == definition.low_priority_standbys for s in standbys), name
+
+
+def _catching_up_standby_and_failed_primary():
+    """count-1 primary and count-2 standby catching up (started 0 s); count-1 dies at 10 s and
+    is restarted from its checkpoint."""
+    sup = Supervisor("j", "wordcount", per_operator("count"), "active-all", NODES)
+    sup.start(0.0)
+    sup.handle(HeartbeatSeen("count-1", 1.0, {"state": "running", "role": "primary"}))
+    sup.handle(HeartbeatSeen("count-2", 1.0, {"state": "catching_up", "role": "standby"}))
+    actions = sup.handle(ProcessExited("count-1", 10.0, -9))
+    assert actions == [RestartStage(sup.replicas["count-1"].spec)]
+    return sup
+
+
+def test_a_standby_that_catches_up_before_the_restarted_primary_produces_takes_over():
+    sup = _catching_up_standby_and_failed_primary()
+    # The failed process's last entry (batches done, started before the restart) proves nothing.
+    old = {"state": "running", "role": "primary", "batches": 40, "started_at": 0.5}
+    assert sup.handle(HeartbeatSeen("count-1", 11.0, old)) == []
+    # The restarted process is up but has not finished a batch (it is loading its state).
+    new = {"state": "running", "role": "primary", "batches": 0, "started_at": 12.0}
+    assert sup.handle(HeartbeatSeen("count-1", 14.0, new)) == []
+    actions = sup.handle(HeartbeatSeen("count-2", 15.0, {"state": "running", "role": "standby"}))
+    assert actions == [KillReplica("count-1"), PromoteStandby("count-2", "count")]
+    assert "into the primary's restart" in sup.history[-1][1]
+    # The promotion completes as any other: a new standby, seeded from count-2.
+    (start,) = sup.handle(HeartbeatSeen("count-2", 16.0, {"state": "running", "role": "primary"}))
+    assert start.replica.replica_id == "count-3" and start.replica.seed_from == "count-2"
+    assert "count-1" not in sup.replicas
+    assert Supervisor.from_dict(json.loads(json.dumps(sup.to_dict()))).restarting == {}
+
+
+def test_a_restarted_primary_that_produces_first_keeps_the_stage():
+    sup = _catching_up_standby_and_failed_primary()
+    assert Supervisor.from_dict(json.loads(json.dumps(sup.to_dict()))).restarting == {"count": 10.0}
+    new = {"state": "running", "role": "primary", "batches": 1, "started_at": 12.0}
+    assert sup.handle(HeartbeatSeen("count-1", 14.0, new)) == []
+    assert sup.restarting == {}
+    # The standby catching up later only means the stage is protected again.
+    assert sup.handle(HeartbeatSeen("count-2", 15.0, {"state": "running", "role": "standby"})) == []
+    assert sup.replicas["count-1"].role == "primary" and sup.replicas["count-2"].role == "standby"
