@@ -321,7 +321,7 @@ def check_fault_params(kind: str, params: dict) -> dict:
         node = this_node()
         log.error("node %s refuses %s: %s", node, kind, exc)
         with contextlib.suppress(redis.RedisError):
-            _redis().xadd(
+            redis_client().xadd(
                 keys.agent_events(),
                 {"kind": "refused", "node": node, "fault": kind, "detail": str(exc),
                  "at": str(time.time())},
@@ -380,7 +380,7 @@ def pause_node(duration_s: float, job_key: str | None = None) -> list[int]:
     node = this_node()
     procs = stage_processes(node=node, job=job_key)
     groups = sorted({os.getpgid(p.pid) for p in procs})
-    pause_groups(_redis(), node, groups, checked["duration_s"])
+    pause_groups(redis_client(), node, groups, checked["duration_s"])
     # On time to the millisecond while this agent lives; the loop's check covers a restart.
     timer = threading.Timer(checked["duration_s"], _resume_due_quietly, args=(node,))
     timer.daemon = True
@@ -391,7 +391,7 @@ def pause_node(duration_s: float, job_key: str | None = None) -> list[int]:
 
 def _resume_due_quietly(node: str) -> None:
     try:
-        resume_due(_redis(), node)
+        resume_due(redis_client(), node)
     except redis.RedisError as exc:
         log.warning("node %s: could not resume paused groups now (the loop retries): %s", node, exc)
 
@@ -487,7 +487,7 @@ def start_agent_loop(sender=None, **kwargs) -> None:
     scope = env("BACKSTOP_NODE_SCOPE", PROCESSES)
     try:
         # Pauses that ended while no agent ran end now, not a loop interval later.
-        resume_due(_redis(), node)
+        resume_due(redis_client(), node)
     except redis.RedisError as exc:
         log.warning("node %s: could not read paused groups from Redis: %s", node, exc)
     sampler = NodeSampler(node, capacity_from_env(), scope=scope)

@@ -128,9 +128,11 @@ class PolicyView(APIView):
     def get(self, request):
         return Response(PolicySerializer(Policy.current()).data)
 
+    @extend_schema(responses={201: PolicySerializer})
     def patch(self, request):
         return self._change(request, partial=True)
 
+    @extend_schema(responses={201: PolicySerializer})
     def put(self, request):
         return self._change(request, partial=False)
 

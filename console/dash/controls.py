@@ -1,11 +1,13 @@
 """The console's write actions, each checking the Django user's role on the server first.
 
 Hiding buttons is only a convenience: the Dash update endpoint can be called by hand, so every
-action here refuses users below the required role before touching anything. All writes go
-through console.services, the same code the REST API uses.
+action here refuses users below the required role (RoleRefused, a 403) before touching anything.
+All writes go through console.services, the same code the REST API uses.
 """
 
 from __future__ import annotations
+
+from django.core.exceptions import PermissionDenied
 
 from console.models import FaultInjection, Job, Node, Policy
 from console.policy.config import request_errors
@@ -20,11 +22,17 @@ class ActionRefused(Exception):
     """The action was not carried out; the message says why, for the person who asked."""
 
 
+class RoleRefused(PermissionDenied):
+    """The user's role does not allow the action. Not shown as a message: it leaves the callback,
+    and Django answers the Dash update request with 403 (only a forged request gets here; the
+    controls are not rendered for users below the role)."""
+
+
 def _require(user, role: str) -> None:
     try:
         check_role(user, role)
     except RoleRequired as exc:
-        raise ActionRefused(str(exc)) from exc
+        raise RoleRefused(str(exc)) from exc
 
 
 def start_job(user, *, name: str, topology: str, strategy: str, rate) -> Job:
