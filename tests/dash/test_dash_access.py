@@ -66,6 +66,7 @@ def fault_body(job) -> dict:
             {"id": "fault-node", "property": "value", "value": None},
             {"id": "fault-duration", "property": "value", "value": None},
             {"id": "url", "property": "pathname", "value": f"/console/jobs/{job.pk}/"},
+            {"id": "fault-workers", "property": "value", "value": None},
         ],
         "changedPropIds": ["fault-confirm.submit_n_clicks"],
     }
