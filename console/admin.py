@@ -19,7 +19,7 @@ from console.models import (
     ReportSubscription,
     SentAlert,
 )
-from console.policy.config import PolicyConfig, PolicyConfigError
+from console.policy.config import BOUNDS, PolicyConfig, PolicyConfigError
 from console.roles import ADMIN, OPERATOR, VIEWER, has_role
 from console.services import policy as policy_service
 from console.services import reports as report_service
@@ -131,6 +131,17 @@ class PolicyAdminForm(forms.ModelForm):
     class Meta:
         model = Policy
         fields = ["reason", *Policy.threshold_field_names()]
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        # Show each field's range (the browser keeps number inputs in it; clean() decides).
+        for name, bound in BOUNDS.items():
+            field = self.fields.get(name)
+            if field is None:
+                continue  # a stored version: its fields are read-only, not form fields
+            field.widget.attrs.update(min=bound.low, max=bound.high)
+            described = f"Range {bound.interval()}: {bound.why}."
+            field.help_text = f"{field.help_text} {described}" if field.help_text else described
 
     def clean(self):
         cleaned = super().clean()

@@ -12,14 +12,17 @@ Counters live in Django's cache (RedisCache on REDIS_URL), so every web worker s
 counts. A counter starts with the first failure and expires LOGIN_FAILURE_WINDOW_S later: at most
 LOGIN_FAILURE_LIMIT failures (default 5 in 900 s) per username and per address.
 
-The client address is REMOTE_ADDR. Behind a reverse proxy, set REMOTE_ADDR from the proxy's
-header in the proxy or a middleware you trust; X-Forwarded-For is never read here because a
-client can forge it.
+The client address is REMOTE_ADDR. Behind a reverse proxy, list the proxy in TRUSTED_PROXIES:
+console.middleware.TrustedProxyMiddleware then sets REMOTE_ADDR to the real client from
+X-Forwarded-For before this code runs. The header is never read here, because a client that
+reaches the server directly can forge it.
 """
 
 from __future__ import annotations
 
 import hashlib
+import logging
+from collections.abc import Mapping
 
 from django.conf import settings
 from django.contrib.admin.forms import AdminAuthenticationForm
@@ -33,6 +36,7 @@ from rest_framework.authtoken.views import ObtainAuthToken
 from rest_framework.response import Response
 
 LOCKED_OUT_FLAG = "login_locked_out"
+audit_log = logging.getLogger("backstop.audit")
 
 
 def failure_limit() -> int:
@@ -62,7 +66,7 @@ def _keys(username: str | None, address: str) -> list[str]:
     # Usernames are hashed so odd characters cannot break a cache key; case-folded so "Ada" and
     # "ada" share a counter.
     keys = []
-    if username:
+    if isinstance(username, str) and username:
         digest = hashlib.sha256(username.strip().lower().encode()).hexdigest()[:32]
         keys.append(f"login-fail:user:{digest}")
     if address:
@@ -159,7 +163,13 @@ class ThrottledObtainAuthToken(ObtainAuthToken):
     """
 
     def post(self, request, *args, **kwargs):
-        username = request.data.get("username")
+        # A body that is not an object, or a username that is not a string (a list, a number,
+        # null): AuthTokenSerializer refuses it with a 400; only the address counts towards a
+        # lockout.
+        data = request.data if isinstance(request.data, Mapping) else {}
+        username = data.get("username")
+        if not isinstance(username, str):
+            username = None
         if is_locked_out(username, client_address(request)):
             # Count it: hammering a locked account keeps the address's counter at the limit.
             record_failure(username, client_address(request))
@@ -167,7 +177,11 @@ class ThrottledObtainAuthToken(ObtainAuthToken):
                 {"error": {"status": 429, "code": "locked_out", "detail": lockout_message()}},
                 status=status.HTTP_429_TOO_MANY_REQUESTS,
             )
-        return super().post(request, *args, **kwargs)
+        response = super().post(request, *args, **kwargs)
+        if response.status_code == status.HTTP_200_OK:
+            # The token endpoint does not log the user in, so no user_logged_in signal: log here.
+            audit_log.info("token username=%r address=%s", username, client_address(request))
+        return response
 
 
 obtain_auth_token = ThrottledObtainAuthToken.as_view()

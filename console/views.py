@@ -3,6 +3,7 @@
 from django.contrib.auth.decorators import login_required
 from django.http import JsonResponse
 from django.shortcuts import render
+from django.views import defaults
 from django.views.decorators.cache import never_cache
 
 from console.models import Job, Node, RecoveryEpisode
@@ -30,13 +31,42 @@ def home(request):
     )
 
 
-def api_not_found(request, exception=None):
-    """404 for unknown paths: JSON under /api/, Django's page elsewhere."""
-    if request.path.startswith("/api/"):
-        return JsonResponse(
-            {"error": {"status": 404, "code": "not_found", "detail": "no such API resource"}},
-            status=404,
-        )
-    from django.views.defaults import page_not_found
+# Paths whose clients read JSON: errors there are JSON too, elsewhere the templates' pages.
+JSON_PREFIXES = ("/api/", "/django_plotly_dash/")
 
-    return page_not_found(request, exception)
+
+def _json_error(status: int, code: str, detail: str) -> JsonResponse:
+    body = {"error": {"status": status, "code": code, "detail": detail}}
+    return JsonResponse(body, status=status)
+
+
+def _wants_json(request) -> bool:
+    return request.path.startswith(JSON_PREFIXES)
+
+
+def bad_request(request, exception=None):
+    """400 (e.g. a host not in ALLOWED_HOSTS, a malformed body): JSON for API clients."""
+    if _wants_json(request):
+        return _json_error(400, "bad_request", "bad request: malformed or incomplete")
+    return defaults.bad_request(request, exception)
+
+
+def permission_denied(request, exception=None):
+    """403: JSON for API clients, the 403 page (with the reason) elsewhere."""
+    if _wants_json(request):
+        return _json_error(403, "permission_denied", str(exception or "not allowed"))
+    return defaults.permission_denied(request, exception)
+
+
+def api_not_found(request, exception=None):
+    """404 for unknown paths: JSON under /api/, the 404 page elsewhere."""
+    if _wants_json(request):
+        return _json_error(404, "not_found", "no such API resource")
+    return defaults.page_not_found(request, exception)
+
+
+def server_error(request):
+    """500: JSON for API clients, the 500 page elsewhere; never a traceback (see the log)."""
+    if _wants_json(request):
+        return _json_error(500, "server_error", "internal server error")
+    return defaults.server_error(request)

@@ -3,11 +3,14 @@
 from django.contrib import admin
 from django.contrib.auth import views as auth_views
 from django.urls import include, path
-from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
+from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerSplitView
 
 from console import views
 
+handler400 = "console.views.bad_request"
+handler403 = "console.views.permission_denied"
 handler404 = "console.views.api_not_found"
+handler500 = "console.views.server_error"
 
 urlpatterns = [
     path("", views.home, name="home"),
@@ -16,7 +19,9 @@ urlpatterns = [
     path("accounts/logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("admin/", admin.site.urls),
     path("api/schema/", SpectacularAPIView.as_view(), name="api-schema"),
-    path("api/docs/", SpectacularSwaggerView.as_view(url_name="api-schema"), name="api-docs"),
+    # The split view serves Swagger UI's start-up code as a script file, not inline: the CSP
+    # allows scripts from this site only.
+    path("api/docs/", SpectacularSwaggerSplitView.as_view(url_name="api-schema"), name="api-docs"),
     path("api/", include("console.api.urls")),
     path("console/", include("console.dash.urls")),
     path("django_plotly_dash/", include("django_plotly_dash.urls")),

@@ -25,6 +25,14 @@ from celery import shared_task
 from celery.signals import worker_ready, worker_shutting_down
 from django.conf import settings
 
+from console.policy.fault_params import (
+    DEFAULT_MAX_DURATION_S,
+    PAUSE_NODE,
+    STRESS_NODE,
+    FaultParamsError,
+    Limits,
+    validate_params,
+)
 from spark_runtime import keys as data_keys
 from workers import keys
 from workers.node_metrics import (
@@ -293,24 +301,99 @@ def kill_node(job_key: str | None = None) -> list[int]:
     return [p.pid for p in procs]
 
 
+class FaultRefusedByAgent(ValueError):
+    """A fault task whose params this node does not accept (logged and reported, not run)."""
+
+
+def agent_fault_limits() -> Limits:
+    """This agent's own bounds for fault params: its node's cores and the configured maximum
+    duration. The agent checks them again rather than trusting the task message."""
+    max_duration = getattr(settings, "FAULT_MAX_DURATION_S", DEFAULT_MAX_DURATION_S)
+    return Limits(max_duration_s=float(max_duration), cores=capacity_from_env().cpu_total)
+
+
+def check_fault_params(kind: str, params: dict) -> dict:
+    """`params` checked against this node's limits; a refusal is logged, reported on the agent
+    events stream (kind `refused`) and raised as FaultRefusedByAgent."""
+    try:
+        return validate_params(kind, params, agent_fault_limits())
+    except FaultParamsError as exc:
+        node = this_node()
+        log.error("node %s refuses %s: %s", node, kind, exc)
+        with contextlib.suppress(redis.RedisError):
+            redis_client().xadd(
+                keys.agent_events(),
+                {"kind": "refused", "node": node, "fault": kind, "detail": str(exc),
+                 "at": str(time.time())},
+                maxlen=keys.AGENT_EVENTS_MAXLEN,
+                approximate=True,
+            )  # fmt: skip
+        raise FaultRefusedByAgent(f"{kind} refused by node {node}: {exc}") from exc
+
+
+def pause_groups(client: redis.Redis, node: str, groups: list[int], duration_s: float) -> None:
+    """SIGSTOP process `groups` and record in Redis when they must be resumed (now + duration).
+
+    The deadline is written first: if the agent dies between the two steps, its successor still
+    resumes the groups (a SIGCONT to a running group is harmless).
+    """
+    resume_at = time.time() + duration_s
+    if groups:
+        client.hset(
+            keys.paused_groups(node),
+            mapping={str(g): json.dumps({"resume_at": resume_at}) for g in groups},
+        )
+    for group in groups:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(group, signal.SIGSTOP)
+
+
+def resume_due(client: redis.Redis, node: str, now: float | None = None) -> list[int]:
+    """SIGCONT every paused group of `node` whose deadline has passed; return those groups.
+
+    Called every second by the agent loop and once when the agent starts, so pauses end on time
+    even when the agent restarted while they ran.
+    """
+    now = time.time() if now is None else now
+    resumed = []
+    for group, entry in client.hgetall(keys.paused_groups(node)).items():
+        if json.loads(entry)["resume_at"] > now:
+            continue
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(int(group), signal.SIGCONT)
+        client.hdel(keys.paused_groups(node), group)
+        resumed.append(int(group))
+    if resumed:
+        log.info("node %s resumed paused process groups %s", node, resumed)
+    return resumed
+
+
 @shared_task(name="backstop.agent.pause_node", expires=30, time_limit=30, soft_time_limit=25)
 def pause_node(duration_s: float, job_key: str | None = None) -> list[int]:
     """SIGSTOP this node's stage processes for `duration_s` seconds (a hang or partition).
 
-    The SIGCONT is sent by a detached `sleep; kill -CONT` process, so the stages resume even if
-    this agent dies meanwhile.
+    A timer in this agent sends the SIGCONT when the deadline kept in Redis has passed, and the
+    agent loop checks the deadline every second too (see `resume_due`), so a restarted agent
+    still resumes the groups.
     """
-    procs = stage_processes(node=this_node(), job=job_key)
+    checked = check_fault_params(PAUSE_NODE, {"duration_s": duration_s})
+    node = this_node()
+    procs = stage_processes(node=node, job=job_key)
     groups = sorted({os.getpgid(p.pid) for p in procs})
-    for group in groups:
-        os.killpg(group, signal.SIGSTOP)
-    if groups:
-        resume = " ".join(f"-{g}" for g in groups)
-        subprocess.Popen(
-            ["sh", "-c", f"sleep {float(duration_s)}; kill -CONT -- {resume}"],
-            start_new_session=True,
-        )
+    pause_groups(redis_client(), node, groups, checked["duration_s"])
+    # On time to the millisecond while this agent lives; the loop's check covers a restart.
+    timer = threading.Timer(checked["duration_s"], _resume_due_quietly, args=(node,))
+    timer.daemon = True
+    timer.start()
+    log.info("node %s paused groups %s for %g s", node, groups, checked["duration_s"])
     return groups
+
+
+def _resume_due_quietly(node: str) -> None:
+    try:
+        resume_due(redis_client(), node)
+    except redis.RedisError as exc:
+        log.warning("node %s: could not resume paused groups now (the loop retries): %s", node, exc)
 
 
 @shared_task(name="backstop.agent.stress_node", expires=30, time_limit=30, soft_time_limit=25)
@@ -318,11 +401,13 @@ def stress_node(duration_s: float, workers: int = 1) -> list[int]:
     """Start `workers` CPU hogs tagged with this node for `duration_s` seconds; return their pids.
 
     The hogs run the stage entry point's neighbour `workers.cpu_hog`, which exits on its own.
+    The agent refuses more hogs than its node has cores and durations over the maximum.
     """
+    checked = check_fault_params(STRESS_NODE, {"duration_s": duration_s, "workers": workers})
     pids = []
-    for _ in range(max(1, int(workers))):
+    for _ in range(checked["workers"]):
         proc = subprocess.Popen(
-            [sys.executable, "-m", "workers.cpu_hog", str(float(duration_s)), this_node()],
+            [sys.executable, "-m", "workers.cpu_hog", str(checked["duration_s"]), this_node()],
             start_new_session=True,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
@@ -361,6 +446,7 @@ def publish_forever(node: str, sampler: NodeSampler) -> None:
     client = redis_client()
     while not _stop.wait(PUBLISH_INTERVAL_S):
         try:
+            resume_due(client, node)
             reconcile_spares(client, node)
             usage = {**sampler.sample().to_dict(), "spares": idle_spares(client, node)}
             payload = json.dumps(usage)
@@ -399,6 +485,11 @@ def start_agent_loop(sender=None, **kwargs) -> None:
     from web.env import env
 
     scope = env("BACKSTOP_NODE_SCOPE", PROCESSES)
+    try:
+        # Pauses that ended while no agent ran end now, not a loop interval later.
+        resume_due(redis_client(), node)
+    except redis.RedisError as exc:
+        log.warning("node %s: could not read paused groups from Redis: %s", node, exc)
     sampler = NodeSampler(node, capacity_from_env(), scope=scope)
     threading.Thread(
         target=publish_forever, args=(node, sampler), name=f"agent-{node}", daemon=True

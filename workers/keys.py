@@ -54,3 +54,9 @@ def agent_events_cursor(job_key: str) -> str:
 def ingest_cursor(stream: str) -> str:
     """The last entry id of `stream` (a progress or node-metrics stream) stored as metrics."""
     return f"{stream}:ingest-cursor"
+
+
+def paused_groups(node: str) -> str:
+    """Hash of the process groups a pause-node fault stopped on `node`: pgid -> JSON with the
+    time (epoch seconds) the agent must resume them, so a restarted agent still resumes them."""
+    return f"backstop:node:{node}:paused"

@@ -75,7 +75,10 @@ class ReplicaSerializer(serializers.ModelSerializer):
 class JobSerializer(serializers.ModelSerializer):
     operators = OperatorSerializer(many=True, read_only=True)
     replicas = ReplicaSerializer(many=True, read_only=True)
-    created_by = serializers.SlugRelatedField(slug_field="username", read_only=True)
+    # null for jobs started by the system (demo, bench) or whose user was deleted.
+    created_by = serializers.SlugRelatedField(
+        slug_field="username", read_only=True, allow_null=True
+    )
 
     class Meta:
         model = Job
@@ -110,7 +113,9 @@ class FaultInjectionSerializer(serializers.ModelSerializer):
     target_node = serializers.SlugRelatedField(
         slug_field="name", queryset=Node.objects.all(), required=False, allow_null=True
     )
-    requested_by = serializers.SlugRelatedField(slug_field="username", read_only=True)
+    requested_by = serializers.SlugRelatedField(
+        slug_field="username", read_only=True, allow_null=True
+    )
 
     class Meta:
         model = FaultInjection
@@ -158,7 +163,10 @@ class RecoveryEpisodeSerializer(serializers.ModelSerializer):
 
 
 class PolicySerializer(serializers.ModelSerializer):
-    created_by = serializers.SlugRelatedField(slug_field="username", read_only=True)
+    # null for the default version (no one wrote it) or when the user was deleted.
+    created_by = serializers.SlugRelatedField(
+        slug_field="username", read_only=True, allow_null=True
+    )
 
     class Meta:
         model = Policy

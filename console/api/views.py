@@ -18,6 +18,7 @@ from console.api.serializers import (
     RecoveryEpisodeSerializer,
 )
 from console.models import Job, Node, Policy
+from console.policy.config import request_errors
 from console.services import faults as fault_service
 from console.services import jobs as job_service
 from console.services import policy as policy_service
@@ -117,7 +118,9 @@ class NodeViewSet(viewsets.ReadOnlyModelViewSet):
 
 
 class PolicyView(APIView):
-    """The policy version in force (GET) and changes to it (PUT/PATCH, admin): a new version."""
+    """The policy version in force (GET) and changes to it (admin), each written as a new version:
+    PATCH changes the fields given; PUT replaces the whole policy (every field required). Unknown
+    fields and booleans are refused, values must stay within the bounds of docs/POLICY.md."""
 
     permission_classes = [AdminWrites]
     serializer_class = PolicySerializer
@@ -125,13 +128,19 @@ class PolicyView(APIView):
     def get(self, request):
         return Response(PolicySerializer(Policy.current()).data)
 
+    @extend_schema(responses={201: PolicySerializer})
     def patch(self, request):
         return self._change(request, partial=True)
 
+    @extend_schema(responses={201: PolicySerializer})
     def put(self, request):
         return self._change(request, partial=False)
 
     def _change(self, request, partial: bool):
+        # Checked on the raw body: the serializer would drop unknown keys and turn `true` into 1.0.
+        errors = request_errors(request.data, full=not partial)
+        if errors:
+            raise ValidationError({field: [message] for field, message in errors.items()})
         serializer = PolicySerializer(data=request.data, partial=partial)
         serializer.is_valid(raise_exception=True)
         changes = dict(serializer.validated_data)
@@ -139,7 +148,7 @@ class PolicyView(APIView):
         try:
             policy = policy_service.change_policy(changes, user=request.user, reason=reason)
         except policy_service.PolicyRejected as exc:
-            raise ValidationError(exc.errors) from exc
+            raise ValidationError({k: [v] for k, v in exc.errors.items()}) from exc
         return Response(PolicySerializer(policy).data, status=status.HTTP_201_CREATED)
 
 
@@ -170,5 +179,5 @@ class PolicyRevertView(APIView):
         except Policy.DoesNotExist as exc:
             raise NotFound(f"no policy version {version}") from exc
         except policy_service.PolicyRejected as exc:
-            raise ValidationError(exc.errors) from exc
+            raise ValidationError({k: [v] for k, v in exc.errors.items()}) from exc
         return Response(PolicySerializer(policy).data, status=status.HTTP_201_CREATED)

@@ -1,13 +1,16 @@
 """The console's write actions, each checking the Django user's role on the server first.
 
 Hiding buttons is only a convenience: the Dash update endpoint can be called by hand, so every
-action here refuses users below the required role before touching anything. All writes go
-through console.services, the same code the REST API uses.
+action here refuses users below the required role (RoleRefused, a 403) before touching anything.
+All writes go through console.services, the same code the REST API uses.
 """
 
 from __future__ import annotations
 
+from django.core.exceptions import PermissionDenied
+
 from console.models import FaultInjection, Job, Node, Policy
+from console.policy.config import request_errors
 from console.roles import ADMIN, OPERATOR
 from console.services import jobs as job_service
 from console.services.authz import RoleRequired, check_role
@@ -19,11 +22,17 @@ class ActionRefused(Exception):
     """The action was not carried out; the message says why, for the person who asked."""
 
 
+class RoleRefused(PermissionDenied):
+    """The user's role does not allow the action. Not shown as a message: it leaves the callback,
+    and Django answers the Dash update request with 403 (only a forged request gets here; the
+    controls are not rendered for users below the role)."""
+
+
 def _require(user, role: str) -> None:
     try:
         check_role(user, role)
     except RoleRequired as exc:
-        raise ActionRefused(str(exc)) from exc
+        raise RoleRefused(str(exc)) from exc
 
 
 def start_job(user, *, name: str, topology: str, strategy: str, rate) -> Job:
@@ -53,15 +62,27 @@ def stop_job(user, job_id) -> Job:
 
 
 def inject_fault(
-    user, job_id, *, kind: str, operator: str | None, node_id, duration_s
+    user, job_id, *, kind: str, operator: str | None, node_id, duration_s, workers=None
 ) -> FaultInjection:
-    """Record a fault request for the controller, as POST /api/jobs/{id}/faults/ does."""
+    """Record a fault request for the controller, as POST /api/jobs/{id}/faults/ does.
+
+    Empty inputs take the kind's defaults; anything given goes to the fault service, which
+    refuses wrong types and out-of-bound values with the same message as the API.
+    """
     _require(user, OPERATOR)
-    job = Job.objects.filter(pk=job_id).first()
+    job = Job.objects.filter(pk=job_id).first() if _is_id(job_id) else None
     if job is None:
         raise ActionRefused("no such job")
+    if not isinstance(kind, str) or not isinstance(operator, str | None):
+        raise ActionRefused("kind, target_operator: choose them from the lists")
+    if node_id not in (None, "") and not _is_id(node_id):
+        raise ActionRefused(f"target_node: not a node id: {node_id!r:.40}")
     node = Node.objects.filter(pk=node_id).first() if node_id else None
-    params = {"duration_s": duration_s} if duration_s else {}
+    params = {}
+    if duration_s not in (None, ""):
+        params["duration_s"] = duration_s
+    if workers not in (None, ""):
+        params["workers"] = workers
     try:
         return request_fault(
             job,
@@ -75,11 +96,26 @@ def inject_fault(
         raise ActionRefused(str(exc)) from exc
 
 
+def _is_id(value) -> bool:
+    """A primary key as a Dash component sends it: an int (not a bool) or a string of digits."""
+    if isinstance(value, bool):
+        return False
+    return isinstance(value, int) or (isinstance(value, str) and value.isdigit())
+
+
 def change_threshold(user, *, field: str, value, reason: str):
     """Write a new policy version with one threshold changed, as PATCH /api/policy/ does."""
     _require(user, ADMIN)
     if not field or value is None:
         raise ActionRefused("choose a threshold and give it a value")
+    # The endpoint can be called by hand: check the field and the raw value as the API does.
+    if not isinstance(field, str) or field not in Policy.threshold_field_names():
+        raise ActionRefused(f"{field!s:.60}: unknown policy field")
+    if not isinstance(reason, str | None):
+        raise ActionRefused("reason: must be text")
+    errors = request_errors({field: value}, full=False)
+    if errors:
+        raise ActionRefused("; ".join(errors.values()))
     # Number inputs send 5.0 for 5; integer thresholds (q_samples, slow_task_limit) need an int.
     current = getattr(Policy.current(), field, None)
     if isinstance(current, int) and isinstance(value, float) and value.is_integer():

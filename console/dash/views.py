@@ -1,6 +1,7 @@
 """Django views that host the Dash pages: login required, one template per page."""
 
 from django.contrib.auth.decorators import login_required
+from django.middleware.csrf import get_token
 from django.shortcuts import get_object_or_404, render
 
 from console.dash.job.app import APP_NAME as JOB_APP
@@ -12,6 +13,8 @@ from console.models import Job
 
 
 def _page(request, template: str, app_name: str, section: str, **context):
+    # Sets the CSRF cookie: Dash's callback requests send its token back (console.dash.access).
+    get_token(request)
     return render(
         request,
         template,

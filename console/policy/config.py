@@ -19,6 +19,91 @@ SUM_TOLERANCE = 1e-6
 MAX_SPARES_PER_NODE = 4
 
 
+@dataclass(frozen=True)
+class Bound:
+    """The range a policy field must stay in to keep the controller working, and why."""
+
+    low: float
+    high: float
+    why: str
+    # An open end excludes the value itself (a rate of 0, a band of 1).
+    low_open: bool = False
+    high_open: bool = False
+
+    def contains(self, value: float) -> bool:
+        above = value > self.low if self.low_open else value >= self.low
+        below = value < self.high if self.high_open else value <= self.high
+        return above and below
+
+    def interval(self) -> str:
+        """The range in interval notation, e.g. "[0.5, 60]" or "(0, 1]"."""
+        low, high = "(" if self.low_open else "[", ")" if self.high_open else "]"
+        return f"{low}{self.low:g}, {self.high:g}{high}"
+
+    def message(self) -> str:
+        if self.low_open and self.high_open:
+            return f"must be between {self.low:g} and {self.high:g} (exclusive)"
+        if self.low_open:
+            return f"must be more than {self.low:g} and at most {self.high:g}"
+        if self.high_open:
+            return f"must be at least {self.low:g} and less than {self.high:g}"
+        return f"must be between {self.low:g} and {self.high:g}"
+
+
+_WEIGHT = Bound(0.0, 1.0, "a weight or share in [0, 1]; weights of a group also sum to 1")
+_UTILISATION = Bound(
+    0.0, 1.0, "a utilisation threshold (C_const, M_const) in (0, 1]", low_open=True
+)
+
+# Every numeric field's range (docs/POLICY.md, "Bounds", explains each one).
+BOUNDS: dict[str, Bound] = {
+    "w_type": _WEIGHT,
+    "w_resource": _WEIGHT,
+    "w_dependency": _WEIGHT,
+    "alpha_cpu": _WEIGHT,
+    "beta_mem": _WEIGHT,
+    "priority_threshold": Bound(0.0, 1.0, "P_eff lies in [0, 1]; outside, every operator "
+                                "would be active or none"),
+    "fault_risk_weight": _WEIGHT,
+    "q_w_cpu": _WEIGHT,
+    "q_w_mem": _WEIGHT,
+    "q_w_disk": _WEIGHT,
+    "q_w_bw": _WEIGHT,
+    "q_decay_lambda": Bound(0.0, 10.0, "exp(-10) is 5e-5: beyond 10 only the newest sample "
+                            "counts anyway, and huge values only risk overflow"),
+    "q_samples": Bound(1, 1000, "at least the newest sample; Q sums this many samples per node "
+                       "every cycle"),
+    "resource_reserve": Bound(0.0, 0.9, "a reserve over 90% leaves no room for any standby"),
+    "checkpoint_min_s": Bound(0.1, 600.0, "below 100 ms Spark would spend its time writing "
+                              "checkpoints"),
+    "checkpoint_max_s": Bound(1.0, 3600.0, "an hour of replay after a failure is the most a "
+                              "passive operator should lose; also above checkpoint_min_s"),
+    "interval_horizon_s": Bound(1.0, 86_400.0, "T in C_initial: a second to a day"),
+    "checkpoint_cost_s": Bound(0.01, 600.0, "T_checkpoint: positive, at most ten minutes"),
+    "recovery_cost_s": Bound(0.1, 3600.0, "T_recover: positive (it divides C_initial), at most "
+                             "an hour"),
+    "cpu_const": _UTILISATION,
+    "mem_const": _UTILISATION,
+    "slow_task_limit": Bound(1, 1000, "at least one slow task must be able to trigger"),
+    "fault_rate_prior": Bound(0.0, 1.0, "fr divides C_initial: 0 would be a division by zero",
+                              low_open=True),
+    "warm_spares_per_node": Bound(0, MAX_SPARES_PER_NODE, "each spare holds a JVM (0.5-1 GB)"),
+    "heartbeat_timeout_s": Bound(1.0, 300.0, "episodes are back-dated by it to the failure; "
+                                 "stages renew their heartbeat every 0.5 s with a 3 s TTL, so "
+                                 "under 1 s or over 5 min misplaces the fault"),
+    "cycle_interval_s": Bound(0.5, 60.0, "the controller ticks every 0.25 s; a cycle (metrics, "
+                              "policy, database writes) under 0.5 s would crowd out the ticks, "
+                              "and over 60 s a starting job waits that long to be marked "
+                              "running and recoveries are measured that late"),
+    "recovery_band": Bound(0.0, 1.0, "a band of 0 is never met, 1 accepts no output at all",
+                           low_open=True, high_open=True),
+    "recovery_stable_window_s": Bound(1.0, 3600.0, "at least one progress sample; an hour at "
+                                      "most, or episodes stay open for ever"),
+    "reference_window_s": Bound(1.0, 3600.0, "at least one progress sample before the fault"),
+    "warmup_s": Bound(0.0, 3600.0, "ignored start of a job; an hour at most"),
+}  # fmt: skip
+
+
 class PolicyConfigError(ValueError):
     """A policy configuration is invalid; `errors` maps each bad field to a message naming it."""
 
@@ -103,22 +188,9 @@ class PolicyConfig:
         def numeric(*names: str) -> bool:
             return all(n not in errors for n in names)
 
-        unit = (
-            "w_type",
-            "w_resource",
-            "w_dependency",
-            "alpha_cpu",
-            "beta_mem",
-            "priority_threshold",
-            "fault_risk_weight",
-            "q_w_cpu",
-            "q_w_mem",
-            "q_w_disk",
-            "q_w_bw",
-        )
-        for name in unit:
+        for name, bound in BOUNDS.items():
             if numeric(name):
-                check(name, 0.0 <= getattr(self, name) <= 1.0, "must be between 0 and 1")
+                check(name, bound.contains(getattr(self, name)), bound.message())
 
         groups = {
             "w_type": ("w_type", "w_resource", "w_dependency"),
@@ -132,54 +204,12 @@ class PolicyConfig:
                     # Reported under the first field so the form shows it next to the group.
                     errors[key] = f"{key}: {' + '.join(names)} must sum to 1 (got {total:.6g})"
 
-        if numeric("q_decay_lambda"):
-            check("q_decay_lambda", self.q_decay_lambda >= 0, "must be >= 0")
-        if numeric("q_samples"):
-            check("q_samples", 1 <= self.q_samples <= 1000, "must be between 1 and 1000")
-        if numeric("resource_reserve"):
-            check(
-                "resource_reserve", 0.0 <= self.resource_reserve <= 0.9, "must be between 0 and 0.9"
-            )
-        if numeric("checkpoint_min_s"):
-            check("checkpoint_min_s", self.checkpoint_min_s > 0, "must be > 0")
-        if numeric("checkpoint_max_s"):
-            check("checkpoint_max_s", self.checkpoint_max_s <= 3600, "must be <= 3600")
         if numeric("checkpoint_min_s", "checkpoint_max_s"):
             check(
                 "checkpoint_max_s",
                 self.checkpoint_min_s < self.checkpoint_max_s,
                 "must be greater than checkpoint_min_s",
             )
-        for name in (
-            "interval_horizon_s",
-            "checkpoint_cost_s",
-            "recovery_cost_s",
-            "heartbeat_timeout_s",
-            "cycle_interval_s",
-            "recovery_stable_window_s",
-            "reference_window_s",
-        ):
-            if numeric(name):
-                check(name, getattr(self, name) > 0, "must be > 0")
-        for name in ("cpu_const", "mem_const", "fault_rate_prior"):
-            if numeric(name):
-                check(name, 0.0 < getattr(self, name) <= 1.0, "must be > 0 and <= 1")
-        if numeric("warm_spares_per_node"):
-            check(
-                "warm_spares_per_node",
-                0 <= self.warm_spares_per_node <= MAX_SPARES_PER_NODE,
-                f"must be between 0 and {MAX_SPARES_PER_NODE}",
-            )
-        if numeric("slow_task_limit"):
-            check("slow_task_limit", self.slow_task_limit >= 1, "must be >= 1")
-        if numeric("recovery_band"):
-            check(
-                "recovery_band",
-                0.0 < self.recovery_band < 1.0,
-                "must be between 0 and 1 (exclusive)",
-            )
-        if numeric("warmup_s"):
-            check("warmup_s", self.warmup_s >= 0, "must be >= 0")
 
         if errors:
             raise PolicyConfigError(errors)
@@ -198,3 +228,39 @@ class PolicyConfig:
         config = cls(**data)
         config.validate()
         return config
+
+
+# Keys a policy request may carry besides the fields: why it changes, and the read-only fields
+# of a GET body (ignored, so a body read with GET can be edited and sent back with PUT).
+REQUEST_EXTRA_KEYS = ("reason",)
+READ_ONLY_KEYS = ("version", "created_at", "created_by")
+
+
+def request_errors(data, *, full: bool) -> dict[str, str]:
+    """What is wrong with a policy change request before any value is converted.
+
+    `data` must be a JSON object; unknown keys are refused; a boolean is not a number (JSON
+    `true` would otherwise become 1.0); with `full` (PUT) every field is required, because PUT
+    replaces the whole policy; without it (PATCH) at least one field must be given.
+    """
+    if not isinstance(data, dict):
+        return {"non_field_errors": f"expected a JSON object, got {type(data).__name__}"}
+    known = [f.name for f in fields(PolicyConfig)]
+    errors: dict[str, str] = {}
+    for key in data:
+        if key in REQUEST_EXTRA_KEYS or key in READ_ONLY_KEYS:
+            continue
+        if key not in known:
+            errors[str(key)] = f"{key!s:.60}: unknown policy field"
+        elif isinstance(data[key], bool):
+            errors[key] = f"{key}: must be a number, not a boolean"
+    given = [name for name in known if name in data]
+    if full:
+        for name in known:
+            if name not in given:
+                errors[name] = (
+                    f"{name}: required (PUT replaces the whole policy; PATCH changes some fields)"
+                )
+    elif not given and not errors:
+        errors["non_field_errors"] = "give at least one policy field to change"
+    return errors

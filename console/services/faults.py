@@ -2,12 +2,21 @@
 
 from __future__ import annotations
 
+import json
 from datetime import timedelta
 
 from django.conf import settings
 from django.utils import timezone
 
 from console.models import FaultInjection, Job, Node
+from console.policy.fault_params import (
+    DEFAULT_DURATION_S,
+    DEFAULT_MAX_DURATION_S,
+    DEFAULT_STRESS_WORKERS,
+    FaultParamsError,
+    Limits,
+    validate_params,
+)
 from console.services.jobs import dispatch
 from workers.redis_client import redis_client
 
@@ -25,6 +34,37 @@ def fault_rate_limit_per_minute() -> int:
     return getattr(settings, "FAULT_RATE_LIMIT_PER_MINUTE", 6)
 
 
+def fault_max_duration_s() -> float:
+    """The longest pause or stress a fault may ask for (settings FAULT_MAX_DURATION_S)."""
+    return float(getattr(settings, "FAULT_MAX_DURATION_S", DEFAULT_MAX_DURATION_S))
+
+
+def node_cores(node: Node | None) -> float | None:
+    """The cores of `node`: from its agent's latest sample in Redis, else its registration."""
+    if node is None:
+        return None
+    import redis
+
+    from workers import keys
+
+    try:
+        client = redis.Redis.from_url(settings.REDIS_URL, decode_responses=True)
+        latest = client.get(keys.node_heartbeat(node.name))
+    except redis.RedisError:
+        latest = None
+    if latest:
+        try:
+            return float(json.loads(latest)["cpu_total"])
+        except (ValueError, KeyError, TypeError):
+            pass  # a malformed sample: fall back to the registered capacity
+    return node.cpu_total
+
+
+def fault_limits(node: Node | None) -> Limits:
+    """The bounds of a fault's params on `node` (see console.policy.fault_params)."""
+    return Limits(max_duration_s=fault_max_duration_s(), cores=node_cores(node))
+
+
 def request_fault(
     job: Job,
     kind: str,
@@ -36,12 +76,13 @@ def request_fault(
 ) -> FaultInjection:
     """Validate and record a fault request; the controller injects pending faults.
 
-    Refuses faults on jobs that are not running (409), unknown operators or missing nodes (400),
-    and more than `FAULT_RATE_LIMIT_PER_MINUTE` faults per job per minute (429).
+    Refuses params that the kind does not accept or that exceed the target node's bounds (400,
+    see console.policy.fault_params), faults on jobs that are not running (409), unknown
+    operators or missing nodes (400), and more than `FAULT_RATE_LIMIT_PER_MINUTE` faults per job
+    per minute (429).
     """
-    params = dict(params or {})
     if kind not in FaultInjection.Kind.values:
-        raise FaultRefused(f"kind: unknown fault kind {kind!r}", field="kind")
+        raise FaultRefused(f"kind: unknown fault kind {kind!r:.60}", field="kind")
     if job.status != Job.Status.RUNNING:
         raise FaultRefused(
             f"job {job.name!r} is {job.status}; faults can only be injected into running jobs",
@@ -60,16 +101,10 @@ def request_fault(
                 f"target_operator: job {job.name!r} has no operator {target_operator!r}",
                 field="target_operator",
             )
-    if "duration_s" in params:
-        duration = params["duration_s"]
-        if (
-            isinstance(duration, bool)
-            or not isinstance(duration, int | float)
-            or not (0 < duration <= 600)
-        ):
-            raise FaultRefused(
-                "params.duration_s: must be a number of seconds in (0, 600]", field="params"
-            )
+    try:
+        params = validate_params(kind, params, fault_limits(target_node))
+    except FaultParamsError as exc:
+        raise FaultRefused(str(exc), field="params") from exc
     recent = job.faults.filter(requested_at__gte=timezone.now() - timedelta(minutes=1)).count()
     if recent >= fault_rate_limit_per_minute():
         raise FaultRefused(
@@ -119,7 +154,7 @@ def inject(fault: FaultInjection) -> FaultInjection:
     if fault.outcome != FaultInjection.Outcome.PENDING:
         return fault
     job = fault.job
-    duration = float(fault.params.get("duration_s", 10))
+    duration = float(fault.params.get("duration_s", DEFAULT_DURATION_S))
     detail = ""
     if fault.kind in (FaultInjection.Kind.KILL_DRIVER, FaultInjection.Kind.KILL_STANDBY):
         role = "primary" if fault.kind == FaultInjection.Kind.KILL_DRIVER else "standby"
@@ -160,7 +195,7 @@ def inject(fault: FaultInjection) -> FaultInjection:
         )
         detail = f"SIGSTOP for {duration:g} s on {fault.target_node.name}"
     elif fault.kind == FaultInjection.Kind.STRESS_NODE:
-        workers = int(fault.params.get("workers", 2))
+        workers = int(fault.params.get("workers", DEFAULT_STRESS_WORKERS))
         agent.stress_node.apply_async(
             args=(duration, workers), queue=node_queue(fault.target_node.name)
         )

@@ -198,3 +198,39 @@ def test_viewer_sees_numbers_but_no_controls(live_server, browser, seeded_job, c
         # Controls arrive with the first callbacks; give them a refresh to show up if they would.
         page.wait_for_timeout(2500)
         assert page.locator(controls).count() == 0, path
+
+
+def test_pages_run_under_the_csp_and_send_the_csrf_token(
+    live_server, browser, seeded_job, console_users
+):
+    """Every console page renders and refreshes with the Content-Security-Policy and the CSRF
+    check on the Dash endpoint: no CSP violation, no refused callback."""
+    page = _log_in(browser, live_server.url, "victor")
+    problems = []
+    page.on(
+        "console",
+        lambda message: (
+            problems.append(message.text)
+            if "Content Security Policy" in message.text or "403" in message.text
+            else None
+        ),
+    )
+    updates = []
+    page.on(
+        "response",
+        lambda response: (
+            updates.append(response.status) if "_dash-update-component" in response.url else None
+        ),
+    )
+    for path, ready in (
+        ("/console/", "#jobs"),
+        (f"/console/jobs/{seeded_job.pk}/", "#operators"),
+        ("/console/placement/", "#node-node-a"),
+        ("/console/recoveries/", ".js-plotly-plot"),
+        ("/console/resources/", ".js-plotly-plot"),
+    ):
+        page.goto(f"{live_server.url}{path}")
+        page.wait_for_selector(ready)
+        page.wait_for_timeout(2500)  # at least one refresh callback
+    assert problems == []
+    assert updates and all(status in (200, 204) for status in updates), updates

@@ -7,6 +7,7 @@ import pytest
 from dash.exceptions import PreventUpdate
 from django.contrib.auth.models import AnonymousUser
 
+from console.dash.controls import RoleRefused
 from console.dash.job import callbacks as job_callbacks
 from console.dash.overview import callbacks as overview_callbacks
 from console.dash.placement import callbacks as placement_callbacks
@@ -128,8 +129,8 @@ def _inject(seeded, user, operator="split"):
 
 def test_a_viewer_cannot_inject_a_fault(seeded, users):
     before = FaultInjection.objects.count()
-    result = _inject(seeded, users[VIEWER])
-    assert "Not injected" in text_of(result)
+    with pytest.raises(RoleRefused, match="needs the operator role"):
+        _inject(seeded, users[VIEWER])
     assert FaultInjection.objects.count() == before
 
 
@@ -167,9 +168,8 @@ def test_the_confirm_step_names_the_fault_and_target(seeded):
 
 def test_stop_is_refused_for_a_viewer_and_works_for_an_operator(seeded, users):
     job = seeded.baseline
-    assert "Not stopped" in text_of(
+    with pytest.raises(RoleRefused):
         job_callbacks.stop_confirmed(1, _job_path(job), user=users[VIEWER])
-    )
     job.refresh_from_db()
     assert job.status == Job.Status.RUNNING
     overview_callbacks.stop_confirmed(1, job.pk, user=users[OPERATOR])
@@ -179,7 +179,8 @@ def test_stop_is_refused_for_a_viewer_and_works_for_an_operator(seeded, users):
 
 def test_start_is_refused_for_a_viewer_and_creates_a_job_for_an_operator(seeded, users):
     args = (1, "new-wc", "wordcount", "adaptive", 300)
-    assert "Not started" in text_of(overview_callbacks.start_clicked(*args, user=users[VIEWER]))
+    with pytest.raises(RoleRefused):
+        overview_callbacks.start_clicked(*args, user=users[VIEWER])
     assert not Job.objects.filter(name="new-wc").exists()
     overview_callbacks.start_clicked(*args, user=users[OPERATOR])
     job = Job.objects.get(name="new-wc")
@@ -188,10 +189,10 @@ def test_start_is_refused_for_a_viewer_and_creates_a_job_for_an_operator(seeded,
 
 def test_thresholds_change_only_for_admins(seeded, users):
     version = Policy.current().version
-    refused = placement_callbacks.threshold_confirmed(
-        1, "resource_reserve", 0.3, "more headroom", user=users[OPERATOR]
-    )
-    assert "Not saved" in text_of(refused)
+    with pytest.raises(RoleRefused, match="needs the admin role"):
+        placement_callbacks.threshold_confirmed(
+            1, "resource_reserve", 0.3, "more headroom", user=users[OPERATOR]
+        )
     assert Policy.current().version == version
     placement_callbacks.threshold_confirmed(
         1, "resource_reserve", 0.3, "more headroom", user=users[ADMIN]
@@ -235,7 +236,7 @@ def test_pages_embed_their_dash_app(client, seeded, users):
 
 
 def test_the_dash_endpoint_checks_the_role_of_the_logged_in_user(client, seeded, users):
-    """A viewer posting straight to the update endpoint (no button needed) injects nothing."""
+    """A viewer posting straight to the update endpoint (no button needed) gets 403."""
     body = {
         "output": "fault-result.children",
         "outputs": {"id": "fault-result", "property": "children"},
@@ -246,14 +247,14 @@ def test_the_dash_endpoint_checks_the_role_of_the_logged_in_user(client, seeded,
             {"id": "fault-node", "property": "value", "value": None},
             {"id": "fault-duration", "property": "value", "value": None},
             {"id": "url", "property": "pathname", "value": _job_path(seeded.adaptive)},
+            {"id": "fault-workers", "property": "value", "value": None},
         ],
         "changedPropIds": ["fault-confirm.submit_n_clicks"],
     }
     url = "/django_plotly_dash/app/backstop-job/_dash-update-component"
     client.force_login(users[VIEWER])
     response = client.post(url, json.dumps(body), content_type="application/json")
-    assert response.status_code == 200
-    assert "Not injected" in response.content.decode()
+    assert response.status_code == 403
     assert not FaultInjection.objects.filter(target_operator="split").exists()
 
     client.force_login(users[OPERATOR])

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 from pathlib import Path
 
 import dj_database_url
@@ -16,6 +17,20 @@ SECRET_KEY = env("SECRET_KEY", "insecure-local-key-change-me")
 DEBUG = env("DEBUG", False, parse_bool)
 ALLOWED_HOSTS = env("ALLOWED_HOSTS", ["localhost", "127.0.0.1", "[::1]"], parse_list)
 CSRF_TRUSTED_ORIGINS = env("CSRF_TRUSTED_ORIGINS", [], parse_list)
+
+
+def _networks(raw: str) -> list[str]:
+    """Comma-separated addresses or CIDR blocks, each checked (a typo must not trust everyone)."""
+    entries = parse_list(raw)
+    for entry in entries:
+        ipaddress.ip_network(entry, strict=False)  # raises ValueError naming the bad entry
+    return entries
+
+
+# Reverse proxies in front of the web server (addresses or CIDR blocks, e.g.
+# "10.0.0.5,172.16.0.0/12"). X-Forwarded-For is believed only from these
+# (console.middleware.TrustedProxyMiddleware); empty: never, REMOTE_ADDR is the client.
+TRUSTED_PROXIES = env("TRUSTED_PROXIES", [], _networks)
 
 INSTALLED_APPS = [
     "django.contrib.admin",
@@ -34,7 +49,12 @@ INSTALLED_APPS = [
 ]
 
 MIDDLEWARE = [
+    # First, so every later step sees the real client address in REMOTE_ADDR.
+    "console.middleware.TrustedProxyMiddleware",
     "django.middleware.security.SecurityMiddleware",
+    # Before anything reads the body: 413 over DATA_UPLOAD_MAX_MEMORY_SIZE, 400 past JSON_MAX_DEPTH.
+    "console.middleware.RequestBodyLimitsMiddleware",
+    "console.middleware.ContentSecurityPolicyMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
@@ -44,6 +64,10 @@ MIDDLEWARE = [
     "django_plotly_dash.middleware.BaseMiddleware",
     "console.middleware.ApiJsonErrorsMiddleware",
 ]
+
+# Request bodies: larger ones get a JSON 413, JSON nested deeper a JSON 400 (console.middleware).
+DATA_UPLOAD_MAX_MEMORY_SIZE = env("DATA_UPLOAD_MAX_MEMORY_SIZE", 2_621_440, int)
+JSON_MAX_DEPTH = env("JSON_MAX_DEPTH", 64, int)
 
 ROOT_URLCONF = "web.urls"
 WSGI_APPLICATION = "web.wsgi.application"
@@ -120,14 +144,41 @@ STATICFILES_FINDERS = [
     "django_plotly_dash.finders.DashComponentFinder",
 ]
 
-# Dash pages are embedded in Django pages with iframes served from the same origin.
-X_FRAME_OPTIONS = "SAMEORIGIN"
+# Security headers on every response: nosniff, no referrer to other sites, and a CSP. Scripts
+# come from this site only; the one inline script is Dash's renderer start-up,
+# `var renderer = new DashRenderer();`, allowed by its hash (tests/dash/test_dash_access.py checks
+# that every inline script of every console page matches a hash listed here). Plotly sets inline
+# styles and draws images from data: URLs.
+SECURE_CONTENT_TYPE_NOSNIFF = True
+SECURE_REFERRER_POLICY = "same-origin"
+DASH_RENDERER_SCRIPT_HASH = "sha256-jZlsGVOhUAIcH+4PVs7QuGZkthRMgvT2n0ilH6/zTM0="
+CONTENT_SECURITY_POLICY = "; ".join(
+    [
+        "default-src 'self'",
+        f"script-src 'self' '{DASH_RENDERER_SCRIPT_HASH}'",
+        "style-src 'self' 'unsafe-inline'",
+        "img-src 'self' data: blob:",
+        "font-src 'self' data:",
+        "connect-src 'self'",
+        "object-src 'none'",
+        "base-uri 'self'",
+        "form-action 'self'",
+        "frame-ancestors 'none'",
+    ]
+)
+
+# No page is ever framed: the Dash apps are rendered into the Django pages (plotly_direct), not
+# in iframes.
+X_FRAME_OPTIONS = "DENY"
 PLOTLY_DASH = {
     "serve_locally": True,
     "cache_timeout_initial_arguments": 60,
-    # Dash endpoints need a login like every other console page.
-    "view_decorator": "django_plotly_dash.access.login_required",
+    # Dash endpoints need a session with a role and, for callback updates, a CSRF token.
+    "view_decorator": "console.dash.access.console_access",
 }
+# Dash's renderer sends the X-CSRFToken header from a cookie of this name; Django's forms and
+# checks follow the setting, so the console and Dash share one token.
+CSRF_COOKIE_NAME = "_csrf_token"
 
 REDIS_URL = env("REDIS_URL", "redis://127.0.0.1:6379/0", parse_url(("redis", "rediss", "unix")))
 
@@ -156,7 +207,7 @@ REST_FRAMEWORK = {
     "DEFAULT_PERMISSION_CLASSES": ["console.api.permissions.RolePermission"],
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
     "EXCEPTION_HANDLER": "console.api.exceptions.json_exception_handler",
-    "DEFAULT_PAGINATION_CLASS": "rest_framework.pagination.LimitOffsetPagination",
+    "DEFAULT_PAGINATION_CLASS": "console.api.pagination.BoundedLimitOffsetPagination",
     "PAGE_SIZE": 100,
 }
 SPECTACULAR_SETTINGS = {
@@ -169,6 +220,11 @@ SPECTACULAR_SETTINGS = {
     "SWAGGER_UI_DIST": "SIDECAR",
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
     "REDOC_DIST": "SIDECAR",
+    # drf-spectacular's default enum hook, then the error responses every operation can give.
+    "POSTPROCESSING_HOOKS": [
+        "drf_spectacular.hooks.postprocess_schema_enums",
+        "console.api.schema.document_errors",
+    ],
 }
 
 # Celery: JSON only, bounded time per task (cookiecutter-django, PostHog).
@@ -201,6 +257,8 @@ SPARK_MASTER = env("SPARK_MASTER", "local[2]")
 BACKSTOP_CHECKPOINT_ROOT = Path(env("BACKSTOP_CHECKPOINT_ROOT", str(VAR_DIR / "checkpoints")))
 CONTROLLER_DISPATCH = env("CONTROLLER_DISPATCH", True, parse_bool)
 FAULT_RATE_LIMIT_PER_MINUTE = env("FAULT_RATE_LIMIT_PER_MINUTE", 6, int)
+# Longest pause-node or stress-node a fault may ask for; node agents check it again.
+FAULT_MAX_DURATION_S = env("FAULT_MAX_DURATION_S", 600.0, float)
 METRIC_RETENTION_HOURS = env("METRIC_RETENTION_HOURS", 48, int)
 
 LOGGING = {

@@ -48,6 +48,7 @@ app.callback(
     State("fault-node", "value"),
     State("fault-duration", "value"),
     State("url", "pathname"),
+    State("fault-workers", "value"),
     prevent_initial_call=True,
 )(callbacks.inject_confirmed)
 app.callback(

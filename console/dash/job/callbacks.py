@@ -32,7 +32,9 @@ JOB_PATH = re.compile(r"/console/jobs/(\d+)/?$")
 
 def job_id_from_path(pathname: str | None) -> int | None:
     """The job id in /console/jobs/<id>/, or None for any other path."""
-    match = JOB_PATH.search(pathname or "")
+    if not isinstance(pathname, str):
+        return None  # a hand-made request to the Dash endpoint can send anything
+    match = JOB_PATH.search(pathname)
     return int(match.group(1)) if match else None
 
 
@@ -200,8 +202,11 @@ def ask_fault(n_clicks, kind, operator, node_id, pathname):
     return True, f"Inject {kind} on {target} of job #{job_id_from_path(pathname)}?"
 
 
-def inject_confirmed(submit_n_clicks, kind, operator, node_id, duration_s, pathname, user=None):
-    """Second step: the user confirmed; record the fault through the fault service."""
+def inject_confirmed(
+    submit_n_clicks, kind, operator, node_id, duration_s, pathname, workers=None, user=None
+):
+    """Second step: the user confirmed; record the fault through the fault service, which
+    checks the params (duration, CPU hogs) against the target node's bounds."""
     if not submit_n_clicks:
         raise PreventUpdate
     node_fault = kind in FaultInjection.NODE_KINDS
@@ -213,6 +218,7 @@ def inject_confirmed(submit_n_clicks, kind, operator, node_id, duration_s, pathn
             operator=None if node_fault else operator,
             node_id=node_id if node_fault else None,
             duration_s=duration_s,
+            workers=workers,
         )
     except controls.ActionRefused as exc:
         return message(f"Not injected: {exc}", ok=False)

@@ -41,6 +41,19 @@ def stop_demo_jobs() -> int:
     return ended
 
 
+def debug_note(debug: bool) -> str:
+    """How DEBUG is set for this run, and how to change it."""
+    if debug:
+        return (
+            "  DEBUG is on (DEBUG=1): error pages show tracebacks and settings to every "
+            "logged-in user; unset DEBUG before anyone else uses this console."
+        )
+    return (
+        "  DEBUG is off: errors show short pages, details go to the logs. For development, "
+        "run with DEBUG=1 (e.g. `DEBUG=1 bin/demo`) to get Django's debug pages."
+    )
+
+
 class Command(BaseCommand):
     help = "Run the Backstop demo console on this machine (Ctrl-C stops everything)."
 
@@ -110,9 +123,12 @@ class Command(BaseCommand):
             )
 
             self.step(5, total, f"web server on http://{host}:{port}/")
+            # --insecure: runserver serves the static files (CSS, Dash's scripts) with DEBUG off.
             group.start(
-                "web", [sys.executable, "manage.py", "runserver", f"{host}:{port}", "--noreload"]
-            )
+                "web",
+                [sys.executable, "manage.py", "runserver", f"{host}:{port}", "--noreload",
+                 "--insecure"],
+            )  # fmt: skip
             base_url = f"http://{host}:{port}"
             wait_for(
                 lambda: http_ok(f"{base_url}/healthz"),
@@ -138,7 +154,8 @@ class Command(BaseCommand):
             self.stdout.write("  Logins (also in var/demo-passwords.json):")
             for username, password in passwords.items():
                 self.stdout.write(f"    {username:9} {password}")
-            self.stdout.write(f"  Logs: {log_dir}/   Stop with Ctrl-C.\n")
+            self.stdout.write(f"  Logs: {log_dir}/   Stop with Ctrl-C.")
+            self.stdout.write(debug_note(settings.DEBUG) + "\n")
             if check:
                 return
             while True:

@@ -1,4 +1,7 @@
-"""`manage.py inject_fault JOB KIND [--operator NAME | --node NAME] [--duration S] --as USER`"""
+"""`manage.py inject_fault JOB KIND [--operator NAME | --node NAME] [--duration S] [--workers N]
+[--params JSON] --as USER`"""
+
+import json
 
 from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand, CommandError
@@ -18,12 +21,19 @@ class Command(BaseCommand):
         parser.add_argument("--operator", default="", help="target operator (stage faults)")
         parser.add_argument("--node", default="", help="target node (node faults)")
         parser.add_argument("--duration", type=float, help="seconds, for pause/stress")
+        parser.add_argument("--workers", type=int, help="CPU hogs, for stress-node")
+        parser.add_argument(
+            "--params",
+            default="",
+            help="the fault's params as a JSON object, e.g. '{\"workers\": 2}'",
+        )
         parser.add_argument("--as", dest="username", required=True, help="who asks (audited)")
         parser.add_argument(
             "--every", type=int, help="schedule a recurring drill every N seconds instead"
         )
 
-    def handle(self, *args, job, kind, operator, node, duration, username, every, **options):
+    def handle(self, *args, job, kind, operator, node, username, every, **options):
+        duration, workers, params = options["duration"], options["workers"], options["params"]
         user = get_user_model().objects.filter(username=username).first()
         if user is None or not has_role(user, OPERATOR):
             raise CommandError(f"--as {username}: only operators and admins may inject faults")
@@ -45,7 +55,7 @@ class Command(BaseCommand):
             )
             self.stdout.write(f"scheduled {task.name} every {every} s")
             return
-        params = {"duration_s": duration} if duration else {}
+        params = self.fault_params(params, duration, workers)
         try:
             fault = faults.request_fault(
                 target_job,
@@ -59,3 +69,17 @@ class Command(BaseCommand):
             raise CommandError(str(exc)) from exc
         fault = faults.inject(fault)
         self.stdout.write(f"fault {fault.pk}: {fault.outcome} ({fault.outcome_detail})")
+
+    @staticmethod
+    def fault_params(raw: str, duration: float | None, workers: int | None):
+        """--params JSON with --duration and --workers on top; the fault service checks them."""
+        try:
+            params = json.loads(raw) if raw else {}
+        except ValueError as exc:
+            raise CommandError(f"params: --params is not JSON ({exc})") from exc
+        if isinstance(params, dict):
+            if duration is not None:
+                params["duration_s"] = duration
+            if workers is not None:
+                params["workers"] = workers
+        return params

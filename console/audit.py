@@ -1,0 +1,40 @@
+"""Audit log lines for sign-ins: who, from which address, what happened.
+
+One line per login, failed login and logout on the `backstop.audit` logger, e.g.
+`login-failed username='ada' address=203.0.113.9`. The address is REMOTE_ADDR, which
+console.middleware.TrustedProxyMiddleware has already set to the real client behind a trusted
+proxy. Policy changes and faults are audited in the database (who and when, with a reason).
+"""
+
+import logging
+
+from django.contrib.auth.signals import user_logged_in, user_logged_out, user_login_failed
+from django.dispatch import receiver
+
+from console.auth_throttle import client_address
+
+audit_log = logging.getLogger("backstop.audit")
+
+
+@receiver(user_logged_in, dispatch_uid="backstop.audit_login")
+def audit_login(sender, request, user, **kwargs):
+    """A successful login (login page, admin, token endpoint)."""
+    audit_log.info("login username=%r address=%s", user.get_username(), client_address(request))
+
+
+@receiver(user_login_failed, dispatch_uid="backstop.audit_login_failed")
+def audit_login_failed(sender, credentials, request=None, **kwargs):
+    """A failed login (wrong password, unknown user, or refused while locked out)."""
+    username = credentials.get("username")
+    audit_log.warning(
+        "login-failed username=%r address=%s",
+        username if isinstance(username, str) else None,
+        client_address(request),
+    )
+
+
+@receiver(user_logged_out, dispatch_uid="backstop.audit_logout")
+def audit_logout(sender, request, user, **kwargs):
+    """A logout from the console or the admin."""
+    name = user.get_username() if user is not None else None
+    audit_log.info("logout username=%r address=%s", name, client_address(request))

@@ -1,0 +1,144 @@
+"""The node agent's side of pause-node and stress-node, against real processes and Redis:
+it checks the bounds again, and resumes paused process groups from Python when due, also
+after an agent restart."""
+
+import json
+import subprocess
+import sys
+import time
+
+import psutil
+import pytest
+import redis
+from django.conf import settings
+
+from workers import agent, keys
+
+NODE = "tn-pause"
+
+
+@pytest.fixture
+def client():
+    client = redis.Redis.from_url(settings.REDIS_URL, decode_responses=True)
+    client.delete(keys.paused_groups(NODE), keys.agent_events())
+    yield client
+    client.delete(keys.paused_groups(NODE), keys.agent_events())
+
+
+@pytest.fixture
+def node_env(monkeypatch):
+    monkeypatch.setenv("BACKSTOP_NODE", NODE)
+    monkeypatch.setenv("BACKSTOP_NODE_CPU", "2")
+
+
+@pytest.fixture
+def groups():
+    """Two process groups of `sleep` processes (a leader and a child each), like stages."""
+    leaders = [
+        subprocess.Popen(["sh", "-c", "sleep 60 & exec sleep 60"], start_new_session=True)
+        for _ in range(2)
+    ]
+    time.sleep(0.3)
+    yield leaders
+    for leader in leaders:
+        for proc in [*psutil.Process(leader.pid).children(), leader]:
+            proc.kill()
+        leader.wait()
+
+
+@pytest.fixture
+def fake_stage():
+    """A process that looks like a stage of NODE to the agent, in a group of its own."""
+    proc = subprocess.Popen(
+        [sys.executable, "-c", "import time; time.sleep(60)", "spark_runtime.stage",
+         "--node", NODE, "--job", "jk-pause"],
+        start_new_session=True,
+    )  # fmt: skip
+    time.sleep(0.3)
+    yield proc
+    proc.kill()
+    proc.wait()
+
+
+def _states(leaders) -> set[str]:
+    procs = [psutil.Process(p.pid) for p in leaders]
+    procs += [c for p in procs for c in p.children()]
+    return {p.status() for p in procs}
+
+
+def _wait_for_states(leaders, wanted: set[str], timeout_s: float = 5.0) -> set[str]:
+    deadline = time.monotonic() + timeout_s
+    while _states(leaders) != wanted and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return _states(leaders)
+
+
+def test_paused_groups_stop_and_resume_when_due(client, groups):
+    pgids = [p.pid for p in groups]
+    agent.pause_groups(client, NODE, pgids, duration_s=30)
+    assert _wait_for_states(groups, {psutil.STATUS_STOPPED}) == {psutil.STATUS_STOPPED}
+    deadline = json.loads(client.hget(keys.paused_groups(NODE), str(pgids[0])))["resume_at"]
+    assert time.time() + 25 < deadline <= time.time() + 30
+    assert agent.resume_due(client, NODE) == []  # not due yet: still stopped
+    assert _states(groups) == {psutil.STATUS_STOPPED}
+    assert sorted(agent.resume_due(client, NODE, now=deadline + 0.1)) == sorted(pgids)
+    assert _wait_for_states(groups, {psutil.STATUS_SLEEPING}) == {psutil.STATUS_SLEEPING}
+    assert client.hgetall(keys.paused_groups(NODE)) == {}
+
+
+def test_a_restarted_agent_resumes_pauses_that_ended_while_it_was_down(client, groups):
+    """Only Redis carries the deadline: a fresh connection (a new agent) finds and ends it."""
+    agent.pause_groups(client, NODE, [p.pid for p in groups], duration_s=0.5)
+    assert _wait_for_states(groups, {psutil.STATUS_STOPPED}) == {psutil.STATUS_STOPPED}
+    time.sleep(0.6)
+    restarted = redis.Redis.from_url(settings.REDIS_URL, decode_responses=True)
+    assert len(agent.resume_due(restarted, NODE)) == 2
+    assert _wait_for_states(groups, {psutil.STATUS_SLEEPING}) == {psutil.STATUS_SLEEPING}
+
+
+def test_a_group_that_ended_meanwhile_is_forgotten(client):
+    gone = subprocess.Popen(["true"], start_new_session=True)
+    gone.wait()
+    agent.pause_groups(client, NODE, [gone.pid], duration_s=0.1)
+    assert agent.resume_due(client, NODE, now=time.time() + 1) == [gone.pid]
+    assert client.hgetall(keys.paused_groups(NODE)) == {}
+
+
+def test_the_pause_node_task_stops_the_stage_group_until_due(client, node_env, fake_stage):
+    groups = agent.pause_node(5, "jk-pause")
+    assert groups == [fake_stage.pid]
+    assert _wait_for_states([fake_stage], {psutil.STATUS_STOPPED}) == {psutil.STATUS_STOPPED}
+    agent.resume_due(client, NODE, now=time.time() + 6)
+    assert _wait_for_states([fake_stage], {psutil.STATUS_SLEEPING}) == {psutil.STATUS_SLEEPING}
+
+
+@pytest.mark.parametrize(
+    "call, message",
+    [
+        (lambda: agent.stress_node(10, 3), "params.workers: must be between 1 and 2"),
+        (lambda: agent.stress_node(10, True), "params.workers: must be a whole number"),
+        (lambda: agent.stress_node(10**6, 1), "params.duration_s: must be more than 0"),
+        (lambda: agent.pause_node("lots"), "params.duration_s: must be a number of seconds"),
+        (lambda: agent.pause_node(601), "params.duration_s: must be more than 0 and at most 600"),
+    ],
+)
+def test_the_agent_refuses_out_of_bound_faults_and_reports_it(client, node_env, call, message):
+    """The agent does not trust the controller: the same bounds, from its own capacity."""
+    before = {p.pid for p in psutil.process_iter(["cmdline"])
+              if "workers.cpu_hog" in (p.info["cmdline"] or [])}  # fmt: skip
+    with pytest.raises(agent.FaultRefusedByAgent, match=message):
+        call()
+    events = [fields for _, fields in client.xrange(keys.agent_events())]
+    assert [(e["kind"], e["node"]) for e in events] == [("refused", NODE)]
+    assert message in events[0]["detail"]
+    after = {p.pid for p in psutil.process_iter(["cmdline"])
+             if "workers.cpu_hog" in (p.info["cmdline"] or [])}  # fmt: skip
+    assert after <= before  # no hog was started
+    assert client.hgetall(keys.paused_groups(NODE)) == {}
+
+
+def test_the_agent_runs_hogs_within_its_bounds(node_env):
+    pids = agent.stress_node(1, 2)
+    assert len(pids) == 2
+    for pid in pids:
+        psutil.Process(pid).wait(timeout=10)
