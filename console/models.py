@@ -427,6 +427,13 @@ class Policy(models.Model):
     recovery_stable_window_s = models.FloatField(default=30.0)
     reference_window_s = models.FloatField(default=60.0)
     warmup_s = models.FloatField(default=20.0)
+    # Restart policy: backoff of crash-looping replicas, and when to give up.
+    restart_initial_delay_s = models.FloatField(default=2.0)
+    restart_max_delay_s = models.FloatField(default=60.0)
+    restart_max_failures = models.PositiveIntegerField(
+        default=8, help_text="Failures of a stage within the window that fail the job"
+    )
+    restart_failure_window_s = models.FloatField(default=600.0)
 
     class Meta:
         ordering = ["-version"]

@@ -213,8 +213,11 @@ class LocalRunner:
         self.apply(self.supervisor.start(time.time()), time.time())
 
     def tick(self) -> None:
-        """One supervision round: observe, decide, act."""
+        """One supervision round: restarts whose backoff is over, then observe, decide, act."""
         now = time.time()
+        due = self.supervisor.tick(now)
+        if due:
+            self.apply(due, now)
         for event in observe(self.supervisor, self.launcher, self.client, self.job, now):
             if isinstance(event, ProcessExited | HeartbeatMissed):
                 self._mark_lost(event.replica_id, now)
@@ -233,6 +236,9 @@ class LocalRunner:
                 if stop is not None and stop():
                     break
                 self.tick()
+                if self.supervisor.gave_up:
+                    log.error("gave up on the job: %s", self.supervisor.gave_up)
+                    break
                 time.sleep(interval)
         finally:
             self.shutdown()

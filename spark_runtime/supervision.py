@@ -21,6 +21,15 @@ Strategies (spark_runtime/strategies.py defines each once):
 Re-protection: after a promotion the stage has no promotable standby until the new one reports
 `running` (caught up with its primary); `reprotections` records each such interval.
 
+Restart policy (`RestartPolicy`, Flink's exponential-delay strategy with a failure-rate limit):
+a replica that fails after it finished a batch since its launch is restarted at once (a fault:
+recovery time matters). One that fails again before it ever finished a batch is crash-looping:
+its restart waits (`BACKOFF`, carried out by `tick(now)`), twice as long after each further such
+failure, up to a cap. When a stage's primaries fail `max_failures` times within
+`failure_window_s`, the supervisor gives up on the job (`GiveUp`, the driver marks it failed);
+when its standbys do, the stage runs unprotected instead. `relaunch(now)` starts a given-up job
+again, each stage from its last primary's checkpoint.
+
 Racing a restart: when a primary fails while its standby is still catching up, the primary is
 restarted from its checkpoint; if the standby catches up before the restarted primary has
 finished a batch (a restart costs a driver, a session and a state load), the standby is promoted
@@ -51,6 +60,8 @@ RUNNING = "running"
 # A standby that is up but too far behind its primary to take over (it is not promoted).
 CATCHING_UP = "catching_up"
 PROMOTING = "promoting"
+# Failed and waiting out its restart delay; no process runs.
+BACKOFF = "backoff"
 FAILED = "failed"
 
 PRIMARY = "primary"
@@ -87,6 +98,26 @@ class ReplicaSpec:
         for param in self.params:
             args += ["--param", param]
         return args
+
+
+@dataclass(frozen=True)
+class RestartPolicy:
+    """When to restart a failed replica and when to give up (see the module doc).
+
+    `delay_s(n)` for the n-th failure in a row before the replica finished a batch: 0 for the
+    first (it may be a fault during start-up), then initial_delay_s, doubled each time, at most
+    max_delay_s.
+    """
+
+    initial_delay_s: float = 2.0
+    max_delay_s: float = 60.0
+    max_failures: int = 8
+    failure_window_s: float = 600.0
+
+    def delay_s(self, failures_in_a_row: int) -> float:
+        if failures_in_a_row <= 1:
+            return 0.0
+        return min(self.max_delay_s, self.initial_delay_s * 2 ** (failures_in_a_row - 2))
 
 
 # --- events ----------------------------------------------------------------------------------
@@ -157,6 +188,33 @@ class RestartJob:
     replicas: tuple[ReplicaSpec, ...]
 
 
+@dataclass(frozen=True)
+class ScheduleRestart:
+    """Make sure the replica is gone; `Supervisor.tick` restarts it at `at` (a backoff)."""
+
+    replica_id: str
+    stage: str
+    at: float
+    delay_s: float
+    whole_job: bool = False  # restart-all: the whole job restarts together then
+
+
+# GiveUp scopes.
+JOB = "job"
+STANDBY_PROTECTION = "standby"
+
+
+@dataclass(frozen=True)
+class GiveUp:
+    """Stop restarting. Scope JOB: every replica is killed (the KillReplica actions before this
+    one) and the driver marks the job failed with `reason`. Scope STANDBY_PROTECTION: `stage`
+    runs without a standby from now on; its primary keeps serving."""
+
+    stage: str
+    scope: str
+    reason: str
+
+
 @dataclass
 class Replica:
     """The supervisor's view of one replica."""
@@ -164,6 +222,10 @@ class Replica:
     spec: ReplicaSpec
     state: str
     since: float
+    launched_at: float = 0.0  # when its current process was asked for
+    healthy: bool = False  # finished a batch since launched_at
+    failures_in_a_row: int = 0  # failures since it last finished a batch
+    retry_at: float | None = None  # in BACKOFF: when tick() restarts it
 
     @property
     def id(self) -> str:
@@ -188,6 +250,7 @@ class Supervisor:
         params: tuple[str, ...] = (),
         startup_grace: float = 90.0,
         placement: dict[str, tuple[str, str | None]] | None = None,
+        restart_policy: RestartPolicy | None = None,
     ):
         if not nodes:
             raise ValueError("at least one node is needed")
@@ -219,6 +282,14 @@ class Supervisor:
         # Stage -> time its primary was restarted after a failure, until that primary reports a
         # finished batch; a standby that catches up meanwhile takes over (see the module doc).
         self.restarting: dict[str, float] = {}
+        # The driver may replace it at any time (the controller applies the policy in force).
+        self.restart_policy = restart_policy or RestartPolicy()
+        # "stage/role" -> times of its replicas' failures within the policy's window.
+        self.failures: dict[str, list[float]] = {}
+        # Stages whose standbys crash-looped: no standby is started for them any more.
+        self.unprotectable: set[str] = set()
+        # Why the job was given up on (None while it is supervised).
+        self.gave_up: str | None = None
 
     # -- helpers ------------------------------------------------------------------------------
 
@@ -252,8 +323,14 @@ class Supervisor:
         return self.nodes[0]
 
     def _add(self, spec: ReplicaSpec, now: float) -> StartReplica:
-        self.replicas[spec.replica_id] = Replica(spec, STARTING, now)
+        self.replicas[spec.replica_id] = Replica(spec, STARTING, now, launched_at=now)
         return StartReplica(spec)
+
+    @staticmethod
+    def _relaunched(replica: Replica, now: float) -> None:
+        """`replica`'s process is asked for again: it is starting and not yet healthy."""
+        replica.state, replica.since, replica.launched_at = STARTING, now, now
+        replica.healthy, replica.retry_at = False, None
 
     def of_stage(self, stage: str, role: str | None = None) -> list[Replica]:
         """Replicas of `stage` (optionally of one role) currently in the table."""
@@ -264,8 +341,8 @@ class Supervisor:
         ]
 
     def live(self) -> list[Replica]:
-        """Replicas the driver should watch (everything not already failed)."""
-        return [r for r in self.replicas.values() if r.state != FAILED]
+        """Replicas the driver should watch (everything with a process that should run)."""
+        return [r for r in self.replicas.values() if r.state not in (FAILED, BACKOFF)]
 
     def _standby_for(self, stage: str, primary_node: str, now: float) -> StartReplica:
         index = self.stages.index(stage) + 1
@@ -310,7 +387,7 @@ class Supervisor:
 
     def add_standby(self, stage: str, node: str, now: float) -> list:
         """Give `stage` a hot standby on `node` (the policy's decision); no-op if it has one."""
-        allowed = self.definition.on_failure == PROMOTE
+        allowed = self.definition.on_failure == PROMOTE and stage not in self.unprotectable
         if stage in self.stages and allowed and not self.has_standby(stage):
             self.active_stages.add(stage)
             self.history.append((now, f"add a standby for {stage} on {node}"))
@@ -340,6 +417,10 @@ class Supervisor:
             "unprotected_since": self.unprotected_since,
             "reprotections": [list(r) for r in self.reprotections[-50:]],
             "restarting": self.restarting,
+            "restart_policy": self.restart_policy.__dict__,
+            "failures": self.failures,
+            "unprotectable": sorted(self.unprotectable),
+            "gave_up": self.gave_up,
             "startup_grace": self.startup_grace,
             "placement": {k: list(v) for k, v in self.placement.items()},
             "counter": self._counter,
@@ -353,6 +434,10 @@ class Supervisor:
                     },
                     "state": r.state,
                     "since": r.since,
+                    "launched_at": r.launched_at,
+                    "healthy": r.healthy,
+                    "failures_in_a_row": r.failures_in_a_row,
+                    "retry_at": r.retry_at,
                 }
                 for r in self.replicas.values()
             ],
@@ -371,6 +456,7 @@ class Supervisor:
             params=tuple(data["params"]),
             startup_grace=data["startup_grace"],
             placement={k: tuple(v) for k, v in data.get("placement", {}).items()},
+            restart_policy=RestartPolicy(**data.get("restart_policy", {})),
         )
         # The strategy decides the initial active set; the snapshot's set is what counts now.
         sup.active_stages = set(data["active_stages"])
@@ -379,12 +465,23 @@ class Supervisor:
         sup.unprotected_since = dict(data.get("unprotected_since", {}))
         sup.reprotections = [tuple(r) for r in data.get("reprotections", [])]
         sup.restarting = dict(data.get("restarting", {}))
+        sup.failures = {k: list(v) for k, v in data.get("failures", {}).items()}
+        sup.unprotectable = set(data.get("unprotectable", ()))
+        sup.gave_up = data.get("gave_up")
         for item in data["replicas"]:
             raw = item["spec"]
             spec = ReplicaSpec(
                 **{**raw, "operators": tuple(raw["operators"]), "params": tuple(raw["params"])}
             )
-            sup.replicas[spec.replica_id] = Replica(spec, item["state"], item["since"])
+            sup.replicas[spec.replica_id] = Replica(
+                spec,
+                item["state"],
+                item["since"],
+                launched_at=item.get("launched_at", item["since"]),
+                healthy=item.get("healthy", False),
+                failures_in_a_row=item.get("failures_in_a_row", 0),
+                retry_at=item.get("retry_at"),
+            )
         return sup
 
     def stop(self) -> list:
@@ -396,7 +493,7 @@ class Supervisor:
     def handle(self, event) -> list:
         """Apply one event; returns the actions to carry out (possibly none)."""
         replica = self.replicas.get(event.replica_id)
-        if replica is None or replica.state == FAILED:
+        if replica is None or replica.state in (FAILED, BACKOFF):
             return []  # late news about a replica already dealt with
         if isinstance(event, HeartbeatSeen):
             return self._on_heartbeat(replica, event)
@@ -408,9 +505,57 @@ class Supervisor:
             return self._on_failure(replica, event.at, f"process exited ({event.code})")
         raise TypeError(f"unknown event {event!r}")
 
+    def tick(self, now: float) -> list:
+        """The restarts whose backoff delay is over (call it every round, events or not)."""
+        due = [r for r in self.replicas.values() if r.state == BACKOFF and r.retry_at <= now]
+        if not due:
+            return []
+        if self.definition.on_failure == RESTART_JOB:
+            for replica in self.replicas.values():
+                self._relaunched(replica, now)
+            self.history.append((now, "backoff over: restart job from checkpoints"))
+            return [RestartJob(tuple(r.spec for r in self.replicas.values()))]
+        for replica in due:
+            self._relaunched(replica, now)
+            self.history.append((now, f"backoff over: restart {replica.id} from its checkpoint"))
+        return [RestartStage(r.spec) for r in due]
+
+    def relaunch(self, now: float) -> list:
+        """Start a job given up on again: every stage's newest primary resumes its own
+        checkpoint, standbys are started anew, and the failure counts are forgotten."""
+        actions: list = []
+        for stage in self.stages:
+            for standby in self.of_stage(stage, STANDBY):
+                del self.replicas[standby.id]
+            primaries = sorted(self.of_stage(stage, PRIMARY), key=lambda r: r.launched_at)
+            for old in primaries[:-1]:
+                del self.replicas[old.id]
+            if not primaries:  # not expected (a stage keeps a primary entry); start a fresh one
+                node = self._node_for(self.stages.index(stage))
+                actions.append(self._add(self._new_spec(stage, PRIMARY, node), now))
+                continue
+            primary = primaries[-1]
+            self._relaunched(primary, now)
+            primary.failures_in_a_row = 0
+            actions.append(StartReplica(primary.spec))
+        self.failures.clear()
+        self.unprotectable.clear()
+        self.restarting.clear()
+        self.unprotected_since.clear()
+        self.gave_up = None
+        for stage in self.stages:
+            if stage in self.active_stages:
+                node = self.of_stage(stage, PRIMARY)[0].spec.node
+                actions.append(self._standby_for(stage, node, now))
+        self.history.append((now, "relaunch: every stage from its last primary's checkpoint"))
+        return actions
+
     def _on_heartbeat(self, replica: Replica, event: HeartbeatSeen) -> list:
         reported = event.reported or {}
         stage = replica.spec.stage
+        fresh = reported.get("started_at", 0) >= replica.launched_at - CLOCK_SLACK_S
+        if reported.get("batches") and fresh and not replica.healthy:
+            replica.healthy, replica.failures_in_a_row = True, 0
         restarted_at = self.restarting.get(stage)
         if (
             replica.role == PRIMARY
@@ -441,21 +586,59 @@ class Supervisor:
                 return self._on_promotion_failed(replica, event.at)
         return []
 
+    def _count_failure(self, replica: Replica, now: float) -> int:
+        """Record the failure; returns how many failures of the stage's replicas of this role
+        fell within the policy's window, this one included."""
+        if not replica.healthy:
+            replica.failures_in_a_row += 1
+        else:
+            replica.failures_in_a_row = 1
+        key = f"{replica.spec.stage}/{replica.role}"
+        window_start = now - self.restart_policy.failure_window_s
+        recent = [t for t in self.failures.get(key, []) if t > window_start] + [now]
+        self.failures[key] = recent
+        return len(recent)
+
+    def _restart(self, replica: Replica, now: float) -> list:
+        """Restart `replica` from its own checkpoint, at once or after its backoff delay."""
+        delay = self.restart_policy.delay_s(replica.failures_in_a_row)
+        if delay <= 0:
+            self._relaunched(replica, now)
+            self.history.append((now, f"restart {replica.id} from its checkpoint"))
+            return [RestartStage(replica.spec)]
+        replica.state, replica.since, replica.retry_at = BACKOFF, now, now + delay
+        self.history.append(
+            (now, f"restart {replica.id} in {delay:g} s: failure {replica.failures_in_a_row} "
+             "in a row before it finished a batch")
+        )  # fmt: skip
+        return [ScheduleRestart(replica.id, replica.spec.stage, now + delay, delay)]
+
     def _on_failure(self, replica: Replica, now: float, reason: str) -> list:
         stage = replica.spec.stage
         self.history.append((now, f"{replica.id} ({replica.role} of {stage}) failed: {reason}"))
+        recent = self._count_failure(replica, now)
+        if recent >= self.restart_policy.max_failures:
+            why = (
+                f"{stage}: {recent} {replica.role} failures within "
+                f"{self.restart_policy.failure_window_s:g} s (last: {replica.id}, {reason})"
+            )
+            standby_only = replica.role == STANDBY and replica.state != PROMOTING
+            if standby_only and self.definition.on_failure == PROMOTE:
+                return self._give_up_standby(stage, now, why)
+            return self._give_up_job(stage, now, why)
         if self.definition.on_failure == RESTART_JOB:
+            delay = self.restart_policy.delay_s(replica.failures_in_a_row)
+            if delay > 0:
+                return self._job_backoff(replica, now, delay)
             specs = tuple(r.spec for r in self.replicas.values())
             for r in self.replicas.values():
-                r.state, r.since = STARTING, now
+                self._relaunched(r, now)
             self.history.append((now, "restart job from checkpoints"))
             return [RestartJob(specs)]
         if replica.state == PROMOTING:
             return self._on_promotion_failed(replica, now)
         if replica.role == STANDBY:
-            replica.state, replica.since = STARTING, now
-            self.history.append((now, f"restart standby {replica.id} from its checkpoint"))
-            return [RestartStage(replica.spec)]
+            return self._restart(replica, now)
         standbys = [r for r in self.of_stage(stage, STANDBY) if r.state == RUNNING]
         if standbys:
             standby = standbys[0]
@@ -464,11 +647,42 @@ class Supervisor:
             self.unprotected_since[stage] = now  # until a new standby is caught up
             self.history.append((now, f"promote {standby.id} for {stage}"))
             return [KillReplica(replica.id), PromoteStandby(standby.id, stage)]
-        replica.state, replica.since = STARTING, now
         if self.of_stage(stage, STANDBY):
             self.restarting[stage] = now  # a standby still catching up may beat the restart
-        self.history.append((now, f"restart {replica.id} from its checkpoint"))
-        return [RestartStage(replica.spec)]
+        return self._restart(replica, now)
+
+    def _job_backoff(self, failed: Replica, now: float, delay: float) -> list:
+        """restart-all: every replica waits out the delay `failed` earned; the whole job restarts
+        together when it is over (see tick)."""
+        self.history.append(
+            (now, f"restart job in {delay:g} s: {failed.id} failed "
+             f"{failed.failures_in_a_row} times in a row before it finished a batch")
+        )  # fmt: skip
+        actions = []
+        for replica in self.replicas.values():
+            replica.state, replica.since, replica.retry_at = BACKOFF, now, now + delay
+            actions.append(
+                ScheduleRestart(replica.id, replica.spec.stage, now + delay, delay, whole_job=True)
+            )
+        return actions
+
+    def _give_up_job(self, stage: str, now: float, why: str) -> list:
+        """Stop everything and leave the replicas in the table (FAILED) for `relaunch`."""
+        self.gave_up = why
+        self.history.append((now, f"give up the job: {why}"))
+        actions: list = []
+        for replica in self.replicas.values():
+            if replica.state != FAILED:
+                actions.append(KillReplica(replica.id))
+            replica.state, replica.since, replica.retry_at = FAILED, now, None
+        return [*actions, GiveUp(stage, JOB, why)]
+
+    def _give_up_standby(self, stage: str, now: float, why: str) -> list:
+        """The stage's standbys keep failing: run the stage unprotected from now on."""
+        self.unprotectable.add(stage)
+        self.unprotected_since.pop(stage, None)
+        self.history.append((now, f"stop protecting {stage}: {why}"))
+        return [*self.drop_standby(stage), GiveUp(stage, STANDBY_PROTECTION, why)]
 
     def _promote_over_restart(self, standby: Replica, now: float) -> list:
         """`standby` caught up while its stage's primary is still restarting: promote it and
@@ -477,7 +691,7 @@ class Supervisor:
         restarted_at = self.restarting.pop(stage)
         actions: list = []
         for primary in self.of_stage(stage, PRIMARY):
-            primary.state = FAILED
+            primary.state, primary.retry_at = FAILED, None
             actions.append(KillReplica(primary.id))
         standby.state, standby.since = PROMOTING, now
         self.unprotected_since[stage] = now
@@ -508,11 +722,12 @@ class Supervisor:
         self.history.append((now, f"promotion of {standby.id} failed; restart {stage}"))
         actions: list = [KillReplica(standby.id)]
         del self.replicas[standby.id]
+        primary_node = None
         for old in self.of_stage(stage, PRIMARY):
-            old.state, old.since = STARTING, now
+            self._relaunched(old, now)
+            primary_node = old.spec.node
             actions.append(RestartStage(old.spec))
         if stage in self.active_stages:
-            primary_node = actions[-1].replica.node if len(actions) > 1 else None
             actions.append(self._standby_for(stage, primary_node, now))
         return actions
 
@@ -551,5 +766,9 @@ def execute(actions: list, launcher: Launcher, send_command) -> None:
                 launcher.kill(spec.replica_id)
             for spec in action.replicas:
                 launcher.start(spec)
+        elif isinstance(action, ScheduleRestart):
+            launcher.kill(action.replica_id)  # the restart itself comes from tick() later
+        elif isinstance(action, GiveUp):
+            pass  # for the driver: it marks the job failed or notes the unprotected stage
         else:
             raise TypeError(f"unknown action {action!r}")

@@ -42,6 +42,7 @@ ERRORS = {
 SPECIFIC_ERRORS = {
     ("post", "/api/auth/token/"): {"429": "Too many failed logins for this user or address."},
     ("post", "/api/jobs/{id}/stop/"): {"409": "The job cannot be stopped in its current state."},
+    ("post", "/api/jobs/{id}/restart/"): {"409": "The job is neither failed nor stopped."},
     ("post", "/api/jobs/{job_pk}/faults/"): {
         "409": "The job is not running.",
         "429": "More than FAULT_RATE_LIMIT_PER_MINUTE faults for this job in the last minute.",

@@ -40,7 +40,7 @@ class JobViewSet(
     mixins.CreateModelMixin,
     viewsets.GenericViewSet,
 ):
-    """Jobs: list, create (operator), detail, and the `stop` action (operator)."""
+    """Jobs: list, create (operator), detail, and the `stop` and `restart` actions (operator)."""
 
     serializer_class = JobSerializer
     queryset = Job.objects.select_related("created_by").prefetch_related(
@@ -64,6 +64,13 @@ class JobViewSet(
     def stop(self, request, pk=None):
         job = job_service.stop_job(self.get_object(), f"stopped by {request.user.username}")
         return Response(self.get_serializer(job).data)
+
+    @extend_schema(request=None, responses={202: JobSerializer})
+    @action(detail=True, methods=["post"])
+    def restart(self, request, pk=None):
+        """Run a failed or stopped job again (accepted: the controller starts it)."""
+        job = job_service.restart_job(self.get_object())
+        return Response(self.get_serializer(job).data, status=status.HTTP_202_ACCEPTED)
 
     @extend_schema(responses={200: dict})
     @action(detail=True, methods=["get"])

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from django.core.exceptions import PermissionDenied
 
-from console.models import FaultInjection, Job, Node, Policy
+from console.models import FaultInjection, InvalidTransition, Job, Node, Policy
 from console.policy.config import request_errors
 from console.roles import ADMIN, OPERATOR
 from console.services import jobs as job_service
@@ -59,6 +59,18 @@ def stop_job(user, job_id) -> Job:
     if job is None:
         raise ActionRefused("choose a job to stop")
     return job_service.stop_job(job, f"stopped by {user.username} from the console")
+
+
+def restart_job(user, job_id) -> Job:
+    """Ask for a failed or stopped job to run again, as POST /api/jobs/{id}/restart/ does."""
+    _require(user, OPERATOR)
+    job = Job.objects.filter(pk=job_id).first() if _is_id(job_id) else None
+    if job is None:
+        raise ActionRefused("no such job")
+    try:
+        return job_service.restart_job(job)
+    except InvalidTransition as exc:
+        raise ActionRefused(str(exc)) from exc
 
 
 def inject_fault(

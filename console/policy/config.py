@@ -101,6 +101,16 @@ BOUNDS: dict[str, Bound] = {
                                       "most, or episodes stay open for ever"),
     "reference_window_s": Bound(1.0, 3600.0, "at least one progress sample before the fault"),
     "warmup_s": Bound(0.0, 3600.0, "ignored start of a job; an hour at most"),
+    "restart_initial_delay_s": Bound(0.1, 600.0, "the wait before the second restart in a row of "
+                                     "a replica that never finished a batch; doubled after "
+                                     "each further one"),
+    "restart_max_delay_s": Bound(1.0, 3600.0, "the longest wait between restarts of a "
+                                 "crash-looping replica; also at least restart_initial_delay_s"),
+    "restart_max_failures": Bound(2, 1000, "this many failures of a stage's primaries within "
+                                  "the window fail the job (of its standbys: the stage runs "
+                                  "unprotected); 1 would give up on the first fault"),
+    "restart_failure_window_s": Bound(10.0, 86_400.0, "the window failures are counted in: ten "
+                                      "seconds to a day"),
 }  # fmt: skip
 
 
@@ -163,11 +173,17 @@ class PolicyConfig:
     recovery_stable_window_s: float = 30.0
     reference_window_s: float = 60.0
     warmup_s: float = 20.0
+    # Restart policy (Flink's exponential-delay restarts with a failure-rate limit): see
+    # spark_runtime.supervision.RestartPolicy.
+    restart_initial_delay_s: float = 2.0
+    restart_max_delay_s: float = 60.0
+    restart_max_failures: int = 8
+    restart_failure_window_s: float = 600.0
 
     def validate(self) -> None:
         """Raise PolicyConfigError listing every invalid field; return None when all is well."""
         errors: dict[str, str] = {}
-        ints = {"q_samples", "slow_task_limit", "warm_spares_per_node"}
+        ints = {"q_samples", "slow_task_limit", "warm_spares_per_node", "restart_max_failures"}
         for f in fields(self):
             value = getattr(self, f.name)
             if f.name in ints:
@@ -209,6 +225,13 @@ class PolicyConfig:
                 "checkpoint_max_s",
                 self.checkpoint_min_s < self.checkpoint_max_s,
                 "must be greater than checkpoint_min_s",
+            )
+
+        if numeric("restart_initial_delay_s", "restart_max_delay_s"):
+            check(
+                "restart_max_delay_s",
+                self.restart_initial_delay_s <= self.restart_max_delay_s,
+                "must be at least restart_initial_delay_s",
             )
 
         if errors:

@@ -42,12 +42,16 @@ from console.services.planning import JobPlan, plan_job
 from spark_runtime import keys as data_keys
 from spark_runtime.runner import observe, stage_args
 from spark_runtime.supervision import (
+    JOB,
+    GiveUp,
     HeartbeatSeen,
     KillReplica,
     PromoteStandby,
     ReplicaSpec,
     RestartJob,
+    RestartPolicy,
     RestartStage,
+    ScheduleRestart,
     StartReplica,
     Supervisor,
     execute,
@@ -175,10 +179,29 @@ class LaunchError(Exception):
     """The job cannot be placed (no node alive, unknown strategy)."""
 
 
-def launch_job(job: Job) -> JobPlan:
-    """Plan the job with the policy in force, record the assessment, start its replicas."""
+def restart_policy_of(config) -> RestartPolicy:
+    """The state machine's restart policy from the policy in force (console.policy.config)."""
+    return RestartPolicy(
+        initial_delay_s=config.restart_initial_delay_s,
+        max_delay_s=config.restart_max_delay_s,
+        max_failures=config.restart_max_failures,
+        failure_window_s=config.restart_failure_window_s,
+    )
+
+
+def launch_job(job: Job) -> JobPlan | None:
+    """Plan the job with the policy in force, record the assessment, start its replicas.
+
+    A failed job whose supervision state is kept (the supervisor gave up on it) is relaunched
+    instead (no plan): every stage resumes its last
+    primary's checkpoint, so the results continue where they stopped.
+    """
     client = redis_client()
     config = Policy.current().to_config()
+    saved = load_supervisor(client, job)
+    if saved is not None and job.status == Job.Status.FAILED:
+        relaunch_given_up(job, saved, client, config)
+        return None
     nodes = alive_nodes(client)
     topology = get_topology(job.topology)
     try:
@@ -195,6 +218,7 @@ def launch_job(job: Job) -> JobPlan:
         sorted(nodes),
         active_stages={s.name for s in plan.stages if s.standby_node},
         placement={s.name: (s.primary_node, s.standby_node) for s in plan.stages},
+        restart_policy=restart_policy_of(config),
     )
     for stage in plan.stages:
         decide(
@@ -211,6 +235,18 @@ def launch_job(job: Job) -> JobPlan:
     execute(supervisor.start(now), launcher, command_sender(client, job))
     save_supervisor(client, job, supervisor)
     return plan
+
+
+def relaunch_given_up(job: Job, supervisor: Supervisor, client, config) -> None:
+    """Start a failed job again from its checkpoints. The state is saved before anything is
+    started, so a controller killed midway leaves a job whose missing processes the next
+    supervision tick sees as exited and restarts."""
+    supervisor.restart_policy = restart_policy_of(config)
+    actions = supervisor.relaunch(time.time())
+    save_supervisor(client, job, supervisor)
+    job.mark_starting("relaunched from the checkpoints after giving up")
+    decide(job, ControlDecision.Kind.RESTART_JOB, "relaunch: " + describe_actions(actions))
+    execute(actions, AgentLauncher(job, client), command_sender(client, job))
 
 
 def _store_assessment(job: Job, plan: JobPlan) -> None:
@@ -301,6 +337,12 @@ def supervise_tick(job: Job, supervisor: Supervisor, client) -> TickReport:
     read_agent_exits(client, job)
     launcher = AgentLauncher(job, client)
     now = time.time()
+    due = supervisor.tick(now)
+    if due:
+        report.actions += len(due)
+        kind, _ = _describe(due)
+        decide(job, kind, "backoff over: " + describe_actions(due))
+        execute(due, launcher, command_sender(client, job))
     for event in observe(supervisor, launcher, client, job.key, now):
         actions = supervisor.handle(event)
         if not actions:
@@ -324,6 +366,8 @@ def supervise_tick(job: Job, supervisor: Supervisor, client) -> TickReport:
         else:
             _record_failure(job, client, event, actions)
         execute(actions, launcher, command_sender(client, job))
+        for give_up in (a for a in actions if isinstance(a, GiveUp)):
+            _gave_up(job, client, event.replica_id, give_up, actions)
         # Other observations of this round may be stale after an action: look again next tick.
         break
     return report
@@ -357,7 +401,45 @@ def describe_actions(actions: list) -> str:
         elif isinstance(action, RestartJob):
             ids = ", ".join(spec.replica_id for spec in action.replicas)
             words.append(f"restart the whole job ({ids}) from its checkpoints")
+        elif isinstance(action, ScheduleRestart):
+            words.append(
+                f"restart {action.replica_id} in {action.delay_s:g} s (backoff: it keeps failing "
+                "before it finishes a batch)"
+            )
+        elif isinstance(action, GiveUp) and action.scope == JOB:
+            words.append(f"give up the job: {action.reason}")
+        elif isinstance(action, GiveUp):
+            words.append(f"run {action.stage} without a standby: {action.reason}")
     return "; ".join(words)
+
+
+# Log lines of the failed replica kept in a job's failure reason.
+FAILURE_TAIL_LINES = 20
+
+
+def _gave_up(job: Job, client, replica_id: str, give_up: GiveUp, actions: list) -> None:
+    """The state machine stopped restarting. Scope JOB: stop the generator, mark the job failed
+    with a one-line cause and the failed replica's last log lines, and send the alert. A stage
+    left without its standby is only recorded (the job keeps running)."""
+    if give_up.scope != JOB:
+        decide(job, ControlDecision.Kind.GIVE_UP, describe_actions([give_up]),
+               stage=give_up.stage, replica_id=replica_id)  # fmt: skip
+        return
+    from workers.agent import kill_replica
+
+    for node in Node.objects.all():
+        kill_replica.apply_async(args=(generator_id(job),), queue=node_queue(node.name))
+    killed = [f"{job.key}/{a.replica_id}" for a in actions if isinstance(a, KillReplica)]
+    Replica.objects.filter(replica_id__in=killed).update(
+        state=Replica.State.FAILED, ended_at=timezone.now()
+    )
+    tail = (client.hget(control_keys.exit_tails(job.key), replica_id) or "").splitlines()
+    reason = f"gave up: {give_up.reason}"
+    if tail:
+        reason += f"\n\nlast log lines of {replica_id}:\n" + "\n".join(tail[-FAILURE_TAIL_LINES:])
+    decide(job, ControlDecision.Kind.GIVE_UP, reason, stage=give_up.stage, replica_id=replica_id)
+    if job.mark_failed(reason):
+        alert_failed_job(job)
 
 
 @transaction.atomic
@@ -391,6 +473,8 @@ def _record_failure(job: Job, client, event, actions: list) -> None:
             state=Replica.State.FAILED, ended_at=timezone.now()
         )
     action_kind, episode_action = _describe(actions)
+    if action_kind == ControlDecision.Kind.GIVE_UP:
+        return  # no recovery follows: _gave_up records the verdict
     decide(
         job,
         action_kind,
@@ -448,11 +532,13 @@ def record_promotion_over_restart(job: Job, event: HeartbeatSeen, actions: list)
 
 
 def _describe(actions: list) -> tuple[str, str]:
+    if any(isinstance(a, GiveUp) and a.scope == JOB for a in actions):
+        return ControlDecision.Kind.GIVE_UP, RecoveryEpisode.Action.NONE
     if any(isinstance(a, PromoteStandby) for a in actions):
         return ControlDecision.Kind.PROMOTE, RecoveryEpisode.Action.PROMOTE
-    if any(isinstance(a, RestartJob) for a in actions):
+    if any(isinstance(a, RestartJob) or getattr(a, "whole_job", False) for a in actions):
         return ControlDecision.Kind.RESTART_JOB, RecoveryEpisode.Action.RESTART_JOB
-    if any(isinstance(a, RestartStage) for a in actions):
+    if any(isinstance(a, RestartStage | ScheduleRestart) for a in actions):
         return ControlDecision.Kind.RESTART_STAGE, RecoveryEpisode.Action.RESTART_STAGE
     if any(isinstance(a, StartReplica | KillReplica) for a in actions):
         return ControlDecision.Kind.ADD_STANDBY, RecoveryEpisode.Action.NONE
@@ -722,6 +808,7 @@ def supervise_window(job: Job, client, window_s: float, keep_lease) -> bool:
         save_supervisor(client, job, supervisor)
         if time.monotonic() >= next_cycle:
             config = Policy.current().to_config()
+            supervisor.restart_policy = restart_policy_of(config)  # admin changes apply here
             sync_replicas(job, client)
             metrics.ingest_job_progress(client, job)
             if job.status == Job.Status.STARTING and supervisor.all_running():

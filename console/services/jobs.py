@@ -9,7 +9,7 @@ import signal
 from django.conf import settings
 from django.db import transaction
 
-from console.models import Job, Operator
+from console.models import InvalidTransition, Job, Operator
 from spark_runtime.topology import get_topology
 
 
@@ -93,6 +93,18 @@ def dispatch(send) -> None:
     """
     if getattr(settings, "CONTROLLER_DISPATCH", True):
         transaction.on_commit(send)
+
+
+def restart_job(job: Job) -> Job:
+    """Ask the controller to run a failed or stopped job again. A job the supervisor gave up on
+    resumes every stage from its last primary's checkpoint; a stopped one is planned anew.
+    InvalidTransition (409 in the API) for a job that is not failed or stopped."""
+    if job.status not in (Job.Status.FAILED, Job.Status.STOPPED):
+        raise InvalidTransition(
+            f"job {job.pk} is {job.status}: only a failed or stopped job can be restarted"
+        )
+    dispatch(lambda: _launch_task().delay(job.pk))
+    return job
 
 
 def stop_job(job: Job, reason: str = "stopped by request") -> Job:

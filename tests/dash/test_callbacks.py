@@ -63,8 +63,9 @@ def test_read_callbacks_answer_nothing_to_users_without_a_role(seeded, users, ca
 
 def test_job_refresh_shows_operators_decisions_failures_and_faults(seeded, users):
     outputs = job_callbacks.refresh(1, 300, _job_path(seeded.adaptive), user=users[VIEWER])
-    summary, dag, replicas, operators, history, decisions, failures, faults = outputs
+    summary, failure, dag, replicas, operators, history, decisions, failures, faults = outputs
     assert "running" in text_of(summary)
+    assert failure is None  # only a failed job shows why it failed
     assert {t.marker.color for t in dag.data} == {"#2457d6", "#8a94a6"}
     assert "standby" in text_of(replicas)
     assert "count" in text_of(operators) and "0.58" in text_of(operators)
@@ -73,6 +74,24 @@ def test_job_refresh_shows_operators_decisions_failures_and_faults(seeded, users
     assert "Killed (signal 9)" in text_of(failures)
     assert "promote: standby on node-c promoted" in text_of(failures)
     assert "kill-driver" in text_of(faults)
+
+
+def test_a_failed_job_shows_its_cause_and_log_lines_and_operators_can_restart_it(seeded, users):
+    job = seeded.adaptive
+    Job.objects.filter(pk=job.pk).update(
+        status=Job.Status.FAILED,
+        status_reason="gave up: count: 8 primary failures within 600 s\n\nlast log lines:\nboom",
+    )
+    outputs = job_callbacks.refresh(1, 300, _job_path(job), user=users[VIEWER])
+    failure = text_of(outputs[1])
+    assert "gave up: count: 8 primary failures within 600 s" in failure and "boom" in failure
+    result = job_callbacks.restart_confirmed(1, _job_path(job), user=users[OPERATOR])
+    assert "restart requested" in text_of(result)
+    with pytest.raises(RoleRefused):
+        job_callbacks.restart_confirmed(1, _job_path(job), user=users[VIEWER])
+    Job.objects.filter(pk=job.pk).update(status=Job.Status.RUNNING)
+    result = job_callbacks.restart_confirmed(1, _job_path(job), user=users[OPERATOR])
+    assert "only a failed or stopped job can be restarted" in text_of(result)
 
 
 def test_job_id_comes_from_the_path():

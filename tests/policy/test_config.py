@@ -34,6 +34,8 @@ def test_defaults_are_valid_and_match_the_brief():
         "cpu_const", "mem_const", "slow_task_limit", "fault_rate_prior",
         "warm_spares_per_node", "heartbeat_timeout_s", "cycle_interval_s",
         "recovery_band", "recovery_stable_window_s", "reference_window_s", "warmup_s",
+        "restart_initial_delay_s", "restart_max_delay_s", "restart_max_failures",
+        "restart_failure_window_s",
     ]  # fmt: skip
 
 

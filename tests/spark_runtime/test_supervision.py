@@ -5,13 +5,18 @@ from __future__ import annotations
 import json
 
 from spark_runtime.supervision import (
+    JOB,
+    STANDBY_PROTECTION,
+    GiveUp,
     HeartbeatMissed,
     HeartbeatSeen,
     KillReplica,
     ProcessExited,
     PromoteStandby,
     RestartJob,
+    RestartPolicy,
     RestartStage,
+    ScheduleRestart,
     StartReplica,
     Supervisor,
     execute,
@@ -281,3 +286,154 @@ def test_a_restarted_primary_that_produces_first_keeps_the_stage():
     # The standby catching up later only means the stage is protected again.
     assert sup.handle(HeartbeatSeen("count-2", 15.0, {"state": "running", "role": "standby"})) == []
     assert sup.replicas["count-1"].role == "primary" and sup.replicas["count-2"].role == "standby"
+
+
+# --- restart policy: backoff and give-up ------------------------------------------------------
+
+
+def producing(sup, replica_id, at, started_at):
+    """A heartbeat of a process started at `started_at` that has finished a batch."""
+    entry = {"state": "running", "role": sup.replicas[replica_id].role, "batches": 1}
+    sup.handle(HeartbeatSeen(replica_id, at, {**entry, "started_at": started_at}))
+
+
+def test_a_replica_failing_before_its_first_batch_backs_off_exponentially_up_to_the_cap():
+    policy = RestartPolicy(initial_delay_s=2, max_delay_s=5, max_failures=100)
+    sup = Supervisor("j", "wordcount", per_operator("count"), "local-restart", NODES,
+                     restart_policy=policy)  # fmt: skip
+    sup.start(0.0)
+    running(sup)
+    # The first failure restarts at once: it may be a fault during start-up.
+    assert sup.handle(ProcessExited("count-1", 10.0, 1)) == [
+        RestartStage(sup.replicas["count-1"].spec)
+    ]
+    # Failing again before any batch: wait 2 s, then 4 s, then the 5 s cap.
+    expected_delays = [2, 4, 5, 5]
+    now = 10.0
+    for delay in expected_delays:
+        now += 1.0
+        running(sup, at=now)
+        assert sup.handle(ProcessExited("count-1", now, 1)) == [
+            ScheduleRestart("count-1", "count", now + delay, delay)
+        ]
+        assert sup.replicas["count-1"].state == "backoff"
+        assert sup.live() == []  # no process to watch while it waits
+        assert sup.handle(ProcessExited("count-1", now + 0.1, 1)) == []  # late news
+        assert sup.tick(now + delay - 0.1) == []
+        now += delay
+        assert sup.tick(now) == [RestartStage(sup.replicas["count-1"].spec)]
+        assert sup.replicas["count-1"].state == "starting"
+    # Once it finishes a batch, a failure is a fault again: restart at once.
+    producing(sup, "count-1", now + 2.0, started_at=now + 0.5)
+    assert sup.handle(ProcessExited("count-1", now + 5.0, -9)) == [
+        RestartStage(sup.replicas["count-1"].spec)
+    ]
+
+
+def test_a_batch_reported_by_the_process_before_the_restart_does_not_count_as_healthy():
+    sup = Supervisor("j", "wordcount", per_operator("count"), "local-restart", NODES)
+    sup.start(0.0)
+    producing(sup, "count-1", 1.0, started_at=0.2)
+    sup.handle(ProcessExited("count-1", 10.0, -9))  # a fault: restarted at once
+    # The replicas hash still holds the old process's entry (started at 0.2) until the new
+    # process overwrites it: that old batch says nothing about the new process.
+    producing(sup, "count-1", 11.0, started_at=0.2)
+    (action,) = sup.handle(ProcessExited("count-1", 12.0, 1))
+    assert action == ScheduleRestart("count-1", "count", 14.0, 2.0)
+
+
+def test_a_crash_looping_primary_fails_the_job_and_relaunch_resumes_its_checkpoints():
+    policy = RestartPolicy(initial_delay_s=1, max_failures=3, failure_window_s=60)
+    sup = Supervisor("j", "wordcount", per_operator("split", "count"), "adaptive", NODES,
+                     active_stages={"count"}, restart_policy=policy)  # fmt: skip
+    sup.start(0.0)
+    running(sup)
+    sup.handle(ProcessExited("split-1", 10.0, 1))
+    sup.handle(ProcessExited("split-1", 11.0, 1))
+    assert sup.tick(12.0) == [RestartStage(sup.replicas["split-1"].spec)]
+    actions = sup.handle(ProcessExited("split-1", 13.0, 1))
+    assert actions[-1] == GiveUp("split", JOB, actions[-1].reason)
+    assert "split: 3 primary failures within 60 s (last: split-1" in actions[-1].reason
+    # Every replica is made sure to be gone; nothing is left to watch or restart.
+    assert sorted(a.replica_id for a in actions[:-1]) == ["count-1", "count-2", "split-1"]
+    assert sup.gave_up == actions[-1].reason
+    assert sup.live() == [] and sup.tick(1000.0) == []
+    # The snapshot keeps the verdict; a relaunch resumes each stage's primary checkpoint.
+    sup = Supervisor.from_dict(json.loads(json.dumps(sup.to_dict())))
+    assert sup.gave_up and sup.restart_policy == policy
+    actions = sup.relaunch(2000.0)
+    started = [(a.replica.replica_id, a.replica.role) for a in actions]
+    assert started == [("split-1", "primary"), ("count-1", "primary"), ("count-3", "standby")]
+    assert sup.gave_up is None and sup.failures == {}
+    # The failure count starts again: one failure restarts at once.
+    running(sup, at=2001.0)
+    assert sup.handle(ProcessExited("split-1", 2002.0, 1)) == [
+        RestartStage(sup.replicas["split-1"].spec)
+    ]
+
+
+def test_failures_older_than_the_window_do_not_count_towards_giving_up():
+    policy = RestartPolicy(max_failures=3, failure_window_s=60)
+    sup = Supervisor("j", "wordcount", per_operator("count"), "local-restart", NODES,
+                     restart_policy=policy)  # fmt: skip
+    sup.start(0.0)
+    for at in (10.0, 50.0, 100.0, 140.0):  # never three within 60 s
+        producing(sup, "count-1", at - 5.0, started_at=at - 6.0)
+        assert isinstance(sup.handle(ProcessExited("count-1", at, -9))[0], RestartStage)
+    producing(sup, "count-1", 145.0, started_at=144.0)
+    assert isinstance(sup.handle(ProcessExited("count-1", 150.0, -9))[-1], GiveUp)
+
+
+def test_a_crash_looping_standby_leaves_the_stage_unprotected_not_the_job_failed():
+    policy = RestartPolicy(initial_delay_s=1, max_failures=2, failure_window_s=60)
+    sup = Supervisor("j", "wordcount", per_operator("count"), "adaptive", NODES,
+                     active_stages={"count"}, restart_policy=policy)  # fmt: skip
+    sup.start(0.0)
+    running(sup)
+    assert sup.handle(ProcessExited("count-2", 5.0, 1)) == [
+        RestartStage(sup.replicas["count-2"].spec)
+    ]
+    actions = sup.handle(ProcessExited("count-2", 6.0, 1))
+    assert actions[0] == KillReplica("count-2")
+    assert actions[-1].scope == STANDBY_PROTECTION and actions[-1].stage == "count"
+    assert sup.gave_up is None and "count-2" not in sup.replicas
+    # The policy cannot bring the standby back; the primary keeps serving and restarts alone.
+    assert sup.add_standby("count", "node-3", 7.0) == []
+    assert sup.handle(ProcessExited("count-1", 8.0, -9)) == [
+        RestartStage(sup.replicas["count-1"].spec)
+    ]
+
+
+def test_restart_all_backs_off_the_whole_job_together():
+    sup = Supervisor("j", "wordcount", {"job": ("split", "count")}, "restart-all", NODES)
+    sup.start(0.0)
+    running(sup)
+    assert isinstance(sup.handle(ProcessExited("job-1", 5.0, 1))[0], RestartJob)
+    running(sup, at=6.0)
+    assert sup.handle(ProcessExited("job-1", 7.0, 1)) == [
+        ScheduleRestart("job-1", "job", 9.0, 2.0, True)
+    ]
+    assert sup.tick(8.0) == []
+    (restart,) = sup.tick(9.0)
+    assert isinstance(restart, RestartJob) and [s.replica_id for s in restart.replicas] == ["job-1"]
+
+
+def test_execute_kills_a_replica_scheduled_for_restart_and_leaves_give_up_to_the_driver():
+    calls = []
+
+    class Recorder:
+        def start(self, spec):
+            calls.append(("start", spec.replica_id))
+
+        def kill(self, replica_id):
+            calls.append(("kill", replica_id))
+
+        def alive(self, replica_id):
+            return False
+
+    execute(
+        [ScheduleRestart("a-1", "a", 5.0, 2.0), GiveUp("a", JOB, "crash loop")],
+        Recorder(),
+        lambda *args: calls.append(("cmd", args)),
+    )
+    assert calls == [("kill", "a-1")]

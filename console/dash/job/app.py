@@ -13,6 +13,7 @@ app.layout = layout.layout
 
 app.callback(
     Output("summary", "children"),
+    Output("job-failure", "children"),
     Output("dag", "figure"),
     Output("replicas-table", "children"),
     Output("operators-table", "children"),
@@ -64,3 +65,16 @@ app.callback(
     State("url", "pathname"),
     prevent_initial_call=True,
 )(callbacks.stop_confirmed)
+app.callback(
+    Output("restart-confirm", "displayed"),
+    Output("restart-confirm", "message"),
+    Input("restart-button", "n_clicks"),
+    State("url", "pathname"),
+    prevent_initial_call=True,
+)(callbacks.ask_restart)
+app.callback(
+    Output("restart-result", "children"),
+    Input("restart-confirm", "submit_n_clicks"),
+    State("url", "pathname"),
+    prevent_initial_call=True,
+)(callbacks.restart_confirmed)

@@ -59,6 +59,21 @@ def _summary(job: dict, current: dict, replicas: list[dict]):
     ]
 
 
+def _failure_reason(job: dict):
+    """Why a failed job failed (the controller's one-line cause and the last log lines)."""
+    if job["status"] != "failed" or not job.get("status_reason"):
+        return None
+    cause, _, tail = job["status_reason"].partition("\n")
+    return html.Div(
+        [
+            html.B("Failed: "),
+            html.Span(cause, id="job-failure-cause"),
+            html.Pre(tail.strip(), className="log-tail") if tail.strip() else None,
+        ],
+        className="card failure-reason",
+    )
+
+
 def _operator_table(operators: list[dict]):
     rows = [
         [
@@ -169,6 +184,7 @@ def refresh(n_intervals, window_s, pathname, user=None):
     history = data.operator_history(job_id, window_s or DEFAULT_WINDOW_S, MAX_POINTS)
     return (
         _summary(job, current, replicas),
+        _failure_reason(job),
         figures.dag_figure(operators, threshold),
         _replica_table(replicas, figures.stage_chains(operators)),
         _operator_table(operators),
@@ -241,3 +257,23 @@ def stop_confirmed(submit_n_clicks, pathname, user=None):
     except controls.ActionRefused as exc:
         return message(f"Not stopped: {exc}", ok=False)
     return message(f"Job {job.name} is {job.status}.", ok=True)
+
+
+def ask_restart(n_clicks, pathname):
+    """First step of restarting this job: the confirm dialog."""
+    if not n_clicks:
+        raise PreventUpdate
+    return True, (
+        f"Restart job #{job_id_from_path(pathname)}? A failed job resumes from its checkpoints."
+    )
+
+
+def restart_confirmed(submit_n_clicks, pathname, user=None):
+    """Second step: ask the controller to run the job again."""
+    if not submit_n_clicks:
+        raise PreventUpdate
+    try:
+        job = controls.restart_job(user, job_id_from_path(pathname))
+    except controls.ActionRefused as exc:
+        return message(f"Not restarted: {exc}", ok=False)
+    return message(f"Job {job.name}: restart requested; the controller starts it.", ok=True)

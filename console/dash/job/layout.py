@@ -17,6 +17,7 @@ def layout():
             dcc.Location(id="url"),
             refresh_timer(),
             html.Div(id="summary", className="kpis"),
+            html.Div(id="job-failure"),
             html.Div(id="controls"),
             html.Div(
                 [
@@ -93,10 +94,13 @@ def controls(operator_options: list[str], node_options: list[dict]):
                 ),
                 html.Div(
                     [
-                        html.H3("Stop this job"),
+                        html.H3("Stop or restart this job"),
                         html.Button("Stop job", id="stop-button", className="btn btn-danger"),
                         dcc.ConfirmDialog(id="stop-confirm"),
                         result_slot("stop-result"),
+                        html.Button("Restart job", id="restart-button", className="btn"),
+                        dcc.ConfirmDialog(id="restart-confirm"),
+                        result_slot("restart-result"),
                     ],
                     className="control-group",
                 ),

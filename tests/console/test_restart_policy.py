@@ -1,0 +1,153 @@
+"""The controller's side of the restart policy, against the real Redis (state, exits, the Celery
+queues the agents read) and the database: a crash-looping stage backs off, then fails the job with
+its cause and log lines and asks for the alert; a restart resumes the same replica's checkpoint."""
+
+from __future__ import annotations
+
+import base64
+import json
+import time
+
+import pytest
+import redis
+from django.conf import settings
+
+from console.models import ControlDecision, Job, Policy
+from console.roles import OPERATOR
+from console.services import controller
+from spark_runtime.supervision import RestartPolicy, Supervisor, execute
+from tests.factories import NodeFactory, make_job
+from workers import keys as control_keys
+from workers.queues import CONTROL_QUEUE, node_queue
+
+pytestmark = pytest.mark.django_db
+
+# Node names of this module only: their queues are emptied between steps, and a cluster of
+# another test run on the same Redis never reads or writes them.
+NODES = ["rp-node-1", "rp-node-2", "rp-node-3"]
+NODE_QUEUES = [node_queue(n) for n in NODES]
+
+
+@pytest.fixture
+def client():
+    client = redis.Redis.from_url(settings.REDIS_URL, decode_responses=True)
+    client.delete(*NODE_QUEUES)
+    yield client
+    client.delete(*NODE_QUEUES)
+
+
+def queued(client, queue: str) -> list[tuple[str, list]]:
+    """(task name, args) of the Celery messages waiting in `queue`, oldest first."""
+    messages = []
+    for raw in reversed(client.lrange(queue, 0, -1)):
+        message = json.loads(raw)
+        args = json.loads(base64.b64decode(message["body"]))[0]
+        messages.append((message["headers"]["task"], args))
+    return messages
+
+
+def started_replicas(client) -> list[str]:
+    return [
+        args[2]
+        for queue in NODE_QUEUES
+        for name, args in queued(client, queue)
+        if name == "backstop.agent.start_replica"
+    ]
+
+
+def fail(client, job: Job, replica_id: str, log_tail: str) -> None:
+    """What an agent reports when the replica's process exits with code 1."""
+    client.hset(control_keys.exits(job.key), replica_id, json.dumps({"returncode": 1}))
+    client.hset(control_keys.exit_tails(job.key), replica_id, log_tail)
+
+
+def launch(client, job: Job, policy: RestartPolicy) -> Supervisor:
+    for name in NODES:
+        NodeFactory(name=name)
+    sup = Supervisor(job.key, job.topology, {"wc": ("split", "count")}, job.strategy, NODES,
+                     restart_policy=policy)  # fmt: skip
+    execute(sup.start(time.time()), controller.AgentLauncher(job, client), lambda *a: None)
+    client.delete(*NODE_QUEUES)
+    return sup
+
+
+def test_a_crash_loop_backs_off_then_fails_the_job_with_its_cause_and_alerts(client):
+    job = make_job(status=Job.Status.RUNNING, strategy="local-restart")
+    policy = RestartPolicy(initial_delay_s=0.2, max_failures=3, failure_window_s=60)
+    sup = launch(client, job, policy)
+    tail = "Traceback (most recent call last):\nPython worker failed to connect back"
+
+    fail(client, job, "wc-1", tail)
+    controller.supervise_tick(job, sup, client)  # the first failure restarts at once
+    assert started_replicas(client) == ["wc-1"]
+    client.delete(*NODE_QUEUES)
+
+    fail(client, job, "wc-1", tail)
+    controller.supervise_tick(job, sup, client)  # again before any batch: wait 0.2 s
+    assert started_replicas(client) == []
+    decision = job.decisions.filter(kind=ControlDecision.Kind.RESTART_STAGE).latest("at")
+    assert "restart wc-1 in 0.2 s (backoff" in decision.reason
+    time.sleep(0.3)
+    controller.supervise_tick(job, sup, client)
+    assert started_replicas(client) == ["wc-1"]
+    assert job.decisions.filter(reason__startswith="backoff over: restart wc-1").exists()
+
+    alert = ("backstop.alert_job_failed", [job.pk])
+    alerts_before = queued(client, CONTROL_QUEUE).count(alert)  # the queue is shared: count
+    fail(client, job, "wc-1", tail)
+    controller.supervise_tick(job, sup, client)  # the third failure within 60 s: give up
+    job.refresh_from_db()
+    assert job.status == Job.Status.FAILED
+    cause, _, log_lines = job.status_reason.partition("\n")
+    assert cause == "gave up: wc: 3 primary failures within 60 s (last: wc-1, process exited (1))"
+    assert log_lines.strip().endswith("Python worker failed to connect back")
+    assert job.decisions.filter(kind=ControlDecision.Kind.GIVE_UP).count() == 1
+    assert queued(client, CONTROL_QUEUE).count(alert) == alerts_before + 1
+    generator = controller.generator_id(job)
+    for name in NODES:
+        assert ("backstop.agent.kill_replica", [generator]) in queued(client, node_queue(name))
+    assert set(job.replicas.values_list("state", flat=True)) == {"failed"}
+    # The verdict is kept with the state for a relaunch; supervision stops.
+    controller.save_supervisor(client, job, sup)
+    assert controller.load_supervisor(client, job).gave_up.startswith("wc: 3 primary failures")
+
+
+def test_restarting_a_failed_job_resumes_its_replicas_checkpoints(client, api_as):
+    job = make_job(status=Job.Status.RUNNING, strategy="local-restart")
+    sup = launch(client, job, RestartPolicy(max_failures=2, failure_window_s=60))
+    for _ in range(2):
+        fail(client, job, "wc-1", "boom")
+        controller.supervise_tick(job, sup, client)
+    controller.save_supervisor(client, job, sup)
+    job.refresh_from_db()
+    assert job.status == Job.Status.FAILED
+    client.delete(*NODE_QUEUES)
+
+    operator = api_as(OPERATOR)
+    response = operator.post(f"/api/jobs/{job.pk}/restart/")
+    assert response.status_code == 202, response.content
+    # What the launch task does with it (tests do not dispatch tasks):
+    controller.launch_job(job)
+    job.refresh_from_db()
+    assert job.status == Job.Status.STARTING
+    (start,) = [
+        args for q in NODE_QUEUES for name, args in queued(client, q) if "start_replica" in name
+    ]
+    argv = start[1]
+    assert argv[argv.index("--checkpoint-dir") + 1].endswith(f"{job.key}/wc/wc-1")
+    assert controller.load_supervisor(client, job).gave_up is None
+
+    # A live job cannot be restarted: a JSON 409 naming why.
+    response = operator.post(f"/api/jobs/{job.pk}/restart/")
+    assert response.status_code == 409
+    assert "only a failed or stopped job can be restarted" in response.json()["error"]["detail"]
+
+
+def test_the_restart_policy_in_force_comes_from_the_audited_policy():
+    config = Policy.current().to_config()
+    assert controller.restart_policy_of(config) == RestartPolicy(
+        initial_delay_s=config.restart_initial_delay_s,
+        max_delay_s=config.restart_max_delay_s,
+        max_failures=config.restart_max_failures,
+        failure_window_s=config.restart_failure_window_s,
+    )
