@@ -231,6 +231,8 @@ class Replica(models.Model):
         STARTING = "starting", "starting"
         RUNNING = "running", "running"
         CATCHING_UP = "catching_up", "catching up (standby too far behind to take over)"
+        SLOW = "slow", "slow (no heartbeat, but its process is busy)"
+        BACKOFF = "backoff", "waiting to restart (it keeps failing before its first batch)"
         PROMOTING = "promoting", "promoting"
         STOPPED = "stopped", "stopped"
         FAILED = "failed", "failed"
@@ -434,6 +436,9 @@ class Policy(models.Model):
         default=8, help_text="Failures of a stage within the window that fail the job"
     )
     restart_failure_window_s = models.FloatField(default=600.0)
+    hung_timeout_s = models.FloatField(
+        default=30.0, help_text="A replica silent but busy this long is restarted"
+    )
 
     class Meta:
         ordering = ["-version"]

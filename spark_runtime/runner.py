@@ -15,6 +15,7 @@ import sys
 import time
 
 from spark_runtime import keys
+from spark_runtime.activity import cpu_share_over, is_busy
 from spark_runtime.strategies import get_strategy
 from spark_runtime.supervision import (
     HeartbeatMissed,
@@ -142,6 +143,11 @@ class SubprocessLauncher:
         proc = self.processes.get(replica_id)
         return None if proc is None else proc.poll()
 
+    def busy(self, replica_id: str) -> bool:
+        """True while the replica's process tree uses CPU (measured now, over 0.3 s)."""
+        proc = self.processes.get(replica_id)
+        return proc is not None and proc.poll() is None and is_busy(cpu_share_over(proc.pid))
+
     def pid(self, replica_id: str) -> int | None:
         """The process id of the replica's current process."""
         proc = self.processes.get(replica_id)
@@ -165,7 +171,7 @@ def observe(supervisor: Supervisor, launcher, client, job: str, now: float) -> l
         if not launcher.alive(replica.id):
             events.append(ProcessExited(replica.id, now, launcher.exit_code(replica.id)))
         elif beat is None:
-            events.append(HeartbeatMissed(replica.id, now))
+            events.append(HeartbeatMissed(replica.id, now, busy=launcher.busy(replica.id)))
         else:
             events.append(HeartbeatSeen(replica.id, now, json.loads(beat)))
     return events

@@ -30,6 +30,12 @@ failure, up to a cap. When a stage's primaries fail `max_failures` times within
 when its standbys do, the stage runs unprotected instead. `relaunch(now)` starts a given-up job
 again, each stage from its last primary's checkpoint.
 
+Dead versus slow: a process exit is a failure at once. A missing heartbeat from a process that
+its agent sees alive and using CPU (`HeartbeatMissed(busy=True)`) is "slow": the replica is
+flagged (`slow()`) and left alone until it has been silent for `hung_timeout_s`, so an overloaded
+machine does not get a cascade of restarts that overload it further. A missing heartbeat from
+an idle or stopped process (a hang, a SIGSTOP) is a failure at once.
+
 Racing a restart: when a primary fails while its standby is still catching up, the primary is
 restarted from its checkpoint; if the standby catches up before the restarted primary has
 finished a batch (a restart costs a driver, a session and a state load), the standby is promoted
@@ -134,10 +140,12 @@ class HeartbeatSeen:
 
 @dataclass(frozen=True)
 class HeartbeatMissed:
-    """The replica's heartbeat key has expired."""
+    """The replica's heartbeat key has expired; `busy` when its agent sees the process alive
+    and using CPU (slow, not dead)."""
 
     replica_id: str
     at: float
+    busy: bool = False
 
 
 @dataclass(frozen=True)
@@ -226,6 +234,7 @@ class Replica:
     healthy: bool = False  # finished a batch since launched_at
     failures_in_a_row: int = 0  # failures since it last finished a batch
     retry_at: float | None = None  # in BACKOFF: when tick() restarts it
+    slow_since: float | None = None  # silent but busy since then (see the module doc)
 
     @property
     def id(self) -> str:
@@ -251,6 +260,7 @@ class Supervisor:
         startup_grace: float = 90.0,
         placement: dict[str, tuple[str, str | None]] | None = None,
         restart_policy: RestartPolicy | None = None,
+        hung_timeout_s: float = 30.0,
     ):
         if not nodes:
             raise ValueError("at least one node is needed")
@@ -284,6 +294,8 @@ class Supervisor:
         self.restarting: dict[str, float] = {}
         # The driver may replace it at any time (the controller applies the policy in force).
         self.restart_policy = restart_policy or RestartPolicy()
+        # How long a busy replica may stay silent before it counts as hung (driver may change it).
+        self.hung_timeout_s = hung_timeout_s
         # "stage/role" -> times of its replicas' failures within the policy's window.
         self.failures: dict[str, list[float]] = {}
         # Stages whose standbys crash-looped: no standby is started for them any more.
@@ -418,6 +430,7 @@ class Supervisor:
             "reprotections": [list(r) for r in self.reprotections[-50:]],
             "restarting": self.restarting,
             "restart_policy": self.restart_policy.__dict__,
+            "hung_timeout_s": self.hung_timeout_s,
             "failures": self.failures,
             "unprotectable": sorted(self.unprotectable),
             "gave_up": self.gave_up,
@@ -438,6 +451,7 @@ class Supervisor:
                     "healthy": r.healthy,
                     "failures_in_a_row": r.failures_in_a_row,
                     "retry_at": r.retry_at,
+                    "slow_since": r.slow_since,
                 }
                 for r in self.replicas.values()
             ],
@@ -457,6 +471,7 @@ class Supervisor:
             startup_grace=data["startup_grace"],
             placement={k: tuple(v) for k, v in data.get("placement", {}).items()},
             restart_policy=RestartPolicy(**data.get("restart_policy", {})),
+            hung_timeout_s=data.get("hung_timeout_s", 30.0),
         )
         # The strategy decides the initial active set; the snapshot's set is what counts now.
         sup.active_stages = set(data["active_stages"])
@@ -481,6 +496,7 @@ class Supervisor:
                 healthy=item.get("healthy", False),
                 failures_in_a_row=item.get("failures_in_a_row", 0),
                 retry_at=item.get("retry_at"),
+                slow_since=item.get("slow_since"),
             )
         return sup
 
@@ -500,10 +516,29 @@ class Supervisor:
         if isinstance(event, HeartbeatMissed):
             if replica.state == STARTING and event.at - replica.since < self.startup_grace:
                 return []  # a replica has no heartbeat until its interpreter is up
+            if event.busy:
+                return self._on_silent_but_busy(replica, event.at)
             return self._on_failure(replica, event.at, "heartbeat missed")
         if isinstance(event, ProcessExited):
             return self._on_failure(replica, event.at, f"process exited ({event.code})")
         raise TypeError(f"unknown event {event!r}")
+
+    def slow(self) -> list[str]:
+        """Replicas that are silent but busy (flagged, not yet hung)."""
+        return [r.id for r in self.replicas.values() if r.slow_since is not None]
+
+    def _on_silent_but_busy(self, replica: Replica, now: float) -> list:
+        if replica.slow_since is None:
+            replica.slow_since = now
+            self.history.append(
+                (now, f"{replica.id} is slow: no heartbeat, but its process is busy; hung after "
+                 f"{self.hung_timeout_s:g} s")
+            )  # fmt: skip
+        silent_s = now - replica.slow_since
+        if silent_s < self.hung_timeout_s:
+            return []
+        replica.slow_since = None
+        return self._on_failure(replica, now, f"hung: busy but silent for {silent_s:.0f} s")
 
     def tick(self, now: float) -> list:
         """The restarts whose backoff delay is over (call it every round, events or not)."""
@@ -553,6 +588,9 @@ class Supervisor:
     def _on_heartbeat(self, replica: Replica, event: HeartbeatSeen) -> list:
         reported = event.reported or {}
         stage = replica.spec.stage
+        if replica.slow_since is not None:
+            replica.slow_since = None
+            self.history.append((event.at, f"{replica.id} answers again"))
         fresh = reported.get("started_at", 0) >= replica.launched_at - CLOCK_SLACK_S
         if reported.get("batches") and fresh and not replica.healthy:
             replica.healthy, replica.failures_in_a_row = True, 0
@@ -615,6 +653,7 @@ class Supervisor:
 
     def _on_failure(self, replica: Replica, now: float, reason: str) -> list:
         stage = replica.spec.stage
+        replica.slow_since = None
         self.history.append((now, f"{replica.id} ({replica.role} of {stage}) failed: {reason}"))
         recent = self._count_failure(replica, now)
         if recent >= self.restart_policy.max_failures:
@@ -747,6 +786,10 @@ class Launcher(Protocol):
 
     def alive(self, replica_id: str) -> bool:
         """True while the replica's process runs."""
+
+    def busy(self, replica_id: str) -> bool:
+        """True while the replica's process is alive and using CPU (asked when its heartbeat is
+        missing: slow, not dead)."""
 
 
 def execute(actions: list, launcher: Launcher, send_command) -> None:

@@ -34,6 +34,7 @@ from console.policy.fault_params import (
     validate_params,
 )
 from spark_runtime import keys as data_keys
+from spark_runtime.activity import ActivityMeter, is_busy
 from workers import keys
 from workers.node_metrics import (
     PROCESSES,
@@ -441,6 +442,34 @@ def _report_exits(client: redis.Redis, node: str) -> None:
         )
 
 
+# CPU of this agent's replica processes between two publish rounds (dead versus slow).
+_activity = ActivityMeter()
+
+
+def publish_activity(client: redis.Redis) -> None:
+    """Publish, per job, how busy each replica process this agent started is: the controller
+    reads it when a heartbeat is missing (a busy process is slow, not dead)."""
+    with _children_lock:
+        live = [
+            (replica_id, proc.pid, job_key)
+            for replica_id, (proc, job_key, _) in _children.items()
+            if job_key and proc.poll() is None
+        ]
+    now = time.time()
+    by_job: dict[str, dict[str, str]] = {}
+    for replica_id, pid, job_key in live:
+        share = _activity.cpu_share(pid)
+        if share is not None:
+            entry = {"cpu": round(share, 3), "busy": is_busy(share), "at": now}
+            by_job.setdefault(job_key, {})[replica_id] = json.dumps(entry)
+    _activity.forget_others({pid for _, pid, _ in live})
+    pipe = client.pipeline()
+    for job_key, entries in by_job.items():
+        pipe.hset(keys.replica_activity(job_key), mapping=entries)
+        pipe.expire(keys.replica_activity(job_key), keys.ACTIVITY_TTL_S)
+    pipe.execute()
+
+
 def publish_forever(node: str, sampler: NodeSampler) -> None:
     """Heartbeat and metrics every second until the worker shuts down; survives Redis outages."""
     client = redis_client()
@@ -460,6 +489,7 @@ def publish_forever(node: str, sampler: NodeSampler) -> None:
             )
             pipe.execute()
             _report_exits(client, node)
+            publish_activity(client)
         except redis.RedisError as exc:
             log.warning("node %s: could not publish to Redis: %s", node, exc)
 

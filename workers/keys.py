@@ -41,6 +41,16 @@ def exits(job_key: str) -> str:
     return f"backstop:{job_key}:exits"
 
 
+# Agents publish replica activity every second; an entry older than this says nothing.
+ACTIVITY_TTL_S = 10
+
+
+def replica_activity(job_key: str) -> str:
+    """Hash replica id -> JSON {"cpu": share of a core, "busy": bool, "at": time} written by the
+    agent that runs the replica (expires when no agent writes it)."""
+    return f"backstop:{job_key}:activity"
+
+
 def exit_tails(job_key: str) -> str:
     """Hash replica id -> the last lines of the log of an ended process of the job."""
     return f"backstop:{job_key}:exit-tails"

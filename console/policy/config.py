@@ -109,6 +109,9 @@ BOUNDS: dict[str, Bound] = {
     "restart_max_failures": Bound(2, 1000, "this many failures of a stage's primaries within "
                                   "the window fail the job (of its standbys: the stage runs "
                                   "unprotected); 1 would give up on the first fault"),
+    "hung_timeout_s": Bound(5.0, 600.0, "how long a replica without heartbeat whose process is "
+                            "busy is left alone (slow) before it is restarted (hung); above the "
+                            "3 s heartbeat TTL, at most ten minutes of a stuck stage"),
     "restart_failure_window_s": Bound(10.0, 86_400.0, "the window failures are counted in: ten "
                                       "seconds to a day"),
 }  # fmt: skip
@@ -179,6 +182,8 @@ class PolicyConfig:
     restart_max_delay_s: float = 60.0
     restart_max_failures: int = 8
     restart_failure_window_s: float = 600.0
+    # A replica without heartbeat whose process is busy is slow, and hung after this long.
+    hung_timeout_s: float = 30.0
 
     def validate(self) -> None:
         """Raise PolicyConfigError listing every invalid field; return None when all is well."""

@@ -64,6 +64,8 @@ from workers.redis_client import redis_client
 log = logging.getLogger(__name__)
 
 TICK_S = 0.25
+# An agent's activity entry older than this (it publishes every second) does not count.
+ACTIVITY_FRESH_S = 5.0
 NODE_HISTORY_SAMPLES = 20
 
 
@@ -154,6 +156,14 @@ class AgentLauncher:
         raw = self.client.hget(self._exits_key(), replica_id)
         return None if raw is None else int(json.loads(raw)["returncode"])
 
+    def busy(self, replica_id: str) -> bool:
+        """What the replica's agent last saw (within a few seconds): alive and using CPU."""
+        raw = self.client.hget(control_keys.replica_activity(self.job.key), replica_id)
+        if raw is None:
+            return False
+        entry = json.loads(raw)
+        return bool(entry["busy"]) and time.time() - entry["at"] < ACTIVITY_FRESH_S
+
     def _exits_key(self) -> str:
         return control_keys.exits(self.job.key)
 
@@ -219,6 +229,7 @@ def launch_job(job: Job) -> JobPlan | None:
         active_stages={s.name for s in plan.stages if s.standby_node},
         placement={s.name: (s.primary_node, s.standby_node) for s in plan.stages},
         restart_policy=restart_policy_of(config),
+        hung_timeout_s=config.hung_timeout_s,
     )
     for stage in plan.stages:
         decide(
@@ -242,6 +253,7 @@ def relaunch_given_up(job: Job, supervisor: Supervisor, client, config) -> None:
     started, so a controller killed midway leaves a job whose missing processes the next
     supervision tick sees as exited and restarts."""
     supervisor.restart_policy = restart_policy_of(config)
+    supervisor.hung_timeout_s = config.hung_timeout_s
     actions = supervisor.relaunch(time.time())
     save_supervisor(client, job, supervisor)
     job.mark_starting("relaunched from the checkpoints after giving up")
@@ -366,6 +378,9 @@ def supervise_tick(job: Job, supervisor: Supervisor, client) -> TickReport:
         else:
             _record_failure(job, client, event, actions)
         execute(actions, launcher, command_sender(client, job))
+        waiting = [f"{job.key}/{a.replica_id}" for a in actions if isinstance(a, ScheduleRestart)]
+        if waiting:  # shown as waiting out the backoff until tick() restarts them
+            Replica.objects.filter(replica_id__in=waiting).update(state=Replica.State.BACKOFF)
         for give_up in (a for a in actions if isinstance(a, GiveUp)):
             _gave_up(job, client, event.replica_id, give_up, actions)
         # Other observations of this round may be stale after an action: look again next tick.
@@ -545,25 +560,32 @@ def _describe(actions: list) -> tuple[str, str]:
     return ControlDecision.Kind.FAILURE, RecoveryEpisode.Action.NONE
 
 
-def sync_replicas(job: Job, client) -> None:
-    """Copy what replicas report about themselves (pid, state, epoch, heartbeat) into the DB."""
+def sync_replicas(job: Job, client, supervisor: Supervisor) -> None:
+    """Copy what replicas report about themselves (pid, state, epoch, heartbeat) into the DB; a
+    replica the supervisor holds for slow (silent but busy) shows as such."""
     reported = client.hgetall(data_keys.replicas(job.key))
+    slow = set(supervisor.slow())
     for replica_id, raw in reported.items():
         info = json.loads(raw)
-        state = {
-            "running": Replica.State.RUNNING,
-            "catching_up": Replica.State.CATCHING_UP,
-            "starting": Replica.State.STARTING,
-            "stopped": Replica.State.STOPPED,
-        }.get(info.get("state"), Replica.State.FAILED)
         alive = client.exists(data_keys.heartbeat(job.key, replica_id))
+        if replica_id in slow:
+            state = Replica.State.SLOW
+        elif not alive:
+            state = Replica.State.STARTING
+        else:
+            state = {
+                "running": Replica.State.RUNNING,
+                "catching_up": Replica.State.CATCHING_UP,
+                "starting": Replica.State.STARTING,
+                "stopped": Replica.State.STOPPED,
+            }.get(info.get("state"), Replica.State.FAILED)
         Replica.objects.filter(replica_id=f"{job.key}/{replica_id}").exclude(
             state__in=(Replica.State.FAILED, Replica.State.STOPPED)
         ).update(
             pid=info.get("pid"),
             role=info.get("role", Replica.Role.PRIMARY),
             fencing_epoch=info.get("epoch") or 0,
-            state=state if alive else Replica.State.STARTING,
+            state=state,
             last_heartbeat=datetime.fromtimestamp(info["updated"], tz=UTC)
             if alive and info.get("updated")
             else None,
@@ -809,7 +831,8 @@ def supervise_window(job: Job, client, window_s: float, keep_lease) -> bool:
         if time.monotonic() >= next_cycle:
             config = Policy.current().to_config()
             supervisor.restart_policy = restart_policy_of(config)  # admin changes apply here
-            sync_replicas(job, client)
+            supervisor.hung_timeout_s = config.hung_timeout_s
+            sync_replicas(job, client, supervisor)
             metrics.ingest_job_progress(client, job)
             if job.status == Job.Status.STARTING and supervisor.all_running():
                 job.mark_running("every primary is running")

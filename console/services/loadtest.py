@@ -201,24 +201,13 @@ def log_in(base_url: str, username: str, password: str) -> dict[str, str]:
     }
 
 
-# The job page's refresh callback (console/dash/job/app.py): what a browser showing the job
-# sends every 2 s, and the request that reads the job's stored metrics.
-JOB_REFRESH_OUTPUTS = [
-    ("summary", "children"),
-    ("dag", "figure"),
-    ("replicas-table", "children"),
-    ("operators-table", "children"),
-    ("history", "figure"),
-    ("decisions-table", "children"),
-    ("failures-table", "children"),
-    ("faults-table", "children"),
-]
-
-
 def console_targets(job_id: int, credentials: dict[str, str]) -> list[Target]:
     """Job list, job detail, recoveries (REST API, token) and the job page's metrics callback
     (Dash, session and CSRF token)."""
     import json
+
+    # What a browser showing the job sends every 2 s: the request that reads the job's metrics.
+    from console.dash.job.app import REFRESH_OUTPUTS as JOB_REFRESH_OUTPUTS
 
     api = {"Authorization": f"Token {credentials['token']}", "Accept": "application/json"}
     outputs = [{"id": name, "property": prop} for name, prop in JOB_REFRESH_OUTPUTS]

@@ -35,7 +35,7 @@ def test_defaults_are_valid_and_match_the_brief():
         "warm_spares_per_node", "heartbeat_timeout_s", "cycle_interval_s",
         "recovery_band", "recovery_stable_window_s", "reference_window_s", "warmup_s",
         "restart_initial_delay_s", "restart_max_delay_s", "restart_max_failures",
-        "restart_failure_window_s",
+        "restart_failure_window_s", "hung_timeout_s",
     ]  # fmt: skip
 
 

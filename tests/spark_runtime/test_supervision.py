@@ -437,3 +437,38 @@ def test_execute_kills_a_replica_scheduled_for_restart_and_leaves_give_up_to_the
         lambda *args: calls.append(("cmd", args)),
     )
     assert calls == [("kill", "a-1")]
+
+
+# --- dead versus slow ---------------------------------------------------------------------
+
+
+def test_a_silent_but_busy_replica_is_slow_until_the_hung_timeout_and_an_idle_one_is_dead():
+    sup = Supervisor("j", "wordcount", per_operator("count"), "active-all", NODES,
+                     hung_timeout_s=30)  # fmt: skip
+    sup.start(0.0)
+    running(sup)
+    # Silent but busy (an overloaded machine starves its heartbeat thread): flagged, not killed.
+    assert sup.handle(HeartbeatMissed("count-1", 10.0, busy=True)) == []
+    assert sup.handle(HeartbeatMissed("count-1", 25.0, busy=True)) == []
+    assert sup.slow() == ["count-1"]
+    # It answers again: no longer slow, nothing was restarted.
+    sup.handle(HeartbeatSeen("count-1", 26.0, {"state": "running", "role": "primary"}))
+    assert sup.slow() == []
+    # Silent and busy for the whole hung timeout: a failure (the standby takes over).
+    sup.handle(HeartbeatMissed("count-1", 30.0, busy=True))
+    snapshot = Supervisor.from_dict(json.loads(json.dumps(sup.to_dict())))
+    assert snapshot.slow() == ["count-1"] and snapshot.hung_timeout_s == 30
+    assert snapshot.handle(HeartbeatMissed("count-1", 59.0, busy=True)) == []
+    assert snapshot.handle(HeartbeatMissed("count-1", 60.0, busy=True)) == [
+        KillReplica("count-1"),
+        PromoteStandby("count-2", "count"),
+    ]
+    assert "hung: busy but silent for 30 s" in " ".join(h for _, h in snapshot.history)
+
+    # A silent replica whose process does no work (hung, or stopped by a signal) is dead now.
+    sup = Supervisor("j", "wordcount", per_operator("count"), "local-restart", NODES)
+    sup.start(0.0)
+    running(sup)
+    assert sup.handle(HeartbeatMissed("count-1", 10.0, busy=False)) == [
+        RestartStage(sup.replicas["count-1"].spec)
+    ]

@@ -1,0 +1,85 @@
+"""Dead versus slow, below the state machine: the CPU a replica's process tree uses, as the
+node agent publishes it and the controller reads it, against real processes and Redis."""
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import redis
+from django.conf import settings
+
+from console.services.controller import AgentLauncher
+from spark_runtime.activity import ActivityMeter, cpu_share_over, is_busy
+from tests.factories import make_job
+from workers import agent, keys
+
+# A parent that spins in a child (like a stage whose JVM does the work), and an idle one.
+SPINNING_CHILD = (
+    "import subprocess, sys, time; "
+    "subprocess.Popen([sys.executable, '-c', 'while True: pass']); time.sleep(60)"
+)
+IDLE = "import time; time.sleep(60)"
+
+
+def _start(code: str) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-c", code], start_new_session=True)
+
+
+@pytest.fixture
+def processes():
+    started = []
+
+    def start(code):
+        proc = _start(code)
+        started.append(proc)
+        return proc
+
+    yield start
+    for proc in started:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
+def test_busy_is_the_cpu_of_the_whole_tree_and_a_stopped_tree_is_not_busy(processes):
+    spinning, idle = processes(SPINNING_CHILD), processes(IDLE)
+    time.sleep(0.5)  # the child is started
+    assert is_busy(cpu_share_over(spinning.pid, 0.5))  # the parent sleeps; its child works
+    assert not is_busy(cpu_share_over(idle.pid, 0.5))
+    os.killpg(spinning.pid, signal.SIGSTOP)  # pause-node: the whole group is stopped
+    try:
+        assert cpu_share_over(spinning.pid, 0.5) == 0.0
+    finally:
+        os.killpg(spinning.pid, signal.SIGCONT)
+    meter = ActivityMeter()
+    assert meter.cpu_share(idle.pid) is None  # a first look has nothing to compare with
+    os.killpg(idle.pid, signal.SIGKILL)
+    idle.wait()
+    assert meter.cpu_share(idle.pid) is None  # gone
+
+
+@pytest.mark.django_db
+def test_the_agent_publishes_activity_and_the_controller_reads_it(processes, monkeypatch):
+    client = redis.Redis.from_url(settings.REDIS_URL, decode_responses=True)
+    job = make_job()
+    spinning, idle = processes(SPINNING_CHILD), processes(IDLE)
+    children = {
+        "count-1": (spinning, job.key, None),
+        "split-1": (idle, job.key, None),
+        "spare-x": (processes(IDLE), "", None),  # a warm spare: no job, not published
+    }
+    monkeypatch.setattr(agent, "_children", children)
+    agent.publish_activity(client)  # the first round only takes a sample
+    time.sleep(1.0)
+    agent.publish_activity(client)
+    published = client.hgetall(keys.replica_activity(job.key))
+    assert sorted(published) == ["count-1", "split-1"]
+    assert 0 < client.ttl(keys.replica_activity(job.key)) <= keys.ACTIVITY_TTL_S
+    launcher = AgentLauncher(job, client)
+    assert launcher.busy("count-1") and not launcher.busy("split-1")
+    assert not launcher.busy("unknown-1")
+    client.delete(keys.replica_activity(job.key))
