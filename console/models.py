@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import uuid
+from dataclasses import fields as dataclass_fields
 from datetime import timedelta
 
 from django.conf import settings
@@ -16,7 +17,7 @@ from django.dispatch import receiver
 from django.utils import timezone
 from django_celery_beat.models import CrontabSchedule, PeriodicTask
 
-from console.policy.config import PolicyConfig, PolicyConfigError
+from console.policy.config import BOUNDS, PolicyConfig, PolicyConfigError
 from spark_runtime.strategies import STRATEGY_TABLE
 from spark_runtime.topology import OPERATOR_KINDS, TOPOLOGIES
 
@@ -383,7 +384,9 @@ class Policy(models.Model):
 
     Versions are never edited in place: every change writes a new row with who, when and why, so
     the history is the audit trail and any version can be restored. The newest row is in force.
-    Field names match `console.policy.config.PolicyConfig`, which validates them.
+    The tunable fields are not written here: they are PolicyConfig's (console.policy.config),
+    with its names, types and defaults and each bound's reason as the help text, added to the
+    model by `_mirror_policy_config` below; PolicyConfig.validate() checks them.
     """
 
     version = models.PositiveIntegerField(unique=True, editable=False)
@@ -393,52 +396,7 @@ class Policy(models.Model):
     )
     reason = models.CharField(max_length=300, blank=True)
 
-    # Priority P = w_type*S + w_resource*R + w_dependency*L (+ fault_risk_weight*fr).
-    w_type = models.FloatField(default=0.4)
-    w_resource = models.FloatField(default=0.3)
-    w_dependency = models.FloatField(default=0.3)
-    alpha_cpu = models.FloatField(default=0.5)
-    beta_mem = models.FloatField(default=0.5)
-    priority_threshold = models.FloatField(default=0.4, help_text="P above it -> hot standby")
-    fault_risk_weight = models.FloatField(default=0.2)
-    # Node resource score Q.
-    q_w_cpu = models.FloatField(default=0.4)
-    q_w_mem = models.FloatField(default=0.3)
-    q_w_disk = models.FloatField(default=0.15)
-    q_w_bw = models.FloatField(default=0.15)
-    q_decay_lambda = models.FloatField(default=0.5)
-    q_samples = models.PositiveIntegerField(default=5)
-    resource_reserve = models.FloatField(default=0.2, help_text="Fraction of the cluster kept free")
-    # Checkpoint interval.
-    checkpoint_min_s = models.FloatField(default=1.0)
-    checkpoint_max_s = models.FloatField(default=60.0)
-    interval_horizon_s = models.FloatField(default=60.0, help_text="T in C_initial")
-    checkpoint_cost_s = models.FloatField(default=0.5, help_text="T_checkpoint")
-    recovery_cost_s = models.FloatField(default=20.0, help_text="T_recover")
-    cpu_const = models.FloatField(default=0.8)
-    mem_const = models.FloatField(default=0.8)
-    slow_task_limit = models.PositiveIntegerField(default=3)
-    fault_rate_prior = models.FloatField(default=0.05)
-    # Supervision and recovery detection.
-    warm_spares_per_node = models.PositiveSmallIntegerField(
-        default=1, help_text="Pre-started stage processes per node (adaptive)"
-    )
-    heartbeat_timeout_s = models.FloatField(default=3.0)
-    cycle_interval_s = models.FloatField(default=5.0)
-    recovery_band = models.FloatField(default=0.15)
-    recovery_stable_window_s = models.FloatField(default=30.0)
-    reference_window_s = models.FloatField(default=60.0)
-    warmup_s = models.FloatField(default=20.0)
-    # Restart policy: backoff of crash-looping replicas, and when to give up.
-    restart_initial_delay_s = models.FloatField(default=2.0)
-    restart_max_delay_s = models.FloatField(default=60.0)
-    restart_max_failures = models.PositiveIntegerField(
-        default=8, help_text="Failures of a stage within the window that fail the job"
-    )
-    restart_failure_window_s = models.FloatField(default=600.0)
-    hung_timeout_s = models.FloatField(
-        default=30.0, help_text="A replica silent but busy this long is restarted"
-    )
+    # One field per PolicyConfig field, added below the class (`_mirror_policy_config`).
 
     class Meta:
         ordering = ["-version"]
@@ -502,6 +460,22 @@ class Policy(models.Model):
             latest = cls(reason="defaults")
             latest.save()
         return latest
+
+
+def _mirror_policy_config() -> None:
+    """Add one model field per PolicyConfig field (same name, type and default), so the model
+    and the validated config cannot drift apart; a new tunable is one edit in PolicyConfig (and
+    BOUNDS) plus a migration."""
+    for config_field in dataclass_fields(PolicyConfig):
+        help_text = BOUNDS[config_field.name].why
+        if config_field.type == "int":
+            field = models.PositiveIntegerField(default=config_field.default, help_text=help_text)
+        else:
+            field = models.FloatField(default=config_field.default, help_text=help_text)
+        Policy.add_to_class(config_field.name, field)
+
+
+_mirror_policy_config()
 
 
 class ControlDecision(models.Model):

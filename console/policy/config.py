@@ -1,8 +1,8 @@
 """The policy's tunables, validated in one place.
 
-The Django `Policy` model mirrors these fields one to one (same names, same defaults), so the
-admin, the API and this pure core agree on what a valid policy is: `validate()` is the single
-source of truth for the rules.
+The Django `Policy` model is built from these fields (console.models._mirror_policy_config: same
+names, types and defaults, each bound's reason as help text), so the admin, the API and this pure
+core agree on what a valid policy is: `validate()` is the single source of truth for the rules.
 """
 
 from __future__ import annotations
@@ -188,10 +188,9 @@ class PolicyConfig:
     def validate(self) -> None:
         """Raise PolicyConfigError listing every invalid field; return None when all is well."""
         errors: dict[str, str] = {}
-        ints = {"q_samples", "slow_task_limit", "warm_spares_per_node", "restart_max_failures"}
         for f in fields(self):
             value = getattr(self, f.name)
-            if f.name in ints:
+            if f.type == "int":  # the annotation, as a string (postponed annotations)
                 if isinstance(value, bool) or not isinstance(value, int):
                     errors[f.name] = f"{f.name}: must be an integer, got {value!r}"
             elif (

@@ -128,3 +128,17 @@ def test_the_admin_form_shows_each_range(client, users, baseline):
     assert 'name="cycle_interval_s"' in page
     assert 'min="0.5"' in page and 'max="60.0"' in page
     assert "Range [0.5, 60]:" in page
+
+
+def test_the_policy_model_is_policy_config_field_for_field():
+    """No second hand-written copy: a fresh Policy is PolicyConfig's defaults, with its types."""
+    from django.db import models
+
+    assert Policy().to_config() == PolicyConfig()
+    for name in Policy.threshold_field_names():
+        field = Policy._meta.get_field(name)
+        wanted = int if PolicyConfig.__dataclass_fields__[name].type == "int" else float
+        assert isinstance(
+            field, models.PositiveIntegerField if wanted is int else models.FloatField
+        )
+        assert field.help_text == BOUNDS[name].why
