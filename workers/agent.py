@@ -313,9 +313,12 @@ def agent_fault_limits() -> Limits:
     return Limits(max_duration_s=float(max_duration), cores=capacity_from_env().cpu_total)
 
 
-def check_fault_params(kind: str, params: dict) -> dict:
+def check_fault_params(
+    kind: str, params: dict, fault_id: int | None = None, job_key: str | None = None
+) -> dict:
     """`params` checked against this node's limits; a refusal is logged, reported on the agent
-    events stream (kind `refused`) and raised as FaultRefusedByAgent."""
+    events stream (kind `refused`, with the fault and job it was for, so the controller marks
+    the fault refused) and raised as FaultRefusedByAgent."""
     try:
         return validate_params(kind, params, agent_fault_limits())
     except FaultParamsError as exc:
@@ -325,6 +328,7 @@ def check_fault_params(kind: str, params: dict) -> dict:
             redis_client().xadd(
                 keys.agent_events(),
                 {"kind": "refused", "node": node, "fault": kind, "detail": str(exc),
+                 "fault_id": str(fault_id or ""), "job": job_key or "",
                  "at": str(time.time())},
                 maxlen=keys.AGENT_EVENTS_MAXLEN,
                 approximate=True,
@@ -370,14 +374,16 @@ def resume_due(client: redis.Redis, node: str, now: float | None = None) -> list
 
 
 @shared_task(name="backstop.agent.pause_node", expires=30, time_limit=30, soft_time_limit=25)
-def pause_node(duration_s: float, job_key: str | None = None) -> list[int]:
+def pause_node(
+    duration_s: float, job_key: str | None = None, fault_id: int | None = None
+) -> list[int]:
     """SIGSTOP this node's stage processes for `duration_s` seconds (a hang or partition).
 
     A timer in this agent sends the SIGCONT when the deadline kept in Redis has passed, and the
     agent loop checks the deadline every second too (see `resume_due`), so a restarted agent
     still resumes the groups.
     """
-    checked = check_fault_params(PAUSE_NODE, {"duration_s": duration_s})
+    checked = check_fault_params(PAUSE_NODE, {"duration_s": duration_s}, fault_id, job_key)
     node = this_node()
     procs = stage_processes(node=node, job=job_key)
     groups = sorted({os.getpgid(p.pid) for p in procs})
@@ -398,13 +404,17 @@ def _resume_due_quietly(node: str) -> None:
 
 
 @shared_task(name="backstop.agent.stress_node", expires=30, time_limit=30, soft_time_limit=25)
-def stress_node(duration_s: float, workers: int = 1) -> list[int]:
+def stress_node(
+    duration_s: float, workers: int = 1, fault_id: int | None = None, job_key: str | None = None
+) -> list[int]:
     """Start `workers` CPU hogs tagged with this node for `duration_s` seconds; return their pids.
 
     The hogs run the stage entry point's neighbour `workers.cpu_hog`, which exits on its own.
     The agent refuses more hogs than its node has cores and durations over the maximum.
     """
-    checked = check_fault_params(STRESS_NODE, {"duration_s": duration_s, "workers": workers})
+    checked = check_fault_params(
+        STRESS_NODE, {"duration_s": duration_s, "workers": workers}, fault_id, job_key
+    )
     pids = []
     for _ in range(checked["workers"]):
         proc = subprocess.Popen(

@@ -8,10 +8,11 @@ controller is alive; the supervision state lives in Redis, so nothing is lost.
 
 from __future__ import annotations
 
+import contextlib
 import logging
-import uuid
 
 from celery import shared_task
+from redis.exceptions import LockError, LockNotOwnedError
 
 from workers.redis_client import redis_client
 
@@ -19,20 +20,6 @@ log = logging.getLogger(__name__)
 
 SUPERVISE_WINDOW_S = 30.0
 LEASE_S = 5.0
-
-# Renew the lease only while it is still ours (compare-and-expire in one step).
-_RENEW = """
-if redis.call('get', KEYS[1]) == ARGV[1] then
-  return redis.call('pexpire', KEYS[1], ARGV[2])
-end
-return 0
-"""
-_RELEASE = """
-if redis.call('get', KEYS[1]) == ARGV[1] then
-  return redis.call('del', KEYS[1])
-end
-return 0
-"""
 
 
 @shared_task(
@@ -74,19 +61,20 @@ def supervise_job(job_id: int) -> str:
 
     client = redis_client()
     job = Job.objects.get(pk=job_id)
-    lease, token = controller_lease(job.key), uuid.uuid4().hex
-    if not client.set(lease, token, nx=True, px=int(LEASE_S * 1000)):
+    # redis-py's Lock: a random token, renewed and released only while it is still ours.
+    lease = client.lock(controller_lease(job.key), timeout=LEASE_S)
+    if not lease.acquire(blocking=False):
         return f"job {job_id} is supervised elsewhere"
-    renew = client.register_script(_RENEW)
     try:
-        live = controller.supervise_window(
-            job,
-            client,
-            SUPERVISE_WINDOW_S,
-            keep_lease=lambda: renew([lease], [token, int(LEASE_S * 1000)]),
-        )
+        live = controller.supervise_window(job, client, SUPERVISE_WINDOW_S, lease.reacquire)
+    except LockNotOwnedError:
+        # The lease expired (this worker stalled past LEASE_S) and another window may run now:
+        # stop here rather than supervise the job twice.
+        log.warning("job %s: supervision lease lost; leaving the job to its new holder", job_id)
+        return f"job {job_id}: lease lost"
     finally:
-        client.register_script(_RELEASE)([lease], [token])
+        with contextlib.suppress(LockError):
+            lease.release()
     if live:
         supervise_job.apply_async(args=(job_id,))
     return f"job {job_id} supervised for a window (live={live})"

@@ -330,15 +330,22 @@ class TickReport:
 
 
 def read_agent_exits(client, job: Job) -> None:
-    """Copy the job's process exits from the agents' event stream into the job's exits hash."""
+    """Copy the job's process exits from the agents' event stream into the job's exits hash,
+    and mark the job's faults that an agent refused."""
+    from console.services.faults import record_refusal
+
     cursor_key = control_keys.agent_events_cursor(job.key)
     cursor = client.get(cursor_key) or "0-0"
     entries = client.xrange(control_keys.agent_events(), min=f"({cursor}", count=1000)
     for _, fields in entries:
-        if fields.get("job") == job.key and fields.get("kind") == "exit":
+        if fields.get("job") != job.key:
+            continue
+        if fields.get("kind") == "exit":
             replica_id = fields["replica_id"]
             client.hset(control_keys.exits(job.key), replica_id, json.dumps(fields))
             client.hset(control_keys.exit_tails(job.key), replica_id, fields["log_tail"])
+        elif fields.get("kind") == "refused" and fields.get("fault_id", "").isdigit():
+            record_refusal(job, fields["fault_id"], fields.get("detail", ""))
     if entries:
         client.set(cursor_key, entries[-1][0])
 

@@ -191,16 +191,29 @@ def inject(fault: FaultInjection) -> FaultInjection:
         detail = f"SIGKILL to every replica of the job on {fault.target_node.name}"
     elif fault.kind == FaultInjection.Kind.PAUSE_NODE:
         agent.pause_node.apply_async(
-            args=(duration, job.key), queue=node_queue(fault.target_node.name)
+            args=(duration, job.key),
+            kwargs={"fault_id": fault.pk},
+            queue=node_queue(fault.target_node.name),
         )
         detail = f"SIGSTOP for {duration:g} s on {fault.target_node.name}"
     elif fault.kind == FaultInjection.Kind.STRESS_NODE:
         workers = int(fault.params.get("workers", DEFAULT_STRESS_WORKERS))
         agent.stress_node.apply_async(
-            args=(duration, workers), queue=node_queue(fault.target_node.name)
+            args=(duration, workers),
+            kwargs={"fault_id": fault.pk, "job_key": job.key},
+            queue=node_queue(fault.target_node.name),
         )
         detail = f"{workers} CPU hogs for {duration:g} s on {fault.target_node.name}"
     return _finish(fault, FaultInjection.Outcome.INJECTED, detail)
+
+
+def record_refusal(job, fault_id: str, detail: str) -> FaultInjection | None:
+    """The node agent refused the fault after it was sent (its own bounds are stricter): the
+    fault was not injected after all. Idempotent; a fault of another job is left alone."""
+    fault = FaultInjection.objects.filter(pk=int(fault_id), job=job).first()
+    if fault is None or fault.outcome == FaultInjection.Outcome.REFUSED:
+        return fault
+    return _finish(fault, FaultInjection.Outcome.REFUSED, f"refused by the node agent: {detail}")
 
 
 def _finish(fault: FaultInjection, outcome: str, detail: str) -> FaultInjection:

@@ -142,3 +142,27 @@ def test_the_agent_runs_hogs_within_its_bounds(node_env):
     assert len(pids) == 2
     for pid in pids:
         psutil.Process(pid).wait(timeout=10)
+
+
+@pytest.mark.django_db
+def test_a_fault_the_agent_refuses_is_marked_refused_not_injected(client, node_env):
+    """The API's bounds passed, the agent's own (its cores, its maximum) did not."""
+    from console.models import ControlDecision, FaultInjection
+    from console.services.controller import read_agent_exits
+    from tests.factories import make_job
+
+    job = make_job(status="running")
+    fault = FaultInjection.objects.create(
+        job=job, kind=FaultInjection.Kind.STRESS_NODE, outcome=FaultInjection.Outcome.INJECTED
+    )
+    with pytest.raises(agent.FaultRefusedByAgent):
+        agent.stress_node(10, 3, fault_id=fault.pk, job_key=job.key)  # 3 hogs on 2 cores
+    read_agent_exits(client, job)
+    fault.refresh_from_db()
+    assert fault.outcome == FaultInjection.Outcome.REFUSED
+    assert fault.outcome_detail.startswith("refused by the node agent: params.workers")
+    assert fault.injected_at is None
+    decision = ControlDecision.objects.get(job=job, kind=ControlDecision.Kind.FAULT)
+    assert decision.reason.startswith("stress-node refused")
+    read_agent_exits(client, job)  # read again: nothing changes
+    assert ControlDecision.objects.filter(job=job).count() == 1
