@@ -1,13 +1,21 @@
 """Plain Django views: the health endpoint, the home page and JSON error pages for the API."""
 
+import hmac
+
+from django.conf import settings
 from django.contrib.auth.decorators import login_required
-from django.http import JsonResponse
+from django.http import HttpResponse, JsonResponse
 from django.shortcuts import render
 from django.views import defaults
 from django.views.decorators.cache import never_cache
 
 from console.models import Job, Node, RecoveryEpisode
 from console.services.health import health_report
+from console.services.prometheus import exposition
+from workers.redis_client import redis_client
+
+# The Prometheus text format, version 0.0.4.
+PROMETHEUS_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 
 @never_cache
@@ -15,6 +23,21 @@ def healthz(request):
     """200 when the database, Redis and a Celery worker answer; 503 naming what failed."""
     healthy, report = health_report()
     return JsonResponse(report, status=200 if healthy else 503)
+
+
+@never_cache
+def metrics(request):
+    """Prometheus scrape endpoint: `Authorization: Bearer <METRICS_TOKEN>`. Off (404) while no
+    token is set; 401 with a wrong or missing token. GET only."""
+    token = settings.METRICS_TOKEN
+    if not token:
+        return _json_error(404, "not_found", "metrics are off: set METRICS_TOKEN to turn them on")
+    if request.method != "GET":
+        return _json_error(405, "method_not_allowed", "GET only")
+    given = request.headers.get("Authorization", "").removeprefix("Bearer ")
+    if not hmac.compare_digest(given.encode(), token.encode()):
+        return _json_error(401, "not_authenticated", "send Authorization: Bearer <METRICS_TOKEN>")
+    return HttpResponse(exposition(redis_client()), content_type=PROMETHEUS_CONTENT_TYPE)
 
 
 @login_required

@@ -25,6 +25,11 @@ def controller_lease(job_key: str) -> str:
     return f"backstop:{job_key}:controller-lease"
 
 
+def controller_cycle(job_key: str) -> str:
+    """JSON {"at", "duration_s"} of the controller's last policy cycle of a job (for /metrics)."""
+    return f"backstop:{job_key}:controller-cycle"
+
+
 def controller_state(job_key: str) -> str:
     """The supervision state of a job as JSON, so a restarted controller picks it up."""
     return f"backstop:{job_key}:controller-state"

@@ -805,6 +805,12 @@ def stop_everything(job: Job, supervisor: Supervisor, client) -> None:
     client.delete(control_keys.controller_state(job.key))
 
 
+def record_cycle(client, job: Job, duration_s: float) -> None:
+    """When the job's last policy cycle ended and how long it took (read by /metrics)."""
+    cycle = {"at": time.time(), "duration_s": round(duration_s, 4)}
+    client.set(control_keys.controller_cycle(job.key), json.dumps(cycle), ex=3600)
+
+
 def generator_id(job: Job) -> str:
     return f"generator-{job.key}"
 
@@ -836,6 +842,7 @@ def supervise_window(job: Job, client, window_s: float, keep_lease) -> bool:
         record_reprotections(job, supervisor)
         save_supervisor(client, job, supervisor)
         if time.monotonic() >= next_cycle:
+            cycle_started = time.monotonic()
             config = Policy.current().to_config()
             supervisor.restart_policy = restart_policy_of(config)  # admin changes apply here
             supervisor.hung_timeout_s = config.hung_timeout_s
@@ -850,6 +857,7 @@ def supervise_window(job: Job, client, window_s: float, keep_lease) -> bool:
             save_supervisor(client, job, supervisor)
             recovery.measure_open_episodes(job, client, config)
             alert_slow_recoveries(job)
+            record_cycle(client, job, time.monotonic() - cycle_started)
             next_cycle = time.monotonic() + config.cycle_interval_s
         time.sleep(TICK_S)
     return job.is_live

@@ -18,6 +18,7 @@ import json
 import time
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 from rest_framework.test import APIClient
 
 from console.models import ControlDecision, FaultInjection, Job, RecoveryEpisode, Replica
@@ -180,11 +181,40 @@ def test_adaptive_survives_controller_restart_and_kill_driver(cluster):
     assert int(client.get(keys.fence(job.key, "count"))) >= 2
 
 
-def test_local_restart_restarts_the_killed_stage_with_exact_results(cluster):
+def scrape_metrics(settings) -> dict[str, list]:
+    """What Prometheus would get from /metrics now (family name -> samples)."""
+    settings.METRICS_TOKEN = "it-scrape"
+    response = api().get("/metrics", HTTP_AUTHORIZATION="Bearer it-scrape")
+    assert response.status_code == 200
+    families = text_string_to_metric_families(response.content.decode())
+    return {family.name: family.samples for family in families}
+
+
+def test_local_restart_restarts_the_killed_stage_with_exact_results(cluster, settings):
     client = redis_client(decode_responses=False)
     job = launch("local-restart")
     assert not Replica.objects.filter(job=job, role="standby").exists()
     time.sleep(8)
+    # Prometheus' view of the running job agrees with the API's.
+    metrics = scrape_metrics(settings)
+    detail = api().get(f"/api/jobs/{job.pk}/").json()
+    job_id = str(job.pk)
+    running = [s.value for s in metrics["backstop_job_running"] if s.labels["job_id"] == job_id]
+    assert running == [1.0]
+    placed = sorted(
+        (s.labels["stage"], s.labels["role"], s.labels["node"])
+        for s in metrics["backstop_replica_info"]
+        if s.labels["job_id"] == job_id
+    )
+    assert placed == sorted(
+        (r["stage"], r["role"], r["node"])
+        for r in detail["replicas"]
+        if r["state"] not in ("stopped", "failed")
+    )
+    throughput = metrics["backstop_job_throughput_events_per_second"]
+    assert [s.value > 0 for s in throughput if s.labels["job_id"] == job_id] == [True]
+    cycles = metrics["backstop_controller_cycle_age_seconds"]
+    assert [s.value < 30 for s in cycles if s.labels["job_id"] == job_id] == [True]
     inject_kill_driver(job)
     wait_for(lambda: RecoveryEpisode.objects.filter(job=job).exists(), 60, "stage restart")
     assert ControlDecision.objects.filter(job=job, kind="restart-stage").exists()

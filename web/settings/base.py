@@ -259,6 +259,8 @@ CONTROLLER_DISPATCH = env("CONTROLLER_DISPATCH", True, parse_bool)
 FAULT_RATE_LIMIT_PER_MINUTE = env("FAULT_RATE_LIMIT_PER_MINUTE", 6, int)
 # Longest pause-node or stress-node a fault may ask for; node agents check it again.
 FAULT_MAX_DURATION_S = env("FAULT_MAX_DURATION_S", 600.0, float)
+# Bearer token Prometheus sends to /metrics; empty turns the endpoint off (404).
+METRICS_TOKEN = env("METRICS_TOKEN", "")
 METRIC_RETENTION_HOURS = env("METRIC_RETENTION_HOURS", 48, int)
 
 LOGGING = {

@@ -37,4 +37,4 @@ SECURE_HSTS_INCLUDE_SUBDOMAINS = env("SECURE_HSTS_INCLUDE_SUBDOMAINS", True, par
 SECURE_HSTS_PRELOAD = env("SECURE_HSTS_PRELOAD", True, parse_bool)
 # /healthz is polled by load balancers and container health checks over plain HTTP inside the
 # network; everything else is redirected to HTTPS.
-SECURE_REDIRECT_EXEMPT = [r"^healthz$"]
+SECURE_REDIRECT_EXEMPT = [r"^healthz$", r"^metrics$"]

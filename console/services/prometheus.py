@@ -1,0 +1,287 @@
+"""Backstop's figures in the Prometheus text format, for `/metrics`.
+
+Multi-process safe by construction: nothing is counted in process memory. Every scrape reads the
+shared state the controller and the agents write (the database: jobs, operators, replicas,
+metric samples, faults, episodes; Redis: the controller's last cycle per job), so whichever web
+worker answers, the figures are the same, and counters are counts of stored rows (they only go
+down when rows are deleted by retention, which Prometheus reads as a counter reset).
+
+Names follow Prometheus conventions: the unit in the name (`_seconds`, `_bytes`, `_ratio`,
+`_events_per_second`), `_total` for counters; labels are ids and names of jobs, stages,
+operators, replicas and nodes (bounded by what runs), never record ids. `job_id` rather than
+`job`, because Prometheus adds its own `job` label to every scraped series.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+
+from django.db.models import Count, Sum
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
+
+from console.models import (
+    FaultInjection,
+    Job,
+    MetricSample,
+    Node,
+    Operator,
+    RecoveryEpisode,
+    Replica,
+)
+from workers import keys as control_keys
+
+# Bucket bounds (seconds) of the downtime and recovery-time histograms: from a promotion (about a
+# second) to a cold restart that does not settle (a minute and more).
+DURATION_BUCKETS_S = (0.5, 1, 2, 5, 10, 20, 30, 60, 120, 300)
+
+# Metric-sample name -> (exported suffix, help) for a job (stage "") and for its stages.
+JOB_SERIES = {
+    "throughput_eps": ("throughput_events_per_second", "Events per second out of the job"),
+    "input_rate_eps": ("input_rate_events_per_second", "Events per second into the job"),
+}
+LATENCY_QUANTILES = {"latency_p50_ms": "0.5", "latency_p90_ms": "0.9", "latency_p99_ms": "0.99"}
+STAGE_SERIES = {
+    "throughput_eps": ("throughput_events_per_second", "Events per second a stage processed"),
+    "state_rows": ("state_rows", "Rows in a stage's state store"),
+    "state_memory_bytes": ("state_memory_bytes", "Memory of a stage's state store"),
+}
+NODE_SERIES = {
+    "cpu_util": ("cpu_utilisation_ratio", "Share of the node's CPU in use"),
+    "mem_util": ("memory_utilisation_ratio", "Share of the node's memory in use"),
+    "disk_util": ("disk_utilisation_ratio", "Share of the node's disk throughput in use"),
+    "net_util": ("network_utilisation_ratio", "Share of the node's bandwidth in use"),
+    "q_score": ("q_score", "Decayed resource score Q (Algorithm 1; higher is more idle)"),
+    "warm_spares": ("warm_spares", "Idle pre-started stage processes on the node"),
+}
+
+
+def _newest(name: str, **filters) -> float | None:
+    """The newest value of one metric for one job, stage or node (an indexed lookup: the table
+    holds days of samples, a scrape must not read them)."""
+    return (
+        MetricSample.objects.filter(name=name, **filters)
+        .order_by("-at")
+        .values_list("value", flat=True)
+        .first()
+    )
+
+
+class BackstopCollector:
+    """Reads the shared state at every scrape (see the module doc). `redis` may be None."""
+
+    def __init__(self, redis=None):
+        self.redis = redis
+
+    def collect(self) -> Iterator[Metric]:
+        live_jobs = list(Job.objects.filter(status__in=Job.LIVE_STATUSES))
+        yield from self._jobs(live_jobs)
+        yield from self._stages_and_operators(live_jobs)
+        yield from self._replicas()
+        yield from self._nodes()
+        yield from self._faults_and_recoveries()
+        if self.redis is not None:
+            yield from self._controller(live_jobs)
+
+    def _jobs(self, live_jobs: list[Job]) -> Iterator[Metric]:
+        info = GaugeMetricFamily(
+            "backstop_job_info",
+            "A job (1): its name, topology, strategy and status",
+            labels=["job_id", "name", "topology", "strategy", "status"],
+        )
+        for job in Job.objects.all():
+            info.add_metric([str(job.pk), job.name, job.topology, job.strategy, job.status], 1)
+        yield info
+        up = GaugeMetricFamily("backstop_job_running", "1 while the job runs", labels=["job_id"])
+        for job in Job.objects.exclude(status__in=(Job.Status.STOPPED, Job.Status.CREATED)):
+            up.add_metric([str(job.pk)], 1.0 if job.status == Job.Status.RUNNING else 0.0)
+        yield up
+        for metric, (suffix, doc) in JOB_SERIES.items():
+            family = GaugeMetricFamily(f"backstop_job_{suffix}", doc, labels=["job_id"])
+            for job in live_jobs:
+                value = _newest(metric, job=job, stage="")
+                if value is not None:
+                    family.add_metric([str(job.pk)], value)
+            yield family
+        latency = GaugeMetricFamily(
+            "backstop_job_event_time_latency_seconds",
+            "Event-time latency of the job's output, newest batch, by quantile",
+            labels=["job_id", "quantile"],
+        )
+        for metric, quantile in LATENCY_QUANTILES.items():
+            for job in live_jobs:
+                value = _newest(metric, job=job, stage="")
+                if value is not None:
+                    latency.add_metric([str(job.pk), quantile], value / 1000)
+        yield latency
+
+    def _stages_and_operators(self, live_jobs: list[Job]) -> Iterator[Metric]:
+        ids = [job.pk for job in live_jobs]
+        operators = list(Operator.objects.filter(job_id__in=ids).order_by("job_id", "name"))
+        stages = sorted({(op.job_id, op.stage) for op in operators if op.stage})
+        for metric, (suffix, doc) in STAGE_SERIES.items():
+            family = GaugeMetricFamily(f"backstop_stage_{suffix}", doc, labels=["job_id", "stage"])
+            for job_id, stage in stages:
+                value = _newest(metric, job_id=job_id, stage=stage)
+                if value is not None:
+                    family.add_metric([str(job_id), stage], value)
+            yield family
+        labels = ["job_id", "operator"]
+        families = {
+            "priority": GaugeMetricFamily(
+                "backstop_operator_priority",
+                "Effective priority P_eff of the operator",
+                labels=labels,
+            ),
+            "active": GaugeMetricFamily(
+                "backstop_operator_active",
+                "1 when the operator has a hot standby",
+                labels=labels,
+            ),
+            "interval": GaugeMetricFamily(
+                "backstop_operator_checkpoint_interval_seconds",
+                "Checkpoint interval the policy chose for the operator",
+                labels=labels,
+            ),
+            "fault_rate": GaugeMetricFamily(
+                "backstop_operator_predicted_fault_rate",
+                "Fault rate fr used in the operator's priority",
+                labels=labels,
+            ),
+        }
+        for op in operators:
+            key = [str(op.job_id), op.name]
+            families["priority"].add_metric(key, op.priority)
+            families["active"].add_metric(key, 1.0 if op.mode == Operator.Mode.ACTIVE else 0.0)
+            families["interval"].add_metric(key, op.checkpoint_interval_s)
+            families["fault_rate"].add_metric(key, op.predicted_fault_rate)
+        yield from families.values()
+
+    def _replicas(self) -> Iterator[Metric]:
+        info = GaugeMetricFamily(
+            "backstop_replica_info",
+            "A live replica (1): its stage, role, node and state",
+            labels=["job_id", "stage", "replica", "role", "node", "state"],
+        )
+        epoch = GaugeMetricFamily(
+            "backstop_replica_fencing_epoch",
+            "Fencing epoch of the replica's sink writes",
+            labels=["job_id", "replica"],
+        )
+        live = Replica.objects.exclude(state__in=(Replica.State.STOPPED, Replica.State.FAILED))
+        for replica in live.select_related("node").order_by("replica_id"):
+            local_id = replica.replica_id.split("/", 1)[-1]
+            job_id = str(replica.job_id)
+            info.add_metric(
+                [job_id, replica.stage, local_id, replica.role, replica.node.name, replica.state],
+                1,
+            )
+            epoch.add_metric([job_id, local_id], replica.fencing_epoch)
+        yield info
+        yield epoch
+
+    def _nodes(self) -> Iterator[Metric]:
+        nodes = list(Node.objects.order_by("name"))
+        up = GaugeMetricFamily(
+            "backstop_node_up", "1 while the node's agent reports", labels=["node"]
+        )
+        for node in nodes:
+            up.add_metric([node.name], 1.0 if node.state == Node.State.UP else 0.0)
+        yield up
+        for metric, (suffix, doc) in NODE_SERIES.items():
+            family = GaugeMetricFamily(f"backstop_node_{suffix}", doc, labels=["node"])
+            for node in nodes:
+                value = _newest(metric, node=node)
+                if value is not None:
+                    family.add_metric([node.name], value)
+            yield family
+
+    def _faults_and_recoveries(self) -> Iterator[Metric]:
+        faults = CounterMetricFamily(
+            "backstop_faults", "Faults asked for, by kind and outcome", labels=["kind", "outcome"]
+        )
+        counted = FaultInjection.objects.values("kind", "outcome").annotate(n=Count("id"))
+        for row in counted.order_by("kind", "outcome"):
+            faults.add_metric([row["kind"], row["outcome"]], row["n"])
+        yield faults
+        episodes = CounterMetricFamily(
+            "backstop_recovery_episodes",
+            "Recovery episodes, by strategy and the controller's action",
+            labels=["strategy", "action"],
+        )
+        by_action = RecoveryEpisode.objects.values("strategy", "action").annotate(n=Count("id"))
+        for row in by_action.order_by("strategy", "action"):
+            episodes.add_metric([row["strategy"], row["action"]], row["n"])
+        yield episodes
+        yield from self._duration_histogram(
+            "backstop_recovery_downtime_seconds", "Output gap of measured episodes", "downtime_s"
+        )
+        yield from self._duration_histogram(
+            "backstop_recovery_time_seconds",
+            "Time until throughput and latency were back in band, measured episodes",
+            "recovery_time_s",
+        )
+        audit = RecoveryEpisode.objects.values("strategy").annotate(
+            lost=Sum("lost"), duplicates=Sum("duplicates")
+        )
+        lost = CounterMetricFamily(
+            "backstop_recovery_lost_results", "Results lost, audited episodes", labels=["strategy"]
+        )
+        duplicated = CounterMetricFamily(
+            "backstop_recovery_duplicated_results",
+            "Results duplicated, audited episodes",
+            labels=["strategy"],
+        )
+        for row in audit.order_by("strategy"):
+            lost.add_metric([row["strategy"]], row["lost"] or 0)
+            duplicated.add_metric([row["strategy"]], row["duplicates"] or 0)
+        yield lost
+        yield duplicated
+
+    def _duration_histogram(self, name: str, doc: str, field: str) -> Iterator[Metric]:
+        family = HistogramMetricFamily(name, doc, labels=["strategy"])
+        rows = RecoveryEpisode.objects.filter(**{f"{field}__isnull": False})
+        by_strategy: dict[str, list[float]] = {}
+        for strategy, value in rows.values_list("strategy", field):
+            by_strategy.setdefault(strategy, []).append(value)
+        for strategy, values in sorted(by_strategy.items()):
+            buckets = [(str(b), sum(1 for v in values if v <= b)) for b in DURATION_BUCKETS_S]
+            buckets.append(("+Inf", len(values)))
+            family.add_metric([strategy], buckets, sum(values))
+        yield family
+
+    def _controller(self, live_jobs: list[Job]) -> Iterator[Metric]:
+        duration = GaugeMetricFamily(
+            "backstop_controller_cycle_duration_seconds",
+            "How long the controller's last policy cycle of the job took",
+            labels=["job_id"],
+        )
+        age = GaugeMetricFamily(
+            "backstop_controller_cycle_age_seconds",
+            "Seconds since the controller's last policy cycle of the job (its lag)",
+            labels=["job_id"],
+        )
+        now = time.time()
+        for job in live_jobs:
+            raw = self.redis.get(control_keys.controller_cycle(job.key))
+            if raw is None:
+                continue
+            cycle = json.loads(raw)
+            duration.add_metric([str(job.pk)], cycle["duration_s"])
+            age.add_metric([str(job.pk)], max(0.0, now - cycle["at"]))
+        yield duration
+        yield age
+
+
+def exposition(redis=None) -> bytes:
+    """The text a scrape gets."""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(BackstopCollector(redis))
+    return generate_latest(registry)
