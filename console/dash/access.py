@@ -10,7 +10,9 @@ that decorator. It refuses, before Dash sees the request:
   CSRF check; the check is done here instead, with Django's own middleware. Dash's renderer sends
   the token in the X-CSRFToken header, read from the cookie `_csrf_token` (hence
   CSRF_COOKIE_NAME in the settings). Django's check also refuses a foreign Origin;
-- a callback update whose body is not JSON (415): a form or text/plain POST is never Dash.
+- a callback update whose body is not JSON (415): a form or text/plain POST is never Dash;
+- a callback update of the wrong shape (400, JSON, naming what is wrong; see
+  console.dash.callback_requests): Dash would raise on it.
 
 What a logged-in user may do inside a callback is checked again by each control
 (console.dash.controls), which raises PermissionDenied: Django answers 403.
@@ -19,11 +21,13 @@ What a logged-in user may do inside a callback is checked again by each control
 from __future__ import annotations
 
 import functools
+import json
 
 from django.contrib.auth.views import redirect_to_login
-from django.http import HttpResponse
+from django.http import HttpResponse, JsonResponse
 from django.middleware.csrf import CsrfViewMiddleware
 
+from console.dash.callback_requests import callback_request_problem
 from console.roles import VIEWER, has_role
 
 UPDATE_ROUTE = "_dash-update-component"
@@ -59,6 +63,12 @@ def console_access(view_function, *, url_part: str = "", **kwargs):
                 return HttpResponse(
                     "callback updates are JSON POSTs", status=415, content_type="text/plain"
                 )
+            # Valid JSON: RequestBodyLimitsMiddleware answered 400 to anything else.
+            body = json.loads(request.body)
+            problem = callback_request_problem(view_kwargs.get("ident", ""), body)
+            if problem:
+                error = {"status": 400, "code": "bad_request", "detail": problem}
+                return JsonResponse({"error": error}, status=400)
         return view_function(request, *args, **view_kwargs)
 
     # functools.wraps copies the update view's csrf_exempt mark, so Django's middleware skips

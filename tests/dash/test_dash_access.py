@@ -299,3 +299,40 @@ def test_every_console_dash_app_is_registered_by_migrate():
         "backstop-recoveries",
         "backstop-resources",
     } <= names
+
+
+@pytest.mark.parametrize(
+    "body, message",
+    [
+        ([1, 2, 3], "request body: expected a JSON object"),
+        ({"output": 1}, "output: must be a string"),
+        ({"output": "nope.children", "inputs": []}, "output: no callback of this page writes"),
+        (
+            {"output": "controls.children", "outputs": {"id": "controls"}, "inputs": []},
+            "outputs: each entry needs an id and a property",
+        ),
+        (
+            {"output": "controls.children", "outputs": {"id": "controls", "property": "children"},
+             "inputs": "x"},
+            "inputs: must be a list",
+        ),
+        (
+            {"output": "controls.children", "outputs": {"id": "controls", "property": "children"},
+             "inputs": [1, 2]},
+            "inputs: each entry must be an object",
+        ),
+        (
+            {"output": "controls.children", "outputs": {"id": "controls", "property": "children"},
+             "inputs": [{"id": "url", "property": "pathname", "value": "/"}],
+             "changedPropIds": [3]},
+            "changedPropIds: must be a list of strings",
+        ),
+    ],
+)  # fmt: skip
+def test_a_callback_request_of_the_wrong_shape_is_a_json_400_naming_what_is_wrong(
+    seeded, users, body, message
+):
+    client, token = browser_client(users[VIEWER])
+    response = post_update(client, "job", body, token)
+    assert response.status_code == 400
+    assert response.json()["error"]["detail"].startswith(message)
