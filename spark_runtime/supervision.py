@@ -605,15 +605,17 @@ class Supervisor:
         if replica.state in (STARTING, CATCHING_UP) and reported.get("state") == RUNNING:
             replica.state = RUNNING
             replica.since = event.at
-            if replica.role == STANDBY and stage in self.restarting:
-                return self._promote_over_restart(replica, event.at)
             if replica.role == STANDBY and stage in self.unprotected_since:
+                # Promotable again (even if it is promoted at once, below: that is what its
+                # being promotable is for).
                 promoted_at = self.unprotected_since.pop(stage)
                 self.reprotections.append((stage, promoted_at, event.at))
                 self.history.append(
                     (event.at, f"{stage} protected again by {replica.id} "
                      f"({event.at - promoted_at:.1f} s after the promotion)")
                 )  # fmt: skip
+            if replica.role == STANDBY and stage in self.restarting:
+                return self._promote_over_restart(replica, event.at)
         elif replica.state in (STARTING, RUNNING) and reported.get("state") == CATCHING_UP:
             replica.state = CATCHING_UP
             replica.since = event.at

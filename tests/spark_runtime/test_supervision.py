@@ -472,3 +472,17 @@ def test_a_silent_but_busy_replica_is_slow_until_the_hung_timeout_and_an_idle_on
     assert sup.handle(HeartbeatMissed("count-1", 10.0, busy=False)) == [
         RestartStage(sup.replicas["count-1"].spec)
     ]
+
+
+def test_a_new_standby_that_catches_up_during_a_restart_counts_as_protection_regained():
+    sup = Supervisor("j", "wordcount", per_operator("count"), "active-all", NODES)
+    sup.start(0.0)
+    running(sup)
+    sup.handle(ProcessExited("count-1", 10.0, -9))  # promote count-2
+    sup.handle(HeartbeatSeen("count-2", 11.0, {"state": "running", "role": "primary"}))
+    sup.handle(HeartbeatSeen("count-3", 12.0, {"state": "catching_up", "role": "standby"}))
+    sup.handle(ProcessExited("count-2", 20.0, -9))  # count-3 still behind: restart count-2
+    actions = sup.handle(HeartbeatSeen("count-3", 25.0, {"state": "running", "role": "standby"}))
+    assert actions[-1] == PromoteStandby("count-3", "count")
+    # Promotable again at 25 s, 15 s after the promotion was decided (10 s), then promoted at once.
+    assert sup.reprotections == [("count", 10.0, 25.0)]
