@@ -87,13 +87,15 @@ def supervise_job(job_id: int) -> str:
     soft_time_limit=25,
 )
 def watchdog() -> list[int]:
-    """Refresh node states and metrics; restart supervision of live jobs nobody supervises."""
+    """Refresh node states and metrics, release warm spares no live job can use, and restart
+    supervision of live jobs nobody supervises."""
     from console.models import Job
     from console.services import controller
     from workers.keys import controller_lease
 
     client = redis_client()
     controller.update_nodes(client)
+    controller.release_unused_spares(client)
     restarted = []
     for job in Job.objects.filter(status__in=Job.LIVE_STATUSES):
         if not client.exists(controller_lease(job.key)):

@@ -177,6 +177,11 @@ class BenchCluster:
         ))  # fmt: skip
         nodes = ensure_demo_nodes()
         ensure_periodic_tasks()
+        # Agents start with the spare targets a previous run left in Redis: no spares until a
+        # job that uses them asks (they would load the restart-all baseline).
+        targets = redis_client()
+        for node in nodes:
+            targets.set(data_keys.spares_wanted(node.name), 0)
         self.group.start("controller", controller_argv("bench-controller@%h"))
         for node in nodes:
             self.group.start(

@@ -41,6 +41,7 @@ from console.services import metrics, recovery
 from console.services.planning import JobPlan, plan_job
 from spark_runtime import keys as data_keys
 from spark_runtime.runner import observe, stage_args
+from spark_runtime.strategies import get_strategy
 from spark_runtime.supervision import (
     JOB,
     GiveUp,
@@ -622,6 +623,20 @@ def keep_warm_spares(client, config) -> dict[str, int]:
     for name, count in wanted.items():
         client.set(data_keys.spares_wanted(name), count)
     return wanted
+
+
+def release_unused_spares(client) -> bool:
+    """No spares where no live job can use them: when no live job's strategy takes over warm
+    spares, every node's target is 0 (the agents stop theirs). Otherwise the targets stay as the
+    jobs' cycles set them. Returns whether it released them. Spares hold a JVM each: left running
+    under a job that cannot use them they only take memory and CPU (and would load the plain-Spark
+    baseline of the benchmark)."""
+    live = Job.objects.filter(status__in=Job.LIVE_STATUSES).values_list("strategy", flat=True)
+    if any(get_strategy(strategy).warm_spares for strategy in live):
+        return False
+    for node in Node.objects.values_list("name", flat=True):
+        client.set(data_keys.spares_wanted(node), 0)
+    return True
 
 
 def record_reprotections(job: Job, supervisor: Supervisor) -> None:

@@ -15,6 +15,7 @@ from django.conf import settings
 from console.models import ControlDecision, Job, Policy
 from console.roles import OPERATOR
 from console.services import controller
+from spark_runtime import keys as data_keys
 from spark_runtime.supervision import RestartPolicy, Supervisor, execute
 from tests.factories import NodeFactory, make_job
 from workers import keys as control_keys
@@ -151,3 +152,17 @@ def test_the_restart_policy_in_force_comes_from_the_audited_policy():
         max_failures=config.restart_max_failures,
         failure_window_s=config.restart_failure_window_s,
     )
+
+
+def test_spares_are_released_when_no_live_job_can_use_them(client):
+    for name in NODES:
+        NodeFactory(name=name)
+        client.set(data_keys.spares_wanted(name), 2)  # left by an adaptive job that ended
+    adaptive = make_job(status=Job.Status.RUNNING, strategy="adaptive")
+    make_job(status=Job.Status.RUNNING, strategy="restart-all")
+    assert not controller.release_unused_spares(client)  # the adaptive job may take them over
+    assert {client.get(data_keys.spares_wanted(n)) for n in NODES} == {"2"}
+    Job.objects.filter(pk=adaptive.pk).update(status=Job.Status.STOPPED)
+    assert controller.release_unused_spares(client)  # only the plain-Spark baseline runs
+    assert {client.get(data_keys.spares_wanted(n)) for n in NODES} == {"0"}
+    client.delete(*(data_keys.spares_wanted(n) for n in NODES))
