@@ -175,6 +175,9 @@ class BenchCluster:
         self.say("Redis: " + start_redis_if_needed(
             django_settings.REDIS_URL, self.group, self.log_dir / "redis"
         ))  # fmt: skip
+        abandoned = end_abandoned_bench_jobs()
+        if abandoned:
+            self.say(f"ended {abandoned} job(s) an interrupted benchmark run left live")
         nodes = ensure_demo_nodes()
         ensure_periodic_tasks()
         # Agents start with the spare targets a previous run left in Redis: no spares until a
@@ -205,6 +208,19 @@ class BenchCluster:
     def __exit__(self, *exc) -> None:
         self.group.stop()
         kill_warm_spares(django_settings.REDIS_URL)
+
+
+def end_abandoned_bench_jobs() -> int:
+    """Mark failed (and kill the processes of) the benchmark's jobs that are still live: an
+    interrupted run leaves them so, and the new run's watchdog would otherwise resume supervising
+    them next to the new jobs. Only the benchmark user's jobs are touched."""
+    abandoned = list(
+        Job.objects.filter(status__in=Job.LIVE_STATUSES, created_by__username=BENCH_USER)
+    )
+    for job in abandoned:
+        job.mark_failed("left live by an interrupted benchmark run")
+    kill_job_processes({job.key for job in abandoned})
+    return len(abandoned)
 
 
 def bench_user() -> User:
