@@ -1,4 +1,5 @@
-"""Seeding a new standby from a consistent copy of its primary's checkpoint.
+"""Checkpoint files: seeding a new standby from a consistent copy of its primary's checkpoint,
+and clearing what a killed writer left behind.
 
 A standby started after a promotion used to replay the whole input from an empty checkpoint,
 so it could not take over for minutes. Instead it starts from a copy of its primary's latest
@@ -33,6 +34,37 @@ log = logging.getLogger(__name__)
 
 # `12`, `.12.crc`, `12.changelog`, `.12.changelog.crc`, `12.zip`...
 VERSIONED = re.compile(r"^\.?(\d+)(\.(changelog|zip|delta|snapshot))?(\.crc)?$")
+# Spark writes an offsets or commits entry N as `.N.<uuid>.tmp` (with `..N.<uuid>.tmp.crc`) and
+# renames it to `N`; a process killed in between leaves these behind.
+ORPHAN_TEMP = re.compile(r"^\..+\.tmp(\.crc)?$")
+
+
+def remove_orphan_temp_files(query_dir: str) -> list[str]:
+    """Delete the temp files a killed writer left in a query checkpoint's offsets and commits
+    logs; return their names. Call it only while no query runs on `query_dir`.
+
+    Spark (4.3 here) refuses to start batch 0 when the offsets folder is not empty
+    (STATE_STORE_CHECKPOINT_LOCATION_NOT_EMPTY) and counts such a temp file: a stage SIGKILLed
+    while writing its first offsets entry then failed at every restart, for ever. The temp file
+    was never renamed into the log, so Spark never read it: deleting it loses nothing.
+    """
+    removed = []
+    for log_name in ("offsets", "commits"):
+        folder = os.path.join(query_dir, log_name)
+        try:
+            names = os.listdir(folder)
+        except FileNotFoundError:
+            continue
+        for name in names:
+            if ORPHAN_TEMP.match(name):
+                try:
+                    os.remove(os.path.join(folder, name))
+                except FileNotFoundError:
+                    continue
+                removed.append(f"{log_name}/{name}")
+    if removed:
+        log.warning("%s: removed temp files of an interrupted write: %s", query_dir, removed)
+    return sorted(removed)
 
 
 def committed_batch(query_dir: str) -> int | None:

@@ -15,6 +15,7 @@ import time
 
 from spark_runtime import keys
 from spark_runtime.buffer import OutputBuffer
+from spark_runtime.checkpoint_seed import remove_orphan_temp_files
 from spark_runtime.pipelines import plan_for
 from spark_runtime.redis_source import FORMAT_NAME, SEQ_FACTOR
 from spark_runtime.sink import FencedWriter
@@ -277,6 +278,8 @@ class StageRuntime:
     def start(self) -> None:
         """Start (or resume from the checkpoints) every segment's query."""
         for index, segment in enumerate(self.stage.segments):
+            # A predecessor killed mid-write may have left temp files Spark would refuse.
+            remove_orphan_temp_files(os.path.join(self.checkpoint_dir, str(index)))
             self.queries.append(self._build(index, segment).start())
             log.info("stage %s: query %s started", self.stage.name, self.query_name(index))
 

@@ -7,7 +7,11 @@ from __future__ import annotations
 import json
 import os
 
-from spark_runtime.checkpoint_seed import committed_batch, seed_checkpoint
+from spark_runtime.checkpoint_seed import (
+    committed_batch,
+    remove_orphan_temp_files,
+    seed_checkpoint,
+)
 
 
 def touch(root, *parts, text="x"):
@@ -82,3 +86,25 @@ def test_a_replica_with_its_own_commits_is_not_reseeded_and_an_empty_source_star
     assert seed_checkpoint(empty, fresh, queries=2) == {"0": None, "1": None}
     assert listing(fresh) == []
     assert not os.path.exists(fresh + ".seeding")
+
+
+def test_temp_files_of_an_interrupted_write_are_removed_and_nothing_else(tmp_path):
+    q = str(tmp_path / "0")
+    touch(q, "metadata", text='{"id":"q"}')
+    touch(q, "offsets", "0")
+    touch(q, "offsets", ".0.crc")
+    touch(q, "offsets", ".1.16fa0bab-dbc0-4fd2-916d-9e65ce05f2e7.tmp", text="")
+    touch(q, "offsets", "..1.16fa0bab-dbc0-4fd2-916d-9e65ce05f2e7.tmp.crc", text="")
+    touch(q, "commits", ".0.0f0e.tmp", text="")
+    touch(q, "state", "0", "0", ".1.changelog.abc.tmp")  # the state store's own business
+    removed = remove_orphan_temp_files(q)
+    assert removed == [
+        "commits/.0.0f0e.tmp",
+        "offsets/..1.16fa0bab-dbc0-4fd2-916d-9e65ce05f2e7.tmp.crc",
+        "offsets/.1.16fa0bab-dbc0-4fd2-916d-9e65ce05f2e7.tmp",
+    ]
+    assert listing(q) == [
+        "metadata", "offsets/.0.crc", "offsets/0", "state/0/0/.1.changelog.abc.tmp",
+    ]  # fmt: skip
+    assert remove_orphan_temp_files(q) == []  # idempotent
+    assert remove_orphan_temp_files(str(tmp_path / "missing")) == []
