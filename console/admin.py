@@ -14,6 +14,7 @@ from console.models import (
     Node,
     Operator,
     Policy,
+    PredictorTraining,
     RecoveryEpisode,
     Replica,
     ReportSubscription,
@@ -43,6 +44,7 @@ class OperatorInline(admin.TabularInline):
         "mode",
         "checkpoint_interval_s",
         "predicted_fault_rate",
+        "fault_rate_source",
     ]
     readonly_fields = fields
     can_delete = False
@@ -372,6 +374,16 @@ class SentAlertAdmin(admin.ModelAdmin):
 
     def has_delete_permission(self, request, obj=None):
         return False
+
+
+@admin.register(PredictorTraining)
+class PredictorTrainingAdmin(SentAlertAdmin):
+    """The fault predictor's training runs (read-only). Its schedule is the periodic task
+    "backstop: train fault predictor" under Periodic tasks, which admins edit."""
+
+    list_display = ["trained_at", "samples", "failures", "r2", "mse", "prior_mse", "used"]
+    list_filter = ["used"]
+    search_fields = ["reason"]
 
 
 # The admin login says "locked out" when the throttle refused the attempt (console.auth_throttle).

@@ -205,6 +205,9 @@ class Operator(models.Model):
     dependency_score = models.FloatField(default=0.0, help_text="L")
     priority = models.FloatField(default=0.0, help_text="P = w1*S + w2*R + w3*L (+ fault risk)")
     predicted_fault_rate = models.FloatField(default=0.0, help_text="fr")
+    fault_rate_source = models.CharField(
+        max_length=200, blank=True, help_text="Where fr came from: a trained model or the prior."
+    )
     mode = models.CharField(max_length=10, choices=Mode.choices, default=Mode.PASSIVE)
     checkpoint_interval_s = models.FloatField(default=5.0)
     updated_at = models.DateTimeField(auto_now=True)
@@ -513,6 +516,39 @@ class ControlDecision(models.Model):
 
     def __str__(self):
         return f"{self.kind} {self.stage or self.operator} @ {self.at:%H:%M:%S}"
+
+
+class PredictorTraining(models.Model):
+    """One training run of the fault predictor (console/policy/prediction.py) on recorded history.
+
+    The newest run decides: if it is `used`, its coefficients give every stage's fr in the policy
+    cycles that follow; if not (too little history, or worse than the prior on held-out data),
+    every operator gets the prior and `reason` says why.
+    """
+
+    trained_at = models.DateTimeField(default=timezone.now, db_index=True)
+    window_s = models.FloatField(help_text="The window one row describes and fr refers to.")
+    history_s = models.FloatField(help_text="How far back the rows reach.")
+    samples = models.PositiveIntegerField(help_text="Rows: one per stage and window.")
+    failures = models.PositiveIntegerField(help_text="Rows whose stage failed in the next window.")
+    holdout_samples = models.PositiveIntegerField(default=0)
+    features = models.JSONField(default=list)
+    prior = models.FloatField(help_text="The fault_rate_prior the model is compared with.")
+    r2 = models.FloatField(null=True, blank=True, help_text="R^2 on held-out rows.")
+    mae = models.FloatField(null=True, blank=True, help_text="Mean absolute error, held out.")
+    prior_mae = models.FloatField(null=True, blank=True)
+    mse = models.FloatField(null=True, blank=True, help_text="Mean squared error, held out.")
+    prior_mse = models.FloatField(null=True, blank=True)
+    used = models.BooleanField(default=False)
+    reason = models.TextField(blank=True)
+    predictor = models.JSONField(default=dict, help_text="FaultPredictor.to_dict()")
+
+    class Meta:
+        ordering = ["-trained_at"]
+
+    def __str__(self):
+        verdict = "used" if self.used else "not used"
+        return f"predictor #{self.pk} @ {self.trained_at:%Y-%m-%d %H:%M} ({verdict})"
 
 
 def split_recipients(raw: str) -> list[str]:

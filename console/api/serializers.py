@@ -45,6 +45,7 @@ class OperatorSerializer(serializers.ModelSerializer):
             "dependency_score",
             "priority",
             "predicted_fault_rate",
+            "fault_rate_source",
             "mode",
             "checkpoint_interval_s",
             "updated_at",

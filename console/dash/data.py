@@ -15,7 +15,16 @@ import pandas as pd
 from django.db.models import Avg, Count, F, Func, IntegerField, Q, Sum
 from django.utils import timezone
 
-from console.models import FaultInjection, Job, MetricSample, Node, Operator, Policy, Replica
+from console.models import (
+    FaultInjection,
+    Job,
+    MetricSample,
+    Node,
+    Operator,
+    Policy,
+    PredictorTraining,
+    Replica,
+)
 from console.models import RecoveryEpisode as Episode
 
 # Job-level samples (throughput, latency of the whole job) carry no stage; per-operator history
@@ -260,6 +269,7 @@ def operator_rows(job_id: int) -> list[dict]:
             "mode",
             "checkpoint_interval_s",
             "predicted_fault_rate",
+            "fault_rate_source",
             "updated_at",
         )
     )
@@ -424,6 +434,27 @@ def policy_thresholds() -> dict:
         "reason": policy.reason,
         "values": {name: getattr(policy, name) for name in Policy.threshold_field_names()},
     }
+
+
+def predictor_trainings(limit: int = 8) -> list[dict]:
+    """The fault predictor's newest training runs, newest first (the first one is in force)."""
+    return list(
+        PredictorTraining.objects.order_by("-trained_at").values(
+            "id",
+            "trained_at",
+            "window_s",
+            "samples",
+            "failures",
+            "holdout_samples",
+            "r2",
+            "mae",
+            "prior_mae",
+            "mse",
+            "prior_mse",
+            "used",
+            "reason",
+        )[:limit]
+    )
 
 
 def live_job_choices() -> list[dict]:

@@ -114,6 +114,14 @@ BOUNDS: dict[str, Bound] = {
                             "3 s heartbeat TTL, at most ten minutes of a stuck stage"),
     "restart_failure_window_s": Bound(10.0, 86_400.0, "the window failures are counted in: ten "
                                       "seconds to a day"),
+    "prediction_window_s": Bound(1.0, 3600.0, "fr is the chance of a failure within this window; "
+                                 "agents sample every second, so at least one sample per "
+                                 "window; an hour at most"),
+    "prediction_history_s": Bound(60.0, 604_800.0, "training reads this much history every run: "
+                                  "a minute to a week (metrics are purged after "
+                                  "METRIC_RETENTION_HOURS anyway)"),
+    "prediction_min_samples": Bound(10, 100_000, "a regression on eight features needs at least "
+                                    "ten rows; the newest 30% are held out to judge it"),
 }  # fmt: skip
 
 
@@ -184,6 +192,12 @@ class PolicyConfig:
     restart_failure_window_s: float = 600.0
     # A replica without heartbeat whose process is busy is slow, and hung after this long.
     hung_timeout_s: float = 30.0
+    # Fault prediction (console/policy/prediction.py): fr is the chance that a stage fails within
+    # one prediction window; training reads prediction_history_s of recorded history and fits a
+    # model only on at least prediction_min_samples rows (one row per stage and window).
+    prediction_window_s: float = 60.0
+    prediction_history_s: float = 21_600.0
+    prediction_min_samples: int = 20
 
     def validate(self) -> None:
         """Raise PolicyConfigError listing every invalid field; return None when all is well."""

@@ -37,7 +37,7 @@ from console.policy.placement import CycleInput, run_cycle
 from console.policy.priority import ACTIVE, operator_priorities
 from console.policy.resources import node_capacities, node_score
 from console.policy.spares import spares_wanted
-from console.services import metrics, recovery
+from console.services import metrics, prediction, recovery
 from console.services.planning import JobPlan, plan_job
 from spark_runtime import keys as data_keys
 from spark_runtime.runner import observe, stage_args
@@ -271,6 +271,8 @@ def _store_assessment(job: Job, plan: JobPlan) -> None:
             dependency_score=priority.L,
             priority=priority.P_eff,
             predicted_fault_rate=priority.fr,
+            # No stage of this run has a window of history yet; cycles replace it.
+            fault_rate_source="prior (at launch)",
             mode=priority.mode,
             stage=stage_of.get(priority.name, ""),
             checkpoint_interval_s=plan.intervals.get(priority.name, 0.0),
@@ -678,15 +680,15 @@ def policy_cycle(job: Job, supervisor: Supervisor, client) -> list:
     topology = get_topology(job.topology)
     newest = [samples[0] for samples in history.values() if samples]
     operators = {op.name: op for op in job.operators.all()}
+    stage_of = {op: name for name, ops in supervisor.stage_operators.items() for op in ops}
+    # fr from the newest trained model where it is used, else the prior (with why).
+    predicted = prediction.predicted_fault_rates(job, stage_of, config)
     priorities = operator_priorities(
         topology,
         sum(s.cpu_total for s in newest),
         sum(s.mem_total for s in newest),
         config,
-        fault_rates={
-            name: op.predicted_fault_rate or config.fault_rate_prior
-            for name, op in operators.items()
-        },
+        fault_rates={name: fr for name, (fr, _) in predicted.items()},
     )
     now = timezone.now()
     MetricSample.objects.bulk_create(
@@ -698,7 +700,6 @@ def policy_cycle(job: Job, supervisor: Supervisor, client) -> list:
         )
         for node in Node.objects.filter(name__in=list(history))
     )
-    stage_of = {op: name for name, ops in supervisor.stage_operators.items() for op in ops}
     placement = supervisor.placement_by_stage()
     primaries = {op: placement[stage][0] for op, stage in stage_of.items() if stage in placement}
     standbys = {}
@@ -727,7 +728,13 @@ def policy_cycle(job: Job, supervisor: Supervisor, client) -> list:
     _apply_cycle(job, supervisor, client, actions, stage_of)
     for p in priorities:
         Operator.objects.filter(job=job, name=p.name).update(
-            type_score=p.S, resource_score=p.R, dependency_score=p.L, priority=p.P_eff, mode=p.mode
+            type_score=p.S,
+            resource_score=p.R,
+            dependency_score=p.L,
+            priority=p.P_eff,
+            mode=p.mode,
+            predicted_fault_rate=p.fr,
+            fault_rate_source=predicted.get(p.name, (0, "prior (runs in no stage)"))[1],
         )
         MetricSample.objects.bulk_create(
             MetricSample(at=now, job=job, stage=p.name, name=name, value=round(value, 4))

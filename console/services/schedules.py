@@ -8,6 +8,8 @@ from django_celery_beat.models import IntervalSchedule, PeriodicTask
 PERIODIC_TASKS = {
     "backstop: controller watchdog": ("backstop.controller.watchdog", 5),
     "backstop: purge old metrics": ("backstop.purge_old_metrics", 3600),
+    # The policy cycles read the newest run; every 5 min keeps it close to what just happened.
+    "backstop: train fault predictor": ("backstop.train_fault_predictor", 300),
 }
 
 

@@ -13,7 +13,7 @@ from console.dash.overview import callbacks as overview_callbacks
 from console.dash.placement import callbacks as placement_callbacks
 from console.dash.recoveries import callbacks as recovery_callbacks
 from console.dash.resources import callbacks as resource_callbacks
-from console.models import FaultInjection, Job, Policy
+from console.models import FaultInjection, Job, Policy, PredictorTraining
 from console.roles import ADMIN, OPERATOR, VIEWER
 from tests.dash.components import ids_in, text_of
 from tests.dash.seed import seed_console
@@ -101,13 +101,32 @@ def test_job_id_comes_from_the_path():
 
 
 def test_placement_refresh_lists_replicas_per_node_and_the_reserve(seeded, users):
-    summary, idle, q, cards, policy = placement_callbacks.refresh(1, user=users[VIEWER])
+    summary, idle, q, cards, policy, predictor = placement_callbacks.refresh(1, user=users[VIEWER])
     reserve = Policy.current().resource_reserve
     assert f"{reserve * 100:.0f}%" in text_of(summary)
     assert [s.y0 for s in idle.layout.shapes] == [reserve * 100]
     card_text = {c.id: text_of(c) for c in cards}
     assert "wc-adaptive/count" in card_text["node-node-c"]  # the standby
     assert f"Version {Policy.current().version}" in text_of(policy)
+    assert "Not trained yet: operators get the prior fr" in text_of(predictor)
+
+
+def test_placement_shows_the_predictor_runs_and_which_is_in_force(seeded, users):
+    common = {"window_s": 60.0, "history_s": 21600.0, "prior": 0.05, "features": []}
+    older = PredictorTraining.objects.create(
+        samples=40, failures=6, holdout_samples=12, used=True, mse=0.08, prior_mse=0.12, r2=0.21,
+        reason="used (held-out MSE 0.0800 vs prior 0.1200 on 12 samples)", **common,
+    )  # fmt: skip
+    *_, predictor = placement_callbacks.refresh(1, user=users[VIEWER])
+    assert f"In force: model #{older.pk}" in text_of(predictor)
+    assert "0.0800 / 0.1200" in text_of(predictor) and "0.210" in text_of(predictor)
+    newer = PredictorTraining.objects.create(
+        samples=8, failures=0, used=False, reason="not used: 8 samples < minimum 20", **common
+    )
+    *_, predictor = placement_callbacks.refresh(1, user=users[VIEWER])
+    text = text_of(predictor)
+    assert f"the newest model (#{newer.pk}) is not used" in text
+    assert text.index("not used: 8 samples < minimum 20") < text.index("used (held-out MSE")
 
 
 def test_recoveries_refresh_compares_the_newest_jobs(seeded, users):

@@ -6,18 +6,31 @@ import json
 
 import pytest
 
-from console.policy.prediction import FEATURE_NAMES, FaultFeatures, FaultPredictor
+from console.policy.prediction import (
+    FEATURE_NAMES,
+    Failure,
+    FaultFeatures,
+    FaultPredictor,
+    RecordedHistory,
+    Series,
+    Tenure,
+    TrainingRow,
+    train_and_judge,
+    training_rows,
+)
 
 
 def row(recent_faults: float) -> FaultFeatures:
     # Only recent_faults varies; constant columns get zero weight (they carry no information).
     return FaultFeatures(
         recent_faults=recent_faults,
+        node_fault_rate=0.1,
         cpu=0.5,
         mem=0.5,
-        input_rate=1000,
-        state_rows=10,
-        node_fault_rate=0.1,
+        disk=0.1,
+        net=0.2,
+        throughput_eps=1000,
+        latency_ms=800,
     )
 
 
@@ -59,7 +72,7 @@ def test_linear_fit_by_hand():
     assert predictor.predict(row(1)) == pytest.approx(0.3)
     assert predictor.predict(row(2)) == pytest.approx(0.7)
     assert predictor.predict(row(3)) == 0.999
-    assert predictor.coefficients == pytest.approx([0.4, 0, 0, 0, 0, 0], abs=1e-9)
+    assert predictor.coefficients == pytest.approx([0.4, 0, 0, 0, 0, 0, 0, 0], abs=1e-9)
     assert predictor.intercept == pytest.approx(-0.1)
 
 
@@ -81,7 +94,7 @@ def test_untrained_round_trip_and_refused_feature_sets():
     stored = FaultPredictor(0.05)
     stored.fit(*training_set())
     data = stored.to_dict()
-    data["coefficients"].pop("state_rows")
+    data["coefficients"].pop("throughput_eps")
     with pytest.raises(ValueError, match="differ"):
         FaultPredictor.from_dict(data)
 
@@ -96,3 +109,123 @@ def test_bad_input_is_refused():
         FaultPredictor(prior=0.0)
     # A prior of 1 (allowed by PolicyConfig) is clipped like any prediction.
     assert FaultPredictor(prior=1.0).predict(row(0)) == 0.999
+
+
+# --- Recorded history -> rows -> a judged model ------------------------------------------------
+
+W = 10.0  # window, seconds
+
+
+def flat_history(nodes=("n1", "n2"), span=(0.0, 400.0), failures=()):
+    """Two stages ("a" on n1, "b" on n2) of job 1, node CPU 0.5 everywhere, given failures."""
+    samples = [(t, 0.5) for t in range(int(span[0]), int(span[1]), 2)]
+    return RecordedHistory(
+        node_metrics={(n, "cpu_util"): Series(samples) for n in nodes},
+        stage_metrics={},
+        failures=sorted(failures, key=lambda f: f.at),
+        tenures=[Tenure(1, "a", nodes[0], 0.0, None), Tenure(1, "b", nodes[1], 0.0, None)],
+    )
+
+
+def test_series_mean_is_over_the_half_open_window():
+    series = Series([(3.0, 30.0), (1.0, 10.0), (2.0, 20.0)])
+    assert series.mean(1.0, 3.0) == 15.0  # 1 and 2; 3 is the next window's
+    assert series.mean(3.0, 4.0) == 30.0
+    assert series.mean(5.0, 9.0) is None
+
+
+def test_the_primary_of_a_moment_is_the_earlier_started_of_two_overlapping_tenures():
+    # n1 ran the primary until 50; the standby on n2 (started at 10) was promoted then.
+    history = RecordedHistory(
+        tenures=[Tenure(1, "a", "n1", 0.0, 50.0), Tenure(1, "a", "n2", 10.0, None)]
+    )
+    assert history.primary_node(1, "a", 20.0) == "n1"
+    assert history.primary_node(1, "a", 50.0) == "n2"
+    assert history.primary_node(1, "a", -1.0) is None
+    assert history.primary_node(2, "a", 20.0) is None
+
+
+def test_features_by_hand():
+    history = RecordedHistory(
+        node_metrics={
+            ("n1", "cpu_util"): Series([(95.0, 0.2), (101.0, 0.4), (105.0, 0.6)]),
+            ("n1", "mem_util"): Series([(101.0, 0.3)]),
+            ("n1", "net_util"): Series([(111.0, 0.9)]),  # the next window's
+        },
+        stage_metrics={
+            (1, "a", "throughput_eps"): Series([(102.0, 100.0), (104.0, 300.0)]),
+            (1, "", "latency_p99_ms"): Series([(108.0, 900.0)]),
+        },
+        failures=[
+            Failure(5.0, 1, "a", "n1"),  # more than 10 windows before t=110: not recent
+            Failure(20.0, 1, "a", "n1"),
+            Failure(60.0, 2, "x", "n1"),  # another job's stage on the same node
+            Failure(70.0, 1, "a", "n2"),  # the stage, on another node
+            Failure(110.0, 1, "a", "n1"),  # at t itself: the next window's
+        ],
+        tenures=[Tenure(1, "a", "n1", 0.0, None)],
+    )
+    node, features = history.features(1, "a", 110.0, W)
+    assert node == "n1"
+    assert features == FaultFeatures(
+        recent_faults=2,  # at 20 and 70 (window [10, 110))
+        node_fault_rate=2 / 10,  # at 20 and 60 on n1, over ten windows
+        cpu=0.5,
+        mem=0.3,
+        disk=0.0,
+        net=0.0,
+        throughput_eps=200.0,
+        latency_ms=900.0,
+    )
+    assert history.features(1, "a", 130.0, W) is None  # no CPU sample in [120, 130)
+    assert history.features(1, "b", 110.0, W) is None  # no primary
+
+
+def test_rows_mark_the_windows_followed_by_a_failure():
+    failures = [Failure(t, 1, "a", "n1") for t in (35.0, 95.0, 99.0, 150.0)]
+    history = flat_history(span=(0.0, 200.0), failures=failures)
+    rows = training_rows(history, {1: (["a", "b"], 0.0, 200.0)}, W)
+    # Rows at t = 10, 20, ..., 190 (a whole window after each), for both stages.
+    assert [r.at for r in rows if r.stage == "a"] == [float(t) for t in range(10, 200, 10)]
+    expected = {int(f.at // W * W) for f in failures}  # the window each failure falls in
+    assert {int(r.at) for r in rows if r.stage == "a" and r.failed} == expected
+    assert not any(r.failed for r in rows if r.stage == "b")
+    assert [r.at for r in rows] == sorted(r.at for r in rows)
+
+
+def test_a_node_that_keeps_failing_trains_a_model_that_beats_the_prior():
+    # Stage a (on n1) fails in every other window; stage b (on n2) never.
+    failures = [Failure(t + 5.0, 1, "a", "n1") for t in range(0, 400, 20)]
+    history = flat_history(failures=failures)
+    rows = training_rows(history, {1: (["a", "b"], 0.0, 400.0)}, W)
+    outcome = train_and_judge(rows, prior=0.05, min_rows=20)
+    assert outcome.used, outcome.reason
+    assert outcome.samples == len(rows) and outcome.failures == sum(r.failed for r in rows)
+    assert outcome.mse < outcome.prior_mse
+    assert outcome.reason.startswith("used (held-out MSE")
+    _, at_risk = history.features(1, "a", 400.0, W)
+    _, quiet = history.features(1, "b", 400.0, W)
+    assert outcome.predictor.predict(at_risk) > 0.3 > 0.05 > outcome.predictor.predict(quiet)
+
+
+def test_a_model_worse_than_the_prior_on_held_out_rows_is_not_used():
+    # The pattern turns round in the held-out part: what predicted failure no longer does.
+    def r(at, recent, failed):
+        return TrainingRow(at, 1, "a", "n1", row(recent), failed)
+
+    rows = [r(t, t % 2, t % 2) for t in range(70)] + [
+        r(t, t % 2, 1 - t % 2) for t in range(70, 100)
+    ]
+    outcome = train_and_judge(rows, prior=0.05, min_rows=20)
+    assert not outcome.used
+    assert outcome.holdout_samples == 30
+    assert outcome.mse > outcome.prior_mse
+    assert outcome.reason.startswith("not used: predicts worse than the prior")
+
+
+def test_too_little_history_is_not_used():
+    rows = [TrainingRow(float(t), 1, "a", "n1", row(0), t % 2) for t in range(12)]
+    outcome = train_and_judge(rows, prior=0.05, min_rows=20)
+    assert not outcome.used
+    assert outcome.reason == "not used: 12 samples < minimum 20"
+    assert outcome.predictor.predict(row(1)) == 0.05

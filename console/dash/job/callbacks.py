@@ -87,12 +87,26 @@ def _operator_table(operators: list[dict]):
             badge(op["mode"], op["mode"]),
             fmt_num(op["checkpoint_interval_s"], 1),
             fmt_num(op["predicted_fault_rate"], 3),
+            html.Span(op["fault_rate_source"] or "—", className="small"),
             fmt_time(op["updated_at"]),
         ]
         for op in operators
     ]
     return table(
-        ["Operator", "Kind", "Stage", "S", "R", "L", "P", "Mode", "Interval (s)", "fr", "Updated"],
+        [
+            "Operator",
+            "Kind",
+            "Stage",
+            "S",
+            "R",
+            "L",
+            "P",
+            "Mode",
+            "Interval (s)",
+            "fr",
+            "fr from",
+            "Updated",
+        ],
         rows,
         "This job has no operators.",
         table_id="operators",

@@ -17,6 +17,7 @@ app.callback(
     Output("q", "figure"),
     Output("node-cards", "children"),
     Output("policy-table", "children"),
+    Output("predictor-table", "children"),
     Input("refresh", "n_intervals"),
 )(callbacks.refresh)
 app.callback(Output("controls", "children"), Input("url", "pathname"))(callbacks.render_controls)

@@ -11,7 +11,7 @@ from dash import html
 from dash.exceptions import PreventUpdate
 
 from console.dash import controls, data
-from console.dash.common import can_view, fmt_num, fmt_pct, fmt_time, message
+from console.dash.common import badge, can_view, fmt_num, fmt_pct, fmt_time, message, table
 from console.dash.placement import figures
 from console.dash.placement.layout import controls as controls_layout
 from console.roles import ADMIN, has_role
@@ -99,8 +99,48 @@ def _policy_table(policy: dict):
     ]
 
 
+def _predictor_table(runs: list[dict]):
+    """The predictor's training runs; the newest decides whether operators get a learned fr."""
+    if runs and runs[0]["used"]:
+        verdict = f"In force: model #{runs[0]['id']}; each operator's fr is on its job page."
+    elif runs:
+        verdict = f"Operators get the prior fr: the newest model (#{runs[0]['id']}) is not used."
+    else:
+        verdict = "Not trained yet: operators get the prior fr until a run beats it."
+    rows = [
+        [
+            f"#{run['id']}",
+            fmt_time(run["trained_at"]),
+            f"{run['samples']} ({run['failures']} failed)",
+            fmt_num(run["r2"], 3),
+            f"{fmt_num(run['mae'], 3)} / {fmt_num(run['prior_mae'], 3)}",
+            f"{fmt_num(run['mse'], 4)} / {fmt_num(run['prior_mse'], 4)}",
+            badge("used" if run["used"] else "not used", "active" if run["used"] else "passive"),
+            html.Span(run["reason"], className="small"),
+        ]
+        for run in runs
+    ]
+    return [
+        html.P(
+            f"{verdict} A row is one stage over {fmt_num(runs[0]['window_s'], 0) if runs else '?'}"
+            " s; fr is the chance the stage fails in the next window. Features: recent faults of "
+            "the stage and of its node, the node's CPU, memory, disk and network use, the "
+            "stage's throughput and the job's p99 latency. The newest 30% of rows are held out.",
+            id="predictor-verdict",
+        ),
+        table(
+            ["Run", "Trained", "Samples", "R² (held out)", "MAE / prior", "MSE / prior", "Used",
+             "Why"],
+            rows,
+            "No training run yet (the beat task runs every 5 minutes).",
+            table_id="predictor-runs",
+        ),
+    ]  # fmt: skip
+
+
 def refresh(n_intervals, user=None):
-    """Every 2 s: reserve tiles, idle and Q charts, node cards with replicas, the policy."""
+    """Every 2 s: reserve tiles, idle and Q charts, node cards with replicas, the policy and the
+    fault predictor's training runs."""
     if not can_view(user):
         raise PreventUpdate
     nodes = data.node_rows()
@@ -113,6 +153,7 @@ def refresh(n_intervals, user=None):
         figures.q_figure(nodes),
         cards or html.P("No nodes registered.", className="muted"),
         _policy_table(policy),
+        _predictor_table(data.predictor_trainings()),
     )
 
 

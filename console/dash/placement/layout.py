@@ -25,6 +25,7 @@ def layout():
                 className="grid-2",
             ),
             html.Div(id="node-cards", className="node-cards"),
+            card("Fault prediction", html.Div(id="predictor-table")),
             card("Policy in force", html.Div(id="policy-table")),
             html.Div(id="controls"),
         ]

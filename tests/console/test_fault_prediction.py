@@ -1,0 +1,182 @@
+"""Fault prediction, live through the controller: a drill schedule that keeps killing one node
+raises the predicted fault rate of the stage on it, and through P_eff gives it a standby.
+
+Real parts: the database, Redis, the drill task, fault injection (its kill lands on the node's
+Celery queue), the controller's supervision tick and policy cycle, the training task and the
+placement page. The node agents and the Spark stages are played at their Redis edge: usage
+samples and heartbeats as an agent and a stage publish them, and the exit an agent reports for
+each process a kill-node ended. Time runs for real with a 1 s prediction window.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+import redis
+
+from console.dash.placement import callbacks as placement_callbacks
+from console.models import ControlDecision, Job, Operator, PredictorTraining
+from console.roles import ADMIN
+from console.services import controller
+from console.services import policy as policy_service
+from spark_runtime import keys as data_keys
+from tests.factories import NodeFactory, make_job
+from workers import controller as controller_tasks
+from workers import keys as control_keys
+from workers import tasks
+from workers.queues import node_queue
+
+pytestmark = pytest.mark.django_db
+
+NODES = ["fp-node-1", "fp-node-2", "fp-node-3"]
+PRIOR = 0.05
+
+
+@pytest.fixture
+def client(settings):
+    # Six drills a minute would be refused by the default limit; this drill runs one every 2 s.
+    settings.FAULT_RATE_LIMIT_PER_MINUTE = 60
+    client = redis.Redis.from_url(settings.REDIS_URL, decode_responses=True)
+    node_keys = [k for n in NODES for k in (node_queue(n), control_keys.node_metrics(n))]
+    client.delete(*node_keys)
+    yield client
+    client.delete(*node_keys, *(control_keys.node_heartbeat(n) for n in NODES))
+
+
+def publish_usage(client, cpu_used: dict[str, float]) -> None:
+    """What each node agent publishes every second: a heartbeat and a usage sample."""
+    for name in NODES:
+        usage = {
+            "at": time.time(),
+            "cpu_total": 2.0,
+            "cpu_used": cpu_used.get(name, 0.2),
+            "mem_total": 4096.0,
+            "mem_used": 1024.0,
+            "disk_throughput": 5.0,
+            "disk_max_throughput": 200.0,
+            "bw_used": 10.0,
+            "bw_total": 1000.0,
+            "processes": 1,
+            "spares": 0,
+        }
+        payload = json.dumps(usage)
+        client.set(control_keys.node_heartbeat(name), payload, ex=5)
+        client.xadd(control_keys.node_metrics(name), {"sample": payload})
+
+
+def queued_tasks(client, node: str) -> list[str]:
+    """Names of the Celery tasks waiting on a node agent's queue."""
+    return [json.loads(raw)["headers"]["task"] for raw in client.lrange(node_queue(node), 0, -1)]
+
+
+def stages_heartbeat(client, job: Job, supervisor) -> None:
+    """What each live stage process writes every 0.5 s: its heartbeat, running a batch."""
+    for replica in supervisor.live():
+        beat = {"state": "running", "role": replica.role, "batches": 3, "started_at": time.time()}
+        client.set(data_keys.heartbeat(job.key, replica.id), json.dumps(beat), ex=3)
+
+
+def agent_reports_kill_node(client, job: Job, node: str, supervisor) -> list[str]:
+    """What the node agent does with the kill-node task waiting on its queue: SIGKILL every
+    process of the job on the node, then report each exit on the agents' event stream."""
+    assert "backstop.agent.kill_node" in queued_tasks(client, node)
+    client.delete(node_queue(node))
+    killed = [r.id for r in supervisor.live() if r.spec.node == node]
+    for replica_id in killed:
+        client.delete(data_keys.heartbeat(job.key, replica_id))
+        client.xadd(
+            control_keys.agent_events(),
+            {"job": job.key, "kind": "exit", "replica_id": replica_id, "returncode": "-9",
+             "log_tail": ""},
+        )  # fmt: skip
+    return killed
+
+
+def run_for(seconds: float, client, job: Job, supervisor, drill_node=None, drill_every=2.0):
+    """The controller's loop for `seconds` (ticks, a policy cycle a second), the agents' and
+    stages' side of it, and the drill on `drill_node` every `drill_every` seconds."""
+    end = time.monotonic() + seconds
+    next_drill = time.monotonic() + 0.5
+    kills = 0
+    while time.monotonic() < end:
+        busy = {drill_node: 1.8} if drill_node else {}  # the drilled node also runs hot
+        publish_usage(client, busy)
+        controller.update_nodes(client)
+        if drill_node and time.monotonic() >= next_drill:
+            result = controller_tasks.drill(job.pk, "kill-node", target_node=drill_node)
+            assert result.endswith(": injected"), result
+            kills += len(agent_reports_kill_node(client, job, drill_node, supervisor))
+            next_drill += drill_every
+        for _ in range(4):
+            controller.supervise_tick(job, supervisor, client)
+            stages_heartbeat(client, job, supervisor)
+            time.sleep(0.25)
+        controller.policy_cycle(job, supervisor, client)
+    return kills
+
+
+def test_a_node_killed_again_and_again_raises_its_stages_fr_and_earns_a_standby(client, users):
+    policy_service.change_policy(
+        {
+            # count's P is 0.52: passive under 0.55 with the prior (P_eff 0.53), active once
+            # fr > 0.15 (P_eff = P + 0.2 * fr).
+            "priority_threshold": 0.55,
+            "fault_rate_prior": PRIOR,
+            "prediction_window_s": 1.0,
+            "prediction_min_samples": 10,
+            "restart_initial_delay_s": 0.1,
+            "restart_max_failures": 1000,
+        },
+        reason="fault prediction drill",
+    )
+    for name in NODES:
+        NodeFactory(name=name, cpu_total=2.0, mem_total_mb=4096.0)
+    publish_usage(client, {})
+    job = make_job(status=Job.Status.CREATED, strategy=Job.Strategy.ADAPTIVE)
+    plan = controller.launch_job(job)
+    (stage,) = plan.stages
+    assert stage.standby_node is None  # nothing active at launch: no standby
+    killed_node = stage.primary_node
+    job.mark_running("test")
+    supervisor = controller.load_supervisor(client, job)
+
+    # Quiet first: no model, every operator on the prior.
+    run_for(8, client, job, supervisor)
+    tasks.train_fault_predictor()
+    count = Operator.objects.get(job=job, name="count")
+    assert count.predicted_fault_rate == PRIOR and count.mode == Operator.Mode.PASSIVE
+    assert count.fault_rate_source.startswith("prior")
+
+    # Then the drill keeps killing the stage's node.
+    kills = run_for(18, client, job, supervisor, drill_node=killed_node)
+    assert kills >= 6
+    failures = job.decisions.filter(kind=ControlDecision.Kind.FAILURE, node=killed_node)
+    assert failures.count() == kills  # every kill the agent reported was recorded once
+
+    result = tasks.train_fault_predictor()
+    run = PredictorTraining.objects.latest("trained_at")
+    assert result.startswith(f"predictor #{run.pk}: used"), result
+    assert run.samples >= 20 and run.failures >= 5 and run.mse < run.prior_mse
+
+    publish_usage(client, {killed_node: 1.8})  # the agents' next second
+    controller.update_nodes(client)
+    controller.policy_cycle(job, supervisor, client)  # the next cycle reads the new model
+    count.refresh_from_db()
+    assert count.fault_rate_source == f"model #{run.pk} on {killed_node}"
+    assert count.predicted_fault_rate > 4 * PRIOR
+    assert count.mode == Operator.Mode.ACTIVE
+    added = job.decisions.filter(kind=ControlDecision.Kind.ADD_STANDBY, stage=stage.name)
+    assert added.exists()
+    assert supervisor.has_standby(stage.name)
+    standby_node = supervisor.placement_by_stage()[stage.name][1]
+    assert standby_node != killed_node
+    assert "backstop.agent.start_replica" in queued_tasks(client, standby_node)
+
+    # The placement page shows the run and that it is in force.
+    admin = users[ADMIN]
+    *_, predictor_card = placement_callbacks.refresh(1, user=admin)
+    text = json.dumps(predictor_card, default=lambda c: c.to_plotly_json())
+    assert f"In force: model #{run.pk}" in text
+    assert "held-out MSE" in text
