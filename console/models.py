@@ -252,6 +252,10 @@ class Replica(models.Model):
     last_heartbeat = models.DateTimeField(null=True, blank=True)
     started_at = models.DateTimeField(auto_now_add=True)
     ended_at = models.DateTimeField(null=True, blank=True)
+    checkpoint_interval_s = models.FloatField(
+        null=True, blank=True, help_text="The checkpoint interval in force, as the replica reports."
+    )
+    interval_since = models.DateTimeField(null=True, blank=True, help_text="In force since.")
 
     class Meta:
         ordering = ["job", "stage", "role"]

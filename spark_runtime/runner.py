@@ -38,11 +38,14 @@ def stage_args(
     checkpoint_root: str,
     trigger_seconds: float = 0.5,
     max_records: int = 5000,
+    checkpoint_interval_s: float | None = None,
+    spark_conf: dict[str, str] | None = None,
 ) -> list[str]:
     """The arguments of `python -m spark_runtime.stage` for a replica, with its checkpoint at
     `{checkpoint_root}/{job}/{stage}/{replica}` (the same replica id resumes the same checkpoint;
     a seeded standby copies its primary's from the same layout). Shared by every launcher (local
-    subprocesses here, node agents in the controller)."""
+    subprocesses here, node agents in the controller). `checkpoint_interval_s` and `spark_conf`
+    (the state-store settings realising it) start the replica with its stage's interval."""
     stage_root = os.path.join(checkpoint_root, replica.job, replica.stage)
     checkpoint = os.path.join(stage_root, replica.replica_id)
     seed = ["--seed-from", os.path.join(stage_root, replica.seed_from)] if replica.seed_from else []
@@ -57,6 +60,8 @@ def stage_args(
         str(trigger_seconds),
         "--max-records",
         str(max_records),
+        *(["--checkpoint-interval", str(checkpoint_interval_s)] if checkpoint_interval_s else []),
+        *(arg for k, v in (spark_conf or {}).items() for arg in ("--spark-conf", f"{k}={v}")),
     ]
 
 

@@ -289,6 +289,22 @@ class StageRuntime:
             query.stop()
         self.queries = []
 
+    def apply_confs(self, confs: dict[str, str]) -> bool:
+        """Set session settings for the queries; returns True if running queries restarted.
+
+        A query runs on a copy of the session taken when it starts, so a setting changed on a
+        running stage reaches its queries only through a restart from their checkpoints; nothing
+        restarts when every value is already in force.
+        """
+        changed = {k: v for k, v in confs.items() if self.spark.conf.get(k, None) != v}
+        for key, value in changed.items():
+            self.spark.conf.set(key, value)
+        if not changed or not self.queries:
+            return False
+        self.stop()
+        self.start()
+        return True
+
     def restart(self, trigger_seconds: float) -> None:
         """Restart the queries from their checkpoints with another trigger interval."""
         self.stop()

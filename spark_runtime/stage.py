@@ -3,7 +3,7 @@
     python -m spark_runtime.stage --job ID --topology NAME --stage NAME --operators OP,OP \
         --role primary|standby --replica-id ID --node NODE [--redis-url URL] \
         [--checkpoint-dir DIR] [--seed-from DIR] [--low-priority] [--trigger-seconds S] \
-        [--param OP.KEY=VALUE ...]
+        [--checkpoint-interval S --spark-conf KEY=VALUE ...] [--param OP.KEY=VALUE ...]
 
 A standby started with `--seed-from` (its primary's checkpoint) begins from a copy of the
 primary's latest committed batch instead of replaying the input from the beginning. With
@@ -17,6 +17,10 @@ JSON commands pushed to the list `backstop:{job}:control:{replica}`:
 - `{"cmd": "promote"}`: a standby becomes the primary (fences the old one, flushes its buffer);
 - `{"cmd": "stop"}`: stop the queries and exit 0;
 - `{"cmd": "trigger", "seconds": S}`: restart the queries from their checkpoints with trigger S;
+- `{"cmd": "checkpoint_interval", "seconds": CI, "confs": {KEY: VALUE}}`: take the state-store
+  settings that realise checkpoint interval CI (console/policy/checkpoint.py maps CI to them);
+  a query reads them when it starts, so the queries restart from their checkpoints, only if a
+  setting changed. The replica then reports `checkpoint_interval_s` and `interval_since`;
 - `{"cmd": "fault", "kind": "operator_exception", "after_batches": N}`: arm an operator exception
   raised in the N-th next batch (the query fails, the process exits 1).
 
@@ -86,7 +90,27 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--max-records", type=int, default=5000)
     parser.add_argument("--buffer-max", type=int, default=200_000)
     parser.add_argument("--param", action="append", default=[])
+    parser.add_argument("--checkpoint-interval", type=float, default=None)
+    parser.add_argument(
+        "--spark-conf", action="append", default=[], help="KEY=VALUE, state-store settings only"
+    )
     return parser
+
+
+# Settings the controller may change on a running stage: the state store's checkpointing.
+INTERVAL_CONF_PREFIX = "spark.sql.streaming.stateStore."
+
+
+def interval_confs(items) -> dict[str, str]:
+    """`["k=v"]` (CLI) or `{"k": "v"}` (command) -> a dict of state-store settings; anything
+    outside spark.sql.streaming.stateStore.* is refused (a stage does not take arbitrary Spark
+    settings from a message)."""
+    pairs = items.items() if isinstance(items, dict) else (i.partition("=")[::2] for i in items)
+    confs = {str(k): str(v) for k, v in pairs}
+    bad = sorted(k for k in confs if not k.startswith(INTERVAL_CONF_PREFIX) or not confs[k])
+    if bad:
+        raise ValueError(f"refused settings {bad}: only {INTERVAL_CONF_PREFIX}*=VALUE")
+    return confs
 
 
 class ReplicaState:
@@ -248,6 +272,17 @@ def handle_command(command: dict, runtime, state: ReplicaState) -> int | None:
         runtime.restart(float(command["seconds"]))
         state.update(trigger_seconds=float(command["seconds"]))
         return None
+    if cmd == "checkpoint_interval":
+        try:
+            confs = interval_confs(command.get("confs") or {})
+            seconds = float(command["seconds"])
+        except (KeyError, TypeError, ValueError) as exc:
+            log.error("refused %s: %s", command, exc)
+            return None
+        restarted = runtime.apply_confs(confs)
+        state.update(checkpoint_interval_s=seconds, interval_since=time.time(), confs=confs)
+        log.info("checkpoint interval %s s in effect (queries restarted: %s)", seconds, restarted)
+        return None
     if cmd == "fault" and command.get("kind") == "operator_exception":
         runtime.gate.fault_after = int(command.get("after_batches", 1))
         return None
@@ -296,7 +331,13 @@ def run(args, spark=None) -> int:
         buffer_max=args.buffer_max,
     )
     spark.streams.addListener(make_listener(client, args.job, state, runtime))
+    confs = interval_confs(args.spark_conf)
+    runtime.apply_confs(confs)  # before the queries start: they read them then
     runtime.start()
+    if args.checkpoint_interval is not None:
+        state.update(
+            checkpoint_interval_s=args.checkpoint_interval, interval_since=time.time(), confs=confs
+        )
     ready = readiness(runtime.gate)
     state.update(
         state=ready,

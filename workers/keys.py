@@ -56,6 +56,12 @@ def replica_activity(job_key: str) -> str:
     return f"backstop:{job_key}:activity"
 
 
+def interval_requests(job_key: str) -> str:
+    """Hash replica id -> JSON {"seconds": CI, "sent_at": time} of checkpoint-interval commands
+    the controller sent and the replica has not yet reported in force."""
+    return f"backstop:{job_key}:interval-requests"
+
+
 def exit_tails(job_key: str) -> str:
     """Hash replica id -> the last lines of the log of an ended process of the job."""
     return f"backstop:{job_key}:exit-tails"

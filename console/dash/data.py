@@ -489,5 +489,14 @@ def stage_placement(job_id: int) -> list[dict]:
         .exclude(state__in=(Replica.State.STOPPED, Replica.State.FAILED))
         .annotate(node_name=F("node__name"))
         .order_by("stage", "role")
-        .values("stage", "role", "state", "node_name", "replica_id", "fencing_epoch")
+        .values(
+            "stage",
+            "role",
+            "state",
+            "node_name",
+            "replica_id",
+            "fencing_epoch",
+            "checkpoint_interval_s",
+            "interval_since",
+        )
     )

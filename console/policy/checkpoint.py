@@ -36,8 +36,14 @@ cost against recovery cost, exactly Da-Stream's CI. Hence:
   is set to ``min(60 s, CI)`` (whole seconds, at least 1 s), otherwise a CI below a minute would
   not shorten the replay after a restart.
 
-Both settings are read when the stage process starts its query, so the controller applies a new
-interval by restarting the (passive) stage at a quiet moment, not on every cycle.
+A query runs on a copy of the session taken when it starts, so a running stage takes new
+settings only by restarting its queries from their checkpoints (a few seconds of its output; the
+process and its JVM stay). Hence (`interval_rollout`): a replica starts with its stage's interval
+(the shortest of its operators'); later, a change of more than INTERVAL_CHANGE_FACTOR reaches it
+at most every `interval_apply_gap_s`, only at a quiet moment, one replica of a stage at a time,
+the standby before the primary. The trigger does not change: checkpoint_min_s (1 s) is above the
+stages' 0.5 s trigger. Spark runs the state store's maintenance thread once per JVM; whether it
+picks up a new maintenanceInterval without a new process is not verified here.
 """
 
 from __future__ import annotations
@@ -151,3 +157,109 @@ def spark_settings_for_interval(seconds: float, trigger_s: float = DEFAULT_TRIGG
         ),
         "spark.sql.streaming.stateStore.maintenanceInterval": f"{maintenance_s}s",
     }
+
+
+# --- Bringing an interval to running stages ----------------------------------------------------
+
+# A replica is asked to take a new interval only if it differs from the one in force by more than
+# this factor either way: each change restarts the replica's queries, so the online adjustment's
+# small steps (CI*fr after a fault) are not worth one.
+INTERVAL_CHANGE_FACTOR = 1.5
+# A replica asked to take an interval that has not reported it within this long is asked again.
+INTERVAL_PENDING_TIMEOUT_S = 60.0
+STAGE_TRIGGER_S = 0.5  # the stages' trigger (spark_runtime/stage.py --trigger-seconds default)
+
+
+def state_store_confs(seconds: float, trigger_s: float = STAGE_TRIGGER_S) -> dict[str, str]:
+    """The Spark settings a running stage takes for interval `seconds` (the state-store part of
+    spark_settings_for_interval; the trigger stays: it is shorter than checkpoint_min_s)."""
+    return {
+        key: value
+        for key, value in spark_settings_for_interval(seconds, trigger_s).items()
+        if key.startswith("spark.")
+    }
+
+
+def stage_interval(intervals) -> float | None:
+    """A stage's interval: the shortest of its operators' (the most protective), None if none."""
+    positive = [float(s) for s in intervals if s and s > 0]
+    return min(positive) if positive else None
+
+
+@dataclass(frozen=True)
+class ReplicaInterval:
+    """What the controller knows of one live replica's interval."""
+
+    replica_id: str
+    stage: str
+    role: str  # "primary" or "standby"
+    running: bool  # reported running (not starting, catching up, failed)
+    seconds: float | None  # the interval in force, as the replica reports it
+    since: float | None  # when that took effect (epoch seconds)
+    pending_since: float | None = None  # asked for a new one then, not reported yet
+
+
+@dataclass(frozen=True)
+class ApplyInterval:
+    """Ask `replica_id` to take interval `seconds` (it restarts its queries from checkpoints)."""
+
+    replica_id: str
+    stage: str
+    seconds: float
+    reason: str
+
+
+def _differs(wanted: float, current: float | None) -> bool:
+    if current is None or current <= 0:
+        return True
+    return max(wanted, current) / min(wanted, current) > INTERVAL_CHANGE_FACTOR
+
+
+def interval_rollout(
+    wanted: dict[str, float],
+    replicas: list[ReplicaInterval],
+    now: float,
+    min_gap_s: float,
+    quiet: bool,
+) -> list[ApplyInterval]:
+    """Which replicas take their stage's interval now: at most one per stage at a time.
+
+    Rules (each restart of a replica's queries costs it a few seconds of output):
+    - only at a quiet moment (`quiet`: no recovery under way and no recent failure);
+    - a stage whose replicas are not all running, or one of which has a request pending, waits:
+      never both replicas of a stage at once, never a replica whose partner is down;
+    - a replica is asked only if its interval differs by more than INTERVAL_CHANGE_FACTOR and
+      it has kept its current one at least `min_gap_s`;
+    - the standby goes first, so the primary restarts only once its standby runs the new one.
+    """
+    if not quiet:
+        return []
+    actions = []
+    for stage, seconds in sorted(wanted.items()):
+        mine = [r for r in replicas if r.stage == stage]
+        if not mine or not all(r.running for r in mine):
+            continue
+        if any(
+            r.pending_since is not None and now - r.pending_since < INTERVAL_PENDING_TIMEOUT_S
+            for r in mine
+        ):
+            continue
+        due = [
+            r
+            for r in mine
+            if _differs(seconds, r.seconds) and (r.since is None or now - r.since >= min_gap_s)
+        ]
+        if not due:
+            continue
+        replica = min(due, key=lambda r: (r.role != "standby", r.replica_id))
+        current = "none" if replica.seconds is None else f"{replica.seconds:g} s"
+        actions.append(
+            ApplyInterval(
+                replica.replica_id,
+                stage,
+                seconds,
+                f"{replica.replica_id} ({replica.role}): checkpoint interval {current} -> "
+                f"{seconds:g} s; its queries restart from their checkpoints",
+            )
+        )
+    return actions

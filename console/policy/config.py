@@ -120,6 +120,9 @@ BOUNDS: dict[str, Bound] = {
     "prediction_history_s": Bound(60.0, 604_800.0, "training reads this much history every run: "
                                   "a minute to a week (metrics are purged after "
                                   "METRIC_RETENTION_HOURS anyway)"),
+    "interval_apply_gap_s": Bound(10.0, 86_400.0, "each change restarts a replica's queries (a "
+                                  "few seconds of its output): at most every ten seconds, at "
+                                  "least once a day"),
     "prediction_min_samples": Bound(10, 100_000, "a regression on eight features needs at least "
                                     "ten rows; the newest 30% are held out to judge it"),
 }  # fmt: skip
@@ -198,6 +201,9 @@ class PolicyConfig:
     prediction_window_s: float = 60.0
     prediction_history_s: float = 21_600.0
     prediction_min_samples: int = 20
+    # A running replica takes a new checkpoint interval (restarting its queries) at most this
+    # often, and only at a quiet moment (see checkpoint.interval_rollout).
+    interval_apply_gap_s: float = 300.0
 
     def validate(self) -> None:
         """Raise PolicyConfigError listing every invalid field; return None when all is well."""

@@ -32,7 +32,13 @@ from console.models import (
     Replica,
 )
 from console.policy import actions as policy_actions
-from console.policy.checkpoint import spark_settings_for_interval
+from console.policy.checkpoint import (
+    STAGE_TRIGGER_S,
+    ReplicaInterval,
+    interval_rollout,
+    stage_interval,
+    state_store_confs,
+)
 from console.policy.placement import CycleInput, run_cycle
 from console.policy.priority import ACTIVE, operator_priorities
 from console.policy.resources import node_capacities, node_score
@@ -113,11 +119,20 @@ class AgentLauncher:
     def start(self, replica: ReplicaSpec) -> None:
         from workers.agent import start_replica
 
+        trigger = self.trigger_seconds.get(replica.stage, STAGE_TRIGGER_S)
+        interval = stage_interval(
+            Operator.objects.filter(job=self.job, stage=replica.stage).values_list(
+                "checkpoint_interval_s", flat=True
+            )
+        )
         args = stage_args(
             replica,
             settings.REDIS_URL,
             checkpoint_root(),
-            trigger_seconds=self.trigger_seconds.get(replica.stage, 0.5),
+            trigger_seconds=trigger,
+            # Started with its stage's interval in force; later changes: roll_out_intervals.
+            checkpoint_interval_s=interval,
+            spark_conf=state_store_confs(interval, trigger) if interval else None,
         )
         node = Node.objects.get(name=replica.node)
         Replica.objects.update_or_create(
@@ -599,6 +614,10 @@ def sync_replicas(job: Job, client, supervisor: Supervisor) -> None:
             last_heartbeat=datetime.fromtimestamp(info["updated"], tz=UTC)
             if alive and info.get("updated")
             else None,
+            checkpoint_interval_s=info.get("checkpoint_interval_s"),
+            interval_since=datetime.fromtimestamp(info["interval_since"], tz=UTC)
+            if info.get("interval_since")
+            else None,
         )
 
 
@@ -726,6 +745,7 @@ def policy_cycle(job: Job, supervisor: Supervisor, client) -> list:
     if not moves_standbys:
         actions = [a for a in actions if isinstance(a, policy_actions.SetCheckpointInterval)]
     _apply_cycle(job, supervisor, client, actions, stage_of)
+    roll_out_intervals(job, supervisor, client, config)
     for p in priorities:
         Operator.objects.filter(job=job, name=p.name).update(
             type_score=p.S,
@@ -750,6 +770,84 @@ def policy_cycle(job: Job, supervisor: Supervisor, client) -> list:
     return actions
 
 
+def roll_out_intervals(job: Job, supervisor: Supervisor, client, config) -> list:
+    """Bring each stage's checkpoint interval (the policy's, stored on its operators) to its
+    running replicas, one replica of a stage at a time (checkpoint.interval_rollout has the
+    rules), and record when each took effect. Idempotent: a request is kept in Redis until the
+    replica reports the interval, and each report is recorded once."""
+    requests_key = control_keys.interval_requests(job.key)
+    reported = {
+        rid: json.loads(raw) for rid, raw in client.hgetall(data_keys.replicas(job.key)).items()
+    }
+    pending = {rid: json.loads(raw) for rid, raw in client.hgetall(requests_key).items()}
+    for replica_id, request in list(pending.items()):
+        info = reported.get(replica_id, {})
+        if (
+            info.get("checkpoint_interval_s") == request["seconds"]
+            and info.get("interval_since", 0) >= request["sent_at"]
+        ):
+            client.hdel(requests_key, replica_id)
+            since = datetime.fromtimestamp(info["interval_since"], tz=UTC)
+            decide(
+                job,
+                ControlDecision.Kind.SET_INTERVAL,
+                f"{replica_id}: checkpoint interval {request['seconds']:g} s in effect since "
+                f"{since:%H:%M:%S}",
+                stage=info.get("stage", ""),
+                replica_id=replica_id,
+                detail={"confs": info.get("confs", {}), "in_effect_at": info["interval_since"]},
+            )
+            del pending[replica_id]
+    wanted = {}
+    for stage in supervisor.stage_operators:
+        interval = stage_interval(
+            Operator.objects.filter(job=job, stage=stage).values_list(
+                "checkpoint_interval_s", flat=True
+            )
+        )
+        if interval:
+            wanted[stage] = interval
+    live = [
+        ReplicaInterval(
+            replica_id=r.id,
+            stage=r.spec.stage,
+            role=r.role,
+            running=reported.get(r.id, {}).get("state") == "running" and r.state == "running",
+            seconds=reported.get(r.id, {}).get("checkpoint_interval_s"),
+            since=reported.get(r.id, {}).get("interval_since"),
+            pending_since=pending.get(r.id, {}).get("sent_at"),
+        )
+        for r in supervisor.live()
+    ]
+    since = timezone.now() - timezone.timedelta(seconds=config.interval_apply_gap_s)
+    quiet = not (
+        job.recoveries.filter(recovered_at__isnull=True).exists()
+        or job.decisions.filter(kind=ControlDecision.Kind.FAILURE, at__gte=since).exists()
+    )
+    now = time.time()
+    rollout = interval_rollout(wanted, live, now, config.interval_apply_gap_s, quiet)
+    for apply in rollout:
+        confs = state_store_confs(apply.seconds)
+        client.hset(
+            requests_key, apply.replica_id, json.dumps({"seconds": apply.seconds, "sent_at": now})
+        )
+        send_command(
+            client,
+            job,
+            apply.replica_id,
+            {"cmd": "checkpoint_interval", "seconds": apply.seconds, "confs": confs},
+        )
+        decide(
+            job,
+            ControlDecision.Kind.SET_INTERVAL,
+            apply.reason,
+            stage=apply.stage,
+            replica_id=apply.replica_id,
+            detail={"confs": confs},
+        )
+    return rollout
+
+
 def _top_operator(names, priorities) -> str | None:
     """The stage's standby is attributed to its highest-priority active operator."""
     active = [p for p in priorities if p.name in names and p.mode == ACTIVE]
@@ -760,7 +858,8 @@ def _apply_cycle(job, supervisor, client, actions, stage_of) -> None:
     """Carry out Algorithm 2's actions through the state machine and record each with its reason.
 
     Standby changes start or kill replicas; an interval change is stored on the operator with the
-    Spark settings it maps to (see console/policy/checkpoint.py).
+    Spark settings it maps to (see console/policy/checkpoint.py), and roll_out_intervals brings
+    it to the stage's running replicas.
     """
     now = time.time()
     for action in actions:
@@ -771,7 +870,7 @@ def _apply_cycle(job, supervisor, client, actions, stage_of) -> None:
                 continue
             Operator.objects.filter(pk=op.pk).update(checkpoint_interval_s=action.seconds)
             kind, node, steps = ControlDecision.Kind.SET_INTERVAL, "", []
-            detail = spark_settings_for_interval(action.seconds)
+            detail = state_store_confs(action.seconds)
         elif isinstance(action, policy_actions.AddStandby):
             if supervisor.has_standby(stage):
                 continue

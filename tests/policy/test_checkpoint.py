@@ -9,9 +9,14 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from console.policy.checkpoint import (
+    INTERVAL_PENDING_TIMEOUT_S,
+    ReplicaInterval,
     adjust_interval,
     initial_interval,
+    interval_rollout,
     spark_settings_for_interval,
+    stage_interval,
+    state_store_confs,
 )
 from console.policy.config import PolicyConfig
 
@@ -116,3 +121,63 @@ def test_interval_stays_within_bounds(bound, position, fr, cpu, mem, slow, fault
     )
     assert low <= decision.seconds <= high
     assert low <= initial_interval(fr0, config) <= high
+
+
+# --- interval_rollout: bringing an interval to running replicas --------------------------------
+
+
+def replica(rid, role, seconds=60.0, since=0.0, running=True, pending=None, stage="wc"):
+    return ReplicaInterval(rid, stage, role, running, seconds, since, pending)
+
+
+NOW = 1000.0
+
+
+def rollout(replicas, wanted=None, quiet=True, gap=300.0):
+    return interval_rollout(wanted or {"wc": 10.0}, replicas, NOW, gap, quiet)
+
+
+def test_the_standby_takes_a_new_interval_first_and_alone():
+    (action,) = rollout([replica("wc-1", "primary"), replica("wc-2", "standby")])
+    assert (action.replica_id, action.stage, action.seconds) == ("wc-2", "wc", 10.0)
+    assert action.reason.startswith("wc-2 (standby): checkpoint interval 60 s -> 10 s")
+
+
+def test_the_primary_goes_once_its_standby_runs_the_new_interval():
+    standby_done = replica("wc-2", "standby", seconds=10.0, since=NOW - 5)
+    (action,) = rollout([replica("wc-1", "primary"), standby_done])
+    assert action.replica_id == "wc-1"
+
+
+def test_nothing_while_a_request_is_pending_or_a_partner_is_not_running():
+    pending = replica("wc-2", "standby", pending=NOW - 10)
+    assert rollout([replica("wc-1", "primary"), pending]) == []
+    restarting = replica("wc-2", "standby", seconds=10.0, since=NOW - 5, running=False)
+    assert rollout([replica("wc-1", "primary"), restarting]) == []
+    # A request unanswered for longer than the timeout is sent again.
+    stale = replica("wc-2", "standby", pending=NOW - INTERVAL_PENDING_TIMEOUT_S - 1)
+    assert [a.replica_id for a in rollout([replica("wc-1", "primary"), stale])] == ["wc-2"]
+
+
+def test_small_changes_recent_changes_and_busy_moments_wait():
+    near = replica("wc-1", "primary", seconds=12.0)  # within the 1.5x factor of 10 s
+    assert rollout([near]) == []
+    assert rollout([replica("wc-1", "primary", since=NOW - 60)]) == []  # changed a minute ago
+    assert rollout([replica("wc-1", "primary")], quiet=False) == []
+    assert [a.seconds for a in rollout([replica("wc-1", "primary", seconds=None)])] == [10.0]
+
+
+def test_stages_roll_out_independently():
+    replicas = [replica("a-1", "primary", stage="a"), replica("b-1", "primary", stage="b")]
+    actions = rollout(replicas, wanted={"a": 10.0, "b": 60.0})
+    assert [(a.replica_id, a.seconds) for a in actions] == [("a-1", 10.0)]
+
+
+def test_a_stage_takes_its_most_protective_operator_interval_and_state_store_settings():
+    assert stage_interval([30.0, 12.0, 0.0, None]) == 12.0
+    assert stage_interval([0.0]) is None
+    assert state_store_confs(30.0) == {
+        "spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled": "true",
+        "spark.sql.streaming.stateStore.minDeltasForSnapshot": "60",  # 30 s / 0.5 s trigger
+        "spark.sql.streaming.stateStore.maintenanceInterval": "30s",
+    }

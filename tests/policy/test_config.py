@@ -37,6 +37,7 @@ def test_defaults_are_valid_and_match_the_brief():
         "restart_initial_delay_s", "restart_max_delay_s", "restart_max_failures",
         "restart_failure_window_s", "hung_timeout_s",
         "prediction_window_s", "prediction_history_s", "prediction_min_samples",
+        "interval_apply_gap_s",
     ]  # fmt: skip
 
 

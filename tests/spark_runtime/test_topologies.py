@@ -4,6 +4,7 @@ end in the dead-letter stream, and a standby's promotion neither loses nor repea
 
 from __future__ import annotations
 
+import argparse
 import glob
 import json
 import os
@@ -134,6 +135,56 @@ def test_a_stage_killed_while_writing_its_first_offsets_starts_again(
         assert all(rt.failure() is None for rt in runtimes)
     finally:
         stop(runtimes)
+    entries = truth.valid_entries(client, keys.input_stream(job), ["text"])
+    got = {w: int(c) for w, c in client.hgetall(keys.results(job)).items()}
+    assert got == truth.wordcount(entries)
+
+
+def test_a_running_stage_takes_a_new_checkpoint_interval_by_restarting_its_queries(
+    spark, client, redis_url, job, tmp_path
+):
+    from spark_runtime.stage import ReplicaState, handle_command
+
+    snapshots = "spark.sql.streaming.stateStore.minDeltasForSnapshot"
+    maintenance = "spark.sql.streaming.stateStore.maintenanceInterval"
+    saved = {key: spark.conf.get(key, None) for key in (snapshots, maintenance)}
+    confs = {snapshots: "7", maintenance: "7s"}
+    command = {"cmd": "checkpoint_interval", "seconds": 3.5, "confs": confs}
+    topology = get_topology("wordcount")
+    generators.generate(client, job, "wordcount", count=600, rate=1e6, seed=5)
+    (rt,) = run_stages(spark, client, redis_url, job, topology, tmp_path, chaining=FUSED)
+    args = argparse.Namespace(job=job, replica_id="wc-1", stage="job", role="primary", node="n1")
+    state = ReplicaState(client, args)
+
+    def run_ids():
+        return [str(q.runId) for q in rt.queries]
+
+    try:
+        drain([rt])
+        before = run_ids()
+        assert handle_command(command, rt, state) is None
+        assert run_ids() != before  # restarted from the checkpoints with the new settings
+        assert spark.conf.get(snapshots) == "7"
+        reported = json.loads(client.hget(keys.replicas(job), "wc-1"))
+        assert (reported["checkpoint_interval_s"], reported["confs"]) == (3.5, confs)
+        # The same settings again restart nothing; anything but state-store settings is refused.
+        before = run_ids()
+        handle_command(command, rt, state)
+        refused = {
+            "cmd": "checkpoint_interval",
+            "seconds": 1,
+            "confs": {"spark.driver.memory": "9g"},
+        }
+        handle_command(refused, rt, state)
+        assert run_ids() == before
+        assert spark.conf.get("spark.driver.memory", None) != "9g"
+        assert state.info["checkpoint_interval_s"] == 3.5
+        generators.generate(client, job, "wordcount", count=300, rate=1e6, seed=6, id_prefix="g")
+        drain([rt])
+    finally:
+        stop([rt])
+        for key, value in saved.items():
+            spark.conf.unset(key) if value is None else spark.conf.set(key, value)
     entries = truth.valid_entries(client, keys.input_stream(job), ["text"])
     got = {w: int(c) for w, c in client.hgetall(keys.results(job)).items()}
     assert got == truth.wordcount(entries)

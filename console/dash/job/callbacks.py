@@ -122,11 +122,25 @@ def _replica_table(replicas: list[dict], chains: dict[str, str]):
             r["node_name"],
             r["state"],
             str(r["fencing_epoch"]),
+            _interval_in_force(r),
         ]
         for r in replicas
     ]
     return table(
-        ["Stage", "Chains", "Role", "Node", "State", "Epoch"], rows, "No replicas running."
+        ["Stage", "Chains", "Role", "Node", "State", "Epoch", "Checkpoint interval"],
+        rows,
+        "No replicas running.",
+        table_id="replicas",
+    )
+
+
+def _interval_in_force(replica: dict) -> str:
+    """The interval the replica runs with, and since when (it reports both)."""
+    if not replica.get("checkpoint_interval_s"):
+        return "—"
+    return (
+        f"{fmt_num(replica['checkpoint_interval_s'], 1)} s since "
+        f"{fmt_time(replica['interval_since'])}"
     )
 
 
