@@ -234,8 +234,6 @@ def launch_job(job: Job) -> JobPlan | None:
         plan = plan_job(topology, job.strategy, node_history(client, nodes), config)
     except ValueError as exc:
         raise LaunchError(str(exc)) from exc
-    job.mark_starting(f"placing {len(plan.stages)} stages on {', '.join(sorted(nodes))}")
-    _store_assessment(job, plan)
     supervisor = Supervisor(
         job.key,
         job.topology,
@@ -247,6 +245,14 @@ def launch_job(job: Job) -> JobPlan | None:
         restart_policy=restart_policy_of(config),
         hung_timeout_s=config.hung_timeout_s,
     )
+    # The supervision state is saved before the job turns live: the watchdog supervises every
+    # live job, and a window that found no state would fail the job ("supervision state lost").
+    # Saved with its replicas already starting, so a controller killed before they are asked to
+    # start leaves replicas that never heartbeat, which supervision restarts.
+    start_actions = supervisor.start(time.time())
+    save_supervisor(client, job, supervisor)
+    job.mark_starting(f"placing {len(plan.stages)} stages on {', '.join(sorted(nodes))}")
+    _store_assessment(job, plan)
     for stage in plan.stages:
         decide(
             job,
@@ -257,10 +263,7 @@ def launch_job(job: Job) -> JobPlan | None:
             stage=stage.name,
             node=stage.standby_node or stage.primary_node,
         )
-    launcher = AgentLauncher(job, client)
-    now = time.time()
-    execute(supervisor.start(now), launcher, command_sender(client, job))
-    save_supervisor(client, job, supervisor)
+    execute(start_actions, AgentLauncher(job, client), command_sender(client, job))
     return plan
 
 
