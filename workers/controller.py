@@ -12,6 +12,7 @@ import contextlib
 import logging
 
 from celery import shared_task
+from django.db import OperationalError
 from redis.exceptions import LockError, LockNotOwnedError
 
 from workers.redis_client import redis_client
@@ -25,6 +26,13 @@ LEASE_S = 5.0
 @shared_task(
     name="backstop.controller.launch_job",
     acks_late=True,  # idempotent: a job that is not in `created` is not launched again
+    # A database that is briefly unavailable (a locked SQLite file, a PostgreSQL restart) must
+    # not leave the job `created` for ever. Retrying is safe: before the job turns `starting`
+    # nothing has started; after, the watchdog supervises it and supervision restarts replicas
+    # that never came up.
+    autoretry_for=(OperationalError,),
+    retry_backoff=2,
+    max_retries=5,
     expires=300,
     time_limit=120,
     soft_time_limit=100,

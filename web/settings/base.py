@@ -99,9 +99,12 @@ DATABASE_URL = env(
 )
 DATABASES = {"default": dj_database_url.parse(DATABASE_URL, conn_max_age=60)}
 if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
-    # Several processes (web, controller, agents) share the demo's SQLite file: wait for locks
-    # instead of failing at once.
-    DATABASES["default"]["OPTIONS"] = {"timeout": 20}
+    # Several processes (web, controller, beat, agents) share the demo's SQLite file: wait for
+    # locks instead of failing at once. IMMEDIATE takes the write lock when a transaction begins:
+    # a deferred one that read first (select_for_update is a plain SELECT here) and then writes
+    # fails at once with "database is locked" when another process writes meanwhile, without
+    # waiting for the timeout (the demo's job launch failed that way).
+    DATABASES["default"]["OPTIONS"] = {"timeout": 20, "transaction_mode": "IMMEDIATE"}
     DATABASES["default"]["CONN_MAX_AGE"] = 0
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
