@@ -758,6 +758,7 @@ def policy_cycle(job: Job, supervisor: Supervisor, client) -> list:
             mode=p.mode,
             predicted_fault_rate=p.fr,
             fault_rate_source=predicted.get(p.name, (0, "prior (runs in no stage)"))[1],
+            updated_at=now,  # update() skips auto_now
         )
         MetricSample.objects.bulk_create(
             MetricSample(at=now, job=job, stage=p.name, name=name, value=round(value, 4))

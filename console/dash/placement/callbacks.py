@@ -99,14 +99,16 @@ def _policy_table(policy: dict):
     ]
 
 
-def _predictor_table(runs: list[dict]):
-    """The predictor's training runs; the newest decides whether operators get a learned fr."""
+def _predictor_table(runs: list[dict], window_s: float):
+    """The predictor's training runs; the newest decides whether operators get a learned fr.
+    `window_s` is the policy's prediction window (a run shows the one it was trained with)."""
     if runs and runs[0]["used"]:
         verdict = f"In force: model #{runs[0]['id']}; each operator's fr is on its job page."
     elif runs:
         verdict = f"Operators get the prior fr: the newest model (#{runs[0]['id']}) is not used."
     else:
         verdict = "Not trained yet: operators get the prior fr until a run beats it."
+    shown_window = runs[0]["window_s"] if runs else window_s
     rows = [
         [
             f"#{run['id']}",
@@ -122,9 +124,9 @@ def _predictor_table(runs: list[dict]):
     ]
     return [
         html.P(
-            f"{verdict} A row is one stage over {fmt_num(runs[0]['window_s'], 0) if runs else '?'}"
-            " s; fr is the chance the stage fails in the next window. Features: recent faults of "
-            "the stage and of its node, the node's CPU, memory, disk and network use, the "
+            f"{verdict} A row is one stage over {fmt_num(shown_window, 0)} s; fr is the chance "
+            "the stage fails in the next window. Features: recent faults of the stage and of its "
+            "node, the node's CPU, memory, disk and network use, the "
             "stage's throughput and the job's p99 latency. The newest 30% of rows are held out.",
             id="predictor-verdict",
         ),
@@ -153,7 +155,7 @@ def refresh(n_intervals, user=None):
         figures.q_figure(nodes),
         cards or html.P("No nodes registered.", className="muted"),
         _policy_table(policy),
-        _predictor_table(data.predictor_trainings()),
+        _predictor_table(data.predictor_trainings(), policy["values"]["prediction_window_s"]),
     )
 
 
