@@ -202,6 +202,21 @@ class RecordedHistory:
         ]
         return min(running, key=lambda tenure: tenure.start).node if running else None
 
+    def newest_node_sample(self, node: str) -> float | None:
+        """Time of the node's newest CPU sample, None if it has none."""
+        series = self.node_metrics.get((node, NODE_METRICS["cpu"]))
+        return series.times[-1] if series is not None and series.times else None
+
+    def live_features(self, job: int, stage: str, now: float, window_s: float):
+        """features() for the window that ends with the newest stored sample of the stage's node
+        (samples are stored in batches, so the last `window_s` before `now` may hold none yet);
+        None if that sample is more than two windows old."""
+        node = self.primary_node(job, stage, now)
+        newest = self.newest_node_sample(node) if node else None
+        if newest is None or now - newest > 2 * window_s:
+            return None
+        return self.features(job, stage, min(now, newest + 1e-3), window_s)
+
     def failures_between(self, start: float, end: float, *, job=None, stage=None, node=None):
         """Failures in [start, end), optionally of one job's stage or on one node."""
         return [

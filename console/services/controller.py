@@ -966,6 +966,9 @@ def supervise_window(job: Job, client, window_s: float, keep_lease) -> bool:
         supervise_tick(job, supervisor, client)
         record_reprotections(job, supervisor)
         save_supervisor(client, job, supervisor)
+        if not job.is_live:
+            # The tick gave up on the job: no policy cycle may start replicas for it again.
+            return False
         if time.monotonic() >= next_cycle:
             cycle_started = time.monotonic()
             config = Policy.current().to_config()

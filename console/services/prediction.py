@@ -142,11 +142,11 @@ def predicted_fault_rates(
     predictor = FaultPredictor.from_dict(latest.predictor)
     window = latest.window_s
     history = load_history(
-        now - timedelta(seconds=(RECENT_WINDOWS + 1) * window), now, job_ids=[job.pk]
+        now - timedelta(seconds=(RECENT_WINDOWS + 2) * window), now, job_ids=[job.pk]
     )
     rates = {}
     for op, stage in stage_of.items():
-        found = history.features(job.pk, stage, now.timestamp(), window)
+        found = history.live_features(job.pk, stage, now.timestamp(), window)
         if found is None:
             rates[op] = (prior, f"prior (no recent samples of {stage}'s node)")
         else:

@@ -12,7 +12,7 @@ import pytest
 import redis
 from django.conf import settings
 
-from console.models import ControlDecision, Job, Policy
+from console.models import ControlDecision, Job, MetricSample, Policy
 from console.roles import OPERATOR
 from console.services import controller
 from spark_runtime import keys as data_keys
@@ -166,3 +166,30 @@ def test_spares_are_released_when_no_live_job_can_use_them(client):
     assert controller.release_unused_spares(client)  # only the plain-Spark baseline runs
     assert {client.get(data_keys.spares_wanted(n)) for n in NODES} == {"0"}
     client.delete(*(data_keys.spares_wanted(n) for n in NODES))
+
+
+def test_a_window_that_gives_up_starts_nothing_more(client):
+    # Seen in the demo: the tick gave up on the job, then the same window's policy cycle found a
+    # stage without standby and started one for the failed job.
+    job = make_job(status=Job.Status.RUNNING, strategy="adaptive")
+    sup = launch(client, job, RestartPolicy(max_failures=2, failure_window_s=60))
+    usage = {"at": time.time(), "cpu_total": 2.0, "cpu_used": 0.2, "mem_total": 4096.0,
+             "mem_used": 1024.0, "disk_throughput": 1.0, "disk_max_throughput": 200.0,
+             "bw_used": 1.0, "bw_total": 1000.0, "processes": 1, "spares": 0}  # fmt: skip
+    for name in NODES:  # live agents: a policy cycle would place standbys on them
+        client.set(control_keys.node_heartbeat(name), json.dumps(usage), ex=30)
+        client.xadd(control_keys.node_metrics(name), {"sample": json.dumps(usage)})
+    fail(client, job, "wc-1", "boom")
+    controller.supervise_tick(job, sup, client)
+    controller.save_supervisor(client, job, sup)
+    client.delete(*NODE_QUEUES)
+    fail(client, job, "wc-1", "boom")  # the window's first tick gives up
+
+    live = controller.supervise_window(job, client, window_s=5.0, keep_lease=lambda: None)
+    assert live is False
+    job.refresh_from_db()
+    assert job.status == Job.Status.FAILED
+    assert started_replicas(client) == []
+    assert not job.decisions.filter(kind=ControlDecision.Kind.ADD_STANDBY).exists()
+    assert not MetricSample.objects.filter(job=job, name="priority").exists()  # no policy cycle
+    client.delete(*(control_keys.node_heartbeat(n) for n in NODES))

@@ -229,3 +229,17 @@ def test_too_little_history_is_not_used():
     assert not outcome.used
     assert outcome.reason == "not used: 12 samples < minimum 20"
     assert outcome.predictor.predict(row(1)) == 0.05
+
+
+def test_live_features_end_with_the_newest_stored_sample():
+    # Samples are stored in batches: at t=107 the newest stored CPU sample of n1 is at 100.
+    history = RecordedHistory(
+        node_metrics={("n1", "cpu_util"): Series([(96.0, 0.2), (100.0, 0.6)])},
+        failures=[Failure(99.0, 1, "a", "n1")],
+        tenures=[Tenure(1, "a", "n1", 0.0, None)],
+    )
+    node, features = history.live_features(1, "a", 107.0, W)
+    assert node == "n1" and features.cpu == 0.4 and features.recent_faults == 1
+    assert history.features(1, "a", 107.0, W)[1].cpu == 0.6  # only the sample at 100
+    assert history.live_features(1, "a", 121.0, W) is None  # newest sample two windows old
+    assert history.live_features(1, "b", 107.0, W) is None  # no primary
