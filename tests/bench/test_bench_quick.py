@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from console.bench.report import recovery_bound
 from workers.redis_client import redis_client
 
 pytestmark = [pytest.mark.slow, pytest.mark.spark]
@@ -44,16 +45,20 @@ def test_quick_bench_writes_exact_results_and_adaptive_recovers_faster(tmp_path)
         assert (run["lost"], run["duplicates"]) == (0, 0)
         assert len(run["faults"]) == 2
         for fault in run["faults"]:
-            assert fault["recovery_time_s"] is not None, fault
+            assert fault["downtime_s"] is not None, fault  # the output came back
+    # Adaptive is back to normal before the next fault. Restart-all may not be (its restart takes
+    # 17-29 s here, plus the 10 s stable window, against faults 30 s apart): then it counts with
+    # the time it was watched, a lower bound, which keeps the ratio below conservative.
+    assert all(f["recovery_time_s"] is not None for f in runs["adaptive"]["faults"])
     # The second fault, 30 s after the first, finds adaptive's re-seeded standby promotable.
     assert [f["action"] for f in runs["adaptive"]["faults"]] == ["promote", "promote"]
     assert runs["adaptive"]["faults"][0]["reprotect_s"] is not None
     assert [f["action"] for f in runs["restart-all"]["faults"]] == ["restart-job"] * 2
 
-    def mean_recovery(run):
-        return sum(f["recovery_time_s"] for f in run["faults"]) / len(run["faults"])
-
+    adaptive, adaptive_is_bound = recovery_bound(runs["adaptive"])
+    baseline, _ = recovery_bound(runs["restart-all"])
+    assert not adaptive_is_bound
     # The goal of the data-plane work: adaptive's mean recovery at most 15% of restart-all's.
-    assert mean_recovery(runs["adaptive"]) <= 0.15 * mean_recovery(runs["restart-all"])
+    assert adaptive <= 0.15 * baseline
     assert "| adaptive |" in (out / "bench.md").read_text()
     assert (out / "bench.png").stat().st_size > 10_000
