@@ -108,6 +108,15 @@ def decide(job: Job, kind: str, reason: str, **fields) -> ControlDecision:
     return ControlDecision.objects.create(job=job, kind=kind, reason=reason, **fields)
 
 
+def stage_interval_of(job: Job, stage: str) -> float | None:
+    """The checkpoint interval a stage should run with: the shortest of its operators'."""
+    return stage_interval(
+        Operator.objects.filter(job=job, stage=stage).values_list(
+            "checkpoint_interval_s", flat=True
+        )
+    )
+
+
 class AgentLauncher:
     """A `Launcher` that starts and kills replicas through the node agents' queues."""
 
@@ -120,11 +129,7 @@ class AgentLauncher:
         from workers.agent import start_replica
 
         trigger = self.trigger_seconds.get(replica.stage, STAGE_TRIGGER_S)
-        interval = stage_interval(
-            Operator.objects.filter(job=self.job, stage=replica.stage).values_list(
-                "checkpoint_interval_s", flat=True
-            )
-        )
+        interval = stage_interval_of(self.job, replica.stage)
         args = stage_args(
             replica,
             settings.REDIS_URL,
@@ -804,11 +809,7 @@ def roll_out_intervals(job: Job, supervisor: Supervisor, client, config) -> list
             del pending[replica_id]
     wanted = {}
     for stage in supervisor.stage_operators:
-        interval = stage_interval(
-            Operator.objects.filter(job=job, stage=stage).values_list(
-                "checkpoint_interval_s", flat=True
-            )
-        )
+        interval = stage_interval_of(job, stage)
         if interval:
             wanted[stage] = interval
     live = [
