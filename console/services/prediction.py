@@ -41,9 +41,13 @@ def _epoch(at: datetime | None) -> float | None:
     return None if at is None else at.timestamp()
 
 
-def load_history(start: datetime, end: datetime, job_ids=None) -> RecordedHistory:
-    """The recorded history of [start, end] (failures from RECENT_WINDOWS windows earlier are
-    the caller's concern: pass an earlier start). `job_ids` limits jobs (None: all)."""
+def load_history(
+    start: datetime, end: datetime, failures_since: datetime, job_ids=None
+) -> RecordedHistory:
+    """The recorded history of [start, end], failures from `failures_since` (features count the
+    failures of the RECENT_WINDOWS windows before a row). `job_ids` limits the stage metrics and
+    primaries to those jobs (None: all); failures are every job's, since node_fault_rate counts
+    the failures of any replica on a node, in training and in the policy cycle alike."""
     jobs = Q() if job_ids is None else Q(job_id__in=list(job_ids))
     node_points = defaultdict(list)
     for node, name, at, value in MetricSample.objects.filter(
@@ -62,7 +66,7 @@ def load_history(start: datetime, end: datetime, job_ids=None) -> RecordedHistor
     failures = [
         Failure(at.timestamp(), job, stage, node)
         for at, job, stage, node in ControlDecision.objects.filter(
-            jobs, kind=ControlDecision.Kind.FAILURE, at__gte=start, at__lte=end
+            kind=ControlDecision.Kind.FAILURE, at__gte=failures_since, at__lte=end
         )
         .exclude(stage="")
         .values_list("at", "job_id", "stage", "node")
@@ -90,7 +94,7 @@ def train_fault_predictor(config: PolicyConfig | None = None, now=None) -> Predi
     now = now or timezone.now()
     window = config.prediction_window_s
     start = now - timedelta(seconds=config.prediction_history_s)
-    history = load_history(start - timedelta(seconds=RECENT_WINDOWS * window), now)
+    history = load_history(start, now, start - timedelta(seconds=RECENT_WINDOWS * window))
     spans = {}
     for job in Job.objects.filter(started_at__isnull=False, started_at__lte=now).filter(
         Q(stopped_at__isnull=True) | Q(stopped_at__gte=start)
@@ -141,14 +145,19 @@ def predicted_fault_rates(
         return {op: (prior, f"prior (model #{latest.pk} not used)") for op in stage_of}
     predictor = FaultPredictor.from_dict(latest.predictor)
     window = latest.window_s
+    # live_features reads the window ending at most two windows ago, and the failures of the
+    # RECENT_WINDOWS windows before that.
     history = load_history(
-        now - timedelta(seconds=(RECENT_WINDOWS + 2) * window), now, job_ids=[job.pk]
+        now - timedelta(seconds=3 * window),
+        now,
+        now - timedelta(seconds=(RECENT_WINDOWS + 2) * window),
+        job_ids=[job.pk],
     )
-    rates = {}
-    for op, stage in stage_of.items():
+    by_stage = {}  # the operators of a stage share its row
+    for stage in set(stage_of.values()):
         found = history.live_features(job.pk, stage, now.timestamp(), window)
         if found is None:
-            rates[op] = (prior, f"prior (no recent samples of {stage}'s node)")
+            by_stage[stage] = (prior, f"prior (no recent samples of {stage}'s node)")
         else:
-            rates[op] = (predictor.predict(found[1]), f"model #{latest.pk} on {found[0]}")
-    return rates
+            by_stage[stage] = (predictor.predict(found[1]), f"model #{latest.pk} on {found[0]}")
+    return {op: by_stage[stage] for op, stage in stage_of.items()}

@@ -12,14 +12,24 @@ from __future__ import annotations
 
 import json
 import time
+from datetime import timedelta
 
 import pytest
 import redis
+from django.utils import timezone
 
 from console.dash.placement import callbacks as placement_callbacks
-from console.models import ControlDecision, Job, Operator, PredictorTraining
+from console.models import (
+    ControlDecision,
+    Job,
+    MetricSample,
+    Operator,
+    PredictorTraining,
+    Replica,
+)
+from console.policy.prediction import FEATURE_NAMES
 from console.roles import ADMIN
-from console.services import controller
+from console.services import controller, prediction
 from console.services import policy as policy_service
 from spark_runtime import keys as data_keys
 from tests.factories import NodeFactory, make_job
@@ -180,3 +190,32 @@ def test_a_node_killed_again_and_again_raises_its_stages_fr_and_earns_a_standby(
     text = json.dumps(predictor_card, default=lambda c: c.to_plotly_json())
     assert f"In force: model #{run.pk}" in text
     assert "held-out MSE" in text
+
+
+def test_the_policy_cycle_counts_every_jobs_failures_on_the_node_as_training_does():
+    # node_fault_rate is "failures of any replica on the node per window": the live features
+    # must count another job's failure there too, or the model sees other numbers than it
+    # was trained on. A model that is just fr = node_fault_rate shows what was counted.
+    node = NodeFactory(name="fp-shared-node")
+    mine = make_job(name="mine", status=Job.Status.RUNNING)
+    other = make_job(name="other", status=Job.Status.RUNNING)
+    Replica.objects.create(job=mine, replica_id=f"{mine.key}/wc-1", stage="wc", node=node,
+                           role=Replica.Role.PRIMARY)  # fmt: skip
+    now = timezone.now()
+    Replica.objects.filter(job=mine).update(started_at=now - timedelta(seconds=60))
+    MetricSample.objects.create(
+        at=now - timedelta(seconds=1), node=node, name="cpu_util", value=0.5
+    )
+    ControlDecision.objects.create(job=other, kind=ControlDecision.Kind.FAILURE, stage="x",
+                                   node=node.name, at=now - timedelta(seconds=10))  # fmt: skip
+    coefficients = dict.fromkeys(FEATURE_NAMES, 0.0) | {"node_fault_rate": 1.0}
+    run = PredictorTraining.objects.create(
+        window_s=5.0, history_s=600.0, samples=40, failures=4, prior=PRIOR, used=True,
+        predictor={"prior": PRIOR, "min_rows": 20, "status": "trained", "intercept": 0.0,
+                   "coefficients": coefficients},
+    )  # fmt: skip
+    config = policy_service.policy_in_force().to_config()
+    rates = prediction.predicted_fault_rates(mine, {"split": "wc", "count": "wc"}, config, now)
+    # One failure on the node within the last 10 windows: 1 / 10.
+    expected = (0.1, f"model #{run.pk} on fp-shared-node")
+    assert rates == {"split": expected, "count": expected}
