@@ -812,22 +812,24 @@ def roll_out_intervals(job: Job, supervisor: Supervisor, client, config) -> list
         interval = stage_interval_of(job, stage)
         if interval:
             wanted[stage] = interval
-    live = [
-        ReplicaInterval(
-            replica_id=r.id,
-            stage=r.spec.stage,
-            role=r.role,
-            running=reported.get(r.id, {}).get("state") == "running" and r.state == "running",
-            seconds=reported.get(r.id, {}).get("checkpoint_interval_s"),
-            since=reported.get(r.id, {}).get("interval_since"),
-            pending_since=pending.get(r.id, {}).get("sent_at"),
+    live = []
+    for replica in supervisor.live():
+        info = reported.get(replica.id, {})
+        live.append(
+            ReplicaInterval(
+                replica_id=replica.id,
+                stage=replica.spec.stage,
+                role=replica.role,
+                running=info.get("state") == "running" and replica.state == "running",
+                seconds=info.get("checkpoint_interval_s"),
+                since=info.get("interval_since"),
+                pending_since=pending.get(replica.id, {}).get("sent_at"),
+            )
         )
-        for r in supervisor.live()
-    ]
-    since = timezone.now() - timezone.timedelta(seconds=config.interval_apply_gap_s)
+    gap_start = timezone.now() - timezone.timedelta(seconds=config.interval_apply_gap_s)
     quiet = not (
         job.recoveries.filter(recovered_at__isnull=True).exists()
-        or job.decisions.filter(kind=ControlDecision.Kind.FAILURE, at__gte=since).exists()
+        or job.decisions.filter(kind=ControlDecision.Kind.FAILURE, at__gte=gap_start).exists()
     )
     now = time.time()
     rollout = interval_rollout(wanted, live, now, config.interval_apply_gap_s, quiet)
