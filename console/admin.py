@@ -108,6 +108,7 @@ class RecoveryEpisodeAdmin(admin.ModelAdmin):
         "detected_at",
         "downtime_s",
         "recovery_time_s",
+        "watched_s",
         "peak_p99_ms",
         "lost",
         "duplicates",

@@ -256,6 +256,10 @@ class Replica(models.Model):
         null=True, blank=True, help_text="The checkpoint interval in force, as the replica reports."
     )
     interval_since = models.DateTimeField(null=True, blank=True, help_text="In force since.")
+    # A standby's latest StandbyVerdict from the policy (console/policy/placement.py): the rule
+    # that placed, moved or kept it there, with its Q figures and the reserve check, and "at"
+    # (ISO time). Written at launch and by every policy cycle that may move standbys.
+    placement = models.JSONField(default=dict, blank=True)
 
     class Meta:
         ordering = ["job", "stage", "role"]
@@ -335,6 +339,12 @@ class RecoveryEpisode(models.Model):
     peak_p99_ms = models.FloatField(null=True, blank=True)
     # After a promotion: seconds until the stage again had a promotable (caught-up) standby.
     reprotect_s = models.FloatField(null=True, blank=True)
+    # Seconds after the fault its output was judged; set when the figures are final (an episode
+    # without it is still being measured). Unrecovered: the recovery took longer than this.
+    watched_s = models.FloatField(null=True, blank=True)
+    # Where "normal" was learned for this fault (the next fault may be judged against it too).
+    reference_from = models.DateTimeField(null=True, blank=True)
+    reference_to = models.DateTimeField(null=True, blank=True)
     lost = models.IntegerField(null=True, blank=True)
     duplicates = models.IntegerField(null=True, blank=True)
     notes = models.TextField(blank=True)
@@ -344,10 +354,6 @@ class RecoveryEpisode(models.Model):
 
     def __str__(self):
         return f"{self.job.name} {self.stage} @ {self.detected_at:%Y-%m-%d %H:%M:%S}"
-
-    @property
-    def is_open(self) -> bool:
-        return self.recovered_at is None
 
 
 class MetricSampleQuerySet(models.QuerySet):

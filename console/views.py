@@ -49,7 +49,7 @@ def home(request):
         {
             "jobs": Job.objects.all()[:20],
             "nodes": Node.objects.all(),
-            "open_recoveries": RecoveryEpisode.objects.filter(recovered_at__isnull=True).count(),
+            "open_recoveries": RecoveryEpisode.objects.filter(watched_s__isnull=True).count(),
         },
     )
 

@@ -296,6 +296,10 @@ class Supervisor:
         self.restart_policy = restart_policy or RestartPolicy()
         # How long a busy replica may stay silent before it counts as hung (driver may change it).
         self.hung_timeout_s = hung_timeout_s
+        # Where a standby this machine places itself (after a promotion, at a relaunch, or when
+        # the plan named no node) should go, best first; the driver keeps it current (nodes with
+        # a warm spare ready, then by Q). Empty: round robin over `nodes`.
+        self.standby_nodes: list[str] = []
         # "stage/role" -> times of its replicas' failures within the policy's window.
         self.failures: dict[str, list[float]] = {}
         # Stages whose standbys crash-looped: no standby is started for them any more.
@@ -357,8 +361,16 @@ class Supervisor:
         return [r for r in self.replicas.values() if r.state not in (FAILED, BACKOFF)]
 
     def _standby_for(self, stage: str, primary_node: str, now: float) -> StartReplica:
-        index = self.stages.index(stage) + 1
-        return self._add(self._new_spec(stage, STANDBY, self._node_for(index, primary_node)), now)
+        preferred = [node for node in self.standby_nodes if node != primary_node]
+        if preferred:
+            node = preferred[0]
+            # The next standby started before the driver refreshes the list (several stages
+            # promoted at once after a node loss) goes to the next node, not onto this one.
+            self.standby_nodes.remove(node)
+            self.standby_nodes.append(node)
+        else:
+            node = self._node_for(self.stages.index(stage) + 1, primary_node)
+        return self._add(self._new_spec(stage, STANDBY, node), now)
 
     # -- transitions --------------------------------------------------------------------------
 

@@ -69,6 +69,16 @@ class FaultFactory(factory.django.DjangoModelFactory):
     target_operator = "count"
 
 
+def _watched_until_recovery(episode) -> float | None:
+    recovered_at = getattr(episode, "recovered_at", None)
+    if recovered_at is None:
+        return None
+    recovery = getattr(episode, "recovery_time_s", None)
+    return (
+        recovery if recovery is not None else (recovered_at - episode.detected_at).total_seconds()
+    )
+
+
 class EpisodeFactory(factory.django.DjangoModelFactory):
     class Meta:
         model = RecoveryEpisode
@@ -76,6 +86,8 @@ class EpisodeFactory(factory.django.DjangoModelFactory):
     strategy = Job.Strategy.ADAPTIVE
     stage = "count"
     detected_at = factory.LazyFunction(timezone.now)
+    # A recovered episode has final figures: it was watched until its recovery.
+    watched_s = factory.LazyAttribute(lambda e: _watched_until_recovery(e))
 
 
 class MetricFactory(factory.django.DjangoModelFactory):

@@ -95,8 +95,9 @@ def supervise_job(job_id: int) -> str:
     soft_time_limit=25,
 )
 def watchdog() -> list[int]:
-    """Refresh node states and metrics, release warm spares no live job can use, and restart
-    supervision of live jobs nobody supervises."""
+    """Refresh node states and metrics, release warm spares no live job can use, give the open
+    recovery episodes of ended jobs their final figures, and restart supervision of live jobs
+    nobody supervises."""
     from console.models import Job
     from console.services import controller
     from workers.keys import controller_lease
@@ -104,6 +105,7 @@ def watchdog() -> list[int]:
     client = redis_client()
     controller.update_nodes(client)
     controller.release_unused_spares(client)
+    controller.close_episodes_of_ended_jobs(client)
     restarted = []
     for job in Job.objects.filter(status__in=Job.LIVE_STATUSES):
         if not client.exists(controller_lease(job.key)):
@@ -112,6 +114,28 @@ def watchdog() -> list[int]:
     if restarted:
         log.info("watchdog: resumed supervision of jobs %s", restarted)
     return restarted
+
+
+@shared_task(
+    name="backstop.controller.audit_episodes",
+    acks_late=True,  # idempotent: an audited episode is left alone
+    autoretry_for=(OperationalError,),
+    retry_backoff=2,
+    max_retries=3,
+    expires=600,
+    time_limit=300,
+    soft_time_limit=280,
+)
+def audit_episodes(job_id: int) -> int:
+    """Audit the output of job `job_id` for its closed, not yet audited recovery episodes."""
+    from console.models import Job
+    from console.services import recovery
+
+    client = redis_client()
+    try:
+        return recovery.audit_closed_episodes(Job.objects.get(pk=job_id), client)
+    finally:
+        client.close()
 
 
 @shared_task(

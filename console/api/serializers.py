@@ -156,6 +156,7 @@ class RecoveryEpisodeSerializer(serializers.ModelSerializer):
             "recovery_time_s",
             "peak_p99_ms",
             "reprotect_s",
+            "watched_s",
             "lost",
             "duplicates",
             "notes",

@@ -10,6 +10,7 @@ event shows up as a count of 1 lost or duplicated.
 from __future__ import annotations
 
 import json
+import re
 from collections import Counter, defaultdict
 from dataclasses import dataclass
 
@@ -30,11 +31,17 @@ class Comparison:
         return self.lost == 0 and self.duplicates == 0
 
 
+def line_words(text: str) -> list[str]:
+    """A line's words by position, as the split operator numbers them: lower-cased, split on
+    ASCII whitespace as Java's regex `\\s+` does (an empty word keeps its position)."""
+    return re.split(r"\s+", text.lower(), flags=re.ASCII)
+
+
 def wordcount_cells(entries: list[dict]) -> dict[str, int]:
     """Word -> count over the `text` of every entry (lower-cased, split on whitespace)."""
     counts: Counter = Counter()
     for entry in entries:
-        counts.update(entry.get("text", "").lower().split())
+        counts.update(w for w in line_words(entry.get("text", "")) if w)
     return dict(counts)
 
 
@@ -98,3 +105,136 @@ def compare(expected: dict[str, int], actual: dict[str, int]) -> Comparison:
             duplicates += difference
         wrong += difference != 0
     return Comparison(lost, duplicates, len(expected), wrong)
+
+
+# --- auditing a running job's output (checked when a recovery episode closes) ---------------
+#
+# While input keeps coming, the results are compared with the ground truth of the input they
+# reflect, not of the whole input:
+# - wordcount: a word's count is its total over the input its stage consumed, and its version
+#   names the word's latest occurrence in that input (the input entry; through an intermediate
+#   stream, the stream entry whose `id` is `{input id}-{k}`, k the word's position in the line).
+#   So the right count is the word's occurrences up to that occurrence, and a word the results
+#   lack although the input up to the furthest version held it is lost.
+# - topn: event time follows input order (the generator stamps entries as it writes them), so a
+#   window is complete once the results hold a window that starts at least one window width
+#   after its end; complete windows are compared cell by cell, and a complete window of the input
+#   missing from the results is lost.
+
+# The data plane's encodings (spark_runtime.redis_source.entry_pos, spark_runtime.sink.version),
+# restated rather than imported: redis_source pulls in PySpark, and this module stays a second,
+# independent implementation.
+SEQ_FACTOR = 1_000_000  # an entry id as one long: ms * SEQ_FACTOR + seq
+POSITION_DIGITS = 20  # a version starts with the position it derives from
+
+# The payload field each checked topology's first operator reads (spark_runtime.pipelines).
+PAYLOAD_FIELDS = {"wordcount": ("text",), "topn": ("item",)}
+
+
+def entry_position(entry_id: str) -> int:
+    """A Redis stream entry id (`ms-seq`) as the sortable long the data plane uses."""
+    ms, seq = entry_id.split("-")
+    return int(ms) * SEQ_FACTOR + int(seq)
+
+
+def version_position(version: str) -> int:
+    """The input (or intermediate stream) position a result's version derives from."""
+    return int(version[:POSITION_DIGITS])
+
+
+def valid_entries(topology: str, entries: list[tuple[str, dict]]) -> list[tuple[str, dict]]:
+    """The input entries the data plane processes; the others go to the dead-letter stream
+    (spark_runtime.redis_source.validate): no id, a ts that is not an integer, a missing
+    payload field."""
+
+    def valid(fields: dict) -> bool:
+        if not fields.get("id") or any(f not in fields for f in PAYLOAD_FIELDS[topology]):
+            return False
+        try:
+            int(fields.get("ts", ""))
+        except ValueError:
+            return False
+        return True
+
+    return [(entry_id, fields) for entry_id, fields in entries if valid(fields)]
+
+
+def audit_wordcount(
+    entries: list[tuple[str, dict]],
+    results: dict[str, str],
+    versions: dict[str, str],
+    via_stream: dict[int, str] | None = None,
+) -> Comparison:
+    """Compare each stored word count with the word's count in the input up to the occurrence
+    its version names.
+
+    `entries`: the job's input as (entry id, fields), oldest first. `via_stream`: when the count
+    stage reads an intermediate stream, that stream's `id` field per entry position (`{input
+    id}-{k}`); None when it reads the input itself.
+    """
+    index_by_position = {entry_position(entry_id): i for i, (entry_id, _) in enumerate(entries)}
+    index_by_id = {fields.get("id"): i for i, (_, fields) in enumerate(entries)}
+
+    def origin(version: str) -> tuple[int, int] | None:
+        """(input index, last word position) of the occurrence a version names."""
+        position = version_position(version)
+        if via_stream is None:
+            index = index_by_position.get(position)
+            return None if index is None else (index, 1 << 30)
+        record_id = via_stream.get(position)
+        if record_id is None or "-" not in record_id:
+            return None
+        input_id, k = record_id.rsplit("-", 1)
+        index = index_by_id.get(input_id)
+        return None if index is None else (index, int(k))
+
+    cells = {word: int(count) for word, count in results.items()}
+    wanted: list[tuple[tuple[int, int], str]] = []
+    for word in cells:
+        place = origin(versions.get(word, ""))
+        if place is not None:  # else its origin is not in the input read: not judged
+            wanted.append((place, word))
+    wanted.sort()
+    expected: dict[str, int] = {}
+    counts: Counter = Counter()
+    done = 0  # entries fully counted
+    for (index, k), word in wanted:
+        while done < index:
+            counts.update(w for w in line_words(entries[done][1].get("text", "")) if w)
+            done += 1
+        line = line_words(entries[index][1].get("text", ""))
+        expected[word] = counts[word] + sum(1 for w in line[: k + 1] if w == word)
+    if wanted:
+        # Everything up to the furthest occurrence any result names was consumed.
+        (index, k), _ = wanted[-1]
+        while done < index:
+            counts.update(w for w in line_words(entries[done][1].get("text", "")) if w)
+            done += 1
+        counts.update(w for w in line_words(entries[index][1].get("text", ""))[: k + 1] if w)
+        for word, count in counts.items():
+            if word not in cells:
+                expected[word] = count  # missing from the results: lost
+    return compare(expected, {word: cells[word] for word in expected if word in cells})
+
+
+def audit_topn(
+    entries: list[tuple[str, dict]], results: dict[str, str], window_seconds: int, n: int
+) -> Comparison:
+    """Compare the top-N of every complete window (see above) with the input's."""
+    width = window_seconds * 1000
+    stored = [int(window) for window in results]
+    if not stored:
+        return Comparison(0, 0, 0, 0)
+    complete_before = max(stored) - width  # windows ending at or before this are complete
+    inputs = [
+        fields
+        for _, fields in entries
+        if int(fields["ts"]) - int(fields["ts"]) % width + width <= complete_before
+    ]
+    expected = topn_cells(inputs, window_seconds, n)
+    actual = {
+        cell: count
+        for cell, count in result_cells("topn", results).items()
+        if int(cell.split("|")[0]) + width <= complete_before
+    }
+    return compare(expected, actual)

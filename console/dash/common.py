@@ -103,6 +103,23 @@ def badge(text: str, kind: str):
     return html.Span(text, className=f"status status-{kind}")
 
 
+def recovered_cell(episode: dict):
+    """When a recovery episode ended: a time, "measuring" while it is watched, or how long it
+    was watched without the job getting back to normal."""
+    if episode["recovered_at"] is not None:
+        return fmt_time(episode["recovered_at"])
+    if episode["watched_s"] is None:
+        return badge("measuring", "starting")
+    return badge(f"not within {episode['watched_s']:.0f} s", "failed")
+
+
+def recovery_time_cell(episode: dict) -> str:
+    """An episode's recovery time; "> watched" when it never got back to normal."""
+    if episode["recovery_time_s"] is None and episode["watched_s"] is not None:
+        return f"> {fmt_num(episode['watched_s'], 1)}"
+    return fmt_num(episode["recovery_time_s"], 1)
+
+
 def card(title: str, *children, extra_class: str = ""):
     """A white card with a heading, as on the Django pages."""
     return html.Section([html.H2(title), *children], className=f"card {extra_class}".strip())

@@ -135,7 +135,7 @@ def job_rows(now: datetime | None = None, recent_s: float = 3600, limit: int = 5
     """
     now = now or timezone.now()
     jobs = Job.objects.annotate(
-        open_episodes=Count("recoveries", filter=Q(recoveries__recovered_at__isnull=True)),
+        open_episodes=Count("recoveries", filter=Q(recoveries__watched_s__isnull=True)),
         recent_episodes=Count(
             "recoveries", filter=Q(recoveries__detected_at__gte=now - timedelta(seconds=recent_s))
         ),
@@ -215,6 +215,39 @@ def node_rows() -> list[dict]:
                 "warm_spares": int(current.get("warm_spares") or 0),
                 "primaries": placed["primary"],
                 "standbys": placed["standby"],
+            }
+        )
+    return rows
+
+
+def standby_rows() -> list[dict]:
+    """Every live standby with its node, where its stage's primary runs, and the policy's latest
+    verdict on why it sits there (`Replica.placement`; empty rule and reason until the policy has
+    judged it, e.g. for a replacement the supervisor started after a promotion)."""
+    live = list(
+        Replica.objects.exclude(state__in=(Replica.State.STOPPED, Replica.State.FAILED))
+        .select_related("job", "node")
+        .order_by("job__name", "stage")
+    )
+    primaries = {(r.job_id, r.stage): r.node.name for r in live if r.role == Replica.Role.PRIMARY}
+    rows = []
+    for replica in live:
+        if replica.role != Replica.Role.STANDBY:
+            continue
+        verdict = replica.placement or {}
+        rows.append(
+            {
+                "job_id": replica.job_id,
+                "job": replica.job.name,
+                "stage": replica.stage,
+                "replica_id": replica.replica_id,
+                "state": replica.state,
+                "node": replica.node.name,
+                "primary_node": primaries.get((replica.job_id, replica.stage)),
+                "rule": verdict.get("rule", ""),
+                "reason": verdict.get("reason", ""),
+                "reserve": verdict.get("reserve", ""),
+                "judged_at": datetime.fromisoformat(verdict["at"]) if "at" in verdict else None,
             }
         )
     return rows
@@ -302,6 +335,7 @@ def _episode_dict(episode: Episode) -> dict:
         "recovery_time_s": episode.recovery_time_s,
         "peak_p99_ms": episode.peak_p99_ms,
         "reprotect_s": episode.reprotect_s,
+        "watched_s": episode.watched_s,
         "lost": episode.lost,
         "duplicates": episode.duplicates,
         "fault_kind": fault.kind if fault else "",
@@ -315,13 +349,13 @@ def episode_rows(job_ids=None, since: datetime | None = None, limit: int = 200) 
     if job_ids is not None:
         episodes = episodes.filter(job_id__in=list(job_ids))
     if since is not None:
-        episodes = episodes.filter(Q(detected_at__gte=since) | Q(recovered_at__isnull=True))
+        episodes = episodes.filter(Q(detected_at__gte=since) | Q(watched_s__isnull=True))
     return [_episode_dict(e) for e in episodes.order_by("-detected_at")[:limit]]
 
 
 def strategy_comparison() -> list[dict]:
     """Per strategy: number of episodes and the mean downtime, recovery time and peak p99, and
-    the total lost and duplicated events, over all finished episodes."""
+    the total lost and duplicated events, over all recovered episodes."""
     return list(
         Episode.objects.filter(recovered_at__isnull=False)
         .values("strategy")

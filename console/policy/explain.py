@@ -11,15 +11,15 @@ formats (docs/POLICY.md has examples):
 
 Primary placement for the dry run: operators, in topological order, are dealt round-robin over
 the nodes sorted by Q (highest first; ties by name), so the best node gets the first operator,
-the next node the second, and so on. Their demand is then taken from those nodes' free
-resources, since the dry run imagines the job deployed on top of the load the file describes.
+the next node the second, and so on. Their demand is then charged to those nodes before the
+standbys are placed (`place_standbys(planned=...)`, as a launch does), since the dry run imagines
+the job deployed on top of the load the file describes.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import replace
 
 from console.policy.checkpoint import initial_interval
 from console.policy.config import PolicyConfig
@@ -120,23 +120,22 @@ def explain(
 
     ranked = sorted(capacities.values(), key=lambda n: (-n.score, n.name))
     primaries = {p.name: ranked[i % len(ranked)].name for i, p in enumerate(priorities)}
+    planned = {node.name: (0.0, 0.0) for node in ranked}
     for p in priorities:
-        node = capacities[primaries[p.name]]
-        capacities[node.name] = replace(
-            node,
-            cpu_free=max(0.0, node.cpu_free - p.cpu),
-            mem_free=max(0.0, node.mem_free - p.mem),
-        )
-    placement = place_standbys(priorities, primaries, capacities, config)
+        cpu, mem = planned[primaries[p.name]]
+        planned[primaries[p.name]] = (cpu + p.cpu, mem + p.mem)
+    placement = place_standbys(priorities, primaries, capacities, config, planned)
     fallbacks = {f.operator: f.reason for f in placement.fallbacks}
 
     operators = []
     for p in priorities:
+        verdict = placement.verdicts.get(p.name)
         operators.append(
             {
                 **p.to_dict(),
                 "primary": primaries[p.name],
                 "standby": placement.standbys.get(p.name),
+                "standby_reason": verdict.reason if verdict else None,
                 "fallback": fallbacks.get(p.name),
                 "checkpoint_interval_s": initial_interval(p.fr, config),
             }
@@ -153,8 +152,8 @@ def explain(
                 "mem_idle": idle.mem,
                 "disk_idle": idle.disk,
                 "bw_idle": idle.bw,
-                "cpu_free_after_primaries": capacities[node.name].cpu_free,
-                "mem_free_after_primaries": capacities[node.name].mem_free,
+                "cpu_free_after_primaries": max(0.0, node.cpu_free - planned[node.name][0]),
+                "mem_free_after_primaries": max(0.0, node.mem_free - planned[node.name][1]),
             }
         )
     return {

@@ -8,13 +8,23 @@ priority operator never gets a standby that a higher priority one was refused fo
 An operator that merely finds no node with room (other than its primary's) falls back alone.
 
 Free resources come from measurements, which already include running standbys; the demand used
-for a standby is the operator's demand estimate (`OperatorPriority.cpu`/`.mem`).
+for a standby is the operator's demand estimate (`OperatorPriority.cpu`/`.mem`). Replicas a
+launch plans but has not started yet (its primaries) are charged to their nodes up front.
+
+Nodes are compared by their Q once the standby runs there (`resources.q_after`): the measured Q,
+lowered by the idle share of what this run has placed on the node so far and of the standby
+itself, raised by what this run released there. So when every node is equally idle (a launch
+before any load), a node the plan already gives a primary or a standby ranks below an untouched
+one; exact ties go by node name.
+
+Every run also says why each standby sits where it is (`StandbyVerdict`): the rule that placed,
+moved or kept it, with the Q figures, and the reserve check after the run.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Collection, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
 
 from console.policy.actions import (
     Action,
@@ -26,14 +36,39 @@ from console.policy.actions import (
 from console.policy.checkpoint import adjust_interval, initial_interval
 from console.policy.config import PolicyConfig
 from console.policy.priority import ACTIVE, OperatorPriority
-from console.policy.resources import NodeCapacity, NodeSample, cluster_rates, node_capacities
+from console.policy.resources import (
+    NodeCapacity,
+    NodeSample,
+    cluster_rates,
+    node_capacities,
+    q_after,
+    q_scale,
+)
 
 # Intervals closer than this are "unchanged": no action is emitted for float noise.
 INTERVAL_EPSILON_S = 1e-6
 
+# A move restarts the standby elsewhere, and the stage is unprotected until the new one has
+# caught up, so Algorithm 2 moves a healthy standby only for a clear gain: another node's Q with
+# the standby on it must beat its current node's Q by this share of Q's full scale (q_scale,
+# 2.33 with the defaults, so a margin of 0.47). A tenth (0.23) was tried first: on a live
+# 3-node cluster the estimate of a standby's load (its operator's demand) and its measured load
+# differ by about that much, and a standby was moved 90 s after launch for no real gain ...
+MOVE_MARGIN_SHARE = 0.2
+# ... and only once the standby has run this long where it is: a starting JVM's load, its
+# catch-up, and the load it left behind on its old node take a while to show in the samples Q
+# is made of; judged sooner, a standby would be moved back and forth.
+MOVE_SETTLE_S = 120.0
+
+# The rules a StandbyVerdict names.
+PLACED_AT_LAUNCH = "placed at launch"
+ADDED = "added"
+MOVED = "moved"
+KEPT = "kept"
+
 
 class _Ledger:
-    """Free resources per alive node during one placement run, and the reserve rule.
+    """Free resources and Q per alive node during one placement run, and the reserve rule.
 
     Released and taken resources are kept apart: a released standby's demand is credited to the
     node's measured free resources (capped at the node's total, since the measurement may not
@@ -41,24 +76,34 @@ class _Ledger:
     apart makes the result independent of the order of releases and placements.
     """
 
-    def __init__(self, nodes: Mapping[str, NodeCapacity], reserve: float):
+    def __init__(self, nodes: Mapping[str, NodeCapacity], config: PolicyConfig):
         alive = [n for n in nodes.values() if n.alive]
         self.nodes = {n.name: n for n in alive}
-        self.base_cpu = {n.name: n.cpu_free for n in alive}
-        self.base_mem = {n.name: n.mem_free for n in alive}
+        self.config = config
+        self.released_cpu = dict.fromkeys(self.nodes, 0.0)
+        self.released_mem = dict.fromkeys(self.nodes, 0.0)
         self.taken_cpu = dict.fromkeys(self.nodes, 0.0)
         self.taken_mem = dict.fromkeys(self.nodes, 0.0)
         self.cpu_total = sum(n.cpu_total for n in alive)
         self.mem_total = sum(n.mem_total for n in alive)
-        self.reserve = reserve
+        self.reserve = config.resource_reserve
 
     def cpu_free(self, node: str) -> float:
         """Free cores on `node` now."""
-        return self.base_cpu[node] - self.taken_cpu[node]
+        n = self.nodes[node]
+        return min(n.cpu_total, n.cpu_free + self.released_cpu[node]) - self.taken_cpu[node]
 
     def mem_free(self, node: str) -> float:
         """Free memory on `node` now."""
-        return self.base_mem[node] - self.taken_mem[node]
+        n = self.nodes[node]
+        return min(n.mem_total, n.mem_free + self.released_mem[node]) - self.taken_mem[node]
+
+    def q(self, node: str, cpu: float = 0.0, mem: float = 0.0) -> float:
+        """Estimated Q of `node` after this run's releases and placements and `cpu`/`mem` more."""
+        n = self.nodes[node]
+        more_cpu = n.cpu_free - self.cpu_free(node) + cpu
+        more_mem = n.mem_free - self.mem_free(node) + mem
+        return q_after(n, more_cpu, more_mem, self.config)
 
     def free_fractions(self, cpu: float = 0.0, mem: float = 0.0) -> tuple[float, float]:
         """Cluster free cpu and memory fractions after taking `cpu` and `mem` more."""
@@ -79,32 +124,79 @@ class _Ledger:
         free_cpu, free_mem = self.free_fractions(cpu, mem)
         return f"cpu {free_cpu:.0%} / mem {free_mem:.0%} free vs reserve {self.reserve:.0%}"
 
-    def best_node(self, cpu: float, mem: float, exclude: str | None) -> str | None:
-        """The highest-Q alive node other than `exclude` with room for the demand."""
-        ranked = sorted(self.nodes.values(), key=lambda n: (-n.score, n.name))
-        for node in ranked:
-            if node.name == exclude:
-                continue
-            if self.cpu_free(node.name) >= cpu and self.mem_free(node.name) >= mem:
-                return node.name
-        return None
+    def ranked(self, cpu: float, mem: float, exclude: Collection[str | None]) -> list[tuple]:
+        """(node, Q once it runs the demand) for alive nodes not in `exclude` with room for the
+        demand, highest Q first, ties by name."""
+        rows = [
+            (name, self.q(name, cpu, mem))
+            for name in self.nodes
+            if name not in exclude and self.cpu_free(name) >= cpu and self.mem_free(name) >= mem
+        ]
+        return sorted(rows, key=lambda row: (-row[1], row[0]))
 
     def take(self, node: str, cpu: float, mem: float) -> None:
-        """Account for a standby placed on `node`."""
+        """Account for a replica placed on `node`."""
         self.taken_cpu[node] += cpu
         self.taken_mem[node] += mem
-
-    def give(self, node: str, cpu: float, mem: float) -> None:
-        """Account for a measured standby removed from `node` (dead nodes do not count)."""
-        if node not in self.nodes:
-            return
-        self.base_cpu[node] = min(self.nodes[node].cpu_total, self.base_cpu[node] + cpu)
-        self.base_mem[node] = min(self.nodes[node].mem_total, self.base_mem[node] + mem)
 
     def untake(self, node: str, cpu: float, mem: float) -> None:
         """Undo a `take` made earlier in this run."""
         self.taken_cpu[node] -= cpu
         self.taken_mem[node] -= mem
+
+    def release(self, node: str, cpu: float, mem: float) -> None:
+        """Account for a measured standby removed from `node` (dead nodes do not count)."""
+        if node in self.nodes:
+            self.released_cpu[node] += cpu
+            self.released_mem[node] += mem
+
+    def unrelease(self, node: str, cpu: float, mem: float) -> None:
+        """Undo a `release` made earlier in this run."""
+        if node in self.nodes:
+            self.released_cpu[node] -= cpu
+            self.released_mem[node] -= mem
+
+
+def _best_sentence(ranked: list[tuple], primary: str | None) -> str:
+    """Why ranked[0] wins, with the runners-up: "node-3 has the highest Q with this standby ..."."""
+    others = f"other than its primary's ({primary}) " if primary else ""
+    figures = ", ".join(f"{name} {q:.2f}" for name, q in ranked[:3])
+    tie = "; a tie, broken by name" if len(ranked) > 1 and ranked[1][1] == ranked[0][1] else ""
+    return (
+        f"{ranked[0][0]} has the highest Q with this standby among alive nodes {others}"
+        f"with room ({figures}{tie})"
+    )
+
+
+@dataclass(frozen=True)
+class StandbyVerdict:
+    """Why `operator`'s standby sits on `node` after a placement run.
+
+    `rule` is PLACED_AT_LAUNCH, ADDED, MOVED or KEPT; `reason` is a sentence that starts with the
+    rule and gives the Q figures behind it; `reserve` is the reserve check after the run.
+    """
+
+    operator: str
+    node: str
+    rule: str
+    reason: str
+    reserve: str
+
+    def to_dict(self) -> dict:
+        """JSON-serialisable form."""
+        return asdict(self)
+
+
+def _verdicts(
+    judged: Mapping[str, tuple[str, str, str]], ledger: _Ledger, run: str
+) -> dict[str, StandbyVerdict]:
+    """StandbyVerdicts from operator -> (node, rule, reason), with the reserve after the run
+    (each placement checked it, and later ones only take more, so the end state passed too)."""
+    reserve = f"kept after {run}: {ledger.describe()}"
+    return {
+        op: StandbyVerdict(op, node, rule, reason, reserve)
+        for op, (node, rule, reason) in judged.items()
+    }
 
 
 @dataclass(frozen=True)
@@ -121,16 +213,19 @@ class Fallback:
 
 @dataclass(frozen=True)
 class Placement:
-    """Result of Algorithm 1: operator -> standby node, plus the fallbacks with reasons."""
+    """Result of Algorithm 1: operator -> standby node, the fallbacks with reasons, and why each
+    standby sits where it is."""
 
     standbys: dict[str, str] = field(default_factory=dict)
     fallbacks: tuple[Fallback, ...] = ()
+    verdicts: dict[str, StandbyVerdict] = field(default_factory=dict)
 
     def to_dict(self) -> dict:
         """JSON-serialisable form."""
         return {
             "standbys": dict(self.standbys),
             "fallbacks": [f.to_dict() for f in self.fallbacks],
+            "verdicts": {op: v.to_dict() for op, v in self.verdicts.items()},
         }
 
 
@@ -144,9 +239,12 @@ def _place_in_order(
     candidates: Sequence[OperatorPriority],
     primaries: Mapping[str, str],
     ledger: _Ledger,
-) -> tuple[dict[str, str], list[Fallback]]:
-    """Give each candidate (already sorted) the best node; stop at the reserve."""
-    placed: dict[str, str] = {}
+) -> tuple[dict[str, tuple[str, str]], list[Fallback]]:
+    """Give each candidate (already sorted) the best node; stop at the reserve.
+
+    Returns operator -> (node, why that node) for the placed ones, and the fallbacks.
+    """
+    placed: dict[str, tuple[str, str]] = {}
     fallbacks: list[Fallback] = []
     stopped_at: str | None = None
     for op in candidates:
@@ -166,8 +264,8 @@ def _place_in_order(
             )
             continue
         primary = primaries.get(op.name)
-        node = ledger.best_node(op.cpu, op.mem, exclude=primary)
-        if node is None:
+        ranked = ledger.ranked(op.cpu, op.mem, exclude={primary})
+        if not ranked:
             fallbacks.append(
                 Fallback(
                     op.name,
@@ -176,8 +274,9 @@ def _place_in_order(
                 )
             )
             continue
+        node = ranked[0][0]
         ledger.take(node, op.cpu, op.mem)
-        placed[op.name] = node
+        placed[op.name] = (node, _best_sentence(ranked, primary))
     return placed, fallbacks
 
 
@@ -186,17 +285,31 @@ def place_standbys(
     primaries: Mapping[str, str],
     nodes: Mapping[str, NodeCapacity],
     config: PolicyConfig,
+    planned: Mapping[str, tuple[float, float]] | None = None,
 ) -> Placement:
     """Algorithm 1: initial standby placement.
 
-    Active operators, by P_eff descending, each get the highest-Q alive node that is not their
-    primary's node and has room for their demand, until the reserve would be crossed. Operators
-    without a primary entry may go on any node.
+    Active operators, by P_eff descending, each get the alive node that is not their primary's
+    node, has room for their demand and has the highest Q once it runs the standby, until the
+    reserve would be crossed. Operators without a primary entry may go on any node. `planned`
+    (node -> (cpu, mem)) is what a launch will start besides the standbys and the measurements
+    cannot show yet, its primaries: it is charged to those nodes first, for room, Q and reserve.
     """
-    ledger = _Ledger(nodes, config.resource_reserve)
+    ledger = _Ledger(nodes, config)
+    for node, (cpu, mem) in (planned or {}).items():
+        if node in ledger.nodes:
+            ledger.take(node, cpu, mem)
     active = [p for p in _by_priority(priorities) if p.mode == ACTIVE]
     placed, fallbacks = _place_in_order(active, primaries, ledger)
-    return Placement(standbys=placed, fallbacks=tuple(fallbacks))
+    judged = {
+        op: (node, PLACED_AT_LAUNCH, f"{PLACED_AT_LAUNCH}: {why}")
+        for op, (node, why) in placed.items()
+    }
+    return Placement(
+        standbys={op: node for op, (node, _) in placed.items()},
+        fallbacks=tuple(fallbacks),
+        verdicts=_verdicts(judged, ledger, "the launch plan"),
+    )
 
 
 @dataclass(frozen=True)
@@ -213,6 +326,8 @@ class CycleInput:
     - `intervals`: operator -> current checkpoint interval (missing = not set yet).
     - `utilisation`: operator -> (cpu, mem) utilisation fractions used by the interval rules;
       missing operators use their primary node's newest sample, else the cluster rates.
+    - `standby_age_s`: operator -> seconds its standby has run on its node (missing = long
+      enough to be judged for a move).
     """
 
     priorities: Sequence[OperatorPriority]
@@ -224,6 +339,16 @@ class CycleInput:
     slow_tasks: Mapping[str, int] = field(default_factory=dict)
     intervals: Mapping[str, float] = field(default_factory=dict)
     utilisation: Mapping[str, tuple[float, float]] = field(default_factory=dict)
+    standby_age_s: Mapping[str, float] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class CycleResult:
+    """What one Algorithm 2 cycle proposes (`actions`) and why each standby left after them sits
+    where it does (`verdicts`, by operator)."""
+
+    actions: list[Action]
+    verdicts: dict[str, StandbyVerdict]
 
 
 def _utilisation(state: CycleInput, operator: str) -> tuple[float, float]:
@@ -240,19 +365,64 @@ def _utilisation(state: CycleInput, operator: str) -> tuple[float, float]:
     return rates.cpu, rates.mem
 
 
-def run_cycle(state: CycleInput, config: PolicyConfig) -> list[Action]:
-    """Algorithm 2: one supervision cycle. Returns the actions to take; performs none.
+def _move_or_keep(
+    op: OperatorPriority, node: str, primary: str | None, age: float | None, ledger: _Ledger
+) -> tuple[str | None, str]:
+    """Algorithm 2's move rule for a healthy standby (alive node, not its primary's): the node it
+    should move to (None: it stays) and why. A move is left booked in the ledger."""
+    if age is not None and age < MOVE_SETTLE_S:
+        return None, (
+            f"{KEPT}: started {age:.0f} s ago; a standby runs {MOVE_SETTLE_S:g} s on its node "
+            "before a move is considered"
+        )
+    stay = ledger.q(node)
+    margin = MOVE_MARGIN_SHARE * q_scale(ledger.config)
+    ledger.release(node, op.cpu, op.mem)
+    ranked = ledger.ranked(op.cpu, op.mem, exclude={primary, node})
+    if not ranked:
+        ledger.unrelease(node, op.cpu, op.mem)
+        besides = f" and its primary's ({primary})" if primary else ""
+        return None, (
+            f"{KEPT}: no alive node besides {node}{besides} has room for cpu {op.cpu:g}, "
+            f"mem {op.mem:g}"
+        )
+    target, q = ranked[0]
+    compared = f"{target} would have Q {q:.2f} with this standby vs {stay:.2f} on {node}"
+    if q <= stay + margin:
+        ledger.unrelease(node, op.cpu, op.mem)
+        return None, (
+            f"{KEPT}: the best other node, {compared}, not more than the move margin "
+            f"{margin:.2f} higher"
+        )
+    if not ledger.keeps_reserve(op.cpu, op.mem):
+        # Possible only when the measurement had not charged the standby's whole estimate.
+        ledger.unrelease(node, op.cpu, op.mem)
+        return None, f"{KEPT}: {compared}, but moving would leave {ledger.describe(op.cpu, op.mem)}"
+    ledger.take(target, op.cpu, op.mem)
+    return target, (
+        f"Q {q:.2f} on {target} with this standby vs {stay:.2f} on {node}: more than the move "
+        f"margin {margin:.2f} higher"
+    )
+
+
+def run_cycle(state: CycleInput, config: PolicyConfig) -> CycleResult:
+    """Algorithm 2: one supervision cycle. Returns the actions to take, performing none, and why
+    each standby left after them sits where it does.
 
     Steps: (1) rank alive nodes by fresh Q; (2) drop standbys of operators that are now passive
     or gone, move standbys off dead nodes and off their primary's node (drop them if no node can
-    take them within the reserve); (3) if the cluster is below the reserve, drop standbys lowest
-    P_eff first until it is not; (4) give active operators without a standby one, as Algorithm 1
-    does; (5) set or adjust the checkpoint interval of every operator left without a standby.
+    take them within the reserve), and move a standby that has run MOVE_SETTLE_S on its node to
+    another node whose Q with it would be more than MOVE_MARGIN_SHARE of q_scale above its
+    node's Q; (3) if the cluster is below the reserve, drop standbys lowest P_eff first until it
+    is not; (4) give active operators without a standby one, as Algorithm 1 does; (5) set or
+    adjust the checkpoint interval of every operator left without a standby.
     """
     by_name = {p.name: p for p in state.priorities}
-    ledger = _Ledger(node_capacities(state.samples, config, state.alive), config.resource_reserve)
+    ledger = _Ledger(node_capacities(state.samples, config, state.alive), config)
     actions: list[Action] = []
     standbys: dict[str, str] = {}
+    # operator -> (node, rule, reason) of every standby still there after the cycle.
+    judged: dict[str, tuple[str, str, str]] = {}
     touched: set[str] = set()
 
     # Step 2, highest priority first so that moved standbys get the best nodes.
@@ -268,7 +438,7 @@ def run_cycle(state: CycleInput, config: PolicyConfig) -> list[Action]:
             touched.add(name)
             continue
         if op.mode != ACTIVE:
-            ledger.give(node, op.cpu, op.mem)
+            ledger.release(node, op.cpu, op.mem)
             actions.append(
                 DropStandby(
                     name,
@@ -280,21 +450,29 @@ def run_cycle(state: CycleInput, config: PolicyConfig) -> list[Action]:
             continue
         primary = state.primaries.get(name)
         if node in ledger.nodes and node != primary:
-            standbys[name] = node
+            target, why = _move_or_keep(op, node, primary, state.standby_age_s.get(name), ledger)
+            if target is None:
+                standbys[name] = node
+                judged[name] = (node, KEPT, why)
+                continue
+            touched.add(name)
+            standbys[name] = target
+            actions.append(MoveStandby(name, node, target, why))
+            judged[name] = (target, MOVED, f"{MOVED} from {node}: {why}")
             continue
         why = (
             "its node is dead"
             if node not in ledger.nodes
             else f"it shares node {node} with its primary"
         )
-        ledger.give(node, op.cpu, op.mem)
-        target = (
-            ledger.best_node(op.cpu, op.mem, exclude=primary)
+        ledger.release(node, op.cpu, op.mem)
+        ranked = (
+            ledger.ranked(op.cpu, op.mem, exclude={primary})
             if ledger.keeps_reserve(op.cpu, op.mem)
-            else None
+            else []
         )
         touched.add(name)
-        if target is None:
+        if not ranked:
             actions.append(
                 DropStandby(
                     name,
@@ -304,9 +482,12 @@ def run_cycle(state: CycleInput, config: PolicyConfig) -> list[Action]:
                 )
             )
             continue
+        target = ranked[0][0]
         ledger.take(target, op.cpu, op.mem)
         standbys[name] = target
-        actions.append(MoveStandby(name, node, target, f"{why}; {target} has the best Q with room"))
+        reason = f"{why}; {_best_sentence(ranked, primary)}"
+        actions.append(MoveStandby(name, node, target, reason))
+        judged[name] = (target, MOVED, f"{MOVED} from {node}: {reason}")
 
     # Step 3: measured load may have pushed the cluster below the reserve.
     while standbys and not ledger.keeps_reserve():
@@ -322,9 +503,10 @@ def run_cycle(state: CycleInput, config: PolicyConfig) -> list[Action]:
             actions.remove(moved)
             actions.append(DropStandby(victim, moved.from_node, reason))
         else:
-            ledger.give(standbys[victim], op.cpu, op.mem)
+            ledger.release(standbys[victim], op.cpu, op.mem)
             actions.append(DropStandby(victim, standbys[victim], reason))
         del standbys[victim]
+        del judged[victim]
         touched.add(victim)
 
     # Step 4: active operators without a standby, as in Algorithm 1.
@@ -337,15 +519,11 @@ def run_cycle(state: CycleInput, config: PolicyConfig) -> list[Action]:
     reasons = {f.operator: f.reason for f in fallbacks}
     for p in waiting:
         if p.name in placed:
-            standbys[p.name] = placed[p.name]
-            actions.append(
-                AddStandby(
-                    p.name,
-                    placed[p.name],
-                    f"active (P_eff {p.P_eff:.3f} > {config.priority_threshold:g}); "
-                    f"{placed[p.name]} has the best Q with room",
-                )
-            )
+            node, why = placed[p.name]
+            standbys[p.name] = node
+            reason = f"active (P_eff {p.P_eff:.3f} > {config.priority_threshold:g}); {why}"
+            actions.append(AddStandby(p.name, node, reason))
+            judged[p.name] = (node, ADDED, f"{ADDED}: {reason}")
 
     # Step 5: every operator without a standby relies on checkpoints.
     for p in state.priorities:
@@ -375,4 +553,4 @@ def run_cycle(state: CycleInput, config: PolicyConfig) -> list[Action]:
         if p.name in reasons:
             reason = f"no standby ({reasons[p.name]}); {reason}"
         actions.append(SetCheckpointInterval(p.name, seconds, reason))
-    return actions
+    return CycleResult(actions, _verdicts(judged, ledger, "this cycle"))

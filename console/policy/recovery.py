@@ -16,7 +16,9 @@
 4. Recovery: the first sample at or after the fault from which the leading moving average (the
    next `smoothing_s` seconds) of both signals stays in band for `stable_window_s`. The leading
    window dates the recovery when the signal is back rather than `smoothing_s` later; the series
-   must extend `stable_window_s` past that point, else the recovery is not confirmed (None).
+   must extend `stable_window_s + smoothing_s` past that point (every leading average in the
+   stable window complete), else the recovery is not confirmed (None). So the answer never
+   changes as samples are added: measured live it equals what is measured after the run.
 
 Assumptions: samples are time-ordered and roughly regular, and an outage appears as samples with
 zero throughput (and growing latency), not as missing samples; the reference window contains no
@@ -27,8 +29,7 @@ from __future__ import annotations
 
 import bisect
 import math
-from collections import Counter
-from collections.abc import Hashable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
 
 import numpy as np
@@ -165,7 +166,9 @@ def detect_recovery(
         next_bad[i] = following
     start = bisect.bisect_left(t, fault_at)
     for j in range(start, len(t)):
-        if t[j] + stable_window_s > t[-1]:
+        # The leading averages over the whole stable window must be complete, so that later
+        # samples cannot change the answer (a live series' last second may still be filling).
+        if t[j] + stable_window_s + smoothing_s > t[-1]:
             break
         last = bisect.bisect_right(t, t[j] + stable_window_s) - 1
         if next_bad[j] > last:
@@ -192,45 +195,6 @@ def output_gap(output_times: Iterable[float], fault_time: float | None = None) -
         if fault_time is None or b > fault_time
     ]
     return max(gaps, default=0.0)
-
-
-def peak(series: Iterable[tuple[float, float]], start: float, end: float) -> float | None:
-    """Largest value among (time, value) pairs with start <= time <= end (e.g. peak p99 latency
-    during a recovery); None when no sample falls in the range."""
-    values = [v for ts, v in series if start <= ts <= end and not math.isnan(v)]
-    return max(values, default=None)
-
-
-@dataclass(frozen=True)
-class LossReport:
-    """lost: expected ids never emitted; duplicated: ids emitted more than once; unexpected: ids
-    emitted that were never input."""
-
-    lost: int
-    duplicated: int
-    unexpected: int
-
-    def to_dict(self) -> dict:
-        """JSON-serialisable form."""
-        return asdict(self)
-
-
-def lost_and_duplicates(
-    input_ids: Iterable[Hashable], output_ids: Iterable[Hashable]
-) -> LossReport:
-    """Compare the ids that went in with the ids that came out.
-
-    Assumes one expected output per input id, with outputs carrying (or mapped back to) their
-    input's id; for derived records (`uuid-k`) map each output to its expected id first. Each
-    input id is counted once even if it was input twice (a replayed input is not a new record).
-    """
-    expected = set(input_ids)
-    emitted = Counter(output_ids)
-    return LossReport(
-        lost=len(expected - emitted.keys()),
-        duplicated=sum(1 for count in emitted.values() if count > 1),
-        unexpected=len(emitted.keys() - expected),
-    )
 
 
 # --- the output series of a job, from its progress records --------------------------------
@@ -290,3 +254,214 @@ def _fill_outage(times: list[float], latency: list[float | None]) -> list[float]
         else:
             filled.append(last_value + (t - last_time) * 1000.0)
     return filled
+
+
+# --- measuring the faults of a job: the one measurement the console and the benchmark share ---
+
+# The latency band is at least one stage trigger interval wide (spark_runtime.runtime triggers a
+# micro-batch every 0.5 s): 15% of a sub-second latency is finer than a micro-batch's granularity.
+LATENCY_FLOOR_MS = 500.0
+# Output before the fault counts for its downtime only this far back: a job that had produced
+# nothing for longer was already down when the fault came, and the downtime counts from the fault.
+DOWNTIME_LOOKBACK_S = 30.0
+# Failures found within this many seconds of each other are one fault (a lost node fails every
+# stage on it; their heartbeats expire a moment apart).
+SAME_FAULT_S = 5.0
+# A reference shorter than this (with the 5 s smoothing) holds too few samples to learn a band
+# (a first fault soon after the warm-up).
+MIN_REFERENCE_S = 10.0
+
+
+@dataclass(frozen=True)
+class RecoverySettings:
+    """How faults are judged: the detector's band and stable window, and where "normal" is
+    learned (at most `reference_window_s` before the fault, not before `warmup_s` after the
+    job's first input)."""
+
+    band: float
+    stable_window_s: float
+    reference_window_s: float
+    warmup_s: float
+    latency_floor_ms: float = LATENCY_FLOOR_MS
+
+
+@dataclass(frozen=True)
+class FaultMeasurement:
+    """What one fault cost. Times are epoch seconds.
+
+    `final` is False while the fault is still being watched (a live job not yet back to normal
+    and no later fault yet): the figures are provisional then. `watched_s` is how long after the
+    fault it was watched: its recovery time when it recovered; otherwise the job was not back
+    to normal that long after the fault.
+    """
+
+    fault_at: float
+    downtime_s: float | None
+    recovery_time_s: float | None
+    recovered_at: float | None
+    peak_p99_ms: float | None
+    note: str
+    watched_s: float
+    final: bool
+    reference: tuple[float, float] | None
+
+    def to_dict(self) -> dict:
+        """JSON-serialisable form."""
+        return asdict(self)
+
+
+def group_fault_times(times: Iterable[float], within_s: float = SAME_FAULT_S) -> list[float]:
+    """Distinct faults from failure times, oldest first: a time within `within_s` of the
+    previous fault's (first) time is that same fault."""
+    faults: list[float] = []
+    for at in sorted(times):
+        if not faults or at - faults[-1] > within_s:
+            faults.append(at)
+    return faults
+
+
+def _reference(
+    fault_at: float,
+    previous: FaultMeasurement | None,
+    not_before: float,
+    settings: RecoverySettings,
+) -> tuple[float, float] | None:
+    """Where "normal" is learned for the fault at `fault_at`.
+
+    The `reference_window_s` before the fault, after the warm-up. A fault that comes less than
+    a reference window after the previous fault's recovery (or while the job is still
+    recovering from it, or never recovered) is judged against the previous fault's reference:
+    the seconds before it were not normal, or not long enough normal to learn from (after a
+    promotion a new standby is still catching up and loads the node).
+    """
+    if previous is not None and (
+        previous.recovered_at is None
+        or fault_at - previous.recovered_at < settings.reference_window_s
+    ):
+        return previous.reference
+    start = max(not_before, fault_at - settings.reference_window_s)
+    return (start, fault_at) if fault_at - start >= MIN_REFERENCE_S else None
+
+
+def measure_fault(
+    records: list[ProgressRecord],
+    *,
+    fault_at: float,
+    until: float,
+    watch_over: bool,
+    reference: tuple[float, float] | None,
+    settings: RecoverySettings,
+    previous_fault_at: float | None = None,
+) -> FaultMeasurement:
+    """Measure the fault at `fault_at` on the job's output in [fault_at, until).
+
+    - downtime: the longest output gap that spans or follows the fault, up to the end of the
+      stable window that confirmed the recovery (or `until`); it counts from the last output
+      before the fault, but not from before the previous fault nor from more than
+      DOWNTIME_LOOKBACK_S before;
+    - recovery: the first point from which throughput and p90 latency stay in the band learned
+      on `reference` for the stable window (`detect_recovery`), never shorter than the downtime;
+      no output after the fault is never a recovery;
+    - peak p99: the worst p99 latency from the fault to the recovery (or `until`).
+
+    The result depends only on output up to the recovery plus the stable and smoothing windows,
+    so a live measurement taken as soon as it is final equals one taken after the run.
+    `watch_over`: no more output will be judged for this fault (a later fault came at `until`,
+    the run ended, or the watch gave up); otherwise an unconfirmed recovery is left provisional.
+    """
+    watched = round(until - fault_at, 1)
+    since = max(fault_at - DOWNTIME_LOOKBACK_S, previous_fault_at or fault_at - DOWNTIME_LOOKBACK_S)
+    output_times = sorted(r.at for r in records if r.is_output and since <= r.at < until)
+    detected_at, note, peak = None, "", None
+    if reference is None:
+        note = "not measurable: no normal output before the fault to learn a band from"
+    else:
+        ref_start, ref_end = reference
+        series = output_series(records, ref_start, until)
+        keep = [i for i, t in enumerate(series.times) if t < ref_end or t >= fault_at]
+        try:
+            result = detect_recovery(
+                [series.times[i] for i in keep],
+                [series.throughput[i] for i in keep],
+                [series.p90_ms[i] for i in keep],
+                fault_time=fault_at,
+                warmup_s=0.0,
+                reference_window_s=ref_end - ref_start,
+                band=settings.band,
+                stable_window_s=settings.stable_window_s,
+                latency_floor=settings.latency_floor_ms,
+            )
+            detected_at, note = result.recovered_at, result.note
+        except ValueError as exc:
+            note = f"not measurable: {exc}"
+    gaps_until = until if detected_at is None else detected_at + settings.stable_window_s
+    outputs = [t for t in output_times if t <= gaps_until]
+    if not any(t < fault_at for t in outputs):
+        outputs.insert(0, fault_at)  # already down when the fault came: count from the fault
+    downtime = output_gap(outputs, fault_time=fault_at)
+    recovered_at = detected_at
+    if downtime is None:
+        # No output after the fault: whatever the smoothed signals did, not recovered.
+        recovered_at = None
+        if reference is not None:
+            note = "no output after the fault"
+    elif recovered_at is not None:
+        recovered_at = max(recovered_at, fault_at + downtime)
+    final = recovered_at is not None or watch_over
+    if reference is not None:
+        end = recovered_at if recovered_at is not None else until
+        peak = max(
+            (series.p99_ms[i] for i in keep if fault_at <= series.times[i] <= end), default=None
+        )
+    if recovered_at is None and watch_over and "not measurable" not in note:
+        note = f"not back to normal before {watched:.0f} s ({note})"
+    return FaultMeasurement(
+        fault_at=fault_at,
+        downtime_s=None if downtime is None else round(downtime, 2),
+        recovery_time_s=None if recovered_at is None else round(recovered_at - fault_at, 2),
+        recovered_at=recovered_at,
+        peak_p99_ms=None if peak is None else round(peak, 1),
+        note=note,
+        # A recovered fault was watched until its recovery; an unrecovered one until `until`.
+        watched_s=watched if recovered_at is None else round(recovered_at - fault_at, 2),
+        final=final,
+        reference=reference,
+    )
+
+
+def measure_faults(
+    records: list[ProgressRecord],
+    fault_times: Sequence[float],
+    *,
+    input_started_at: float,
+    end: float,
+    watch_ended: bool,
+    settings: RecoverySettings,
+    previous: FaultMeasurement | None = None,
+) -> list[FaultMeasurement]:
+    """Measure every fault of a job, oldest first, the same way live and after a run.
+
+    Fault i is judged on [fault_i, fault_{i+1}) (the last one on [fault, end)); its reference
+    follows `_reference`. `watch_ended`: no output after `end` will be judged (the run is over,
+    or a live watch gave up); a live caller passes end = now and False. `previous`: the final
+    measurement of the fault before the first one given (a live caller keeps it stored rather
+    than measuring it again from progress that may have been trimmed since).
+    """
+    not_before = input_started_at + settings.warmup_s
+    measured: list[FaultMeasurement] = []
+    times = sorted(fault_times)
+    for index, fault_at in enumerate(times):
+        later = index + 1 < len(times)
+        previous = measured[-1] if measured else previous
+        measured.append(
+            measure_fault(
+                records,
+                fault_at=fault_at,
+                until=times[index + 1] if later else max(end, fault_at),
+                watch_over=later or watch_ended,
+                reference=_reference(fault_at, previous, not_before, settings),
+                settings=settings,
+                previous_fault_at=None if previous is None else previous.fault_at,
+            )
+        )
+    return measured

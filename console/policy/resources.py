@@ -80,17 +80,33 @@ def instant_score(rates: IdleRates, config: PolicyConfig) -> float:
     )
 
 
+def _decay_weights(n: int, config: PolicyConfig) -> list[float]:
+    return [math.exp(-config.q_decay_lambda * k) for k in range(n)]
+
+
+def q_scale(config: PolicyConfig) -> float:
+    """The highest Q a node can have: sum_{k=0..q_samples-1} exp(-lambda*k), the Q of a node
+    idle on every resource in each counted sample (2.33 with the defaults). Q lies in [0, this]."""
+    return sum(_decay_weights(config.q_samples, config))
+
+
 def node_score(samples: Sequence[NodeSample], config: PolicyConfig) -> float:
     """Q_i(t) = sum_{k=0..n-1} exp(-lambda*k) * instant_score(sample_k), newest first (k=0).
 
-    Only the newest `config.q_samples` samples count. An empty history scores 0 (an unknown node
-    is never preferred).
+    Only the newest `config.q_samples` samples count. A node with fewer samples so far (an agent
+    that just started) has its sum scaled by q_scale / (sum of its own weights), as if each missing
+    older sample had scored its weighted mean: unscaled, an idle node would rank below a busier
+    one only for being younger. So Q always lies in [0, q_scale]. An empty history scores 0 (an
+    unknown node is never preferred).
     """
     recent = list(samples)[: config.q_samples]
-    return sum(
-        math.exp(-config.q_decay_lambda * k) * instant_score(idle_rates(s), config)
-        for k, s in enumerate(recent)
+    if not recent:
+        return 0.0
+    weights = _decay_weights(len(recent), config)
+    decayed = sum(
+        w * instant_score(idle_rates(s), config) for w, s in zip(weights, recent, strict=True)
     )
+    return decayed * q_scale(config) / sum(weights)
 
 
 @dataclass(frozen=True)
@@ -122,6 +138,18 @@ class NodeCapacity:
     mem_free: float
     score: float
     alive: bool = True
+
+
+def q_after(node: NodeCapacity, cpu: float, mem: float, config: PolicyConfig) -> float:
+    """Estimated Q of `node` once `cpu` more cores and `mem` more MiB are in use (negative values:
+    freed). Every counted sample's cpu_idle falls by cpu/cpu_total and its mem_idle by
+    mem/mem_total, so Q falls by q_scale * (q_w_cpu*cpu/cpu_total + q_w_mem*mem/mem_total).
+    Not clamped to [0, q_scale]: it only compares nodes, and clamping would make unequal loads tie.
+    """
+    scale = q_scale(config)
+    cpu_share = cpu / node.cpu_total if node.cpu_total > 0 else 0.0
+    mem_share = mem / node.mem_total if node.mem_total > 0 else 0.0
+    return node.score - scale * (config.q_w_cpu * cpu_share + config.q_w_mem * mem_share)
 
 
 def node_capacities(

@@ -10,7 +10,7 @@ measured usage, so only spares beyond the current ones are charged.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 from console.policy.config import PolicyConfig
 from console.policy.resources import NodeCapacity
@@ -52,3 +52,10 @@ def spares_wanted(
         if wanted[node.name] > current.get(node.name, 0):
             added += 1
     return wanted
+
+
+def standby_node_preference(ranked: Sequence[str], idle_spares: Mapping[str, int]) -> list[str]:
+    """Where a standby the supervisor starts on its own (after a promotion) should go, best
+    first: nodes with an idle warm spare (the standby skips the JVM and session start there),
+    then the others, each group in `ranked` order (alive nodes by Q, best first)."""
+    return sorted(ranked, key=lambda node: idle_spares.get(node, 0) == 0)

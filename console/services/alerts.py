@@ -40,9 +40,12 @@ def subscriptions_for(job: Job):
 
 
 def recovery_elapsed_s(episode: RecoveryEpisode, now=None) -> float:
-    """The recovery time of a closed episode, or how long an open one has been going on."""
+    """The recovery time of a recovered episode, how long one that never got back to normal
+    was watched, or how long an open one has been going on."""
     if episode.recovery_time_s is not None:
         return episode.recovery_time_s
+    if episode.watched_s is not None:
+        return episode.watched_s
     return ((now or timezone.now()) - episode.detected_at).total_seconds()
 
 
@@ -54,7 +57,12 @@ def check_alerts_for_episode(episode: RecoveryEpisode, *, now=None) -> int:
     for subscription in candidates:
         if elapsed <= subscription.alert_recovery_over_s:
             continue
-        state = "took" if episode.recovery_time_s is not None else "still recovering after"
+        if episode.recovery_time_s is not None:
+            state = "took"
+        elif episode.watched_s is not None:
+            state = "not back to normal within"
+        else:
+            state = "still recovering after"
         subject = (
             f"{settings.EMAIL_SUBJECT_PREFIX}Slow recovery: {episode.job.name} "
             f"{state} {elapsed:.1f} s (limit {subscription.alert_recovery_over_s:g} s)"

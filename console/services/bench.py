@@ -23,12 +23,13 @@ from django.contrib.auth.models import Group, User
 
 from console.bench import measure, report, truth
 from console.models import FaultInjection, Job, Node, Policy, RecoveryEpisode
+from console.policy.recovery import RecoverySettings, measure_faults
 from console.roles import OPERATOR
 from console.services.controller import load_supervisor
 from console.services.demo_setup import DEMO_NODES, ensure_demo_nodes
 from console.services.faults import FaultRefused, request_fault
 from console.services.jobs import create_job, kill_job_processes, kill_warm_spares, stop_job
-from console.services.recovery import PROGRESS_READ_LIMIT
+from console.services.recovery import PROGRESS_READ_LIMIT, episode_measurement, input_started_at
 from console.services.schedules import ensure_periodic_tasks
 from spark_runtime import keys as data_keys
 from spark_runtime.progress import read_progress
@@ -49,8 +50,6 @@ from workers.redis_client import redis_client
 
 FAULT_KINDS = ("kill-driver", "kill-node")
 BENCH_USER = "bench"
-# The latency band is at least one stage trigger interval wide (see console/bench/measure.py).
-LATENCY_FLOOR_MS = 500.0
 
 
 @dataclass(frozen=True)
@@ -105,6 +104,17 @@ class BenchSettings:
     @property
     def schedule(self) -> list[float]:
         return measure.fault_schedule(self.warmup_s, self.duration_s, self.faults)
+
+    def recovery_settings(self, band: float) -> RecoverySettings:
+        """How this run's faults are judged: the console's measurement, with "normal" learned
+        from the steady window (warm-up to first fault) and this run's stable window."""
+        steady_start, steady_end = self.steady_s
+        return RecoverySettings(
+            band=band,
+            stable_window_s=self.stable_window_s,
+            reference_window_s=steady_end - steady_start,
+            warmup_s=self.warmup_s,
+        )
 
     @property
     def steady_s(self) -> tuple[float, float]:
@@ -294,12 +304,6 @@ def _read_cells(client, job: Job, params: dict) -> tuple[dict, dict]:
     return expected, actual
 
 
-def input_started_at(client, job: Job) -> float:
-    """When the job's first input entry was written (epoch s, from its stream id)."""
-    first_id = client.xrange(data_keys.input_stream(job.key), count=1)[0][0]
-    return int(first_id.split("-")[0]) / 1000.0
-
-
 def _drain(client, job: Job, params: dict, timeout_s: float, say) -> tuple[truth.Comparison, float]:
     """Wait until the results equal the ground truth, or stop changing for 90 s (a restart
     under load can take a minute), or `timeout_s`; returns the comparison and the wait."""
@@ -340,7 +344,7 @@ def run_strategy(bench: BenchSettings, strategy: str, target: str | None, say) -
         raise RuntimeError(f"job {job.pk} ({strategy}) failed to start: {job.status_reason}")
     target = target or key_operator(job)
     wait_for(lambda: client.xlen(data_keys.input_stream(job.key)) > 0, 60, "the first input")
-    t0 = input_started_at(client, job)
+    t0 = input_started_at(client, job.key)
     say(f"      job {job.pk} running after {t0 - launched:.0f} s; input started")
     sampler = ResourceSampler(job.key)
     sampler.start()
@@ -412,35 +416,40 @@ def measure_run(job: Job, bench: BenchSettings, t0: float, faults: list, target:
     first = next(op for op in topology.topological_order() if op.kind not in (SOURCE, SINK))
     input_stage = job.operators.get(name=first.name).stage
     steady = measure.steady_figures(records, *steady_window, input_stage)
+    injected_at = [
+        fault.injected_at.timestamp() if fault and fault.injected_at else t0 + at_s
+        for at_s, fault, _ in faults
+    ]
+    measured = measure_faults(
+        records,
+        injected_at,
+        input_started_at=t0,
+        end=t0 + bench.input_s,
+        watch_ended=True,
+        settings=bench.recovery_settings(config.recovery_band),
+    )
     fault_rows = []
-    previous = None
-    for index, (at_s, fault, detail) in enumerate(faults):
-        fault_at = fault.injected_at.timestamp() if fault and fault.injected_at else t0 + at_s
-        until = t0 + (faults[index + 1][0] if index + 1 < len(faults) else bench.input_s)
-        figures = measure.fault_figures(
-            records,
-            fault_at=fault_at,
-            until=until,
-            reference=steady_window,
-            band=config.recovery_band,
-            stable_window_s=bench.stable_window_s,
-            previous_fault_at=previous,
-            latency_floor_ms=LATENCY_FLOOR_MS,
-        )
-        previous = fault_at
+    for (_, fault, detail), figures in zip(faults, measured, strict=True):
         episodes = list(RecoveryEpisode.objects.filter(fault=fault)) if fault else []
         actions = sorted({e.action for e in episodes})
         reprotect = [e.reprotect_s for e in episodes if e.reprotect_s is not None]
         fault_rows.append(
             {
                 "kind": bench.fault_kind,
-                "at_s": round(fault_at - t0, 1),
+                "at_s": round(figures.fault_at - t0, 1),
                 "target": target,
                 "injected": detail,
                 "action": "+".join(actions) or "none recorded",
                 # After a promotion: seconds until the stage had a promotable standby again.
                 "reprotect_s": max(reprotect) if reprotect else None,
-                **figures.to_dict(),
+                "downtime_s": figures.downtime_s,
+                "recovery_time_s": figures.recovery_time_s,
+                "peak_p99_ms": figures.peak_p99_ms,
+                "note": figures.note,
+                "watched_s": figures.watched_s,
+                # What the console recorded for the same fault while the job ran (measured with
+                # the policy's settings, which may differ from the benchmark's).
+                "console": [episode_measurement(e) for e in episodes],
             }
         )
     return {
@@ -466,7 +475,7 @@ def remeasure(result: dict) -> dict:
     client = redis_client()
     for run in result["runs"]:
         job = Job.objects.get(pk=run["job"])
-        t0 = run.get("input_started_at") or input_started_at(client, job)
+        t0 = run.get("input_started_at") or input_started_at(client, job.key)
         injected = list(job.faults.order_by("requested_at"))
         faults = [
             (at_s, fault, fault.outcome_detail)

@@ -39,17 +39,20 @@ from console.policy.checkpoint import (
     stage_interval,
     state_store_confs,
 )
-from console.policy.placement import CycleInput, run_cycle
+from console.policy.placement import CycleInput, StandbyVerdict, run_cycle
 from console.policy.priority import ACTIVE, operator_priorities
 from console.policy.resources import node_capacities, node_score
-from console.policy.spares import spares_wanted
+from console.policy.spares import spares_wanted, standby_node_preference
 from console.services import metrics, prediction, recovery
-from console.services.planning import JobPlan, plan_job
+from console.services.planning import JobPlan, plan_job, rank_nodes
 from spark_runtime import keys as data_keys
 from spark_runtime.runner import observe, stage_args
 from spark_runtime.strategies import get_strategy
 from spark_runtime.supervision import (
+    FAILED,
     JOB,
+    RUNNING,
+    STANDBY,
     GiveUp,
     HeartbeatSeen,
     KillReplica,
@@ -269,6 +272,9 @@ def launch_job(job: Job) -> JobPlan | None:
             node=stage.standby_node or stage.primary_node,
         )
     execute(start_actions, AgentLauncher(job, client), command_sender(client, job))
+    for stage in plan.stages:
+        if stage.standby_verdict is not None:
+            record_standby_verdict(job, supervisor, stage.name, stage.standby_verdict)
     return plan
 
 
@@ -568,7 +574,7 @@ def record_promotion_over_restart(job: Job, event: HeartbeatSeen, actions: list)
     )
     episode = (
         job.recoveries.filter(
-            stage=stage, action=RecoveryEpisode.Action.RESTART_STAGE, recovered_at__isnull=True
+            stage=stage, action=RecoveryEpisode.Action.RESTART_STAGE, watched_s__isnull=True
         )
         .order_by("-detected_at")
         .first()
@@ -654,6 +660,23 @@ def keep_warm_spares(client, config) -> dict[str, int]:
     return wanted
 
 
+def idle_spares(client, nodes: list[str]) -> dict[str, int]:
+    """Idle warm spares per node, as the node agents report them now."""
+    with client.pipeline(transaction=False) as pipe:
+        for node in nodes:
+            pipe.hvals(data_keys.spares(node))
+        reported = pipe.execute()
+    return {
+        node: sum(1 for raw in entries if json.loads(raw).get("state") == "idle")
+        for node, entries in zip(nodes, reported, strict=True)
+    }
+
+
+def nodes_by_q(client, config) -> list[str]:
+    """Alive nodes by Q, best first."""
+    return rank_nodes(node_history(client, alive_nodes(client)), config)
+
+
 def release_unused_spares(client) -> bool:
     """No spares where no live job can use them: when no live job's strategy takes over warm
     spares, every node's target is 0 (the agents stop theirs). Otherwise the targets stay as the
@@ -730,12 +753,16 @@ def policy_cycle(job: Job, supervisor: Supervisor, client) -> list:
     placement = supervisor.placement_by_stage()
     primaries = {op: placement[stage][0] for op, stage in stage_of.items() if stage in placement}
     standbys = {}
+    standby_age_s = {}
     moves_standbys = supervisor.definition.policy_moves_standbys
     for stage, ops in supervisor.stage_operators.items():
-        node = placement.get(stage, (None, None))[1]
+        standby = _live_standby(supervisor, stage)
         top = _top_operator(ops, priorities)
-        if node and top:
-            standbys[top] = node
+        if standby and top:
+            standbys[top] = standby.spec.node
+            # A standby still starting or being promoted has not settled anywhere: it is kept.
+            running = standby.state == RUNNING
+            standby_age_s[top] = time.time() - standby.launched_at if running else 0.0
     state = CycleInput(
         priorities=[p for p in priorities if p.name in stage_of],
         primaries=primaries,
@@ -748,11 +775,18 @@ def policy_cycle(job: Job, supervisor: Supervisor, client) -> list:
             for name, op in operators.items()
             if op.checkpoint_interval_s
         },
+        standby_age_s=standby_age_s,
     )
-    actions = run_cycle(state, config)
+    result = run_cycle(state, config)
+    actions = result.actions
     if not moves_standbys:
         actions = [a for a in actions if isinstance(a, policy_actions.SetCheckpointInterval)]
     _apply_cycle(job, supervisor, client, actions, stage_of)
+    if moves_standbys:
+        for stage, ops in supervisor.stage_operators.items():
+            verdict = result.verdicts.get(_top_operator(ops, priorities))
+            if verdict is not None:
+                record_standby_verdict(job, supervisor, stage, verdict)
     roll_out_intervals(job, supervisor, client, config)
     for p in priorities:
         Operator.objects.filter(job=job, name=p.name).update(
@@ -828,7 +862,7 @@ def roll_out_intervals(job: Job, supervisor: Supervisor, client, config) -> list
         )
     gap_start = timezone.now() - timezone.timedelta(seconds=config.interval_apply_gap_s)
     quiet = not (
-        job.recoveries.filter(recovered_at__isnull=True).exists()
+        job.recoveries.filter(watched_s__isnull=True).exists()
         or job.decisions.filter(kind=ControlDecision.Kind.FAILURE, at__gte=gap_start).exists()
     )
     now = time.time()
@@ -853,6 +887,23 @@ def roll_out_intervals(job: Job, supervisor: Supervisor, client, config) -> list
             detail={"confs": confs},
         )
     return rollout
+
+
+def _live_standby(supervisor: Supervisor, stage: str):
+    """The stage's standby replica, the one placement_by_stage reports (None: it has none)."""
+    return next((r for r in supervisor.of_stage(stage, STANDBY) if r.state != FAILED), None)
+
+
+def record_standby_verdict(
+    job: Job, supervisor: Supervisor, stage: str, verdict: StandbyVerdict
+) -> None:
+    """Store why the stage's standby sits where it is on its replica row, for the placement page.
+    Only a standby on the verdict's node gets it; writing it again only renews its time."""
+    standby = _live_standby(supervisor, stage)
+    if standby is not None and standby.spec.node == verdict.node:
+        Replica.objects.filter(replica_id=f"{job.key}/{standby.id}").update(
+            placement={**verdict.to_dict(), "at": timezone.now().isoformat()}
+        )
 
 
 def _top_operator(names, priorities) -> str | None:
@@ -939,6 +990,26 @@ def record_cycle(client, job: Job, duration_s: float) -> None:
     client.set(control_keys.controller_cycle(job.key), json.dumps(cycle), ex=3600)
 
 
+def close_measurements(job: Job, client) -> None:
+    """A job that is no longer live is watched no further: its open recovery episodes get
+    their final figures ("not back to normal before ..." when the output never came back)."""
+    recovery.measure_open_episodes(job, client, Policy.current().to_config())
+
+
+def close_episodes_of_ended_jobs(client) -> int:
+    """Close the open episodes of jobs that are no longer live, however they ended (a failed
+    launch, lost supervision state, an interrupted benchmark); returns how many jobs had some."""
+    ended = (
+        Job.objects.exclude(status__in=Job.LIVE_STATUSES)
+        .filter(recoveries__watched_s__isnull=True)
+        .distinct()
+    )
+    jobs = list(ended)
+    for job in jobs:
+        close_measurements(job, client)
+    return len(jobs)
+
+
 def generator_id(job: Job) -> str:
     return f"generator-{job.key}"
 
@@ -957,26 +1028,35 @@ def supervise_window(job: Job, client, window_s: float, keep_lease) -> bool:
         return False
     deadline = time.monotonic() + window_s
     next_cycle = 0.0
+    # Alive nodes by Q, refreshed every policy cycle.
+    ranked = nodes_by_q(client, Policy.current().to_config()) or supervisor.nodes
     while time.monotonic() < deadline:
         keep_lease()
         job.refresh_from_db(fields=["status"])
         if job.status == Job.Status.STOPPING:
             stop_everything(job, supervisor, client)
             job.mark_stopped(job.status_reason or "stopped")
+            close_measurements(job, client)
             return False
         if not job.is_live:
+            close_measurements(job, client)
             return False
+        # A standby the supervisor starts on its own (after a promotion) goes where a warm
+        # spare is ready, else to the best node by Q: read now, spares come and go in seconds.
+        supervisor.standby_nodes = standby_node_preference(ranked, idle_spares(client, ranked))
         supervise_tick(job, supervisor, client)
         record_reprotections(job, supervisor)
         save_supervisor(client, job, supervisor)
         if not job.is_live:
             # The tick gave up on the job: no policy cycle may start replicas for it again.
+            close_measurements(job, client)
             return False
         if time.monotonic() >= next_cycle:
             cycle_started = time.monotonic()
             config = Policy.current().to_config()
             supervisor.restart_policy = restart_policy_of(config)  # admin changes apply here
             supervisor.hung_timeout_s = config.hung_timeout_s
+            ranked = nodes_by_q(client, config) or supervisor.nodes
             sync_replicas(job, client, supervisor)
             metrics.ingest_job_progress(client, job)
             if job.status == Job.Status.STARTING and supervisor.all_running():

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 from console.policy.checkpoint import initial_interval
 from console.policy.config import PolicyConfig
-from console.policy.placement import place_standbys
+from console.policy.placement import PLACED_AT_LAUNCH, StandbyVerdict, place_standbys
 from console.policy.priority import ACTIVE, OperatorPriority, operator_priorities
 from console.policy.resources import NodeSample, node_capacities, node_score
 from spark_runtime.strategies import ALL_STANDBYS, POLICY_STANDBYS, STRATEGIES, get_strategy
@@ -29,13 +29,15 @@ from spark_runtime.topology import StageSpec, Topology, compile_stages
 
 @dataclass(frozen=True)
 class StagePlan:
-    """One stage: its operators, the node of its primary and of its standby (None: no standby)."""
+    """One stage: its operators, the node of its primary and of its standby (None: no standby),
+    and for a standby why it sits there (a `StandbyVerdict`)."""
 
     name: str
     operators: tuple[str, ...]
     primary_node: str
     standby_node: str | None
     reason: str
+    standby_verdict: StandbyVerdict | None = None
 
 
 @dataclass
@@ -100,6 +102,7 @@ def plan_job(
     fallbacks: list[dict] = []
     standby_nodes: dict[str, str | None] = {s.name: None for s in stages}
     reasons: dict[str, str] = {s.name: f"{strategy}: checkpoints only" for s in stages}
+    verdicts: dict[str, StandbyVerdict] = {}
     if definition.standbys == ALL_STANDBYS:
         for stage in stages:
             others = [n for n in ranked if n != primaries[stage.name]]
@@ -109,10 +112,27 @@ def plan_job(
                 if others
                 else "active-all: no second node for a standby"
             )
+            if others:
+                verdicts[stage.name] = StandbyVerdict(
+                    stage.name,
+                    others[0],
+                    PLACED_AT_LAUNCH,
+                    f"{PLACED_AT_LAUNCH}: {reasons[stage.name]}",
+                    "not checked: active-all gives every stage a standby",
+                )
     elif definition.standbys == POLICY_STANDBYS:
         staged = [by_operator[op] for s in stages for op in s.operators]
+        # The primaries are not running yet, so the samples do not show them: Algorithm 1 charges
+        # them to their nodes, or a standby could land on a node the plan already loads.
+        planned: dict[str, tuple[float, float]] = {}
+        for stage in stages:
+            cpu, mem = planned.get(primaries[stage.name], (0.0, 0.0))
+            planned[primaries[stage.name]] = (
+                cpu + sum(by_operator[op].cpu for op in stage.operators),
+                mem + sum(by_operator[op].mem for op in stage.operators),
+            )
         placement = place_standbys(
-            staged, operator_primary, node_capacities(history, config), config
+            staged, operator_primary, node_capacities(history, config), config, planned
         )
         fallbacks = [f.to_dict() for f in placement.fallbacks]
         for stage in stages:
@@ -124,9 +144,10 @@ def plan_job(
             if placed:
                 node = placement.standbys[placed[0].name]
                 standby_nodes[stage.name] = node
+                verdicts[stage.name] = placement.verdicts[placed[0].name]
                 reasons[stage.name] = (
                     f"{placed[0].name} is active (P_eff {placed[0].P_eff:.3f} > "
-                    f"{config.priority_threshold:g}); standby on {node} (Algorithm 1)"
+                    f"{config.priority_threshold:g}); Algorithm 1: {verdicts[stage.name].reason}"
                 )
             elif active:
                 why = next((f["reason"] for f in fallbacks if f["operator"] == active[0].name), "")
@@ -144,6 +165,7 @@ def plan_job(
             primary_node=primaries[s.name],
             standby_node=standby_nodes[s.name],
             reason=reasons[s.name],
+            standby_verdict=verdicts.get(s.name),
         )
         for s in stages
     ]

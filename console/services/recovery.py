@@ -1,28 +1,70 @@
-"""Measuring recovery episodes from what the job actually emitted.
+"""Measuring a job's recovery episodes live, from what the job actually emitted.
 
-The data plane publishes one progress record per micro-batch of each replica. Only batches of a
-final stage written by a primary are output the user sees, so the series is built from those:
-per second, the events that reached the output (the final stage's input rows: for wordcount the
-rows written are upserts of distinct words, bounded by the vocabulary, so they say little about
-throughput) and the p90/p99 event-time latency. A second with no output while
-the job is down gets zero throughput and a latency that keeps growing (time since the last output
-plus that output's latency): that is how an outage looks to a consumer, and what the detector
-(console.policy.recovery, the ShuffleBench method) expects.
+The data plane publishes one progress record per micro-batch of each replica; the controller
+calls `measure_open_episodes` every policy cycle. The measurement itself is
+`console.policy.recovery.measure_faults`, the same function the benchmark judges its runs with:
+an episode closes (gets `watched_s`) once its figures are final, and they are then what the
+benchmark would compute for the same fault with the same settings. Once episodes close, the
+job's output is audited against ground truth (`audit_closed_episodes`, a Celery task).
 """
 
 from __future__ import annotations
 
+import logging
 from datetime import UTC, datetime, timedelta
 
+import redis
+from django.db import transaction
+from django.db.models import Sum
 from django.utils import timezone
 
+from console.bench import truth
 from console.models import ControlDecision, Job, Operator, RecoveryEpisode
 from console.policy.config import PolicyConfig
-from console.policy.recovery import detect_recovery, output_gap, output_series
-from spark_runtime.progress import ProgressRecord, read_progress
+from console.policy.recovery import (
+    SAME_FAULT_S,
+    FaultMeasurement,
+    RecoverySettings,
+    group_fault_times,
+    measure_faults,
+)
+from spark_runtime import keys as data_keys
+from spark_runtime.progress import read_progress
+from spark_runtime.topology import channel_key, get_topology
 
+# A fault not back to normal this long after is given up on ("not back to normal before ...").
 GIVE_UP_AFTER_S = 600.0
 PROGRESS_READ_LIMIT = 20_000
+# Progress records reach Redis a moment after their batch ends: the last seconds before now are
+# not judged yet, so that a record still in flight is not taken for a gap in the output.
+PUBLISH_LAG_S = 2.0
+# The output audit reads the input in pages of this many entries, and not at all beyond the cap.
+AUDIT_PAGE = 10_000
+AUDIT_MAX_ENTRIES = 2_000_000
+
+
+def judged_until(config: PolicyConfig) -> float:
+    """How many seconds before now the output is judged: records in flight, and a fault that
+    happened meanwhile must be known (found within a heartbeat timeout) before a recovery across
+    it can be confirmed; else the live figure could differ from the one after the run."""
+    return PUBLISH_LAG_S + config.heartbeat_timeout_s + 1.0
+
+
+logger = logging.getLogger(__name__)
+
+
+def _datetime(epoch_s: float) -> datetime:
+    return datetime.fromtimestamp(epoch_s, tz=UTC)
+
+
+def recovery_settings(config: PolicyConfig) -> RecoverySettings:
+    """The policy's settings for judging a fault."""
+    return RecoverySettings(
+        band=config.recovery_band,
+        stable_window_s=config.recovery_stable_window_s,
+        reference_window_s=config.reference_window_s,
+        warmup_s=config.warmup_s,
+    )
 
 
 def fault_time(episode: RecoveryEpisode, config: PolicyConfig) -> datetime:
@@ -32,78 +74,209 @@ def fault_time(episode: RecoveryEpisode, config: PolicyConfig) -> datetime:
     return episode.detected_at - timedelta(seconds=config.heartbeat_timeout_s)
 
 
-def measure_episode(
-    episode: RecoveryEpisode, records: list[ProgressRecord], config: PolicyConfig, now: float
-) -> bool:
-    """Fill in downtime, recovery time and peak p99 once the job is back; True when closed.
+def input_started_at(client, job_key: str) -> float | None:
+    """When the job's first input entry was written (epoch s, from its stream id); None before
+    any input."""
+    first = client.xrange(data_keys.input_stream(job_key), count=1)
+    if not first:
+        return None
+    first_id = first[0][0]
+    first_id = first_id.decode() if isinstance(first_id, bytes) else first_id
+    return int(first_id.split("-")[0]) / 1000.0
 
-    The reference window is the `reference_window_s` before the fault (after the job's warm-up);
-    recovery needs `recovery_stable_window_s` of normal output after it.
-    """
-    fault_at = fault_time(episode, config).timestamp()
-    started = episode.job.started_at.timestamp() if episode.job.started_at else fault_at - 120
-    reference_start = max(started + config.warmup_s, fault_at - config.reference_window_s)
-    series = output_series(records, reference_start, now)
-    if not series.times:
-        return False
-    downtime = output_gap(series.output_times, fault_time=fault_at)
-    try:
-        result = detect_recovery(
-            series.times,
-            series.throughput,
-            series.p90_ms,
-            fault_time=fault_at,
-            warmup_s=0.0,
-            reference_window_s=max(fault_at - reference_start - 1, 1.0),
-            band=config.recovery_band,
-            stable_window_s=config.recovery_stable_window_s,
+
+def _read_stream(client, key: str) -> list[tuple[str, dict]]:
+    """Every entry of a stream, oldest first, read in pages: one XRANGE over millions of entries
+    would block Redis (and with it every heartbeat) while it runs."""
+    entries: list[tuple[str, dict]] = []
+    low = "-"
+    while True:
+        page = client.xrange(key, min=low, count=AUDIT_PAGE)
+        entries.extend(page)
+        if len(page) < AUDIT_PAGE:
+            return entries
+        low = f"({page[-1][0]}"  # exclusive: after the last entry read
+
+
+def audit_output(job: Job, client) -> truth.Comparison | None:
+    """Lost and duplicated results in the job's output so far, against ground truth computed in
+    plain Python from its input (console/bench/truth.py, "auditing a running job's output");
+    None for a topology without ground truth or an input too long to audit."""
+    if job.topology not in truth.CHECKED_TOPOLOGIES:
+        return None
+    input_key = data_keys.input_stream(job.key)
+    if client.xlen(input_key) > AUDIT_MAX_ENTRIES:
+        return None
+    # Results first, then the input: the input only grows, so every result's origin is in it.
+    with client.pipeline(transaction=True) as pipe:  # values and versions of one moment
+        pipe.hgetall(data_keys.results(job.key))
+        pipe.hgetall(data_keys.result_versions(job.key))
+        results, versions = pipe.execute()
+    entries = truth.valid_entries(job.topology, _read_stream(client, input_key))
+    topology = get_topology(job.topology)
+    if job.topology == "topn":
+        window = int(topology.operator("window_count").params["window_seconds"])
+        return truth.audit_topn(
+            entries, results, window, int(topology.operator("topn").params["n"])
         )
-        recovered_at, note = result.recovered_at, result.note
-    except ValueError as exc:
-        # Too little normal output before the fault to learn a band from.
-        recovered_at, note = None, f"no reference window: {exc}"
-    gave_up = now - fault_at > GIVE_UP_AFTER_S
-    if recovered_at is None and not gave_up:
-        return False
-    if recovered_at is not None and downtime is not None:
-        # Recovery is downtime plus catch-up: never shorter than the output gap, even when the
-        # smoothed signals never left the band (a gap of about a second after a promotion).
-        recovered_at = max(recovered_at, fault_at + downtime)
-    end = recovered_at if recovered_at is not None else now
-    peak = max(
-        (v for t, v in zip(series.times, series.p99_ms, strict=True) if fault_at <= t <= end),
-        default=None,
-    )
-    episode.downtime_s = None if downtime is None else round(downtime, 2)
-    episode.recovery_time_s = None if recovered_at is None else round(recovered_at - fault_at, 2)
-    episode.recovered_at = (
-        datetime.fromtimestamp(recovered_at, tz=UTC) if recovered_at is not None else None
-    )
-    episode.peak_p99_ms = None if peak is None else round(peak, 1)
-    episode.notes = (
-        f"{episode.notes}; {note}"
-        if not gave_up
-        else (f"{episode.notes}; not back to normal within {GIVE_UP_AFTER_S:.0f} s ({note})")
-    )
-    episode.save()
-    return True
+    stages = dict(job.operators.values_list("name", "stage"))
+    via_stream = None
+    if stages.get("count") != stages.get("split"):
+        # count reads split's intermediate stream: map its positions back to input lines.
+        via_stream = {
+            truth.entry_position(entry_id): fields.get("id", "")
+            for entry_id, fields in _read_stream(client, channel_key(job.key, "split"))
+        }
+    return truth.audit_wordcount(entries, results, versions, via_stream)
 
 
-def measure_open_episodes(job: Job, client, config: PolicyConfig) -> int:
-    """Try to close every open episode of the job; returns how many closed."""
-    open_episodes = list(
-        job.recoveries.filter(recovered_at__isnull=True, recovery_time_s__isnull=True)
-        .exclude(notes__contains="not back to normal")
-        .select_related("fault", "job")
+def audit_closed_episodes(job: Job, client) -> int:
+    """Give the job's closed, not yet audited episodes their lost and duplicated results; returns
+    how many. Idempotent: an audited episode is left alone.
+
+    The audit covers the job's whole output so far; an episode records what it adds to the
+    audits already recorded on the job's earlier episodes (so sums over episodes count each
+    result once), the first of several closing together takes it all.
+    """
+    with transaction.atomic():
+        pending = list(
+            job.recoveries.select_for_update()
+            .filter(watched_s__isnull=False, lost__isnull=True)
+            .order_by("detected_at", "pk")
+        )
+        if not pending:
+            return 0
+        try:
+            audit = audit_output(job, client)
+        except (redis.RedisError, ValueError, KeyError) as exc:
+            # Never fatal: the episodes keep their measurement, without an audit.
+            logger.warning("job %s: output audit failed: %s", job.key, exc)
+            return 0
+        if audit is None:
+            return 0
+        counted = job.recoveries.filter(lost__isnull=False).aggregate(
+            lost=Sum("lost"), duplicates=Sum("duplicates")
+        )
+        lost = max(0, audit.lost - (counted["lost"] or 0))
+        duplicates = max(0, audit.duplicates - (counted["duplicates"] or 0))
+        for episode in pending:
+            episode.lost, episode.duplicates = lost, duplicates
+            episode.notes += (
+                f"; output audited after it: {audit.lost} lost and {audit.duplicates} duplicated "
+                f"of {audit.cells} results in the job so far ({lost} and {duplicates} new)"
+            )
+            episode.save(update_fields=["lost", "duplicates", "notes"])
+            lost = duplicates = 0
+        return len(pending)
+
+
+def record_measurement(episode: RecoveryEpisode, measured: FaultMeasurement) -> None:
+    """Store the final figures of the episode's fault (several episodes may share one fault)."""
+    recovered = measured.recovered_at
+    episode.downtime_s = measured.downtime_s
+    episode.recovery_time_s = measured.recovery_time_s
+    episode.recovered_at = None if recovered is None else _datetime(recovered)
+    episode.peak_p99_ms = measured.peak_p99_ms
+    episode.watched_s = measured.watched_s
+    if measured.reference is not None:
+        episode.reference_from, episode.reference_to = map(_datetime, measured.reference)
+    episode.notes = f"{episode.notes}; {measured.note}" if episode.notes else measured.note
+    episode.save(
+        update_fields=[
+            "downtime_s", "recovery_time_s", "recovered_at", "peak_p99_ms", "watched_s",
+            "reference_from", "reference_to", "notes",
+        ]
+    )  # fmt: skip
+
+
+def stored_measurement(episode: RecoveryEpisode, fault_at: float) -> FaultMeasurement:
+    """A closed episode's figures as the measurement that produced them (what the next fault's
+    downtime and reference depend on)."""
+    reference = None
+    if episode.reference_from is not None and episode.reference_to is not None:
+        reference = (episode.reference_from.timestamp(), episode.reference_to.timestamp())
+    return FaultMeasurement(
+        fault_at=fault_at,
+        downtime_s=episode.downtime_s,
+        recovery_time_s=episode.recovery_time_s,
+        recovered_at=None if episode.recovered_at is None else episode.recovered_at.timestamp(),
+        peak_p99_ms=episode.peak_p99_ms,
+        note=episode.notes,
+        watched_s=episode.watched_s,
+        final=True,
+        reference=reference,
     )
+
+
+def measure_open_episodes(job: Job, client, config: PolicyConfig, now: float | None = None) -> int:
+    """Close every episode of the job whose figures are final; returns how many closed.
+
+    The faults of the open episodes are measured in order after the newest closed fault before
+    them (kept as stored: its progress may have been trimmed since), on output up to
+    `judged_until` before `now`. A job that is no longer live is watched no further. Closed
+    episodes are then audited (a Celery task: it reads the job's whole input).
+    """
+    open_episodes = list(job.recoveries.filter(watched_s__isnull=True).select_related("fault"))
     if not open_episodes:
         return 0
-    earliest = min(fault_time(e, config) for e in open_episodes).timestamp()
-    records = read_progress(
-        client, job.key, earliest - config.reference_window_s - 5, count=PROGRESS_READ_LIMIT
+    now = timezone.now().timestamp() if now is None else now
+    faults = group_fault_times(fault_time(e, config).timestamp() for e in open_episodes)
+    previous = None
+    closed_before = [
+        (fault_time(e, config).timestamp(), e)
+        for e in job.recoveries.filter(
+            watched_s__isnull=False,
+            detected_at__lte=datetime.fromtimestamp(faults[0], tz=UTC)
+            + timedelta(seconds=config.heartbeat_timeout_s),
+        )
+        .select_related("fault")
+        .order_by("-detected_at")[:5]
+    ]
+    closed_before = [(at, e) for at, e in closed_before if at < faults[0] - SAME_FAULT_S]
+    if closed_before:
+        at, episode = max(closed_before, key=lambda pair: pair[0])
+        previous = stored_measurement(episode, at)
+    started = input_started_at(client, job.key)
+    if started is None:
+        started = now  # no input yet: nothing was normal before any fault (not measurable)
+    read_from = faults[0] - config.reference_window_s
+    if previous is not None and previous.reference is not None:
+        read_from = min(read_from, previous.reference[0])
+    records = read_progress(client, job.key, read_from - 5, count=PROGRESS_READ_LIMIT)
+    measured = measure_faults(
+        records,
+        faults,
+        input_started_at=started,
+        end=now - judged_until(config),
+        watch_ended=not job.is_live or now - faults[-1] > GIVE_UP_AFTER_S,
+        settings=recovery_settings(config),
+        previous=previous,
     )
-    now = timezone.now().timestamp()
-    return sum(measure_episode(e, records, config, now) for e in open_episodes)
+    closed = 0
+    for episode in open_episodes:
+        at = fault_time(episode, config).timestamp()
+        # The fault this episode belongs to: the latest grouped fault time at or before it.
+        figures = [m for m in measured if m.fault_at <= at][-1]
+        if figures.final:
+            record_measurement(episode, figures)
+            closed += 1
+    if closed and job.topology in truth.CHECKED_TOPOLOGIES:
+        from workers.controller import audit_episodes
+
+        audit_episodes.delay(job.pk)
+    return closed
+
+
+def episode_measurement(episode: RecoveryEpisode) -> dict:
+    """An episode's measured figures, in the benchmark's field names (for bench.json)."""
+    return {
+        "episode": episode.pk,
+        "stage": episode.stage,
+        "downtime_s": episode.downtime_s,
+        "recovery_time_s": episode.recovery_time_s,
+        "peak_p99_ms": episode.peak_p99_ms,
+        "watched_s": episode.watched_s,
+    }
 
 
 def faults_since(job: Job, seconds: float) -> dict[str, int]:

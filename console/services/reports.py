@@ -165,7 +165,7 @@ def episode_figures(start: datetime, end: datetime, *, jobs=None) -> list[Episod
         episodes.values("job_id", "job__name", "strategy")
         .annotate(
             episodes=Count("id"),
-            open_episodes=Count("id", filter=Q(recovered_at__isnull=True)),
+            open_episodes=Count("id", filter=Q(watched_s__isnull=True)),
             mean_recovery_s=Avg("recovery_time_s"),
             worst_recovery_s=Max("recovery_time_s"),
             downtime_s=Sum("downtime_s"),

@@ -59,6 +59,28 @@ def test_adaptive_chains_the_stateless_split_into_the_protected_count_stage():
     assert "count is active" in stage.reason and "Algorithm 1" in stage.reason
 
 
+def test_adaptive_launch_does_not_pass_over_an_agent_that_just_started():
+    # The demo launches its job as soon as one Celery worker answers, so a node agent may have
+    # sent one sample while the others sent five. node-1 and node-3 are idle, node-2 runs a little
+    # (cpu 0.4/2, mem 800/8000: 0.4*0.8 + 0.3*0.9 + 0.3 = 0.89 -> Q 0.89*2.3328755442 = 2.076).
+    # node-3's one idle sample is scaled to the full window: Q 2.333, like node-1 (unscaled it was
+    # 1.0 and the standby went to the busier node-2). node-1 wins the primary by name; count's
+    # standby (0.5 cores, 512 MiB) then prefers node-3 (2.333 - 2.333*(0.4*0.25 + 0.3*0.064)
+    # = 2.055) to node-2 (2.076 - 0.278 = 1.798).
+    history = {
+        "node-1": [sample("node-1", 0.0, 0.0)] * 5,
+        "node-2": [sample("node-2", 0.4, 800.0)] * 5,
+        "node-3": [sample("node-3", 0.0, 0.0)],
+    }
+    plan = plan_job(get_topology("wordcount"), "adaptive", history, PolicyConfig())
+    assert plan.node_scores["node-3"] == pytest.approx(plan.node_scores["node-1"])
+    (stage,) = plan.stages
+    assert (stage.primary_node, stage.standby_node) == ("node-1", "node-3")
+    assert stage.standby_verdict.rule == "placed at launch"
+    assert stage.standby_verdict.reason.endswith("with room (node-3 2.05, node-2 1.80)")
+    assert stage.standby_verdict.reason in stage.reason
+
+
 def test_adaptive_cuts_stateful_operators_apart_only_where_protection_differs():
     # Both topn operators are active by default: one stage (two queries), one standby.
     (both,) = plan_job(get_topology("topn"), "adaptive", HISTORY, PolicyConfig()).stages

@@ -308,6 +308,17 @@ def test_open_recovery_alerts_when_it_passes_the_limit(users):
     assert "still recovering after 40.0 s" in mail.outbox[0].subject
 
 
+def test_a_recovery_never_back_to_normal_alerts_with_its_watched_time(users):
+    job = make_job(name="wc", status=Job.Status.RUNNING)
+    ReportSubscriptionFactory(alert_recovery_over_s=30)
+    detected = timezone.now() - timedelta(hours=1)
+    episode = EpisodeFactory(job=job, detected_at=detected, watched_s=600.0)
+    assert alerts.check_alerts_for_episode(episode) == 1
+    assert mail.outbox[0].subject == (
+        "[Backstop] Slow recovery: wc not back to normal within 600.0 s (limit 30 s)"
+    )
+
+
 def test_alerts_respect_the_subscription_scope(users):
     watched = make_job(name="watched", status=Job.Status.RUNNING)
     ignored = make_job(name="ignored", status=Job.Status.RUNNING)

@@ -191,6 +191,18 @@ def seed_console(minutes: int = 30, step_s: int = 5, now: datetime | None = None
         ReplicaFactory(
             job=job, stage=stage, node=node, role=role, replica_id=f"{job.key}-{stage}-{role}"
         )
+    # Why the policy keeps the standby where it is (what a policy cycle stores on the replica).
+    Replica.objects.filter(job=adaptive, stage="count", role=Replica.Role.STANDBY).update(
+        placement={
+            "operator": "count",
+            "node": "node-c",
+            "rule": "kept",
+            "reason": "kept: started 40 s ago; a standby runs 120 s on its node before a move "
+            "is considered",
+            "reserve": "kept after this cycle: cpu 48% / mem 57% free vs reserve 20%",
+            "at": now.isoformat(),
+        }
+    )
     steps = minutes * 60 // step_s
     start = now - timedelta(seconds=steps * step_s)
     rows = []

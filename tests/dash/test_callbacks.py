@@ -101,12 +101,20 @@ def test_job_id_comes_from_the_path():
 
 
 def test_placement_refresh_lists_replicas_per_node_and_the_reserve(seeded, users):
-    summary, idle, q, cards, policy, predictor = placement_callbacks.refresh(1, user=users[VIEWER])
+    outputs = placement_callbacks.refresh(1, user=users[VIEWER])
+    summary, idle, q, q_note, cards, standbys, policy, predictor = outputs
     reserve = Policy.current().resource_reserve
     assert f"{reserve * 100:.0f}%" in text_of(summary)
     assert [s.y0 for s in idle.layout.shapes] == [reserve * 100]
+    assert "Q runs from 0 to 2.33" in q_note
     card_text = {c.id: text_of(c) for c in cards}
     assert "wc-adaptive/count" in card_text["node-node-c"]  # the standby
+    # Why the standby is on node-c: the seeded verdict, and node-c's Q rank (the busiest of the
+    # three seeded nodes, so #3).
+    standby_text = text_of(standbys)
+    assert "wc-adaptive/count" in standby_text and "#3 of 3" in standby_text
+    assert "kept: started 40 s ago" in standby_text
+    assert "kept after this cycle" in standby_text
     assert f"Version {Policy.current().version}" in text_of(policy)
     assert "Not trained yet: operators get the prior fr" in text_of(predictor)
 

@@ -128,6 +128,31 @@ def test_node_rows_list_live_primaries_and_standbys():
     assert row["cpu_util"] is None
 
 
+def test_standby_rows_carry_the_primary_node_and_the_policy_verdict():
+    n1, n2 = NodeFactory(name="n1"), NodeFactory(name="n2")
+    job = make_job(Job.Status.RUNNING, name="wc")
+    ReplicaFactory(job=job, node=n1, stage="count", role=Replica.Role.PRIMARY)
+    verdict = {
+        "operator": "count",
+        "node": "n2",
+        "rule": "kept",
+        "reason": "kept: started 20 s ago; a standby runs 120 s on its node before a move is ...",
+        "reserve": "kept after this cycle: cpu 58% / mem 75% free vs reserve 20%",
+        "at": "2026-01-01T12:00:00+00:00",
+    }
+    ReplicaFactory(job=job, node=n2, stage="count", role=Replica.Role.STANDBY, placement=verdict)
+    ReplicaFactory(job=job, node=n1, stage="old", role=Replica.Role.STANDBY,
+                   state=Replica.State.STOPPED)  # fmt: skip
+    (row,) = data.standby_rows()
+    assert (row["stage"], row["node"], row["primary_node"]) == ("count", "n2", "n1")
+    assert (row["rule"], row["reason"], row["reserve"]) == (
+        "kept",
+        verdict["reason"],
+        verdict["reserve"],
+    )
+    assert row["judged_at"] == datetime(2026, 1, 1, 12, 0, tzinfo=UTC)
+
+
 def test_strategy_comparison_averages_finished_episodes_per_strategy():
     job = make_job(Job.Status.RUNNING)
     now = datetime.now(UTC)

@@ -11,6 +11,7 @@ from console.dash.overview import figures as overview_figures
 from console.dash.placement import figures as placement_figures
 from console.dash.recoveries import figures as recovery_figures
 from console.dash.resources import figures as resource_figures
+from console.policy.config import PolicyConfig
 
 T0 = datetime(2026, 1, 1, 12, 0, tzinfo=UTC)
 
@@ -145,9 +146,55 @@ def test_idle_figure_draws_the_reserve_line_and_the_cluster_bars():
 
 def test_q_figure_lists_nodes_highest_q_first_and_marks_down_nodes():
     nodes = [_node("a", 0.5), _node("b", 1.5, state="down")]
-    bar = placement_figures.q_figure(nodes).data[0]
+    fig = placement_figures.q_figure(nodes, scale=2.33)
+    bar = fig.data[0]
     assert list(bar.y) == ["b", "a"]
     assert list(bar.marker.color)[0] == FAULT
+    # The whole scale is shown and its top marked: a Q of 1.5 reads as fairly idle, not "over".
+    assert fig.layout.xaxis.range == (0, pytest.approx(2.33 * 1.05))
+    assert [shape.x0 for shape in fig.layout.shapes] == [2.33]
+    assert "2.33 = fully idle" in fig.layout.title.text
+
+
+def test_q_scale_note_says_what_q_adds_up_and_its_range():
+    # Defaults: five samples weighted e^(-0.5k) = 1, 0.61, 0.37, 0.22, 0.14; their sum 2.33 is
+    # the Q of a node idle on every resource in all five.
+    note = placement_figures.q_scale_note(PolicyConfig().to_dict())
+    assert "newest 5 samples" in note
+    assert "0.4·CPU idle + 0.3·memory idle + 0.15·disk idle + 0.15·bandwidth idle" in note
+    assert "weighted 1, 0.61, 0.37, 0.22, 0.14 (decay λ = 0.5)" in note
+    assert "Q runs from 0 to 2.33" in note and "values above 1 are normal" in note
+    # Three samples without decay: Q runs from 0 to 3.
+    note = placement_figures.q_scale_note({**PolicyConfig().to_dict(), "q_samples": 3,
+                                           "q_decay_lambda": 0.0})  # fmt: skip
+    assert "weighted 1, 1, 1" in note and "Q runs from 0 to 3.00" in note
+
+
+def _standby(node, rule="", reason="", reserve="", primary="a"):
+    return {"job_id": 1, "job": "wc", "stage": "count", "replica_id": "wc/count-2",
+            "state": "running", "node": node, "primary_node": primary, "rule": rule,
+            "reason": reason, "reserve": reserve, "judged_at": None}  # fmt: skip
+
+
+def test_standby_explanations_rank_the_node_among_alive_nodes_and_keep_the_verdict():
+    # Alive nodes by Q: c 2.2, b 1.7, a 1.3; d is down (its Q is not ranked).
+    nodes = [_node("a", 1.3), _node("b", 1.7), _node("c", 2.2), _node("d", 2.3, state="down")]
+    kept = "kept: the best other node, c would have Q 1.95 with this standby vs 1.70 on b, ..."
+    rows = placement_figures.standby_explanations(
+        [
+            _standby("b", "kept", kept, "kept after this cycle: cpu 58% / mem 75% free vs 20%"),
+            _standby("d"),
+        ],
+        nodes,
+    )
+    on_b, on_d = rows
+    assert (on_b["q"], on_b["q_rank"], on_b["rule"], on_b["reason"]) == (1.7, "#2 of 3", "kept",
+                                                                           kept)  # fmt: skip
+    assert on_b["reserve"].startswith("kept after this cycle")
+    # A standby the policy has not judged yet (the supervisor's replacement) says so.
+    assert (on_d["q_rank"], on_d["rule"]) == ("not ranked (down or no Q)", "not judged yet")
+    assert on_d["reason"].startswith("No policy verdict yet")
+    assert on_d["reserve"] == "—"
 
 
 # --- recoveries -----------------------------------------------------------------------------

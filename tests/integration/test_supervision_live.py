@@ -9,6 +9,8 @@ Scenarios (kept to two jobs so the module stays within a few minutes on 2 cores)
   `kill-standby`: the standby's restart from its checkpoint also takes over a warm spare; the final
   counts equal the ground truth computed from the input stream;
 - local-restart wordcount: `kill-driver` on count restarts it from its checkpoint, exact results.
+Both jobs are then stopped through the API: every recovery episode closes, with the audit of the
+output (lost and duplicated counts against the input) at zero.
 """
 
 from __future__ import annotations
@@ -179,6 +181,7 @@ def test_adaptive_survives_controller_restart_and_kill_driver(cluster):
     promoted = Replica.objects.get(replica_id=count_standby.replica_id)
     assert promoted.role == "primary"
     assert int(client.get(keys.fence(job.key, "count"))) >= 2
+    assert_episodes_audited_exact(job)
 
 
 def scrape_metrics(settings) -> dict[str, list]:
@@ -226,3 +229,20 @@ def test_local_restart_restarts_the_killed_stage_with_exact_results(cluster, set
     episode = RecoveryEpisode.objects.get(job=job)
     assert (episode.stage, episode.action) == ("count", "restart-stage")
     wait_for_exact_results(client, job)
+    assert_episodes_audited_exact(job)
+
+
+def assert_episodes_audited_exact(job: Job) -> None:
+    """Stopping the job closes its open episodes; each then gets the audit of the output (its
+    counts against the input up to each count's version)."""
+    assert api().post(f"/api/jobs/{job.pk}/stop/").status_code == 200
+
+    def all_audited() -> bool:
+        return not RecoveryEpisode.objects.filter(job=job, lost__isnull=True).exists()
+
+    # Closed by the controller when the job stops, then audited by a Celery task.
+    wait_for(all_audited, 60, "every episode closed and audited")
+    for episode in RecoveryEpisode.objects.filter(job=job):
+        assert episode.watched_s is not None, episode.notes
+        assert (episode.lost, episode.duplicates) == (0, 0), episode.notes
+        assert "output audited after it: 0 lost and 0 duplicated" in episode.notes

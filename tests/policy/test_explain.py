@@ -81,8 +81,9 @@ def test_report_on_two_nodes_by_hand():
     assert (ops["split"]["mode"], ops["split"]["standby"]) == ("active", "a")
     assert ops["source"]["standby"] is None and ops["source"]["mode"] == "passive"
     assert {o["checkpoint_interval_s"] for o in report["operators"]} == {30.0}
-    # Q of each node: 0.4*0.75 + 0.3*0.75 + 0.15 + 0.15 = 0.825 (one sample).
-    assert [n["Q"] for n in report["nodes"]] == [pytest.approx(0.825)] * 2
+    # Q of each node: 0.4*0.75 + 0.3*0.75 + 0.15 + 0.15 = 0.825, one sample scaled to the full
+    # window of five: 0.825 * 2.3328755442 = 1.9246223240.
+    assert [n["Q"] for n in report["nodes"]] == [pytest.approx(1.9246223240)] * 2
     assert report["cluster"] == {"cpu_total": 8.0, "mem_total": 8192.0}
     json.dumps(report)
 

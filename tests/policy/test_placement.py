@@ -16,8 +16,16 @@ from console.policy.actions import (
     apply_standby_actions,
 )
 from console.policy.config import PolicyConfig
-from console.policy.placement import CycleInput, place_standbys, run_cycle
-from console.policy.resources import NodeCapacity
+from console.policy.placement import (
+    KEPT,
+    MOVED,
+    PLACED_AT_LAUNCH,
+    CycleInput,
+    StandbyVerdict,
+    place_standbys,
+    run_cycle,
+)
+from console.policy.resources import NodeCapacity, node_capacities
 from tests.policy.helpers import make_priority, make_sample
 
 
@@ -105,7 +113,7 @@ def test_algorithm_2_by_hand():
         faults={"v": 1},
         intervals={"v": 10.0},
     )
-    actions = run_cycle(state, PolicyConfig())
+    actions = run_cycle(state, PolicyConfig()).actions
     # x: standby on dead c -> best node not a with room: b (2 free) -> move c->b (b: 1 free).
     # z: standby on its primary's node b -> give back 0.5 on b, best not b: a -> move b->a.
     # y: passive now -> drop from a.
@@ -151,7 +159,7 @@ def test_algorithm_2_drops_lowest_priority_when_the_reserve_is_crossed():
         samples={"a": [sample("a", 4, 3.5, 4000, 0)], "b": [sample("b", 4, 3.5, 4000, 0)]},
         alive={"a": True, "b": True},
     )
-    actions = run_cycle(state, PolicyConfig())
+    actions = run_cycle(state, PolicyConfig()).actions
     assert actions[0] == DropStandby(
         "z", "a", "reserve crossed (cpu 12% / mem 100% free vs reserve 20%); lowest P_eff"
     )
@@ -170,7 +178,153 @@ def test_algorithm_2_leaves_a_healthy_state_alone():
         alive={"a": True, "b": True},
         intervals={"s": 60.0},
     )
-    assert run_cycle(state, PolicyConfig()) == []
+    assert run_cycle(state, PolicyConfig()).actions == []
+
+
+# Q's full scale with the defaults (five samples, lambda 0.5):
+# 1 + 0.6065306597 + 0.3678794412 + 0.2231301601 + 0.1353352832 = 2.3328755442; a node with one
+# sample scores its instant score times this. The move margin is a fifth of it: 0.4665751088.
+# A standby of make_priority's default demand (0.5 cores, 500 MiB) on a 4-core, 4000 MiB node
+# lowers Q by 2.3328755442 * (0.4*0.5/4 + 0.3*500/4000) = 2.3328755442*0.0875 = 0.2041266101.
+
+
+def idle_cluster(*names):
+    """One idle sample (4 cores, 4000 MiB) per node: every node's Q is 2.3328755442."""
+    return {name: [sample(name, 4, 0, 4000, 0)] for name in names}
+
+
+def test_algorithm_1_at_launch_prefers_the_node_the_plan_leaves_idle():
+    # Three idle nodes tie at Q 2.33. x's primary goes on a (0.5 cores, 500 MiB) and another
+    # stage's primary on b (1 core, 1000 MiB); neither runs yet, so the samples do not show them.
+    # With this standby: c 2.3328755442 - 0.2041266101 = 2.1287489341;
+    #   b 2.3328755442 * (1 - 0.4*1.5/4 - 0.3*1500/4000) = 2.3328755442*0.7375 = 1.7204957139.
+    # So c, not b (b won the tie by name when the plan's own primaries were not counted).
+    nodes = node_capacities(idle_cluster("a", "b", "c"), PolicyConfig())
+    x = make_priority("x", 0.9)
+    planned = {"a": (0.5, 500.0), "b": (1.0, 1000.0)}
+    result = place_standbys([x], {"x": "a"}, nodes, PolicyConfig(), planned)
+    assert result.standbys == {"x": "c"}
+    # Free after the plan: cpu 3.5 + 3 + 3.5 = 10 of 12, mem 10000 of 12000 (83%).
+    assert result.verdicts["x"] == StandbyVerdict(
+        "x",
+        "c",
+        PLACED_AT_LAUNCH,
+        "placed at launch: c has the highest Q with this standby among alive nodes other than "
+        "its primary's (a) with room (c 2.13, b 1.72)",
+        "kept after the launch plan: cpu 83% / mem 83% free vs reserve 20%",
+    )
+    # Without the planned primaries b and c tie and the name decides.
+    unplanned = place_standbys([x], {"x": "a"}, nodes, PolicyConfig())
+    assert unplanned.standbys == {"x": "b"}
+    assert unplanned.verdicts["x"].reason.endswith("(b 2.13, c 2.13; a tie, broken by name)")
+
+
+def test_algorithm_1_spreads_standbys_placed_in_the_same_run():
+    # Idle a, b, c; x and y both have their primary on a (charged: 1 core, 1000 MiB). x first
+    # (higher P_eff): b and c tie at 2.1287489341 -> b by name. y: b now runs x's standby,
+    # 2.1287489341 - 0.2041266101 = 1.9246223240 with y's too, so c (2.1287489341) wins.
+    nodes = node_capacities(idle_cluster("a", "b", "c"), PolicyConfig())
+    ops = [make_priority("x", 0.9), make_priority("y", 0.8)]
+    result = place_standbys(ops, {"x": "a", "y": "a"}, nodes, PolicyConfig(), {"a": (1.0, 1000.0)})
+    assert result.standbys == {"x": "b", "y": "c"}
+    assert result.verdicts["y"].reason.endswith("(c 2.13, b 1.92)")
+
+
+def moved_away_state(age=None):
+    """x's primary on a (busy), its standby on b (busy), c idle. One sample each:
+    a: cpu 3/4 used, mem 2000/4000: 0.4*0.25 + 0.3*0.5 + 0.3 = 0.55 -> Q 1.2830815493
+    b: cpu 3/4, mem 1000/4000: 0.4*0.25 + 0.3*0.75 + 0.3 = 0.625 -> Q 1.4580472151
+    c: idle -> Q 2.3328755442; with x's standby 2.1287489341."""
+    return CycleInput(
+        priorities=[make_priority("x", 0.9)],
+        primaries={"x": "a"},
+        standbys={"x": "b"},
+        samples={
+            "a": [sample("a", 4, 3, 4000, 2000)],
+            "b": [sample("b", 4, 3, 4000, 1000)],
+            "c": [sample("c", 4, 0, 4000, 0)],
+        },
+        alive={"a": True, "b": True, "c": True},
+        standby_age_s={} if age is None else {"x": age},
+    )
+
+
+def test_algorithm_2_moves_a_standby_to_a_clearly_better_node():
+    # c with the standby 2.1287489341 > b's 1.4580472151 + margin 0.4665751088 = 1.9246223239.
+    result = run_cycle(moved_away_state(age=120.0), PolicyConfig())
+    reason = "Q 2.13 on c with this standby vs 1.46 on b: more than the move margin 0.47 higher"
+    assert result.actions == [MoveStandby("x", "b", "c", reason)]
+    # Free after: cpu a 1 + b 1.5 + c 3.5 = 6 of 12 (50%); mem 2000 + 3500 + 3500 = 9000 (75%).
+    assert result.verdicts == {
+        "x": StandbyVerdict(
+            "x",
+            "c",
+            MOVED,
+            f"moved from b: {reason}",
+            "kept after this cycle: cpu 50% / mem 75% free vs reserve 20%",
+        )
+    }
+
+    # The next cycle, once the samples show the move (b lost and c took 0.5 cores and 500 MiB),
+    # does not move it back: b would have 0.4*0.375 + 0.3*0.875 + 0.3 = 0.7125 -> Q 1.6621738252,
+    # 1.4580472151 with the standby, below c's 2.1287489341 (0.4*0.875 + 0.3*0.875 + 0.3).
+    after = replace(
+        moved_away_state(age=120.0),
+        standbys={"x": "c"},
+        samples={
+            "a": [sample("a", 4, 3, 4000, 2000)],
+            "b": [sample("b", 4, 2.5, 4000, 500)],
+            "c": [sample("c", 4, 0.5, 4000, 500)],
+        },
+    )
+    again = run_cycle(after, PolicyConfig())
+    assert again.actions == []
+    assert again.verdicts["x"].rule == KEPT
+    assert again.verdicts["x"].reason == (
+        "kept: the best other node, b would have Q 1.46 with this standby vs 2.13 on c, not "
+        "more than the move margin 0.47 higher"
+    )
+
+
+def test_algorithm_2_does_not_chase_the_idleness_its_own_standby_takes():
+    # b's only load is x's standby: 0.4*0.875 + 0.3*0.875 + 0.3 = 0.9125 -> Q 2.1287489341; c is
+    # idle (2.33) but would be 2.1287489341 with the standby: no gain, no move.
+    state = replace(
+        moved_away_state(age=120.0),
+        samples={
+            "a": [sample("a", 4, 3, 4000, 2000)],
+            "b": [sample("b", 4, 0.5, 4000, 500)],
+            "c": [sample("c", 4, 0, 4000, 0)],
+        },
+    )
+    result = run_cycle(state, PolicyConfig())
+    assert result.actions == []
+    assert result.verdicts["x"].reason == (
+        "kept: the best other node, c would have Q 2.13 with this standby vs 2.13 on b, not "
+        "more than the move margin 0.47 higher"
+    )
+
+
+def test_algorithm_2_lets_a_new_standby_settle_before_judging_a_move():
+    result = run_cycle(moved_away_state(age=20.0), PolicyConfig())
+    assert result.actions == []
+    assert result.verdicts["x"].reason == (
+        "kept: started 20 s ago; a standby runs 120 s on its node before a move is considered"
+    )
+
+
+def test_algorithm_2_keeps_a_standby_no_other_node_can_take():
+    # Only a (the primary's) and b: nowhere else to go.
+    state = replace(
+        moved_away_state(),
+        samples={"a": [sample("a", 4, 3, 4000, 2000)], "b": [sample("b", 4, 2, 4000, 1000)]},
+        alive={"a": True, "b": True},
+    )
+    result = run_cycle(state, PolicyConfig())
+    assert result.actions == []
+    assert result.verdicts["x"].reason == (
+        "kept: no alive node besides b and its primary's (a) has room for cpu 0.5, mem 500"
+    )
 
 
 def test_apply_standby_actions_refuses_stale_actions():
@@ -219,26 +373,36 @@ def free_fractions(free_cpu, free_mem, total_cpu, total_mem):
 
 
 @settings(max_examples=300, deadline=None)
-@given(clusters())
-def test_algorithm_1_keeps_the_reserve_and_avoids_primaries(cluster):
+@given(clusters(), st.booleans())
+def test_algorithm_1_keeps_the_reserve_and_avoids_primaries(cluster, launching):
     samples, alive, ops, primaries, reserve = cluster
     config = replace(PolicyConfig(), resource_reserve=reserve)
     nodes = {
         n: capacity(n, 1.0, s[0].cpu_total, s[0].cpu_free, s[0].mem_total, s[0].mem_free, alive[n])
         for n, s in samples.items()
     }
-    result = place_standbys(ops, primaries, nodes, config)
+    # At a launch the primaries are charged to their nodes first (planned).
+    planned = {n: (0.0, 0.0) for n in samples}
+    for op in ops:
+        cpu, mem = planned[primaries[op.name]]
+        planned[primaries[op.name]] = (cpu + op.cpu, mem + op.mem)
+    result = place_standbys(ops, primaries, nodes, config, planned if launching else None)
     demand = {op.name: op for op in ops}
     free_cpu = {n: c.cpu_free for n, c in nodes.items() if c.alive}
     free_mem = {n: c.mem_free for n, c in nodes.items() if c.alive}
+    if launching:
+        for n in free_cpu:
+            free_cpu[n] -= planned[n][0]
+            free_mem[n] -= planned[n][1]
     for op_name, node in result.standbys.items():
         assert node != primaries[op_name]
         assert node in free_cpu, "standby on a dead node"
         assert demand[op_name].mode == "active"
         free_cpu[node] -= demand[op_name].cpu
         free_mem[node] -= demand[op_name].mem
-    assert all(v >= -1e-9 for v in free_cpu.values()), "a node was overcommitted"
-    assert all(v >= -1e-9 for v in free_mem.values()), "a node was overcommitted"
+    hosts = set(result.standbys.values())
+    assert all(free_cpu[n] >= -1e-9 for n in hosts), "a node was overcommitted"
+    assert all(free_mem[n] >= -1e-9 for n in hosts), "a node was overcommitted"
     if result.standbys:
         total_cpu = sum(nodes[n].cpu_total for n in free_cpu)
         total_mem = sum(nodes[n].mem_total for n in free_mem)
@@ -246,6 +410,8 @@ def test_algorithm_1_keeps_the_reserve_and_avoids_primaries(cluster):
         assert cpu >= reserve - 1e-9 and mem >= reserve - 1e-9
     placed_or_fallen = set(result.standbys) | {f.operator for f in result.fallbacks}
     assert placed_or_fallen == {op.name for op in ops if op.mode == "active"}
+    assert set(result.verdicts) == set(result.standbys)
+    assert all(v.node == result.standbys[op] for op, v in result.verdicts.items())
 
 
 @settings(max_examples=300, deadline=None)
@@ -258,8 +424,11 @@ def test_algorithm_2_keeps_the_reserve_and_avoids_primaries(cluster, data):
         op.name: data.draw(st.sampled_from(list(samples))) for op in ops if data.draw(st.booleans())
     }
     state = CycleInput(ops, primaries, standbys, samples, alive)
-    actions = run_cycle(state, config)
+    result = run_cycle(state, config)
+    actions = result.actions
     after = apply_standby_actions(standbys, actions)
+    # A verdict for exactly the standbys left, on the node each is left on.
+    assert {op: v.node for op, v in result.verdicts.items()} == after
 
     for op_name, node in after.items():
         assert node != primaries[op_name], f"{op_name}'s standby is on its primary's node"

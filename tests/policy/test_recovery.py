@@ -1,4 +1,4 @@
-"""Recovery detector on synthetic and recorded series, plus downtime/peak/loss helpers."""
+"""Recovery detector on synthetic and recorded series, plus the downtime helper."""
 
 from __future__ import annotations
 
@@ -10,9 +10,7 @@ import pytest
 
 from console.policy.recovery import (
     detect_recovery,
-    lost_and_duplicates,
     output_gap,
-    peak,
 )
 
 RECORDING = Path(__file__).resolve().parents[1] / "data" / "recorded_restart_series.json"
@@ -138,17 +136,3 @@ def test_output_gap_by_hand():
     assert output_gap([0.0, 1.0, 2.0, 3.0, 9.5, 10.0], fault_time=3.5) == 6.5
     assert output_gap([5.0]) == 0.0
     assert output_gap([1.0, 2.0], fault_time=3.0) is None  # output never resumed
-
-
-def test_peak_by_hand():
-    series = [(0, 100.0), (1, 900.0), (2, 400.0), (3, 5000.0), (4, float("nan"))]
-    assert peak(series, 0, 2) == 900.0
-    assert peak(series, 1, 4) == 5000.0
-    assert peak(series, 10, 20) is None
-
-
-def test_lost_and_duplicates_by_hand():
-    # in: a b c d e; out: a a b e e e x -> lost c, d (2); duplicated a, e (2); unexpected x (1)
-    report = lost_and_duplicates("abcde", ["a", "a", "b", "e", "e", "e", "x"])
-    assert report.to_dict() == {"lost": 2, "duplicated": 2, "unexpected": 1}
-    assert lost_and_duplicates([], []).to_dict() == {"lost": 0, "duplicated": 0, "unexpected": 0}

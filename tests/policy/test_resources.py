@@ -17,6 +17,8 @@ from console.policy.resources import (
     instant_score,
     node_capacities,
     node_score,
+    q_after,
+    q_scale,
 )
 from tests.policy.helpers import make_sample
 
@@ -36,8 +38,25 @@ def test_instant_score_by_hand():
 
 
 def test_q_decays_older_samples():
-    # Q = 0.795*e^0 + 0.5*e^-0.5 = 0.795 + 0.5*0.6065306597 = 0.795 + 0.3032653299 = 1.0982653299
-    assert node_score([NEWEST, OLDER], PolicyConfig()) == pytest.approx(1.0982653299)
+    # Five samples (q_samples): newest 0.795, then four at 0.5.
+    # Q = 0.795 + 0.5*(e^-0.5 + e^-1 + e^-1.5 + e^-2)
+    #   = 0.795 + 0.5*(0.6065306597 + 0.3678794412 + 0.2231301601 + 0.1353352832)
+    #   = 0.795 + 0.5*1.3328755442 = 1.4614377721
+    history = [NEWEST, OLDER, OLDER, OLDER, OLDER]
+    assert node_score(history, PolicyConfig()) == pytest.approx(1.4614377721)
+
+
+def test_q_of_a_short_history_is_scaled_to_the_full_window():
+    # Two samples of five: decayed sum 0.795 + 0.5*0.6065306597 = 1.0982653299 over weights
+    # 1 + 0.6065306597 = 1.6065306597, times q_scale 2.3328755442 (weights of five samples):
+    # 1.0982653299 / 1.6065306597 * 2.3328755442 = 1.5948132168.
+    assert q_scale(PolicyConfig()) == pytest.approx(2.3328755442)
+    assert node_score([NEWEST, OLDER], PolicyConfig()) == pytest.approx(1.5948132168)
+    # So an idle node that has sent one sample ties with one idle for five (both q_scale).
+    idle = make_sample("i", 4, 0, 8192, 0, 0, 200, 0, 1000)
+    assert node_score([idle], PolicyConfig()) == pytest.approx(
+        node_score([idle] * 5, PolicyConfig())
+    )
 
 
 def test_q_uses_only_the_newest_n_samples():
@@ -47,9 +66,11 @@ def test_q_uses_only_the_newest_n_samples():
 
 
 def test_zero_lambda_sums_without_decay():
-    # 0.795 + 0.5 + 0.5 = 1.795
+    # Five samples: 0.795 + 0.5 + 0.5 + 0.5 + 0.5 = 2.795; three of five: (0.795 + 0.5 + 0.5)
+    # scaled by 5/3 = 1.795*5/3 = 2.9916666667.
     config = replace(PolicyConfig(), q_decay_lambda=0.0)
-    assert node_score([NEWEST, OLDER, OLDER], config) == pytest.approx(1.795)
+    assert node_score([NEWEST, OLDER, OLDER, OLDER, OLDER], config) == pytest.approx(2.795)
+    assert node_score([NEWEST, OLDER, OLDER], config) == pytest.approx(2.9916666667)
 
 
 def test_zero_totals_and_overuse_do_not_break():
@@ -74,9 +95,18 @@ def test_node_capacities_take_free_from_the_newest_sample():
     caps = node_capacities({"a": [NEWEST, OLDER], "b": []}, PolicyConfig(), alive={"a": True})
     assert set(caps) == {"a"}
     assert (caps["a"].cpu_free, caps["a"].mem_free) == (3.0, 6144.0)
-    assert caps["a"].score == pytest.approx(1.0982653299)
+    assert caps["a"].score == pytest.approx(1.5948132168)  # as in the short-history test
     assert caps["a"].alive
     assert not node_capacities({"a": [NEWEST]}, PolicyConfig(), alive={})["a"].alive
+
+
+def test_q_after_lowers_q_by_the_idle_share_the_demand_takes():
+    # a: 4 cores, 8192 MiB, Q 1.5948132168. One more core and 2048 MiB lower every sample's
+    # cpu_idle by 1/4 and mem_idle by 2048/8192 = 1/4: Q falls by
+    # q_scale*(0.4*0.25 + 0.3*0.25) = 2.3328755442*0.175 = 0.4082532202 -> 1.1865599966.
+    (cap,) = node_capacities({"a": [NEWEST, OLDER]}, PolicyConfig()).values()
+    assert q_after(cap, 1, 2048, PolicyConfig()) == pytest.approx(1.1865599966)
+    assert q_after(cap, -1, -2048, PolicyConfig()) == pytest.approx(1.5948132168 + 0.4082532202)
 
 
 unit = st.floats(min_value=0.0, max_value=1.0)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from console.policy.config import PolicyConfig
 from console.policy.resources import NodeCapacity
-from console.policy.spares import SPARE_MEM_MB, spares_wanted
+from console.policy.spares import SPARE_MEM_MB, spares_wanted, standby_node_preference
 
 
 def node(name, score, mem_free=8000.0, alive=True):
@@ -43,3 +43,9 @@ def test_the_setting_is_bounded():
     for bad in (-1, 5, 1.5, True):
         with pytest.raises(PolicyConfigError, match="warm_spares_per_node"):
             PolicyConfig(warm_spares_per_node=bad).validate()
+
+
+def test_a_supervisor_started_standby_prefers_a_node_with_a_spare_ready_then_q():
+    ranked = ["n1", "n2", "n3", "n4"]  # by Q, best first
+    assert standby_node_preference(ranked, {"n3": 1, "n4": 2, "n1": 0}) == ["n3", "n4", "n1", "n2"]
+    assert standby_node_preference(ranked, {}) == ranked

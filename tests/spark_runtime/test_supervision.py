@@ -79,6 +79,24 @@ def test_active_all_promotes_the_standby_then_starts_a_new_one_elsewhere():
     assert sup.replicas["count-2"].role == "primary"
 
 
+def test_a_new_standby_after_a_promotion_goes_to_the_first_preferred_node_besides_its_primary():
+    sup = Supervisor("j", "wordcount", per_operator("split", "count"), "active-all", NODES)
+    specs = {a.replica.replica_id: a.replica for a in sup.start(0.0)}
+    running(sup)
+    new_primary = specs["count-2"].node
+    # The driver's preference: the new primary's node first (it must be skipped), then the
+    # node the round robin would not pick.
+    others = [n for n in NODES if n != new_primary]
+    round_robin = sup._node_for(sup.stages.index("count") + 1, new_primary)
+    wanted = next(n for n in others if n != round_robin)
+    sup.standby_nodes = [new_primary, wanted, round_robin]
+    sup.handle(ProcessExited("count-1", 10.0, -9))
+    (start,) = sup.handle(HeartbeatSeen("count-2", 11.0, {"role": "primary", "state": "running"}))
+    assert (start.replica.replica_id, start.replica.node) == ("count-3", wanted)
+    # A second standby started before the driver refreshes the list goes elsewhere.
+    assert sup.standby_nodes == [new_primary, round_robin, wanted]
+
+
 def test_a_standby_catching_up_is_not_promoted_until_it_reports_running_again():
     sup = Supervisor("j", "wordcount", per_operator("count"), "active-all", NODES)
     sup.start(0.0)

@@ -21,6 +21,8 @@ from console.dash.common import (
     fmt_pct,
     fmt_time,
     message,
+    recovered_cell,
+    recovery_time_cell,
     table,
 )
 from console.dash.overview import figures
@@ -79,9 +81,9 @@ def _episode_table(episodes: list[dict]):
             e["stage"] or "—",
             f"{e['fault_kind']} on {e['fault_target']}" if e["fault_kind"] else "detected",
             fmt_time(e["detected_at"]),
-            badge("open", "failed") if e["recovered_at"] is None else fmt_time(e["recovered_at"]),
+            recovered_cell(e),
             fmt_num(e["downtime_s"], 1),
-            fmt_num(e["recovery_time_s"], 1),
+            recovery_time_cell(e),
             e["action"],
         ]
         for e in episodes

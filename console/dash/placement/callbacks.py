@@ -14,6 +14,8 @@ from console.dash import controls, data
 from console.dash.common import badge, can_view, fmt_num, fmt_pct, fmt_time, message, table
 from console.dash.placement import figures
 from console.dash.placement.layout import controls as controls_layout
+from console.policy.config import PolicyConfig
+from console.policy.resources import q_scale
 from console.roles import ADMIN, has_role
 
 
@@ -83,6 +85,38 @@ def _summary(nodes: list[dict], reserve: float):
     ]
 
 
+# Badge colour per verdict rule (console/policy/placement.py names the rules).
+RULE_BADGES = {"placed at launch": "standby", "added": "standby", "moved": "starting", "kept": "up"}
+
+
+def _standby_table(rows: list[dict]):
+    """One row per live standby: where it runs, its node's Q rank, and the policy's verdict."""
+    return table(
+        ["Standby", "Node", "Q now", "Q rank (alive nodes)", "Its primary on", "Rule",
+         "Why (and the reserve check)", "Judged"],
+        [
+            [
+                _chips([row], "standby"),
+                row["node"],
+                fmt_num(row["q"], 2),
+                row["q_rank"],
+                row["primary_node"] or "—",
+                badge(row["rule"], RULE_BADGES.get(row["rule"], "unknown")),
+                html.Div(
+                    [
+                        html.Span(row["reason"], className="reason small"),
+                        html.Span(f"Reserve: {row['reserve']}", className="reason small muted"),
+                    ]
+                ),
+                fmt_time(row["judged_at"]),
+            ]
+            for row in rows
+        ],
+        "No standby runs now.",
+        table_id="standby-verdicts",
+    )  # fmt: skip
+
+
 def _policy_table(policy: dict):
     items = [
         html.Div([html.Span(name, className="muted"), html.Span(f"{value:g}")], className="kv")
@@ -141,19 +175,23 @@ def _predictor_table(runs: list[dict], window_s: float):
 
 
 def refresh(n_intervals, user=None):
-    """Every 2 s: reserve tiles, idle and Q charts, node cards with replicas, the policy and the
-    fault predictor's training runs."""
+    """Every 2 s: reserve tiles, idle and Q charts with what Q's scale is, node cards with
+    replicas, why each standby sits where it is, the policy and the fault predictor's training
+    runs."""
     if not can_view(user):
         raise PreventUpdate
     nodes = data.node_rows()
     policy = data.policy_thresholds()
     reserve = policy["values"]["resource_reserve"]
+    scale = q_scale(PolicyConfig(**policy["values"]))
     cards = [_node_card(n, rank) for rank, n in enumerate(figures.by_q(nodes), start=1)]
     return (
         _summary(nodes, reserve),
         figures.idle_figure(nodes, reserve),
-        figures.q_figure(nodes),
+        figures.q_figure(nodes, scale),
+        figures.q_scale_note(policy["values"]),
         cards or html.P("No nodes registered.", className="muted"),
+        _standby_table(figures.standby_explanations(data.standby_rows(), nodes)),
         _policy_table(policy),
         _predictor_table(data.predictor_trainings(), policy["values"]["prediction_window_s"]),
     )

@@ -1,10 +1,16 @@
-"""Placement charts: idle rates per node against the reserve, and the node queue by Q."""
+"""Placement charts and tables: idle rates per node against the reserve, the node queue by Q,
+what Q's scale is, and why each standby sits where it is."""
 
 from __future__ import annotations
 
+import math
+from collections.abc import Mapping
+
 import plotly.graph_objects as go
 
-from console.dash.common import BASE_LAYOUT, FAULT, GRID, OK, series_colour
+from console.dash.common import BASE_LAYOUT, FAULT, GRID, OK, PASSIVE, series_colour
+from console.policy.config import PolicyConfig
+from console.policy.resources import q_scale
 
 IDLE_BARS = (
     ("cpu_idle", "CPU idle"),
@@ -71,8 +77,9 @@ def idle_figure(nodes: list[dict], reserve: float) -> go.Figure:
     return fig
 
 
-def q_figure(nodes: list[dict]) -> go.Figure:
-    """Resource score Q per node, highest first (the order standbys are placed in)."""
+def q_figure(nodes: list[dict], scale: float) -> go.Figure:
+    """Resource score Q per node, highest first (the order standbys are placed in), on its full
+    range [0, scale] with the top of the scale (idle on every resource) marked."""
     ordered = [n for n in by_q(nodes) if n["q_score"] is not None]
     fig = go.Figure(
         go.Bar(
@@ -84,12 +91,70 @@ def q_figure(nodes: list[dict]) -> go.Figure:
             textposition="auto",
         )
     )
+    fig.add_vline(
+        x=scale,
+        line={"dash": "dot", "color": PASSIVE, "width": 1},
+        annotation_text=f"fully idle {scale:.2f}",
+        annotation_position="top left",
+    )
     fig.update_layout(
         **{**BASE_LAYOUT, "hovermode": "closest"},
-        title={"text": "Resource score Q", "x": 0.01},
+        title={"text": f"Resource score Q (0 = fully busy, {scale:.2f} = fully idle)", "x": 0.01},
         yaxis={"autorange": "reversed"},
-        xaxis={"title": "Q", "rangemode": "tozero", **GRID},
+        xaxis={"title": "Q", "range": [0, scale * 1.05], **GRID},
         uirevision="q",
         height=340,
     )
     return fig
+
+
+def q_scale_note(values: Mapping[str, float]) -> str:
+    """What Q's numbers mean under the policy `values` (every PolicyConfig field): the sum it is,
+    and its range, so a Q above 1 reads as what it is."""
+    config = PolicyConfig(**values)
+    weights = ", ".join(
+        f"{math.exp(-config.q_decay_lambda * k):.2g}" for k in range(config.q_samples)
+    )
+    scale = q_scale(config)
+    return (
+        f"Q is how idle a node has been lately. Each of its newest {config.q_samples} samples "
+        f"scores {config.q_w_cpu:g}·CPU idle + {config.q_w_mem:g}·memory idle + "
+        f"{config.q_w_disk:g}·disk idle + {config.q_w_bw:g}·bandwidth idle, between 0 (fully "
+        f"busy) and 1 (fully idle); Q adds these scores up, newest first, weighted {weights} "
+        f"(decay λ = {config.q_decay_lambda:g}). So Q runs from 0 to {scale:.2f}: "
+        f"{scale:.2f} is a node idle on every resource in all {config.q_samples} samples, and "
+        "values above 1 are normal. A node with fewer samples so far (an agent that just "
+        "started) is scaled to the same range. Standbys go to the node with the highest Q once "
+        "the standby runs there."
+    )
+
+
+def q_ranks(nodes: list[dict]) -> dict[str, tuple[int, int]]:
+    """node -> (its place by Q among alive nodes with a Q, 1 = highest; how many there are)."""
+    alive = [n for n in by_q(nodes) if n["state"] == "up" and n["q_score"] is not None]
+    return {n["name"]: (rank, len(alive)) for rank, n in enumerate(alive, start=1)}
+
+
+def standby_explanations(standbys: list[dict], nodes: list[dict]) -> list[dict]:
+    """Why each standby sits where it is: its node's Q and Q rank among alive nodes now, where
+    its primary runs, and the policy's latest verdict on it (rule, reason, reserve check), all
+    from `data.standby_rows()` and `data.node_rows()`."""
+    ranks = q_ranks(nodes)
+    q_of = {n["name"]: n["q_score"] for n in nodes}
+    rows = []
+    for standby in standbys:
+        rank = ranks.get(standby["node"])
+        rows.append(
+            {
+                **standby,
+                "q": q_of.get(standby["node"]),
+                "q_rank": f"#{rank[0]} of {rank[1]}" if rank else "not ranked (down or no Q)",
+                "rule": standby["rule"] or "not judged yet",
+                "reason": standby["reason"]
+                or "No policy verdict yet: the supervisor started it (a replacement after a "
+                "promotion); the next policy cycle judges it if the strategy lets the policy "
+                "move standbys.",
+                "reserve": standby["reserve"] or "—",
+            }
+        )
+    return rows

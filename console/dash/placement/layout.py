@@ -1,4 +1,5 @@
-"""Placement layout: charts, one card per node with its replicas, the policy. Layout only."""
+"""Placement layout: charts, one card per node with its replicas, why each standby sits where it
+is, the policy. Layout only."""
 
 from __future__ import annotations
 
@@ -20,11 +21,18 @@ def layout():
             html.Div(
                 [
                     html.Div(dcc.Graph(id="idle", config=GRAPH_CONFIG), className="card"),
-                    html.Div(dcc.Graph(id="q", config=GRAPH_CONFIG), className="card"),
+                    html.Div(
+                        [
+                            dcc.Graph(id="q", config=GRAPH_CONFIG),
+                            html.P(id="q-scale", className="muted small"),
+                        ],
+                        className="card",
+                    ),
                 ],
                 className="grid-2",
             ),
             html.Div(id="node-cards", className="node-cards"),
+            card("Why each standby sits where it is", html.Div(id="standby-table")),
             card("Fault prediction", html.Div(id="predictor-table")),
             card("Policy in force", html.Div(id="policy-table")),
             html.Div(id="controls"),

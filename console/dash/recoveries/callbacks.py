@@ -16,10 +16,11 @@ from console.dash import data
 from console.dash.common import (
     DEFAULT_WINDOW_S,
     MAX_POINTS,
-    badge,
     can_view,
     fmt_num,
     fmt_time,
+    recovered_cell,
+    recovery_time_cell,
     table,
 )
 from console.dash.recoveries import figures
@@ -43,9 +44,9 @@ def _episode_table(episodes: list[dict]):
             e["stage"] or "—",
             f"{e['fault_kind']} on {e['fault_target']}" if e["fault_kind"] else "detected",
             fmt_time(e["detected_at"]),
-            badge("open", "failed") if e["recovered_at"] is None else fmt_time(e["recovered_at"]),
+            recovered_cell(e),
             fmt_num(e["downtime_s"], 1),
-            fmt_num(e["recovery_time_s"], 1),
+            recovery_time_cell(e),
             fmt_num(e["peak_p99_ms"], 0),
             fmt_num(e["reprotect_s"], 1),
             fmt_num(e["lost"], 0),
@@ -99,7 +100,7 @@ def _strategy_table(rows: list[dict]):
             ]
             for r in rows
         ],
-        "No finished episodes yet.",
+        "No recovered episodes yet.",
         table_id="strategy-rows",
     )
 

@@ -161,7 +161,7 @@ def strategy_figure(rows: list[dict]) -> go.Figure:
         )
     fig.update_layout(
         **{**BASE_LAYOUT, "hovermode": "closest"},
-        title={"text": "Strategies compared (finished episodes)", "x": 0.01},
+        title={"text": "Strategies compared (recovered episodes)", "x": 0.01},
         barmode="group",
         yaxis={"title": "s", "rangemode": "tozero", **GRID},
         uirevision="strategies",

@@ -1,0 +1,106 @@
+"""Standby placement in the live controller: the launch stores why the standby went where it did,
+every policy cycle stores why it stays or moves, and a standby on a clearly worse node is moved
+once it has settled, exactly once.
+
+Real database, Redis and controller; the node agents are played at their Redis edge (heartbeat
+and usage samples), the stages are not started.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+import redis
+
+from console.models import ControlDecision, Job, Replica
+from console.policy.placement import MOVE_SETTLE_S
+from console.services import controller
+from spark_runtime.supervision import RUNNING
+from tests.factories import NodeFactory, make_job
+from workers import keys as control_keys
+from workers.queues import node_queue
+
+pytestmark = pytest.mark.django_db
+
+NODES = ["sp-node-1", "sp-node-2", "sp-node-3"]
+
+
+@pytest.fixture
+def client(settings):
+    client = redis.Redis.from_url(settings.REDIS_URL, decode_responses=True)
+    node_keys = [k for n in NODES for k in (node_queue(n), control_keys.node_metrics(n))]
+    client.delete(*node_keys)
+    yield client
+    client.delete(*node_keys, *(control_keys.node_heartbeat(n) for n in NODES))
+
+
+def publish_usage(client, cpu_used: dict[str, float] | None = None, samples: int = 5) -> None:
+    """What each node agent publishes every second: a heartbeat and a usage sample."""
+    for _ in range(samples):
+        for name in NODES:
+            cpu = (cpu_used or {}).get(name, 0.0)
+            usage = {"at": time.time(), "cpu_total": 2.0, "cpu_used": cpu, "mem_total": 4096.0,
+                     "mem_used": 1500.0 * cpu, "disk_throughput": 0.0,
+                     "disk_max_throughput": 200.0, "bw_used": 0.0, "bw_total": 1000.0,
+                     "processes": 1, "spares": 0}  # fmt: skip
+            client.set(control_keys.node_heartbeat(name), json.dumps(usage), ex=30)
+            client.xadd(control_keys.node_metrics(name), {"sample": json.dumps(usage)})
+
+
+def live_standby(job) -> Replica:
+    return Replica.objects.exclude(state=Replica.State.STOPPED).get(
+        job=job, role=Replica.Role.STANDBY
+    )
+
+
+def test_the_launch_and_each_cycle_record_why_the_standby_sits_where_it_is(client):
+    for name in NODES:
+        NodeFactory(name=name, cpu_total=2.0, mem_total_mb=4096.0)
+    publish_usage(client)  # three idle nodes: Q ties
+    job = make_job(status=Job.Status.CREATED, strategy=Job.Strategy.ADAPTIVE)
+    plan = controller.launch_job(job)
+    (stage,) = plan.stages
+    # The primary takes sp-node-1 (tie, by name); the standby may not share it, and sp-node-2
+    # and sp-node-3 tie again.
+    assert (stage.primary_node, stage.standby_node) == ("sp-node-1", "sp-node-2")
+    standby = live_standby(job)
+    assert standby.node.name == "sp-node-2"
+    assert standby.placement["rule"] == "placed at launch"
+    assert standby.placement["reason"].endswith("a tie, broken by name)")
+    assert standby.placement["reserve"].startswith("kept after the launch plan")
+    job.mark_running("test")
+    supervisor = controller.load_supervisor(client, job)
+
+    # A cycle right after the launch: the new standby settles first.
+    controller.policy_cycle(job, supervisor, client)
+    standby.refresh_from_db()
+    assert standby.placement["rule"] == "kept"
+    assert standby.placement["reason"].startswith("kept: started 0 s ago")
+
+    # Its node turns busy (cpu 1.6 of 2) while sp-node-3 stays idle; once the standby has run
+    # MOVE_SETTLE_S there, the next cycle moves it to sp-node-3.
+    publish_usage(client, {"sp-node-2": 1.6})
+    for replica in supervisor.live():
+        replica.launched_at -= MOVE_SETTLE_S + 1
+        replica.state = RUNNING  # only a running standby is judged for a move
+    controller.policy_cycle(job, supervisor, client)
+    (move,) = job.decisions.filter(kind=ControlDecision.Kind.MOVE_STANDBY)
+    assert move.node == "sp-node-3"
+    assert "on sp-node-3 with this standby vs" in move.reason
+    assert "more than the move margin 0.47 higher" in move.reason
+    moved = live_standby(job)
+    assert moved.node.name == "sp-node-3"
+    assert moved.placement["rule"] == "moved"
+    assert moved.placement["reason"] == f"moved from sp-node-2: {move.reason}"
+    assert Replica.objects.get(pk=standby.pk).state == Replica.State.STOPPED
+
+    # The next cycles leave it there: it settles, and no second move is decided.
+    publish_usage(client, {"sp-node-3": 0.3})
+    for _ in range(2):
+        controller.policy_cycle(job, supervisor, client)
+    assert job.decisions.filter(kind=ControlDecision.Kind.MOVE_STANDBY).count() == 1
+    moved.refresh_from_db()
+    assert moved.placement["rule"] == "kept"
+    assert moved.placement["node"] == "sp-node-3"

@@ -1,0 +1,156 @@
+"""Measuring a job's faults (console.policy.recovery.measure_faults), the one measurement the
+console's episodes and the benchmark share, on synthetic progress records with known answers.
+
+Records are one output batch a second at t + 0.5 unless a test says otherwise."""
+
+from console.policy.recovery import (
+    RecoverySettings,
+    group_fault_times,
+    measure_fault,
+    measure_faults,
+)
+from tests.factories import progress_record
+
+SETTINGS = RecoverySettings(
+    band=0.15, stable_window_s=10, reference_window_s=30, warmup_s=5, latency_floor_ms=0
+)
+
+
+def batch(at, rows=100, p90=0.8, p99=1.0):
+    return progress_record(
+        at=at, written=5, input_rows=rows, latency_p50=0.5, latency_p90=p90, latency_p99=p99
+    )
+
+
+def output(start, end, **fields):
+    """One batch a second over [start, end)."""
+    return [batch(t + 0.5, **fields) for t in range(start, end)]
+
+
+def one_fault(records, until=90.0, **overrides):
+    arguments = {"fault_at": 40.0, "until": until, "watch_over": True, "reference": (5.0, 35.0),
+                 "settings": SETTINGS, **overrides}  # fmt: skip
+    return measure_fault(records, **arguments)
+
+
+def test_outage_of_ten_seconds_gives_its_downtime_and_recovery():
+    figures = one_fault(output(0, 40) + output(50, 90))
+    # Last output 39.5, next 50.5: an 11 s gap. Back in band from the first full second of
+    # output (50), so recovery = 10 s, raised to the downtime (11 s).
+    assert figures.downtime_s == 11.0
+    assert figures.recovery_time_s == 11.0
+    assert figures.final
+    # Outage latency grows from the last p99 (1000 ms) by 1000 ms a second, to 1000 + 10 * 1000.
+    assert figures.peak_p99_ms == 11000.0
+
+
+def test_a_job_still_down_from_the_previous_fault_counts_downtime_from_this_fault():
+    # Output stops at 40 (first fault), and only resumes at 70.5, after a second fault at 60.
+    records = output(0, 40) + output(70, 110)
+    figures = one_fault(records, fault_at=60.0, until=110.0, previous_fault_at=40.0)
+    assert figures.downtime_s == 10.5  # 60 -> 70.5, not 39.5 -> 70.5
+    assert figures.watched_s == 10.5  # watched until it recovered
+
+
+def test_no_output_after_the_fault_is_never_a_recovery():
+    # A noisy reference (throughput 0 or 200 a second) makes a band that zero fits in.
+    records = [batch(t + 0.5, rows=200 * (t % 2)) for t in range(0, 40)]
+    figures = one_fault(records)
+    assert (figures.downtime_s, figures.recovery_time_s) == (None, None)
+    assert "not back to normal before 50 s" in figures.note
+
+
+def test_latency_floor_keeps_a_sub_second_band_from_being_finer_than_a_trigger():
+    # p90 400 ms before the fault, 600 ms after it: 50% above, but only 200 ms.
+    records = output(0, 40, p90=0.4) + output(45, 90, p90=0.6)
+    strict = one_fault(records)
+    floored = one_fault(records, settings=RecoverySettings(0.15, 10, 30, 5, latency_floor_ms=500))
+    assert strict.recovery_time_s is None
+    # Output resumes at 45.5 (gap 6 s); in band from the first full second of output.
+    assert floored.recovery_time_s == 6.0
+
+
+def test_never_back_in_band_is_reported_not_guessed():
+    figures = one_fault(output(0, 40) + output(45, 90, rows=20))  # a fifth of the throughput
+    assert figures.recovery_time_s is None
+    assert "not back to normal" in figures.note
+    assert figures.downtime_s == 6.0
+
+
+def test_a_recovery_is_provisional_until_its_stable_window_is_complete():
+    records = output(0, 40) + output(50, 90)
+    # Back in band at 50; confirming needs 50 + 10 s stable + 5 s of leading average.
+    early = one_fault(records, until=64.0, watch_over=False)
+    assert not early.final and early.recovery_time_s is None
+    confirmed = one_fault(records, until=66.0, watch_over=False)
+    assert confirmed.final and confirmed.recovery_time_s == 11.0
+
+
+def test_a_live_measurement_final_at_any_moment_equals_the_one_after_the_run():
+    # Two faults; a live caller measures every second with the output so far. Whenever it calls
+    # a fault final, its figures are the ones measured over the whole run.
+    records = output(0, 40) + output(47, 70) + output(70, 100, p99=3.0) + output(104, 140)
+    after_run = measure_faults(
+        records, [40.0, 100.0], input_started_at=0.0, end=140.0, watch_ended=True,
+        settings=SETTINGS,
+    )  # fmt: skip
+    seen_final = set()
+    for now in range(41, 141):
+        live = measure_faults(
+            [r for r in records if r.at < now], [f for f in (40.0, 100.0) if f < now],
+            input_started_at=0.0, end=float(now), watch_ended=False, settings=SETTINGS,
+        )  # fmt: skip
+        for measured, final in zip(live, after_run, strict=False):
+            if measured.final:
+                assert measured == final, now
+                seen_final.add(measured.fault_at)
+    assert seen_final == {40.0, 100.0}
+    assert [m.recovery_time_s for m in after_run] == [8.0, 5.0]
+
+
+def test_the_reference_is_learned_after_the_previous_recovery():
+    # First fault at 40, output back at 47.5; the second fault, 52 s after that recovery, is
+    # judged against the 30 s before it.
+    records = output(0, 40) + output(47, 100) + output(104, 140)
+    first, second = measure_faults(
+        records, [40.0, 100.0], input_started_at=0.0, end=140.0, watch_ended=True,
+        settings=SETTINGS,
+    )  # fmt: skip
+    assert first.reference == (10.0, 40.0)  # 5 s warm-up; at most 30 s before the fault
+    assert first.recovered_at == 48.0
+    assert second.reference == (70.0, 100.0)
+    assert second.recovery_time_s == 5.0
+    # A fault 18 s after the recovery, less than a reference window (30 s): judged against the
+    # first fault's reference, the 18 s since are too short to be "normal".
+    _, close = measure_faults(
+        records, [40.0, 66.0], input_started_at=0.0, end=140.0, watch_ended=True,
+        settings=SETTINGS,
+    )  # fmt: skip
+    assert close.reference == (10.0, 40.0)
+
+
+def test_a_fault_before_the_job_is_back_keeps_the_previous_reference():
+    # Down from 40 to 60; a second fault at 55 comes while the job is still down.
+    records = output(0, 40) + output(60, 120)
+    first, second = measure_faults(
+        records, [40.0, 55.0], input_started_at=0.0, end=120.0, watch_ended=True,
+        settings=SETTINGS,
+    )  # fmt: skip
+    assert first.recovery_time_s is None and first.note.startswith("not back to normal before 15")
+    assert second.reference == first.reference == (10.0, 40.0)
+    assert second.downtime_s == 5.5  # from the fault (55) to the first output (60.5)
+    assert second.recovery_time_s == 5.5
+
+
+def test_no_reference_before_the_warm_up_ends_is_said():
+    (figures,) = measure_faults(
+        output(0, 60), [8.0], input_started_at=0.0, end=60.0, watch_ended=True, settings=SETTINGS
+    )
+    assert figures.final and figures.recovery_time_s is None
+    assert figures.note.startswith("not measurable")
+    assert figures.downtime_s == 1.0  # the output gap needs no reference: 7.5 -> 8.5
+
+
+def test_failures_moments_apart_are_one_fault():
+    assert group_fault_times([100.0, 103.0, 101.0, 140.0, 146.0]) == [100.0, 140.0, 146.0]
+    assert group_fault_times([]) == []
