@@ -3,8 +3,9 @@
 Each training row describes one stage of a job over one window (the operators a stage chains
 fail together, so they share its row); the target is 1 if the stage failed in the next window,
 else 0. Linear regression on a 0/1 target estimates the
-probability of failure (a linear probability model, which is what the paper uses); predictions
-are clipped to [0.001, 0.999] so downstream formulas (C_initial divides by fr) stay finite.
+probability of failure (a linear probability model, which is what the paper uses), with every
+coefficient non-negative (each feature can only raise the rate); predictions are clipped to
+[0.001, 0.999] so downstream formulas (C_initial divides by fr) stay finite.
 
 The node is represented by its recent fault rate rather than a one-hot column: the set of nodes
 changes as nodes come and go, and a rate generalises to a node the model has not seen.
@@ -89,7 +90,11 @@ class FaultPredictor:
             return False
         x = np.array([r.as_list() for r in rows], dtype=float)
         y = np.array(targets, dtype=float)
-        model = LinearRegression().fit(x, y)
+        # Every feature is a fault indicator (load, latency, recent failures), so none may lower
+        # the rate. Unconstrained, a short history can fit a negative slope (a drill that kills
+        # a node every other window gave "more recent faults, fewer faults") and extrapolate it
+        # to a near-zero rate for a node that keeps failing; constrained, a spurious slope is 0.
+        model = LinearRegression(positive=True).fit(x, y)
         self.coefficients = [float(c) for c in model.coef_]
         self.intercept = float(model.intercept_)
         self.status = f"trained on {len(rows)} rows ({int(y.sum())} failures)"
