@@ -34,6 +34,7 @@ import argparse
 import json
 import logging
 import os
+import re
 import socket
 import sys
 import threading
@@ -154,6 +155,17 @@ class ReplicaState:
         pipe.hset(keys.replicas(self.job), self.replica, payload)
         pipe.set(keys.heartbeat(self.job, self.replica), payload, px=HEARTBEAT_TTL_MS)
         pipe.execute()
+
+
+def failure_cause(error: str, limit: int = 300) -> str:
+    """One line saying why a query failed, for the replica entry the controller reads when the
+    process is not gone yet. Spark wraps a Python exception in a Java one whose message holds
+    the Python traceback; its last `Name: message` line is the cause (the first line of `error`
+    otherwise)."""
+    lines = [line.strip() for line in error.splitlines() if line.strip()]
+    raised = [line for line in lines if re.match(r"^[\w.]+(Error|Exception|Fault)\b.*:", line)]
+    cause = raised[-1] if raised else (lines[0] if lines else "unknown error")
+    return cause[:limit]
 
 
 def heartbeat_loop(state: ReplicaState, stop: threading.Event) -> None:
@@ -367,7 +379,9 @@ def run(args, spark=None) -> int:
                 fenced = FencedError.__name__ in str(failure) or "FENCED" in str(failure)
                 code = EXIT_FENCED if fenced else EXIT_FAILED
                 log.error("query failed (%s): %s", "fenced" if fenced else "error", failure)
-                state.update(state="fenced" if fenced else "failed", error=str(failure)[:500])
+                state.update(
+                    state="fenced" if fenced else "failed", error=failure_cause(str(failure))
+                )
                 break
     finally:
         stop_beats.set()

@@ -41,6 +41,7 @@ def launch_job(job_id: int) -> str:
     """Plan and start a created job, then start supervising it."""
     from console.models import Job
     from console.services import controller
+    from console.services.control import record
 
     job = Job.objects.get(pk=job_id)
     if job.status not in (Job.Status.CREATED, Job.Status.STOPPED, Job.Status.FAILED):
@@ -49,7 +50,7 @@ def launch_job(job_id: int) -> str:
         controller.launch_job(job)
     except controller.LaunchError as exc:
         job.mark_failed(f"could not launch: {exc}")
-        controller.alert_failed_job(job)
+        record.alert_failed_job(job)
         return str(exc)
     supervise_job.apply_async(args=(job_id,))
     return f"launched job {job_id}"
@@ -99,13 +100,13 @@ def watchdog() -> list[int]:
     recovery episodes of ended jobs their final figures, and restart supervision of live jobs
     nobody supervises."""
     from console.models import Job
-    from console.services import controller
+    from console.services.control import act, observe, record
     from workers.keys import controller_lease
 
     client = redis_client()
-    controller.update_nodes(client)
-    controller.release_unused_spares(client)
-    controller.close_episodes_of_ended_jobs(client)
+    observe.update_nodes(client)
+    act.release_unused_spares(client)
+    record.close_episodes_of_ended_jobs(client)
     restarted = []
     for job in Job.objects.filter(status__in=Job.LIVE_STATUSES):
         if not client.exists(controller_lease(job.key)):

@@ -25,7 +25,7 @@ from console.bench import measure, report, truth
 from console.models import FaultInjection, Job, Node, Policy, RecoveryEpisode
 from console.policy.recovery import RecoverySettings, measure_faults
 from console.roles import OPERATOR
-from console.services.controller import load_supervisor
+from console.services.control.observe import load_supervisor
 from console.services.demo_setup import DEMO_NODES, ensure_demo_nodes
 from console.services.faults import FaultRefused, request_fault
 from console.services.jobs import create_job, kill_job_processes, kill_warm_spares, stop_job

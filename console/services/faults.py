@@ -177,7 +177,7 @@ def inject(fault: FaultInjection) -> FaultInjection:
                 f"no running primary for operator {fault.target_operator!r}",
             )
         local_id = replica.replica_id.split("/", 1)[1]
-        from console.services.controller import send_command
+        from console.services.control.act import send_command
 
         send_command(
             redis_client(),

@@ -1,14 +1,34 @@
-"""What the controller writes when the state machine overtakes a restart with a promotion."""
+"""What the controller writes about failures: why a replica failed, and a promotion that
+overtakes a restart."""
 
 from __future__ import annotations
 
+import json
+import time
+
 import pytest
+import redis
+from django.conf import settings
 from django.utils import timezone
 
 from console.models import ControlDecision, Job, RecoveryEpisode
-from console.services.controller import record_promotion_over_restart
-from spark_runtime.supervision import HeartbeatSeen, KillReplica, PromoteStandby
+from console.services.control.record import (
+    OWN_REPORT_FRESH_S,
+    record_failure,
+    record_promotion_over_restart,
+)
+from spark_runtime import keys as data_keys
+from spark_runtime.stage import failure_cause
+from spark_runtime.supervision import (
+    HeartbeatMissed,
+    HeartbeatSeen,
+    KillReplica,
+    PromoteStandby,
+    ReplicaSpec,
+    RestartStage,
+)
 from tests.factories import make_job
+from workers import keys as control_keys
 
 pytestmark = pytest.mark.django_db
 
@@ -32,3 +52,60 @@ def test_a_standby_overtaking_a_restart_turns_the_open_restart_episode_into_a_pr
     decision = ControlDecision.objects.get(job=job, kind=ControlDecision.Kind.PROMOTE)
     assert decision.replica_id == "count-3" and decision.stage == "count"
     assert "caught up before the restarted primary produced output" in decision.reason
+
+
+# What Spark 4 raises when a foreachBatch function fails (abridged from a stage's log).
+SPARK_ERROR = """An exception was raised by the Python Proxy. Return Message: Traceback (most \
+recent call last):
+  File "/app/spark_runtime/runtime.py", line 115, in _write_batch
+    raise InjectedFault(f"injected operator exception in stage {self.stage}")
+spark_runtime.runtime.InjectedFault: injected operator exception in stage count
+"""
+
+
+def test_the_cause_of_a_failed_query_is_the_last_python_exception_line():
+    assert failure_cause(SPARK_ERROR) == (
+        "spark_runtime.runtime.InjectedFault: injected operator exception in stage count"
+    )
+    assert failure_cause("Connection refused\nmore") == "Connection refused"
+    assert failure_cause("") == "unknown error"
+    assert len(failure_cause("ValueError: " + "x" * 1000)) == 300
+
+
+@pytest.fixture
+def client():
+    client = redis.Redis.from_url(settings.REDIS_URL, decode_responses=True)
+    yield client
+    client.flushdb()
+
+
+def fail_count_1(client, job: Job, entry: dict) -> ControlDecision:
+    """count-1 went silent after writing `entry`; the supervisor restarts it."""
+    client.hset(data_keys.replicas(job.key), "count-1", json.dumps(entry))
+    spec = ReplicaSpec(job.key, "wordcount", "count", "primary", "count-1", "node-1")
+    record_failure(job, client, HeartbeatMissed("count-1", time.time()), [RestartStage(spec)])
+    return ControlDecision.objects.get(job=job, kind=ControlDecision.Kind.FAILURE)
+
+
+def test_a_silent_replica_that_reported_its_failed_query_is_recorded_with_the_cause(client):
+    # The stage writes the cause, then takes seconds to exit: its silence is seen first.
+    job = make_job(status=Job.Status.RUNNING, strategy="local-restart")
+    cause = failure_cause(SPARK_ERROR)
+    failure = fail_count_1(
+        client, job, {"state": "failed", "error": cause, "updated": time.time() - 1}
+    )
+    assert failure.reason == f"count-1: query failed: {cause}"
+    assert failure.detail["error_tail"].startswith(f"query failed: {cause}")
+
+
+def test_an_old_report_is_ignored_and_the_agents_exit_comes_first(client):
+    job = make_job(status=Job.Status.RUNNING, strategy="local-restart")
+    stale = {"state": "failed", "error": "ValueError: old", "updated": time.time() - 60}
+    assert OWN_REPORT_FRESH_S < 60
+    assert fail_count_1(client, job, stale).reason == "count-1: heartbeat missed"
+    ControlDecision.objects.all().delete()
+    client.hset(control_keys.exits(job.key), "count-1", json.dumps({"returncode": "1"}))
+    fresh = {"state": "failed", "error": "ValueError: new", "updated": time.time()}
+    assert fail_count_1(client, job, fresh).reason == (
+        "count-1: exited with code 1 (query failed): ValueError: new"
+    )

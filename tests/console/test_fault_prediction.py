@@ -31,6 +31,7 @@ from console.policy.prediction import FEATURE_NAMES
 from console.roles import ADMIN
 from console.services import controller, prediction
 from console.services import policy as policy_service
+from console.services.control import cycle, observe
 from spark_runtime import keys as data_keys
 from tests.factories import NodeFactory, make_job
 from workers import controller as controller_tasks
@@ -113,7 +114,7 @@ def run_for(seconds: float, client, job: Job, supervisor, drill_node=None, drill
     while time.monotonic() < end:
         busy = {drill_node: 1.8} if drill_node else {}  # the drilled node also runs hot
         publish_usage(client, busy)
-        controller.update_nodes(client)
+        observe.update_nodes(client)
         if drill_node and time.monotonic() >= next_drill:
             result = controller_tasks.drill(job.pk, "kill-node", target_node=drill_node)
             assert result.endswith(": injected"), result
@@ -123,7 +124,7 @@ def run_for(seconds: float, client, job: Job, supervisor, drill_node=None, drill
             controller.supervise_tick(job, supervisor, client)
             stages_heartbeat(client, job, supervisor)
             time.sleep(0.25)
-        controller.policy_cycle(job, supervisor, client)
+        cycle.policy_cycle(job, supervisor, client)
     return kills
 
 
@@ -150,7 +151,7 @@ def test_a_node_killed_again_and_again_raises_its_stages_fr_and_earns_a_standby(
     assert stage.standby_node is None  # nothing active at launch: no standby
     killed_node = stage.primary_node
     job.mark_running("test")
-    supervisor = controller.load_supervisor(client, job)
+    supervisor = observe.load_supervisor(client, job)
 
     # Quiet first: no model, every operator on the prior.
     run_for(8, client, job, supervisor)
@@ -171,8 +172,8 @@ def test_a_node_killed_again_and_again_raises_its_stages_fr_and_earns_a_standby(
     assert run.samples >= 20 and run.failures >= 5 and run.mse < run.prior_mse
 
     publish_usage(client, {killed_node: 1.8})  # the agents' next second
-    controller.update_nodes(client)
-    controller.policy_cycle(job, supervisor, client)  # the next cycle reads the new model
+    observe.update_nodes(client)
+    cycle.policy_cycle(job, supervisor, client)  # the next cycle reads the new model
     count.refresh_from_db()
     assert count.fault_rate_source == f"model #{run.pk} on {killed_node}"
     assert count.predicted_fault_rate > 4 * PRIOR

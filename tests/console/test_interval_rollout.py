@@ -20,6 +20,7 @@ from console.models import ControlDecision, Job, Operator, Replica
 from console.policy.checkpoint import state_store_confs
 from console.services import controller
 from console.services import policy as policy_service
+from console.services.control import cycle, observe
 from spark_runtime import keys as data_keys
 from tests.factories import EpisodeFactory, NodeFactory, make_job
 from workers import keys as control_keys
@@ -71,7 +72,7 @@ def launched(client, job):
     plan = controller.launch_job(job)
     (stage,) = plan.stages
     assert stage.standby_node is not None
-    supervisor = controller.load_supervisor(client, job)
+    supervisor = observe.load_supervisor(client, job)
     for r in supervisor.live():
         supervisor.replicas[r.id].state = "running"
     primary = next(r.id for r in supervisor.live() if r.role == "primary")
@@ -115,21 +116,21 @@ def test_a_new_interval_goes_to_the_standby_then_the_primary_and_is_recorded(cli
 
     # A recovery under way: not a quiet moment, nothing is sent.
     episode = EpisodeFactory(job=job, stage=stage)
-    assert controller.roll_out_intervals(job, supervisor, client, config) == []
+    assert cycle.roll_out_intervals(job, supervisor, client, config) == []
     episode.delete()
 
-    (first,) = controller.roll_out_intervals(job, supervisor, client, config)
+    (first,) = cycle.roll_out_intervals(job, supervisor, client, config)
     assert first.replica_id == standby
     assert commands(client, job, standby) == [
         {"cmd": "checkpoint_interval", "seconds": 8.0, "confs": state_store_confs(8.0)}
     ]
     assert commands(client, job, primary) == []
     # Until the standby reports it, the primary waits (and the request is not repeated).
-    assert controller.roll_out_intervals(job, supervisor, client, config) == []
+    assert cycle.roll_out_intervals(job, supervisor, client, config) == []
 
     took_effect = time.time()
     report(client, job, supervisor, standby, 8.0, took_effect)
-    (second,) = controller.roll_out_intervals(job, supervisor, client, config)
+    (second,) = cycle.roll_out_intervals(job, supervisor, client, config)
     assert second.replica_id == primary
     assert [c["seconds"] for c in commands(client, job, primary)] == [8.0]
     in_effect = job.decisions.filter(
@@ -138,10 +139,10 @@ def test_a_new_interval_goes_to_the_standby_then_the_primary_and_is_recorded(cli
     assert [d.replica_id for d in in_effect] == [standby]
 
     report(client, job, supervisor, primary, 8.0, time.time())
-    assert controller.roll_out_intervals(job, supervisor, client, config) == []
+    assert cycle.roll_out_intervals(job, supervisor, client, config) == []
     assert {d.replica_id for d in in_effect.all()} == {standby, primary}  # each recorded once
     assert in_effect.all().count() == 2
-    controller.sync_replicas(job, client, supervisor)
+    observe.sync_replicas(job, client, supervisor)
     row = Replica.objects.get(replica_id=f"{job.key}/{standby}")
     assert row.checkpoint_interval_s == 8.0
     assert abs(row.interval_since.timestamp() - took_effect) < 0.01

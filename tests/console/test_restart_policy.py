@@ -15,6 +15,7 @@ from django.conf import settings
 from console.models import ControlDecision, Job, MetricSample, Policy
 from console.roles import OPERATOR
 from console.services import controller
+from console.services.control import act, observe
 from spark_runtime import keys as data_keys
 from spark_runtime.supervision import RestartPolicy, Supervisor, execute
 from tests.factories import NodeFactory, make_job
@@ -67,7 +68,7 @@ def launch(client, job: Job, policy: RestartPolicy) -> Supervisor:
         NodeFactory(name=name)
     sup = Supervisor(job.key, job.topology, {"wc": ("split", "count")}, job.strategy, NODES,
                      restart_policy=policy)  # fmt: skip
-    execute(sup.start(time.time()), controller.AgentLauncher(job, client), lambda *a: None)
+    execute(sup.start(time.time()), act.AgentLauncher(job, client), lambda *a: None)
     client.delete(*NODE_QUEUES)
     return sup
 
@@ -104,13 +105,13 @@ def test_a_crash_loop_backs_off_then_fails_the_job_with_its_cause_and_alerts(cli
     assert log_lines.strip().endswith("Python worker failed to connect back")
     assert job.decisions.filter(kind=ControlDecision.Kind.GIVE_UP).count() == 1
     assert queued(client, CONTROL_QUEUE).count(alert) == alerts_before + 1
-    generator = controller.generator_id(job)
+    generator = act.generator_id(job)
     for name in NODES:
         assert ("backstop.agent.kill_replica", [generator]) in queued(client, node_queue(name))
     assert set(job.replicas.values_list("state", flat=True)) == {"failed"}
     # The verdict is kept with the state for a relaunch; supervision stops.
-    controller.save_supervisor(client, job, sup)
-    assert controller.load_supervisor(client, job).gave_up.startswith("wc: 3 primary failures")
+    observe.save_supervisor(client, job, sup)
+    assert observe.load_supervisor(client, job).gave_up.startswith("wc: 3 primary failures")
 
 
 def test_restarting_a_failed_job_resumes_its_replicas_checkpoints(client, api_as):
@@ -119,7 +120,7 @@ def test_restarting_a_failed_job_resumes_its_replicas_checkpoints(client, api_as
     for _ in range(2):
         fail(client, job, "wc-1", "boom")
         controller.supervise_tick(job, sup, client)
-    controller.save_supervisor(client, job, sup)
+    observe.save_supervisor(client, job, sup)
     job.refresh_from_db()
     assert job.status == Job.Status.FAILED
     client.delete(*NODE_QUEUES)
@@ -136,7 +137,7 @@ def test_restarting_a_failed_job_resumes_its_replicas_checkpoints(client, api_as
     ]
     argv = start[1]
     assert argv[argv.index("--checkpoint-dir") + 1].endswith(f"{job.key}/wc/wc-1")
-    assert controller.load_supervisor(client, job).gave_up is None
+    assert observe.load_supervisor(client, job).gave_up is None
 
     # A live job cannot be restarted: a JSON 409 naming why.
     response = operator.post(f"/api/jobs/{job.pk}/restart/")
@@ -160,10 +161,10 @@ def test_spares_are_released_when_no_live_job_can_use_them(client):
         client.set(data_keys.spares_wanted(name), 2)  # left by an adaptive job that ended
     adaptive = make_job(status=Job.Status.RUNNING, strategy="adaptive")
     make_job(status=Job.Status.RUNNING, strategy="restart-all")
-    assert not controller.release_unused_spares(client)  # the adaptive job may take them over
+    assert not act.release_unused_spares(client)  # the adaptive job may take them over
     assert {client.get(data_keys.spares_wanted(n)) for n in NODES} == {"2"}
     Job.objects.filter(pk=adaptive.pk).update(status=Job.Status.STOPPED)
-    assert controller.release_unused_spares(client)  # only the plain-Spark baseline runs
+    assert act.release_unused_spares(client)  # only the plain-Spark baseline runs
     assert {client.get(data_keys.spares_wanted(n)) for n in NODES} == {"0"}
     client.delete(*(data_keys.spares_wanted(n) for n in NODES))
 
@@ -181,7 +182,7 @@ def test_a_window_that_gives_up_starts_nothing_more(client):
         client.xadd(control_keys.node_metrics(name), {"sample": json.dumps(usage)})
     fail(client, job, "wc-1", "boom")
     controller.supervise_tick(job, sup, client)
-    controller.save_supervisor(client, job, sup)
+    observe.save_supervisor(client, job, sup)
     client.delete(*NODE_QUEUES)
     fail(client, job, "wc-1", "boom")  # the window's first tick gives up
 

@@ -17,6 +17,7 @@ import redis
 from console.models import ControlDecision, Job, Replica
 from console.policy.placement import MOVE_SETTLE_S
 from console.services import controller
+from console.services.control import cycle, observe
 from spark_runtime.supervision import RUNNING
 from tests.factories import NodeFactory, make_job
 from workers import keys as control_keys
@@ -71,10 +72,10 @@ def test_the_launch_and_each_cycle_record_why_the_standby_sits_where_it_is(clien
     assert standby.placement["reason"].endswith("a tie, broken by name)")
     assert standby.placement["reserve"].startswith("kept after the launch plan")
     job.mark_running("test")
-    supervisor = controller.load_supervisor(client, job)
+    supervisor = observe.load_supervisor(client, job)
 
     # A cycle right after the launch: the new standby settles first.
-    controller.policy_cycle(job, supervisor, client)
+    cycle.policy_cycle(job, supervisor, client)
     standby.refresh_from_db()
     assert standby.placement["rule"] == "kept"
     assert standby.placement["reason"].startswith("kept: started 0 s ago")
@@ -85,7 +86,7 @@ def test_the_launch_and_each_cycle_record_why_the_standby_sits_where_it_is(clien
     for replica in supervisor.live():
         replica.launched_at -= MOVE_SETTLE_S + 1
         replica.state = RUNNING  # only a running standby is judged for a move
-    controller.policy_cycle(job, supervisor, client)
+    cycle.policy_cycle(job, supervisor, client)
     (move,) = job.decisions.filter(kind=ControlDecision.Kind.MOVE_STANDBY)
     assert move.node == "sp-node-3"
     assert "on sp-node-3 with this standby vs" in move.reason
@@ -99,7 +100,7 @@ def test_the_launch_and_each_cycle_record_why_the_standby_sits_where_it_is(clien
     # The next cycles leave it there: it settles, and no second move is decided.
     publish_usage(client, {"sp-node-3": 0.3})
     for _ in range(2):
-        controller.policy_cycle(job, supervisor, client)
+        cycle.policy_cycle(job, supervisor, client)
     assert job.decisions.filter(kind=ControlDecision.Kind.MOVE_STANDBY).count() == 1
     moved.refresh_from_db()
     assert moved.placement["rule"] == "kept"

@@ -15,13 +15,11 @@ output (lost and duplicated counts against the input) at zero.
 
 from __future__ import annotations
 
-import collections
 import json
 import time
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
-from rest_framework.test import APIClient
 
 from console.models import ControlDecision, FaultInjection, Job, RecoveryEpisode, Replica
 from console.roles import OPERATOR
@@ -29,6 +27,14 @@ from spark_runtime import keys
 from spark_runtime.checkpoint_seed import committed_batch
 from tests.cluster import NODES
 from tests.factories import UserFactory
+from tests.integration.live import (
+    api,
+    assert_episodes_audited_exact,
+    inject,
+    launch,
+    replica_entry,
+    wait_for_exact_results,
+)
 from web.launcher import wait_for
 from workers.keys import controller_lease
 from workers.redis_client import redis_client
@@ -36,49 +42,11 @@ from workers.redis_client import redis_client
 pytestmark = [pytest.mark.spark, pytest.mark.django_db(transaction=True)]
 
 LINES = 1500  # input entries per job (about 11,000 words)
-RATE = 60
 
 
 @pytest.fixture(autouse=True)
 def operator_user(transactional_db):
     return UserFactory(username="opal", role=OPERATOR)
-
-
-def api() -> APIClient:
-    client = APIClient()
-    assert client.login(username="opal", password="pw-for-tests")
-    return client
-
-
-def expected_counts(client, job_key: str) -> collections.Counter:
-    """Ground truth in plain Python: the words of every input line."""
-    counts = collections.Counter()
-    for _, fields in client.xrange(keys.input_stream(job_key)):
-        counts.update(fields[b"text"].decode().split())
-    return counts
-
-
-def results(client, job_key: str) -> collections.Counter:
-    raw = client.hgetall(keys.results(job_key))
-    return collections.Counter({k.decode(): int(v) for k, v in raw.items()})
-
-
-def launch(strategy: str) -> Job:
-    response = api().post(
-        "/api/jobs/",
-        {"name": f"it-{strategy}", "topology": "wordcount", "strategy": strategy,
-         "params": {"rate": RATE, "count": LINES}},
-        format="json",
-    )  # fmt: skip
-    assert response.status_code == 201, response.content
-    job = Job.objects.get(pk=response.json()["id"])
-    wait_for(lambda: Job.objects.get(pk=job.pk).status == Job.Status.RUNNING, 180, "job running")
-    return Job.objects.get(pk=job.pk)
-
-
-def replica_entry(client, job: Job, replica_id: str) -> dict:
-    raw = client.hget(keys.replicas(job.key), replica_id)
-    return json.loads(raw) if raw else {}
 
 
 def idle_spares(client, node: str) -> int:
@@ -93,35 +61,13 @@ def became_from_spare(cluster, replica_id: str, times: int = 1) -> bool:
     return said >= times
 
 
-def inject(job: Job, fault: dict) -> FaultInjection:
-    response = api().post(f"/api/jobs/{job.pk}/faults/", fault, format="json")
-    assert response.status_code == 201, response.content
-    fault_id = response.json()["id"]
-    wait_for(lambda: FaultInjection.objects.get(pk=fault_id).outcome == "injected", 30, "injection")
-    return FaultInjection.objects.get(pk=fault_id)
-
-
 def inject_kill_driver(job: Job) -> FaultInjection:
     return inject(job, {"kind": "kill-driver", "target_operator": "count"})
 
 
-def wait_for_exact_results(client, job: Job) -> None:
-    """Once the generator is done and the pipeline drained, results equal the ground truth."""
-    wait_for(lambda: client.xlen(keys.input_stream(job.key)) >= LINES, 120, "all input")
-
-    def drained() -> bool:
-        return sum(results(client, job.key).values()) >= sum(
-            expected_counts(client, job.key).values()
-        )
-
-    wait_for(drained, 240, "the pipeline to catch up", poll_s=2)
-    time.sleep(3)  # a duplicate would show up as an overshoot after the catch-up
-    assert results(client, job.key) == expected_counts(client, job.key)
-
-
 def test_adaptive_survives_controller_restart_and_kill_driver(cluster):
     client = redis_client(decode_responses=False)
-    job = launch("adaptive")
+    job = launch("adaptive", LINES)
     count_standby = Replica.objects.filter(job=job, stage="count", role="standby").first()
     assert count_standby is not None, "adaptive gives the stateful count stage a standby"
     assert not Replica.objects.filter(job=job, stage="split", role="standby").exists()
@@ -177,7 +123,7 @@ def test_adaptive_survives_controller_restart_and_kill_driver(cluster):
         "the standby restarted",
     )
     assert became_from_spare(cluster, "count-3", times=2)
-    wait_for_exact_results(client, job)
+    wait_for_exact_results(client, job, LINES)
     promoted = Replica.objects.get(replica_id=count_standby.replica_id)
     assert promoted.role == "primary"
     assert int(client.get(keys.fence(job.key, "count"))) >= 2
@@ -195,7 +141,7 @@ def scrape_metrics(settings) -> dict[str, list]:
 
 def test_local_restart_restarts_the_killed_stage_with_exact_results(cluster, settings):
     client = redis_client(decode_responses=False)
-    job = launch("local-restart")
+    job = launch("local-restart", LINES)
     assert not Replica.objects.filter(job=job, role="standby").exists()
     time.sleep(8)
     # Prometheus' view of the running job agrees with the API's. Throughput appears once the
@@ -228,21 +174,5 @@ def test_local_restart_restarts_the_killed_stage_with_exact_results(cluster, set
     assert ControlDecision.objects.filter(job=job, kind="restart-stage").exists()
     episode = RecoveryEpisode.objects.get(job=job)
     assert (episode.stage, episode.action) == ("count", "restart-stage")
-    wait_for_exact_results(client, job)
+    wait_for_exact_results(client, job, LINES)
     assert_episodes_audited_exact(job)
-
-
-def assert_episodes_audited_exact(job: Job) -> None:
-    """Stopping the job closes its open episodes; each then gets the audit of the output (its
-    counts against the input up to each count's version)."""
-    assert api().post(f"/api/jobs/{job.pk}/stop/").status_code == 200
-
-    def all_audited() -> bool:
-        return not RecoveryEpisode.objects.filter(job=job, lost__isnull=True).exists()
-
-    # Closed by the controller when the job stops, then audited by a Celery task.
-    wait_for(all_audited, 60, "every episode closed and audited")
-    for episode in RecoveryEpisode.objects.filter(job=job):
-        assert episode.watched_s is not None, episode.notes
-        assert (episode.lost, episode.duplicates) == (0, 0), episode.notes
-        assert "output audited after it: 0 lost and 0 duplicated" in episode.notes

@@ -148,7 +148,7 @@ def test_the_agent_runs_hogs_within_its_bounds(node_env):
 def test_a_fault_the_agent_refuses_is_marked_refused_not_injected(client, node_env):
     """The API's bounds passed, the agent's own (its cores, its maximum) did not."""
     from console.models import ControlDecision, FaultInjection
-    from console.services.controller import read_agent_exits
+    from console.services.control.observe import read_agent_exits
     from tests.factories import make_job
 
     job = make_job(status="running")

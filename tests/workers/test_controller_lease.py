@@ -9,11 +9,11 @@ import redis
 from django.conf import settings
 
 from console.models import Job
-from console.services import controller
+from console.services.control import observe
 from spark_runtime.supervision import Supervisor
 from tests.factories import make_job
 from workers import controller as tasks
-from workers.keys import controller_lease
+from workers.keys import controller_lease, controller_state
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -39,11 +39,11 @@ def test_a_window_that_loses_its_lease_stops_instead_of_supervising_twice(client
     # A job whose replicas are still within their start-up grace: the window just ticks.
     sup = Supervisor(job.key, job.topology, {"wc": ("split", "count")}, job.strategy, ["n-1"])
     sup.start(time.time())
-    controller.save_supervisor(client, job, sup)
+    observe.save_supervisor(client, job, sup)
     # Another holder takes the key over, as after this worker stalled past the lease.
     threading.Timer(1.0, lambda: client.set(controller_lease(job.key), "someone-else")).start()
     started = time.monotonic()
     assert tasks.supervise_job(job.pk) == f"job {job.pk}: lease lost"
     assert time.monotonic() - started < 10  # not the whole 30 s window
     assert client.get(controller_lease(job.key)) == "someone-else"  # not released by us
-    client.delete(controller_lease(job.key), controller.control_keys.controller_state(job.key))
+    client.delete(controller_lease(job.key), controller_state(job.key))

@@ -12,7 +12,7 @@ import pytest
 import redis
 from django.conf import settings
 
-from console.services.controller import AgentLauncher
+from console.services.control.act import AgentLauncher
 from spark_runtime.activity import ActivityMeter, cpu_share_over, is_busy
 from tests.factories import make_job
 from workers import agent, keys

@@ -1,0 +1,241 @@
+"""Act: side effects on processes, each idempotent. Replicas start and stop through the
+node agents' Celery queues (`AgentLauncher`), commands go to a replica's control list,
+the input generator and warm spares are asked for again every cycle."""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+
+from django.conf import settings
+from django.utils import timezone
+
+from console.models import ControlDecision, Job, Node, Operator, Replica
+from console.policy.checkpoint import STAGE_TRIGGER_S, stage_interval, state_store_confs
+from console.policy.resources import node_capacities
+from console.policy.spares import spares_wanted
+from console.services.control.observe import alive_nodes, node_history
+from console.services.control.record import (
+    FAILURE_TAIL_LINES,
+    alert_failed_job,
+    decide,
+    describe_actions,
+    failure_report,
+)
+from spark_runtime import keys as data_keys
+from spark_runtime.runner import stage_args
+from spark_runtime.strategies import get_strategy
+from spark_runtime.supervision import JOB, GiveUp, KillReplica, ReplicaSpec, Supervisor, execute
+from workers import keys as control_keys
+from workers.queues import node_queue
+
+log = logging.getLogger(__name__)
+
+
+# An agent's activity entry older than this (it publishes every second) does not count.
+ACTIVITY_FRESH_S = 5.0
+
+
+def checkpoint_root() -> str:
+    """Where stage checkpoints live. Across hosts this must be shared storage (see README)."""
+    return str(settings.BACKSTOP_CHECKPOINT_ROOT)
+
+
+def stage_interval_of(job: Job, stage: str) -> float | None:
+    """The checkpoint interval a stage should run with: the shortest of its operators'."""
+    return stage_interval(
+        Operator.objects.filter(job=job, stage=stage).values_list(
+            "checkpoint_interval_s", flat=True
+        )
+    )
+
+
+class AgentLauncher:
+    """A `Launcher` that starts and kills replicas through the node agents' queues."""
+
+    def __init__(self, job: Job, client, trigger_seconds: dict[str, float] | None = None):
+        self.job = job
+        self.client = client
+        self.trigger_seconds = trigger_seconds or {}
+
+    def start(self, replica: ReplicaSpec) -> None:
+        from workers.agent import start_replica
+
+        trigger = self.trigger_seconds.get(replica.stage, STAGE_TRIGGER_S)
+        interval = stage_interval_of(self.job, replica.stage)
+        args = stage_args(
+            replica,
+            settings.REDIS_URL,
+            checkpoint_root(),
+            trigger_seconds=trigger,
+            # Started with its stage's interval in force; later changes: roll_out_intervals.
+            checkpoint_interval_s=interval,
+            spark_conf=state_store_confs(interval, trigger) if interval else None,
+        )
+        node = Node.objects.get(name=replica.node)
+        Replica.objects.update_or_create(
+            replica_id=self._db_id(replica.replica_id),
+            defaults={
+                "job": self.job,
+                "stage": replica.stage,
+                "node": node,
+                "role": replica.role,
+                "state": Replica.State.STARTING,
+                "ended_at": None,
+            },
+        )
+        # A fresh start clears the record of an earlier exit of the same replica id.
+        self.client.hdel(self._exits_key(), replica.replica_id)
+        start_replica.apply_async(
+            args=("spark_runtime.stage", args, replica.replica_id, self.job.key),
+            kwargs={"warm": replica.warm},
+            queue=node_queue(replica.node),
+        )
+
+    def kill(self, replica_id: str) -> None:
+        from workers.agent import kill_replica
+
+        row = Replica.objects.filter(replica_id=self._db_id(replica_id)).first()
+        if row is None:
+            return
+        kill_replica.apply_async(args=(replica_id,), queue=node_queue(row.node.name))
+        Replica.objects.filter(pk=row.pk).update(
+            state=Replica.State.STOPPED, ended_at=timezone.now()
+        )
+
+    def alive(self, replica_id: str) -> bool:
+        return not self.client.hexists(self._exits_key(), replica_id)
+
+    def exit_code(self, replica_id: str) -> int | None:
+        raw = self.client.hget(self._exits_key(), replica_id)
+        return None if raw is None else int(json.loads(raw)["returncode"])
+
+    def busy(self, replica_id: str) -> bool:
+        """What the replica's agent last saw (within a few seconds): alive and using CPU."""
+        raw = self.client.hget(control_keys.replica_activity(self.job.key), replica_id)
+        if raw is None:
+            return False
+        entry = json.loads(raw)
+        return bool(entry["busy"]) and time.time() - entry["at"] < ACTIVITY_FRESH_S
+
+    def _exits_key(self) -> str:
+        return control_keys.exits(self.job.key)
+
+    def _db_id(self, replica_id: str) -> str:
+        # Replica ids from the state machine are unique within a job; the table spans all jobs.
+        return f"{self.job.key}/{replica_id}"
+
+
+def send_command(client, job: Job, replica_id: str, command: dict) -> None:
+    """Push a control command (promote, stop, trigger, fault) to a replica's command list."""
+    client.rpush(data_keys.control(job.key, replica_id), json.dumps(command))
+
+
+def command_sender(client, job: Job):
+    """`send_command` bound to a job, in the shape the state machine's `execute` wants."""
+    return lambda replica_id, command: send_command(client, job, replica_id, command)
+
+
+def generator_id(job: Job) -> str:
+    return f"generator-{job.key}"
+
+
+def ensure_generator(job: Job, supervisor: Supervisor, client) -> None:
+    """The job's input, reconciled every cycle: a running job whose params ask for generated
+    input (`rate` > 0) has its seeded generator running on one node until `count` entries are in.
+
+    Asking again is harmless: the agent leaves a running generator alone, and a new one resumes
+    after the entries already in the stream. So a controller that dies between marking the job
+    running and starting its input loses nothing: the next cycle starts it. Not asked before the
+    job runs, so the first measurements are not a start-up backlog.
+    """
+    rate = float(job.params.get("rate", 0))
+    if rate <= 0 or job.status != Job.Status.RUNNING:
+        return
+    count = job.params.get("count")
+    if count is not None and client.xlen(data_keys.input_stream(job.key)) >= int(count):
+        return
+    alive = alive_nodes(client)
+    node = client.get(control_keys.generator_node(job.key))
+    if node not in alive:
+        node = supervisor.placement_by_stage()[supervisor.stages[0]][0]
+        if node not in alive:
+            node = min(alive, default=None)
+        if node is None:
+            return
+        client.set(control_keys.generator_node(job.key), node)
+    from workers.agent import start_generator
+
+    start_generator.apply_async(
+        args=(job.key, job.topology, rate, int(job.params.get("seed", 0)), count),
+        queue=node_queue(node),
+        expires=30,
+    )
+
+
+def keep_warm_spares(client, config) -> dict[str, int]:
+    """Tell each node agent how many warm spares to keep (policy setting, within the reserve)."""
+    beats = alive_nodes(client)
+    wanted = spares_wanted(
+        node_capacities(node_history(client, beats), config),
+        {name: int(beat.get("spares", 0)) for name, beat in beats.items()},
+        config,
+    )
+    for name, count in wanted.items():
+        client.set(data_keys.spares_wanted(name), count)
+    return wanted
+
+
+def release_unused_spares(client) -> bool:
+    """No spares where no live job can use them: when no live job's strategy takes over warm
+    spares, every node's target is 0 (the agents stop theirs). Otherwise the targets stay as the
+    jobs' cycles set them. Returns whether it released them. Spares hold a JVM each: left running
+    under a job that cannot use them they only take memory and CPU (and would load the plain-Spark
+    baseline of the benchmark)."""
+    live = Job.objects.filter(status__in=Job.LIVE_STATUSES).values_list("strategy", flat=True)
+    if any(get_strategy(strategy).warm_spares for strategy in live):
+        return False
+    for node in Node.objects.values_list("name", flat=True):
+        client.set(data_keys.spares_wanted(node), 0)
+    return True
+
+
+def stop_everything(job: Job, supervisor: Supervisor, client) -> None:
+    """Kill the job's replicas and its generator; the sinks are idempotent, checkpoints stay."""
+    from workers.agent import kill_replica
+
+    launcher = AgentLauncher(job, client)
+    execute(supervisor.stop(), launcher, command_sender(client, job))
+    for node in Node.objects.all():
+        kill_replica.apply_async(args=(generator_id(job),), queue=node_queue(node.name))
+    Replica.objects.filter(job=job).exclude(
+        state__in=(Replica.State.STOPPED, Replica.State.FAILED)
+    ).update(state=Replica.State.STOPPED, ended_at=timezone.now())
+    client.delete(control_keys.controller_state(job.key))
+
+
+def apply_give_up(job: Job, client, replica_id: str, verdict: GiveUp, actions: list) -> None:
+    """The state machine stopped restarting. Scope JOB: stop the generator, mark the job failed
+    with a one-line cause and the failed replica's last log lines, and send the alert. A stage
+    left without its standby is only recorded (the job keeps running)."""
+    if verdict.scope != JOB:
+        decide(job, ControlDecision.Kind.GIVE_UP, describe_actions([verdict]),
+               stage=verdict.stage, replica_id=replica_id)  # fmt: skip
+        return
+    from workers.agent import kill_replica
+
+    for node in Node.objects.all():
+        kill_replica.apply_async(args=(generator_id(job),), queue=node_queue(node.name))
+    killed = [f"{job.key}/{a.replica_id}" for a in actions if isinstance(a, KillReplica)]
+    Replica.objects.filter(replica_id__in=killed).update(
+        state=Replica.State.FAILED, ended_at=timezone.now()
+    )
+    _, report = failure_report(client, job, replica_id, "")
+    tail = report.splitlines()
+    reason = f"gave up: {verdict.reason}"
+    if tail:
+        reason += f"\n\nlast log lines of {replica_id}:\n" + "\n".join(tail[-FAILURE_TAIL_LINES:])
+    decide(job, ControlDecision.Kind.GIVE_UP, reason, stage=verdict.stage, replica_id=replica_id)
+    if job.mark_failed(reason):
+        alert_failed_job(job)

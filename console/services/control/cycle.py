@@ -1,0 +1,264 @@
+"""Decide (the policy): Algorithm 2 every policy cycle with fresh metrics, its actions
+carried out through the state machine, and checkpoint intervals rolled out to running
+replicas. Failures are decided by the state machine in the supervision tick
+(console/services/controller.py)."""
+
+from __future__ import annotations
+
+import json
+import time
+from datetime import UTC, datetime
+
+from django.utils import timezone
+
+from console.models import ControlDecision, Job, MetricSample, Node, Operator, Policy, Replica
+from console.policy import actions as policy_actions
+from console.policy.checkpoint import ReplicaInterval, interval_rollout, state_store_confs
+from console.policy.placement import CycleInput, StandbyVerdict, run_cycle
+from console.policy.priority import ACTIVE, operator_priorities
+from console.policy.resources import node_score
+from console.services import prediction, recovery
+from console.services.control.act import (
+    AgentLauncher,
+    command_sender,
+    send_command,
+    stage_interval_of,
+)
+from console.services.control.observe import alive_nodes, node_history
+from console.services.control.record import decide
+from spark_runtime import keys as data_keys
+from spark_runtime.supervision import FAILED, RUNNING, STANDBY, Supervisor, execute
+from spark_runtime.topology import get_topology
+from workers import keys as control_keys
+
+
+def policy_cycle(job: Job, supervisor: Supervisor, client) -> list:
+    """Algorithm 2 with fresh metrics and the policy in force; apply and record its actions.
+
+    Only the adaptive strategy lets the policy add, drop or move standbys; every strategy gets
+    its passive stages' checkpoint intervals adjusted.
+    """
+    config = Policy.current().to_config()  # re-read every cycle: admin changes apply here
+    history = node_history(client, alive_nodes(client))
+    if not history:
+        return []
+    topology = get_topology(job.topology)
+    newest = [samples[0] for samples in history.values() if samples]
+    operators = {op.name: op for op in job.operators.all()}
+    stage_of = {op: name for name, ops in supervisor.stage_operators.items() for op in ops}
+    # fr from the newest trained model where it is used, else the prior (with why).
+    predicted = prediction.predicted_fault_rates(job, stage_of, config)
+    priorities = operator_priorities(
+        topology,
+        sum(s.cpu_total for s in newest),
+        sum(s.mem_total for s in newest),
+        config,
+        fault_rates={name: fr for name, (fr, _) in predicted.items()},
+    )
+    now = timezone.now()
+    MetricSample.objects.bulk_create(
+        MetricSample(
+            at=now,
+            node=node,
+            name="q_score",
+            value=round(node_score(history[node.name], config), 4),
+        )
+        for node in Node.objects.filter(name__in=list(history))
+    )
+    placement = supervisor.placement_by_stage()
+    primaries = {op: placement[stage][0] for op, stage in stage_of.items() if stage in placement}
+    standbys = {}
+    standby_age_s = {}
+    moves_standbys = supervisor.definition.policy_moves_standbys
+    for stage, ops in supervisor.stage_operators.items():
+        standby = live_standby(supervisor, stage)
+        top = top_operator(ops, priorities)
+        if standby and top:
+            standbys[top] = standby.spec.node
+            # A standby still starting or being promoted has not settled anywhere: it is kept.
+            running = standby.state == RUNNING
+            standby_age_s[top] = time.time() - standby.launched_at if running else 0.0
+    state = CycleInput(
+        priorities=[p for p in priorities if p.name in stage_of],
+        primaries=primaries,
+        standbys=standbys if moves_standbys else {},
+        samples=history,
+        alive={name: True for name in history},
+        faults=recovery.faults_since(job, seconds=config.cycle_interval_s),
+        intervals={
+            name: op.checkpoint_interval_s
+            for name, op in operators.items()
+            if op.checkpoint_interval_s
+        },
+        standby_age_s=standby_age_s,
+    )
+    result = run_cycle(state, config)
+    actions = result.actions
+    if not moves_standbys:
+        actions = [a for a in actions if isinstance(a, policy_actions.SetCheckpointInterval)]
+    apply_cycle(job, supervisor, client, actions, stage_of)
+    if moves_standbys:
+        for stage, ops in supervisor.stage_operators.items():
+            verdict = result.verdicts.get(top_operator(ops, priorities))
+            if verdict is not None:
+                record_standby_verdict(job, supervisor, stage, verdict)
+    roll_out_intervals(job, supervisor, client, config)
+    for p in priorities:
+        Operator.objects.filter(job=job, name=p.name).update(
+            type_score=p.S,
+            resource_score=p.R,
+            dependency_score=p.L,
+            priority=p.P_eff,
+            mode=p.mode,
+            predicted_fault_rate=p.fr,
+            fault_rate_source=predicted.get(p.name, (0, "prior (runs in no stage)"))[1],
+            updated_at=now,  # update() skips auto_now
+        )
+        MetricSample.objects.bulk_create(
+            MetricSample(at=now, job=job, stage=p.name, name=name, value=round(value, 4))
+            for name, value in (
+                ("priority", p.P_eff),
+                ("type_score", p.S),
+                ("resource_score", p.R),
+                ("dependency_score", p.L),
+                ("predicted_fault_rate", p.fr),
+                ("checkpoint_interval_s", operators[p.name].checkpoint_interval_s),
+            )
+        )
+    return actions
+
+
+def roll_out_intervals(job: Job, supervisor: Supervisor, client, config) -> list:
+    """Bring each stage's checkpoint interval (the policy's, stored on its operators) to its
+    running replicas, one replica of a stage at a time (checkpoint.interval_rollout has the
+    rules), and record when each took effect. Idempotent: a request is kept in Redis until the
+    replica reports the interval, and each report is recorded once."""
+    requests_key = control_keys.interval_requests(job.key)
+    reported = {
+        rid: json.loads(raw) for rid, raw in client.hgetall(data_keys.replicas(job.key)).items()
+    }
+    pending = {rid: json.loads(raw) for rid, raw in client.hgetall(requests_key).items()}
+    for replica_id, request in list(pending.items()):
+        info = reported.get(replica_id, {})
+        if (
+            info.get("checkpoint_interval_s") == request["seconds"]
+            and info.get("interval_since", 0) >= request["sent_at"]
+        ):
+            client.hdel(requests_key, replica_id)
+            since = datetime.fromtimestamp(info["interval_since"], tz=UTC)
+            decide(
+                job,
+                ControlDecision.Kind.SET_INTERVAL,
+                f"{replica_id}: checkpoint interval {request['seconds']:g} s in effect since "
+                f"{since:%H:%M:%S}",
+                stage=info.get("stage", ""),
+                replica_id=replica_id,
+                detail={"confs": info.get("confs", {}), "in_effect_at": info["interval_since"]},
+            )
+            del pending[replica_id]
+    wanted = {}
+    for stage in supervisor.stage_operators:
+        interval = stage_interval_of(job, stage)
+        if interval:
+            wanted[stage] = interval
+    live = []
+    for replica in supervisor.live():
+        info = reported.get(replica.id, {})
+        live.append(
+            ReplicaInterval(
+                replica_id=replica.id,
+                stage=replica.spec.stage,
+                role=replica.role,
+                running=info.get("state") == "running" and replica.state == "running",
+                seconds=info.get("checkpoint_interval_s"),
+                since=info.get("interval_since"),
+                pending_since=pending.get(replica.id, {}).get("sent_at"),
+            )
+        )
+    gap_start = timezone.now() - timezone.timedelta(seconds=config.interval_apply_gap_s)
+    quiet = not (
+        job.recoveries.filter(watched_s__isnull=True).exists()
+        or job.decisions.filter(kind=ControlDecision.Kind.FAILURE, at__gte=gap_start).exists()
+    )
+    now = time.time()
+    rollout = interval_rollout(wanted, live, now, config.interval_apply_gap_s, quiet)
+    for apply in rollout:
+        confs = state_store_confs(apply.seconds)
+        client.hset(
+            requests_key, apply.replica_id, json.dumps({"seconds": apply.seconds, "sent_at": now})
+        )
+        send_command(
+            client,
+            job,
+            apply.replica_id,
+            {"cmd": "checkpoint_interval", "seconds": apply.seconds, "confs": confs},
+        )
+        decide(
+            job,
+            ControlDecision.Kind.SET_INTERVAL,
+            apply.reason,
+            stage=apply.stage,
+            replica_id=apply.replica_id,
+            detail={"confs": confs},
+        )
+    return rollout
+
+
+def live_standby(supervisor: Supervisor, stage: str):
+    """The stage's standby replica, the one placement_by_stage reports (None: it has none)."""
+    return next((r for r in supervisor.of_stage(stage, STANDBY) if r.state != FAILED), None)
+
+
+def record_standby_verdict(
+    job: Job, supervisor: Supervisor, stage: str, verdict: StandbyVerdict
+) -> None:
+    """Store why the stage's standby sits where it is on its replica row, for the placement page.
+    Only a standby on the verdict's node gets it; writing it again only renews its time."""
+    standby = live_standby(supervisor, stage)
+    if standby is not None and standby.spec.node == verdict.node:
+        Replica.objects.filter(replica_id=f"{job.key}/{standby.id}").update(
+            placement={**verdict.to_dict(), "at": timezone.now().isoformat()}
+        )
+
+
+def top_operator(names, priorities) -> str | None:
+    """The stage's standby is attributed to its highest-priority active operator."""
+    active = [p for p in priorities if p.name in names and p.mode == ACTIVE]
+    return max(active, key=lambda p: (p.P_eff, p.name)).name if active else None
+
+
+def apply_cycle(job, supervisor, client, actions, stage_of) -> None:
+    """Carry out Algorithm 2's actions through the state machine and record each with its reason.
+
+    Standby changes start or kill replicas; an interval change is stored on the operator with the
+    Spark settings it maps to (see console/policy/checkpoint.py), and roll_out_intervals brings
+    it to the stage's running replicas.
+    """
+    now = time.time()
+    for action in actions:
+        stage = stage_of.get(action.operator, "")
+        if isinstance(action, policy_actions.SetCheckpointInterval):
+            op = Operator.objects.filter(job=job, name=action.operator).first()
+            if op is None or abs(op.checkpoint_interval_s - action.seconds) < 0.5:
+                continue
+            Operator.objects.filter(pk=op.pk).update(checkpoint_interval_s=action.seconds)
+            kind, node, steps = ControlDecision.Kind.SET_INTERVAL, "", []
+            detail = state_store_confs(action.seconds)
+        elif isinstance(action, policy_actions.AddStandby):
+            if supervisor.has_standby(stage):
+                continue
+            kind, node, detail = ControlDecision.Kind.ADD_STANDBY, action.node, {}
+            steps = supervisor.add_standby(stage, action.node, now)
+        elif isinstance(action, policy_actions.DropStandby):
+            kind, node, detail = ControlDecision.Kind.DROP_STANDBY, action.node, {}
+            steps = supervisor.drop_standby(stage)
+        elif isinstance(action, policy_actions.MoveStandby):
+            kind, node, detail = ControlDecision.Kind.MOVE_STANDBY, action.to_node, {}
+            steps = supervisor.drop_standby(stage) + supervisor.add_standby(stage, node, now)
+        else:
+            raise TypeError(f"unknown policy action {action!r}")
+        execute(steps, AgentLauncher(job, client), command_sender(client, job))
+        decide(
+            job, kind, action.reason, operator=action.operator, stage=stage, node=node,
+            detail=detail,
+        )  # fmt: skip

@@ -1,0 +1,134 @@
+"""Observe: what runs. Node agents' heartbeats and usage, the exits they report, what
+replicas say about themselves, warm spares, and the supervision state saved in Redis.
+
+Reads Redis and keeps the database's view of nodes and replicas in step; starts nothing."""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime
+
+from console.models import Job, Node, Replica
+from console.services import metrics
+from console.services.planning import rank_nodes
+from spark_runtime import keys as data_keys
+from spark_runtime.supervision import Supervisor
+from workers import keys as control_keys
+
+NODE_HISTORY_SAMPLES = 20
+
+
+def alive_nodes(client) -> dict[str, dict]:
+    """Nodes whose agent heartbeat is fresh, with their newest usage sample."""
+    result = {}
+    for node in Node.objects.all():
+        beat = client.get(control_keys.node_heartbeat(node.name))
+        if beat is not None:
+            result[node.name] = json.loads(beat)
+    return result
+
+
+def node_history(client, names) -> dict:
+    """node -> its recent samples as the policy's NodeSamples, newest first."""
+    return {
+        name: [
+            metrics.node_sample_from_usage(name, usage)
+            for usage in metrics.recent_node_usages(client, name, NODE_HISTORY_SAMPLES)
+        ]
+        for name in names
+    }
+
+
+def update_nodes(client) -> dict[str, dict]:
+    """Mark nodes up or down from their agents' heartbeats; store their new usage samples."""
+    alive = alive_nodes(client)
+    for node in Node.objects.all():
+        if node.name in alive:
+            node.record_heartbeat()
+            metrics.ingest_node_metrics(client, node)
+        elif node.state != Node.State.DOWN:
+            Node.objects.filter(pk=node.pk).update(state=Node.State.DOWN)
+    return alive
+
+
+def idle_spares(client, nodes: list[str]) -> dict[str, int]:
+    """Idle warm spares per node, as the node agents report them now."""
+    with client.pipeline(transaction=False) as pipe:
+        for node in nodes:
+            pipe.hvals(data_keys.spares(node))
+        reported = pipe.execute()
+    return {
+        node: sum(1 for raw in entries if json.loads(raw).get("state") == "idle")
+        for node, entries in zip(nodes, reported, strict=True)
+    }
+
+
+def nodes_by_q(client, config) -> list[str]:
+    """Alive nodes by Q, best first."""
+    return rank_nodes(node_history(client, alive_nodes(client)), config)
+
+
+def read_agent_exits(client, job: Job) -> None:
+    """Copy the job's process exits from the agents' event stream into the job's exits hash,
+    and mark the job's faults that an agent refused."""
+    from console.services.faults import record_refusal
+
+    cursor_key = control_keys.agent_events_cursor(job.key)
+    cursor = client.get(cursor_key) or "0-0"
+    entries = client.xrange(control_keys.agent_events(), min=f"({cursor}", count=1000)
+    for _, fields in entries:
+        if fields.get("job") != job.key:
+            continue
+        if fields.get("kind") == "exit":
+            replica_id = fields["replica_id"]
+            client.hset(control_keys.exits(job.key), replica_id, json.dumps(fields))
+            client.hset(control_keys.exit_tails(job.key), replica_id, fields["log_tail"])
+        elif fields.get("kind") == "refused" and fields.get("fault_id", "").isdigit():
+            record_refusal(job, fields["fault_id"], fields.get("detail", ""))
+    if entries:
+        client.set(cursor_key, entries[-1][0])
+
+
+def sync_replicas(job: Job, client, supervisor: Supervisor) -> None:
+    """Copy what replicas report about themselves (pid, state, epoch, heartbeat) into the DB; a
+    replica the supervisor holds for slow (silent but busy) shows as such."""
+    reported = client.hgetall(data_keys.replicas(job.key))
+    slow = set(supervisor.slow())
+    for replica_id, raw in reported.items():
+        info = json.loads(raw)
+        alive = client.exists(data_keys.heartbeat(job.key, replica_id))
+        if replica_id in slow:
+            state = Replica.State.SLOW
+        elif not alive:
+            state = Replica.State.STARTING
+        else:
+            state = {
+                "running": Replica.State.RUNNING,
+                "catching_up": Replica.State.CATCHING_UP,
+                "starting": Replica.State.STARTING,
+                "stopped": Replica.State.STOPPED,
+            }.get(info.get("state"), Replica.State.FAILED)
+        Replica.objects.filter(replica_id=f"{job.key}/{replica_id}").exclude(
+            state__in=(Replica.State.FAILED, Replica.State.STOPPED)
+        ).update(
+            pid=info.get("pid"),
+            role=info.get("role", Replica.Role.PRIMARY),
+            fencing_epoch=info.get("epoch") or 0,
+            state=state,
+            last_heartbeat=datetime.fromtimestamp(info["updated"], tz=UTC)
+            if alive and info.get("updated")
+            else None,
+            checkpoint_interval_s=info.get("checkpoint_interval_s"),
+            interval_since=datetime.fromtimestamp(info["interval_since"], tz=UTC)
+            if info.get("interval_since")
+            else None,
+        )
+
+
+def save_supervisor(client, job: Job, supervisor: Supervisor) -> None:
+    client.set(control_keys.controller_state(job.key), json.dumps(supervisor.to_dict()))
+
+
+def load_supervisor(client, job: Job) -> Supervisor | None:
+    raw = client.get(control_keys.controller_state(job.key))
+    return None if raw is None else Supervisor.from_dict(json.loads(raw))

@@ -1,0 +1,303 @@
+"""Record: the decision log, failures and their recovery episodes, re-protect times,
+alerts. Every write here is what the console, the API and the reports show about what the
+controller did and why."""
+
+from __future__ import annotations
+
+import json
+import logging
+import signal
+import time
+from datetime import UTC, datetime
+
+from django.db import transaction
+from django.utils import timezone
+
+from console.models import (
+    ControlDecision,
+    FaultInjection,
+    Job,
+    Operator,
+    Policy,
+    RecoveryEpisode,
+    Replica,
+)
+from console.services import recovery
+from console.services.planning import JobPlan
+from spark_runtime import keys as data_keys
+from spark_runtime.supervision import (
+    JOB,
+    GiveUp,
+    HeartbeatSeen,
+    KillReplica,
+    PromoteStandby,
+    RestartJob,
+    RestartStage,
+    ScheduleRestart,
+    StartReplica,
+    Supervisor,
+)
+from workers import keys as control_keys
+
+log = logging.getLogger(__name__)
+
+
+# Log lines of the failed replica kept in a job's failure reason.
+FAILURE_TAIL_LINES = 20
+
+
+def decide(job: Job, kind: str, reason: str, **fields) -> ControlDecision:
+    """Record a controller decision (shown on the job page) and log it."""
+    log.info("job %s: %s %s", job.key, kind, reason)
+    return ControlDecision.objects.create(job=job, kind=kind, reason=reason, **fields)
+
+
+def exit_status(returncode, event_name: str) -> str:
+    """How a replica ended, in words (a negative return code is the signal that killed it)."""
+    if returncode is None:
+        return "heartbeat missed" if event_name == "HeartbeatMissed" else event_name
+    code = int(returncode)
+    if code < 0:
+        return f"killed by {signal.Signals(-code).name}"
+    meaning = {1: "query failed", 3: "fenced by a newer primary", 4: "promotion impossible"}
+    return f"exited with code {code}" + (f" ({meaning[code]})" if code in meaning else "")
+
+
+def describe_actions(actions: list) -> str:
+    """The state machine's actions as a sentence for the decision log."""
+    words = []
+    for action in actions:
+        if isinstance(action, StartReplica):
+            spec = action.replica
+            words.append(f"start {spec.role} {spec.replica_id} on {spec.node}")
+        elif isinstance(action, KillReplica):
+            words.append(f"make sure {action.replica_id} is gone")
+        elif isinstance(action, PromoteStandby):
+            words.append(f"promote standby {action.replica_id} of {action.stage}")
+        elif isinstance(action, RestartStage):
+            spec = action.replica
+            words.append(f"restart {spec.replica_id} on {spec.node} from its checkpoint")
+        elif isinstance(action, RestartJob):
+            ids = ", ".join(spec.replica_id for spec in action.replicas)
+            words.append(f"restart the whole job ({ids}) from its checkpoints")
+        elif isinstance(action, ScheduleRestart):
+            words.append(
+                f"restart {action.replica_id} in {action.delay_s:g} s (backoff: it keeps failing "
+                "before it finishes a batch)"
+            )
+        elif isinstance(action, GiveUp) and action.scope == JOB:
+            words.append(f"give up the job: {action.reason}")
+        elif isinstance(action, GiveUp):
+            words.append(f"run {action.stage} without a standby: {action.reason}")
+    return "; ".join(words)
+
+
+# A replica's own report of its failure counts only if written this recently: an older entry
+# is from an earlier run of the same replica id.
+OWN_REPORT_FRESH_S = 10.0
+
+
+def failure_report(client, job: Job, replica_id: str, event_name: str) -> tuple[str, str]:
+    """(one line, error tail) saying how a replica failed: the exit its agent reported (or how
+    the supervisor saw it, "heartbeat missed"), with the cause the replica wrote in its own
+    entry when its query failed. A stage whose query failed writes the cause, then takes a few
+    seconds to exit, so its silent heartbeat is often seen before its exit."""
+    exit_info = client.hget(control_keys.exits(job.key), replica_id)
+    returncode = json.loads(exit_info)["returncode"] if exit_info else None
+    status = exit_status(returncode, event_name)
+    raw = client.hget(data_keys.replicas(job.key), replica_id)
+    reported = json.loads(raw) if raw else {}
+    fresh = time.time() - reported.get("updated", 0) < OWN_REPORT_FRESH_S
+    if fresh and reported.get("state") in ("failed", "fenced") and reported.get("error"):
+        if exit_info is None:
+            status = "fenced" if reported["state"] == "fenced" else "query failed"
+        status = f"{status}: {reported['error']}"
+    tail = client.hget(control_keys.exit_tails(job.key), replica_id) or ""
+    return status, f"{status}\n{tail}"
+
+
+@transaction.atomic
+def record_failure(job: Job, client, event, actions: list) -> None:
+    """A failure and the action taken: a ControlDecision pair and an open RecoveryEpisode,
+    written together so nobody sees the decision without its episode."""
+    replica_id = event.replica_id
+    row = (
+        Replica.objects.filter(replica_id=f"{job.key}/{replica_id}").select_related("node").first()
+    )
+    status, tail = failure_report(client, job, replica_id, type(event).__name__)
+    stage = row.stage if row else ""
+    node = row.node.name if row else ""
+    decide(
+        job,
+        ControlDecision.Kind.FAILURE,
+        f"{replica_id}: {status}",
+        stage=stage,
+        node=node,
+        replica_id=replica_id,
+        detail={"error_tail": tail, "event": repr(event)},
+    )
+    if row is not None:
+        Replica.objects.filter(pk=row.pk).update(
+            state=Replica.State.FAILED, ended_at=timezone.now()
+        )
+    action_kind, episode_action = decision_kinds(actions)
+    if action_kind == ControlDecision.Kind.GIVE_UP:
+        return  # no recovery follows: give_up records the verdict
+    decide(
+        job,
+        action_kind,
+        describe_actions(actions),
+        stage=stage,
+        node=node,
+        replica_id=replica_id,
+    )
+    if row is not None and row.role == Replica.Role.STANDBY and episode_action == "restart-stage":
+        return  # a lost standby costs no output: nothing to recover from
+    fault = (
+        FaultInjection.objects.filter(
+            job=job,
+            outcome=FaultInjection.Outcome.INJECTED,
+            injected_at__gte=timezone.now() - timezone.timedelta(seconds=60),
+        )
+        .order_by("-injected_at")
+        .first()
+    )
+    RecoveryEpisode.objects.create(
+        job=job,
+        fault=fault,
+        strategy=job.strategy,
+        stage=stage,
+        action=episode_action,
+        detected_at=timezone.now(),
+        notes=f"{replica_id} on {node}: {type(event).__name__}",
+    )
+
+
+@transaction.atomic
+def record_promotion_over_restart(job: Job, event: HeartbeatSeen, actions: list) -> None:
+    """A standby caught up while its stage's primary was still restarting and takes over: the
+    decision, and the stage's open restart episode now records a promotion."""
+    stage = event.reported.get("stage", "")
+    decide(
+        job,
+        ControlDecision.Kind.PROMOTE,
+        f"{event.replica_id} caught up before the restarted primary produced output; "
+        + describe_actions(actions),
+        replica_id=event.replica_id,
+        stage=stage,
+    )
+    episode = (
+        job.recoveries.filter(
+            stage=stage, action=RecoveryEpisode.Action.RESTART_STAGE, watched_s__isnull=True
+        )
+        .order_by("-detected_at")
+        .first()
+    )
+    if episode is not None:
+        episode.action = RecoveryEpisode.Action.PROMOTE
+        episode.notes += f"; restart overtaken by {event.replica_id}, promoted when caught up"
+        episode.save(update_fields=["action", "notes"])
+
+
+def decision_kinds(actions: list) -> tuple[str, str]:
+    if any(isinstance(a, GiveUp) and a.scope == JOB for a in actions):
+        return ControlDecision.Kind.GIVE_UP, RecoveryEpisode.Action.NONE
+    if any(isinstance(a, PromoteStandby) for a in actions):
+        return ControlDecision.Kind.PROMOTE, RecoveryEpisode.Action.PROMOTE
+    if any(isinstance(a, RestartJob) or getattr(a, "whole_job", False) for a in actions):
+        return ControlDecision.Kind.RESTART_JOB, RecoveryEpisode.Action.RESTART_JOB
+    if any(isinstance(a, RestartStage | ScheduleRestart) for a in actions):
+        return ControlDecision.Kind.RESTART_STAGE, RecoveryEpisode.Action.RESTART_STAGE
+    if any(isinstance(a, StartReplica | KillReplica) for a in actions):
+        return ControlDecision.Kind.ADD_STANDBY, RecoveryEpisode.Action.NONE
+    return ControlDecision.Kind.FAILURE, RecoveryEpisode.Action.NONE
+
+
+def record_reprotections(job: Job, supervisor: Supervisor) -> None:
+    """Put each completed re-protection (promotion -> promotable standby again) on the promotion
+    episode of that stage. Idempotent: an episode that has its figure keeps it."""
+    for stage, promoted_at, protected_at in supervisor.reprotections:
+        episode = (
+            job.recoveries.filter(
+                stage=stage,
+                action=RecoveryEpisode.Action.PROMOTE,
+                detected_at__lte=datetime.fromtimestamp(promoted_at + 5, tz=UTC),
+            )
+            .order_by("-detected_at")
+            .first()
+        )
+        if episode is not None and episode.reprotect_s is None:
+            episode.reprotect_s = round(protected_at - promoted_at, 2)
+            episode.save(update_fields=["reprotect_s"])
+            decide(
+                job,
+                ControlDecision.Kind.ADD_STANDBY,
+                f"{stage} has a promotable standby again, {episode.reprotect_s:.1f} s after "
+                "the promotion",
+                stage=stage,
+            )
+    supervisor.reprotections.clear()
+
+
+def store_assessment(job: Job, plan: JobPlan) -> None:
+    stage_of = {op: stage.name for stage in plan.stages for op in stage.operators}
+    for priority in plan.priorities:
+        Operator.objects.filter(job=job, name=priority.name).update(
+            type_score=priority.S,
+            resource_score=priority.R,
+            dependency_score=priority.L,
+            priority=priority.P_eff,
+            predicted_fault_rate=priority.fr,
+            # No stage of this run has a window of history yet; cycles replace it.
+            fault_rate_source="prior (at launch)",
+            mode=priority.mode,
+            stage=stage_of.get(priority.name, ""),
+            checkpoint_interval_s=plan.intervals.get(priority.name, 0.0),
+        )
+
+
+def record_cycle(client, job: Job, duration_s: float) -> None:
+    """When the job's last policy cycle ended and how long it took (read by /metrics)."""
+    cycle = {"at": time.time(), "duration_s": round(duration_s, 4)}
+    client.set(control_keys.controller_cycle(job.key), json.dumps(cycle), ex=3600)
+
+
+def alert_slow_recoveries(job: Job) -> None:
+    """Ask for recovery-time alerts on the job's recent episodes (each is emailed at most once
+    per subscription, so asking every cycle is safe; an open episode alerts while it lasts)."""
+    from console.models import ReportSubscription
+    from workers.reporting import alert_recovery
+
+    wanted = ReportSubscription.objects.filter(enabled=True, alert_recovery_over_s__isnull=False)
+    if not wanted.exists():
+        return
+    since = timezone.now() - timezone.timedelta(minutes=15)
+    for episode_id in job.recoveries.filter(detected_at__gte=since).values_list("pk", flat=True):
+        alert_recovery.delay(episode_id)
+
+
+def alert_failed_job(job: Job) -> None:
+    """Email the subscriptions that asked to hear about jobs failing for good."""
+    from workers.reporting import alert_job_failed
+
+    alert_job_failed.delay(job.pk)
+
+
+def close_measurements(job: Job, client) -> None:
+    """A job that is no longer live is watched no further: its open recovery episodes get
+    their final figures ("not back to normal before ..." when the output never came back)."""
+    recovery.measure_open_episodes(job, client, Policy.current().to_config())
+
+
+def close_episodes_of_ended_jobs(client) -> int:
+    """Close the open episodes of jobs that are no longer live, however they ended (a failed
+    launch, lost supervision state, an interrupted benchmark); returns how many jobs had some."""
+    ended = (
+        Job.objects.exclude(status__in=Job.LIVE_STATUSES)
+        .filter(recoveries__watched_s__isnull=True)
+        .distinct()
+    )
+    jobs = list(ended)
+    for job in jobs:
+        close_measurements(job, client)
+    return len(jobs)
