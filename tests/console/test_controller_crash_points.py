@@ -7,10 +7,6 @@ Redis edge (heartbeats and usage samples in, Celery messages on their queues out
 
 from __future__ import annotations
 
-import base64
-import json
-import time
-
 import pytest
 import redis
 from django.conf import settings
@@ -19,6 +15,7 @@ from console.models import Job
 from console.services import controller
 from console.services.control import act, observe
 from spark_runtime import keys as data_keys
+from tests.agent_edge import publish_usage, queued
 from tests.factories import NodeFactory, make_job
 from workers import keys as control_keys
 from workers.queues import node_queue
@@ -35,31 +32,26 @@ def client():
     client.delete(*NODE_QUEUES)
     for name in NODES:
         NodeFactory(name=name, cpu_total=2.0, mem_total_mb=4096.0)
-        usage = {"at": time.time(), "cpu_total": 2.0, "cpu_used": 0.2, "mem_total": 4096.0,
-                 "mem_used": 1024.0, "disk_throughput": 5.0, "disk_max_throughput": 200.0,
-                 "bw_used": 10.0, "bw_total": 1000.0, "processes": 1, "spares": 0}  # fmt: skip
-        client.set(control_keys.node_heartbeat(name), json.dumps(usage), ex=30)
-        client.xadd(control_keys.node_metrics(name), {"sample": json.dumps(usage)})
+    publish_usage(client, NODES, ttl_s=30)
     yield client
     client.delete(*NODE_QUEUES, *(control_keys.node_heartbeat(n) for n in NODES))
     client.delete(*(control_keys.node_metrics(n) for n in NODES))
 
 
-def queued(client, task: str) -> list[tuple[str, list]]:
+def asked(client, task: str) -> list[tuple[str, list]]:
     """(node, args) of every `task` message waiting on the nodes' queues."""
-    found = []
-    for node, queue in zip(NODES, NODE_QUEUES, strict=True):
-        for raw in reversed(client.lrange(queue, 0, -1)):
-            message = json.loads(raw)
-            if message["headers"]["task"] == task:
-                found.append((node, json.loads(base64.b64decode(message["body"]))[0]))
-    return found
+    return [
+        (node, args)
+        for node, queue in zip(NODES, NODE_QUEUES, strict=True)
+        for name, args in queued(client, queue)
+        if name == task
+    ]
 
 
 def test_a_launch_killed_before_its_replicas_were_asked_to_start_is_repaired(client):
     job = make_job(status=Job.Status.CREATED, strategy="local-restart")
     controller.launch_job(job)
-    wanted = sorted(args[2] for _, args in queued(client, "backstop.agent.start_replica"))
+    wanted = sorted(args[2] for _, args in asked(client, "backstop.agent.start_replica"))
     assert wanted  # the launch asked for its replicas
     # The controller died after saving its state and before the start messages went out: none
     # is on any queue, and no replica ever heartbeats.
@@ -71,7 +63,7 @@ def test_a_launch_killed_before_its_replicas_were_asked_to_start_is_repaired(cli
         replica.since -= sup.startup_grace + 1
     for _ in range(len(wanted)):  # one event is acted on per tick
         controller.supervise_tick(job, sup, client)
-    restarted = sorted(args[2] for _, args in queued(client, "backstop.agent.start_replica"))
+    restarted = sorted(args[2] for _, args in asked(client, "backstop.agent.start_replica"))
     assert restarted == wanted
 
 
@@ -84,11 +76,11 @@ def test_the_input_is_asked_for_every_cycle_until_it_is_all_in(client):
     controller.launch_job(job)
     sup = observe.load_supervisor(client, job)
     act.ensure_generator(job, sup, client)
-    assert queued(client, "backstop.agent.start_generator") == []  # not before the job runs
+    assert asked(client, "backstop.agent.start_generator") == []  # not before the job runs
     job.mark_running("test")
     act.ensure_generator(job, sup, client)
     act.ensure_generator(job, sup, client)
-    asks = queued(client, "backstop.agent.start_generator")
+    asks = asked(client, "backstop.agent.start_generator")
     assert len(asks) == 2 and asks[0] == asks[1]
     node, args = asks[0]
     assert node == sup.placement_by_stage()[sup.stages[0]][0]
@@ -97,5 +89,5 @@ def test_the_input_is_asked_for_every_cycle_until_it_is_all_in(client):
     for i in range(5):
         client.xadd(data_keys.input_stream(job.key), {"text": f"line {i}"})
     act.ensure_generator(job, sup, client)
-    assert queued(client, "backstop.agent.start_generator") == []  # all the input is in
+    assert asked(client, "backstop.agent.start_generator") == []  # all the input is in
     client.delete(data_keys.input_stream(job.key), control_keys.generator_node(job.key))

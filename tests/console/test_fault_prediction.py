@@ -33,6 +33,7 @@ from console.services import controller, prediction
 from console.services import policy as policy_service
 from console.services.control import cycle, observe
 from spark_runtime import keys as data_keys
+from tests.agent_edge import publish_usage, queued
 from tests.factories import NodeFactory, make_job
 from workers import controller as controller_tasks
 from workers import keys as control_keys
@@ -56,30 +57,9 @@ def client(settings):
     client.delete(*node_keys, *(control_keys.node_heartbeat(n) for n in NODES))
 
 
-def publish_usage(client, cpu_used: dict[str, float]) -> None:
-    """What each node agent publishes every second: a heartbeat and a usage sample."""
-    for name in NODES:
-        usage = {
-            "at": time.time(),
-            "cpu_total": 2.0,
-            "cpu_used": cpu_used.get(name, 0.2),
-            "mem_total": 4096.0,
-            "mem_used": 1024.0,
-            "disk_throughput": 5.0,
-            "disk_max_throughput": 200.0,
-            "bw_used": 10.0,
-            "bw_total": 1000.0,
-            "processes": 1,
-            "spares": 0,
-        }
-        payload = json.dumps(usage)
-        client.set(control_keys.node_heartbeat(name), payload, ex=5)
-        client.xadd(control_keys.node_metrics(name), {"sample": payload})
-
-
 def queued_tasks(client, node: str) -> list[str]:
     """Names of the Celery tasks waiting on a node agent's queue."""
-    return [json.loads(raw)["headers"]["task"] for raw in client.lrange(node_queue(node), 0, -1)]
+    return [name for name, _ in queued(client, node_queue(node))]
 
 
 def stages_heartbeat(client, job: Job, supervisor) -> None:
@@ -113,7 +93,7 @@ def run_for(seconds: float, client, job: Job, supervisor, drill_node=None, drill
     kills = 0
     while time.monotonic() < end:
         busy = {drill_node: 1.8} if drill_node else {}  # the drilled node also runs hot
-        publish_usage(client, busy)
+        publish_usage(client, NODES, busy)
         observe.update_nodes(client)
         if drill_node and time.monotonic() >= next_drill:
             result = controller_tasks.drill(job.pk, "kill-node", target_node=drill_node)
@@ -144,7 +124,7 @@ def test_a_node_killed_again_and_again_raises_its_stages_fr_and_earns_a_standby(
     )
     for name in NODES:
         NodeFactory(name=name, cpu_total=2.0, mem_total_mb=4096.0)
-    publish_usage(client, {})
+    publish_usage(client, NODES)
     job = make_job(status=Job.Status.CREATED, strategy=Job.Strategy.ADAPTIVE)
     plan = controller.launch_job(job)
     (stage,) = plan.stages
@@ -171,7 +151,7 @@ def test_a_node_killed_again_and_again_raises_its_stages_fr_and_earns_a_standby(
     assert result.startswith(f"predictor #{run.pk}: used"), result
     assert run.samples >= 20 and run.failures >= 5 and run.mse < run.prior_mse
 
-    publish_usage(client, {killed_node: 1.8})  # the agents' next second
+    publish_usage(client, NODES, {killed_node: 1.8})  # the agents' next second
     observe.update_nodes(client)
     cycle.policy_cycle(job, supervisor, client)  # the next cycle reads the new model
     count.refresh_from_db()

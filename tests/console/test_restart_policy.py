@@ -4,7 +4,6 @@ its cause and log lines and asks for the alert; a restart resumes the same repli
 
 from __future__ import annotations
 
-import base64
 import json
 import time
 
@@ -18,6 +17,7 @@ from console.services import controller
 from console.services.control import act, observe
 from spark_runtime import keys as data_keys
 from spark_runtime.supervision import RestartPolicy, Supervisor, execute
+from tests.agent_edge import queued
 from tests.factories import NodeFactory, make_job
 from workers import keys as control_keys
 from workers.queues import CONTROL_QUEUE, node_queue
@@ -36,16 +36,6 @@ def client():
     client.delete(*NODE_QUEUES)
     yield client
     client.delete(*NODE_QUEUES)
-
-
-def queued(client, queue: str) -> list[tuple[str, list]]:
-    """(task name, args) of the Celery messages waiting in `queue`, oldest first."""
-    messages = []
-    for raw in reversed(client.lrange(queue, 0, -1)):
-        message = json.loads(raw)
-        args = json.loads(base64.b64decode(message["body"]))[0]
-        messages.append((message["headers"]["task"], args))
-    return messages
 
 
 def started_replicas(client) -> list[str]:

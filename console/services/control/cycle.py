@@ -25,7 +25,7 @@ from console.services.control.act import (
     stage_interval_of,
 )
 from console.services.control.observe import alive_nodes, node_history
-from console.services.control.record import decide
+from console.services.control.record import decide, priority_fields
 from spark_runtime import keys as data_keys
 from spark_runtime.supervision import FAILED, RUNNING, STANDBY, Supervisor, execute
 from spark_runtime.topology import get_topology
@@ -105,12 +105,7 @@ def policy_cycle(job: Job, supervisor: Supervisor, client) -> list:
     roll_out_intervals(job, supervisor, client, config)
     for p in priorities:
         Operator.objects.filter(job=job, name=p.name).update(
-            type_score=p.S,
-            resource_score=p.R,
-            dependency_score=p.L,
-            priority=p.P_eff,
-            mode=p.mode,
-            predicted_fault_rate=p.fr,
+            **priority_fields(p),
             fault_rate_source=predicted.get(p.name, (0, "prior (runs in no stage)"))[1],
             updated_at=now,  # update() skips auto_now
         )

@@ -239,18 +239,26 @@ def record_reprotections(job: Job, supervisor: Supervisor) -> None:
     supervisor.reprotections.clear()
 
 
+def priority_fields(priority) -> dict:
+    """The Operator columns an assessment of its priority sets (at launch and every cycle)."""
+    return {
+        "type_score": priority.S,
+        "resource_score": priority.R,
+        "dependency_score": priority.L,
+        "priority": priority.P_eff,
+        "mode": priority.mode,
+        "predicted_fault_rate": priority.fr,
+    }
+
+
 def store_assessment(job: Job, plan: JobPlan) -> None:
+    """The launch's assessment of each operator: priority, stage and checkpoint interval."""
     stage_of = {op: stage.name for stage in plan.stages for op in stage.operators}
     for priority in plan.priorities:
         Operator.objects.filter(job=job, name=priority.name).update(
-            type_score=priority.S,
-            resource_score=priority.R,
-            dependency_score=priority.L,
-            priority=priority.P_eff,
-            predicted_fault_rate=priority.fr,
+            **priority_fields(priority),
             # No stage of this run has a window of history yet; cycles replace it.
             fault_rate_source="prior (at launch)",
-            mode=priority.mode,
             stage=stage_of.get(priority.name, ""),
             checkpoint_interval_s=plan.intervals.get(priority.name, 0.0),
         )

@@ -1,0 +1,43 @@
+"""The node agents, played at their Redis edge by tests that run the controller's functions
+without agent processes: what an agent publishes about its node, and the Celery messages the
+controller leaves on an agent's queue."""
+
+from __future__ import annotations
+
+import base64
+import json
+import time
+
+from workers import keys as control_keys
+
+
+def publish_usage(client, nodes, cpu_used: dict[str, float] | None = None, ttl_s=5) -> None:
+    """What each node agent publishes every second: a heartbeat and a usage sample (2 cores,
+    4 GB; CPU used 0.2 cores unless `cpu_used` says otherwise)."""
+    for name in nodes:
+        usage = {
+            "at": time.time(),
+            "cpu_total": 2.0,
+            "cpu_used": (cpu_used or {}).get(name, 0.2),
+            "mem_total": 4096.0,
+            "mem_used": 1024.0,
+            "disk_throughput": 5.0,
+            "disk_max_throughput": 200.0,
+            "bw_used": 10.0,
+            "bw_total": 1000.0,
+            "processes": 1,
+            "spares": 0,
+        }
+        payload = json.dumps(usage)
+        client.set(control_keys.node_heartbeat(name), payload, ex=ttl_s)
+        client.xadd(control_keys.node_metrics(name), {"sample": payload})
+
+
+def queued(client, queue: str) -> list[tuple[str, list]]:
+    """(task name, args) of the Celery messages waiting in `queue`, oldest first."""
+    messages = []
+    for raw in reversed(client.lrange(queue, 0, -1)):
+        message = json.loads(raw)
+        args = json.loads(base64.b64decode(message["body"]))[0]
+        messages.append((message["headers"]["task"], args))
+    return messages
