@@ -142,7 +142,7 @@ def record_failure(job: Job, client, event, actions: list) -> None:
         )
     action_kind, episode_action = decision_kinds(actions)
     if action_kind == ControlDecision.Kind.GIVE_UP:
-        return  # no recovery follows: give_up records the verdict
+        return  # no recovery follows: apply_give_up (control/act.py) records the verdict
     decide(
         job,
         action_kind,
