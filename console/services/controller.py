@@ -169,6 +169,9 @@ def supervise_tick(job: Job, supervisor: Supervisor, client) -> TickReport:
         decide(job, kind, "backoff over: " + describe_actions(due))
         execute(due, launcher, command_sender(client, job))
     for event in observe(supervisor, launcher, client, job.key, now):
+        # Which run of the replica the event is about (handle() may relaunch it).
+        watched = supervisor.replicas.get(event.replica_id)
+        launched_at = watched.launched_at if watched else now
         actions = supervisor.handle(event)
         if not actions:
             continue
@@ -189,7 +192,7 @@ def supervise_tick(job: Job, supervisor: Supervisor, client) -> TickReport:
                 stage=event.reported.get("stage", ""),
             )
         else:
-            record_failure(job, client, event, actions)
+            record_failure(job, client, event, actions, launched_at)
         execute(actions, launcher, command_sender(client, job))
         waiting = [f"{job.key}/{a.replica_id}" for a in actions if isinstance(a, ScheduleRestart)]
         if waiting:  # shown as waiting out the backoff until tick() restarts them

@@ -1,5 +1,6 @@
-"""A controller killed between two steps of a launch loses nothing: the next cycle repairs the
-difference between what the saved state wants and what runs.
+"""A controller killed between two steps (of a launch, of handling a failure) loses nothing and
+repeats nothing harmful: the next one repairs the difference between what the saved state wants
+and what runs, and records each failure once.
 
 Real database and Redis, the controller's own functions; the node agents are played at their
 Redis edge (heartbeats and usage samples in, Celery messages on their queues out).
@@ -7,14 +8,18 @@ Redis edge (heartbeats and usage samples in, Celery messages on their queues out
 
 from __future__ import annotations
 
+import json
+import time
+
 import pytest
 import redis
 from django.conf import settings
 
-from console.models import Job
+from console.models import ControlDecision, Job, RecoveryEpisode
 from console.services import controller
 from console.services.control import act, observe
 from spark_runtime import keys as data_keys
+from spark_runtime.supervision import Supervisor, execute
 from tests.agent_edge import publish_usage, queued
 from tests.factories import NodeFactory, make_job
 from workers import keys as control_keys
@@ -91,3 +96,42 @@ def test_the_input_is_asked_for_every_cycle_until_it_is_all_in(client):
     act.ensure_generator(job, sup, client)
     assert asked(client, "backstop.agent.start_generator") == []  # all the input is in
     client.delete(data_keys.input_stream(job.key), control_keys.generator_node(job.key))
+
+
+def heartbeat(client, job: Job, replica_id: str, role: str) -> None:
+    """What a running stage process writes every 0.5 s."""
+    beat = {"state": "running", "role": role, "batches": 3, "started_at": time.time()}
+    client.set(data_keys.heartbeat(job.key, replica_id), json.dumps(beat), ex=5)
+
+
+def test_a_controller_killed_after_acting_on_a_failure_records_it_once(client):
+    # The tick carries out the promotion, then the controller dies before it saves its state:
+    # the next controller loads the state from before the failure and sees the same exit again.
+    job = make_job(status=Job.Status.RUNNING, strategy="adaptive")
+    sup = Supervisor(job.key, job.topology, {"wc": ("split", "count")}, job.strategy, NODES,
+                     active_stages={"wc"})  # fmt: skip
+    execute(sup.start(time.time()), act.AgentLauncher(job, client), lambda *a: None)
+    heartbeat(client, job, "wc-1", "primary")
+    heartbeat(client, job, "wc-2", "standby")
+    for _ in range(2):
+        controller.supervise_tick(job, sup, client)  # both replicas seen running
+    observe.save_supervisor(client, job, sup)
+    client.delete(*NODE_QUEUES)
+
+    client.delete(data_keys.heartbeat(job.key, "wc-1"))
+    client.hset(control_keys.exits(job.key), "wc-1", json.dumps({"returncode": "-9"}))
+    controller.supervise_tick(job, sup, client)  # promotes wc-2; killed before the save
+    again = observe.load_supervisor(client, job)
+    controller.supervise_tick(job, again, client)  # the next controller acts again
+
+    failures = job.decisions.filter(kind=ControlDecision.Kind.FAILURE, replica_id="wc-1")
+    assert failures.count() == 1
+    assert RecoveryEpisode.objects.filter(job=job).count() == 1
+    # Acting again is harmless: a standby that is primary already answers "promote" with its
+    # epoch (StageRuntime's gate).
+    promotes = [json.loads(c) for c in client.lrange(data_keys.control(job.key, "wc-2"), 0, -1)]
+    assert promotes == [{"cmd": "promote"}, {"cmd": "promote"}]
+    # The new controller goes on: wc-2 reports itself primary, and a new standby is asked for.
+    heartbeat(client, job, "wc-2", "primary")
+    controller.supervise_tick(job, again, client)
+    assert [args[2] for _, args in asked(client, "backstop.agent.start_replica")] == ["wc-3"]

@@ -83,7 +83,9 @@ def fail_count_1(client, job: Job, entry: dict) -> ControlDecision:
     """count-1 went silent after writing `entry`; the supervisor restarts it."""
     client.hset(data_keys.replicas(job.key), "count-1", json.dumps(entry))
     spec = ReplicaSpec(job.key, "wordcount", "count", "primary", "count-1", "node-1")
-    record_failure(job, client, HeartbeatMissed("count-1", time.time()), [RestartStage(spec)])
+    record_failure(
+        job, client, HeartbeatMissed("count-1", time.time()), [RestartStage(spec)], time.time()
+    )
     return ControlDecision.objects.get(job=job, kind=ControlDecision.Kind.FAILURE)
 
 

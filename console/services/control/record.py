@@ -117,10 +117,20 @@ def failure_report(client, job: Job, replica_id: str, event_name: str) -> tuple[
 
 
 @transaction.atomic
-def record_failure(job: Job, client, event, actions: list) -> None:
+def record_failure(job: Job, client, event, actions: list, launched_at: float) -> None:
     """A failure and the action taken: a ControlDecision pair and an open RecoveryEpisode,
-    written together so nobody sees the decision without its episode."""
+    written together so nobody sees the decision without its episode.
+
+    Once per run of the replica (`launched_at`: when the failed process was asked for): a
+    controller that died after recording a failure but before saving its supervision state is
+    followed by one that sees the same failure again, acts again (harmless: every action is
+    idempotent) and must not count a second failure and episode."""
     replica_id = event.replica_id
+    run = f"{replica_id}@{launched_at:.3f}"
+    if job.decisions.filter(
+        kind=ControlDecision.Kind.FAILURE, replica_id=replica_id, detail__run=run
+    ).exists():
+        return
     row = (
         Replica.objects.filter(replica_id=f"{job.key}/{replica_id}").select_related("node").first()
     )
@@ -134,7 +144,7 @@ def record_failure(job: Job, client, event, actions: list) -> None:
         stage=stage,
         node=node,
         replica_id=replica_id,
-        detail={"error_tail": tail, "event": repr(event)},
+        detail={"error_tail": tail, "event": repr(event), "run": run},
     )
     if row is not None:
         Replica.objects.filter(pk=row.pk).update(
