@@ -69,6 +69,9 @@ class ReplicaSerializer(serializers.ModelSerializer):
             "last_heartbeat",
             "started_at",
             "ended_at",
+            "checkpoint_interval_s",
+            "interval_since",
+            "placement",
         ]
         read_only_fields = fields
 

@@ -8,7 +8,7 @@ from rest_framework.test import APIClient
 from console.models import FaultInjection, Job, Policy
 from console.roles import ADMIN, OPERATOR, VIEWER
 from spark_runtime import keys as data_keys
-from tests.factories import NodeFactory, make_job
+from tests.factories import NodeFactory, ReplicaFactory, make_job
 
 pytestmark = pytest.mark.django_db
 
@@ -228,3 +228,26 @@ def test_session_auth_works_for_logged_in_users(users):
     assert client.login(username="vera", password="pw-for-tests")
     assert client.get("/api/nodes/").status_code == 200
     assert User.objects.filter(username="vera").exists()
+
+
+@pytest.mark.django_db
+def test_a_jobs_replicas_show_their_interval_and_why_a_standby_sits_where_it_is(api_as):
+    job = make_job(status=Job.Status.RUNNING, strategy="adaptive")
+    verdict = {"operator": "count", "node": "api-node-2", "rule": "kept", "reason": "best Q",
+               "reserve": "kept after the cycle", "at": "2026-11-23T16:00:00+00:00"}  # fmt: skip
+    ReplicaFactory(job=job, node=NodeFactory(name="api-node-1"), replica_id=f"{job.key}/count-1")
+    ReplicaFactory(
+        job=job,
+        node=NodeFactory(name="api-node-2"),
+        replica_id=f"{job.key}/count-2",
+        role="standby",
+        checkpoint_interval_s=30.0,
+        placement=verdict,
+    )
+    response = api_as(VIEWER).get(f"/api/jobs/{job.pk}/")
+    assert response.status_code == 200
+    by_id = {r["replica_id"]: r for r in response.json()["replicas"]}
+    standby = by_id[f"{job.key}/count-2"]
+    assert standby["placement"] == verdict
+    assert standby["checkpoint_interval_s"] == 30.0
+    assert by_id[f"{job.key}/count-1"]["placement"] == {}
