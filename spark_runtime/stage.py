@@ -376,12 +376,11 @@ def run(args, spark=None) -> int:
                     break
             failure = runtime.failure()
             if failure is not None:
-                fenced = FencedError.__name__ in str(failure) or "FENCED" in str(failure)
+                message = str(failure)
+                fenced = FencedError.__name__ in message or "FENCED" in message
                 code = EXIT_FENCED if fenced else EXIT_FAILED
-                log.error("query failed (%s): %s", "fenced" if fenced else "error", failure)
-                state.update(
-                    state="fenced" if fenced else "failed", error=failure_cause(str(failure))
-                )
+                log.error("query failed (%s): %s", "fenced" if fenced else "error", message)
+                state.update(state="fenced" if fenced else "failed", error=failure_cause(message))
                 break
     finally:
         stop_beats.set()

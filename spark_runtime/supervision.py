@@ -393,19 +393,23 @@ class Supervisor:
         """True once every replica in the table reports running."""
         return bool(self.replicas) and all(r.state == RUNNING for r in self.replicas.values())
 
+    def standby_of(self, stage: str) -> Replica | None:
+        """The stage's standby that is not failed (None: it has none)."""
+        return next((r for r in self.of_stage(stage, STANDBY) if r.state != FAILED), None)
+
     def has_standby(self, stage: str) -> bool:
         """True if `stage` has a standby that is not failed."""
-        return any(r.state != FAILED for r in self.of_stage(stage, STANDBY))
+        return self.standby_of(stage) is not None
 
     def placement_by_stage(self) -> dict[str, tuple[str | None, str | None]]:
         """(primary node, standby node or None) per stage, from the live replicas."""
         result: dict[str, tuple[str | None, str | None]] = {}
         for stage in self.stages:
             primaries = [r for r in self.of_stage(stage, PRIMARY) if r.state != FAILED]
-            standbys = [r for r in self.of_stage(stage, STANDBY) if r.state != FAILED]
+            standby = self.standby_of(stage)
             result[stage] = (
                 primaries[0].spec.node if primaries else None,
-                standbys[0].spec.node if standbys else None,
+                standby.spec.node if standby else None,
             )
         return result
 

@@ -250,6 +250,11 @@ def idle_spares(client, node: str) -> int:
     return sum(1 for e in _spare_entries(client, node).values() if e.get("state") == "idle")
 
 
+def generator_replica_id(job_key: str) -> str:
+    """The replica id a job's input generator runs under (on whichever node runs it)."""
+    return f"generator-{job_key}"
+
+
 @shared_task(
     name="backstop.agent.start_generator",
     acks_late=True,
@@ -263,7 +268,7 @@ def start_generator(
     """Start the seeded input generator of a job at `rate` entries/s (`count` entries, or until
     stopped); return its pid. Idempotent: a running generator is left alone, and a new one
     resumes after the entries already in the input stream."""
-    replica_id = f"generator-{job_key}"
+    replica_id = generator_replica_id(job_key)
     args = [
         "generate", "--job", job_key, "--topology", topology, "--rate", str(float(rate)),
         "--seed", str(int(seed)), "--redis-url", settings.REDIS_URL,

@@ -20,6 +20,7 @@ from spark_runtime.supervision import RestartPolicy, Supervisor, execute
 from tests.agent_edge import queued
 from tests.factories import NodeFactory, make_job
 from workers import keys as control_keys
+from workers.agent import generator_replica_id
 from workers.queues import CONTROL_QUEUE, node_queue
 
 pytestmark = pytest.mark.django_db
@@ -95,7 +96,7 @@ def test_a_crash_loop_backs_off_then_fails_the_job_with_its_cause_and_alerts(cli
     assert log_lines.strip().endswith("Python worker failed to connect back")
     assert job.decisions.filter(kind=ControlDecision.Kind.GIVE_UP).count() == 1
     assert queued(client, CONTROL_QUEUE).count(alert) == alerts_before + 1
-    generator = act.generator_id(job)
+    generator = generator_replica_id(job.key)
     for name in NODES:
         assert ("backstop.agent.kill_replica", [generator]) in queued(client, node_queue(name))
     assert set(job.replicas.values_list("state", flat=True)) == {"failed"}

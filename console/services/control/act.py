@@ -5,7 +5,6 @@ the input generator and warm spares are asked for again every cycle."""
 from __future__ import annotations
 
 import json
-import logging
 import time
 
 from django.conf import settings
@@ -29,9 +28,6 @@ from spark_runtime.strategies import get_strategy
 from spark_runtime.supervision import JOB, GiveUp, KillReplica, ReplicaSpec, Supervisor, execute
 from workers import keys as control_keys
 from workers.queues import node_queue
-
-log = logging.getLogger(__name__)
-
 
 # An agent's activity entry older than this (it publishes every second) does not count.
 ACTIVITY_FRESH_S = 5.0
@@ -137,8 +133,12 @@ def command_sender(client, job: Job):
     return lambda replica_id, command: send_command(client, job, replica_id, command)
 
 
-def generator_id(job: Job) -> str:
-    return f"generator-{job.key}"
+def stop_generator(job: Job) -> None:
+    """Ask every node to kill the job's input generator (it runs on one of them)."""
+    from workers.agent import generator_replica_id, kill_replica
+
+    for node in Node.objects.all():
+        kill_replica.apply_async(args=(generator_replica_id(job.key),), queue=node_queue(node.name))
 
 
 def ensure_generator(job: Job, supervisor: Supervisor, client) -> None:
@@ -203,12 +203,9 @@ def release_unused_spares(client) -> bool:
 
 def stop_everything(job: Job, supervisor: Supervisor, client) -> None:
     """Kill the job's replicas and its generator; the sinks are idempotent, checkpoints stay."""
-    from workers.agent import kill_replica
-
     launcher = AgentLauncher(job, client)
     execute(supervisor.stop(), launcher, command_sender(client, job))
-    for node in Node.objects.all():
-        kill_replica.apply_async(args=(generator_id(job),), queue=node_queue(node.name))
+    stop_generator(job)
     Replica.objects.filter(job=job).exclude(
         state__in=(Replica.State.STOPPED, Replica.State.FAILED)
     ).update(state=Replica.State.STOPPED, ended_at=timezone.now())
@@ -223,10 +220,7 @@ def apply_give_up(job: Job, client, replica_id: str, verdict: GiveUp, actions: l
         decide(job, ControlDecision.Kind.GIVE_UP, describe_actions([verdict]),
                stage=verdict.stage, replica_id=replica_id)  # fmt: skip
         return
-    from workers.agent import kill_replica
-
-    for node in Node.objects.all():
-        kill_replica.apply_async(args=(generator_id(job),), queue=node_queue(node.name))
+    stop_generator(job)
     killed = [f"{job.key}/{a.replica_id}" for a in actions if isinstance(a, KillReplica)]
     Replica.objects.filter(replica_id__in=killed).update(
         state=Replica.State.FAILED, ended_at=timezone.now()

@@ -27,7 +27,7 @@ from console.services.control.act import (
 from console.services.control.observe import alive_nodes, node_history
 from console.services.control.record import decide, priority_fields
 from spark_runtime import keys as data_keys
-from spark_runtime.supervision import FAILED, RUNNING, STANDBY, Supervisor, execute
+from spark_runtime.supervision import RUNNING, Supervisor, execute
 from spark_runtime.topology import get_topology
 from workers import keys as control_keys
 
@@ -71,7 +71,7 @@ def policy_cycle(job: Job, supervisor: Supervisor, client) -> list:
     standby_age_s = {}
     moves_standbys = supervisor.definition.policy_moves_standbys
     for stage, ops in supervisor.stage_operators.items():
-        standby = live_standby(supervisor, stage)
+        standby = supervisor.standby_of(stage)
         top = top_operator(ops, priorities)
         if standby and top:
             standbys[top] = standby.spec.node
@@ -199,17 +199,12 @@ def roll_out_intervals(job: Job, supervisor: Supervisor, client, config) -> list
     return rollout
 
 
-def live_standby(supervisor: Supervisor, stage: str):
-    """The stage's standby replica, the one placement_by_stage reports (None: it has none)."""
-    return next((r for r in supervisor.of_stage(stage, STANDBY) if r.state != FAILED), None)
-
-
 def record_standby_verdict(
     job: Job, supervisor: Supervisor, stage: str, verdict: StandbyVerdict
 ) -> None:
     """Store why the stage's standby sits where it is on its replica row, for the placement page.
     Only a standby on the verdict's node gets it; writing it again only renews its time."""
-    standby = live_standby(supervisor, stage)
+    standby = supervisor.standby_of(stage)
     if standby is not None and standby.spec.node == verdict.node:
         Replica.objects.filter(replica_id=f"{job.key}/{standby.id}").update(
             placement={**verdict.to_dict(), "at": timezone.now().isoformat()}

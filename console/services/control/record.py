@@ -210,6 +210,7 @@ def record_promotion_over_restart(job: Job, event: HeartbeatSeen, actions: list)
 
 
 def decision_kinds(actions: list) -> tuple[str, str]:
+    """(decision kind, recovery episode action) for the state machine's answer to a failure."""
     if any(isinstance(a, GiveUp) and a.scope == JOB for a in actions):
         return ControlDecision.Kind.GIVE_UP, RecoveryEpisode.Action.NONE
     if any(isinstance(a, PromoteStandby) for a in actions):
