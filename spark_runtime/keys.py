@@ -100,6 +100,12 @@ def spare_control(node: str, spare: str) -> str:
     return f"{PREFIX}:node:{node}:spare:{spare}"
 
 
+def spare_warmup_stream(node: str, spare: str) -> str:
+    """A few entries a warm spare reads once through the `redis_stream` source while warming up
+    (deleted right after)."""
+    return f"{PREFIX}:node:{node}:spare:{spare}:warmup"
+
+
 def spares_wanted(node: str) -> str:
     """How many warm spares the policy wants on a node (set by the controller every cycle)."""
     return f"{PREFIX}:node:{node}:spares:wanted"

@@ -8,7 +8,8 @@ builds its session, warms it up (see `warm_up`), registers itself as `idle` in
 `backstop:node:{node}:spares` and blocks on its command list. The agent hands it a replica with
 `{"cmd": "become", "args": [...]}` (the stage CLI arguments); the spare renames its process to
 that stage command line, so every process scanner sees it as that replica, and runs the stage in
-its already-warm session. Idle spares run at the lowest CPU priority.
+its already-warm session. A spare warms up at the normal CPU priority and waits at the lowest
+(spark_runtime/strategies.py says why).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from spark_runtime.config import (
     configure_logging,
     ensure_python_env,
 )
+from spark_runtime.cpu_priority import set_group_nice
 from spark_runtime.strategies import SPARE_NICE
 
 log = logging.getLogger("spark_runtime.spare")
@@ -45,29 +47,44 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def warm_up(spark) -> None:
+def warm_up(spark, client, redis_url: str, warmup_stream: str) -> None:
     """Do once what a stage's first batch would otherwise do: start the Python worker daemon
-    (a tiny Arrow job), then run one batch of a small stateful streaming query with a Python
-    foreachBatch, which loads the streaming and RocksDB state-store classes and the native
-    library and starts the Python callback server. Measured on 2 busy cores: a stateful stage's
-    first batch 4.6-5.9 s after its start with this warm-up, 10.5-13 s with the Arrow job alone."""
+    (a tiny Arrow job), then run one batch of a small stateful streaming query that reads a few
+    entries of `warmup_stream` through the `redis_stream` source and writes with a Python
+    foreachBatch. That loads the streaming and RocksDB state-store classes and the native
+    library, starts the Python data source's planning and reader workers and the Python
+    callback server. Measured: a stateful stage's first batch 4.6-5.9 s after its start on 2
+    busy cores with a warm-up over Spark's `rate` source, 10.5-13 s with the Arrow job alone; on
+    an idle machine a seeded standby's first batch took 2.5 s after this warm-up, 3.3-4.1 s
+    after the `rate` one (docs/DATA_PLANE.md, "Warm spares")."""
     import tempfile
 
     from pyspark.sql import functions as F
 
+    from spark_runtime.redis_source import FORMAT_NAME
+
     spark.range(4).mapInArrow(lambda batches: batches, "id long").collect()
-    with tempfile.TemporaryDirectory(prefix="backstop-spare-") as checkpoint:
-        query = (
-            spark.readStream.format("rate").option("rowsPerSecond", 20).load()
-            .groupBy((F.col("value") % 4).alias("key")).count()
-            .writeStream.outputMode("update")
-            .foreachBatch(lambda batch, _batch_id: batch.toArrow())
-            .option("checkpointLocation", checkpoint)
-            .trigger(once=True)  # one batch, then the query ends by itself
-            .start()
-        )  # fmt: skip
-        query.awaitTermination(WARM_UP_TIMEOUT_S)
-        query.stop()
+    for number in range(4):
+        client.xadd(warmup_stream, {"text": f"warm up {number}"})
+    try:
+        with tempfile.TemporaryDirectory(prefix="backstop-spare-") as checkpoint:
+            query = (
+                spark.readStream.format(FORMAT_NAME)
+                .option("stream", warmup_stream)
+                .option("fields", "text")
+                .option("redisUrl", redis_url)
+                .load()
+                .groupBy((F.length("text") % 4).alias("key")).count()
+                .writeStream.outputMode("update")
+                .foreachBatch(lambda batch, _batch_id: batch.toArrow())
+                .option("checkpointLocation", checkpoint)
+                .trigger(availableNow=True)  # what is there, then the query ends by itself
+                .start()
+            )  # fmt: skip
+            query.awaitTermination(WARM_UP_TIMEOUT_S)
+            query.stop()
+    finally:
+        client.delete(warmup_stream)
 
 
 def become(argv: list[str], spark) -> int:
@@ -92,7 +109,6 @@ def main(argv: list[str] | None = None) -> int:
     configure_logging()
     ensure_python_env()
     args = build_parser().parse_args(argv)
-    os.setpriority(os.PRIO_PGRP, 0, SPARE_NICE)
     client = connect(args.redis_url)
 
     def register(state: str) -> None:
@@ -101,7 +117,8 @@ def main(argv: list[str] | None = None) -> int:
 
     register("starting")
     spark = build_session(f"backstop-spare-{args.spare_id}")
-    warm_up(spark)
+    warm_up(spark, client, args.redis_url, keys.spare_warmup_stream(args.node, args.spare_id))
+    set_group_nice(SPARE_NICE)
     register("idle")
     log.info("spare %s on %s is warm", args.spare_id, args.node)
     while True:

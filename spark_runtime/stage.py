@@ -42,6 +42,7 @@ import time
 
 from spark_runtime import keys
 from spark_runtime.config import DEFAULT_REDIS_URL, configure_logging, ensure_python_env
+from spark_runtime.cpu_priority import set_group_nice
 from spark_runtime.progress import ProgressRecord, publish_progress
 from spark_runtime.redis_client import connect
 from spark_runtime.strategies import CATCHING_UP_NICE, STANDBY_NICE
@@ -134,11 +135,12 @@ class ReplicaState:
         }
         self.lock = threading.Lock()
 
-    def count_batch(self) -> None:
+    def count_batch(self) -> int:
         """One more finished batch (published with the next heartbeat): the supervisor learns
-        that a restarted replica is producing again."""
+        that a restarted replica is producing again. Returns the count so far."""
         with self.lock:
             self.info["batches"] = self.info.get("batches", 0) + 1
+            return self.info["batches"]
 
     def update(self, **fields) -> None:
         """Change fields and publish the entry right away."""
@@ -197,8 +199,18 @@ def make_listener(client, job: str, state: ReplicaState, runtime):
             return None
 
         def onQueryProgress(self, event):
-            state.count_batch()
+            first = state.count_batch() == 1
             progress = event.progress
+            if first:
+                # Where a replica's first batch spends its time (planning, source offsets,
+                # state loading in addBatch) is what a restart or a new standby waits for.
+                log.info(
+                    "first batch %s of %s took %s ms: %s",
+                    progress.batchId,
+                    progress.name,
+                    progress.batchDuration,
+                    dict(progress.durationMs),
+                )
             ops = progress.stateOperators or []
             segment = progress.name.rsplit(".", 1)[-1] if progress.name else ""
             stats = runtime.gate.batch_stats.get(f"{progress.name}:{progress.batchId}", {})
@@ -237,22 +249,11 @@ def readiness(gate) -> str:
 
 
 def wanted_nice(low_priority: bool, role: str, ready: str) -> int:
-    """The nice level of this replica's processes: a primary runs at the normal priority; a
-    low-priority standby runs a little below it, and at the bottom while catching up."""
+    """The nice level of this replica's processes: a primary, and a standby that is starting or
+    catching up, run at the normal priority; a caught-up low-priority standby runs below it."""
     if not low_priority or role == "primary":
         return 0
     return CATCHING_UP_NICE if ready == CATCHING_UP else STANDBY_NICE
-
-
-def set_group_nice(level: int) -> int:
-    """Set the nice level of this process group (the driver, its JVM and Python workers);
-    returns the level in force. Raising the priority again needs CAP_SYS_NICE: without it the
-    group stays where it was, and the replica reports the level it really has."""
-    try:
-        os.setpriority(os.PRIO_PGRP, 0, level)
-    except PermissionError:
-        log.warning("cannot set nice %s (needs CAP_SYS_NICE); staying at %s", level, os.nice(0))
-    return os.getpriority(os.PRIO_PROCESS, 0)
 
 
 def handle_command(command: dict, runtime, state: ReplicaState) -> int | None:

@@ -23,11 +23,16 @@ RESTART_JOB = "restart-job"  # every stage restarts from its checkpoint
 RESTART_STAGE = "restart-stage"  # only the failed stage restarts from its checkpoint
 PROMOTE = "promote"  # a caught-up standby takes over; else the stage restarts
 
-# Nice levels (0 = normal). A standby that is caught up runs a little below its primary, a
-# standby replaying a backlog and an idle warm spare run at the bottom, so that neither starves
-# a primary or a primary's restart on a small machine (measured in docs/RESULTS.md).
+# Nice levels (0 = normal), set for the process group and its session's autogroup
+# (spark_runtime/cpu_priority.py). A caught-up standby runs below its primary, so that the cores
+# they share favour the primary's latency; an idle warm spare waits at the bottom. Catching up
+# and warming up run at the primary's level: a seeded standby's backlog is short and how fast it
+# works it off is the stage's re-protect time, and a spare that is not warm when the next fault
+# comes is no spare. Measured on 2 cores with lower levels for both (docs/RESULTS.md, "CPU
+# priority"): the spares were not warm 3 minutes after the job started and re-protection took
+# 37-50 s instead of 16-23 s, so the second fault 30 s later found no promotable standby.
 STANDBY_NICE = 5
-CATCHING_UP_NICE = 10
+CATCHING_UP_NICE = 0
 SPARE_NICE = 19
 
 
