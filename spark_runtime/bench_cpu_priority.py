@@ -22,38 +22,43 @@ NICE_ONLY = "nice only"
 NICE_AND_AUTOGROUP = "nice and autogroup"
 
 
-def _spin(level: int, how: str, seconds: float, cpu: int) -> None:
-    """Child body: take the priority, then burn CPU on `cpu` for `seconds` of wall time."""
+def _spin(level: int, how: str, start_at: float, end_at: float, cpu: int) -> None:
+    """Child body: take the priority, then burn CPU on `cpu` from `start_at` to `end_at` (epoch
+    seconds, the same for both children) and print the CPU seconds that took."""
     os.sched_setaffinity(0, {cpu})
     if how == NICE_ONLY:
         os.setpriority(os.PRIO_PGRP, 0, level)
     else:
         set_group_nice(level)
-    end = time.monotonic() + seconds
-    while time.monotonic() < end:
+    time.sleep(max(0.0, start_at - time.time()))
+    used = time.process_time()
+    while time.time() < end_at:
         pass
+    print(time.process_time() - used)
 
 
-def _start(level: int, how: str, seconds: float, cpu: int) -> subprocess.Popen:
+def _start(level: int, how: str, start_at: float, end_at: float, cpu: int) -> subprocess.Popen:
     code = (
         "from spark_runtime.bench_cpu_priority import _spin; "
-        f"_spin({level}, {how!r}, {seconds}, {cpu})"
+        f"_spin({level}, {how!r}, {start_at}, {end_at}, {cpu})"
     )
-    return subprocess.Popen([sys.executable, "-c", code], start_new_session=True)
-
-
-def _cpu_seconds(proc: subprocess.Popen) -> float:
-    """Wait for `proc`; its user + system CPU seconds."""
-    _, _, usage = os.wait4(proc.pid, 0)
-    proc.returncode = 0
-    return usage.ru_utime + usage.ru_stime
+    # The child imports this module from wherever the caller runs.
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([root, os.environ.get("PYTHONPATH", "")])}
+    return subprocess.Popen(
+        [sys.executable, "-c", code], start_new_session=True, env=env, stdout=subprocess.PIPE
+    )
 
 
 def low_priority_share(level: int, how: str, seconds: float = 3.0, cpu: int = 0) -> float:
-    """The share of one CPU that a process at `level` (set `how`) got against one at nice 0."""
-    normal = _start(0, how, seconds, cpu)
-    low = _start(level, how, seconds, cpu)
-    normal_s, low_s = _cpu_seconds(normal), _cpu_seconds(low)
+    """The share of one CPU that a process at `level` (set `how`) got against one at nice 0,
+    both spinning over the same `seconds` (after a second to start)."""
+    start_at = time.time() + 1.0
+    end_at = start_at + seconds
+    normal = _start(0, how, start_at, end_at, cpu)
+    low = _start(level, how, start_at, end_at, cpu)
+    normal_s = float(normal.communicate()[0])
+    low_s = float(low.communicate()[0])
     return low_s / (normal_s + low_s)
 
 
