@@ -45,3 +45,14 @@ def test_a_process_sharing_its_session_leaves_the_autogroup_alone():
         os._exit(0 if Path(cpu_priority.AUTOGROUP).read_text() == before else 1)
     _, status = os.waitpid(pid, 0)
     assert os.waitstatus_to_exitcode(status) == 0
+
+
+def test_only_a_caught_up_low_priority_standby_runs_below_its_primary():
+    from spark_runtime.stage import CATCHING_UP, RUNNING, wanted_nice
+
+    assert wanted_nice(True, "primary", RUNNING) == 0
+    assert wanted_nice(True, "standby", RUNNING) == 5
+    # Catching up decides the re-protect time: at the primary's level (docs/RESULTS.md).
+    assert wanted_nice(True, "standby", CATCHING_UP) == 0
+    # A strategy without low-priority standbys.
+    assert wanted_nice(False, "standby", RUNNING) == 0
