@@ -44,7 +44,8 @@ def _start(level: int, how: str, start_at: float, end_at: float, cpu: int) -> su
     )
     # The child imports this module from wherever the caller runs.
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([root, os.environ.get("PYTHONPATH", "")])}
+    paths = [root, os.environ.get("PYTHONPATH", "")]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(path for path in paths if path)}
     return subprocess.Popen(
         [sys.executable, "-c", code], start_new_session=True, env=env, stdout=subprocess.PIPE
     )

@@ -16,6 +16,7 @@ import time
 
 from spark_runtime import keys
 from spark_runtime.activity import cpu_share_over, is_busy
+from spark_runtime.cpu_priority import set_group_nice
 from spark_runtime.strategies import get_strategy
 from spark_runtime.supervision import (
     HeartbeatMissed,
@@ -114,7 +115,9 @@ class SubprocessLauncher:
             env=env,
             # Own process group: a kill takes the JVM and the Python workers down with the driver.
             start_new_session=True,
-            preexec_fn=(lambda: os.nice(nice)) if nice else None,
+            # In the child, after setsid: the nice level and the new session's autogroup (a
+            # nice level alone does nothing across sessions, see cpu_priority).
+            preexec_fn=(lambda: set_group_nice(nice)) if nice else None,
         )
         logfile.close()
         self.processes[replica.replica_id] = proc

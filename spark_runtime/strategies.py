@@ -30,7 +30,7 @@ PROMOTE = "promote"  # a caught-up standby takes over; else the stage restarts
 # works it off is the stage's re-protect time, and a spare that is not warm when the next fault
 # comes is no spare. Measured on 2 cores with lower levels for both (docs/RESULTS.md, "CPU
 # priority"): the spares were not warm 3 minutes after the job started and re-protection took
-# 37-50 s instead of 16-23 s, so the second fault 30 s later found no promotable standby.
+# 37-55 s instead of 16-23 s, so the second fault 30 s later found no promotable standby.
 STANDBY_NICE = 5
 CATCHING_UP_NICE = 0
 SPARE_NICE = 19
