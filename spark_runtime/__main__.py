@@ -50,10 +50,9 @@ def main(argv: list[str] | None = None) -> int:
         p.add_argument("--redis-url", default=os.environ.get("REDIS_URL", DEFAULT_REDIS_URL))
     args = parser.parse_args(argv)
     configure_logging()
-    client = connect(args.redis_url)
     if args.command == "generate":
         sent = generators.generate(
-            client,
+            connect(args.redis_url, ride_out_outages=False),
             args.job,
             args.topology,
             count=args.count,
@@ -65,6 +64,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         print(f"wrote {sent} entries to the input of {args.job}")
         return 0
+    client = connect(args.redis_url)
     active = {s for s in args.active_stages.split(",") if s}
     runner = build_runner(
         args.topology,

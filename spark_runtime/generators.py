@@ -20,9 +20,22 @@ import logging
 import random
 import time
 
+import redis
+
 from spark_runtime import keys
 
 log = logging.getLogger(__name__)
+
+
+def wait_for_redis(client, stream: str, error: Exception, poll_s: float = 1.0) -> int:
+    """Block until Redis answers again after `error`; return the length of `stream` then."""
+    log.warning("Redis unreachable (%s): waiting for it", error)
+    while True:
+        try:
+            return client.xlen(stream)
+        except redis.ConnectionError:
+            time.sleep(poll_s)
+
 
 VOCABULARY = [f"w{i:03d}" for i in range(200)]
 WORD_WEIGHTS = [1.0 / (i + 1) ** 0.8 for i in range(len(VOCABULARY))]
@@ -111,7 +124,13 @@ def generate(
 
     With `resume`, the stream's length counts as already written: a generator started again
     (after its node agent or the controller was restarted) goes on from there with the next ids
-    and stops at the same `count`, so a repeated start never duplicates input."""
+    and stops at the same `count`, so a repeated start never duplicates input.
+
+    A Redis outage (a restart) does not end it: when a write fails on the connection, it waits
+    until Redis answers and counts what the stream holds as written, so entries the outage lost
+    are written again (with the same ids) and none is written twice. `client` should not retry
+    writes on its own (spark_runtime.redis_client.connect(url, ride_out_outages=False)): a
+    retried pipeline whose first run reached Redis would add its entries twice."""
     rng = random.Random(seed)
     payload = make_payload_factory(topology, rng, rate)
     stream = keys.input_stream(job)
@@ -119,6 +138,8 @@ def generate(
     last_log = started
     sent = client.xlen(stream) if resume else 0
     resumed_at = sent
+    # Entries in the stream that this run did not write (none with `resume`).
+    not_ours = client.xlen(stream) - sent
     while True:
         now = time.time()
         elapsed = now - started
@@ -142,7 +163,12 @@ def generate(
                 fields = _malform(fields, sent // malformed_every)
             pipe.xadd(stream, {k: str(v) for k, v in fields.items()})
             sent += 1
-        pipe.execute()
+        try:
+            pipe.execute()
+        except redis.ConnectionError as exc:
+            written = wait_for_redis(client, stream, exc) - not_ours
+            log.warning("generator %s: %s of %s entries reached the stream", job, written, sent)
+            sent = written
         if now - last_log >= 5:
             log.info("generator %s: %s entries in %.0f s", job, sent, elapsed)
             last_log = now

@@ -208,6 +208,13 @@ class OutputGate:
             return {"epoch": epoch, "flushed": flushed}
 
 
+# Spark (4.3) gives the Python process of a Python data source a fixed 10 s to connect back when
+# a query starts (PythonWorkerFactory.createSimpleWorker, not a setting). On a saturated machine a
+# fresh interpreter importing PySpark can take longer, and the query fails before its first batch.
+CONNECT_BACK_FAILURE = "Python worker failed to connect back"
+START_RETRIES = 3  # per process: a worker that never connects back is a real failure
+
+
 class StageRuntime:
     """The queries of one stage in this Spark driver."""
 
@@ -238,6 +245,7 @@ class StageRuntime:
         # writes it (the same records, exactly once), and after a promotion as it writes it.
         self.gate = OutputGate(client, job, stage.name, role, buffer_max)
         self.queries: list = []
+        self.start_retries = 0
 
     def query_name(self, index: int) -> str:
         """The Spark query name of segment `index` (reported in progress events)."""
@@ -324,6 +332,29 @@ class StageRuntime:
             if not query.isActive:
                 return query.exception() or RuntimeError(f"query {query.name} stopped")
         return None
+
+    def retry_failed_start(self) -> bool:
+        """Start the queries again from their checkpoints when one died only because Spark's
+        Python worker did not connect back in time (CONNECT_BACK_FAILURE), at most
+        START_RETRIES times; returns whether it did.
+
+        Cheaper than having the controller restart the replica (the JVM and the session are
+        warm, the worker's files cached) and as exact: a restart from the checkpoints replays
+        what was not committed, and the sinks are idempotent.
+        """
+        failure = self.failure()
+        if failure is None or CONNECT_BACK_FAILURE not in str(failure):
+            return False
+        if self.start_retries >= START_RETRIES:
+            return False
+        self.start_retries += 1
+        log.warning(
+            "stage %s: a query failed to start (%s); starting the queries again (%d of %d)",
+            self.stage.name, CONNECT_BACK_FAILURE, self.start_retries, START_RETRIES,
+        )  # fmt: skip
+        self.stop()
+        self.start()
+        return True
 
     def process_all_available(self, rounds: int = 3) -> None:
         """Run the queries until their inputs are drained (tests). Later segments read what

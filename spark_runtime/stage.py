@@ -375,6 +375,8 @@ def run(args, spark=None) -> int:
                 if result is not None:
                     code = result
                     break
+            if runtime.retry_failed_start():
+                continue
             failure = runtime.failure()
             if failure is not None:
                 message = str(failure)

@@ -7,8 +7,6 @@ Used through the `cluster` fixture (tests/conftest.py) by the integration and br
 from __future__ import annotations
 
 import os
-import signal
-import subprocess
 import time
 
 import psutil
@@ -17,8 +15,7 @@ from django.db import connection
 
 from console.models import Job
 from tests.factories import NodeFactory
-from web.launcher import agent_argv, agent_env, celery_argv, controller_argv, wait_for
-from workers.keys import node_heartbeat
+from web.launcher import LocalCluster, ProcessGroup
 from workers.redis_client import redis_client
 
 NODES = ("node-1", "node-2", "node-3")
@@ -35,61 +32,55 @@ def database_url() -> str:
 
 
 class Cluster:
-    """The controller, beat and node agents as real processes, logs under `log_dir`."""
+    """The controller, beat and node agents as real processes (web.launcher.LocalCluster, so a
+    process that exits on its own is started again), logs under `log_dir`.
 
-    def __init__(self, log_dir):
+    redis_url: the Redis the workers use (default: the test Redis).
+    """
+
+    def __init__(self, log_dir, redis_url: str | None = None):
         self.log_dir = log_dir
-        self.env = {
-            **os.environ,
-            "DJANGO_SETTINGS_MODULE": "web.settings.test",
-            "DATABASE_URL": database_url(),
-            "TEST_REDIS_URL": settings.REDIS_URL,
-            "CONTROLLER_DISPATCH": "true",
-            "BACKSTOP_VAR_DIR": str(log_dir),
-        }
-        self.procs: dict[str, subprocess.Popen] = {}
-
-    def start(self, name: str, argv: list[str], extra_env: dict | None = None) -> None:
-        log = open(self.log_dir / f"{name}.log", "ab")  # noqa: SIM115 (kept open for the child)
-        self.procs[name] = subprocess.Popen(
-            argv,
-            env={**self.env, **(extra_env or {})},
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
+        self.redis_url = redis_url or settings.REDIS_URL
+        self.group = ProcessGroup(log_dir, say=None)  # restarts go to log_dir/launcher.log
+        self.workers = LocalCluster(
+            self.group,
+            NODES,
+            node_mem_mb=8000,
+            node_cpu=2,
+            beat_schedule=log_dir / "beat",
+            worker_prefix="it-",
+            controller_concurrency=6,
+            env={
+                "DJANGO_SETTINGS_MODULE": "web.settings.test",
+                "DATABASE_URL": database_url(),
+                "TEST_REDIS_URL": self.redis_url,
+                "CONTROLLER_DISPATCH": "true",
+                "BACKSTOP_VAR_DIR": str(log_dir),
+            },
         )
 
     def start_controller(self) -> None:
-        self.start("controller", controller_argv("it-controller@%h", concurrency=6))
+        self.workers.start_controller()
 
     def start_all(self) -> None:
         """Controller, beat and one agent per node; returns when every agent heartbeats."""
-        self.start_controller()
-        self.start(
-            "beat",
-            celery_argv("beat", "--loglevel", "INFO", "--schedule", str(self.log_dir / "beat")),
-        )
-        for name in NODES:
-            self.start(
-                f"agent-{name}",
-                agent_argv(name, f"it-agent-{name}@%h"),
-                extra_env=agent_env(name, mem_mb=8000, cpu=2),
-            )
-        client = redis_client(decode_responses=False)
-        wait_for(lambda: all(client.exists(node_heartbeat(n)) for n in NODES), 90, "node agents")
+        self.workers.start(self.redis_url)
 
     def kill(self, name: str) -> None:
-        proc = self.procs.pop(name)
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(timeout=30)
+        """SIGKILL one of the cluster's processes ("controller", "beat", "agent-node-1"...)."""
+        self.group.kill(name)
+
+    def restarts(self) -> str:
+        """What the launcher restarted on its own (its log), "" if nothing."""
+        log = self.log_dir / "launcher.log"
+        return log.read_text() if log.exists() else ""
 
     def stop(self) -> None:
         """Stop live jobs, then every process, then any stage or generator they left behind."""
         for job in Job.objects.filter(status__in=Job.LIVE_STATUSES):
             job.request_stop("test over")
         time.sleep(3)
-        for name in list(self.procs):
-            self.kill(name)
+        self.group.stop(grace_s=0)
         # Stages and generators run in their own sessions (an agent restart must not take them
         # down): end the ones this cluster's agents started, by pid, and nobody else's.
         kill_started_under(self.log_dir)

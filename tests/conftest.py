@@ -51,3 +51,17 @@ def cluster(transactional_db, tmp_path, settings):
         yield running
     finally:
         running.stop()
+
+
+@pytest.fixture
+def private_redis(tmp_path):
+    """A redis-server of the test's own with append-only persistence, which the test can crash
+    and start again (tests/redis_server.py)."""
+    from tests.redis_server import PrivateRedis
+
+    server = PrivateRedis(tmp_path / "redis")
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()

@@ -6,19 +6,23 @@ Django is configured.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlparse
 
 import redis
 
+from workers.keys import node_heartbeat
 from workers.queues import CONTROL_QUEUE, node_queue
 from workers.redis_client import redis_client
 
@@ -47,40 +51,132 @@ def redis_server_binary() -> str:
     return str(get_binary_path())
 
 
+# A child that exits sooner than this after its start counts as crashing: its next start waits.
+QUICK_EXIT_S = 30.0
+RESTART_DELAY_CAP_S = 30.0
+
+
+@dataclass
+class Child:
+    """One process of a ProcessGroup, with what it takes to start it again."""
+
+    name: str
+    argv: list[str]
+    env: dict
+    proc: subprocess.Popen
+    started_at: float
+    restarts: int = 0
+    quick_exits: int = 0  # consecutive exits within QUICK_EXIT_S of a start
+    exited_at: float | None = None  # when the group saw it exit (None while it runs)
+
+
 @dataclass
 class ProcessGroup:
-    """Child processes started for the demo, stopped together (SIGTERM, then SIGKILL)."""
+    """Child processes started together, kept running, stopped together (SIGTERM, then SIGKILL).
+
+    Like a process manager (compose's `restart: unless-stopped`, systemd's `Restart=always`), the
+    group starts again a child that exits on its own: a Celery worker can stop for good on a
+    broker error (kombu 5.7 does on a Redis restart; docs/RELIABILITY.md). A child that keeps
+    exiting soon after its start waits longer each time (1 s doubling up to 30 s). `kill` and
+    `stop` end children for good.
+    """
 
     log_dir: Path
-    children: list[tuple[str, subprocess.Popen]] = field(default_factory=list)
+    say: Callable[[str], None] | None = print  # restarts are reported there and in launcher.log
+    children: dict[str, Child] = field(default_factory=dict)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+    _stopping: threading.Event = field(default_factory=threading.Event)
+    _watcher: threading.Thread | None = None
 
     def start(self, name: str, argv: list[str], env: dict | None = None) -> subprocess.Popen:
+        """Start `name` (its output in log_dir/name.log) and keep it running."""
+        with self._lock:
+            child = Child(name, argv, {**os.environ, **(env or {})}, None, 0.0)
+            self._spawn(child)
+            self.children[name] = child
+        self._watch()
+        return child.proc
+
+    def _spawn(self, child: Child) -> None:
         self.log_dir.mkdir(parents=True, exist_ok=True)
-        log = open(self.log_dir / f"{name}.log", "ab")  # noqa: SIM115 (kept open for the child)
-        proc = subprocess.Popen(
-            argv,
+        log = open(self.log_dir / f"{child.name}.log", "ab")  # noqa: SIM115 (kept open for the child)
+        child.proc = subprocess.Popen(
+            child.argv,
             stdout=log,
             stderr=subprocess.STDOUT,
-            env={**os.environ, **(env or {})},
+            env=child.env,
             start_new_session=True,  # Ctrl-C reaches us, and we stop children in order
         )
-        self.children.append((name, proc))
-        return proc
+        child.started_at = time.monotonic()
 
-    def dead(self) -> list[str]:
-        return [name for name, proc in self.children if proc.poll() is not None]
+    def restart_exited(self) -> list[str]:
+        """Start again each child that has exited and waited out its delay; returns their names."""
+        restarted = []
+        with self._lock:
+            for child in self.children.values():
+                code = child.proc.poll()
+                if code is None or self._stopping.is_set():
+                    continue
+                now = time.monotonic()
+                if child.exited_at is None:
+                    child.exited_at = now
+                    quick = now - child.started_at < QUICK_EXIT_S
+                    child.quick_exits = child.quick_exits + 1 if quick else 0
+                delay_s = min(RESTART_DELAY_CAP_S, 2.0 ** (child.quick_exits - 1))
+                if child.quick_exits and now - child.exited_at < delay_s:
+                    continue
+                child.exited_at = None
+                child.restarts += 1
+                self._spawn(child)
+                restarted.append(child.name)
+                self._report(
+                    f"restarted {child.name} (it exited with code {code}; restart {child.restarts})"
+                )
+        return restarted
+
+    def _report(self, message: str) -> None:
+        stamp = time.strftime("%Y-%m-%d %H:%M:%S")
+        with open(self.log_dir / "launcher.log", "a") as log:
+            log.write(f"[{stamp}] {message}\n")
+        if self.say is not None:
+            self.say(message)
+
+    def _watch(self) -> None:
+        if self._watcher is not None:
+            return
+        self._watcher = threading.Thread(target=self._watch_loop, name="process-group", daemon=True)
+        self._watcher.start()
+
+    def _watch_loop(self) -> None:
+        while not self._stopping.wait(1.0):
+            self.restart_exited()
+
+    def kill(self, name: str) -> None:
+        """SIGKILL `name` and its process group, for good (it is not restarted)."""
+        with self._lock:
+            child = self.children.pop(name)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(child.proc.pid, signal.SIGKILL)
+        child.proc.wait(timeout=30)
 
     def stop(self, grace_s: float = 10.0) -> None:
-        for _, proc in reversed(self.children):
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGTERM)
+        """SIGTERM every child, newest first, then SIGKILL those still running after `grace_s`."""
+        self._stopping.set()
+        with self._lock:
+            children = list(reversed(self.children.values()))
+            self.children.clear()
+        for child in children:
+            if child.proc.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(child.proc.pid, signal.SIGTERM)
         deadline = time.monotonic() + grace_s
-        for _, proc in reversed(self.children):
+        for child in children:
             try:
-                proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+                child.proc.wait(timeout=max(0.1, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(child.proc.pid, signal.SIGKILL)
+                child.proc.wait()
 
 
 def start_redis_if_needed(url: str, group: ProcessGroup, data_dir: Path) -> str:
@@ -102,14 +198,16 @@ def start_redis_if_needed(url: str, group: ProcessGroup, data_dir: Path) -> str:
             "127.0.0.1",
             "--save",
             "",
+            # What Backstop needs of a Redis (docs/RELIABILITY.md): append-only persistence, so
+            # a restart (this group restarts a Redis that exits) keeps the jobs' data.
             "--appendonly",
-            "no",
+            "yes",
             "--dir",
             str(data_dir),
         ],
     )
     wait_for(lambda: redis_answers(url), 15, f"Redis ({binary}) to answer at {url}")
-    return f"started {binary} at {url}"
+    return f"started {binary} at {url} (append-only file in {data_dir})"
 
 
 def celery_argv(*args: str) -> list[str]:
@@ -145,6 +243,53 @@ def agent_env(node: str, mem_mb: float, cpu: float | None = None) -> dict[str, s
     if cpu is not None:
         env["BACKSTOP_NODE_CPU"] = str(cpu)
     return env
+
+
+@dataclass
+class LocalCluster:
+    """A local Backstop's workers: the Celery controller, beat and one node agent per node, in
+    `group` (so kept running). The one way `manage.py demo`, the benchmark and the integration
+    tests start them; the caller owns Redis, the database and the web server."""
+
+    group: ProcessGroup
+    nodes: Sequence[str]
+    node_mem_mb: float
+    beat_schedule: Path
+    node_cpu: float | None = None  # None: each agent measures the machine's cores
+    worker_prefix: str = ""  # Celery worker names, e.g. "bench-" gives bench-controller@host
+    controller_concurrency: int = 8
+    env: dict = field(default_factory=dict)  # added to every process's environment
+
+    def start_controller(self) -> None:
+        self.group.start(
+            "controller",
+            controller_argv(f"{self.worker_prefix}controller@%h", self.controller_concurrency),
+            env=self.env,
+        )
+
+    def start(self, redis_url: str, timeout_s: float = 90) -> None:
+        """Start the controller, the agents and beat; return once every agent heartbeats."""
+        self.start_controller()
+        for node in self.nodes:
+            self.group.start(
+                f"agent-{node}",
+                agent_argv(node, f"{self.worker_prefix}agent-{node}@%h"),
+                env={**self.env, **agent_env(node, self.node_mem_mb, self.node_cpu)},
+            )
+        self.group.start(
+            "beat",
+            celery_argv("beat", "--loglevel", "INFO", "--schedule", str(self.beat_schedule)),
+            env=self.env,
+        )
+        client = redis_client(redis_url, decode_responses=False)
+        try:
+            wait_for(
+                lambda: all(client.exists(node_heartbeat(node)) for node in self.nodes),
+                timeout_s,
+                f"the node agents' heartbeats (logs in {self.group.log_dir})",
+            )
+        finally:
+            client.close()
 
 
 def http_ok(url: str) -> bool:

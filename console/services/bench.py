@@ -35,16 +35,7 @@ from spark_runtime import keys as data_keys
 from spark_runtime.progress import read_progress
 from spark_runtime.strategies import STRATEGIES
 from spark_runtime.topology import SINK, SOURCE, get_topology
-from web.launcher import (
-    ProcessGroup,
-    agent_argv,
-    agent_env,
-    celery_argv,
-    controller_argv,
-    start_redis_if_needed,
-    wait_for,
-)
-from workers.keys import node_heartbeat
+from web.launcher import LocalCluster, ProcessGroup, start_redis_if_needed, wait_for
 from workers.node_metrics import ProcessTracker, cmdline_arg, stage_processes, with_children
 from workers.redis_client import redis_client
 
@@ -170,7 +161,7 @@ class BenchCluster:
     duration of a `with` block; logs in `log_dir`."""
 
     def __init__(self, log_dir: Path, say):
-        self.group = ProcessGroup(log_dir)
+        self.group = ProcessGroup(log_dir, say=say)
         self.log_dir = log_dir
         self.say = say
 
@@ -195,23 +186,13 @@ class BenchCluster:
         targets = redis_client()
         for node in nodes:
             targets.set(data_keys.spares_wanted(node.name), 0)
-        self.group.start("controller", controller_argv("bench-controller@%h"))
-        for node in nodes:
-            self.group.start(
-                f"agent-{node.name}",
-                agent_argv(node.name, f"bench-agent-{node.name}@%h"),
-                env=agent_env(node.name, node.mem_total_mb),
-            )
-        self.group.start(
-            "beat",
-            celery_argv("beat", "--loglevel", "INFO", "--schedule", str(self.log_dir / "beat")),
-        )
-        client = redis_client(decode_responses=False)
-        wait_for(
-            lambda: all(client.exists(node_heartbeat(n)) for n in DEMO_NODES),
-            90,
-            f"the node agents' heartbeats (logs in {self.log_dir})",
-        )
+        LocalCluster(
+            self.group,
+            DEMO_NODES,
+            node_mem_mb=nodes[0].mem_total_mb,
+            beat_schedule=self.log_dir / "beat",
+            worker_prefix="bench-",
+        ).start(django_settings.REDIS_URL)
         self.say(f"controller, beat and agents {', '.join(DEMO_NODES)} up (logs: {self.log_dir})")
         return self
 

@@ -212,7 +212,12 @@ def supervise_window(job: Job, client, window_s: float, keep_lease) -> bool:
     """
     supervisor = load_supervisor(client, job)
     if supervisor is None:
-        if job.is_live:
+        if job.status == Job.Status.STOPPING:
+            # stop_everything deletes the state last: a controller killed after it and before
+            # marking the job stopped left nothing to stop.
+            job.mark_stopped(job.status_reason or "stopped")
+            close_measurements(job, client)
+        elif job.is_live:
             job.mark_failed("supervision state lost: relaunch the job")
             alert_failed_job(job)
         return False
@@ -253,7 +258,9 @@ def supervise_window(job: Job, client, window_s: float, keep_lease) -> bool:
                 job.mark_running("every primary is running")
             ensure_generator(job, supervisor, client)
             policy_cycle(job, supervisor, client)
-            if supervisor.definition.warm_spares:
+            if supervisor.definition.warm_spares and supervisor.all_running():
+                # Spares come after the job's own replicas: on a busy machine, spare JVMs warming
+                # up beside a launch slowed its standby's start past the end of a short input.
                 keep_warm_spares(client, config)
             save_supervisor(client, job, supervisor)
             recovery.measure_open_episodes(job, client, config)

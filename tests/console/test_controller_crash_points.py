@@ -19,7 +19,7 @@ from console.models import ControlDecision, Job, RecoveryEpisode
 from console.services import controller
 from console.services.control import act, observe
 from spark_runtime import keys as data_keys
-from spark_runtime.supervision import Supervisor, execute
+from spark_runtime.supervision import RestartPolicy, Supervisor, execute
 from tests.agent_edge import publish_usage, queued
 from tests.factories import NodeFactory, make_job
 from workers import keys as control_keys
@@ -104,9 +104,9 @@ def heartbeat(client, job: Job, replica_id: str, role: str) -> None:
     client.set(data_keys.heartbeat(job.key, replica_id), json.dumps(beat), ex=5)
 
 
-def test_a_controller_killed_after_acting_on_a_failure_records_it_once(client):
-    # The tick carries out the promotion, then the controller dies before it saves its state:
-    # the next controller loads the state from before the failure and sees the same exit again.
+def running_adaptive_job(client) -> tuple[Job, Supervisor]:
+    """An adaptive job whose stage wc runs a primary (wc-1) and a standby (wc-2), as the
+    controller saw them, with its state saved."""
     job = make_job(status=Job.Status.RUNNING, strategy="adaptive")
     sup = Supervisor(job.key, job.topology, {"wc": ("split", "count")}, job.strategy, NODES,
                      active_stages={"wc"})  # fmt: skip
@@ -117,7 +117,13 @@ def test_a_controller_killed_after_acting_on_a_failure_records_it_once(client):
         controller.supervise_tick(job, sup, client)  # both replicas seen running
     observe.save_supervisor(client, job, sup)
     client.delete(*NODE_QUEUES)
+    return job, sup
 
+
+def test_a_controller_killed_after_acting_on_a_failure_records_it_once(client):
+    # The tick carries out the promotion, then the controller dies before it saves its state:
+    # the next controller loads the state from before the failure and sees the same exit again.
+    job, sup = running_adaptive_job(client)
     client.delete(data_keys.heartbeat(job.key, "wc-1"))
     client.hset(control_keys.exits(job.key), "wc-1", json.dumps({"returncode": "-9"}))
     controller.supervise_tick(job, sup, client)  # promotes wc-2; killed before the save
@@ -135,3 +141,61 @@ def test_a_controller_killed_after_acting_on_a_failure_records_it_once(client):
     heartbeat(client, job, "wc-2", "primary")
     controller.supervise_tick(job, again, client)
     assert [args[2] for _, args in asked(client, "backstop.agent.start_replica")] == ["wc-3"]
+
+
+def test_a_controller_killed_while_a_job_stops_finishes_the_stop(client):
+    job, sup = running_adaptive_job(client)
+    job.request_stop("by the operator")
+    # Killed after asking every replica and the generator to stop, before marking the job
+    # stopped: the next window finishes the stop instead of calling the state lost.
+    act.stop_everything(job, sup, client)
+    killed = {args[0] for _, args in asked(client, "backstop.agent.kill_replica")}
+    assert killed == {"wc-1", "wc-2", f"generator-{job.key}"}
+    assert controller.supervise_window(job, client, window_s=1, keep_lease=lambda: None) is False
+    job.refresh_from_db()
+    assert job.status == Job.Status.STOPPED
+    assert job.status_reason == "by the operator"
+
+
+def test_a_controller_killed_during_a_restart_backoff_restarts_the_replica_once(client):
+    job, sup = running_adaptive_job(client)
+    sup.restart_policy = RestartPolicy(initial_delay_s=1.0, max_delay_s=1.0)
+
+    def standby_exits() -> None:
+        client.delete(data_keys.heartbeat(job.key, "wc-2"))
+        client.hset(control_keys.exits(job.key), "wc-2", json.dumps({"returncode": "1"}))
+
+    standby_exits()
+    controller.supervise_tick(job, sup, client)  # the first failure in a row: restarted at once
+    assert [args[2] for _, args in asked(client, "backstop.agent.start_replica")] == ["wc-2"]
+    client.delete(*NODE_QUEUES)
+    # The restarted standby fails again before a batch: its restart waits out the backoff. The
+    # state is saved, then the controller dies before the backoff is over.
+    standby_exits()
+    controller.supervise_tick(job, sup, client)
+    observe.save_supervisor(client, job, sup)
+    assert asked(client, "backstop.agent.start_replica") == []
+    again = observe.load_supervisor(client, job)
+    time.sleep(1.1)
+    controller.supervise_tick(job, again, client)  # the next controller: the backoff is over
+    controller.supervise_tick(job, again, client)
+    assert [args[2] for _, args in asked(client, "backstop.agent.start_replica")] == ["wc-2"]
+    failures = job.decisions.filter(kind=ControlDecision.Kind.FAILURE, replica_id="wc-2")
+    assert failures.count() == 2  # one per run of the replica
+
+
+def test_a_controller_killed_as_a_promotion_completes_asks_for_the_same_new_standby(client):
+    job, sup = running_adaptive_job(client)
+    client.delete(data_keys.heartbeat(job.key, "wc-1"))
+    client.hset(control_keys.exits(job.key), "wc-1", json.dumps({"returncode": "-9"}))
+    controller.supervise_tick(job, sup, client)  # promotes wc-2
+    observe.save_supervisor(client, job, sup)
+    heartbeat(client, job, "wc-2", "primary")  # the promotion completed
+    controller.supervise_tick(job, sup, client)  # asks for a new standby; killed before the save
+    first = [args[2] for _, args in asked(client, "backstop.agent.start_replica")]
+    again = observe.load_supervisor(client, job)
+    controller.supervise_tick(job, again, client)  # the next controller sees the same and acts
+    asks = [args[2] for _, args in asked(client, "backstop.agent.start_replica")]
+    # The same replica id both times: the agent starts it once and leaves a running one alone.
+    assert first == ["wc-3"] and asks == ["wc-3", "wc-3"]
+    assert RecoveryEpisode.objects.filter(job=job).count() == 1

@@ -64,6 +64,16 @@ def launch(client, job: Job, policy: RestartPolicy) -> Supervisor:
     return sup
 
 
+def live_agents(client) -> None:
+    """Every node's agent heartbeats with an idle machine's usage."""
+    usage = {"at": time.time(), "cpu_total": 2.0, "cpu_used": 0.2, "mem_total": 4096.0,
+             "mem_used": 1024.0, "disk_throughput": 1.0, "disk_max_throughput": 200.0,
+             "bw_used": 1.0, "bw_total": 1000.0, "processes": 1, "spares": 0}  # fmt: skip
+    for name in NODES:
+        client.set(control_keys.node_heartbeat(name), json.dumps(usage), ex=30)
+        client.xadd(control_keys.node_metrics(name), {"sample": json.dumps(usage)})
+
+
 def test_a_crash_loop_backs_off_then_fails_the_job_with_its_cause_and_alerts(client):
     job = make_job(status=Job.Status.RUNNING, strategy="local-restart")
     policy = RestartPolicy(initial_delay_s=0.2, max_failures=3, failure_window_s=60)
@@ -160,17 +170,31 @@ def test_spares_are_released_when_no_live_job_can_use_them(client):
     client.delete(*(data_keys.spares_wanted(n) for n in NODES))
 
 
+def test_spares_are_asked_for_once_the_jobs_own_replicas_run(client):
+    job = make_job(status=Job.Status.RUNNING, strategy="adaptive")
+    observe.save_supervisor(client, job, launch(client, job, RestartPolicy()))
+    live_agents(client)
+
+    def spare_targets() -> set:
+        return {client.get(data_keys.spares_wanted(n)) for n in NODES}
+
+    controller.supervise_window(job, client, window_s=1.0, keep_lease=lambda: None)
+    assert spare_targets() == {None}  # the primary and the standby are still starting
+    for replica_id, role in (("wc-1", "primary"), ("wc-2", "standby")):
+        beat = {"state": "running", "role": role, "batches": 3, "started_at": time.time()}
+        client.set(data_keys.heartbeat(job.key, replica_id), json.dumps(beat), ex=30)
+    controller.supervise_window(job, client, window_s=3.0, keep_lease=lambda: None)
+    assert spare_targets() == {"1"}  # the policy's default: one warm spare per node
+    client.delete(*(data_keys.spares_wanted(n) for n in NODES))
+    client.delete(*(control_keys.node_heartbeat(n) for n in NODES))
+
+
 def test_a_window_that_gives_up_starts_nothing_more(client):
     # Seen in the demo: the tick gave up on the job, then the same window's policy cycle found a
     # stage without standby and started one for the failed job.
     job = make_job(status=Job.Status.RUNNING, strategy="adaptive")
     sup = launch(client, job, RestartPolicy(max_failures=2, failure_window_s=60))
-    usage = {"at": time.time(), "cpu_total": 2.0, "cpu_used": 0.2, "mem_total": 4096.0,
-             "mem_used": 1024.0, "disk_throughput": 1.0, "disk_max_throughput": 200.0,
-             "bw_used": 1.0, "bw_total": 1000.0, "processes": 1, "spares": 0}  # fmt: skip
-    for name in NODES:  # live agents: a policy cycle would place standbys on them
-        client.set(control_keys.node_heartbeat(name), json.dumps(usage), ex=30)
-        client.xadd(control_keys.node_metrics(name), {"sample": json.dumps(usage)})
+    live_agents(client)  # a policy cycle would place standbys on them
     fail(client, job, "wc-1", "boom")
     controller.supervise_tick(job, sup, client)
     observe.save_supervisor(client, job, sup)

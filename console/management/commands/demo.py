@@ -13,16 +13,7 @@ from django.core.management.base import BaseCommand
 
 from console.services.demo_setup import DEMO_NODES, ensure_demo_nodes, ensure_demo_users
 from console.services.jobs import kill_job_processes, kill_warm_spares
-from web.launcher import (
-    ProcessGroup,
-    agent_argv,
-    agent_env,
-    celery_argv,
-    controller_argv,
-    http_ok,
-    start_redis_if_needed,
-    wait_for,
-)
+from web.launcher import LocalCluster, ProcessGroup, http_ok, start_redis_if_needed, wait_for
 
 
 def stop_demo_jobs() -> int:
@@ -88,7 +79,7 @@ class Command(BaseCommand):
     def handle(self, *args, host, port, check, **options):
         total = 7
         log_dir = settings.VAR_DIR / "log"
-        group = ProcessGroup(log_dir)
+        group = ProcessGroup(log_dir, say=lambda message: self.stderr.write(message))
         signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
         try:
             self.step(1, total, "database migrations")
@@ -106,21 +97,12 @@ class Command(BaseCommand):
             )
 
             self.step(4, total, "Celery: controller, node agents, beat")
-            group.start("controller", controller_argv())
-            for name in DEMO_NODES:
-                group.start(
-                    f"agent-{name}", agent_argv(name), env=agent_env(name, nodes[0].mem_total_mb)
-                )
-            group.start(
-                "beat",
-                celery_argv(
-                    "beat",
-                    "--loglevel",
-                    "INFO",
-                    "--schedule",
-                    str(settings.VAR_DIR / "beat.db"),
-                ),
-            )
+            LocalCluster(
+                group,
+                DEMO_NODES,
+                node_mem_mb=nodes[0].mem_total_mb,
+                beat_schedule=settings.VAR_DIR / "beat.db",
+            ).start(settings.REDIS_URL)
 
             self.step(5, total, f"web server on http://{host}:{port}/")
             # --insecure: runserver serves the static files (CSS, Dash's scripts) with DEBUG off.
@@ -158,11 +140,7 @@ class Command(BaseCommand):
             self.stdout.write(debug_note(settings.DEBUG) + "\n")
             if check:
                 return
-            while True:
-                dead = group.dead()
-                if dead:
-                    self.stderr.write(f"stopped unexpectedly: {', '.join(dead)} (see {log_dir})")
-                    sys.exit(1)
+            while True:  # the group restarts a process that exits (see var/log/launcher.log)
                 time.sleep(2)
         except KeyboardInterrupt:
             self.stdout.write("\nstopping ...")

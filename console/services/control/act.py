@@ -202,7 +202,9 @@ def release_unused_spares(client) -> bool:
 
 
 def stop_everything(job: Job, supervisor: Supervisor, client) -> None:
-    """Kill the job's replicas and its generator; the sinks are idempotent, checkpoints stay."""
+    """Kill the job's replicas and its generator; the sinks are idempotent, checkpoints stay.
+    The supervision state goes last: a controller killed before that stops the job again (the
+    kills are idempotent), one killed after it finds no state and marks the job stopped."""
     launcher = AgentLauncher(job, client)
     execute(supervisor.stop(), launcher, command_sender(client, job))
     stop_generator(job)

@@ -1,0 +1,157 @@
+"""Control-plane faults under a running job: Redis restarted, then PostgreSQL restarted.
+
+Redis carries everything of a running job (its input stream, its results, the fencing epochs,
+the supervision state, the agents' queues), so this test gives the cluster a Redis of its own:
+a `redis-server` with append-only persistence on a free port, which it SIGKILLs while an
+adaptive wordcount job runs and starts again 3 s later on the same files. Then, on PostgreSQL,
+the test database's sessions are all ended and new ones refused for a few seconds (what its
+clients see of a restart; the stages do not use the database). Then:
+- the job's output goes on: the stages ride the outage out (the data plane's Redis clients retry
+  for about 23 s, spark_runtime/redis_client.py) and the generator writes again what the crash
+  lost (spark_runtime/generators.py);
+- no replica fails: the primary is the same process afterwards and no episode is recorded;
+- supervision goes on: the controller's Celery worker may stop on the broker loss (kombu 5.7
+  does, docs/RELIABILITY.md); the launcher starts it again; supervision tasks that failed on
+  the database are resumed by the watchdog; a SIGKILL of the key stage's primary after the
+  outages is answered with a promotion;
+- the final counts equal the ground truth computed in plain Python from the input stream, and
+  the episode's audit finds nothing lost or duplicated.
+
+The job is created in the test database and launched with a task sent to the private Redis
+(the test process's own Celery app talks to the shared test Redis).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import time
+
+import psutil
+import psycopg2
+import pytest
+from celery import Celery
+from django.db import connection
+
+from console.models import Job, RecoveryEpisode
+from console.roles import OPERATOR
+from console.services.jobs import create_job
+from spark_runtime import keys
+from tests.cluster import Cluster, prepare
+from tests.factories import UserFactory
+from tests.integration.live import (
+    RATE,
+    assert_episodes_audited_exact,
+    replica_entry,
+    wait_for_exact_results,
+)
+from web.launcher import wait_for
+from workers.queues import CONTROL_QUEUE
+from workers.redis_client import redis_client
+
+pytestmark = [pytest.mark.spark, pytest.mark.django_db(transaction=True)]
+
+LINES = 4200  # 70 s of input at RATE: the generator is still writing when Redis goes down
+DOWN_S = 3.0  # how long Redis, then the database, stay down (at least)
+
+
+def kill_primary(client, job: Job, replica_id: str) -> None:
+    """SIGKILL a replica's process group (its Python driver and its JVM), as kill-driver does."""
+    pid = replica_entry(client, job, replica_id)["pid"]
+    os.killpg(os.getpgid(pid), signal.SIGKILL)
+
+
+def words_counted(client, job: Job) -> int:
+    return sum(int(count) for count in client.hvals(keys.results(job.key)))
+
+
+@contextlib.contextmanager
+def database_down():
+    """PostgreSQL restarted, as its clients see it, for the test database only (the machine's
+    server serves others): every session of the database is ended and new ones are refused
+    until the block ends. Data is untouched, as in a restart."""
+    conf = connection.settings_dict
+    admin = psycopg2.connect(
+        dbname="postgres",
+        user=conf.get("USER") or "postgres",
+        host=conf.get("HOST") or "127.0.0.1",
+        port=conf.get("PORT") or 5432,
+    )
+    admin.autocommit = True
+    name = conf["NAME"]
+    try:
+        with admin.cursor() as cursor:
+            cursor.execute(f'ALTER DATABASE "{name}" WITH ALLOW_CONNECTIONS false')
+            cursor.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = %s",
+                [name],
+            )
+        yield
+    finally:
+        with admin.cursor() as cursor:
+            cursor.execute(f'ALTER DATABASE "{name}" WITH ALLOW_CONNECTIONS true')
+        admin.close()
+        connection.close()  # this process's session was ended too
+
+
+def test_a_job_rides_out_redis_and_database_restarts(private_redis, tmp_path, settings):
+    UserFactory(username="opal", role=OPERATOR)  # tests.integration.live's API user
+    settings.REDIS_URL = private_redis.url  # this process's Redis clients read it at each call
+    prepare()
+    cluster = Cluster(tmp_path, redis_url=private_redis.url)
+    try:
+        cluster.start_all()
+        client = redis_client(decode_responses=False)
+        job = create_job(
+            name="it-outages",
+            topology="wordcount",
+            strategy="adaptive",
+            params={"rate": RATE, "count": LINES},
+        )
+        broker = Celery("it-outages", broker=private_redis.url)
+        broker.send_task("backstop.controller.launch_job", args=(job.pk,), queue=CONTROL_QUEUE)
+        wait_for(lambda: Job.objects.get(pk=job.pk).status == Job.Status.RUNNING, 180, "running")
+        wait_for(lambda: client.hlen(keys.results(job.key)) > 0, 120, "first results")
+        primary_pid = replica_entry(client, job, "count-1")["pid"]
+
+        # 1. Redis crashes and comes back on its append-only file.
+        private_redis.crash()
+        time.sleep(DOWN_S)
+        private_redis.start()
+        client = redis_client(decode_responses=False)
+        written = client.xlen(keys.input_stream(job.key))
+        counted = words_counted(client, job)
+        assert written > 0 and counted > 0, "the append-only file brought the job's data back"
+        wait_for(lambda: client.xlen(keys.input_stream(job.key)) > written, 60, "new input")
+        wait_for(lambda: words_counted(client, job) > counted, 60, "new results")
+
+        # 2. PostgreSQL restarts (not a fault SQLite has): the data path does not use it.
+        if connection.vendor == "postgresql":
+            with database_down():
+                counted = words_counted(client, job)
+                wait_for(lambda: words_counted(client, job) > counted, 30, "results, DB down")
+                time.sleep(DOWN_S)
+
+        # The primary rode both outages out: same process, no failure recorded.
+        assert psutil.pid_exists(primary_pid)
+        assert replica_entry(client, job, "count-1")["pid"] == primary_pid
+        assert not RecoveryEpisode.objects.filter(job=job).exists()
+
+        # 3. Supervision goes on: a primary crash is answered with a promotion.
+        wait_for(
+            lambda: replica_entry(client, job, "count-2").get("state") == "running",
+            180,
+            "the standby caught up",
+        )
+        kill_primary(client, job, "count-1")
+        wait_for(
+            lambda: RecoveryEpisode.objects.filter(job=job, action="promote").exists(),
+            90,
+            f"a promotion after the outages (launcher log: {cluster.restarts()!r})",
+        )
+
+        wait_for_exact_results(client, job, LINES)
+        assert_episodes_audited_exact(job)
+    finally:
+        cluster.stop()

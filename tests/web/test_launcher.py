@@ -1,0 +1,49 @@
+"""The launcher's process group keeps its children running, as a process manager would: real
+child processes, no Django."""
+
+from __future__ import annotations
+
+import sys
+
+from web.launcher import ProcessGroup, wait_for
+
+
+def starts_of(path) -> list[float]:
+    """The start times a child wrote, one per line (each start appends its own)."""
+    return [float(line) for line in path.read_text().split()] if path.exists() else []
+
+
+def test_a_child_that_exits_is_started_again_each_time_a_little_later(tmp_path):
+    """A child that exits right after its start is started again after 1 s, then 2 s, ..."""
+    marker = tmp_path / "starts"
+    said = []
+    group = ProcessGroup(tmp_path / "log", say=said.append)
+    script = f"import time; open({str(marker)!r}, 'a').write(f'{{time.time()}}\\n')"
+    group.start("flaky", [sys.executable, "-c", script])
+    try:
+        wait_for(lambda: len(starts_of(marker)) >= 3, 30, "three starts")
+    finally:
+        group.stop()
+    first, second, third = starts_of(marker)[:3]
+    # Lower bounds only: on a busy machine the gaps grow, they never shrink.
+    assert second - first >= 0.9
+    assert third - second >= 1.9
+    assert said[:2] == [
+        "restarted flaky (it exited with code 0; restart 1)",
+        "restarted flaky (it exited with code 0; restart 2)",
+    ]
+    assert "restarted flaky" in (tmp_path / "log" / "launcher.log").read_text()
+
+
+def test_a_killed_child_stays_down_and_stop_ends_the_rest(tmp_path):
+    group = ProcessGroup(tmp_path, say=None)
+    killed = group.start("killed", [sys.executable, "-c", "import time; time.sleep(60)"])
+    kept = group.start("kept", [sys.executable, "-c", "import time; time.sleep(60)"])
+    group.kill("killed")
+    assert killed.poll() is not None
+    assert group.restart_exited() == []
+    assert list(group.children) == ["kept"]
+    group.stop(grace_s=5)
+    assert kept.poll() is not None
+    assert group.restart_exited() == []
+    assert not (tmp_path / "launcher.log").exists()
