@@ -109,8 +109,10 @@ def test_a_job_rides_out_redis_and_database_restarts(private_redis, tmp_path, se
             strategy="adaptive",
             params={"rate": RATE, "count": LINES},
         )
-        broker = Celery("it-outages", broker=private_redis.url)
+        # Not the current app: shared tasks sent by later tests must keep the suite's broker.
+        broker = Celery("it-outages", broker=private_redis.url, set_as_current=False)
         broker.send_task("backstop.controller.launch_job", args=(job.pk,), queue=CONTROL_QUEUE)
+        broker.close()
         wait_for(lambda: Job.objects.get(pk=job.pk).status == Job.Status.RUNNING, 180, "running")
         wait_for(lambda: client.hlen(keys.results(job.key)) > 0, 120, "first results")
         primary_pid = replica_entry(client, job, "count-1")["pid"]
