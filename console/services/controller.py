@@ -258,9 +258,7 @@ def supervise_window(job: Job, client, window_s: float, keep_lease) -> bool:
                 job.mark_running("every primary is running")
             ensure_generator(job, supervisor, client)
             policy_cycle(job, supervisor, client)
-            if supervisor.definition.warm_spares and supervisor.all_running():
-                # Spares come after the job's own replicas: on a busy machine, spare JVMs warming
-                # up beside a launch slowed its standby's start past the end of a short input.
+            if supervisor.definition.warm_spares:
                 keep_warm_spares(client, config)
             save_supervisor(client, job, supervisor)
             recovery.measure_open_episodes(job, client, config)

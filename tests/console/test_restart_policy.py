@@ -170,25 +170,6 @@ def test_spares_are_released_when_no_live_job_can_use_them(client):
     client.delete(*(data_keys.spares_wanted(n) for n in NODES))
 
 
-def test_spares_are_asked_for_once_the_jobs_own_replicas_run(client):
-    job = make_job(status=Job.Status.RUNNING, strategy="adaptive")
-    observe.save_supervisor(client, job, launch(client, job, RestartPolicy()))
-    live_agents(client)
-
-    def spare_targets() -> set:
-        return {client.get(data_keys.spares_wanted(n)) for n in NODES}
-
-    controller.supervise_window(job, client, window_s=1.0, keep_lease=lambda: None)
-    assert spare_targets() == {None}  # the primary and the standby are still starting
-    for replica_id, role in (("wc-1", "primary"), ("wc-2", "standby")):
-        beat = {"state": "running", "role": role, "batches": 3, "started_at": time.time()}
-        client.set(data_keys.heartbeat(job.key, replica_id), json.dumps(beat), ex=30)
-    controller.supervise_window(job, client, window_s=3.0, keep_lease=lambda: None)
-    assert spare_targets() == {"1"}  # the policy's default: one warm spare per node
-    client.delete(*(data_keys.spares_wanted(n) for n in NODES))
-    client.delete(*(control_keys.node_heartbeat(n) for n in NODES))
-
-
 def test_a_window_that_gives_up_starts_nothing_more(client):
     # Seen in the demo: the tick gave up on the job, then the same window's policy cycle found a
     # stage without standby and started one for the failed job.
