@@ -248,10 +248,15 @@ def readiness(gate) -> str:
     return RUNNING if gate.caught_up(CAUGHT_UP_S) else CATCHING_UP
 
 
-def wanted_nice(low_priority: bool, role: str, ready: str) -> int:
+def wanted_nice(low_priority: bool, role: str, ready: str, started: bool) -> int:
     """The nice level of this replica's processes: a primary, and a standby that is starting or
-    catching up, run at the normal priority; a caught-up low-priority standby runs below it."""
-    if not low_priority or role == "primary":
+    catching up, run at the normal priority; a caught-up low-priority standby runs below it.
+
+    started: the standby has run a batch or found its input idle. Before that its query is
+    starting, and Spark gives the Python worker of its source a fixed 10 s to connect back: a
+    standby niced at launch (caught up, as its primary had written nothing yet) failed that
+    again and again on a busy machine (fresh-clone CI runs, 2026-11-23)."""
+    if not low_priority or role == "primary" or not started:
         return 0
     return CATCHING_UP_NICE if ready == CATCHING_UP else STANDBY_NICE
 
@@ -314,7 +319,7 @@ def run(args, spark=None) -> int:
 
     client = connect(args.redis_url)
     state = ReplicaState(client, args)
-    state.update(nice=set_group_nice(wanted_nice(args.low_priority, args.role, CATCHING_UP)))
+    state.update(nice=set_group_nice(0))  # the normal priority until its first batch
     stop_beats = threading.Event()
     beats = threading.Thread(target=heartbeat_loop, args=(state, stop_beats), daemon=True)
     beats.start()
@@ -351,21 +356,21 @@ def run(args, spark=None) -> int:
         state.update(
             checkpoint_interval_s=args.checkpoint_interval, interval_since=time.time(), confs=confs
         )
-    ready = readiness(runtime.gate)
     state.update(
-        state=ready,
+        state=readiness(runtime.gate),
         epoch=runtime.gate.writer.epoch,
         checkpoint=checkpoint,
-        nice=set_group_nice(wanted_nice(args.low_priority, args.role, ready)),
     )
+    nice = 0  # the level last asked for (set_group_nice reports the one in force)
     code = EXIT_FAILED
     try:
         while True:
             if state.info["state"] in (RUNNING, CATCHING_UP):
                 ready = readiness(runtime.gate)
                 lag = runtime.gate.standby_lag_s
-                if ready != state.info["state"]:
-                    nice = wanted_nice(args.low_priority, runtime.gate.role, ready)
+                wanted = wanted_nice(args.low_priority, runtime.gate.role, ready, lag is not None)
+                if ready != state.info["state"] or wanted != nice:
+                    nice = wanted
                     state.update(state=ready, lag_s=lag, nice=set_group_nice(nice))
                 elif lag != state.info.get("lag_s"):
                     state.update(lag_s=lag)  # a standby's lag, current after each batch
