@@ -17,7 +17,7 @@ from console.services import controller
 from console.services.control import act, observe
 from spark_runtime import keys as data_keys
 from spark_runtime.supervision import RestartPolicy, Supervisor, execute
-from tests.agent_edge import queued
+from tests.agent_edge import publish_usage, queued
 from tests.factories import NodeFactory, make_job
 from workers import keys as control_keys
 from workers.agent import generator_replica_id
@@ -62,16 +62,6 @@ def launch(client, job: Job, policy: RestartPolicy) -> Supervisor:
     execute(sup.start(time.time()), act.AgentLauncher(job, client), lambda *a: None)
     client.delete(*NODE_QUEUES)
     return sup
-
-
-def live_agents(client) -> None:
-    """Every node's agent heartbeats with an idle machine's usage."""
-    usage = {"at": time.time(), "cpu_total": 2.0, "cpu_used": 0.2, "mem_total": 4096.0,
-             "mem_used": 1024.0, "disk_throughput": 1.0, "disk_max_throughput": 200.0,
-             "bw_used": 1.0, "bw_total": 1000.0, "processes": 1, "spares": 0}  # fmt: skip
-    for name in NODES:
-        client.set(control_keys.node_heartbeat(name), json.dumps(usage), ex=30)
-        client.xadd(control_keys.node_metrics(name), {"sample": json.dumps(usage)})
 
 
 def test_a_crash_loop_backs_off_then_fails_the_job_with_its_cause_and_alerts(client):
@@ -175,7 +165,7 @@ def test_a_window_that_gives_up_starts_nothing_more(client):
     # stage without standby and started one for the failed job.
     job = make_job(status=Job.Status.RUNNING, strategy="adaptive")
     sup = launch(client, job, RestartPolicy(max_failures=2, failure_window_s=60))
-    live_agents(client)  # a policy cycle would place standbys on them
+    publish_usage(client, NODES, ttl_s=30)  # live agents: a policy cycle would place standbys
     fail(client, job, "wc-1", "boom")
     controller.supervise_tick(job, sup, client)
     observe.save_supervisor(client, job, sup)
