@@ -136,10 +136,11 @@ def generate(
     stream = keys.input_stream(job)
     started = time.time()
     last_log = started
-    sent = client.xlen(stream) if resume else 0
+    length = client.xlen(stream)
+    sent = length if resume else 0
     resumed_at = sent
     # Entries in the stream that this run did not write (none with `resume`).
-    not_ours = client.xlen(stream) - sent
+    not_ours = length - sent
     while True:
         now = time.time()
         elapsed = now - started

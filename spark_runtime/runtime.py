@@ -333,17 +333,16 @@ class StageRuntime:
                 return query.exception() or RuntimeError(f"query {query.name} stopped")
         return None
 
-    def retry_failed_start(self) -> bool:
-        """Start the queries again from their checkpoints when one died only because Spark's
-        Python worker did not connect back in time (CONNECT_BACK_FAILURE), at most
-        START_RETRIES times; returns whether it did.
+    def retry_failed_start(self, failure: BaseException) -> bool:
+        """Start the queries again from their checkpoints when `failure` (what `failure()`
+        returned) is only Spark's Python worker not connecting back in time
+        (CONNECT_BACK_FAILURE), at most START_RETRIES times; returns whether it did.
 
         Cheaper than having the controller restart the replica (the JVM and the session are
         warm, the worker's files cached) and as exact: a restart from the checkpoints replays
         what was not committed, and the sinks are idempotent.
         """
-        failure = self.failure()
-        if failure is None or CONNECT_BACK_FAILURE not in str(failure):
+        if CONNECT_BACK_FAILURE not in str(failure):
             return False
         if self.start_retries >= START_RETRIES:
             return False

@@ -380,9 +380,9 @@ def run(args, spark=None) -> int:
                 if result is not None:
                     code = result
                     break
-            if runtime.retry_failed_start():
-                continue
             failure = runtime.failure()
+            if failure is not None and runtime.retry_failed_start(failure):
+                continue
             if failure is not None:
                 message = str(failure)
                 fenced = FencedError.__name__ in message or "FENCED" in message

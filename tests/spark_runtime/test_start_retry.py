@@ -69,7 +69,7 @@ def test_a_query_whose_worker_connects_back_late_is_started_again(
         wait_for(lambda: runtime.failure() is not None, 60, "the slowed start to fail")
         assert CONNECT_BACK_FAILURE in str(runtime.failure())
         assert (folder / "slowed").exists()
-        assert runtime.retry_failed_start() is True
+        assert runtime.retry_failed_start(runtime.failure()) is True
         assert runtime.failure() is None
         runtime.process_all_available()
     finally:
