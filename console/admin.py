@@ -16,6 +16,7 @@ from console.models import (
     Policy,
     PredictorTraining,
     RecoveryEpisode,
+    RegisteredTopology,
     Replica,
     ReportSubscription,
     SentAlert,
@@ -24,6 +25,7 @@ from console.policy.config import BOUNDS, PolicyConfig, PolicyConfigError
 from console.roles import ADMIN, OPERATOR, VIEWER, has_role
 from console.services import policy as policy_service
 from console.services import reports as report_service
+from console.services import topologies as topology_service
 
 
 @admin.register(Node)
@@ -269,6 +271,93 @@ class PolicyAdmin(admin.ModelAdmin):
 
     def response_add(self, request, obj, post_url_continue=None):
         messages.success(request, f"Policy version {obj.version} is now in force.")
+        return HttpResponseRedirect("../")
+
+
+class TopologyRegistrationForm(forms.ModelForm):
+    """Register a user job: the module is checked and dry-run (docs/JOBS.md); every problem is
+    shown on the module field."""
+
+    class Meta:
+        model = RegisteredTopology
+        fields = ["module"]
+
+    def clean(self):
+        cleaned = super().clean()
+        module = cleaned.get("module")
+        if module:
+            try:
+                self.registered, self.created = topology_service.register(module, self.user)
+            except topology_service.RegistrationRefused as exc:
+                for error in exc.errors:
+                    self.add_error("module", error)
+        return cleaned
+
+    def _post_clean(self):
+        # The service has saved the version; there is no instance of this form to build.
+        return None
+
+
+@admin.register(RegisteredTopology)
+class RegisteredTopologyAdmin(admin.ModelAdmin):
+    """Registered user jobs. Versions are immutable; "add" registers a module (admins only) and
+    writes the next version when it changed, with who and when."""
+
+    form = TopologyRegistrationForm
+    list_display = ["name", "version", "module", "registered_by", "registered_at", "description"]
+    list_filter = ["name"]
+    readonly_fields = [
+        "name",
+        "version",
+        "module",
+        "description",
+        "source_sha256",
+        "shape",
+        "registered_by",
+        "registered_at",
+        "source",
+    ]
+
+    def get_form(self, request, obj=None, change=False, **kwargs):
+        form = super().get_form(request, obj, change, **kwargs)
+        form.user = request.user
+        return form
+
+    def get_fields(self, request, obj=None):
+        return ["module"] if obj is None else self.readonly_fields
+
+    def get_readonly_fields(self, request, obj=None):
+        return [] if obj is None else self.readonly_fields
+
+    def has_module_permission(self, request):
+        return has_role(request.user, VIEWER)
+
+    def has_view_permission(self, request, obj=None):
+        return has_role(request.user, VIEWER)
+
+    def has_add_permission(self, request):
+        return has_role(request.user, ADMIN)
+
+    def has_change_permission(self, request, obj=None):
+        return False
+
+    def has_delete_permission(self, request, obj=None):
+        return False
+
+    def save_model(self, request, obj, form, change):
+        # The form's clean() registered it (the service saves); keep what it did for the message.
+        obj.pk, obj.name, obj.version = (
+            form.registered.pk,
+            form.registered.name,
+            form.registered.version,
+        )
+        obj.registered_now = form.created
+
+    def response_add(self, request, obj, post_url_continue=None):
+        if obj.registered_now:
+            messages.success(request, f"{obj.module} is registered as {obj.ident}.")
+        else:
+            messages.info(request, f"{obj.module} is unchanged: {obj.ident} is the newest version.")
         return HttpResponseRedirect("../")
 
 

@@ -19,7 +19,7 @@ from django_celery_beat.models import CrontabSchedule, PeriodicTask
 
 from console.policy.config import BOUNDS, PolicyConfig, PolicyConfigError
 from spark_runtime.strategies import STRATEGY_TABLE
-from spark_runtime.topology import OPERATOR_KINDS, TOPOLOGIES
+from spark_runtime.topology import OPERATOR_KINDS
 
 
 class InvalidTransition(Exception):
@@ -107,7 +107,9 @@ class Job(models.Model):
         help_text="Identifier used in Redis keys (backstop:{key}:...); unique across resets.",
     )
     topology = models.CharField(
-        max_length=32, choices=[(name, name) for name in sorted(TOPOLOGIES)]
+        max_length=48,
+        help_text="A built-in topology, or NAME@VERSION of a registered user job (the version "
+        "the job started with: it keeps it when a newer one is registered).",
     )
     strategy = models.CharField(max_length=20, choices=Strategy.choices, default=Strategy.ADAPTIVE)
     params = models.JSONField(default=dict, blank=True, help_text="e.g. {'rate': 500}")
@@ -390,6 +392,52 @@ class MetricSample(models.Model):
 
     def __str__(self):
         return f"{self.name}={self.value} @ {self.at:%H:%M:%S}"
+
+
+class RegisteredTopology(models.Model):
+    """One registered version of a user job (spark_runtime/jobdef.py, docs/JOBS.md).
+
+    Registration checks the module against the contract and dry-runs it on a local Spark session,
+    then keeps a snapshot of its source (`source`, also written under the jobs directory's
+    `.registered/` for the stage processes). Versions are never edited: registering a changed
+    module writes the next version, with who and when, so the history is the audit trail; a job
+    runs the version it was started with (`Job.topology` = `NAME@VERSION`).
+    """
+
+    name = models.CharField(max_length=32)
+    version = models.PositiveIntegerField()
+    module = models.CharField(max_length=200, help_text="package.module:attribute in the jobs dir")
+    source = models.TextField(help_text="The registered snapshot of the module")
+    source_sha256 = models.CharField(max_length=64)
+    description = models.CharField(max_length=300, blank=True)
+    shape = models.JSONField(
+        default=dict,
+        help_text="What the check found: operators, input fields, output, output columns",
+    )
+    registered_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL
+    )
+    registered_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["name", "-version"]
+        constraints = [
+            models.UniqueConstraint(fields=["name", "version"], name="unique_topology_version")
+        ]
+        verbose_name_plural = "registered topologies"
+
+    def __str__(self):
+        return self.ident
+
+    def save(self, *args, **kwargs):
+        if self.pk is not None:
+            raise ValidationError("registered versions are immutable; register a new version")
+        super().save(*args, **kwargs)
+
+    @property
+    def ident(self) -> str:
+        """The topology name a job of this version runs as: `NAME@VERSION`."""
+        return f"{self.name}@{self.version}"
 
 
 class Policy(models.Model):

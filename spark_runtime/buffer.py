@@ -60,6 +60,21 @@ class OutputBuffer:
         self._size -= removed
         return removed
 
+    def records(self, sink: str) -> list:
+        """The buffered records of `sink`, oldest first (a copy)."""
+        return list(self._sinks.get(sink, ()))
+
+    def discard(self, sink: str, written) -> int:
+        """Forget the records of `sink` for which `written(record)` is true; returns how many."""
+        queue = self._sinks.get(sink)
+        if not queue:
+            return 0
+        kept = deque(r for r in queue if not written(r))
+        removed = len(queue) - len(kept)
+        self._sinks[sink] = kept
+        self._size -= removed
+        return removed
+
     def gap(self, sink: str, watermark: str) -> bool:
         """True if records the primary had not written were dropped (promotion would lose them)."""
         return sink in self.lost_above and self.lost_above[sink] >= watermark

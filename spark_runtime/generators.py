@@ -8,7 +8,8 @@ at generation, epoch ms, so that end-to-end latency can be measured) and the top
 - traffic: `kind` (speed|flow), `sensor` (a location), `lane`, `value` (integer km/h or vehicles);
   every wall-clock second gets exactly one speed and one flow measurement per sensor lane, so the
   join per (sensor, lane, second) is well defined;
-- shuffle: `value`, an integer 0-999.
+- shuffle: `value`, an integer 0-999;
+- a user job (`NAME@VERSION`): what its JobDefinition's `generate` returns.
 
 `malformed_every=N` makes every N-th entry malformed (missing id, non-integer ts, or missing
 payload field, in turn) to exercise the dead-letter path.
@@ -23,6 +24,7 @@ import time
 import redis
 
 from spark_runtime import keys
+from spark_runtime.jobdef import is_registered_ident, resolve_topology
 
 log = logging.getLogger(__name__)
 
@@ -76,7 +78,13 @@ class _Traffic:
 
 
 def make_payload_factory(topology: str, rng: random.Random, rate: float):
-    """A function `now_ms -> fields` (payload and ts) for `topology`."""
+    """A function `now_ms -> fields` (payload and ts) for `topology` (a user job's `generate`
+    for `NAME@VERSION`)."""
+    if is_registered_ident(topology):
+        user_payload = resolve_topology(topology).job.generate
+        if user_payload is None:
+            raise KeyError(f"job {topology!r} declares no generator (JobDefinition.generate)")
+        return lambda now_ms: {"ts": now_ms, **user_payload(rng)}
     if topology == "wordcount":
 
         def words(now_ms: int) -> dict:

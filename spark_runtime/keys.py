@@ -39,6 +39,11 @@ def output_stream(job: str) -> str:
     return f"{PREFIX}:{job}:out"
 
 
+def written_keys(job: str, sink: str) -> str:
+    """The set of record keys a user job has appended to `sink` (each key is written once)."""
+    return f"{PREFIX}:{job}:written:{sink}"
+
+
 def dead_letters(job: str) -> str:
     """The dead-letter stream: malformed input entries with the stage and the reason."""
     return f"{PREFIX}:{job}:dead"
@@ -104,6 +109,11 @@ def spare_warmup_stream(node: str, spare: str) -> str:
     """A few entries a warm spare reads once through the `redis_stream` source while warming up
     (deleted right after)."""
     return f"{PREFIX}:node:{node}:spare:{spare}:warmup"
+
+
+def spare_warmup_lock(host: str) -> str:
+    """The spare warming up on `host` (one at a time per machine; value: its spare id)."""
+    return f"{PREFIX}:host:{host}:spare-warming"
 
 
 def spares_wanted(node: str) -> str:

@@ -17,6 +17,7 @@ import time
 from spark_runtime import keys
 from spark_runtime.activity import cpu_share_over, is_busy
 from spark_runtime.cpu_priority import set_group_nice
+from spark_runtime.jobdef import resolve_topology
 from spark_runtime.strategies import get_strategy
 from spark_runtime.supervision import (
     HeartbeatMissed,
@@ -26,7 +27,7 @@ from spark_runtime.supervision import (
     Supervisor,
     execute,
 )
-from spark_runtime.topology import compile_stages, get_topology
+from spark_runtime.topology import compile_stages
 
 log = logging.getLogger(__name__)
 
@@ -285,7 +286,7 @@ def build_runner(
     rule = chaining or get_strategy(strategy).chaining
     stages = {
         s.name: s.operators
-        for s in compile_stages(get_topology(topology), rule, active=active_operators)
+        for s in compile_stages(resolve_topology(topology), rule, active=active_operators)
     }
     supervisor = Supervisor(
         job, topology, stages, strategy, list(nodes), active_stages, params=params

@@ -13,7 +13,7 @@ import os
 import threading
 import time
 
-from spark_runtime import keys
+from spark_runtime import keys, user_plan
 from spark_runtime.buffer import OutputBuffer
 from spark_runtime.checkpoint_seed import remove_orphan_temp_files
 from spark_runtime.pipelines import plan_for
@@ -73,8 +73,18 @@ def percentiles(values: list[float], points=(50, 90, 99)) -> dict[str, float | N
 class OutputGate:
     """Receives every micro-batch of a stage's queries and writes or buffers its outputs."""
 
-    def __init__(self, client, job: str, stage: str, role: str, buffer_max: int = 200_000):
+    def __init__(
+        self,
+        client,
+        job: str,
+        stage: str,
+        role: str,
+        buffer_max: int = 200_000,
+        user_job=None,
+    ):
         self.client = client
+        # A user job's JobDefinition: its outputs carry batch versions (spark_runtime/user_plan).
+        self.user_job = user_job
         self.job = job
         self.stage = stage
         self.role = role
@@ -95,26 +105,25 @@ class OutputGate:
 
     # -- sinks --------------------------------------------------------------------------------
 
-    def _write(self, sink: str, records: list) -> int:
+    def _write(self, sink: str, records: list, batch: str | None = None) -> int:
+        """Write `records` to `sink`. For a user job, `batch` is the version the sink's watermark
+        moves to once they are written (the newest record's version when None)."""
+        if self.user_job is not None:
+            batch = batch or max(r.version for r in records)
         if sink == RESULTS_CHANNEL:
             return self.writer.upsert_hash(
-                sink, keys.results(self.job), keys.result_versions(self.job), records
+                sink, keys.results(self.job), keys.result_versions(self.job), records, batch
             )
+        if sink == OUT_CHANNEL and self.user_job is not None:
+            stream = keys.output_stream(self.job)
+            return self.writer.emit_keyed(sink, stream, records, user_plan.KEY_FIELD, batch)
         if sink == OUT_CHANNEL:
             return self.writer.emit_stream(sink, keys.output_stream(self.job), records)
         return self.writer.emit_stream(sink, keys.channel_stream(self.job, sink), records)
 
-    def handle_batch(
-        self, segment: SegmentSpec, topology: Topology, df, batch_id: int, query: str
-    ) -> None:
-        """foreachBatch body: convert the batch's rows to sink records and write or buffer them."""
-        if self.fault_after is not None:
-            self.fault_after -= 1
-            if self.fault_after <= 0:
-                self.fault_after = None
-                raise InjectedFault(f"injected operator exception in stage {self.stage}")
+    def _records(self, segment: SegmentSpec, topology: Topology, rows: list[dict]):
+        """Sink records of a built-in operator's output rows, per sink."""
         last = plan_for(topology.name, segment.operators[-1])
-        rows = df.toArrow().to_pylist()
         per_sink: dict[str, list] = {}
         for row in rows:
             if last.to_outputs is not None and segment.outputs[0] == RESULTS_CHANNEL:
@@ -122,18 +131,47 @@ class OutputGate:
                     per_sink.setdefault(sink, []).append(rec)
             else:
                 per_sink.setdefault(segment.outputs[0], []).append(last.to_channel(row))
+        return per_sink
+
+    def handle_batch(
+        self,
+        segment: SegmentSpec,
+        topology: Topology,
+        df,
+        batch_id: int,
+        query: str,
+        batch: str | None = None,
+    ) -> None:
+        """foreachBatch body: convert the batch's rows to sink records and write or buffer them.
+        `batch` is the batch's version (its end offset), for user jobs."""
+        if self.fault_after is not None:
+            self.fault_after -= 1
+            if self.fault_after <= 0:
+                self.fault_after = None
+                raise InjectedFault(f"injected operator exception in stage {self.stage}")
+        rows = df.toArrow().to_pylist()
         now_ms = time.time() * 1000
-        latencies = [(now_ms - row["ts"]) / 1000 for row in rows]
+        if self.user_job is not None:
+            per_sink = {segment.outputs[0]: []}
+            for sink, rec in user_plan.to_records(self.user_job, rows, batch):
+                per_sink.setdefault(sink, []).append(rec)
+            # User rows carry no event time of Backstop's: the newest input of the batch stands in.
+            latencies = [(now_ms - version_ms(batch)) / 1000] if rows else []
+        else:
+            per_sink = self._records(segment, topology, rows)
+            latencies = [(now_ms - row["ts"]) / 1000 for row in rows]
         written = 0
         with self.lock:
             if self.role == PRIMARY:
                 for sink, records in per_sink.items():
-                    written += self._write(sink, records)
+                    if records or self.user_job is not None:
+                        written += self._write(sink, records, batch)
                 if written:
                     self.last_write_at = time.time()
             else:
                 for sink, records in per_sink.items():
                     self.buffer.add(sink, records)
+                per_sink = {sink: records for sink, records in per_sink.items() if records}
                 lag = lag_behind(self._trim_buffer(), per_sink)
                 if lag is not None:
                     self.query_lag_s[query] = lag
@@ -153,9 +191,24 @@ class OutputGate:
         """Forget what the primary has written; returns its watermarks per sink."""
         marks = self.client.hgetall(keys.watermarks(self.job, self.stage))
         for sink in self.buffer.sinks():
-            if sink in marks:
+            if self._keyed(sink):
+                # A user job's appended record may come later from the primary than from its
+                # standby (a window closes when the watermark passes it, and the two replicas'
+                # batches differ), so only what the primary has written is forgotten.
+                records = self.buffer.records(sink)
+                written_keys = keys.written_keys(self.job, sink)
+                found = self.client.smismember(
+                    written_keys, [r.fields[user_plan.KEY_FIELD] for r in records]
+                )
+                done = {id(r) for r, hit in zip(records, found, strict=True) if hit}
+                self.buffer.discard(sink, lambda r, done=done: id(r) in done)
+            elif sink in marks:
                 self.buffer.trim(sink, marks[sink])
         return marks
+
+    def _keyed(self, sink: str) -> bool:
+        """True for a user job's output stream: written once per key, not in version order."""
+        return self.user_job is not None and sink == OUT_CHANNEL
 
     def note_idle(self, query: str) -> None:
         """Spark found no new input for `query`: it has read everything there is, so a standby
@@ -194,7 +247,7 @@ class OutputGate:
             epoch = self.writer.acquire()  # from here on the old primary's writes are refused
             marks = self.client.hgetall(keys.watermarks(self.job, self.stage))
             for sink in list(self.buffer.lost_above):
-                if self.buffer.gap(sink, marks.get(sink, "")):
+                if self._keyed(sink) or self.buffer.gap(sink, marks.get(sink, "")):
                     raise PromotionError(f"standby buffer of {sink!r} dropped unwritten output")
             flushed = 0
             for sink in self.buffer.sinks():
@@ -243,7 +296,7 @@ class StageRuntime:
         # A standby of a stage with several queries buffers what its first query would write to
         # the stage's internal channel; its later queries read that channel as the primary
         # writes it (the same records, exactly once), and after a promotion as it writes it.
-        self.gate = OutputGate(client, job, stage.name, role, buffer_max)
+        self.gate = OutputGate(client, job, stage.name, role, buffer_max, topology.job)
         self.queries: list = []
         self.start_retries = 0
 
@@ -253,32 +306,46 @@ class StageRuntime:
         return f"{self.job}.{self.stage.name}.{self.gate.role}.{index}"
 
     def _build(self, index: int, segment: SegmentSpec):
-        first = plan_for(self.topology.name, segment.operators[0])
+        user_job = self.topology.job
+        if user_job is not None:
+            fields = user_plan.input_fields_spec(user_job)
+        else:
+            fields = plan_for(self.topology.name, segment.operators[0]).input_fields
         (channel,) = segment.inputs
         df = (
             self.spark.readStream.format(FORMAT_NAME)
             .option("stream", channel_key(self.job, channel))
-            .option("fields", first.input_fields)
+            .option("fields", fields)
             .option("redisUrl", self.redis_url)
             .option("job", self.job)
             .option("stage", self.stage.name)
             .option("maxRecordsPerBatch", str(self.max_records))
             .load()
         )
-        stateful = False
-        for name in segment.operators:
-            df = plan_for(self.topology.name, name).build(df, self.topology.operator(name))
-            stateful = stateful or self.topology.operator(name).stateful
+        checkpoint = os.path.join(self.checkpoint_dir, str(index))
+        if user_job is not None:
+            df = user_plan.user_input(df, user_job)
+            df = user_plan.apply_operators(df, user_job, segment.operators)
+            mode = user_plan.output_mode(user_job)
+        else:
+            stateful = False
+            for name in segment.operators:
+                df = plan_for(self.topology.name, name).build(df, self.topology.operator(name))
+                stateful = stateful or self.topology.operator(name).stateful
+            mode = "update" if stateful else "append"
 
         name = self.query_name(index)
 
         def on_batch(batch_df, batch_id):
-            self.gate.handle_batch(segment, self.topology, batch_df, batch_id, name)
+            batch = None
+            if user_job is not None:
+                batch = user_plan.batch_version(checkpoint, batch_id)
+            self.gate.handle_batch(segment, self.topology, batch_df, batch_id, name, batch)
 
         return (
             df.writeStream.queryName(name)
-            .outputMode("update" if stateful else "append")
-            .option("checkpointLocation", os.path.join(self.checkpoint_dir, str(index)))
+            .outputMode(mode)
+            .option("checkpointLocation", checkpoint)
             .trigger(processingTime=f"{self.trigger_seconds} seconds")
             .foreachBatch(on_batch)
         )

@@ -56,14 +56,17 @@ return written
 """
 )
 
-# KEYS: fence, watermarks hash, values hash, versions hash. ARGV: epoch, sink, then triples
-# field, value, version.
+# KEYS: fence, watermarks hash, values hash, versions hash. ARGV: epoch, sink, mark, then triples
+# field, value, version. Mark '' moves the watermark to the highest version written (rows carry
+# their own input offsets); otherwise the rows leave it alone and it moves to the mark at the
+# end ('-': not in this call; see FencedWriter.upsert_hash).
 UPSERT_HASH_LUA = (
     FENCE_CHECK
     + """
 local wm = redis.call('HGET', KEYS[2], ARGV[2]) or ''
+local mark = ARGV[3]
 local written = 0
-for i = 3, #ARGV, 3 do
+for i = 4, #ARGV, 3 do
   local field, value, version = ARGV[i], ARGV[i + 1], ARGV[i + 2]
   local old = redis.call('HGET', KEYS[4], field)
   if (not old) or version > old then
@@ -71,9 +74,34 @@ for i = 3, #ARGV, 3 do
     redis.call('HSET', KEYS[4], field, version)
     written = written + 1
   end
-  if version > wm then wm = version end
+  if mark == '' and version > wm then wm = version end
 end
+if mark ~= '' and mark ~= '-' and mark > wm then wm = mark end
 if wm ~= '' then redis.call('HSET', KEYS[2], ARGV[2], wm) end
+return written
+"""
+)
+
+# KEYS: fence, watermarks hash, stream, set of written keys. ARGV: epoch, sink, mark ('-' or the
+# watermark to set at the end), then per record: key, number of field/value pairs, pairs...
+# A record whose key was written before is dropped.
+EMIT_KEYED_LUA = (
+    FENCE_CHECK
+    + """
+local written = 0
+local i = 4
+while i <= #ARGV do
+  local n = tonumber(ARGV[i + 1])
+  if redis.call('SADD', KEYS[4], ARGV[i]) == 1 then
+    local args = {}
+    for j = 1, 2 * n do args[j] = ARGV[i + 1 + j] end
+    redis.call('XADD', KEYS[3], '*', unpack(args))
+    written = written + 1
+  end
+  i = i + 2 + 2 * n
+end
+local wm = redis.call('HGET', KEYS[2], ARGV[2]) or ''
+if ARGV[3] ~= '-' and ARGV[3] > wm then redis.call('HSET', KEYS[2], ARGV[2], ARGV[3]) end
 return written
 """
 )
@@ -115,6 +143,7 @@ class FencedWriter:
         self.epoch = epoch
         self._emit = client.register_script(EMIT_STREAM_LUA)
         self._upsert = client.register_script(UPSERT_HASH_LUA)
+        self._emit_keyed = client.register_script(EMIT_KEYED_LUA)
 
     def acquire(self) -> int:
         """Become the stage's writer: bump the fencing epoch, which fences every older writer."""
@@ -152,11 +181,20 @@ class FencedWriter:
             written += self._call(self._emit, script_keys, args)
         return written
 
-    def upsert_hash(self, sink: str, hash_key: str, version_key: str, rows: list[HashRow]) -> int:
+    def upsert_hash(
+        self,
+        sink: str,
+        hash_key: str,
+        version_key: str,
+        rows: list[HashRow],
+        batch_watermark: str | None = None,
+    ) -> int:
         """Set each row's value if its version is newer than the stored one; returns how many.
 
         Rows go in version order so that, after any chunk, the watermark never exceeds a version
-        that has not been written (the standby relies on that to trim its buffer).
+        that has not been written (the standby relies on that to trim its buffer). With
+        `batch_watermark` (user jobs: every row of a batch has the batch's version) the watermark
+        moves to it only after the last chunk, when the whole batch is in Redis.
         """
         rows = sorted(rows, key=lambda r: r.version)
         script_keys = [
@@ -166,9 +204,43 @@ class FencedWriter:
             version_key,
         ]
         written = 0
-        for start in range(0, len(rows), CHUNK):
-            args = [str(self.epoch), sink]
+        # A batch without rows still moves the watermark: its input is fully handled.
+        starts = range(0, len(rows) if batch_watermark is None else max(1, len(rows)), CHUNK)
+        for start in starts:
+            mark = "" if batch_watermark is None else "-"
+            if batch_watermark is not None and start == starts[-1]:
+                mark = batch_watermark
+            args = [str(self.epoch), sink, mark]
             for row in rows[start : start + CHUNK]:
                 args += [row.field, row.value, row.version]
             written += self._call(self._upsert, script_keys, args)
+        return written
+
+    def emit_keyed(
+        self,
+        sink: str,
+        stream_key: str,
+        records: list[StreamRecord],
+        key_field: str,
+        batch_watermark: str,
+    ) -> int:
+        """Append each record whose `key_field` value was never written to this stream (a set
+        of written keys sits next to it); the watermark moves to `batch_watermark` after the
+        last chunk. Returns how many records were appended."""
+        script_keys = [
+            keys.fence(self.job, self.stage),
+            keys.watermarks(self.job, self.stage),
+            stream_key,
+            keys.written_keys(self.job, sink),
+        ]
+        written = 0
+        starts = range(0, max(1, len(records)), CHUNK)
+        for start in starts:
+            mark = batch_watermark if start == starts[-1] else "-"
+            args = [str(self.epoch), sink, mark]
+            for rec in records[start : start + CHUNK]:
+                args += [rec.fields[key_field], len(rec.fields)]
+                for name, value in rec.fields.items():
+                    args += [name, str(value)]
+            written += self._call(self._emit_keyed, script_keys, args)
         return written

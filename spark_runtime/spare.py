@@ -10,6 +10,11 @@ builds its session, warms it up (see `warm_up`), registers itself as `idle` in
 that stage command line, so every process scanner sees it as that replica, and runs the stage in
 its already-warm session. A spare warms up at the normal CPU priority and waits at the lowest
 (spark_runtime/strategies.py says why).
+
+Spares warm up one at a time per machine (`backstop:host:{host}:spare-warming`, taken by the
+node agent that starts one, released by the spare once warm): a warm-up is a JVM, a session and a
+first query, seconds of a core each, and several at once on one machine (the demo's three nodes
+share it) starved the replicas of a job starting next to them for over a minute.
 """
 
 from __future__ import annotations
@@ -37,6 +42,24 @@ log = logging.getLogger("spark_runtime.spare")
 STAGE_ENTRY = "spark_runtime.stage"
 # A warm-up query that has not finished by then is stopped; the spare is still usable.
 WARM_UP_TIMEOUT_S = 120
+
+
+RELEASE_LUA = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
+return 0
+"""
+
+
+def take_warmup_lock(client, spare_id: str, ttl_s: float) -> bool:
+    """Let `spare_id` warm up on this machine if no other spare is (True); the lock expires
+    after `ttl_s` in case the spare dies before it is warm."""
+    lock = keys.spare_warmup_lock(socket.gethostname())
+    return bool(client.set(lock, spare_id, nx=True, px=int(ttl_s * 1000)))
+
+
+def release_warmup_lock(client, spare_id: str) -> None:
+    """Let the next spare on this machine warm up, if `spare_id` holds the lock."""
+    client.eval(RELEASE_LUA, 1, keys.spare_warmup_lock(socket.gethostname()), spare_id)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -120,6 +143,7 @@ def main(argv: list[str] | None = None) -> int:
     warm_up(spark, client, args.redis_url, keys.spare_warmup_stream(args.node, args.spare_id))
     set_group_nice(SPARE_NICE)
     register("idle")
+    release_warmup_lock(client, args.spare_id)
     log.info("spare %s on %s is warm", args.spare_id, args.node)
     while True:
         try:

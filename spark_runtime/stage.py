@@ -78,7 +78,9 @@ def build_parser() -> argparse.ArgumentParser:
     """The stage CLI."""
     parser = argparse.ArgumentParser(prog="python -m spark_runtime.stage", description=__doc__)
     parser.add_argument("--job", required=True)
-    parser.add_argument("--topology", required=True)
+    parser.add_argument(
+        "--topology", required=True, help="a built-in topology, or NAME@VERSION of a user job"
+    )
     parser.add_argument("--stage", required=True)
     parser.add_argument("--operators", required=True, help="the stage's operators, comma-separated")
     parser.add_argument("--role", choices=("primary", "standby"), default="primary")
@@ -313,9 +315,10 @@ def run(args, spark=None) -> int:
     session of a warm spare taking this replica over (else one is built here)."""
     from spark_runtime.checkpoint_seed import seed_checkpoint
     from spark_runtime.config import build_session
+    from spark_runtime.jobdef import resolve_topology
     from spark_runtime.runtime import StageRuntime
     from spark_runtime.sink import FencedError
-    from spark_runtime.topology import get_topology, stage_spec, with_params
+    from spark_runtime.topology import stage_spec, with_params
 
     client = connect(args.redis_url)
     state = ReplicaState(client, args)
@@ -324,7 +327,7 @@ def run(args, spark=None) -> int:
     beats = threading.Thread(target=heartbeat_loop, args=(state, stop_beats), daemon=True)
     beats.start()
 
-    topology = with_params(get_topology(args.topology), parse_params(args.param))
+    topology = with_params(resolve_topology(args.topology), parse_params(args.param))
     operators = [o for o in args.operators.split(",") if o]
     stage = stage_spec(topology, args.stage, operators, job=args.job)
     checkpoint = args.checkpoint_dir or os.path.join(

@@ -60,6 +60,9 @@ class Topology:
     name: str
     operators: tuple[OperatorSpec, ...]
     description: str = ""
+    # A user job's spark_runtime.jobdef.JobDefinition (None for a built-in topology): its
+    # operators' functions and how its results are written.
+    job: object = field(default=None, compare=False, repr=False)
 
     def __post_init__(self):
         names = [op.name for op in self.operators]
@@ -274,7 +277,9 @@ def _operator_segments(topology: Topology) -> list[SegmentSpec]:
             if channel not in inputs:
                 inputs.append(channel)
         downstream = [topology.operator(d) for d in topology.downstream(op.name)]
-        if any(d.kind == SINK for d in downstream):
+        if any(d.kind == SINK for d in downstream) and topology.job is not None:
+            outputs = (topology.job.final_channel,)
+        elif any(d.kind == SINK for d in downstream):
             outputs = (RESULTS_CHANNEL, *EXTRA_OUTPUTS.get(topology.name, ()))
         else:
             outputs = (op.name,)

@@ -35,6 +35,7 @@ from console.policy.fault_params import (
 )
 from spark_runtime import keys as data_keys
 from spark_runtime.activity import ActivityMeter, is_busy
+from spark_runtime.spare import release_warmup_lock, take_warmup_lock
 from workers import keys
 from workers.node_metrics import (
     PROCESSES,
@@ -209,22 +210,25 @@ def reconcile_spares(client, node: str) -> None:
         )
         if not _is_spare_process(entry["pid"], spare_id) or stuck:
             client.hdel(data_keys.spares(node), spare_id)
+            release_warmup_lock(client, spare_id)
             if stuck:
                 with contextlib.suppress(psutil.NoSuchProcess):
                     _signal_group(psutil.Process(entry["pid"]), signal.SIGKILL)
             continue
         live.append(spare_id)
     if len(live) < wanted:
-        start_spare(client, node)
+        spare_id = f"spare-{node}-{int(time.time() * 1000)}"
+        # One warm-up at a time per machine (spark_runtime/spare.py): else try next time.
+        if take_warmup_lock(client, spare_id, SPARE_START_TIMEOUT_S):
+            start_spare(client, node, spare_id)
     elif len(live) > wanted:
         extra = sorted(live)[-1]
         client.hdel(data_keys.spares(node), extra)
         client.rpush(data_keys.spare_control(node, extra), json.dumps({"cmd": "stop"}))
 
 
-def start_spare(client, node: str) -> int:
-    """Start one warm spare process on this node; returns its pid."""
-    spare_id = f"spare-{node}-{int(time.time() * 1000)}"
+def start_spare(client, node: str, spare_id: str) -> int:
+    """Start warm spare `spare_id` on this node; returns its pid."""
     path = stage_log_path(spare_id)
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "ab") as log_file:

@@ -9,6 +9,7 @@ from console.models import (
     Operator,
     Policy,
     RecoveryEpisode,
+    RegisteredTopology,
     Replica,
 )
 
@@ -189,3 +190,36 @@ class PolicyVersionSerializer(PolicySerializer):
     class Meta(PolicySerializer.Meta):
         fields = [*PolicySerializer.Meta.fields, "changes"]
         read_only_fields = fields
+
+
+class RegisteredTopologySerializer(serializers.ModelSerializer):
+    """One registered version of a user job (the snapshot's source is left out)."""
+
+    registered_by = serializers.SlugRelatedField(
+        slug_field="username", read_only=True, allow_null=True
+    )
+    ident = serializers.CharField(read_only=True, help_text="what a job runs: NAME@VERSION")
+
+    class Meta:
+        model = RegisteredTopology
+        fields = [
+            "id",
+            "name",
+            "version",
+            "ident",
+            "module",
+            "description",
+            "source_sha256",
+            "shape",
+            "registered_by",
+            "registered_at",
+        ]
+        read_only_fields = fields
+
+
+class TopologyRegistrationSerializer(serializers.Serializer):
+    """A registration request: the module reference inside the jobs directory."""
+
+    module = serializers.CharField(
+        max_length=200, help_text="package.module:attribute inside BACKSTOP_JOBS_DIR"
+    )

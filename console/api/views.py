@@ -16,12 +16,15 @@ from console.api.serializers import (
     PolicySerializer,
     PolicyVersionSerializer,
     RecoveryEpisodeSerializer,
+    RegisteredTopologySerializer,
+    TopologyRegistrationSerializer,
 )
-from console.models import Job, Node, Policy
+from console.models import Job, Node, Policy, RegisteredTopology
 from console.policy.config import request_errors
 from console.services import faults as fault_service
 from console.services import jobs as job_service
 from console.services import policy as policy_service
+from console.services import topologies as topology_service
 from console.services.results import read_results
 
 
@@ -122,6 +125,32 @@ class NodeViewSet(viewsets.ReadOnlyModelViewSet):
 
     serializer_class = NodeSerializer
     queryset = Node.objects.all()
+
+
+class TopologyViewSet(mixins.ListModelMixin, viewsets.GenericViewSet):
+    """Registered user jobs, every version (GET), and registration (POST, admin): the module is
+    checked against the contract and dry-run on a local Spark session (docs/JOBS.md); a refusal
+    lists every problem, naming the operator. Registering an unchanged module again answers 200
+    with its current version; a changed one becomes the next version (201)."""
+
+    permission_classes = [AdminWrites]
+    serializer_class = RegisteredTopologySerializer
+    queryset = RegisteredTopology.objects.select_related("registered_by")
+
+    @extend_schema(
+        request=TopologyRegistrationSerializer, responses={201: RegisteredTopologySerializer}
+    )
+    def create(self, request):
+        registration = TopologyRegistrationSerializer(data=request.data)
+        registration.is_valid(raise_exception=True)
+        try:
+            version, created = topology_service.register(
+                registration.validated_data["module"], user=request.user
+            )
+        except topology_service.RegistrationRefused as exc:
+            raise ValidationError({"module": exc.errors}) from exc
+        code = status.HTTP_201_CREATED if created else status.HTTP_200_OK
+        return Response(RegisteredTopologySerializer(version).data, status=code)
 
 
 class PolicyView(APIView):

@@ -28,7 +28,7 @@ class Comparison:
 
     @property
     def exact(self) -> bool:
-        return self.lost == 0 and self.duplicates == 0
+        return self.lost == 0 and self.duplicates == 0 and self.wrong_cells == 0
 
 
 def line_words(text: str) -> list[str]:
@@ -104,6 +104,24 @@ def compare(expected: dict[str, int], actual: dict[str, int]) -> Comparison:
         elif difference > 0:
             duplicates += difference
         wrong += difference != 0
+    return Comparison(lost, duplicates, len(expected), wrong)
+
+
+def compare_records(expected: dict[str, dict], actual: dict[str, list[dict]]) -> Comparison:
+    """A user job's results against its reference (spark_runtime.user_plan.expected_results and
+    actual_results): per key, a missing key is 1 lost, each record beyond one (an appended key
+    written twice) or a key the reference lacks is 1 duplicate, and a value that differs is a
+    wrong cell."""
+    lost = duplicates = wrong = 0
+    for key in expected.keys() | actual.keys():
+        values = actual.get(key, [])
+        if key not in expected:
+            duplicates += len(values)
+        elif not values:
+            lost += 1
+        else:
+            duplicates += len(values) - 1
+        wrong += key not in expected or not values or any(v != expected[key] for v in values)
     return Comparison(lost, duplicates, len(expected), wrong)
 
 

@@ -22,7 +22,7 @@ from django.conf import settings as django_settings
 from django.contrib.auth.models import Group, User
 
 from console.bench import measure, report, truth
-from console.models import FaultInjection, Job, Node, Policy, RecoveryEpisode
+from console.models import FaultInjection, Job, Node, Policy, RecoveryEpisode, RegisteredTopology
 from console.policy.recovery import RecoverySettings, measure_faults
 from console.roles import OPERATOR
 from console.services.control.observe import load_supervisor
@@ -31,10 +31,13 @@ from console.services.faults import FaultRefused, request_fault
 from console.services.jobs import create_job, kill_job_processes, kill_warm_spares, stop_job
 from console.services.recovery import PROGRESS_READ_LIMIT, episode_measurement, input_started_at
 from console.services.schedules import ensure_periodic_tasks
+from console.services.topologies import job_topology
 from spark_runtime import keys as data_keys
+from spark_runtime import user_plan
+from spark_runtime.jobdef import resolve_topology
 from spark_runtime.progress import read_progress
 from spark_runtime.strategies import STRATEGIES
-from spark_runtime.topology import SINK, SOURCE, get_topology
+from spark_runtime.topology import SINK, SOURCE
 from web.launcher import LocalCluster, ProcessGroup, start_redis_if_needed, wait_for
 from workers.node_metrics import ProcessTracker, cmdline_arg, stage_processes, with_children
 from workers.redis_client import redis_client
@@ -62,8 +65,11 @@ class BenchSettings:
 
     def __post_init__(self):
         problems = []
-        if self.topology not in truth.CHECKED_TOPOLOGIES:
-            problems.append(f"--topology: one of {', '.join(truth.CHECKED_TOPOLOGIES)}")
+        if self.topology not in truth.CHECKED_TOPOLOGIES and not has_reference(self.topology):
+            problems.append(
+                f"--topology: one of {', '.join(truth.CHECKED_TOPOLOGIES)}, or a registered job "
+                "with a reference function"
+            )
         unknown = [s for s in self.strategies if s not in STRATEGIES]
         if unknown or not self.strategies:
             problems.append(f"--strategies: comma-separated, from {', '.join(STRATEGIES)}")
@@ -277,12 +283,23 @@ def _inject(job: Job, kind: str, target: str, user: User) -> tuple[FaultInjectio
     return fault, fault.outcome_detail
 
 
-def _read_cells(client, job: Job, params: dict) -> tuple[dict, dict]:
-    """(ground truth from the job's whole input, the job's results), as cells."""
-    entries = [fields for _, fields in client.xrange(data_keys.input_stream(job.key))]
-    expected = truth.expected_cells(job.topology, entries, params)
+def has_reference(topology: str) -> bool:
+    """True for a registered user job whose newest version ships a reference function."""
+    version = RegisteredTopology.objects.filter(name=topology).order_by("-version").first()
+    return version is not None and bool(version.shape.get("has_reference"))
+
+
+def _compare_now(client, job: Job, params: dict) -> tuple[truth.Comparison, object]:
+    """The job's results against ground truth from its whole input: (comparison, results)."""
+    entries = client.xrange(data_keys.input_stream(job.key))
+    topology = resolve_topology(job.topology)
+    if topology.job is not None:
+        expected = user_plan.expected_results(topology.job, entries)
+        actual = user_plan.actual_results(topology.job, client, job.key)
+        return truth.compare_records(expected, actual), actual
+    expected = truth.expected_cells(job.topology, [fields for _, fields in entries], params)
     actual = truth.result_cells(job.topology, client.hgetall(data_keys.results(job.key)))
-    return expected, actual
+    return truth.compare(expected, actual), actual
 
 
 def _drain(client, job: Job, params: dict, timeout_s: float, say) -> tuple[truth.Comparison, float]:
@@ -291,12 +308,11 @@ def _drain(client, job: Job, params: dict, timeout_s: float, say) -> tuple[truth
     started = time.time()
     last, last_change = None, started
     while True:
-        expected, actual = _read_cells(client, job, params)
-        comparison = truth.compare(expected, actual)
+        comparison, actual = _compare_now(client, job, params)
         if comparison.exact:
             # A late duplicate would show up as an overshoot: look once more.
             time.sleep(3)
-            return truth.compare(*_read_cells(client, job, params)), time.time() - started
+            return _compare_now(client, job, params)[0], time.time() - started
         if actual != last:
             last, last_change = actual, time.time()
         if time.time() - last_change > 90 or time.time() - started > timeout_s:
@@ -309,7 +325,7 @@ def run_strategy(bench: BenchSettings, strategy: str, target: str | None, say) -
     """Run one strategy's job through the workload and the fault schedule; returns its
     bench.json run and the faults' target operator (chosen on the first run, kept after)."""
     user = bench_user()
-    topology = get_topology(bench.topology)
+    _, topology = job_topology(bench.topology)
     params = {name: value for op in topology.operators for name, value in op.params.items()}
     job = create_job(
         name=f"bench-{bench.topology}-{strategy}-{time.strftime('%H%M%S')}",
@@ -393,7 +409,7 @@ def measure_run(job: Job, bench: BenchSettings, t0: float, faults: list, target:
     config = Policy.current().to_config()
     steady_window = (t0 + bench.steady_s[0], t0 + bench.steady_s[1])
     # The stage reading the job's input: its first processing operator's (stored at launch).
-    topology = get_topology(job.topology)
+    topology = resolve_topology(job.topology)
     first = next(op for op in topology.topological_order() if op.kind not in (SOURCE, SINK))
     input_stage = job.operators.get(name=first.name).stage
     steady = measure.steady_figures(records, *steady_window, input_stage)

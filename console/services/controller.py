@@ -50,6 +50,7 @@ from console.services.control.record import (
     store_assessment,
 )
 from console.services.planning import JobPlan, plan_job
+from spark_runtime.jobdef import resolve_topology
 from spark_runtime.runner import observe
 from spark_runtime.supervision import (
     GiveUp,
@@ -60,7 +61,6 @@ from spark_runtime.supervision import (
     Supervisor,
     execute,
 )
-from spark_runtime.topology import get_topology
 from workers.redis_client import redis_client
 
 TICK_S = 0.25
@@ -94,7 +94,7 @@ def launch_job(job: Job) -> JobPlan | None:
         relaunch_given_up(job, saved, client, config)
         return None
     nodes = alive_nodes(client)
-    topology = get_topology(job.topology)
+    topology = resolve_topology(job.topology)
     try:
         plan = plan_job(topology, job.strategy, node_history(client, nodes), config)
     except ValueError as exc:

@@ -10,7 +10,7 @@ from django.conf import settings
 from django.db import transaction
 
 from console.models import InvalidTransition, Job, Operator
-from spark_runtime.topology import get_topology
+from console.services.topologies import job_topology
 
 
 class JobRequestError(Exception):
@@ -47,9 +47,10 @@ def validate_params(params: dict) -> dict:
 
 @transaction.atomic
 def create_job(*, name: str, topology: str, strategy: str, params: dict | None, user=None) -> Job:
-    """Create a job and one Operator row per operator of its topology."""
+    """Create a job and one Operator row per operator of its topology (a built-in one, or a
+    registered user job: its newest version unless `NAME@VERSION` is asked for)."""
     try:
-        spec = get_topology(topology)
+        topology, spec = job_topology(topology)
     except KeyError as exc:
         raise JobRequestError(f"topology: {exc.args[0]}", field="topology") from None
     if strategy not in Job.Strategy.values:

@@ -29,8 +29,9 @@ from console.policy.recovery import (
     measure_faults,
 )
 from spark_runtime import keys as data_keys
+from spark_runtime.jobdef import resolve_topology
 from spark_runtime.progress import read_progress
-from spark_runtime.topology import channel_key, get_topology
+from spark_runtime.topology import channel_key
 
 # A fault not back to normal this long after is given up on ("not back to normal before ...").
 GIVE_UP_AFTER_S = 600.0
@@ -113,7 +114,7 @@ def audit_output(job: Job, client) -> truth.Comparison | None:
         pipe.hgetall(data_keys.result_versions(job.key))
         results, versions = pipe.execute()
     entries = truth.valid_entries(job.topology, _read_stream(client, input_key))
-    topology = get_topology(job.topology)
+    topology = resolve_topology(job.topology)
     if job.topology == "topn":
         window = int(topology.operator("window_count").params["window_seconds"])
         return truth.audit_topn(

@@ -4,13 +4,25 @@ from __future__ import annotations
 
 from console.models import Job
 from spark_runtime import keys as data_keys
+from spark_runtime.jobdef import resolve_topology
+from spark_runtime.topology import OUT_CHANNEL
 from workers.redis_client import redis_client
 
 
 def read_results(job: Job, limit: int = 1000) -> dict:
-    """The job's result hash (e.g. word -> count for wordcount), largest values first."""
+    """The job's result hash (e.g. word -> count for wordcount), largest values first; for a user
+    job that appends its results (docs/JOBS.md), the newest records of its output stream."""
     client = redis_client()
     try:
+        user_job = resolve_topology(job.topology).job
+        if user_job is not None and user_job.final_channel == OUT_CHANNEL:
+            stream = data_keys.output_stream(job.key)
+            newest = client.xrevrange(stream, count=limit)
+            return {
+                "key": stream,
+                "total_records": client.xlen(stream),
+                "records": [{"entry": entry_id, **fields} for entry_id, fields in newest],
+            }
         raw = client.hgetall(data_keys.results(job.key))
     finally:
         client.close()

@@ -29,6 +29,7 @@ from console.dash.overview import figures
 from console.dash.overview.layout import controls as controls_layout
 from console.models import Policy
 from console.roles import OPERATOR, has_role
+from console.services.topologies import topology_names
 
 
 def _kpi(label: str, value: str, tile_id: str):
@@ -170,7 +171,9 @@ def _hour_ago():
 
 def render_controls(pathname, user=None):
     """The controls card for operators and admins; nothing at all for viewers."""
-    return controls_layout() if has_role(user, OPERATOR) else None
+    if not has_role(user, OPERATOR):
+        return None
+    return controls_layout(topology_names())
 
 
 def stop_options(n_intervals, user=None):

@@ -6,7 +6,6 @@ from dash import dcc, html
 
 from console.dash.common import card, refresh_timer, result_slot, window_picker
 from console.models import Job
-from spark_runtime.topology import TOPOLOGIES
 
 
 def layout():
@@ -42,8 +41,9 @@ def layout():
     )
 
 
-def controls():
-    """Start and stop jobs; only rendered for operators (the callbacks check the role again)."""
+def controls(topologies: list[str]):
+    """Start and stop jobs; only rendered for operators (the callbacks check the role again).
+    `topologies`: what a job may run (built-in topologies and registered user jobs)."""
     return card(
         "Controls",
         html.Div(
@@ -56,7 +56,7 @@ def controls():
                         ),
                         dcc.Dropdown(
                             id="start-topology",
-                            options=sorted(TOPOLOGIES),
+                            options=topologies,
                             value="wordcount",
                             clearable=False,
                             className="ctl",

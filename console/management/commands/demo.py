@@ -13,6 +13,8 @@ from django.core.management.base import BaseCommand
 
 from console.services.demo_setup import DEMO_NODES, ensure_demo_nodes, ensure_demo_users
 from console.services.jobs import kill_job_processes, kill_warm_spares
+from console.services.topologies import RegistrationRefused
+from console.services.topologies import register as register_topology
 from web.launcher import LocalCluster, ProcessGroup, http_ok, start_redis_if_needed, wait_for
 
 
@@ -30,6 +32,9 @@ def stop_demo_jobs() -> int:
         job.request_stop("demo stopped")
         job.mark_stopped("demo stopped")
     return ended
+
+
+EXAMPLE_JOB = "examples.clickstream:activity"
 
 
 def debug_note(debug: bool) -> str:
@@ -77,7 +82,7 @@ class Command(BaseCommand):
         self.stdout.write(self.style.MIGRATE_HEADING(f"[{number}/{total}] {text}"))
 
     def handle(self, *args, host, port, check, **options):
-        total = 7
+        total = 8
         log_dir = settings.VAR_DIR / "log"
         group = ProcessGroup(log_dir, say=lambda message: self.stderr.write(message))
         signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
@@ -128,7 +133,14 @@ class Command(BaseCommand):
             )
             self.stdout.write(f"      job {job.pk} running: {base_url}/console/jobs/{job.pk}/")
 
-            self.step(7, total, "ready")
+            self.step(7, total, f"example user job {EXAMPLE_JOB} (docs/JOBS.md)")
+            try:
+                version, _ = register_topology(EXAMPLE_JOB)
+                self.stdout.write(f"      registered as {version.ident}: start it from the console")
+            except RegistrationRefused as exc:
+                self.stderr.write(f"      not registered: {'; '.join(exc.errors)}")
+
+            self.step(8, total, "ready")
             self.stdout.write(self.style.SUCCESS(f"\n  Backstop console: {base_url}/"))
             self.stdout.write(f"  API docs:         {base_url}/api/docs/")
             self.stdout.write(f"  Admin:            {base_url}/admin/")

@@ -27,8 +27,8 @@ from console.services.control.act import (
 from console.services.control.observe import alive_nodes, node_history
 from console.services.control.record import decide, priority_fields
 from spark_runtime import keys as data_keys
+from spark_runtime.jobdef import resolve_topology
 from spark_runtime.supervision import RUNNING, Supervisor, execute
-from spark_runtime.topology import get_topology
 from workers import keys as control_keys
 
 
@@ -42,7 +42,7 @@ def policy_cycle(job: Job, supervisor: Supervisor, client) -> list:
     history = node_history(client, alive_nodes(client))
     if not history:
         return []
-    topology = get_topology(job.topology)
+    topology = resolve_topology(job.topology)
     newest = [samples[0] for samples in history.values() if samples]
     operators = {op.name: op for op in job.operators.all()}
     stage_of = {op: name for name, ops in supervisor.stage_operators.items() for op in ops}
