@@ -32,7 +32,11 @@ class Command(BaseCommand):
     )
 
     def add_arguments(self, parser):
-        parser.add_argument("--topology", default="wordcount", help="wordcount or topn")
+        parser.add_argument(
+            "--topology",
+            default="wordcount",
+            help="wordcount, topn, or a registered job with a reference function (docs/JOBS.md)",
+        )
         parser.add_argument(
             "--strategies",
             default=None,
