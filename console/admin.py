@@ -126,6 +126,29 @@ class MetricSampleAdmin(admin.ModelAdmin):
     date_hierarchy = "at"
 
 
+class VersionedAdmin(admin.ModelAdmin):
+    """Permissions of a history of immutable versions (policies, registered topologies): every
+    staff user with a role reads it; only admins add a version; nobody edits or deletes one."""
+
+    def has_module_permission(self, request):
+        return has_role(request.user, VIEWER)
+
+    def has_view_permission(self, request, obj=None):
+        return has_role(request.user, VIEWER)
+
+    def has_add_permission(self, request):
+        # The role decides, not Django model permissions: an operator who happens to hold
+        # console.add_policy still cannot change thresholds.
+        return has_role(request.user, ADMIN)
+
+    def has_change_permission(self, request, obj=None):
+        # Viewing a version is allowed; editing one in place is not (the history is the audit).
+        return False
+
+    def has_delete_permission(self, request, obj=None):
+        return False
+
+
 class PolicyAdminForm(forms.ModelForm):
     """A new policy version: every threshold checked by PolicyConfig, each error on its field."""
 
@@ -170,7 +193,7 @@ class PolicyAdminForm(forms.ModelForm):
 
 
 @admin.register(Policy)
-class PolicyAdmin(admin.ModelAdmin):
+class PolicyAdmin(VersionedAdmin):
     """Versions are immutable: "add" starts from the version in force and writes a new one.
 
     Every staff user with a role may read the history with what each version changed; only
@@ -202,24 +225,6 @@ class PolicyAdmin(admin.ModelAdmin):
     def get_changeform_initial_data(self, request):
         current = Policy.current()
         return {name: getattr(current, name) for name in Policy.threshold_field_names()}
-
-    def has_module_permission(self, request):
-        return has_role(request.user, VIEWER)
-
-    def has_view_permission(self, request, obj=None):
-        return has_role(request.user, VIEWER)
-
-    def has_add_permission(self, request):
-        # The role decides, not Django model permissions: an operator who happens to hold
-        # console.add_policy still cannot change thresholds.
-        return has_role(request.user, ADMIN)
-
-    def has_change_permission(self, request, obj=None):
-        # Viewing a version is allowed; editing one in place is not (the history is the audit).
-        return False
-
-    def has_delete_permission(self, request, obj=None):
-        return False
 
     @admin.display(description="in force", boolean=True)
     def in_force(self, obj):
@@ -299,7 +304,7 @@ class TopologyRegistrationForm(forms.ModelForm):
 
 
 @admin.register(RegisteredTopology)
-class RegisteredTopologyAdmin(admin.ModelAdmin):
+class RegisteredTopologyAdmin(VersionedAdmin):
     """Registered user jobs. Versions are immutable; "add" registers a module (admins only) and
     writes the next version when it changed, with who and when."""
 
@@ -328,21 +333,6 @@ class RegisteredTopologyAdmin(admin.ModelAdmin):
 
     def get_readonly_fields(self, request, obj=None):
         return [] if obj is None else self.readonly_fields
-
-    def has_module_permission(self, request):
-        return has_role(request.user, VIEWER)
-
-    def has_view_permission(self, request, obj=None):
-        return has_role(request.user, VIEWER)
-
-    def has_add_permission(self, request):
-        return has_role(request.user, ADMIN)
-
-    def has_change_permission(self, request, obj=None):
-        return False
-
-    def has_delete_permission(self, request, obj=None):
-        return False
 
     def save_model(self, request, obj, form, change):
         # The form's clean() registered it (the service saves); keep what it did for the message.

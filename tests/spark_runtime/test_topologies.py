@@ -5,9 +5,7 @@ end in the dead-letter stream, and a standby's promotion neither loses nor repea
 from __future__ import annotations
 
 import argparse
-import glob
 import json
-import os
 
 import pytest
 
@@ -22,6 +20,7 @@ from spark_runtime.topology import (
     with_params,
 )
 from tests.spark_runtime import truth
+from tests.spark_runtime.checkpoints import forget_last_commits
 
 pytestmark = pytest.mark.spark
 
@@ -97,13 +96,7 @@ def test_a_reexecuted_batch_does_not_double_count(spark, client, redis_url, job,
     stop(runtimes)
     # Forget that the last batches were committed: Spark runs them again on restart, as after a
     # crash between writing the outputs and committing the batch.
-    commits = sorted(glob.glob(str(tmp_path / "job-primary" / "0" / "commits" / "[0-9]*")))
-    assert len(commits) >= 2
-    for path in commits[-2:]:
-        os.remove(path)
-        crc = os.path.join(os.path.dirname(path), f".{os.path.basename(path)}.crc")
-        if os.path.exists(crc):
-            os.remove(crc)
+    forget_last_commits(tmp_path / "job-primary" / "0")
     generators.generate(client, job, "wordcount", count=300, rate=1e6, seed=3, id_prefix="f")
     runtimes = run_stages(spark, client, redis_url, job, topology, tmp_path, chaining=FUSED)
     try:

@@ -6,7 +6,6 @@ jobs with a message naming the operator."""
 from __future__ import annotations
 
 import datetime as dt
-import glob
 import os
 import shutil
 from collections import defaultdict
@@ -26,6 +25,7 @@ from spark_runtime.jobdef import (
 )
 from spark_runtime.runtime import PRIMARY, STANDBY, StageRuntime
 from spark_runtime.topology import CHAINED, FUSED, compile_stages
+from tests.spark_runtime.checkpoints import forget_last_commits
 
 pytestmark = pytest.mark.spark
 
@@ -160,16 +160,8 @@ def test_activity_replayed_batch_changes_nothing(spark, client, redis_url, job, 
         first.process_all_available()
     finally:
         first.stop()
-    # Forget that the last two batches were committed, as after a crash between writing their
-    # outputs and committing them: the next start re-executes them from the offset log.
-    commits = glob.glob(str(tmp_path / "c" / "0" / "commits" / "[0-9]*"))
-    commits = sorted(commits, key=lambda path: int(os.path.basename(path)))
-    assert len(commits) >= 2
-    for path in commits[-2:]:
-        os.remove(path)
-        crc = os.path.join(os.path.dirname(path), f".{os.path.basename(path)}.crc")
-        if os.path.exists(crc):
-            os.remove(crc)
+    # As after a crash between writing the last two batches and committing them.
+    forget_last_commits(tmp_path / "c" / "0")
     generators.generate(client, job, "activity@1", count=300, rate=4000, seed=5, id_prefix="g")
     again = runtime(spark, client, redis_url, job, topology, tmp_path / "c", PRIMARY, 200, FUSED)
     try:
