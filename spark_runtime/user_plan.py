@@ -17,9 +17,12 @@ right if everything derived from that input is in Redis.
 
     python -m spark_runtime.user_plan check package.module:attribute [--jobs-dir DIR]
 
-prints a JSON report (`errors`, `stateful`, `output_mode`, `columns`) of the contract check and
-the dry run, and exits 1 when there are errors: registration runs it in a separate process so
-that user code never runs inside the web server.
+prints a JSON report (`errors`, `output_mode`, `columns` and the job's shape) of the contract
+check and the dry run, and exits 1 when there are errors. Registration runs it in a child
+process: a module not yet checked (it may fail to import, hang or exit) and the dry run's
+SparkSession stay out of the web server. Once registered, the web server and the controller
+import the module's snapshot to read its operators (its top level runs there); its functions run
+only in the stage processes.
 """
 
 from __future__ import annotations

@@ -1,9 +1,10 @@
 """Registering user jobs (docs/JOBS.md) and resolving the topology a job runs.
 
 The API (`POST /api/topologies/`), the admin and `manage.py register_topology` all go through
-`register`. The module is checked in a separate process (`python -m spark_runtime.user_plan
-check`): importing it runs user code, and the dry run needs a SparkSession, neither of which
-belongs in a web server.
+`register`. The module is checked in a child process (`python -m spark_runtime.user_plan
+check`): a module not yet checked may fail to import, hang or exit, and the dry run needs a
+SparkSession, none of which belongs in a web server. A registered version's snapshot is
+imported here to read its operators (its top level runs; its functions run only in stages).
 """
 
 from __future__ import annotations
