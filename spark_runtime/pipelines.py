@@ -8,6 +8,12 @@ outputs) turns each output row (a dict) into records for the idempotent sinks of
 
 Ground truth for every topology is documented in docs/DATA_PLANE.md; tests recompute it in plain
 Python from the input stream.
+
+State stays bounded. Every operator that keys its state by event time (topn's windows, traffic's
+seconds) declares an event-time watermark (`watermark_seconds` behind the latest event time,
+default 30 s): Spark drops the state of a window once the watermark passes its end, and input
+that late is dropped. Wordcount's and shuffle's state is one row per word or key, over all
+time: bounded by the vocabulary or key count, with no event time to expire it by.
 """
 
 from __future__ import annotations
@@ -18,6 +24,14 @@ from dataclasses import dataclass
 
 from spark_runtime.sink import HashRow, StreamRecord, version
 from spark_runtime.topology import OUT_CHANNEL, RESULTS_CHANNEL, OperatorSpec
+
+DEFAULT_WATERMARK_S = 30  # how far behind the latest event time a window's state is kept
+
+
+def _with_event_time(df, op: OperatorSpec, event_time):
+    """`df` with an `event_time` timestamp column carrying the operator's watermark."""
+    delay = int(op.params.get("watermark_seconds", DEFAULT_WATERMARK_S))
+    return df.withColumn("event_time", event_time).withWatermark("event_time", f"{delay} seconds")
 
 
 @dataclass(frozen=True)
@@ -66,11 +80,14 @@ def _count_outputs(row: dict):
 def _window_count_build(df, op: OperatorSpec):
     from pyspark.sql import functions as F
 
-    width = int(op.params.get("window_seconds", 10)) * 1000
-    windowed = df.withColumn("window", F.col("ts") - F.col("ts") % F.lit(width))
-    return windowed.groupBy("window", "item").agg(
+    width = int(op.params.get("window_seconds", 10))
+    events = _with_event_time(df, op, F.timestamp_millis("ts"))
+    counts = events.groupBy(F.window("event_time", f"{width} seconds").alias("w"), "item").agg(
         F.count(F.lit(1)).alias("count"), F.max("pos").alias("pos"), F.max("ts").alias("ts")
     )
+    # The window's start in epoch ms: tumbling windows align to the epoch (ts - ts % width).
+    start = F.unix_millis("w.start").alias("window")
+    return counts.select(start, F.lit(width).alias("width"), "item", "count", "pos", "ts")
 
 
 def _window_count_channel(row: dict) -> StreamRecord:
@@ -78,6 +95,7 @@ def _window_count_channel(row: dict) -> StreamRecord:
         "id": f"{row['window']}:{row['item']}:{row['count']}",
         "ts": row["ts"],
         "window": row["window"],
+        "width": row["width"],
         "item": row["item"],
         "count": row["count"],
     }
@@ -85,31 +103,42 @@ def _window_count_channel(row: dict) -> StreamRecord:
 
 
 def _topn_build(df, op: OperatorSpec):
+    from pyspark.sql import functions as F
     from pyspark.sql.streaming.state import GroupStateTimeout
 
     n = int(op.params.get("n", 5))
+    delay_ms = int(op.params.get("watermark_seconds", DEFAULT_WATERMARK_S)) * 1000
 
     def top_n(key, pdfs, state):
         import pandas as pd
 
+        if state.hasTimedOut:
+            # The watermark is a full delay past the point where window_count stopped updating
+            # this window (its own watermark passed the window's end): its top-N is final.
+            state.remove()
+            return
         counts = json.loads(state.get[0]) if state.exists else {}
-        pos = ts = 0
+        pos = ts = width_s = 0
         for pdf in pdfs:
+            width_s = max(width_s, int(pdf["width"].max()))
             # Counts of a (window, item) only grow; keeping the maximum makes replays harmless.
             for item, count in zip(pdf["item"], pdf["count"], strict=True):
                 counts[item] = max(counts.get(item, 0), int(count))
             pos = max(pos, int(pdf["pos"].max()))
             ts = max(ts, int(pdf["ts"].max()))
         state.update((json.dumps(counts),))
+        expires = int(key[0]) + width_s * 1000 + delay_ms
+        state.setTimeoutTimestamp(max(expires, state.getCurrentWatermarkMs() + 1))
         top = sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))[:n]
         yield pd.DataFrame({"window": [key[0]], "top": [json.dumps(top)], "pos": [pos], "ts": [ts]})
 
-    return df.groupBy("window").applyInPandasWithState(
+    events = _with_event_time(df, op, F.timestamp_millis("ts"))
+    return events.groupBy("window").applyInPandasWithState(
         top_n,
         "window long, top string, pos long, ts long",
         "counts string",
         "update",
-        GroupStateTimeout.NoTimeout,
+        GroupStateTimeout.EventTimeTimeout,
     )
 
 
@@ -125,14 +154,17 @@ def _join_build(df, op: OperatorSpec):
 
     # Both sources share the input stream (field `kind`); the join pairs the speed and the flow
     # measurement of one sensor lane in one second and emits the pair once both have arrived.
-    keyed = df.withColumn("second", F.floor(F.col("ts") / 1000).cast("long"))
-    joined = keyed.groupBy("sensor", "lane", "second").agg(
+    second = F.floor(F.col("ts") / 1000).cast("long")
+    keyed = _with_event_time(df.withColumn("second", second), op, F.timestamp_seconds(second))
+    # Grouping by `event_time` (the second as a timestamp) lets the watermark expire the state.
+    joined = keyed.groupBy("sensor", "lane", "event_time", "second").agg(
         F.max(F.when(F.col("kind") == "speed", F.col("value"))).alias("speed"),
         F.max(F.when(F.col("kind") == "flow", F.col("value"))).alias("flow"),
         F.max("pos").alias("pos"),
         F.max("ts").alias("ts"),
     )
-    return joined.where(F.col("speed").isNotNull() & F.col("flow").isNotNull())
+    complete = joined.where(F.col("speed").isNotNull() & F.col("flow").isNotNull())
+    return complete.drop("event_time")
 
 
 def _join_channel(row: dict) -> StreamRecord:
@@ -151,13 +183,15 @@ def _join_channel(row: dict) -> StreamRecord:
 def _location_build(df, op: OperatorSpec):
     from pyspark.sql import functions as F
 
-    return df.groupBy("sensor", "second").agg(
+    events = _with_event_time(df, op, F.timestamp_seconds("second"))
+    per_location = events.groupBy("sensor", "event_time", "second").agg(
         F.sum("speed").alias("speed_sum"),
         F.count(F.lit(1)).alias("lanes"),
         F.sum("flow").alias("total_flow"),
         F.max("pos").alias("pos"),
         F.max("ts").alias("ts"),
     )
+    return per_location.drop("event_time")
 
 
 def _location_outputs(row: dict):
@@ -245,7 +279,7 @@ PLANS: dict[tuple[str, str], OperatorPlan] = {
         "item", _window_count_build, "update", to_channel=_window_count_channel
     ),
     ("topn", "topn"): OperatorPlan(
-        "window:int,item,count:int", _topn_build, "update", to_outputs=_topn_outputs
+        "window:int,width:int,item,count:int", _topn_build, "update", to_outputs=_topn_outputs
     ),
     ("traffic", "join"): OperatorPlan(
         "kind,sensor,lane:int,value:double", _join_build, "update", to_channel=_join_channel

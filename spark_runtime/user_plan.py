@@ -179,13 +179,18 @@ def expected_results(definition: JobDefinition, entries: list[tuple[str, dict]])
     return expected
 
 
+def upserted_results(values: dict[str, str]) -> dict[str, list[dict]]:
+    """The results hash of an upserting job (field -> JSON value) as `actual_results` gives it."""
+    return {field: [json.loads(value)] for field, value in values.items()}
+
+
 def actual_results(definition: JobDefinition, client, job: str) -> dict[str, list[dict]]:
     """What the job wrote, as `{key text: [value, ...]}` (one value per key for Upsert; for
     Append one per appended record, so duplicates show)."""
     from spark_runtime import keys
 
     if isinstance(definition.output, Upsert):
-        return {k: [json.loads(v)] for k, v in client.hgetall(keys.results(job)).items()}
+        return upserted_results(client.hgetall(keys.results(job)))
     written: dict[str, list[dict]] = {}
     for _, fields in client.xrange(keys.output_stream(job)):
         fields = dict(fields)

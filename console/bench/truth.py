@@ -134,6 +134,14 @@ def compare_records(expected: dict[str, dict], actual: dict[str, list[dict]]) ->
 #   stream, the stream entry whose `id` is `{input id}-{k}`, k the word's position in the line).
 #   So the right count is the word's occurrences up to that occurrence, and a word the results
 #   lack although the input up to the furthest version held it is lost.
+# - a user job (spark_runtime/user_plan.py): every record of a batch carries the batch's end
+#   offset as its version, and the sink's watermark moves to it once the whole batch is written.
+#   So the reference over the input up to the watermark is what every key written by then must
+#   hold; a key written after it (a batch being written) is judged against the reference over
+#   the input up to its own version, and an appended key (no version) against the reference over
+#   all the input read. A key the reference at the watermark has and the job lacks is lost,
+#   unless the job appends the rows of an aggregate (Spark writes those only once the watermark
+#   passes their window, later than the reference knows them).
 # - topn: event time follows input order (the generator stamps entries as it writes them), so a
 #   window is complete once the results hold a window that starts at least one window width
 #   after its end; complete windows are compared cell by cell, and a complete window of the input
@@ -256,3 +264,23 @@ def audit_topn(
         if int(cell.split("|")[0]) + width <= complete_before
     }
     return compare(expected, actual)
+
+
+def audit_user_output(
+    settled: dict[str, object],
+    later: dict[str, object | None],
+    actual: dict[str, list],
+    judge_lost: bool = True,
+) -> Comparison:
+    """A running user job's output against its reference (see above). `settled`: the reference
+    over the input up to the sink's watermark; `later`: for keys written past the watermark, the
+    reference's value at a later point of the input (None: the reference lacks the key there);
+    `actual`: what the job wrote, per key. `judge_lost` False leaves settled keys the job has
+    not written unjudged."""
+    expected = {k: v for k, v in settled.items() if judge_lost or k in actual}
+    for key, value in later.items():
+        if value is None:
+            expected.pop(key, None)
+        else:
+            expected[key] = value
+    return compare_records(expected, actual)

@@ -10,6 +10,7 @@ job's output is audited against ground truth (`audit_closed_episodes`, a Celery 
 
 from __future__ import annotations
 
+import bisect
 import logging
 from datetime import UTC, datetime, timedelta
 
@@ -19,7 +20,7 @@ from django.db.models import Sum
 from django.utils import timezone
 
 from console.bench import truth
-from console.models import ControlDecision, Job, Operator, RecoveryEpisode
+from console.models import ControlDecision, Job, Operator, RecoveryEpisode, RegisteredTopology
 from console.policy.config import PolicyConfig
 from console.policy.recovery import (
     SAME_FAULT_S,
@@ -29,9 +30,16 @@ from console.policy.recovery import (
     measure_faults,
 )
 from spark_runtime import keys as data_keys
-from spark_runtime.jobdef import resolve_topology
+from spark_runtime import user_plan
+from spark_runtime.jobdef import Upsert, is_registered_ident, resolve_topology
 from spark_runtime.progress import read_progress
-from spark_runtime.topology import channel_key
+from spark_runtime.topology import (
+    OUT_CHANNEL,
+    RESULTS_CHANNEL,
+    SINK,
+    STATEFUL_KINDS,
+    channel_key,
+)
 
 # A fault not back to normal this long after is given up on ("not back to normal before ...").
 GIVE_UP_AFTER_S = 600.0
@@ -103,6 +111,8 @@ def audit_output(job: Job, client) -> truth.Comparison | None:
     """Lost and duplicated results in the job's output so far, against ground truth computed in
     plain Python from its input (console/bench/truth.py, "auditing a running job's output");
     None for a topology without ground truth or an input too long to audit."""
+    if is_registered_ident(job.topology):
+        return audit_user_job(job, client)
     if job.topology not in truth.CHECKED_TOPOLOGIES:
         return None
     input_key = data_keys.input_stream(job.key)
@@ -129,6 +139,66 @@ def audit_output(job: Job, client) -> truth.Comparison | None:
             for entry_id, fields in _read_stream(client, channel_key(job.key, "split"))
         }
     return truth.audit_wordcount(entries, results, versions, via_stream)
+
+
+def audit_user_job(job: Job, client) -> truth.Comparison | None:
+    """A user job's output so far against its reference function (console/bench/truth.py,
+    "auditing a running job's output"); None without a reference or with too long an input."""
+    definition = resolve_topology(job.topology).job
+    input_key = data_keys.input_stream(job.key)
+    if definition.reference is None or client.xlen(input_key) > AUDIT_MAX_ENTRIES:
+        return None
+    upsert = isinstance(definition.output, Upsert)
+    sink = RESULTS_CHANNEL if upsert else OUT_CHANNEL
+    last_operator = [op for op in definition.operators if op.kind != SINK][-1].name
+    stage = job.operators.filter(name=last_operator).values_list("stage", flat=True).first()
+    with client.pipeline(transaction=True) as pipe:  # the watermark and what it covers, at once
+        pipe.hget(data_keys.watermarks(job.key, stage or ""), sink)
+        pipe.hgetall(data_keys.results(job.key))
+        pipe.hgetall(data_keys.result_versions(job.key))
+        watermark, values, versions = pipe.execute()
+    if upsert:
+        actual = user_plan.upserted_results(values)
+    else:  # appended keys are written once, so records read later only add keys
+        actual = user_plan.actual_results(definition, client, job.key)
+    # Read after the results: every result's origin is in the input read.
+    entries = _read_stream(client, input_key)
+    positions = [truth.entry_position(entry_id) for entry_id, _ in entries]
+    cache: dict[int, dict] = {}
+
+    def reference_at(position: int) -> dict:
+        """The reference over the input up to `position` (inclusive)."""
+        if position not in cache:
+            upto = bisect.bisect_right(positions, position)
+            cache[position] = user_plan.expected_results(definition, entries[:upto])
+        return cache[position]
+
+    covered = truth.version_position(watermark) if watermark else -1
+    settled = reference_at(covered) if watermark else {}
+    later: dict[str, object | None] = {}
+    for key in actual:
+        if upsert:  # its version names the input its value reflects
+            position = truth.version_position(versions.get(key, "0"))
+            past_watermark = position > covered
+        else:  # an appended key carries no version: all the input read covers it
+            position = positions[-1] if positions else 0
+            past_watermark = key not in settled
+        if past_watermark:
+            later[key] = reference_at(position).get(key)
+    stateful = any(op.kind in STATEFUL_KINDS for op in definition.operators)
+    return truth.audit_user_output(settled, later, actual, judge_lost=upsert or not stateful)
+
+
+def has_ground_truth(job: Job) -> bool:
+    """True when the job's output can be audited: wordcount, topn, or a user job whose
+    registered version ships a reference function."""
+    if job.topology in truth.CHECKED_TOPOLOGIES:
+        return True
+    if not is_registered_ident(job.topology):
+        return False
+    name, _, number = job.topology.partition("@")
+    version = RegisteredTopology.objects.filter(name=name, version=int(number)).first()
+    return version is not None and bool(version.shape.get("has_reference"))
 
 
 def audit_closed_episodes(job: Job, client) -> int:
@@ -261,7 +331,7 @@ def measure_open_episodes(job: Job, client, config: PolicyConfig, now: float | N
         if figures.final:
             record_measurement(episode, figures)
             closed += 1
-    if closed and job.topology in truth.CHECKED_TOPOLOGIES:
+    if closed and has_ground_truth(job):
         from workers.controller import audit_episodes
 
         audit_episodes.delay(job.pk)

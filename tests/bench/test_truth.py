@@ -110,3 +110,23 @@ def test_topn_audit_checks_complete_windows_only():
     assert truth.audit_topn(entries, results, 10, 5) == truth.Comparison(0, 1, 3, 1)
     del results["0"]  # a complete window the results lack: its 3 events are lost
     assert truth.audit_topn(entries, results, 10, 5) == truth.Comparison(3, 1, 3, 3)
+
+
+def test_user_output_audit_judges_settled_keys_and_keys_past_the_watermark_apart():
+    settled = {"a": {"n": 2}, "b": {"n": 1}, "c": {"n": 5}}
+    actual = {
+        "a": [{"n": 2}],  # right
+        # "b" missing: lost
+        "c": [{"n": 7}],  # written past the watermark: right against the later reference
+        "d": [{"n": 1}],  # past the watermark, a key the later reference lacks: a duplicate
+        "e": [{"n": 1}, {"n": 1}],  # appended twice: one duplicate
+    }
+    later = {"c": {"n": 7}, "d": None, "e": {"n": 1}}
+    audit = truth.audit_user_output(settled, later, actual)
+    assert (audit.lost, audit.duplicates, audit.cells, audit.wrong_cells) == (1, 2, 4, 2)
+
+
+def test_user_output_audit_can_leave_unwritten_keys_unjudged():
+    """An appending aggregate writes a window only once the watermark passes it."""
+    audit = truth.audit_user_output({"a": 1, "b": 2}, {}, {"a": [1]}, judge_lost=False)
+    assert (audit.lost, audit.duplicates, audit.wrong_cells) == (0, 0, 0)

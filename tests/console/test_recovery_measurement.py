@@ -9,6 +9,8 @@ judges the whole recorded run. The output is built by hand so every figure is kn
 
 from __future__ import annotations
 
+import json
+import shutil
 import time
 from datetime import UTC, datetime
 from pathlib import Path
@@ -16,11 +18,14 @@ from pathlib import Path
 import pytest
 import redis
 
-from console.models import Job, Policy, RecoveryEpisode
+from console.models import Job, Policy, RecoveryEpisode, RegisteredTopology
 from console.services import bench as bench_service
 from console.services.recovery import audit_closed_episodes, measure_open_episodes
+from console.services.topologies import write_snapshot
 from spark_runtime import keys as data_keys
+from spark_runtime.jobdef import snapshot_source
 from spark_runtime.progress import publish_progress
+from spark_runtime.topology import OUT_CHANNEL, RESULTS_CHANNEL
 from tests.factories import EpisodeFactory, FaultFactory, make_job, progress_record
 
 pytestmark = pytest.mark.django_db
@@ -155,3 +160,99 @@ def test_closing_an_episode_audits_the_output_against_the_input(client):
     assert audit_closed_episodes(job, client) == 1
     later.refresh_from_db()
     assert (later.lost, later.duplicates) == (0, 1)
+
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "jobs" / "examples"
+
+
+@pytest.fixture
+def example_jobs(tmp_path, monkeypatch):
+    """The example user jobs registered as version 1 (without the check's dry run: the audit
+    needs only the snapshot and the flag that it has a reference)."""
+    directory = tmp_path / "jobs"
+    shutil.copytree(EXAMPLES, directory / "examples")
+    monkeypatch.setenv("BACKSTOP_JOBS_DIR", str(directory))
+    for name in ("activity", "server_errors"):
+        ref = f"examples.clickstream:{name}"
+        version = RegisteredTopology.objects.create(
+            name=name, version=1, module=ref, source=snapshot_source(ref),
+            source_sha256="-", shape={"has_reference": True},
+        )  # fmt: skip
+        write_snapshot(version)
+
+
+def click_entries(client, job: Job, t0_ms: int, clicks: list[tuple[str, int, int]]) -> list[str]:
+    """Input entries (user, dwell ms, status), one per 100 ms from `t0_ms`; returns their ids."""
+    ids = []
+    for i, (user, dwell, status) in enumerate(clicks):
+        entry_id = f"{t0_ms + 100 * i}-0"
+        fields = {"id": f"c{i}", "ts": t0_ms + 100 * i, "user": user, "page": "home",
+                  "dwell_ms": dwell, "status": status}  # fmt: skip
+        client.xadd(data_keys.input_stream(job.key), fields, id=entry_id)
+        ids.append(entry_id)
+    return ids
+
+
+def batch_version(entry_id: str) -> str:
+    """The version of a batch ending at `entry_id` (spark_runtime.user_plan.batch_version)."""
+    ms, seq = entry_id.split("-")
+    return f"{int(ms) * 1_000_000 + int(seq):020d}{0:06d}"
+
+
+def iso(ms: int) -> str:
+    seconds = datetime.fromtimestamp(ms // 1000, tz=UTC)
+    return f"{seconds:%Y-%m-%dT%H:%M:%S}.{ms % 1000:03d}Z"
+
+
+def close_one_episode(job: Job, client) -> RecoveryEpisode:
+    episode = EpisodeFactory(job=job, detected_at=at(time.time(), -50.0), watched_s=5.0)
+    assert audit_closed_episodes(job, client) == 1
+    episode.refresh_from_db()
+    return episode
+
+
+def test_a_user_jobs_upserted_output_is_audited_up_to_its_sinks_watermark(client, example_jobs):
+    """activity (per user and 10-second window): batches up to the 4th click are written (the
+    sink's watermark), the 5th click's batch is being written. u2 is missing although its click
+    is below the watermark (1 lost); u9 was never clicked (1 duplicate); u3's value from the
+    batch past the watermark is right for the input up to its own version."""
+    job = make_job(status=Job.Status.STOPPED, topology="activity@1", name="act")
+    job.operators.filter(name="per_window").update(stage="per_window")
+    t0 = (int(time.time()) - 100) * 1000 // 10_000 * 10_000  # a window start
+    ids = click_entries(client, job, t0, [("u1", 100, 200), ("u2", 300, 200), ("u1", 500, 200),
+                                          ("u4", 50, 200), ("u3", 700, 200)])  # fmt: skip
+    window = iso(t0)
+    values = {
+        f"u1|{window}": ({"clicks": 2, "dwell_ms": 600, "longest_ms": 500}, ids[2]),
+        f"u4|{window}": ({"clicks": 1, "dwell_ms": 50, "longest_ms": 50}, ids[3]),
+        f"u9|{window}": ({"clicks": 1, "dwell_ms": 1, "longest_ms": 1}, ids[3]),
+        f"u3|{window}": ({"clicks": 1, "dwell_ms": 700, "longest_ms": 700}, ids[4]),
+    }
+    for field, (value, entry_id) in values.items():
+        client.hset(data_keys.results(job.key), field, json.dumps(value, sort_keys=True))
+        client.hset(data_keys.result_versions(job.key), field, batch_version(entry_id))
+    client.hset(data_keys.watermarks(job.key, "per_window"), RESULTS_CHANNEL, batch_version(ids[3]))
+
+    episode = close_one_episode(job, client)
+    assert (episode.lost, episode.duplicates) == (1, 1)
+
+
+def test_a_user_jobs_appended_output_is_audited_up_to_its_sinks_watermark(client, example_jobs):
+    """server_errors (every 5xx click, once): c1 appended twice (1 duplicate), c3 missing below
+    the watermark (1 lost), c4 appended by the batch past the watermark (right)."""
+    job = make_job(status=Job.Status.STOPPED, topology="server_errors@1", name="err")
+    job.operators.filter(name="errors").update(stage="errors")
+    t0 = (int(time.time()) - 100) * 1000
+    ids = click_entries(client, job, t0, [("u1", 100, 200), ("u2", 100, 503), ("u3", 100, 200),
+                                          ("u4", 100, 503), ("u5", 100, 503)])  # fmt: skip
+
+    def record(i, user):
+        return {"key": f"c{i}", "user": user, "page": "home", "status": "503",
+                "event_time": iso(t0 + 100 * i)}  # fmt: skip
+
+    for fields in (record(1, "u2"), record(1, "u2"), record(4, "u5")):
+        client.xadd(data_keys.output_stream(job.key), fields)
+    client.hset(data_keys.watermarks(job.key, "errors"), OUT_CHANNEL, batch_version(ids[3]))
+
+    episode = close_one_episode(job, client)
+    assert (episode.lost, episode.duplicates) == (1, 1)

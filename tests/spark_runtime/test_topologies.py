@@ -5,7 +5,9 @@ end in the dead-letter stream, and a standby's promotion neither loses nor repea
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
+import random
 
 import pytest
 
@@ -326,3 +328,82 @@ def test_shuffle_matches_ground_truth(spark, client, redis_url, job, tmp_path):
     assert len({f["id"] for _, f in emitted}) == len(emitted)
     assert sorted((f["key"], int(f["count"]), int(f["sum"])) for _, f in emitted) == outputs
     assert len(outputs) >= 50
+
+
+def state_rows(runtimes) -> list[int]:
+    """Rows in the state stores of each query of `runtimes` after its last batch, in order."""
+    return [
+        sum(op.numRowsTotal for op in (query.lastProgress.stateOperators or []))
+        for rt in runtimes
+        for query in rt.queries
+    ]
+
+
+def feed_in_chunks(spark, client, redis_url, job, topology, tmp_path, chunks) -> list[int]:
+    """Run `topology`'s stages (chained), writing each chunk of input fields and draining it
+    before the next; returns the state rows of each query at the end."""
+    runtimes = run_stages(spark, client, redis_url, job, topology, tmp_path / job, CHAINED)
+    try:
+        for chunk in chunks:
+            for fields in chunk:
+                client.xadd(keys.input_stream(job), fields)
+            drain(runtimes)
+        return state_rows(runtimes)
+    finally:
+        stop(runtimes)
+
+
+def test_watermarks_bound_the_state_of_topn_and_traffic(spark, client, redis_url, job, tmp_path):
+    """Input spanning 40 s of event time in 8 chunks of 5 s, with 2-second watermarks: results
+    stay exact, and the state keeps only what the watermark has not passed (about 5 + 2 s of
+    windows or seconds), not all 40 s of them as it did without a watermark."""
+    t0 = 1_700_000_000_000
+    items = ["a", "b", "c", "d", "e"]
+
+    def topn_entry(i):
+        return {"id": f"t{i}", "ts": t0 + i * 50, "item": items[(i * 7 + i // 3) % 5]}
+
+    topn = with_params(
+        get_topology("topn"),
+        {"window_count": {"window_seconds": 1, "watermark_seconds": 2},
+         "topn": {"n": 3, "watermark_seconds": 2}},
+    )  # fmt: skip
+    chunks = [[topn_entry(i) for i in range(c * 100, (c + 1) * 100)] for c in range(8)]
+    window_rows, topn_rows = feed_in_chunks(spark, client, redis_url, job, topn, tmp_path, chunks)
+    entries = truth.valid_entries(client, keys.input_stream(job), ["item"])
+    expected = truth.topn(entries, window_seconds=1, n=3)
+    got = {w: json.loads(v) for w, v in client.hgetall(keys.results(job)).items()}
+    assert len(expected) == 40 and got == expected
+    assert 0 < window_rows <= 9 * len(items)  # all 40 windows: 200 rows
+    assert 0 < topn_rows <= 13  # windows kept one delay longer (see pipelines._topn_build)
+
+    def traffic_entries(second):
+        rng = random.Random(second)
+        entries = []
+        for sensor, lane, kind in itertools.product(("s1", "s2"), (1, 2), ("speed", "flow")):
+            ts = t0 + second * 1000 + rng.randrange(1000)
+            value = round(rng.uniform(1, 99), 2)
+            fields = {"kind": kind, "sensor": sensor, "lane": lane, "value": value}
+            entries.append({"id": f"s{second}-{sensor}-{lane}-{kind}", "ts": ts, **fields})
+        return sorted(entries, key=lambda e: e["ts"])
+
+    traffic_job = f"{job}-traffic"
+    traffic = with_params(
+        get_topology("traffic"),
+        {"join": {"watermark_seconds": 2}, "location_aggregate": {"watermark_seconds": 2}},
+    )
+    chunks = [[e for s in range(c * 5, (c + 1) * 5) for e in traffic_entries(s)] for c in range(8)]
+    try:
+        join_rows, location_rows = feed_in_chunks(
+            spark, client, redis_url, traffic_job, traffic, tmp_path, chunks
+        )
+        entries = truth.valid_entries(
+            client, keys.input_stream(traffic_job), ["kind", "sensor", "lane", "value"]
+        )
+        got = {k: json.loads(v) for k, v in client.hgetall(keys.results(traffic_job)).items()}
+    finally:
+        keys.delete_job_keys(client, traffic_job)
+    expected = truth.traffic(entries)
+    assert len(expected) == 80 and got == expected
+    assert 0 < join_rows <= 9 * 4  # 4 sensor lanes a second; all 40 s: 160 rows
+    assert 0 < location_rows <= 9 * 2  # 2 sensors a second; all 40 s: 80 rows
