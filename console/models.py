@@ -202,6 +202,11 @@ class Operator(models.Model):
     downstream = models.JSONField(default=list, blank=True)
     cpu_demand = models.FloatField(default=0.25, help_text="Cores.")
     mem_demand_mb = models.FloatField(default=256.0, help_text="MiB.")
+    demand_source = models.CharField(
+        max_length=16,
+        default="estimated",
+        help_text="Where the demand comes from: the estimate until its stage runs, then measured.",
+    )
     type_score = models.FloatField(default=0.0, help_text="S")
     resource_score = models.FloatField(default=0.0, help_text="R")
     dependency_score = models.FloatField(default=0.0, help_text="L")

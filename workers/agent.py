@@ -34,7 +34,7 @@ from console.policy.fault_params import (
     validate_params,
 )
 from spark_runtime import keys as data_keys
-from spark_runtime.activity import ActivityMeter, is_busy
+from spark_runtime.activity import ActivityMeter, is_busy, tree_rss_mb
 from spark_runtime.spare import release_warmup_lock, take_warmup_lock
 from workers import keys
 from workers.node_metrics import (
@@ -467,7 +467,8 @@ _activity = ActivityMeter()
 
 def publish_activity(client: redis.Redis) -> None:
     """Publish, per job, how busy each replica process this agent started is: the controller
-    reads it when a heartbeat is missing (a busy process is slow, not dead)."""
+    reads it when a heartbeat is missing (a busy process is slow, not dead), and the policy
+    scores operators from its averaged CPU and its memory."""
     with _children_lock:
         live = [
             (replica_id, proc.pid, job_key)
@@ -479,7 +480,13 @@ def publish_activity(client: redis.Redis) -> None:
     for replica_id, pid, job_key in live:
         share = _activity.cpu_share(pid)
         if share is not None:
-            entry = {"cpu": round(share, 3), "busy": is_busy(share), "at": now}
+            entry = {
+                "cpu": round(share, 3),
+                "cpu_avg": round(_activity.cpu_average(pid), 3),
+                "rss_mb": round(tree_rss_mb(pid) or 0.0, 1),
+                "busy": is_busy(share),
+                "at": now,
+            }
             by_job.setdefault(job_key, {})[replica_id] = json.dumps(entry)
     _activity.forget_others({pid for _, pid, _ in live})
     pipe = client.pipeline()

@@ -51,8 +51,9 @@ ACTIVITY_TTL_S = 10
 
 
 def replica_activity(job_key: str) -> str:
-    """Hash replica id -> JSON {"cpu": share of a core, "busy": bool, "at": time} written by the
-    agent that runs the replica (expires when no agent writes it)."""
+    """Hash replica id -> JSON {"cpu": share of a core in the last second, "cpu_avg": averaged
+    over about 30 s, "rss_mb": resident memory of the process tree, "busy": bool, "at": time}
+    written by the agent that runs the replica (expires when no agent writes it)."""
     return f"backstop:{job_key}:activity"
 
 

@@ -41,6 +41,7 @@ class OperatorSerializer(serializers.ModelSerializer):
             "downstream",
             "cpu_demand",
             "mem_demand_mb",
+            "demand_source",
             "type_score",
             "resource_score",
             "dependency_score",

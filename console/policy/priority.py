@@ -4,14 +4,19 @@ S_i is the type score, R_i the resource score (demand over cluster totals), L_i 
 strength (in plus out degree over the largest degree in the topology). The predicted fault rate
 fr raises the effective priority: P_eff = min(1, P + fault_risk_weight * fr), so an operator
 that keeps failing earns a standby even if its type alone would not.
+
+An operator's demand is its declared estimate (the topology's, or a user job's `cpu`/`mem`)
+until its stage runs; from then on the controller passes what the stage's process uses
+(`measured_demands`), so a user operator that turns out heavier than declared scores higher.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 
 from console.policy.config import PolicyConfig
+from console.policy.spares import SPARE_CPU, SPARE_MEM_MB
 from spark_runtime.topology import Topology
 
 ACTIVE = "active"
@@ -47,6 +52,7 @@ class OperatorPriority:
     cpu: float
     mem: float
     explain: str
+    demand_source: str = "estimated"  # or "measured" (see measured_demands)
 
     def to_dict(self) -> dict:
         """All fields as a JSON-serialisable dict."""
@@ -66,6 +72,29 @@ def resource_score(
         raise ValueError(f"cluster totals must be positive (cpu={cpu_total}, mem={mem_total})")
     r = config.alpha_cpu * cpu / cpu_total + config.beta_mem * mem / mem_total
     return min(1.0, max(0.0, r))
+
+
+def measured_demands(
+    topology: Topology,
+    stage_operators: Mapping[str, Sequence[str]],
+    stage_usage: Mapping[str, tuple[float, float]],
+) -> dict[str, dict[str, float]]:
+    """Each operator's measured demand ({"cpu": cores, "mem": MiB}) from `stage_usage` (stage ->
+    (averaged CPU, RSS in MiB) of its primary's process tree): what the stage uses beyond an idle
+    stage process (a warm spare's footprint: Python, JVM and SparkSession with no query), split
+    among the stage's operators in proportion to their estimates. Operators of stages not in
+    `stage_usage` are left out (they keep their estimates)."""
+    demands: dict[str, dict[str, float]] = {}
+    for stage, (cpu, mem) in stage_usage.items():
+        operators = [topology.operator(name) for name in stage_operators.get(stage, ())]
+        own = {"cpu": max(0.0, cpu - SPARE_CPU), "mem": max(0.0, mem - SPARE_MEM_MB)}
+        for resource, used in own.items():
+            estimates = {op.name: getattr(op, resource) for op in operators}
+            total = sum(estimates.values())
+            for name, estimate in estimates.items():
+                share = estimate / total if total > 0 else 1 / len(estimates)
+                demands.setdefault(name, {})[resource] = round(used * share, 3)
+    return demands
 
 
 def dependency_scores(topology: Topology) -> dict[str, float]:
@@ -97,8 +126,9 @@ def operator_priorities(
 ) -> list[OperatorPriority]:
     """Score every operator of `topology`, in topological order.
 
-    `demands` overrides an operator's default demand ({"cpu": cores, "mem": MiB}, either key
-    optional); `fault_rates` gives fr per operator (missing operators use config.fault_rate_prior).
+    `demands` overrides an operator's estimated demand ({"cpu": cores, "mem": MiB}, either key
+    optional; the controller passes `measured_demands`); `fault_rates` gives fr per operator
+    (missing operators use config.fault_rate_prior).
     Unknown operator names in either mapping raise KeyError: a typo must not pass silently.
     """
     demands = demands or {}
@@ -113,6 +143,7 @@ def operator_priorities(
     results = []
     for op in topology.topological_order():
         override = demands.get(op.name, {})
+        source = "measured" if override else "estimated"
         cpu = float(override.get("cpu", op.cpu))
         mem = float(override.get("mem", op.mem))
         s = type_score(op.kind)
@@ -125,7 +156,7 @@ def operator_priorities(
         explain = (
             f"S={s:.3f} (kind {op.kind}); "
             f"R={config.alpha_cpu:g}*{cpu:g}/{cluster_cpu:g} + {config.beta_mem:g}*{mem:g}/"
-            f"{cluster_mem:g} = {r:.3f}; "
+            f"{cluster_mem:g} = {r:.3f} ({source} demand); "
             f"L={lval:.3f} (in {len(op.upstream)} + out {len(topology.downstream(op.name))}); "
             f"P={config.w_type:g}*{s:.3f} + {config.w_resource:g}*{r:.3f} + "
             f"{config.w_dependency:g}*{lval:.3f} = {p:.3f}; "
@@ -146,6 +177,7 @@ def operator_priorities(
                 cpu=cpu,
                 mem=mem,
                 explain=explain,
+                demand_source=source,
             )
         )
     return results

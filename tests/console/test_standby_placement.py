@@ -105,3 +105,39 @@ def test_the_launch_and_each_cycle_record_why_the_standby_sits_where_it_is(clien
     moved.refresh_from_db()
     assert moved.placement["rule"] == "kept"
     assert moved.placement["node"] == "sp-node-3"
+
+
+def test_once_a_stage_runs_its_operators_are_scored_from_what_its_process_uses(client):
+    """The agent publishes the primary's process tree: 1.22 cores (averaged) and 1368 MiB. Less
+    an idle stage process (0.02 cores, 600 MiB), that is 1.2 cores and 768 MiB for the chained
+    stage `count` (split + count), split as their estimates (0.3:0.5 cores, 256:512 MiB)."""
+    for name in NODES:
+        NodeFactory(name=name, cpu_total=2.0, mem_total_mb=4096.0)
+    publish_usage(client)
+    job = make_job(status=Job.Status.CREATED, strategy=Job.Strategy.ADAPTIVE)
+    controller.launch_job(job)
+    job.mark_running("test")
+    supervisor = observe.load_supervisor(client, job)
+    cycle.policy_cycle(job, supervisor, client)  # not running yet: the estimates
+    count = job.operators.get(name="count")
+    assert (count.cpu_demand, count.mem_demand_mb, count.demand_source) == (0.5, 512, "estimated")
+
+    (primary,) = [r for r in supervisor.live() if r.spec.role == "primary"]
+    primary.state = RUNNING
+    entry = {"cpu": 1.5, "cpu_avg": 1.22, "rss_mb": 1368.0, "busy": True, "at": time.time()}
+    client.hset(control_keys.replica_activity(job.key), primary.spec.replica_id, json.dumps(entry))
+    try:
+        cycle.policy_cycle(job, supervisor, client)
+    finally:
+        client.delete(control_keys.replica_activity(job.key))
+    demands = {
+        op.name: (op.cpu_demand, op.mem_demand_mb, op.demand_source)
+        for op in job.operators.filter(name__in=["split", "count"])
+    }
+    assert demands == {
+        "split": (pytest.approx(0.45), pytest.approx(256.0), "measured"),
+        "count": (pytest.approx(0.75), pytest.approx(512.0), "measured"),
+    }
+    # R = 0.5 * 0.75 / 6 cores + 0.5 * 512 / 12288 MiB (three nodes of 2 cores and 4096 MiB).
+    count.refresh_from_db()
+    assert count.resource_score == pytest.approx(0.5 * 0.75 / 6 + 0.5 * 512 / 12288)

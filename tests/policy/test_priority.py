@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 from console.policy.config import PolicyConfig
 from console.policy.priority import (
     dependency_scores,
+    measured_demands,
     operator_priorities,
     priority_score,
     resource_score,
@@ -162,3 +163,31 @@ def test_priority_grows_with_each_term(config, s, r, lval, step, which):
     assert after >= before
     if weight >= 1e-3 and raised[which] - terms[which] >= 1e-6:
         assert after > before
+
+
+def test_measured_demands_split_what_a_stage_uses_beyond_an_idle_process():
+    """wordcount's chained stage `count` runs split (estimate 0.3 cores, 256 MiB) and count
+    (0.5, 512): it uses 1.22 cores and 1368 MiB, of which an idle stage process is 0.02 and 600;
+    the remaining 1.2 cores and 768 MiB are split 3:5 and 1:2."""
+    demands = measured_demands(
+        WORDCOUNT_JOB, {"count": ("split", "count")}, {"count": (1.22, 1368.0)}
+    )
+    assert demands == {
+        "split": {"cpu": pytest.approx(0.45), "mem": pytest.approx(256.0)},
+        "count": {"cpu": pytest.approx(0.75), "mem": pytest.approx(512.0)},
+    }
+    # Below the idle footprint nothing is the operators'; a stage not measured is left out.
+    assert measured_demands(
+        WORDCOUNT_JOB, {"count": ("split", "count"), "other": ()}, {"count": (0.01, 500.0)}
+    ) == {"split": {"cpu": 0.0, "mem": 0.0}, "count": {"cpu": 0.0, "mem": 0.0}}
+
+
+def test_a_measured_demand_is_scored_and_explained_as_measured():
+    results = by_name(
+        operator_priorities(
+            WORDCOUNT_JOB, 4.0, 4096.0, PolicyConfig(), demands={"count": {"cpu": 2, "mem": 0}}
+        )
+    )
+    assert results["count"].R == 0.25  # 0.5 * 2 / 4 + 0.5 * 0 / 4096
+    assert "(measured demand)" in results["count"].explain
+    assert "(estimated demand)" in results["split"].explain

@@ -2,11 +2,13 @@
 node agent publishes it and the controller reads it, against real processes and Redis."""
 
 import contextlib
+import json
 import os
 import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 import redis
@@ -23,6 +25,17 @@ SPINNING_CHILD = (
     "subprocess.Popen([sys.executable, '-c', 'while True: pass']); time.sleep(60)"
 )
 IDLE = "import time; time.sleep(60)"
+
+
+def proc_tree_rss_mb(pid: int) -> float:
+    """VmRSS of `pid` and its children from /proc (kB -> MiB)."""
+    children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+    total_kb = 0
+    for each in [pid, *map(int, children)]:
+        for line in Path(f"/proc/{each}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                total_kb += int(line.split()[1])
+    return total_kb / 1024
 
 
 def _start(code: str) -> subprocess.Popen:
@@ -78,6 +91,11 @@ def test_the_agent_publishes_activity_and_the_controller_reads_it(processes, mon
     agent.publish_activity(client)
     published = client.hgetall(keys.replica_activity(job.key))
     assert sorted(published) == ["count-1", "split-1"]
+    # The policy's figures: the average starts at the first share, and the memory is the whole
+    # tree's (the spinning parent and its child), as /proc counts it.
+    entry = json.loads(published["count-1"])
+    assert entry["cpu_avg"] == entry["cpu"] > 0.05
+    assert entry["rss_mb"] == pytest.approx(proc_tree_rss_mb(spinning.pid), rel=0.2)
     assert 0 < client.ttl(keys.replica_activity(job.key)) <= keys.ACTIVITY_TTL_S
     launcher = AgentLauncher(job, client)
     assert launcher.busy("count-1") and not launcher.busy("split-1")

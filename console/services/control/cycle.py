@@ -15,7 +15,7 @@ from console.models import ControlDecision, Job, MetricSample, Node, Operator, P
 from console.policy import actions as policy_actions
 from console.policy.checkpoint import ReplicaInterval, interval_rollout, state_store_confs
 from console.policy.placement import CycleInput, StandbyVerdict, run_cycle
-from console.policy.priority import ACTIVE, operator_priorities
+from console.policy.priority import ACTIVE, measured_demands, operator_priorities
 from console.policy.resources import node_score
 from console.services import prediction, recovery
 from console.services.control.act import (
@@ -24,7 +24,7 @@ from console.services.control.act import (
     send_command,
     stage_interval_of,
 )
-from console.services.control.observe import alive_nodes, node_history
+from console.services.control.observe import alive_nodes, node_history, stage_usage
 from console.services.control.record import decide, priority_fields
 from spark_runtime import keys as data_keys
 from spark_runtime.jobdef import resolve_topology
@@ -48,11 +48,14 @@ def policy_cycle(job: Job, supervisor: Supervisor, client) -> list:
     stage_of = {op: name for name, ops in supervisor.stage_operators.items() for op in ops}
     # fr from the newest trained model where it is used, else the prior (with why).
     predicted = prediction.predicted_fault_rates(job, stage_of, config)
+    # Once a stage runs, its operators are scored from what its process uses, not estimates.
+    usage = stage_usage(client, job, supervisor)
     priorities = operator_priorities(
         topology,
         sum(s.cpu_total for s in newest),
         sum(s.mem_total for s in newest),
         config,
+        demands=measured_demands(topology, supervisor.stage_operators, usage),
         fault_rates={name: fr for name, (fr, _) in predicted.items()},
     )
     now = timezone.now()

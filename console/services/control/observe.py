@@ -6,16 +6,19 @@ Reads Redis and keeps the database's view of nodes and replicas in step; starts 
 from __future__ import annotations
 
 import json
+import time
 from datetime import UTC, datetime
 
 from console.models import Job, Node, Replica
 from console.services import metrics
 from console.services.planning import rank_nodes
 from spark_runtime import keys as data_keys
-from spark_runtime.supervision import Supervisor
+from spark_runtime.supervision import PRIMARY, RUNNING, Supervisor
 from workers import keys as control_keys
 
 NODE_HISTORY_SAMPLES = 20
+# An agent publishes replica activity every second: older figures are not the replica's now.
+USAGE_FRESH_S = 10.0
 
 
 def alive_nodes(client) -> dict[str, dict]:
@@ -37,6 +40,23 @@ def node_history(client, names) -> dict:
         ]
         for name in names
     }
+
+
+def stage_usage(client, job: Job, supervisor: Supervisor) -> dict[str, tuple[float, float]]:
+    """stage -> (averaged CPU in cores, RSS in MiB) of its running primary's process tree, as
+    its node agent last published it; stages without fresh figures are left out."""
+    published = client.hgetall(control_keys.replica_activity(job.key))
+    usage = {}
+    for stage in supervisor.stages:
+        for replica in supervisor.of_stage(stage, PRIMARY):
+            raw = published.get(replica.spec.replica_id)
+            if replica.state != RUNNING or raw is None:
+                continue
+            entry = json.loads(raw)
+            fresh = time.time() - float(entry["at"]) < USAGE_FRESH_S
+            if fresh and "cpu_avg" in entry and "rss_mb" in entry:
+                usage[stage] = (float(entry["cpu_avg"]), float(entry["rss_mb"]))
+    return usage
 
 
 def update_nodes(client) -> dict[str, dict]:

@@ -259,6 +259,9 @@ def priority_fields(priority) -> dict:
         "priority": priority.P_eff,
         "mode": priority.mode,
         "predicted_fault_rate": priority.fr,
+        "cpu_demand": priority.cpu,
+        "mem_demand_mb": priority.mem,
+        "demand_source": priority.demand_source,
     }
 
 
