@@ -285,6 +285,8 @@ class FaultInjection(models.Model):
         PAUSE_NODE = "pause-node", "SIGSTOP a node's replicas for N seconds"
         OPERATOR_EXCEPTION = "operator-exception", "the operator raises on its next batch"
         STRESS_NODE = "stress-node", "CPU hog on a node for N seconds"
+        KILL_EXECUTOR = "kill-executor", "kill one Spark executor of a stage's primary"
+        KILL_WORKER = "kill-worker", "kill the Spark worker running a primary's executor"
 
     class Outcome(models.TextChoices):
         PENDING = "pending", "pending"
@@ -330,6 +332,9 @@ class RecoveryEpisode(models.Model):
         PROMOTE = "promote", "promoted the standby"
         RESTART_STAGE = "restart-stage", "restarted the stage from its checkpoint"
         RESTART_JOB = "restart-job", "restarted the whole job"
+        # A lost executor or worker: the stage's process lives on and Spark runs the lost tasks
+        # again on its other executors; Backstop only measures the episode.
+        SPARK_RETRY = "spark-retry", "Spark ran the lost tasks again"
         NONE = "none", "no action needed"
 
     job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="recoveries")

@@ -31,9 +31,38 @@ SPARK_CONF = {
 }
 
 
+# On a standalone cluster (SPARK_MASTER=spark://...) every stage process is an application of
+# its own: a primary, its standby and the warm spares all hold executors at once. Without a cap
+# the first application takes every core of the cluster and the others wait for ever. Two
+# one-core executors per application: with the master's default spreading, they land on two
+# workers, so a lost worker leaves the query an executor to run its tasks again on.
+CLUSTER_CONF = {
+    "spark.cores.max": "2",
+    "spark.executor.cores": "1",
+    "spark.executor.memory": "512m",
+    # A task of a lost executor is run again elsewhere (4 is also Spark's default on a cluster).
+    "spark.task.maxFailures": "4",
+}
+
+
 def spark_master() -> str:
     """The Spark master: env SPARK_MASTER, else local[2]."""
     return os.environ.get("SPARK_MASTER") or DEFAULT_MASTER
+
+
+def session_conf(master: str, extra_conf: dict | None = None) -> dict[str, str]:
+    """Every setting a data-plane session starts with on `master`: the common ones, the
+    cluster's on a standalone master, then `extra_conf`.
+
+    On a cluster the executors' Python workers run the driver's interpreter path
+    (`spark.pyspark.python`), so every worker host needs Backstop installed at the same path
+    (the Docker image does this)."""
+    conf = dict(SPARK_CONF)
+    if master.startswith("spark://"):
+        conf.update(CLUSTER_CONF)
+        conf["spark.pyspark.python"] = os.environ.get("PYSPARK_PYTHON", sys.executable)
+    conf.update(extra_conf or {})
+    return conf
 
 
 def ensure_python_env() -> None:
@@ -53,12 +82,14 @@ def build_session(app_name: str, extra_conf: dict | None = None):
 
     from spark_runtime.redis_source import RedisStreamDataSource
 
-    builder = SparkSession.builder.appName(app_name).master(spark_master())
-    for key, value in {**SPARK_CONF, **(extra_conf or {})}.items():
+    master = spark_master()
+    builder = SparkSession.builder.appName(app_name).master(master)
+    for key, value in session_conf(master, extra_conf).items():
         builder = builder.config(key, value)
-    log.info("starting SparkSession %s on %s", app_name, spark_master())
+    log.info("starting SparkSession %s on %s", app_name, master)
     spark = builder.getOrCreate()
-    spark.sparkContext.setLogLevel("WARN")
+    # INFO shows the scheduler's view (lost executors, tasks run again) when a stage is slow.
+    spark.sparkContext.setLogLevel(os.environ.get("SPARK_LOG_LEVEL") or "WARN")
     spark.dataSource.register(RedisStreamDataSource)
     return spark
 

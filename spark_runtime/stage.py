@@ -363,6 +363,8 @@ def run(args, spark=None) -> int:
         state=readiness(runtime.gate),
         epoch=runtime.gate.writer.epoch,
         checkpoint=checkpoint,
+        # Names the executors of this replica on a cluster (kill-executor, kill-worker).
+        spark_app=spark.sparkContext.applicationId,
     )
     nice = 0  # the level last asked for (set_group_nice reports the one in force)
     code = EXIT_FAILED

@@ -35,10 +35,11 @@ class Cluster:
     """The controller, beat and node agents as real processes (web.launcher.LocalCluster, so a
     process that exits on its own is started again), logs under `log_dir`.
 
-    redis_url: the Redis the workers use (default: the test Redis).
+    redis_url: the Redis the workers use (default: the test Redis); env: added to every
+    process's environment (e.g. SPARK_MASTER, which the stage processes inherit).
     """
 
-    def __init__(self, log_dir, redis_url: str | None = None):
+    def __init__(self, log_dir, redis_url: str | None = None, env: dict | None = None):
         self.log_dir = log_dir
         self.redis_url = redis_url or settings.REDIS_URL
         self.group = ProcessGroup(log_dir, say=None)  # restarts go to log_dir/launcher.log
@@ -56,6 +57,7 @@ class Cluster:
                 "TEST_REDIS_URL": self.redis_url,
                 "CONTROLLER_DISPATCH": "true",
                 "BACKSTOP_VAR_DIR": str(log_dir),
+                **(env or {}),
             },
         )
 

@@ -13,6 +13,7 @@ import json
 import logging
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -311,6 +312,86 @@ def kill_node(job_key: str | None = None) -> list[int]:
     return [p.pid for p in procs]
 
 
+SPARK_EXECUTOR_CLASS = "org.apache.spark.executor.CoarseGrainedExecutorBackend"
+SPARK_WORKER_CLASS = "org.apache.spark.deploy.worker.Worker"
+
+
+def spark_executors(app_id: str) -> list[psutil.Process]:
+    """The executor processes of Spark application `app_id` on this host, by executor id (an
+    executor's command line names its application and id)."""
+    found = []
+    for proc in psutil.process_iter(["cmdline", "status"]):
+        cmdline = argv_of(proc.info["cmdline"])
+        if proc.info["status"] == psutil.STATUS_ZOMBIE or SPARK_EXECUTOR_CLASS not in cmdline:
+            continue
+        if cmdline_arg(cmdline, "--app-id") == app_id:
+            executor_id = cmdline_arg(cmdline, "--executor-id") or ""
+            found.append((int(executor_id) if executor_id.isdigit() else 0, proc))
+    return [proc for _, proc in sorted(found, key=lambda pair: pair[0])]
+
+
+def spark_worker_of(executor: psutil.Process) -> psutil.Process | None:
+    """The Spark worker that launched `executor` (its parent process), if it is one."""
+    with contextlib.suppress(psutil.Error):
+        parent = executor.parent()
+        if parent is not None and SPARK_WORKER_CLASS in parent.cmdline():
+            return parent
+    return None
+
+
+def report_agent_event(kind: str, fault: str, detail: str, fault_id, job_key) -> None:
+    """Tell the controller what became of a fault task (kind `refused` or `spark-killed`) on
+    the agent events stream; it reads the job's entries every cycle."""
+    with contextlib.suppress(redis.RedisError):
+        redis_client().xadd(
+            keys.agent_events(),
+            {"kind": kind, "node": this_node(), "fault": fault, "detail": detail,
+             "fault_id": str(fault_id or ""), "job": job_key or "", "at": str(time.time())},
+            maxlen=keys.AGENT_EVENTS_MAXLEN,
+            approximate=True,
+        )  # fmt: skip
+
+
+@shared_task(
+    name="backstop.agent.kill_spark_process",
+    acks_late=True,
+    expires=30,
+    time_limit=30,
+    soft_time_limit=25,
+)
+def kill_spark_process(
+    app_id: str, what: str, fault_id: int | None = None, job_key: str | None = None
+) -> list[int]:
+    """SIGKILL the first executor of Spark application `app_id` on this host (`what` =
+    "executor"), or the Spark worker that runs it with every executor it launched ("worker": a
+    lost worker host). Returns the pids killed; reports the kill, or a refusal when this host
+    runs no executor of the application, on the agent events stream."""
+    fault = f"kill-{what}"
+    if what not in ("executor", "worker"):
+        raise ValueError(f"what: 'executor' or 'worker', got {what!r:.40}")
+    executors = spark_executors(app_id)
+    if not executors:
+        detail = f"no executor of Spark application {app_id} runs on {socket.gethostname()}"
+        log.error("node %s refuses %s: %s", this_node(), fault, detail)
+        report_agent_event("refused", fault, detail, fault_id, job_key)
+        return []
+    victims = [executors[0]]
+    if what == "worker":
+        worker = spark_worker_of(executors[0])
+        if worker is not None:
+            with contextlib.suppress(psutil.Error):
+                victims = [worker, *worker.children(recursive=True)]
+    killed = []
+    for proc in victims:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            proc.kill()
+            killed.append(proc.pid)
+    detail = f"killed Spark {what} of {app_id}: pids {killed}"
+    log.info("node %s: %s", this_node(), detail)
+    report_agent_event("spark-killed", fault, detail, fault_id, job_key)
+    return killed
+
+
 class FaultRefusedByAgent(ValueError):
     """A fault task whose params this node does not accept (logged and reported, not run)."""
 
@@ -333,15 +414,7 @@ def check_fault_params(
     except FaultParamsError as exc:
         node = this_node()
         log.error("node %s refuses %s: %s", node, kind, exc)
-        with contextlib.suppress(redis.RedisError):
-            redis_client().xadd(
-                keys.agent_events(),
-                {"kind": "refused", "node": node, "fault": kind, "detail": str(exc),
-                 "fault_id": str(fault_id or ""), "job": job_key or "",
-                 "at": str(time.time())},
-                maxlen=keys.AGENT_EVENTS_MAXLEN,
-                approximate=True,
-            )  # fmt: skip
+        report_agent_event("refused", kind, str(exc), fault_id, job_key)
         raise FaultRefusedByAgent(f"{kind} refused by node {node}: {exc}") from exc
 
 

@@ -24,6 +24,8 @@ KILL_NODE = "kill-node"
 PAUSE_NODE = "pause-node"
 OPERATOR_EXCEPTION = "operator-exception"
 STRESS_NODE = "stress-node"
+KILL_EXECUTOR = "kill-executor"
+KILL_WORKER = "kill-worker"
 
 
 class FaultParamsError(ValueError):
@@ -54,6 +56,8 @@ PARAMS_BY_KIND: dict[str, tuple[str, ...]] = {
     KILL_STANDBY: (),
     KILL_NODE: (),
     OPERATOR_EXCEPTION: (),
+    KILL_EXECUTOR: (),
+    KILL_WORKER: (),
     PAUSE_NODE: ("duration_s",),
     STRESS_NODE: ("duration_s", "workers"),
 }

@@ -8,7 +8,7 @@ from datetime import timedelta
 from django.conf import settings
 from django.utils import timezone
 
-from console.models import FaultInjection, Job, Node
+from console.models import FaultInjection, Job, Node, RecoveryEpisode
 from console.policy.fault_params import (
     DEFAULT_DURATION_S,
     DEFAULT_MAX_DURATION_S,
@@ -186,6 +186,23 @@ def inject(fault: FaultInjection) -> FaultInjection:
             {"cmd": "fault", "kind": "operator_exception", "after_batches": 1},
         )
         detail = f"armed an exception in the next batch of {local_id}"
+    elif fault.kind in (FaultInjection.Kind.KILL_EXECUTOR, FaultInjection.Kind.KILL_WORKER):
+        replica = _replica_of(job, fault.target_operator, "primary")
+        app = spark_app_of(job, replica)
+        if app is None or app.startswith("local-"):
+            return _finish(
+                fault,
+                FaultInjection.Outcome.FAILED,
+                f"operator {fault.target_operator!r} has no primary running on a Spark cluster "
+                f"(application {app or 'unknown'}): {fault.kind} needs SPARK_MASTER=spark://...",
+            )
+        what = "worker" if fault.kind == FaultInjection.Kind.KILL_WORKER else "executor"
+        agent.kill_spark_process.apply_async(
+            args=(app, what),
+            kwargs={"fault_id": fault.pk, "job_key": job.key},
+            queue=node_queue(replica.node.name),
+        )
+        detail = f"SIGKILL to a Spark {what} of application {app} (asked {replica.node.name})"
     elif fault.kind == FaultInjection.Kind.KILL_NODE:
         agent.kill_node.apply_async(args=(job.key,), queue=node_queue(fault.target_node.name))
         detail = f"SIGKILL to every replica of the job on {fault.target_node.name}"
@@ -205,6 +222,37 @@ def inject(fault: FaultInjection) -> FaultInjection:
         )
         detail = f"{workers} CPU hogs for {duration:g} s on {fault.target_node.name}"
     return _finish(fault, FaultInjection.Outcome.INJECTED, detail)
+
+
+def spark_app_of(job: Job, replica) -> str | None:
+    """The Spark application id the replica's stage process reported (None: not known yet)."""
+    if replica is None:
+        return None
+    from spark_runtime import keys as data_keys
+
+    raw = redis_client().hget(data_keys.replicas(job.key), replica.replica_id.split("/", 1)[1])
+    return json.loads(raw).get("spark_app") if raw else None
+
+
+def record_spark_kill(job: Job, fault_id: str, detail: str) -> RecoveryEpisode | None:
+    """A node agent killed a Spark executor or worker for the fault: the stage's process lives
+    on and Spark runs the lost tasks again, so no Backstop action follows; an episode is opened
+    so the output gap is measured and audited like any other. Idempotent (one episode a fault)."""
+    fault = FaultInjection.objects.filter(pk=int(fault_id), job=job).first()
+    if fault is None or fault.episodes.exists():
+        return None
+    fault.outcome_detail = f"{fault.outcome_detail}; {detail}"
+    fault.save(update_fields=["outcome_detail"])
+    stage = job.operators.filter(name=fault.target_operator).values_list("stage", flat=True).first()
+    return RecoveryEpisode.objects.create(
+        job=job,
+        fault=fault,
+        strategy=job.strategy,
+        stage=stage or "",
+        action=RecoveryEpisode.Action.SPARK_RETRY,
+        detected_at=timezone.now(),
+        notes=detail,
+    )
 
 
 def record_refusal(job, fault_id: str, detail: str) -> FaultInjection | None:

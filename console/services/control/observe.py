@@ -90,8 +90,9 @@ def nodes_by_q(client, config) -> list[str]:
 
 def read_agent_exits(client, job: Job) -> None:
     """Copy the job's process exits from the agents' event stream into the job's exits hash,
-    and mark the job's faults that an agent refused."""
-    from console.services.faults import record_refusal
+    mark the job's faults that an agent refused, and open an episode for each Spark executor or
+    worker an agent killed."""
+    from console.services.faults import record_refusal, record_spark_kill
 
     cursor_key = control_keys.agent_events_cursor(job.key)
     cursor = client.get(cursor_key) or "0-0"
@@ -105,6 +106,8 @@ def read_agent_exits(client, job: Job) -> None:
             client.hset(control_keys.exit_tails(job.key), replica_id, fields["log_tail"])
         elif fields.get("kind") == "refused" and fields.get("fault_id", "").isdigit():
             record_refusal(job, fields["fault_id"], fields.get("detail", ""))
+        elif fields.get("kind") == "spark-killed" and fields.get("fault_id", "").isdigit():
+            record_spark_kill(job, fields["fault_id"], fields.get("detail", ""))
     if entries:
         client.set(cursor_key, entries[-1][0])
 

@@ -1,0 +1,88 @@
+"""kill-executor and kill-worker on the controller's side: a stage not on a Spark cluster is
+refused with the reason, and an agent's report of a kill opens one measured episode (the live
+run on a standalone cluster is tests/integration/test_spark_cluster_live.py)."""
+
+import json
+import time
+
+import pytest
+
+from console.models import FaultInjection, Job, Operator, RecoveryEpisode
+from console.services.control.observe import read_agent_exits
+from console.services.faults import inject
+from spark_runtime import keys as data_keys
+from tests.factories import FaultFactory, NodeFactory, ReplicaFactory, make_job
+from workers import keys
+from workers.redis_client import redis_client
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def job():
+    job = make_job(status=Job.Status.RUNNING, name="spark-faults")
+    Operator.objects.filter(job=job, name__in=("split", "count")).update(stage="count")
+    return job
+
+
+@pytest.fixture
+def client(job):
+    conn = redis_client()
+    yield conn
+    conn.delete(data_keys.replicas(job.key), keys.agent_events(), keys.agent_events_cursor(job.key))
+
+
+def running_primary(job, client, spark_app: str):
+    node = NodeFactory(name="node-9")
+    replica = ReplicaFactory(job=job, node=node, replica_id=f"{job.key}/count-p1")
+    client.hset(data_keys.replicas(job.key), "count-p1", json.dumps({"spark_app": spark_app}))
+    return replica
+
+
+@pytest.mark.parametrize("kind", ["kill-executor", "kill-worker"])
+def test_a_stage_in_local_mode_has_nothing_to_kill_and_the_fault_says_why(job, client, kind):
+    running_primary(job, client, "local-1764000000000")
+    fault = inject(FaultFactory(job=job, kind=kind, target_operator="count"))
+    assert fault.outcome == FaultInjection.Outcome.FAILED
+    assert "application local-1764000000000" in fault.outcome_detail
+    assert f"{kind} needs SPARK_MASTER=spark://" in fault.outcome_detail
+    assert not fault.episodes.exists()
+
+
+def test_a_fault_before_the_primary_reported_its_application_fails(job, client):
+    fault = inject(FaultFactory(job=job, kind="kill-executor", target_operator="count"))
+    assert fault.outcome == FaultInjection.Outcome.FAILED
+    assert "application unknown" in fault.outcome_detail
+
+
+def agent_reports(client, job, kind: str, fault: FaultInjection, detail: str) -> None:
+    client.xadd(
+        keys.agent_events(),
+        {"kind": kind, "node": "node-9", "fault": fault.kind, "detail": detail,
+         "fault_id": str(fault.pk), "job": job.key, "at": str(time.time())},
+    )  # fmt: skip
+
+
+def test_a_reported_kill_opens_one_spark_retry_episode_for_the_stage(job, client):
+    fault = FaultFactory(job=job, kind="kill-worker", target_operator="count", outcome="injected")
+    detail = "killed Spark worker of app-1: pids [11, 12]"
+    agent_reports(client, job, "spark-killed", fault, detail)
+    read_agent_exits(client, job)
+    # The same report read again (a controller killed before it saved its cursor) adds nothing.
+    client.delete(keys.agent_events_cursor(job.key))
+    read_agent_exits(client, job)
+    (episode,) = RecoveryEpisode.objects.filter(job=job)
+    assert (episode.fault, episode.stage, episode.action) == (fault, "count", "spark-retry")
+    assert episode.notes == detail
+    fault.refresh_from_db()
+    assert fault.outcome == "injected" and detail in fault.outcome_detail
+
+
+def test_an_agent_without_the_applications_executors_refuses(job, client):
+    fault = FaultFactory(job=job, kind="kill-executor", target_operator="count", outcome="injected")
+    agent_reports(client, job, "refused", fault, "no executor of Spark application app-1 runs")
+    read_agent_exits(client, job)
+    fault.refresh_from_db()
+    assert fault.outcome == FaultInjection.Outcome.REFUSED
+    assert "no executor of Spark application app-1" in fault.outcome_detail
+    assert not RecoveryEpisode.objects.filter(job=job).exists()

