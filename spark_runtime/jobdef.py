@@ -32,6 +32,7 @@ from spark_runtime.topology import (
     RESULTS_CHANNEL,
     SINK,
     SOURCE,
+    STATEFUL_KINDS,
     TOPOLOGIES,
     OperatorSpec,
     Topology,
@@ -47,6 +48,7 @@ NAME_PATTERN = re.compile(r"^[a-z][a-z0-9_]{0,31}$")
 REF_PATTERN = re.compile(r"^[A-Za-z_][\w]*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*$")
 REGISTERED_DIR = ".registered"
 VERSION_SEPARATOR = "@"
+MAX_PARALLELISM = 64  # state partitions of a user job's stateful operator
 
 
 class JobDefinitionError(ValueError):
@@ -65,7 +67,10 @@ class Operator:
     (stateless kinds low, aggregations and joins high) and a stateful kind runs its query in
     update mode. `function` (required for every operator but the source and the sink) takes the
     DataFrame of its upstream operator and returns a DataFrame. `cpu` (cores) and `mem` (MiB) are
-    the estimates the policy uses until the operator has been measured.
+    the estimates the policy uses until the operator has been measured. `parallelism` is the
+    number of partitions of a stateful operator's state (Spark's shuffle partitions for the
+    job's query, so the number of tasks that keep it); a stateless operator runs in its input's
+    partitions and keeps 1.
     """
 
     name: str
@@ -117,6 +122,11 @@ class JobDefinition:
     params: dict = field(default_factory=dict)
 
     @property
+    def parallelism(self) -> int:
+        """The job's state partitions: its stateful operator's parallelism (1 without one)."""
+        return max((op.parallelism for op in self.operators), default=1)
+
+    @property
     def final_channel(self) -> str:
         """Where results go: the results hash (`Upsert`) or the output stream (`Append`)."""
         return RESULTS_CHANNEL if isinstance(self.output, Upsert) else OUT_CHANNEL
@@ -141,7 +151,8 @@ class JobDefinition:
                 op.name,
                 op.kind,
                 upstream=tuple(op.upstream),
-                parallelism=op.parallelism,
+                # One parallelism for the whole chain: its operators chain into one stage.
+                parallelism=self.parallelism,
                 cpu=op.cpu,
                 mem=op.mem,
             )
@@ -216,8 +227,17 @@ def _operator_errors(operators) -> list[str]:
                 "(one upstream each; a join of two kinds of records is one operator whose "
                 "function splits and joins its input)"
             )
-        if not isinstance(op.parallelism, int) or op.parallelism != 1:
-            errors.append(f"operator {op.name!r}: parallelism must be 1 for user jobs")
+        whole = isinstance(op.parallelism, int) and not isinstance(op.parallelism, bool)
+        if not whole or not 1 <= op.parallelism <= MAX_PARALLELISM:
+            errors.append(
+                f"operator {op.name!r}: parallelism must be a whole number in [1, "
+                f"{MAX_PARALLELISM}]"
+            )
+        elif op.parallelism > 1 and op.kind not in STATEFUL_KINDS:
+            errors.append(
+                f"operator {op.name!r}: parallelism is the number of state partitions of a "
+                f"stateful operator; a {op.kind} runs in its input's partitions (keep 1)"
+            )
     if errors:
         return errors
     kinds = [op.kind for op in operators]

@@ -32,6 +32,8 @@ log = logging.getLogger(__name__)
 
 PRIMARY = "primary"
 STANDBY = "standby"
+# The session setting that is the number of state partitions of a query's stateful operators.
+SHUFFLE_PARTITIONS = "spark.sql.shuffle.partitions"
 
 
 def version_ms(version: str) -> int:
@@ -352,11 +354,26 @@ class StageRuntime:
 
     def start(self) -> None:
         """Start (or resume from the checkpoints) every segment's query."""
-        for index, segment in enumerate(self.stage.segments):
-            # A predecessor killed mid-write may have left temp files Spark would refuse.
-            remove_orphan_temp_files(os.path.join(self.checkpoint_dir, str(index)))
-            self.queries.append(self._build(index, segment).start())
-            log.info("stage %s: query %s started", self.stage.name, self.query_name(index))
+        # A user job's state partitions (its stateful operator's parallelism), set only while
+        # its queries start: each query runs on a copy of the session taken then, so the
+        # session's own value stays for any later query on it (another stage sharing the
+        # session, as in the tests). A query resumed from a checkpoint keeps the number it
+        # started with (Spark reads it from the offset log), whatever this says.
+        partitions = None if self.topology.job is None else str(self.topology.job.parallelism)
+        previous = self.spark.conf.get(SHUFFLE_PARTITIONS, None)
+        if partitions is not None:
+            self.spark.conf.set(SHUFFLE_PARTITIONS, partitions)
+        try:
+            for index, segment in enumerate(self.stage.segments):
+                # A predecessor killed mid-write may have left temp files Spark would refuse.
+                remove_orphan_temp_files(os.path.join(self.checkpoint_dir, str(index)))
+                self.queries.append(self._build(index, segment).start())
+                log.info("stage %s: query %s started", self.stage.name, self.query_name(index))
+        finally:
+            if partitions is not None and previous is None:
+                self.spark.conf.unset(SHUFFLE_PARTITIONS)
+            elif partitions is not None:
+                self.spark.conf.set(SHUFFLE_PARTITIONS, previous)
 
     def stop(self) -> None:
         """Stop every query (a running batch is interrupted; it is replayed on the next start)."""

@@ -320,7 +320,12 @@ def check(ref: str, jobs_directory: str | None = None) -> dict:
             "key": list(definition.output.key),
         },
         operators=[
-            {"name": op.name, "kind": op.kind, "upstream": list(op.upstream)}
+            {
+                "name": op.name,
+                "kind": op.kind,
+                "upstream": list(op.upstream),
+                "parallelism": op.parallelism,
+            }
             for op in definition.operators
         ],
         input_fields=dict(definition.input_fields),

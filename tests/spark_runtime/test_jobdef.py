@@ -111,6 +111,33 @@ def test_a_valid_job_has_no_errors_and_compiles_into_one_stage_under_every_rule(
         (job(input_fields={"user": "timestamp"}), "input field 'user': unknown type 'timestamp'"),
         (job(name="wordcount"), "name 'wordcount': taken by a built-in topology"),
         (job(output=Upsert(key=())), "output: key must name at least one column"),
+        (
+            job(
+                Operator("in", "source"),
+                Operator("parse", "map", upstream=("in",), function=identity, parallelism=2),
+                Operator("out", "sink", upstream=("parse",)),
+            ),
+            "operator 'parse': parallelism is the number of state partitions of a stateful "
+            "operator; a map runs in its input's partitions (keep 1)",
+        ),
+        (
+            job(
+                Operator("in", "source"),
+                Operator("count", "aggregate", upstream=("in",), function=identity, parallelism=0),
+                Operator("out", "sink", upstream=("count",)),
+            ),
+            "operator 'count': parallelism must be a whole number in [1, 64]",
+        ),
+        (
+            job(
+                Operator("in", "source"),
+                Operator(
+                    "count", "aggregate", upstream=("in",), function=identity, parallelism=True
+                ),
+                Operator("out", "sink", upstream=("count",)),
+            ),
+            "operator 'count': parallelism must be a whole number in [1, 64]",
+        ),
     ],
 )
 def test_each_contract_error_names_the_operator_or_field(definition, message):
@@ -185,3 +212,19 @@ def test_a_registered_version_keeps_its_code_when_the_module_changes(tmp_path):
     assert topology.job.name == "kept"
     with pytest.raises(KeyError, match="kept@2"):
         resolve_topology("kept@2", jobs)
+
+
+def test_a_stateful_operators_parallelism_is_the_whole_chains_so_it_stays_one_stage():
+    definition = job(
+        Operator("in", "source"),
+        Operator("parse", "map", upstream=("in",), function=identity),
+        Operator("count", "aggregate", upstream=("parse",), function=identity, parallelism=4),
+        Operator("out", "sink", upstream=("count",)),
+    )
+    assert validate(definition) == []
+    assert definition.parallelism == 4
+    topology = definition.to_topology(1)
+    assert {op.parallelism for op in topology.operators} == {4}
+    for rule in (FUSED, PER_STATEFUL, CHAINED):
+        (stage,) = compile_stages(topology, rule, job="j")
+        assert stage.operators == ("parse", "count")

@@ -5,6 +5,7 @@ jobs with a message naming the operator."""
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import os
 import shutil
@@ -257,3 +258,45 @@ def test_the_dry_run_names_the_operator_at_fault(spark, tmp_path):
     report = user_plan.dry_run(spark, counts, str(tmp_path / "d"))
     assert len(report["errors"]) == 1 and report["errors"][0].startswith("operator 'step':")
     assert "append mode" in report["errors"][0]
+
+
+def test_a_stateful_operators_parallelism_is_its_number_of_state_partitions(
+    spark, client, redis_url, job, tmp_path, jobs_dir
+):
+    """activity with `parallelism=3` on per_window: its state is kept in 3 partitions (the
+    checkpoint's state store has one directory per partition) and the results are unchanged.
+    The session's own setting is left as it was, and a query resumed from the checkpoint keeps
+    its 3 partitions even when started with another parallelism."""
+    import json
+
+    example = topology_of("activity", jobs_dir)
+    operators = tuple(
+        dataclasses.replace(op, parallelism=3) if op.name == "per_window" else op
+        for op in example.job.operators
+    )
+    topology = dataclasses.replace(example.job, operators=operators).to_topology(1)
+    session_value = spark.conf.get("spark.sql.shuffle.partitions")
+    generators.generate(client, job, "activity@1", count=600, rate=3000, seed=6)
+    rt = runtime(spark, client, redis_url, job, topology, tmp_path / "p3", PRIMARY, 300)
+    try:
+        assert spark.conf.get("spark.sql.shuffle.partitions") == session_value
+        rt.process_all_available()
+    finally:
+        rt.stop()
+    assert written_activity(client, job) == expected_activity(input_clicks(client, job))
+    (aggregation_state,) = (tmp_path / "p3" / "0" / "state").iterdir()
+    partitions = sorted(p.name for p in aggregation_state.iterdir() if p.name.isdigit())
+    assert partitions == ["0", "1", "2"]
+
+    generators.generate(client, job, "activity@1", count=300, rate=3000, seed=7, id_prefix="g")
+    resumed = runtime(spark, client, redis_url, job, example, tmp_path / "p3", PRIMARY, 300)
+    try:
+        resumed.process_all_available()
+    finally:
+        resumed.stop()
+    assert written_activity(client, job) == expected_activity(input_clicks(client, job))
+    offsets = tmp_path / "p3" / "0" / "offsets"
+    newest = max((p for p in offsets.iterdir() if p.name.isdigit()), key=lambda p: int(p.name))
+    metadata = json.loads(newest.read_text().splitlines()[1])
+    assert metadata["conf"]["spark.sql.shuffle.partitions"] == "3"
+    assert sorted(p.name for p in aggregation_state.iterdir() if p.name.isdigit()) == partitions
