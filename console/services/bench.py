@@ -39,7 +39,13 @@ from spark_runtime.progress import read_progress
 from spark_runtime.strategies import STRATEGIES
 from spark_runtime.topology import SINK, SOURCE
 from web.launcher import LocalCluster, ProcessGroup, start_redis_if_needed, wait_for
-from workers.node_metrics import ProcessTracker, cmdline_arg, stage_processes, with_children
+from workers.node_metrics import (
+    ProcessTracker,
+    argv_of,
+    cmdline_arg,
+    stage_processes,
+    with_children,
+)
 from workers.redis_client import redis_client
 
 FAULT_KINDS = ("kill-driver", "kill-node")
@@ -152,13 +158,22 @@ class ResourceSampler:
         )
 
 
+def is_backstop_worker(cmdline: list[str]) -> bool:
+    """Whether a process is a Celery worker or beat of Backstop (`celery -A web ...`). A running
+    Celery worker renames itself: `[celeryd: name:MainProcess] -active- (-A web worker ...)`,
+    one string that `argv_of` splits, with its original arguments in parentheses."""
+    args = [arg.strip("()") for arg in argv_of(cmdline)]
+    celery = any("celery" in arg for arg in args[:3])
+    return celery and cmdline_arg(args, "-A") == "web"
+
+
 def other_backstop_workers() -> list[str]:
     """Celery workers of Backstop already running on this machine (e.g. the demo's)."""
     found = []
     for proc in psutil.process_iter(["cmdline"]):
         cmdline = proc.info["cmdline"] or []
-        if "celery" in " ".join(cmdline[:3]) and cmdline_arg(cmdline, "-A") == "web":
-            found.append(f"pid {proc.pid}: {' '.join(cmdline[3:8])}")
+        if is_backstop_worker(cmdline):
+            found.append(f"pid {proc.pid}: {' '.join(argv_of(cmdline))[:120]}")
     return found
 
 
