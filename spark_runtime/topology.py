@@ -93,12 +93,26 @@ class Topology:
         while pending:
             ready = [op for op in pending if all(u in placed for u in op.upstream)]
             if not ready:
-                raise ValueError(f"topology {self.name!r} has a cycle")
+                raise ValueError(
+                    f"topology {self.name!r} has a cycle through {cycle_members(pending)}"
+                )
             for op in ready:
                 done.append(op)
                 placed.add(op.name)
                 pending.remove(op)
         return done
+
+
+def cycle_members(stuck: list[OperatorSpec]) -> str:
+    """The operators of `stuck` (none of which can be ordered) that lie on a cycle, named: the
+    ones downstream of a cycle, which nothing else among them reads, are dropped one by one."""
+    remaining = list(stuck)
+    while True:
+        read = {u for op in remaining for u in op.upstream}
+        kept = [op for op in remaining if op.name in read]
+        if len(kept) == len(remaining):
+            return ", ".join(repr(op.name) for op in kept)
+        remaining = kept
 
 
 WORDCOUNT_JOB = Topology(

@@ -96,7 +96,7 @@ def test_a_valid_job_has_no_errors_and_compiles_into_one_stage_under_every_rule(
                 Operator("b", "map", upstream=("a",), function=identity),
                 Operator("out", "sink", upstream=("b",)),
             ),
-            "operators: has a cycle",
+            "operators: has a cycle through 'a', 'b'",
         ),
         (
             job(
