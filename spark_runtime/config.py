@@ -89,7 +89,12 @@ def build_session(app_name: str, extra_conf: dict | None = None):
     log.info("starting SparkSession %s on %s", app_name, master)
     spark = builder.getOrCreate()
     # INFO shows the scheduler's view (lost executors, tasks run again) when a stage is slow.
-    spark.sparkContext.setLogLevel(os.environ.get("SPARK_LOG_LEVEL") or "WARN")
+    # setLogLevel does nothing for the level the root logger already has (INFO, shown from WARN
+    # up in a PySpark driver), so INFO is reached through another level first.
+    level = (os.environ.get("SPARK_LOG_LEVEL") or "WARN").upper()
+    if level == "INFO":
+        spark.sparkContext.setLogLevel("DEBUG")
+    spark.sparkContext.setLogLevel(level)
     spark.dataSource.register(RedisStreamDataSource)
     return spark
 
