@@ -50,6 +50,17 @@ def spark_master() -> str:
     return os.environ.get("SPARK_MASTER") or DEFAULT_MASTER
 
 
+SPARK_LOG_LEVELS = ("ALL", "TRACE", "DEBUG", "INFO", "WARN", "ERROR", "FATAL", "OFF")
+
+
+def spark_log_level(value: str) -> str:
+    """`value` as one of Spark's log levels; ValueError naming them if it is not one."""
+    level = value.strip().upper()
+    if level not in SPARK_LOG_LEVELS:
+        raise ValueError(f"one of {', '.join(SPARK_LOG_LEVELS)}, got {value!r:.20}")
+    return level
+
+
 def session_conf(master: str, extra_conf: dict | None = None) -> dict[str, str]:
     """Every setting a data-plane session starts with on `master`: the common ones, the
     cluster's on a standalone master, then `extra_conf`.
@@ -91,7 +102,10 @@ def build_session(app_name: str, extra_conf: dict | None = None):
     # INFO shows the scheduler's view (lost executors, tasks run again) when a stage is slow.
     # setLogLevel does nothing for the level the root logger already has (INFO, shown from WARN
     # up in a PySpark driver), so INFO is reached through another level first.
-    level = (os.environ.get("SPARK_LOG_LEVEL") or "WARN").upper()
+    try:
+        level = spark_log_level(os.environ.get("SPARK_LOG_LEVEL") or "WARN")
+    except ValueError as exc:
+        raise ValueError(f"environment variable SPARK_LOG_LEVEL: {exc}") from exc
     if level == "INFO":
         spark.sparkContext.setLogLevel("DEBUG")
     spark.sparkContext.setLogLevel(level)

@@ -28,6 +28,8 @@ from django.conf import settings
 
 from console.policy.fault_params import (
     DEFAULT_MAX_DURATION_S,
+    KILL_EXECUTOR,
+    KILL_WORKER,
     PAUSE_NODE,
     STRESS_NODE,
     FaultParamsError,
@@ -340,8 +342,9 @@ def spark_worker_of(executor: psutil.Process) -> psutil.Process | None:
 
 
 def report_agent_event(kind: str, fault: str, detail: str, fault_id, job_key) -> None:
-    """Tell the controller what became of a fault task (kind `refused` or `spark-killed`) on
-    the agent events stream; it reads the job's entries every cycle."""
+    """Tell the controller what became of a fault task (`keys.EVENT_REFUSED` or
+    `keys.EVENT_SPARK_KILLED`) on the agent events stream; it reads the job's entries every
+    tick."""
     with contextlib.suppress(redis.RedisError):
         redis_client().xadd(
             keys.agent_events(),
@@ -352,6 +355,17 @@ def report_agent_event(kind: str, fault: str, detail: str, fault_id, job_key) ->
         )  # fmt: skip
 
 
+def spark_apps_of(procs: list[psutil.Process]) -> list[str]:
+    """The Spark applications whose executors are among `procs`."""
+    apps = set()
+    for proc in procs:
+        with contextlib.suppress(psutil.Error):
+            cmdline = argv_of(proc.cmdline())
+            if SPARK_EXECUTOR_CLASS in cmdline:
+                apps.add(cmdline_arg(cmdline, "--app-id") or "?")
+    return sorted(apps)
+
+
 @shared_task(
     name="backstop.agent.kill_spark_process",
     acks_late=True,
@@ -360,35 +374,45 @@ def report_agent_event(kind: str, fault: str, detail: str, fault_id, job_key) ->
     soft_time_limit=25,
 )
 def kill_spark_process(
-    app_id: str, what: str, fault_id: int | None = None, job_key: str | None = None
+    app_id: str, fault_kind: str, fault_id: int | None = None, job_key: str | None = None
 ) -> list[int]:
-    """SIGKILL the first executor of Spark application `app_id` on this host (`what` =
-    "executor"), or the Spark worker that runs it with every executor it launched ("worker": a
-    lost worker host). Returns the pids killed; reports the kill, or a refusal when this host
-    runs no executor of the application, on the agent events stream."""
-    fault = f"kill-{what}"
-    if what not in ("executor", "worker"):
-        raise ValueError(f"what: 'executor' or 'worker', got {what!r:.40}")
-    executors = spark_executors(app_id)
-    if not executors:
-        detail = f"no executor of Spark application {app_id} runs on {socket.gethostname()}"
-        log.error("node %s refuses %s: %s", this_node(), fault, detail)
-        report_agent_event("refused", fault, detail, fault_id, job_key)
+    """For fault `kill-executor`: SIGKILL the first executor of Spark application `app_id` on
+    this host; for `kill-worker`: the Spark worker that runs it, with every executor it
+    launched (a lost worker host: other applications' executors there go too). Returns the pids
+    killed and reports the kill, or a refusal, on the agent events stream.
+
+    Once per fault: a redelivered task (acks_late) finds the fault's mark and does nothing."""
+    if fault_kind not in (KILL_EXECUTOR, KILL_WORKER):
+        raise ValueError(f"fault_kind: {KILL_EXECUTOR} or {KILL_WORKER}, got {fault_kind!r:.40}")
+    if fault_id is not None and not redis_client().set(
+        keys.fault_carried_out(fault_id), this_node(), nx=True, ex=keys.FAULT_MARK_TTL_S
+    ):
+        log.info("fault %s was already carried out: nothing to do", fault_id)
         return []
-    victims = [executors[0]]
-    if what == "worker":
+    executors = spark_executors(app_id)
+    victims = executors[:1]
+    if fault_kind == KILL_WORKER and executors:
         worker = spark_worker_of(executors[0])
-        if worker is not None:
-            with contextlib.suppress(psutil.Error):
-                victims = [worker, *worker.children(recursive=True)]
+        try:
+            victims = [worker, *worker.children(recursive=True)] if worker else []
+        except psutil.Error:
+            victims = []  # the worker ended meanwhile: nothing left to kill
+    if not victims:
+        what = "executor" if fault_kind == KILL_EXECUTOR else "Spark worker running an executor"
+        detail = f"no {what} of Spark application {app_id} on {socket.gethostname()}"
+        log.error("node %s refuses %s: %s", this_node(), fault_kind, detail)
+        report_agent_event(keys.EVENT_REFUSED, fault_kind, detail, fault_id, job_key)
+        return []
+    apps = spark_apps_of(victims)
     killed = []
     for proc in victims:
         with contextlib.suppress(psutil.NoSuchProcess):
             proc.kill()
             killed.append(proc.pid)
-    detail = f"killed Spark {what} of {app_id}: pids {killed}"
+    what = "executor" if fault_kind == KILL_EXECUTOR else "worker"
+    detail = f"killed Spark {what} of {app_id}: pids {killed}, executors of {', '.join(apps)}"
     log.info("node %s: %s", this_node(), detail)
-    report_agent_event("spark-killed", fault, detail, fault_id, job_key)
+    report_agent_event(keys.EVENT_SPARK_KILLED, fault_kind, detail, fault_id, job_key)
     return killed
 
 
@@ -414,7 +438,7 @@ def check_fault_params(
     except FaultParamsError as exc:
         node = this_node()
         log.error("node %s refuses %s: %s", node, kind, exc)
-        report_agent_event("refused", kind, str(exc), fault_id, job_key)
+        report_agent_event(keys.EVENT_REFUSED, kind, str(exc), fault_id, job_key)
         raise FaultRefusedByAgent(f"{kind} refused by node {node}: {exc}") from exc
 
 
@@ -521,7 +545,7 @@ def _report_exits(client: redis.Redis, node: str) -> None:
         client.xadd(
             keys.agent_events(),
             {
-                "kind": "exit",
+                "kind": keys.EVENT_EXIT,
                 "node": node,
                 "job": job_key,
                 "replica_id": replica_id,

@@ -3,6 +3,7 @@ spark_runtime/keys.py."""
 
 NODE_METRICS_MAXLEN = 3600  # an hour of 1 s samples per node
 AGENT_EVENTS_MAXLEN = 10_000
+FAULT_MARK_TTL_S = 3600  # longer than any redelivery of a fault task
 
 
 def node_heartbeat(node: str) -> str:
@@ -15,8 +16,14 @@ def node_metrics(node: str) -> str:
     return f"backstop:node:{node}:metrics"
 
 
+# The kinds of entries on the agent events stream.
+EVENT_EXIT = "exit"  # a stage process exited (with its log tail)
+EVENT_REFUSED = "refused"  # a fault the agent would not or could not carry out (with why)
+EVENT_SPARK_KILLED = "spark-killed"  # a Spark executor or worker the agent killed for a fault
+
+
 def agent_events() -> str:
-    """Stream of what agents saw happen (a stage process exited, with its log tail)."""
+    """Stream of what agents saw happen and did: one entry per event, `kind` one of EVENT_*."""
     return "backstop:agent-events"
 
 
@@ -76,6 +83,12 @@ def agent_events_cursor(job_key: str) -> str:
 def ingest_cursor(stream: str) -> str:
     """The last entry id of `stream` (a progress or node-metrics stream) stored as metrics."""
     return f"{stream}:ingest-cursor"
+
+
+def fault_carried_out(fault_id: int) -> str:
+    """Set (NX) by the agent that carries out a fault whose effect only it reports (kill-executor,
+    kill-worker), so a redelivered task does not kill a second time."""
+    return f"backstop:fault:{fault_id}:carried-out"
 
 
 def paused_groups(node: str) -> str:

@@ -32,7 +32,7 @@ from console.services.control.observe import (
     load_supervisor,
     node_history,
     nodes_by_q,
-    read_agent_exits,
+    read_agent_events,
     save_supervisor,
     sync_replicas,
 )
@@ -159,7 +159,7 @@ class TickReport:
 def supervise_tick(job: Job, supervisor: Supervisor, client) -> TickReport:
     """One round: observe replicas, let the state machine decide, act, record the decisions."""
     report = TickReport()
-    read_agent_exits(client, job)
+    read_agent_events(client, job)
     launcher = AgentLauncher(job, client)
     now = time.time()
     due = supervisor.tick(now)

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import json
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 
 from django.conf import settings
+from django.db import transaction
 from django.utils import timezone
 
 from console.models import FaultInjection, Job, Node, RecoveryEpisode
@@ -197,12 +198,17 @@ def inject(fault: FaultInjection) -> FaultInjection:
                 f"(application {app or 'unknown'}): {fault.kind} needs SPARK_MASTER=spark://...",
             )
         what = "worker" if fault.kind == FaultInjection.Kind.KILL_WORKER else "executor"
+        detail = f"SIGKILL to a Spark {what} of application {app} (asked {replica.node.name})"
+        # Recorded before it is sent: the agent's report may be read by the next tick at once,
+        # and a redelivered inject task then finds the fault no longer pending. A task that is
+        # never carried out is failed by `expire_unreported_spark_kills`.
+        fault = _finish(fault, FaultInjection.Outcome.INJECTED, detail)
         agent.kill_spark_process.apply_async(
-            args=(app, what),
+            args=(app, fault.kind),
             kwargs={"fault_id": fault.pk, "job_key": job.key},
             queue=node_queue(replica.node.name),
         )
-        detail = f"SIGKILL to a Spark {what} of application {app} (asked {replica.node.name})"
+        return fault
     elif fault.kind == FaultInjection.Kind.KILL_NODE:
         agent.kill_node.apply_async(args=(job.key,), queue=node_queue(fault.target_node.name))
         detail = f"SIGKILL to every replica of the job on {fault.target_node.name}"
@@ -234,25 +240,54 @@ def spark_app_of(job: Job, replica) -> str | None:
     return json.loads(raw).get("spark_app") if raw else None
 
 
-def record_spark_kill(job: Job, fault_id: str, detail: str) -> RecoveryEpisode | None:
-    """A node agent killed a Spark executor or worker for the fault: the stage's process lives
-    on and Spark runs the lost tasks again, so no Backstop action follows; an episode is opened
-    so the output gap is measured and audited like any other. Idempotent (one episode a fault)."""
-    fault = FaultInjection.objects.filter(pk=int(fault_id), job=job).first()
-    if fault is None or fault.episodes.exists():
+# How long an agent has to report a kill-executor or kill-worker it was sent (its task expires
+# after 30 s in the queue).
+SPARK_KILL_REPORT_TIMEOUT_S = 60.0
+
+
+@transaction.atomic
+def record_spark_kill(job: Job, fault_id: str, detail: str, at: float) -> RecoveryEpisode | None:
+    """A node agent killed a Spark executor or worker for the fault at `at` (epoch s): the
+    stage's process lives on and Spark runs the lost tasks again, so no Backstop action follows;
+    an episode is opened so the output gap is measured and audited like any other. Idempotent:
+    one such episode a fault (the fault row is locked while it is checked)."""
+    fault = FaultInjection.objects.select_for_update().filter(pk=int(fault_id), job=job).first()
+    if fault is None or fault.episodes.filter(action=RecoveryEpisode.Action.SPARK_RETRY).exists():
         return None
-    fault.outcome_detail = f"{fault.outcome_detail}; {detail}"
-    fault.save(update_fields=["outcome_detail"])
     stage = job.operators.filter(name=fault.target_operator).values_list("stage", flat=True).first()
-    return RecoveryEpisode.objects.create(
+    episode = RecoveryEpisode.objects.create(
         job=job,
         fault=fault,
         strategy=job.strategy,
         stage=stage or "",
         action=RecoveryEpisode.Action.SPARK_RETRY,
-        detected_at=timezone.now(),
+        detected_at=datetime.fromtimestamp(at, tz=UTC),
         notes=detail,
     )
+    fault.outcome_detail = f"{fault.outcome_detail}; {detail}"
+    fault.save(update_fields=["outcome_detail"])
+    return episode
+
+
+def expire_unreported_spark_kills(job: Job, now: datetime | None = None) -> int:
+    """kill-executor and kill-worker faults whose agent reported nothing within
+    SPARK_KILL_REPORT_TIMEOUT_S (it was down, or the task expired in its queue) are marked
+    failed: nothing else would show whether they happened. Returns how many."""
+    now = now or timezone.now()
+    silent = job.faults.filter(
+        kind__in=(FaultInjection.Kind.KILL_EXECUTOR, FaultInjection.Kind.KILL_WORKER),
+        outcome=FaultInjection.Outcome.INJECTED,
+        injected_at__lt=now - timedelta(seconds=SPARK_KILL_REPORT_TIMEOUT_S),
+    ).exclude(episodes__action=RecoveryEpisode.Action.SPARK_RETRY)
+    expired = 0
+    for fault in silent:
+        fault.outcome = FaultInjection.Outcome.FAILED
+        fault.outcome_detail += (
+            f"; no report from the node agent within {SPARK_KILL_REPORT_TIMEOUT_S:g} s"
+        )
+        fault.save(update_fields=["outcome", "outcome_detail"])
+        expired += 1
+    return expired
 
 
 def record_refusal(job, fault_id: str, detail: str) -> FaultInjection | None:

@@ -4,12 +4,14 @@ run on a standalone cluster is tests/integration/test_spark_cluster_live.py)."""
 
 import json
 import time
+from datetime import timedelta
 
 import pytest
+from django.utils import timezone
 
 from console.models import FaultInjection, Job, Operator, RecoveryEpisode
-from console.services.control.observe import read_agent_exits
-from console.services.faults import inject
+from console.services.control.observe import read_agent_events
+from console.services.faults import SPARK_KILL_REPORT_TIMEOUT_S, inject
 from spark_runtime import keys as data_keys
 from tests.factories import FaultFactory, NodeFactory, ReplicaFactory, make_job
 from workers import keys
@@ -67,10 +69,10 @@ def test_a_reported_kill_opens_one_spark_retry_episode_for_the_stage(job, client
     fault = FaultFactory(job=job, kind="kill-worker", target_operator="count", outcome="injected")
     detail = "killed Spark worker of app-1: pids [11, 12]"
     agent_reports(client, job, "spark-killed", fault, detail)
-    read_agent_exits(client, job)
+    read_agent_events(client, job)
     # The same report read again (a controller killed before it saved its cursor) adds nothing.
     client.delete(keys.agent_events_cursor(job.key))
-    read_agent_exits(client, job)
+    read_agent_events(client, job)
     (episode,) = RecoveryEpisode.objects.filter(job=job)
     assert (episode.fault, episode.stage, episode.action) == (fault, "count", "spark-retry")
     assert episode.notes == detail
@@ -81,8 +83,41 @@ def test_a_reported_kill_opens_one_spark_retry_episode_for_the_stage(job, client
 def test_an_agent_without_the_applications_executors_refuses(job, client):
     fault = FaultFactory(job=job, kind="kill-executor", target_operator="count", outcome="injected")
     agent_reports(client, job, "refused", fault, "no executor of Spark application app-1 runs")
-    read_agent_exits(client, job)
+    read_agent_events(client, job)
     fault.refresh_from_db()
     assert fault.outcome == FaultInjection.Outcome.REFUSED
     assert "no executor of Spark application app-1" in fault.outcome_detail
     assert not RecoveryEpisode.objects.filter(job=job).exists()
+
+
+def test_a_fault_on_a_cluster_is_sent_once_to_the_primarys_agent(job, client):
+    running_primary(job, client, "app-20261124000000-0001")
+    queue = "node.node-9"  # Celery's list of the node agent's queue in the broker
+    client.delete(queue)
+    try:
+        fault = FaultFactory(job=job, kind="kill-worker", target_operator="count")
+        inject(fault)
+        inject(FaultInjection.objects.get(pk=fault.pk))  # the inject task delivered again
+        assert client.llen(queue) == 1
+        fault.refresh_from_db()
+        assert fault.outcome == FaultInjection.Outcome.INJECTED
+        assert "Spark worker of application app-20261124000000-0001" in fault.outcome_detail
+    finally:
+        client.delete(queue)
+
+
+def test_a_kill_no_agent_reported_on_fails_after_the_timeout(job, client):
+    fault = FaultFactory(
+        job=job, kind="kill-executor", target_operator="count", outcome="injected",
+        injected_at=timezone.now() - timedelta(seconds=SPARK_KILL_REPORT_TIMEOUT_S + 1),
+    )  # fmt: skip
+    recent = FaultFactory(
+        job=job, kind="kill-executor", target_operator="count", outcome="injected",
+        injected_at=timezone.now(),
+    )  # fmt: skip
+    read_agent_events(client, job)
+    fault.refresh_from_db()
+    recent.refresh_from_db()
+    assert fault.outcome == FaultInjection.Outcome.FAILED
+    assert "no report from the node agent within 60 s" in fault.outcome_detail
+    assert recent.outcome == FaultInjection.Outcome.INJECTED

@@ -13,7 +13,7 @@ While input flows the job takes, in turn:
 The final counts equal the ground truth computed in plain Python from the input, and every
 episode's audit finds nothing lost or duplicated. The figures of each episode are printed.
 
-Marked slow (about 6 minutes: the cluster and two applications of executors on 2 cores). Warm
+Marked slow (about 4 minutes: the cluster and two applications of executors on 2 cores). Warm
 spares are off for this job (policy warm_spares_per_node=0): each spare would be an application
 holding executors of its own.
 """

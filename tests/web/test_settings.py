@@ -89,3 +89,13 @@ def test_database_url_selects_postgresql():
 def test_bad_database_url_fails_loudly():
     result = _import_settings("web.settings.local", DATABASE_URL="mysql://x/y")
     assert "DATABASE_URL" in result.stderr
+
+
+def test_a_spark_log_level_spark_does_not_know_is_refused_naming_the_variable(monkeypatch):
+    from spark_runtime.config import spark_log_level
+
+    monkeypatch.setenv("SPARK_LOG_LEVEL", "loud")
+    with pytest.raises(ImproperlyConfiguredEnv, match="SPARK_LOG_LEVEL: one of ALL, TRACE"):
+        env("SPARK_LOG_LEVEL", "WARN", spark_log_level)
+    monkeypatch.setenv("SPARK_LOG_LEVEL", "info")
+    assert env("SPARK_LOG_LEVEL", "WARN", spark_log_level) == "INFO"

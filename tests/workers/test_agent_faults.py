@@ -148,7 +148,7 @@ def test_the_agent_runs_hogs_within_its_bounds(node_env):
 def test_a_fault_the_agent_refuses_is_marked_refused_not_injected(client, node_env):
     """The API's bounds passed, the agent's own (its cores, its maximum) did not."""
     from console.models import ControlDecision, FaultInjection
-    from console.services.control.observe import read_agent_exits
+    from console.services.control.observe import read_agent_events
     from tests.factories import make_job
 
     job = make_job(status="running")
@@ -157,12 +157,12 @@ def test_a_fault_the_agent_refuses_is_marked_refused_not_injected(client, node_e
     )
     with pytest.raises(agent.FaultRefusedByAgent):
         agent.stress_node(10, 3, fault_id=fault.pk, job_key=job.key)  # 3 hogs on 2 cores
-    read_agent_exits(client, job)
+    read_agent_events(client, job)
     fault.refresh_from_db()
     assert fault.outcome == FaultInjection.Outcome.REFUSED
     assert fault.outcome_detail.startswith("refused by the node agent: params.workers")
     assert fault.injected_at is None
     decision = ControlDecision.objects.get(job=job, kind=ControlDecision.Kind.FAULT)
     assert decision.reason.startswith("stress-node refused")
-    read_agent_exits(client, job)  # read again: nothing changes
+    read_agent_events(client, job)  # read again: nothing changes
     assert ControlDecision.objects.filter(job=job).count() == 1

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import dj_database_url
 
+from spark_runtime.config import spark_log_level
 from web.env import env, parse_bool, parse_list, parse_url
 
 BASE_DIR = Path(__file__).resolve().parent.parent.parent
@@ -255,6 +256,9 @@ EMAIL_SUBJECT_PREFIX = env("EMAIL_SUBJECT_PREFIX", "[Backstop] ")
 CONSOLE_BASE_URL = env("CONSOLE_BASE_URL", "http://127.0.0.1:8000")
 
 SPARK_MASTER = env("SPARK_MASTER", "local[2]")
+# Read by the stage processes (which inherit the agents' environment); checked here so that a
+# wrong value stops the agents at start-up instead of every stage.
+SPARK_LOG_LEVEL = env("SPARK_LOG_LEVEL", "WARN", spark_log_level)
 # Stage checkpoints. With nodes on several hosts this must be shared storage (NFS, HDFS, S3A)
 # so a stage can restart from its checkpoint on another node.
 BACKSTOP_CHECKPOINT_ROOT = Path(env("BACKSTOP_CHECKPOINT_ROOT", str(VAR_DIR / "checkpoints")))

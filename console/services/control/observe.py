@@ -88,11 +88,15 @@ def nodes_by_q(client, config) -> list[str]:
     return rank_nodes(node_history(client, alive_nodes(client)), config)
 
 
-def read_agent_exits(client, job: Job) -> None:
-    """Copy the job's process exits from the agents' event stream into the job's exits hash,
-    mark the job's faults that an agent refused, and open an episode for each Spark executor or
-    worker an agent killed."""
-    from console.services.faults import record_refusal, record_spark_kill
+def read_agent_events(client, job: Job) -> None:
+    """Read the job's new entries on the agents' events stream: copy process exits into the
+    job's exits hash, mark the faults an agent refused, and open an episode for each Spark
+    executor or worker an agent killed (then fail such faults no agent reported on)."""
+    from console.services.faults import (
+        expire_unreported_spark_kills,
+        record_refusal,
+        record_spark_kill,
+    )
 
     cursor_key = control_keys.agent_events_cursor(job.key)
     cursor = client.get(cursor_key) or "0-0"
@@ -100,16 +104,19 @@ def read_agent_exits(client, job: Job) -> None:
     for _, fields in entries:
         if fields.get("job") != job.key:
             continue
-        if fields.get("kind") == "exit":
+        kind, fault_id = fields.get("kind"), fields.get("fault_id", "")
+        if kind == control_keys.EVENT_EXIT:
             replica_id = fields["replica_id"]
             client.hset(control_keys.exits(job.key), replica_id, json.dumps(fields))
             client.hset(control_keys.exit_tails(job.key), replica_id, fields["log_tail"])
-        elif fields.get("kind") == "refused" and fields.get("fault_id", "").isdigit():
-            record_refusal(job, fields["fault_id"], fields.get("detail", ""))
-        elif fields.get("kind") == "spark-killed" and fields.get("fault_id", "").isdigit():
-            record_spark_kill(job, fields["fault_id"], fields.get("detail", ""))
+        elif kind == control_keys.EVENT_REFUSED and fault_id.isdigit():
+            record_refusal(job, fault_id, fields.get("detail", ""))
+        elif kind == control_keys.EVENT_SPARK_KILLED and fault_id.isdigit():
+            at = float(fields.get("at") or time.time())
+            record_spark_kill(job, fault_id, fields.get("detail", ""), at)
     if entries:
         client.set(cursor_key, entries[-1][0])
+    expire_unreported_spark_kills(job)
 
 
 def sync_replicas(job: Job, client, supervisor: Supervisor) -> None:
