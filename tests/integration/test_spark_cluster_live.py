@@ -2,7 +2,7 @@
 package's spark-class (tests/spark_standalone.py), the controller and node agents with
 SPARK_MASTER pointing at it, and an adaptive wordcount job started through the API.
 
-While input flows the job takes, in turn:
+Once it has produced for WARMUP_S, while input flows, the job takes, 30 s apart:
 - kill-executor on count: one executor JVM of count's primary is SIGKILLed. Expected: the
   stage's process lives on (same pid, no Backstop failure or action), Spark runs the lost tasks
   again on its other executor, and the fault's episode (action spark-retry) is measured;
@@ -13,7 +13,7 @@ While input flows the job takes, in turn:
 The final counts equal the ground truth computed in plain Python from the input, and every
 episode's audit finds nothing lost or duplicated. The figures of each episode are printed.
 
-Marked slow (about 4 minutes: the cluster and two applications of executors on 2 cores). Warm
+Marked slow (about 5 minutes: the cluster and two applications of executors on 2 cores). Warm
 spares are off for this job (policy warm_spares_per_node=0): each spare would be an application
 holding executors of its own.
 """
@@ -44,7 +44,8 @@ from workers.redis_client import redis_client
 
 pytestmark = [pytest.mark.slow, pytest.mark.spark, pytest.mark.django_db(transaction=True)]
 
-LINES = 9000  # 150 s of input at 60 lines/s: every fault comes while input flows
+LINES = 12000  # 200 s of input at 60 lines/s: every fault comes while input flows
+WARMUP_S = 30.0  # the first batches of a new application are slow (executors, Python workers)
 FAULT_GAP_S = 30.0
 RECOVERY_KINDS = ("failure", "promote", "restart-stage", "restart-job", "give-up")
 
@@ -116,6 +117,7 @@ def test_executor_and_worker_losses_are_absorbed_by_spark_and_results_stay_exact
     client = redis_client(decode_responses=False)
     job = launch("adaptive", LINES, name="it-spark-cluster")
     wait_for(lambda: produced(client, job) > 0, 240, "first output")
+    time.sleep(WARMUP_S)
     primary = primary_of_count(job)
     app = spark_app(client, job, primary)
     assert app.startswith("app-"), f"count's primary runs Spark {app!r}, not on the cluster"
