@@ -65,6 +65,23 @@ def inject_kill_driver(job: Job) -> FaultInjection:
     return inject(job, {"kind": "kill-driver", "target_operator": "count"})
 
 
+def live_standby(job: Job) -> Replica:
+    """The stage count's standby once it is caught up (promotable), waiting for it: the policy
+    may have moved the standby to another node meanwhile (it then has a new replica id)."""
+
+    def caught_up():
+        return Replica.objects.filter(
+            job=job, stage="count", role="standby", state=Replica.State.RUNNING
+        )
+
+    wait_for(lambda: caught_up().count() == 1, 180, "a caught-up standby of count")
+    return caught_up().get()
+
+
+def local_id(replica: Replica) -> str:
+    return replica.replica_id.split("/", 1)[1]
+
+
 def test_adaptive_survives_controller_restart_and_kill_driver(cluster):
     client = redis_client(decode_responses=False)
     job = launch("adaptive", LINES)
@@ -91,6 +108,9 @@ def test_adaptive_survives_controller_restart_and_kill_driver(cluster):
         180,
         "warm spares on every node",
     )
+    # Killed while count is protected: a standby the policy moves (to a node whose Q rose as
+    # the spares went idle) is not promotable until the new one has caught up.
+    protecting = live_standby(job)
     fault = inject_kill_driver(job)
     wait_for(
         lambda: RecoveryEpisode.objects.filter(job=job, action="promote").exists(), 60, "promotion"
@@ -99,16 +119,18 @@ def test_adaptive_survives_controller_restart_and_kill_driver(cluster):
     episode = RecoveryEpisode.objects.get(job=job, action="promote")
     assert episode.fault == fault
     assert episode.stage == "count"
-    # The new standby (count-3) is seeded from count-2's checkpoint and runs in a warm spare;
+    # The new standby is seeded from the promoted one's checkpoint and runs in a warm spare;
     # once it is caught up the episode gets its re-protect time.
     wait_for(
         lambda: RecoveryEpisode.objects.get(pk=episode.pk).reprotect_s is not None,
         180,
         "the new standby to be caught up",
     )
-    standby = replica_entry(client, job, "count-3")
+    new_standby = local_id(live_standby(job))
+    assert new_standby != local_id(protecting)
+    standby = replica_entry(client, job, new_standby)
     assert standby["role"] == "standby" and standby["seeded_batches"]["0"] is not None
-    assert became_from_spare(cluster, "count-3")
+    assert became_from_spare(cluster, new_standby)
     # A restart from the checkpoint takes over a warm spare too: kill the standby once its node
     # has an idle spare again.
     node = standby["node"]
@@ -116,15 +138,15 @@ def test_adaptive_survives_controller_restart_and_kill_driver(cluster):
     inject(job, {"kind": "kill-standby", "target_operator": "count"})
     wait_for(
         lambda: (
-            replica_entry(client, job, "count-3").get("pid") not in (None, standby["pid"])
-            and replica_entry(client, job, "count-3").get("state") == "running"
+            replica_entry(client, job, new_standby).get("pid") not in (None, standby["pid"])
+            and replica_entry(client, job, new_standby).get("state") == "running"
         ),
         180,
         "the standby restarted",
     )
-    assert became_from_spare(cluster, "count-3", times=2)
+    assert became_from_spare(cluster, new_standby, times=2)
     wait_for_exact_results(client, job, LINES)
-    promoted = Replica.objects.get(replica_id=count_standby.replica_id)
+    promoted = Replica.objects.get(replica_id=protecting.replica_id)
     assert promoted.role == "primary"
     assert int(client.get(keys.fence(job.key, "count"))) >= 2
     assert_episodes_audited_exact(job)
