@@ -89,6 +89,12 @@ def progress(job: str) -> str:
     return f"{PREFIX}:{job}:progress"
 
 
+def flink_task_fault(job: str) -> str:
+    """The Flink peer benchmark's task-failure flag (flink_peer/job.py): the writing subtask
+    that takes it (GETDEL) raises."""
+    return f"{PREFIX}:{job}:flink:task-fault"
+
+
 def events(job: str) -> str:
     """Stream of supervision events and actions (failures, restarts, promotions), capped."""
     return f"{PREFIX}:{job}:events"

@@ -99,6 +99,18 @@ def _number(text) -> float | None:
     return None if math.isnan(value) else value
 
 
+def percentiles(values: list[float], points=(50, 90, 99)) -> dict[str, float | None]:
+    """Nearest-rank percentiles of `values` as {"p50": ..., ...} (None when empty)."""
+    if not values:
+        return {f"p{p}": None for p in points}
+    ordered = sorted(values)
+    result = {}
+    for p in points:
+        rank = max(0, min(len(ordered) - 1, -(-p * len(ordered) // 100) - 1))
+        result[f"p{p}"] = ordered[rank]
+    return result
+
+
 def publish_progress(client, job: str, record: ProgressRecord) -> None:
     """Append `record` to the job's progress stream (capped)."""
     client.xadd(

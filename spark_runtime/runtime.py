@@ -17,6 +17,7 @@ from spark_runtime import keys, user_plan
 from spark_runtime.buffer import OutputBuffer
 from spark_runtime.checkpoint_seed import remove_orphan_temp_files
 from spark_runtime.pipelines import plan_for
+from spark_runtime.progress import percentiles
 from spark_runtime.redis_source import FORMAT_NAME, SEQ_FACTOR
 from spark_runtime.sink import FencedWriter
 from spark_runtime.topology import (
@@ -58,18 +59,6 @@ class InjectedFault(RuntimeError):
 
 class PromotionError(RuntimeError):
     """The standby cannot take over without losing output (its buffer dropped unwritten data)."""
-
-
-def percentiles(values: list[float], points=(50, 90, 99)) -> dict[str, float | None]:
-    """Nearest-rank percentiles of `values` as {"p50": ..., ...} (None when empty)."""
-    if not values:
-        return {f"p{p}": None for p in points}
-    ordered = sorted(values)
-    result = {}
-    for p in points:
-        rank = max(0, min(len(ordered) - 1, -(-p * len(ordered) // 100) - 1))
-        result[f"p{p}"] = ordered[rank]
-    return result
 
 
 class OutputGate:

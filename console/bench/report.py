@@ -5,6 +5,7 @@ from __future__ import annotations
 from statistics import mean
 
 BASELINE = "restart-all"
+PEER = "flink"  # the run of console/services/bench_flink.py, when the benchmark ran one
 
 
 def mean_recovery(run: dict) -> float | None:
@@ -112,7 +113,42 @@ def to_markdown(bench: dict) -> str:
                 f"{_recovery_cell(fault)} | {_fmt(fault['peak_p99_ms'], 0)} | "
                 f"{_fmt(fault.get('reprotect_s'), 1)} | {fault.get('note', '')} |"
             )
+    peer = next((r for r in runs if r["strategy"] == PEER), None)
+    if peer is not None:
+        lines += ["", *peer_lines(runs, peer)]
     return "\n".join(lines) + "\n"
+
+
+def peer_lines(runs: list[dict], peer: dict) -> list[str]:
+    """Backstop's strategies against the Flink run of the same workload and faults."""
+    info = peer.get("peer", {})
+    lines = [
+        f"Backstop vs Flink {info.get('flink_version', '?')}: Flink standalone, "
+        f"{info.get('taskmanagers', '?')} one-slot TaskManagers (parallelism "
+        f"{info.get('parallelism', '?')}, one spare), exactly-once checkpoints every "
+        f"{_fmt(info.get('checkpoint_ms'), 0)} ms, Python bundles of at most "
+        f"{_fmt(info.get('bundle_time_ms'), 0)} ms, buffer timeout "
+        f"{_fmt(info.get('buffer_timeout_ms'), 0)} ms, "
+        + "".join(f"{key} {value}, " for key, value in info.get("extra_conf", {}).items())
+        + f"{len(info.get('failures', []))} failure(s) in its exception history; "
+        f"its input crosses the file bridge (p50 {_fmt(info.get('bridge_p50_ms'), 0)} ms, p99 "
+        f"{_fmt(info.get('bridge_p99_ms'), 0)} ms of its latency).",
+        "",
+        "| run | mean recovery s | vs Flink | steady p50 ms | p50 vs Flink | lost | dup | RSS MB |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    flink_p50 = peer["steady"]["p50_ms"]
+    for run in runs:
+        recovery, is_bound = recovery_bound(run)
+        p50 = run["steady"]["p50_ms"]
+        p50_ratio = f"{p50 / flink_p50:.2f}x" if p50 and flink_p50 else "n/a"
+        lines.append(
+            f"| {run['strategy']} | {'> ' if is_bound else ''}{_fmt(recovery, 2)} | "
+            f"{ratio_text(run, peer) if run is not peer else '100%'} | {_fmt(p50, 0)} | "
+            f"{p50_ratio} | {_lost(run)} | {run['duplicates']} | "
+            f"{_fmt(run['steady']['rss_mb'], 0)} |"
+        )
+    return lines
 
 
 def plot_png(bench: dict, path) -> None:

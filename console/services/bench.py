@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -48,8 +49,11 @@ from workers.node_metrics import (
 )
 from workers.redis_client import redis_client
 
-FAULT_KINDS = ("kill-driver", "kill-node")
+FAULT_KINDS = ("kill-driver", "kill-node", "operator-exception")
 BENCH_USER = "bench"
+# Other stream processors the benchmark can run the same workload on (console/services/
+# bench_flink.py), after Backstop's strategies.
+PEERS = ("flink",)
 
 
 @dataclass(frozen=True)
@@ -68,9 +72,18 @@ class BenchSettings:
     seed: int = 7
     target: str | None = None
     drain_timeout_s: float = 300.0
+    peer: str | None = None
+    # The peer's configuration beyond its defaults (Flink: (key, value) pairs).
+    peer_conf: tuple[tuple[str, str], ...] = ()
 
     def __post_init__(self):
         problems = []
+        if self.peer is not None and self.peer not in PEERS:
+            problems.append(f"--peer: one of {', '.join(PEERS)}")
+        if self.peer_conf and self.peer != "flink":
+            problems.append("--flink-conf: only with --peer flink")
+        if self.peer is not None and self.topology not in truth.CHECKED_TOPOLOGIES:
+            problems.append(f"--peer runs {', '.join(truth.CHECKED_TOPOLOGIES)} only")
         if self.topology not in truth.CHECKED_TOPOLOGIES and not has_reference(self.topology):
             problems.append(
                 f"--topology: one of {', '.join(truth.CHECKED_TOPOLOGIES)}, or a registered job "
@@ -128,10 +141,11 @@ class BenchSettings:
 
 @dataclass
 class ResourceSampler:
-    """Samples the CPU (% of one core) and RSS (MB) of a job's stage processes and their JVMs
-    once a second in a background thread."""
+    """Samples the CPU (% of one core) and RSS (MB) of a job's processes once a second in a
+    background thread: `find_processes()` lists them (for a Backstop job: its stage processes
+    and their JVMs, `stage_processes_of`)."""
 
-    job_key: str
+    find_processes: Callable[[], list]
     samples: list[tuple[float, float, float]] = field(default_factory=list)
     _stop: threading.Event = field(default_factory=threading.Event)
 
@@ -142,7 +156,7 @@ class ResourceSampler:
         self._stop.set()
 
     def _run(self) -> None:
-        tracker = ProcessTracker(lambda: with_children(stage_processes(job=self.job_key)))
+        tracker = ProcessTracker(self.find_processes)
         while not self._stop.wait(1.0):
             cpu, rss = tracker.usage(tracker.current())
             self.samples.append((time.time(), cpu, rss))
@@ -156,6 +170,11 @@ class ResourceSampler:
             round(sum(c for c, _ in window) / len(window), 1),
             round(sum(r for _, r in window) / len(window), 1),
         )
+
+
+def stage_processes_of(job_key: str) -> Callable[[], list]:
+    """The stage processes of a Backstop job and their JVMs (what ResourceSampler samples)."""
+    return lambda: with_children(stage_processes(job=job_key))
 
 
 def is_backstop_worker(cmdline: list[str]) -> bool:
@@ -272,7 +291,7 @@ def _inject(job: Job, kind: str, target: str, user: User) -> tuple[FaultInjectio
     """Request one fault like an operator would and wait for the controller to inject it."""
     client = redis_client()
     try:
-        if kind == "kill-driver":
+        if kind in ("kill-driver", "operator-exception"):
             fault = request_fault(job, kind, target_operator=target, requested_by=user)
         else:
             stage = job.operators.get(name=target).stage
@@ -304,30 +323,34 @@ def has_reference(topology: str) -> bool:
     return version is not None and bool(version.shape.get("has_reference"))
 
 
-def _compare_now(client, job: Job, params: dict) -> tuple[truth.Comparison, object]:
-    """The job's results against ground truth from its whole input: (comparison, results)."""
-    entries = client.xrange(data_keys.input_stream(job.key))
-    topology = resolve_topology(job.topology)
+def _compare_now(
+    client, job_key: str, topology_name: str, params: dict
+) -> tuple[truth.Comparison, object]:
+    """A job's results against ground truth from its whole input: (comparison, results)."""
+    entries = client.xrange(data_keys.input_stream(job_key))
+    topology = resolve_topology(topology_name)
     if topology.job is not None:
         expected = user_plan.expected_results(topology.job, entries)
-        actual = user_plan.actual_results(topology.job, client, job.key)
+        actual = user_plan.actual_results(topology.job, client, job_key)
         return truth.compare_records(expected, actual), actual
-    expected = truth.expected_cells(job.topology, [fields for _, fields in entries], params)
-    actual = truth.result_cells(job.topology, client.hgetall(data_keys.results(job.key)))
+    expected = truth.expected_cells(topology_name, [fields for _, fields in entries], params)
+    actual = truth.result_cells(topology_name, client.hgetall(data_keys.results(job_key)))
     return truth.compare(expected, actual), actual
 
 
-def _drain(client, job: Job, params: dict, timeout_s: float, say) -> tuple[truth.Comparison, float]:
+def drain(
+    client, job_key: str, topology: str, params: dict, timeout_s: float, say
+) -> tuple[truth.Comparison, float]:
     """Wait until the results equal the ground truth, or stop changing for 90 s (a restart
     under load can take a minute), or `timeout_s`; returns the comparison and the wait."""
     started = time.time()
     last, last_change = None, started
     while True:
-        comparison, actual = _compare_now(client, job, params)
+        comparison, actual = _compare_now(client, job_key, topology, params)
         if comparison.exact:
             # A late duplicate would show up as an overshoot: look once more.
             time.sleep(3)
-            return _compare_now(client, job, params)[0], time.time() - started
+            return _compare_now(client, job_key, topology, params)[0], time.time() - started
         if actual != last:
             last, last_change = actual, time.time()
         if time.time() - last_change > 90 or time.time() - started > timeout_s:
@@ -358,7 +381,7 @@ def run_strategy(bench: BenchSettings, strategy: str, target: str | None, say) -
     wait_for(lambda: client.xlen(data_keys.input_stream(job.key)) > 0, 60, "the first input")
     t0 = input_started_at(client, job.key)
     say(f"      job {job.pk} running after {t0 - launched:.0f} s; input started")
-    sampler = ResourceSampler(job.key)
+    sampler = ResourceSampler(stage_processes_of(job.key))
     sampler.start()
     faults = []
     try:
@@ -375,7 +398,9 @@ def run_strategy(bench: BenchSettings, strategy: str, target: str | None, say) -
             lambda: client.xlen(data_keys.input_stream(job.key)) >= bench.events,
             120, "the generator to finish",
         )  # fmt: skip
-        comparison, drain_s = _drain(client, job, params, bench.drain_timeout_s, say)
+        comparison, drain_s = drain(
+            client, job.key, job.topology, params, bench.drain_timeout_s, say
+        )
     finally:
         sampler.stop()
         stop_job(job, "benchmark run over")
@@ -412,6 +437,44 @@ def run_strategy(bench: BenchSettings, strategy: str, target: str | None, say) -
     return run, target
 
 
+def measure_progress(
+    records: list, bench: BenchSettings, t0: float, injected_at: list[float], input_stage: str
+) -> tuple[dict, list, dict]:
+    """What one run's progress records say, measured the same way for every run (Backstop's
+    strategies and the Flink peer): steady figures, each fault's measurement and the plotted
+    series. `t0`: when the input started; `injected_at`: each fault's time (epoch s)."""
+    config = Policy.current().to_config()
+    steady_window = (t0 + bench.steady_s[0], t0 + bench.steady_s[1])
+    steady = measure.steady_figures(records, *steady_window, input_stage)
+    measured = measure_faults(
+        records,
+        injected_at,
+        input_started_at=t0,
+        end=t0 + bench.input_s,
+        watch_ended=True,
+        settings=bench.recovery_settings(config.recovery_band),
+    )
+    series = measure.downsample_series(records, t0, t0 + bench.input_s + 60)
+    return steady, measured, series
+
+
+def fault_row(figures, t0: float, kind: str, target: str, detail: str, action: str) -> dict:
+    """One fault's row of bench.json (the console's per-episode figures are added by Backstop's
+    runs)."""
+    return {
+        "kind": kind,
+        "at_s": round(figures.fault_at - t0, 1),
+        "target": target,
+        "injected": detail,
+        "action": action,
+        "downtime_s": figures.downtime_s,
+        "recovery_time_s": figures.recovery_time_s,
+        "peak_p99_ms": figures.peak_p99_ms,
+        "note": figures.note,
+        "watched_s": figures.watched_s,
+    }
+
+
 def measure_run(job: Job, bench: BenchSettings, t0: float, faults: list, target: str) -> dict:
     """Steady figures, per-fault figures and the plotted series of a finished run, from the
     progress records the job left in Redis. `faults`: (scheduled at_s, FaultInjection or None,
@@ -421,60 +484,35 @@ def measure_run(job: Job, bench: BenchSettings, t0: float, faults: list, target:
         records = read_progress(client, job.key, t0 - 5, count=PROGRESS_READ_LIMIT)
     finally:
         client.close()
-    config = Policy.current().to_config()
-    steady_window = (t0 + bench.steady_s[0], t0 + bench.steady_s[1])
     # The stage reading the job's input: its first processing operator's (stored at launch).
     topology = resolve_topology(job.topology)
     first = next(op for op in topology.topological_order() if op.kind not in (SOURCE, SINK))
     input_stage = job.operators.get(name=first.name).stage
-    steady = measure.steady_figures(records, *steady_window, input_stage)
     injected_at = [
         fault.injected_at.timestamp() if fault and fault.injected_at else t0 + at_s
         for at_s, fault, _ in faults
     ]
-    measured = measure_faults(
-        records,
-        injected_at,
-        input_started_at=t0,
-        end=t0 + bench.input_s,
-        watch_ended=True,
-        settings=bench.recovery_settings(config.recovery_band),
-    )
+    steady, measured, series = measure_progress(records, bench, t0, injected_at, input_stage)
     fault_rows = []
     for (_, fault, detail), figures in zip(faults, measured, strict=True):
         episodes = list(RecoveryEpisode.objects.filter(fault=fault)) if fault else []
         actions = sorted({e.action for e in episodes})
         reprotect = [e.reprotect_s for e in episodes if e.reprotect_s is not None]
-        fault_rows.append(
-            {
-                "kind": bench.fault_kind,
-                "at_s": round(figures.fault_at - t0, 1),
-                "target": target,
-                "injected": detail,
-                "action": "+".join(actions) or "none recorded",
-                # After a promotion: seconds until the stage had a promotable standby again.
-                "reprotect_s": max(reprotect) if reprotect else None,
-                "downtime_s": figures.downtime_s,
-                "recovery_time_s": figures.recovery_time_s,
-                "peak_p99_ms": figures.peak_p99_ms,
-                "note": figures.note,
-                "watched_s": figures.watched_s,
-                # What the console recorded for the same fault while the job ran (measured with
-                # the policy's settings, which may differ from the benchmark's).
-                "console": [episode_measurement(e) for e in episodes],
-            }
-        )
-    return {
-        "input_started_at": t0,
-        "faults": fault_rows,
-        "steady": steady,
-        "series": measure.downsample_series(records, t0, t0 + bench.input_s + 60),
-    }
+        row = fault_row(figures, t0, bench.fault_kind, target, detail,
+                        "+".join(actions) or "none recorded")  # fmt: skip
+        # After a promotion: seconds until the stage had a promotable standby again.
+        row["reprotect_s"] = max(reprotect) if reprotect else None
+        # What the console recorded for the same fault while the job ran (measured with the
+        # policy's settings, which may differ from the benchmark's).
+        row["console"] = [episode_measurement(e) for e in episodes]
+        fault_rows.append(row)
+    return {"input_started_at": t0, "faults": fault_rows, "steady": steady, "series": series}
 
 
 def remeasure(result: dict) -> dict:
     """Recompute the figures of a bench.json whose jobs' progress is still in Redis (e.g. after
-    a change to the measurement); lost/duplicates and CPU/RSS are kept as measured."""
+    a change to the measurement); lost/duplicates and CPU/RSS are kept as measured, and a peer's
+    run (no Backstop job) is kept as it is."""
     settings = result["settings"]
     bench = BenchSettings(
         **{k: settings[k] for k in ("topology", "faults", "fault_kind", "rate", "seed", "target")},
@@ -486,6 +524,8 @@ def remeasure(result: dict) -> dict:
     )
     client = redis_client()
     for run in result["runs"]:
+        if run["strategy"] not in STRATEGIES:
+            continue
         job = Job.objects.get(pk=run["job"])
         t0 = run.get("input_started_at") or input_started_at(client, job.key)
         injected = list(job.faults.order_by("requested_at"))
@@ -508,29 +548,41 @@ def write_outputs(result: dict, out: Path) -> None:
 
 
 def run_bench(bench: BenchSettings, say) -> dict:
-    """Run every strategy of `bench` and write bench.json, bench.md and bench.png to its out."""
+    """Run every strategy of `bench` (and its peer) and write bench.json, bench.md and bench.png
+    to its out, again after each run: a run that fails later loses none of the earlier ones."""
     bench.out.mkdir(parents=True, exist_ok=True)
     runs = []
     target = bench.target
+
+    def result() -> dict:
+        return {
+            "settings": {
+                **{k: v for k, v in asdict(bench).items() if k not in ("out", "strategies")},
+                "strategies": list(bench.strategies),
+                "target": target,
+                "band": Policy.current().to_config().recovery_band,
+                "machine": machine_description(),
+            },
+            "runs": runs,
+        }
+
     with BenchCluster(bench.out / "logs", say):
         for number, strategy in enumerate(bench.strategies, start=1):
             say(f"[{number}/{len(bench.strategies)}] {strategy}: {bench.topology} at "
                 f"{bench.rate:g} events/s, {bench.faults} x {bench.fault_kind}")  # fmt: skip
             run, target = run_strategy(bench, strategy, target, say)
             runs.append(run)
+            write_outputs(result(), bench.out)
             time.sleep(5)  # let the machine settle between runs
-    result = {
-        "settings": {
-            **{k: v for k, v in asdict(bench).items() if k not in ("out", "strategies")},
-            "strategies": list(bench.strategies),
-            "target": target,
-            "band": Policy.current().to_config().recovery_band,
-            "machine": machine_description(),
-        },
-        "runs": runs,
-    }
-    write_outputs(result, bench.out)
-    return result
+        if bench.peer == "flink":
+            from console.services.bench_flink import run_flink_peer
+            from flink_peer.cluster import FlinkSettings
+
+            say(f"[peer] flink: {bench.topology} at {bench.rate:g} events/s, {bench.faults} x "
+                f"{bench.fault_kind} (Flink's nearest fault)")  # fmt: skip
+            runs.append(run_flink_peer(bench, say, FlinkSettings(extra=bench.peer_conf)))
+            write_outputs(result(), bench.out)
+    return result()
 
 
 def machine_description() -> str:

@@ -91,3 +91,30 @@ def test_results_section_is_replaced_not_appended_twice(tmp_path):
     text = path.read_text()
     assert "kept" in text and "second" in text and "first" not in text
     assert text.count(section) == 1
+
+
+def test_a_flink_run_gets_the_backstop_vs_flink_table():
+    flink = run("flink", [8.0, 12.0])
+    flink["steady"]["p50_ms"] = 200.0
+    flink["peer"] = {
+        "flink_version": "2.3.0",
+        "taskmanagers": 2,
+        "parallelism": 1,
+        "checkpoint_ms": 10000,
+        "bundle_time_ms": 100,
+        "failures": ["TaskManager lost", "TaskManager lost"],
+        "bridge_p50_ms": 26.0,
+        "bridge_p99_ms": 51.0,
+        "extra_conf": {"heartbeat.timeout": "5000"},
+    }
+    adaptive = run("adaptive", [2.0, 3.0])  # mean 2.5 s of Flink's 10 s; p50 400 ms = 2x
+    text = report.to_markdown({"settings": {}, "runs": [adaptive, flink]})
+    assert "Backstop vs Flink 2.3.0" in text
+    assert "exactly-once checkpoints every 10000 ms" in text
+    assert "heartbeat.timeout 5000, 2 failure(s) in its exception history" in text
+    assert "| adaptive | 2.50 | 25% | 400 | 2.00x | 0 | 0 | 1500 |" in text
+    assert "| flink | 10.00 | 100% | 200 | 1.00x | 0 | 0 | 1500 |" in text
+
+
+def test_without_a_flink_run_there_is_no_peer_table():
+    assert "Backstop vs Flink" not in report.to_markdown(BENCH)

@@ -11,6 +11,7 @@ from django.core.management.base import BaseCommand, CommandError
 
 from console.services.bench import (
     FAULT_KINDS,
+    PEERS,
     STRATEGIES,
     BenchSettings,
     remeasure,
@@ -22,6 +23,14 @@ from console.services.bench import (
 # Small enough for a few minutes on 2 cores: the baseline and the adaptive strategy, one fault.
 # Two faults 30 s apart: the second one finds adaptive's re-seeded standby.
 QUICK = {"strategies": "restart-all,adaptive", "faults": 2, "warmup": 20.0, "duration": 90.0}
+
+
+def flink_conf(item: str) -> tuple[str, str]:
+    """`KEY=VALUE` of --flink-conf as a pair; anything else is refused naming the option."""
+    key, sep, value = item.partition("=")
+    if not sep or not key.strip() or not value.strip():
+        raise CommandError(f"--flink-conf: KEY=VALUE, not {item!r}")
+    return key.strip(), value.strip()
 
 
 class Command(BaseCommand):
@@ -69,6 +78,21 @@ class Command(BaseCommand):
             help="seconds back in band that count as recovered",
         )
         parser.add_argument("--target", default=None, help="operator to fault (default: key)")
+        parser.add_argument(
+            "--peer",
+            choices=PEERS,
+            default=None,
+            help="also run the workload and faults on this stream processor (flink: a standalone "
+            "Apache Flink cluster from PyPI's apache-flink, installed into .venv-flink on first "
+            "use; docs/RESULTS.md 'Backstop vs Flink')",
+        )
+        parser.add_argument(
+            "--flink-conf",
+            action="append",
+            default=[],
+            metavar="KEY=VALUE",
+            help="Flink configuration beyond the peer's defaults, e.g. heartbeat.timeout=5000",
+        )
         parser.add_argument("--seed", type=int, default=7)
         parser.add_argument("--out", default="var/bench", help="output directory")
         parser.add_argument("--quick", action="store_true", help="a run of a few minutes")
@@ -107,6 +131,8 @@ class Command(BaseCommand):
                 stable_window_s=opts["stable_window"],
                 seed=opts["seed"],
                 target=opts["target"],
+                peer=opts["peer"],
+                peer_conf=tuple(flink_conf(item) for item in opts["flink_conf"]),
             )
         except ValueError as exc:
             raise CommandError(str(exc)) from None

@@ -1,0 +1,80 @@
+"""`manage.py bench --peer flink` end to end: Backstop's adaptive strategy and Apache Flink (a
+real standalone cluster from PyPI's apache-flink, in .venv-flink) on the same seeded workload
+and faults, checked against the ground truth computed from the input stream.
+
+Slow (about 7 minutes each on 2 cores, plus the Flink install on first use): run with
+`pytest -m slow tests/bench/test_bench_flink.py`. Each runs in its own process on a fresh SQLite
+database and Redis db 13, like a user running the command.
+"""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from console.bench.report import recovery_bound
+from workers.redis_client import redis_client
+
+pytestmark = [pytest.mark.slow, pytest.mark.spark]
+
+ROOT = Path(__file__).resolve().parents[2]
+REDIS_URL = "redis://127.0.0.1:6379/13"
+
+
+def run_bench(tmp_path: Path, *options: str) -> dict:
+    redis_client(REDIS_URL, decode_responses=False).flushdb()
+    out = tmp_path / "out"
+    env = {
+        **os.environ,
+        "DJANGO_SETTINGS_MODULE": "web.settings.local",
+        "BACKSTOP_VAR_DIR": str(tmp_path / "var"),
+        "REDIS_URL": REDIS_URL,
+    }
+    env.pop("DATABASE_URL", None)
+    done = subprocess.run(
+        [sys.executable, "manage.py", "bench", "--strategies", "adaptive", "--peer", "flink",
+         "--faults", "2", "--warmup", "20", "--duration", "90", "--out", str(out), *options],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=1800,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    bench = json.loads((out / "bench.json").read_text())
+    assert "Backstop vs Flink" in (out / "bench.md").read_text()
+    return {run["strategy"]: run for run in bench["runs"]}
+
+
+def check_exact_and_measured(runs: dict) -> None:
+    assert set(runs) == {"adaptive", "flink"}
+    for run in runs.values():
+        # The same seeded input for both, checked against the same ground truth.
+        assert run["input_events"] == 50 * 110
+        assert (run["lost"], run["duplicates"], run["drained"]) == (0, 0, True)
+        assert len(run["faults"]) == 2
+        for fault in run["faults"]:
+            assert fault["downtime_s"] is not None, fault  # the output came back
+    flink = runs["flink"]
+    # Flink restarted the job after each fault (its exception history has an entry per failed
+    # attempt: after a killed TaskManager, deployments to it fail until it is declared lost).
+    assert len(flink["peer"]["failures"]) >= 2, flink["peer"]["failures"]
+    assert flink["peer"]["state_at_end"] == "RUNNING"
+    # The bridge's share of the latency is measured, and is a part of it.
+    assert 0 < flink["peer"]["bridge_p50_ms"] < flink["steady"]["p50_ms"]
+
+
+def test_kill_driver_against_a_killed_taskmanager(tmp_path):
+    runs = run_bench(tmp_path, "--fault-kind", "kill-driver")
+    check_exact_and_measured(runs)
+    assert [f["kind"] for f in runs["flink"]["faults"]] == ["kill-taskmanager"] * 2
+    assert [f["action"] for f in runs["adaptive"]["faults"]] == ["promote", "promote"]
+    adaptive, adaptive_is_bound = recovery_bound(runs["adaptive"])
+    flink, _ = recovery_bound(runs["flink"])
+    # Issue 17's goal: adaptive's mean recovery after a process kill at most half of Flink's.
+    assert not adaptive_is_bound and adaptive <= 0.5 * flink
+
+
+def test_operator_exception_against_a_task_failure(tmp_path):
+    runs = run_bench(tmp_path, "--fault-kind", "operator-exception", "--topology", "topn")
+    check_exact_and_measured(runs)
+    assert [f["kind"] for f in runs["flink"]["faults"]] == ["task-exception"] * 2

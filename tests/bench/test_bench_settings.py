@@ -1,0 +1,42 @@
+"""The benchmark's settings refuse what it cannot run, naming the option."""
+
+from pathlib import Path
+
+import pytest
+
+from console.services.bench import BenchSettings
+
+
+def settings(**changes):
+    values = {
+        "topology": "wordcount", "strategies": ("adaptive",), "faults": 2,
+        "fault_kind": "kill-driver", "rate": 50.0, "warmup_s": 20.0, "duration_s": 90.0,
+        "out": Path("."),
+    }  # fmt: skip
+    return BenchSettings(**{**values, **changes})
+
+
+def test_the_peer_and_the_operator_exception_fault_are_accepted():
+    bench = settings(peer="flink", fault_kind="operator-exception")
+    assert bench.peer == "flink" and bench.schedule == [50.0, 80.0]
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        ({"peer": "storm"}, "--peer: one of flink"),
+        ({"peer_conf": (("heartbeat.timeout", "5000"),)}, "--flink-conf: only with --peer flink"),
+        ({"fault_kind": "kill-everything"}, "--fault-kind: one of kill-driver, kill-node, "),
+        ({"faults": 5}, "--faults: 0 to 4"),
+        ({"strategies": ("fastest",)}, "--strategies: comma-separated"),
+    ],
+)
+def test_bad_settings_are_refused_naming_the_option(changes, message):
+    with pytest.raises(ValueError, match=message):
+        settings(**changes)
+
+
+@pytest.mark.django_db
+def test_the_peer_runs_only_the_topologies_with_a_plain_python_ground_truth():
+    with pytest.raises(ValueError, match="--peer runs wordcount, topn only"):
+        settings(peer="flink", topology="traffic")
