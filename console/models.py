@@ -274,6 +274,17 @@ class Replica(models.Model):
     def __str__(self):
         return f"{self.replica_id} ({self.role} on {self.node.name})"
 
+    @staticmethod
+    def full_id(job_key: str, local_id: str) -> str:
+        """The stored `replica_id` of the replica the data plane calls `local_id` in `job_key`
+        (replica ids are unique per job there, and across jobs here)."""
+        return f"{job_key}/{local_id}"
+
+    @property
+    def local_id(self) -> str:
+        """The replica's id in the data plane (its Redis entries, its agent's process list)."""
+        return self.replica_id.split("/", 1)[1]
+
 
 class FaultInjection(models.Model):
     """A fault asked for by a person or a schedule, and what came of it."""

@@ -292,6 +292,9 @@ class Supervisor:
         # Stage -> time its primary was restarted after a failure, until that primary reports a
         # finished batch; a standby that catches up meanwhile takes over (see the module doc).
         self.restarting: dict[str, float] = {}
+        # Stage -> the standby a move replaces: it keeps the stage protected until the moved
+        # standby is caught up, and is killed then (make before break; see move_standby).
+        self.retiring: dict[str, str] = {}
         # The driver may replace it at any time (the controller applies the policy in force).
         self.restart_policy = restart_policy or RestartPolicy()
         # How long a busy replica may stay silent before it counts as hung (driver may change it).
@@ -422,9 +425,42 @@ class Supervisor:
             return [self._add(self._new_spec(stage, STANDBY, node), now)]
         return []
 
+    def move_standby(self, stage: str, node: str, now: float) -> list:
+        """Move `stage`'s standby to `node` (the policy's decision), make before break: the new
+        standby starts now (seeded from the primary's checkpoint, as every new standby) and the
+        old one is killed only once the new one reports caught up, so the stage stays protected
+        throughout. Without a standby this adds one; while a move of the stage is under way (or
+        the standby is on `node` already) it does nothing."""
+        old = self.standby_of(stage)
+        if old is None:
+            return self.add_standby(stage, node, now)
+        if stage in self.retiring or old.spec.node == node:
+            return []
+        self.retiring[stage] = old.id
+        self.history.append(
+            (now, f"move {stage}'s standby from {old.spec.node} to {node}: {old.id} protects "
+             "the stage until the new standby is caught up")
+        )  # fmt: skip
+        return [self._add(self._new_spec(stage, STANDBY, node), now)]
+
+    def _retire_moved(self, stage: str, caught_up: Replica, now: float) -> list:
+        """A standby of `stage` caught up: if it is the target of a move, kill the standby it
+        replaces (unless that one was promoted meanwhile; then the new one just stays)."""
+        old_id = self.retiring.get(stage)
+        if old_id is None or old_id == caught_up.id:
+            return []
+        del self.retiring[stage]
+        old = self.replicas.get(old_id)
+        if old is None or old.role != STANDBY or old.state == PROMOTING:
+            return []
+        del self.replicas[old_id]
+        self.history.append((now, f"{caught_up.id} caught up: the moved standby {old_id} goes"))
+        return [KillReplica(old_id)]
+
     def drop_standby(self, stage: str) -> list:
         """Remove `stage`'s standby (the policy's decision): kill it and stop replacing it."""
         self.active_stages.discard(stage)
+        self.retiring.pop(stage, None)
         actions = []
         for replica in self.of_stage(stage, STANDBY):
             if replica.state != PROMOTING:
@@ -445,6 +481,7 @@ class Supervisor:
             "unprotected_since": self.unprotected_since,
             "reprotections": [list(r) for r in self.reprotections[-50:]],
             "restarting": self.restarting,
+            "retiring": self.retiring,
             "restart_policy": self.restart_policy.__dict__,
             "hung_timeout_s": self.hung_timeout_s,
             "failures": self.failures,
@@ -496,6 +533,7 @@ class Supervisor:
         sup.unprotected_since = dict(data.get("unprotected_since", {}))
         sup.reprotections = [tuple(r) for r in data.get("reprotections", [])]
         sup.restarting = dict(data.get("restarting", {}))
+        sup.retiring = dict(data.get("retiring", {}))
         sup.failures = {k: list(v) for k, v in data.get("failures", {}).items()}
         sup.unprotectable = set(data.get("unprotectable", ()))
         sup.gave_up = data.get("gave_up")
@@ -592,6 +630,7 @@ class Supervisor:
         self.failures.clear()
         self.unprotectable.clear()
         self.restarting.clear()
+        self.retiring.clear()
         self.unprotected_since.clear()
         self.gave_up = None
         for stage in self.stages:
@@ -632,6 +671,8 @@ class Supervisor:
                 )  # fmt: skip
             if replica.role == STANDBY and stage in self.restarting:
                 return self._promote_over_restart(replica, event.at)
+            if replica.role == STANDBY:
+                return self._retire_moved(stage, replica, event.at)
         elif replica.state in (STARTING, RUNNING) and reported.get("state") == CATCHING_UP:
             replica.state = CATCHING_UP
             replica.since = event.at
@@ -768,10 +809,18 @@ class Supervisor:
         )
         standby.state, standby.since = RUNNING, now
         self.history.append((now, f"{standby.id} is the primary of {stage}"))
-        if stage in self.active_stages:
-            self.unprotected_since.setdefault(stage, now)
+        # Promoted during a move: the standby that was moving stays as the stage's standby.
+        self.retiring.pop(stage, None)
+        if stage not in self.active_stages:
+            self.unprotected_since.pop(stage, None)
+            return []
+        promoted_at = self.unprotected_since.setdefault(stage, now)
+        others = [r for r in self.of_stage(stage, STANDBY) if r.state != FAILED]
+        if not others:
             return [self._standby_for(stage, standby.spec.node, now)]
-        self.unprotected_since.pop(stage, None)
+        if any(r.state == RUNNING for r in others):
+            self.unprotected_since.pop(stage)
+            self.reprotections.append((stage, promoted_at, now))
         return []
 
     def _on_promotion_failed(self, standby: Replica, now: float) -> list:

@@ -181,7 +181,7 @@ def supervise_tick(job: Job, supervisor: Supervisor, client) -> TickReport:
             record_promotion_over_restart(job, event, actions)
         elif isinstance(event, HeartbeatSeen):
             # Not a failure: a promotion completed and the machine asks for a new standby.
-            Replica.objects.filter(replica_id=f"{job.key}/{event.replica_id}").update(
+            Replica.objects.filter(replica_id=Replica.full_id(job.key, event.replica_id)).update(
                 role=Replica.Role.PRIMARY, state=Replica.State.RUNNING
             )
             decide(
@@ -194,7 +194,11 @@ def supervise_tick(job: Job, supervisor: Supervisor, client) -> TickReport:
         else:
             record_failure(job, client, event, actions, launched_at)
         execute(actions, launcher, command_sender(client, job))
-        waiting = [f"{job.key}/{a.replica_id}" for a in actions if isinstance(a, ScheduleRestart)]
+        waiting = [
+            Replica.full_id(job.key, a.replica_id)
+            for a in actions
+            if isinstance(a, ScheduleRestart)
+        ]
         if waiting:  # shown as waiting out the backoff until tick() restarts them
             Replica.objects.filter(replica_id__in=waiting).update(state=Replica.State.BACKOFF)
         for verdict in (a for a in actions if isinstance(a, GiveUp)):

@@ -166,7 +166,7 @@ def inject(fault: FaultInjection) -> FaultInjection:
                 FaultInjection.Outcome.FAILED,
                 f"no running {role} for operator {fault.target_operator!r}",
             )
-        local_id = replica.replica_id.split("/", 1)[1]
+        local_id = replica.local_id
         agent.kill_replica.apply_async(args=(local_id,), queue=node_queue(replica.node.name))
         detail = f"SIGKILL to {local_id} (pid {replica.pid}) on {replica.node.name}"
     elif fault.kind == FaultInjection.Kind.OPERATOR_EXCEPTION:
@@ -177,7 +177,7 @@ def inject(fault: FaultInjection) -> FaultInjection:
                 FaultInjection.Outcome.FAILED,
                 f"no running primary for operator {fault.target_operator!r}",
             )
-        local_id = replica.replica_id.split("/", 1)[1]
+        local_id = replica.local_id
         from console.services.control.act import send_command
 
         send_command(
@@ -236,7 +236,7 @@ def spark_app_of(job: Job, replica) -> str | None:
         return None
     from spark_runtime import keys as data_keys
 
-    raw = redis_client().hget(data_keys.replicas(job.key), replica.replica_id.split("/", 1)[1])
+    raw = redis_client().hget(data_keys.replicas(job.key), replica.local_id)
     return json.loads(raw).get("spark_app") if raw else None
 
 

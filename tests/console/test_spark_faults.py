@@ -11,7 +11,11 @@ from django.utils import timezone
 
 from console.models import FaultInjection, Job, Operator, RecoveryEpisode
 from console.services.control.observe import read_agent_events
-from console.services.faults import SPARK_KILL_REPORT_TIMEOUT_S, inject
+from console.services.faults import (
+    SPARK_KILL_REPORT_TIMEOUT_S,
+    expire_unreported_spark_kills,
+    inject,
+)
 from spark_runtime import keys as data_keys
 from tests.factories import FaultFactory, NodeFactory, ReplicaFactory, make_job
 from workers import keys
@@ -115,7 +119,9 @@ def test_a_kill_no_agent_reported_on_fails_after_the_timeout(job, client):
         job=job, kind="kill-executor", target_operator="count", outcome="injected",
         injected_at=timezone.now(),
     )  # fmt: skip
-    read_agent_events(client, job)
+    read_agent_events(client, job)  # the events say nothing of either
+    assert FaultInjection.objects.get(pk=fault.pk).outcome == FaultInjection.Outcome.INJECTED
+    expire_unreported_spark_kills(job)  # what every policy cycle does first
     fault.refresh_from_db()
     recent.refresh_from_db()
     assert fault.outcome == FaultInjection.Outcome.FAILED

@@ -18,7 +18,8 @@ from console.models import ControlDecision, Job, Replica
 from console.policy.placement import MOVE_SETTLE_S
 from console.services import controller
 from console.services.control import cycle, observe
-from spark_runtime.supervision import RUNNING
+from console.services.control.act import AgentLauncher, command_sender
+from spark_runtime.supervision import RUNNING, HeartbeatSeen, execute
 from tests.factories import NodeFactory, make_job
 from workers import keys as control_keys
 from workers.queues import node_queue
@@ -91,11 +92,18 @@ def test_the_launch_and_each_cycle_record_why_the_standby_sits_where_it_is(clien
     assert move.node == "sp-node-3"
     assert "on sp-node-3 with this standby vs" in move.reason
     assert "more than the move margin 0.47 higher" in move.reason
-    moved = live_standby(job)
-    assert moved.node.name == "sp-node-3"
+    moved = Replica.objects.get(job=job, role=Replica.Role.STANDBY, node__name="sp-node-3")
     assert moved.placement["rule"] == "moved"
     assert moved.placement["reason"] == f"moved from sp-node-2: {move.reason}"
+    # Make before break: the old standby protects the stage until the moved one is caught up;
+    # a cycle meanwhile decides no second move.
+    assert Replica.objects.get(pk=standby.pk).state != Replica.State.STOPPED
+    cycle.policy_cycle(job, supervisor, client)
+    assert job.decisions.filter(kind=ControlDecision.Kind.MOVE_STANDBY).count() == 1
+    caught_up = HeartbeatSeen(moved.local_id, time.time(), {"state": "running", "role": "standby"})
+    execute(supervisor.handle(caught_up), AgentLauncher(job, client), command_sender(client, job))
     assert Replica.objects.get(pk=standby.pk).state == Replica.State.STOPPED
+    assert live_standby(job) == moved
 
     # The next cycles leave it there: it settles, and no second move is decided.
     publish_usage(client, {"sp-node-3": 0.3})

@@ -97,9 +97,7 @@ def test_stress_operator_exception_and_kill_node_each_get_their_action(cluster):
     failing = live_primary(job, "count")
     fault = inject(job, {"kind": "operator-exception", "target_operator": "count"})
     episode = promotion_after(job, fault)
-    failure = ControlDecision.objects.get(
-        job=job, kind="failure", replica_id=failing.replica_id.split("/", 1)[1]
-    )
+    failure = ControlDecision.objects.get(job=job, kind="failure", replica_id=failing.local_id)
     # The cause, as the stage wrote it before its process exited (its silence is seen first).
     assert "InjectedFault: injected operator exception in stage count" in failure.reason
     promoted = live_primary(job, "count")

@@ -94,7 +94,7 @@ def primary_of_count(job) -> Replica:
 
 
 def spark_app(client, job, replica: Replica) -> str:
-    raw = client.hget(keys.replicas(job.key), replica.replica_id.split("/", 1)[1])
+    raw = client.hget(keys.replicas(job.key), replica.local_id)
     return json.loads(raw).get("spark_app", "") if raw else ""
 
 

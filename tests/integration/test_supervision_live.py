@@ -79,7 +79,7 @@ def live_standby(job: Job) -> Replica:
 
 
 def local_id(replica: Replica) -> str:
-    return replica.replica_id.split("/", 1)[1]
+    return replica.local_id
 
 
 def test_adaptive_survives_controller_restart_and_kill_driver(cluster):

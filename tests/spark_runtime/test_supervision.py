@@ -504,3 +504,52 @@ def test_a_new_standby_that_catches_up_during_a_restart_counts_as_protection_reg
     assert actions[-1] == PromoteStandby("count-3", "count")
     # Promotable again at 25 s, 15 s after the promotion was decided (10 s), then promoted at once.
     assert sup.reprotections == [("count", 10.0, 25.0)]
+
+
+def moving_count_standby():
+    """An adaptive job whose count stage has a caught-up standby count-2 on node-2, moved by
+    the policy to node-3 (the new standby count-3 is starting)."""
+    sup = Supervisor(
+        "j", "wordcount", per_operator("count"), "adaptive", NODES, {"count"},
+        placement={"count": ("node-1", "node-2")},
+    )  # fmt: skip
+    sup.start(0.0)
+    running(sup)
+    (start,) = sup.move_standby("count", "node-3", 5.0)
+    assert (start.replica.replica_id, start.replica.node) == ("count-3", "node-3")
+    assert start.replica.seed_from == "count-1"  # a copy of the primary's checkpoint
+    return sup
+
+
+def test_a_moved_standby_replaces_the_old_one_only_once_it_is_caught_up():
+    sup = moving_count_standby()
+    # Until then both run, and the old one is the stage's standby; asking again does nothing.
+    assert sup.placement_by_stage() == {"count": ("node-1", "node-2")}
+    assert sup.move_standby("count", "node-3", 6.0) == []
+    assert sup.handle(HeartbeatSeen("count-3", 8.0, {"state": "catching_up"})) == []
+    assert "count-2" in sup.replicas
+    # The state survives a controller restart in the middle of the move.
+    sup = Supervisor.from_dict(json.loads(json.dumps(sup.to_dict())))
+    actions = sup.handle(HeartbeatSeen("count-3", 12.0, {"state": "running", "role": "standby"}))
+    assert actions == [KillReplica("count-2")]
+    assert sup.placement_by_stage() == {"count": ("node-1", "node-3")}
+    assert sup.retiring == {}
+
+
+def test_a_primary_failure_during_a_move_promotes_the_caught_up_standby_and_keeps_the_new():
+    sup = moving_count_standby()
+    actions = sup.handle(ProcessExited("count-1", 7.0, -9))
+    assert actions == [KillReplica("count-1"), PromoteStandby("count-2", "count")]
+    # Promoted: the moving standby is the stage's standby now; no third one is started.
+    assert sup.handle(HeartbeatSeen("count-2", 9.0, {"role": "primary", "state": "running"})) == []
+    assert sup.placement_by_stage() == {"count": ("node-2", "node-3")}
+    # It catches up: nothing is killed, and the stage counts as protected again from then.
+    assert sup.handle(HeartbeatSeen("count-3", 15.0, {"state": "running"})) == []
+    assert sup.reprotections == [("count", 7.0, 15.0)]
+    assert set(sup.replicas) == {"count-2", "count-3"}
+
+
+def test_dropping_a_stage_in_the_middle_of_a_move_kills_both_standbys():
+    sup = moving_count_standby()
+    assert sup.drop_standby("count") == [KillReplica("count-2"), KillReplica("count-3")]
+    assert sup.retiring == {} and not sup.has_standby("count")

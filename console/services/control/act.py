@@ -119,8 +119,7 @@ class AgentLauncher:
         return control_keys.exits(self.job.key)
 
     def _db_id(self, replica_id: str) -> str:
-        # Replica ids from the state machine are unique within a job; the table spans all jobs.
-        return f"{self.job.key}/{replica_id}"
+        return Replica.full_id(self.job.key, replica_id)
 
 
 def send_command(client, job: Job, replica_id: str, command: dict) -> None:
@@ -223,7 +222,7 @@ def apply_give_up(job: Job, client, replica_id: str, verdict: GiveUp, actions: l
                stage=verdict.stage, replica_id=replica_id)  # fmt: skip
         return
     stop_generator(job)
-    killed = [f"{job.key}/{a.replica_id}" for a in actions if isinstance(a, KillReplica)]
+    killed = [Replica.full_id(job.key, a.replica_id) for a in actions if isinstance(a, KillReplica)]
     Replica.objects.filter(replica_id__in=killed).update(
         state=Replica.State.FAILED, ended_at=timezone.now()
     )

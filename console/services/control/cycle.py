@@ -26,9 +26,10 @@ from console.services.control.act import (
 )
 from console.services.control.observe import alive_nodes, node_history, stage_usage
 from console.services.control.record import decide, priority_fields
+from console.services.faults import expire_unreported_spark_kills
 from spark_runtime import keys as data_keys
 from spark_runtime.jobdef import resolve_topology
-from spark_runtime.supervision import RUNNING, Supervisor, execute
+from spark_runtime.supervision import FAILED, RUNNING, STANDBY, Supervisor, execute
 from workers import keys as control_keys
 
 
@@ -38,6 +39,9 @@ def policy_cycle(job: Job, supervisor: Supervisor, client) -> list:
     Only the adaptive strategy lets the policy add, drop or move standbys; every strategy gets
     its passive stages' checkpoint intervals adjusted.
     """
+    # A Spark kill no agent reported within its timeout is failed (a 5 s cycle is fine-grained
+    # enough for a 60 s timeout; the 0.25 s supervision tick need not query for it).
+    expire_unreported_spark_kills(job)
     config = Policy.current().to_config()  # re-read every cycle: admin changes apply here
     history = node_history(client, alive_nodes(client))
     if not history:
@@ -207,9 +211,14 @@ def record_standby_verdict(
 ) -> None:
     """Store why the stage's standby sits where it is on its replica row, for the placement page.
     Only a standby on the verdict's node gets it; writing it again only renews its time."""
-    standby = supervisor.standby_of(stage)
-    if standby is not None and standby.spec.node == verdict.node:
-        Replica.objects.filter(replica_id=f"{job.key}/{standby.id}").update(
+    # During a move the stage has two standbys: the verdict is the one's on its node.
+    standby = next(
+        (r for r in supervisor.of_stage(stage, STANDBY)
+         if r.state != FAILED and r.spec.node == verdict.node),
+        None,
+    )  # fmt: skip
+    if standby is not None:
+        Replica.objects.filter(replica_id=Replica.full_id(job.key, standby.id)).update(
             placement={**verdict.to_dict(), "at": timezone.now().isoformat()}
         )
 
@@ -246,8 +255,10 @@ def apply_cycle(job, supervisor, client, actions, stage_of) -> None:
             kind, node, detail = ControlDecision.Kind.DROP_STANDBY, action.node, {}
             steps = supervisor.drop_standby(stage)
         elif isinstance(action, policy_actions.MoveStandby):
+            if stage in supervisor.retiring:
+                continue  # a move of this stage is under way (its new standby catching up)
             kind, node, detail = ControlDecision.Kind.MOVE_STANDBY, action.to_node, {}
-            steps = supervisor.drop_standby(stage) + supervisor.add_standby(stage, node, now)
+            steps = supervisor.move_standby(stage, node, now)
         else:
             raise TypeError(f"unknown policy action {action!r}")
         execute(steps, AgentLauncher(job, client), command_sender(client, job))

@@ -91,12 +91,9 @@ def nodes_by_q(client, config) -> list[str]:
 def read_agent_events(client, job: Job) -> None:
     """Read the job's new entries on the agents' events stream: copy process exits into the
     job's exits hash, mark the faults an agent refused, and open an episode for each Spark
-    executor or worker an agent killed (then fail such faults no agent reported on)."""
-    from console.services.faults import (
-        expire_unreported_spark_kills,
-        record_refusal,
-        record_spark_kill,
-    )
+    executor or worker an agent killed (the policy cycle fails such faults no agent reported
+    on: `expire_unreported_spark_kills`)."""
+    from console.services.faults import record_refusal, record_spark_kill
 
     cursor_key = control_keys.agent_events_cursor(job.key)
     cursor = client.get(cursor_key) or "0-0"
@@ -116,7 +113,6 @@ def read_agent_events(client, job: Job) -> None:
             record_spark_kill(job, fault_id, fields.get("detail", ""), at)
     if entries:
         client.set(cursor_key, entries[-1][0])
-    expire_unreported_spark_kills(job)
 
 
 def sync_replicas(job: Job, client, supervisor: Supervisor) -> None:
@@ -138,7 +134,7 @@ def sync_replicas(job: Job, client, supervisor: Supervisor) -> None:
                 "starting": Replica.State.STARTING,
                 "stopped": Replica.State.STOPPED,
             }.get(info.get("state"), Replica.State.FAILED)
-        Replica.objects.filter(replica_id=f"{job.key}/{replica_id}").exclude(
+        Replica.objects.filter(replica_id=Replica.full_id(job.key, replica_id)).exclude(
             state__in=(Replica.State.FAILED, Replica.State.STOPPED)
         ).update(
             pid=info.get("pid"),

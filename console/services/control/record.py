@@ -131,9 +131,8 @@ def record_failure(job: Job, client, event, actions: list, launched_at: float) -
         kind=ControlDecision.Kind.FAILURE, replica_id=replica_id, detail__run=run
     ).exists():
         return
-    row = (
-        Replica.objects.filter(replica_id=f"{job.key}/{replica_id}").select_related("node").first()
-    )
+    stored_id = Replica.full_id(job.key, replica_id)
+    row = Replica.objects.filter(replica_id=stored_id).select_related("node").first()
     status, tail = failure_report(client, job, replica_id, type(event).__name__)
     stage = row.stage if row else ""
     node = row.node.name if row else ""
