@@ -85,6 +85,12 @@ def ingest_cursor(stream: str) -> str:
     return f"{stream}:ingest-cursor"
 
 
+def spare_refill_hold() -> str:
+    """Set (with a short expiry, renewed every policy cycle) while any job re-protects a stage:
+    no node starts a new warm spare until it expires (console/services/control/act.py)."""
+    return "backstop:spares:refill-hold"
+
+
 def fault_carried_out(fault_id: int) -> str:
     """Set (NX) by the agent that carries out a fault whose effect only it reports (kill-executor,
     kill-worker), so a redelivered task does not kill a second time."""

@@ -7,41 +7,22 @@ Slow (about 7 minutes each on 2 cores, plus the Flink install on first use): run
 database and Redis db 13, like a user running the command.
 """
 
-import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from console.bench.report import recovery_bound
-from workers.redis_client import redis_client
+from tests.bench.command import run_bench_command
 
 pytestmark = [pytest.mark.slow, pytest.mark.spark]
 
-ROOT = Path(__file__).resolve().parents[2]
-REDIS_URL = "redis://127.0.0.1:6379/13"
-
 
 def run_bench(tmp_path: Path, *options: str) -> dict:
-    redis_client(REDIS_URL, decode_responses=False).flushdb()
-    out = tmp_path / "out"
-    env = {
-        **os.environ,
-        "DJANGO_SETTINGS_MODULE": "web.settings.local",
-        "BACKSTOP_VAR_DIR": str(tmp_path / "var"),
-        "REDIS_URL": REDIS_URL,
-    }
-    env.pop("DATABASE_URL", None)
-    done = subprocess.run(
-        [sys.executable, "manage.py", "bench", "--strategies", "adaptive", "--peer", "flink",
-         "--faults", "2", "--warmup", "20", "--duration", "90", "--out", str(out), *options],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=1800,
+    bench = run_bench_command(
+        tmp_path, "--strategies", "adaptive", "--peer", "flink", "--faults", "2",
+        "--warmup", "20", "--duration", "90", *options, timeout_s=1800,
     )  # fmt: skip
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    bench = json.loads((out / "bench.json").read_text())
-    assert "Backstop vs Flink" in (out / "bench.md").read_text()
+    assert "Backstop vs Flink" in (tmp_path / "out" / "bench.md").read_text()
     return {run["strategy"]: run for run in bench["runs"]}
 
 

@@ -4,39 +4,17 @@ Slow (about 6 minutes on 2 cores): run with `pytest -m slow tests/bench`. It run
 process on a fresh SQLite database and Redis db 13, like a user running the command.
 """
 
-import json
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 
 from console.bench.report import recovery_bound
-from workers.redis_client import redis_client
+from tests.bench.command import run_bench_command
 
 pytestmark = [pytest.mark.slow, pytest.mark.spark]
 
-ROOT = Path(__file__).resolve().parents[2]
-REDIS_URL = "redis://127.0.0.1:6379/13"
-
 
 def test_quick_bench_writes_exact_results_and_adaptive_recovers_faster(tmp_path):
-    redis_client(REDIS_URL, decode_responses=False).flushdb()
+    bench = run_bench_command(tmp_path, "--quick", timeout_s=1200)
     out = tmp_path / "out"
-    env = {
-        **os.environ,
-        "DJANGO_SETTINGS_MODULE": "web.settings.local",
-        "BACKSTOP_VAR_DIR": str(tmp_path / "var"),
-        "REDIS_URL": REDIS_URL,
-    }
-    env.pop("DATABASE_URL", None)  # the command's own SQLite file, as a user's first run
-    done = subprocess.run(
-        [sys.executable, "manage.py", "bench", "--quick", "--out", str(out)],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=1200,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    bench = json.loads((out / "bench.json").read_text())
     runs = {run["strategy"]: run for run in bench["runs"]}
     assert set(runs) == {"restart-all", "adaptive"}
     for run in runs.values():
