@@ -2,7 +2,9 @@
 real standalone cluster from PyPI's apache-flink, in .venv-flink) on the same seeded workload
 and faults, checked against the ground truth computed from the input stream.
 
-Slow (about 7 minutes each on 2 cores, plus the Flink install on first use): run with
+Faults are 50 s apart: a killed TaskManager keeps Flink's output away for about 20 s here,
+and each recovery must be seen before the next fault. Slow (about 9 minutes each on 2 cores,
+plus the Flink install on first use): run with
 `pytest -m slow tests/bench/test_bench_flink.py`. Each runs in its own process on a fresh SQLite
 database and Redis db 13, like a user running the command.
 """
@@ -20,7 +22,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.spark]
 def run_bench(tmp_path: Path, *options: str) -> dict:
     bench = run_bench_command(
         tmp_path, "--strategies", "adaptive", "--peer", "flink", "--faults", "2",
-        "--warmup", "20", "--duration", "90", *options, timeout_s=1800,
+        "--warmup", "20", "--duration", "150", *options, timeout_s=1800,
     )  # fmt: skip
     assert "Backstop vs Flink" in (tmp_path / "out" / "bench.md").read_text()
     return {run["strategy"]: run for run in bench["runs"]}
@@ -30,7 +32,7 @@ def check_exact_and_measured(runs: dict) -> None:
     assert set(runs) == {"adaptive", "flink"}
     for run in runs.values():
         # The same seeded input for both, checked against the same ground truth.
-        assert run["input_events"] == 50 * 110
+        assert run["input_events"] == 50 * 170
         assert (run["lost"], run["duplicates"], run["drained"]) == (0, 0, True)
         assert len(run["faults"]) == 2
         for fault in run["faults"]:
