@@ -1,10 +1,10 @@
 """The benchmark's wordcount and topn workloads as a PyFlink DataStream job (the Flink peer).
 
-Submitted by `flink run -py flink_peer/job.py -- --topology ... --job ... --input-dir ...` to
-the standalone cluster of flink_peer/cluster.py. It reads the lines the bridge
-(flink_peer/bridge.py) copies from the job's Redis input stream, with Flink's FileSource in
-continuous mode (replayable, so checkpoints are exactly-once on the input side), computes the
-same results as Backstop's jobs and upserts them into the same results hash
+Submitted by `flink run --python flink_peer/job.py --topology ... --job ... --input-dir ...`
+to the standalone cluster of flink_peer/cluster.py (`FlinkCluster.submit`). It reads the
+lines the bridge (flink_peer/bridge.py) copies from the job's Redis input stream, with
+Flink's FileSource in continuous mode (replayable, so checkpoints are exactly-once on the input
+side), computes the same results as Backstop's jobs and upserts them into the same results hash
 (`spark_runtime.keys.results`): word -> count, or window start -> JSON top-N. The upserts are
 absolute values, so a replay after a restore writes the same values again and the final results
 can be compared with the same ground truth (console/bench/truth.py).
@@ -18,8 +18,8 @@ A task failure is injected through Redis: a writing subtask that finds the job's
 (`keys.flink_task_fault`, taken with GETDEL, so exactly one subtask takes it) raises.
 
 Runs in Flink's Python workers (the Flink environment, flink_peer/env.py): no Django, no
-PySpark; only `spark_runtime.keys`, `spark_runtime.progress` and `spark_runtime.redis_client`,
-which import neither.
+PySpark; only `flink_peer.functions` and, through it, `spark_runtime.keys`,
+`spark_runtime.progress` and `spark_runtime.redis_client`, which import neither.
 """
 
 from __future__ import annotations
