@@ -14,6 +14,8 @@ from spark_runtime.progress import PRIMARY, ProgressRecord, percentiles, publish
 from spark_runtime.redis_client import connect
 
 FLUSH_S = 0.25  # how often a writing subtask publishes a progress record (and checks the flag)
+# The stage every progress record of the job names (the benchmark measures the job by it).
+PROGRESS_STAGE = "flink"
 
 
 class InjectedTaskFailure(RuntimeError):
@@ -51,7 +53,7 @@ class ResultWriter:
             latency = percentiles(self.latencies)
             record = ProgressRecord(
                 replica=f"flink/{self.operator}/{self.subtask}",
-                stage="flink",
+                stage=PROGRESS_STAGE,
                 role=PRIMARY,
                 node="flink",
                 query=self.operator,

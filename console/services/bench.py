@@ -359,12 +359,18 @@ def drain(
         time.sleep(2)
 
 
+def topology_params(topology_name: str) -> dict:
+    """The topology's operator params, merged (topn: window_seconds and n), as the ground truth
+    and the Flink peer's job take them."""
+    _, topology = job_topology(topology_name)
+    return {name: value for op in topology.operators for name, value in op.params.items()}
+
+
 def run_strategy(bench: BenchSettings, strategy: str, target: str | None, say) -> tuple[dict, str]:
     """Run one strategy's job through the workload and the fault schedule; returns its
     bench.json run and the faults' target operator (chosen on the first run, kept after)."""
     user = bench_user()
-    _, topology = job_topology(bench.topology)
-    params = {name: value for op in topology.operators for name, value in op.params.items()}
+    params = topology_params(bench.topology)
     job = create_job(
         name=f"bench-{bench.topology}-{strategy}-{time.strftime('%H%M%S')}",
         topology=bench.topology,

@@ -20,7 +20,6 @@ import subprocess
 import sys
 import threading
 import time
-from pathlib import Path
 
 import psutil
 from django.conf import settings as django_settings
@@ -32,32 +31,23 @@ from console.services.bench import (
     drain,
     fault_row,
     measure_progress,
+    topology_params,
 )
 from console.services.recovery import PROGRESS_READ_LIMIT, input_started_at
 from flink_peer.bridge import bridge_delays, run_bridge
 from flink_peer.cluster import FlinkCluster, FlinkSettings
 from flink_peer.env import FLINK_VERSION, ensure_flink_env
+from flink_peer.functions import PROGRESS_STAGE
 from spark_runtime import keys as data_keys
 from spark_runtime.progress import percentiles, read_progress
 from web.launcher import wait_for
 from workers.redis_client import redis_client
 
-PEERS = ("flink",)
 FLINK_FAULTS = {
     "kill-driver": "kill-taskmanager",
     "kill-node": "kill-taskmanager",
     "operator-exception": "task-exception",
 }
-# The stage name the job's progress records carry (flink_peer/job.py).
-FLINK_STAGE = "flink"
-
-
-def peer_params(bench: BenchSettings) -> dict:
-    """The topology's operator params the peer job takes (topn: window and N, as Backstop's)."""
-    from console.services.topologies import job_topology
-
-    _, topology = job_topology(bench.topology)
-    return {name: value for op in topology.operators for name, value in op.params.items()}
 
 
 def inject_flink_fault(cluster: FlinkCluster, client, job_key: str, kind: str) -> str:
@@ -82,7 +72,7 @@ def run_flink_peer(bench: BenchSettings, say, flink: FlinkSettings | None = None
     env = ensure_flink_env(say)
     job_key = f"flink-{bench.topology}-{time.strftime('%H%M%S')}"
     run_dir = (bench.out / "flink" / job_key).resolve()
-    params = peer_params(bench)
+    params = topology_params(bench.topology)
     client = redis_client()
     data_keys.delete_job_keys(client, job_key)
     redis_url = django_settings.REDIS_URL
@@ -146,7 +136,7 @@ def run_flink_peer(bench: BenchSettings, say, flink: FlinkSettings | None = None
             cluster.cancel(job_id)
     records = read_progress(client, job_key, t0 - 5, count=PROGRESS_READ_LIMIT)
     steady, measured, series = measure_progress(
-        records, bench, t0, [at for at, _, _ in faults], FLINK_STAGE
+        records, bench, t0, [at for at, _, _ in faults], PROGRESS_STAGE
     )
     steady_start, steady_end = bench.steady_s
     steady["cpu_pct"], steady["rss_mb"] = sampler.mean_between(t0 + steady_start, t0 + steady_end)
@@ -184,7 +174,7 @@ def run_flink_peer(bench: BenchSettings, say, flink: FlinkSettings | None = None
             # The bridge's share of the latency (file complete - event time), in ms.
             "bridge_p50_ms": _ms(delays["p50"]),
             "bridge_p99_ms": _ms(delays["p99"]),
-            "logs": str(Path(run_dir) / "log"),
+            "logs": str(cluster.log_dir),
         },
     }
     client.close()
