@@ -164,6 +164,16 @@ STAGE_MODULE = "spark_runtime.stage"
 SPARE_MODULE = "spark_runtime.spare"
 # A spare that has not become idle within this time is replaced (its start hung or failed).
 SPARE_START_TIMEOUT_S = 180
+# How long a hold on spare refills lasts unless renewed (the controller renews it every cycle
+# while a job re-protects a stage).
+REFILL_HOLD_S = 10
+
+
+def hold_spare_refills(client) -> None:
+    """No node starts a new warm spare for the next REFILL_HOLD_S: a replica is catching up
+    (a new standby, a restart), and a spare's JVM start would take the CPU it needs. Spares
+    that run already are kept."""
+    client.set(keys.spare_refill_hold(), "1", ex=REFILL_HOLD_S)
 
 
 def _spare_entries(client, node: str) -> dict[str, dict]:
@@ -191,6 +201,9 @@ def hand_to_spare(args: list[str], replica_id: str, job_key: str) -> int | None:
             continue
         command = {"cmd": "become", "args": args}
         client.rpush(data_keys.spare_control(node, spare_id), json.dumps(command))
+        # Taken here, not at the controller's next cycle: this node's next reconcile would
+        # otherwise start the replacement spare at once, beside the catching-up replica.
+        hold_spare_refills(client)
         with _children_lock:
             entry_proc = _children.pop(spare_id, None)
             if entry_proc is not None:
@@ -202,7 +215,8 @@ def hand_to_spare(args: list[str], replica_id: str, job_key: str) -> int | None:
 
 def reconcile_spares(client, node: str) -> None:
     """Keep as many warm spares on this node as the controller wants: forget dead ones, replace
-    ones whose start hung, start one more or stop one extra per call (no bursts)."""
+    ones whose start hung, start one more or stop one extra per call (no bursts). While refills
+    are held (`hold_spare_refills`) none is started; none is stopped for it either."""
     wanted = int(client.get(data_keys.spares_wanted(node)) or 0)
     entries = _spare_entries(client, node)
     now = time.time()
@@ -220,6 +234,8 @@ def reconcile_spares(client, node: str) -> None:
             continue
         live.append(spare_id)
     if len(live) < wanted:
+        if client.exists(keys.spare_refill_hold()):
+            return
         spare_id = f"spare-{node}-{int(time.time() * 1000)}"
         # One warm-up at a time per machine (spark_runtime/spare.py): else try next time.
         if take_warmup_lock(client, spare_id, SPARE_START_TIMEOUT_S):

@@ -86,8 +86,9 @@ def ingest_cursor(stream: str) -> str:
 
 
 def spare_refill_hold() -> str:
-    """Set (with a short expiry, renewed every policy cycle) while any job re-protects a stage:
-    no node starts a new warm spare until it expires (console/services/control/act.py)."""
+    """Set (with a short expiry) when a warm spare takes over a replica, and renewed every
+    policy cycle while any job re-protects a stage: no node starts a new warm spare until it
+    expires (workers.agent.hold_spare_refills)."""
     return "backstop:spares:refill-hold"
 
 

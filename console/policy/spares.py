@@ -25,11 +25,9 @@ def spares_wanted(
     capacities: Mapping[str, NodeCapacity],
     current: Mapping[str, int],
     config: PolicyConfig,
-    refill: bool = True,
 ) -> dict[str, int]:
-    """Spares wanted per alive node. `current`: idle spares each node reports now. `refill`
-    False (a job is re-protecting a stage after a promotion): keep the spares that run, start
-    none; a spare's JVM start would take the CPU the catching-up standby needs."""
+    """Spares wanted per alive node. `current`: idle spares each node reports now. (While a
+    stage is re-protected the agents start none of them: workers.agent.hold_spare_refills.)"""
     alive = sorted((c for c in capacities.values() if c.alive), key=lambda c: (-c.score, c.name))
     cpu_total = sum(c.cpu_total for c in alive)
     mem_total = sum(c.mem_total for c in alive)
@@ -38,8 +36,6 @@ def spares_wanted(
     cpu_free = sum(c.cpu_free for c in alive)
     mem_free = sum(c.mem_free for c in alive)
     wanted = {c.name: min(current.get(c.name, 0), config.warm_spares_per_node) for c in alive}
-    if not refill:
-        return wanted
 
     def keeps_reserve(extra: int) -> bool:
         return (cpu_free - extra * SPARE_CPU) / cpu_total >= config.resource_reserve and (

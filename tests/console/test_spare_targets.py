@@ -1,13 +1,20 @@
-"""The warm-spare targets the controller publishes to the node agents, on a real Redis: a job
-re-protecting a stage holds refills back for every job, until its hold expires."""
+"""Spare refills held while a stage is re-protected, on a real Redis: the controller's cycle
+renews the hold without lowering any node's target, a spare taking over a replica takes the
+hold at once, and a node agent under the hold starts no spare and stops none."""
+
+import json
+import subprocess
+import sys
+import time
 
 import pytest
 
 from console.policy.config import PolicyConfig
-from console.services.control.act import REFILL_HOLD_S, keep_warm_spares
+from console.services.control.act import keep_warm_spares
 from spark_runtime import keys as data_keys
 from tests.agent_edge import publish_usage
 from tests.factories import NodeFactory
+from workers import agent
 from workers import keys as control_keys
 from workers.redis_client import redis_client
 
@@ -19,31 +26,66 @@ NODES = ["wt-node-1", "wt-node-2"]
 @pytest.fixture
 def client():
     client = redis_client()
+    client.delete(control_keys.spare_refill_hold())
     yield client
     client.delete(
         control_keys.spare_refill_hold(),
         *(k for n in NODES for k in (control_keys.node_heartbeat(n), control_keys.node_metrics(n),
-                                     data_keys.spares_wanted(n))),
+                                     data_keys.spares_wanted(n), data_keys.spares(n))),
     )  # fmt: skip
+
+
+@pytest.fixture
+def spare_process():
+    """A process that reads as warm spare `spare-x` of its node (the agent knows a spare by
+    its command line): it stands in for the spare's JVM, which these checks do not need."""
+    proc = subprocess.Popen(
+        [sys.executable, "-c", "import time; time.sleep(60)",
+         "-m", agent.SPARE_MODULE, "--spare-id", "spare-x"]
+    )  # fmt: skip
+    yield proc
+    proc.kill()
+    proc.wait()
 
 
 def targets(client) -> dict[str, int]:
     return {n: int(client.get(data_keys.spares_wanted(n)) or 0) for n in NODES}
 
 
-def test_a_re_protecting_job_holds_spare_refills_for_all_jobs(client):
-    client.delete(control_keys.spare_refill_hold())
+def test_a_re_protecting_job_holds_refills_without_lowering_targets(client):
     for name in NODES:
         NodeFactory(name=name, cpu_total=2.0, mem_total_mb=4096.0)
     publish_usage(client, NODES)  # two idle nodes with no spares yet
     config = PolicyConfig(warm_spares_per_node=1)
     keep_warm_spares(client, config, reprotecting=True)
-    assert targets(client) == {"wt-node-1": 0, "wt-node-2": 0}
-    assert 0 < client.ttl(control_keys.spare_refill_hold()) <= REFILL_HOLD_S
-    # Another job's cycle while the hold lasts starts no spare either.
-    keep_warm_spares(client, config)
-    assert targets(client) == {"wt-node-1": 0, "wt-node-2": 0}
-    # Once no cycle has renewed it (the stage is protected again), spares are refilled.
-    client.delete(control_keys.spare_refill_hold())
-    keep_warm_spares(client, config)
+    assert 0 < client.ttl(control_keys.spare_refill_hold()) <= agent.REFILL_HOLD_S
+    # The targets stay the policy's: a spare starting or warm now is not stopped for the hold.
     assert targets(client) == {"wt-node-1": 1, "wt-node-2": 1}
+    # Another job's cycle neither renews nor lifts it; it expires on its own.
+    client.expire(control_keys.spare_refill_hold(), 1)
+    keep_warm_spares(client, config)
+    assert client.ttl(control_keys.spare_refill_hold()) <= 1
+
+
+def test_a_node_under_the_hold_starts_no_spare_and_stops_none(client, spare_process):
+    node = NODES[0]
+    entry = {"pid": spare_process.pid, "state": "starting", "since": time.time()}
+    client.hset(data_keys.spares(node), "spare-x", json.dumps(entry))
+    client.set(data_keys.spares_wanted(node), 2)
+    agent.hold_spare_refills(client)
+    agent.reconcile_spares(client, node)
+    assert list(client.hgetall(data_keys.spares(node))) == ["spare-x"], "none started"
+    assert not client.exists(data_keys.spare_control(node, "spare-x")), "none told to stop"
+    assert spare_process.poll() is None
+
+
+def test_a_spare_taking_over_a_replica_holds_refills_at_once(client, spare_process, monkeypatch):
+    node = NODES[0]
+    monkeypatch.setenv("BACKSTOP_NODE", node)
+    entry = {"pid": spare_process.pid, "state": "idle", "since": 0}
+    client.hset(data_keys.spares(node), "spare-x", json.dumps(entry))
+    assert agent.hand_to_spare(["--replica-id", "count-3"], "count-3", "job-x") == spare_process.pid
+    assert 0 < client.ttl(control_keys.spare_refill_hold()) <= agent.REFILL_HOLD_S
+    command = json.loads(client.lpop(data_keys.spare_control(node, "spare-x")))
+    assert command == {"cmd": "become", "args": ["--replica-id", "count-3"]}
+    client.delete(data_keys.spare_control(node, "spare-x"))

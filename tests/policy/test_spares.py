@@ -49,10 +49,3 @@ def test_a_supervisor_started_standby_prefers_a_node_with_a_spare_ready_then_q()
     ranked = ["n1", "n2", "n3", "n4"]  # by Q, best first
     assert standby_node_preference(ranked, {"n3": 1, "n4": 2, "n1": 0}) == ["n3", "n4", "n1", "n2"]
     assert standby_node_preference(ranked, {}) == ranked
-
-
-def test_while_a_stage_is_re_protected_running_spares_stay_and_none_is_started():
-    nodes = {n.name: n for n in (node("a", 2.0), node("b", 1.0))}
-    config = PolicyConfig(warm_spares_per_node=2)
-    assert spares_wanted(nodes, {"a": 1}, config, refill=False) == {"a": 1, "b": 0}
-    assert spares_wanted(nodes, {"a": 1}, config) == {"a": 2, "b": 2}

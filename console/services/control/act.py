@@ -173,22 +173,20 @@ def ensure_generator(job: Job, supervisor: Supervisor, client) -> None:
     )
 
 
-# How long a re-protecting job's hold on spare refills lasts unless its next cycle renews it.
-REFILL_HOLD_S = 10
-
-
 def keep_warm_spares(client, config, reprotecting: bool = False) -> dict[str, int]:
     """Tell each node agent how many warm spares to keep (policy setting, within the reserve).
-    While any job re-protects a stage (`reprotecting`: this one does now), no new spare is
-    started: the standby catching up gets the CPU first, the spare follows once it is done."""
+    While any job re-protects a stage (`reprotecting`: this one does now), refills are held:
+    the agents start no new spare (workers.agent.hold_spare_refills), so the standby catching
+    up gets the CPU first; the spares follow once it is done."""
+    from workers.agent import hold_spare_refills
+
     if reprotecting:
-        client.set(control_keys.spare_refill_hold(), "1", ex=REFILL_HOLD_S)
+        hold_spare_refills(client)
     beats = alive_nodes(client)
     wanted = spares_wanted(
         node_capacities(node_history(client, beats), config),
         {name: int(beat.get("spares", 0)) for name, beat in beats.items()},
         config,
-        refill=not client.exists(control_keys.spare_refill_hold()),
     )
     for name, count in wanted.items():
         client.set(data_keys.spares_wanted(name), count)
