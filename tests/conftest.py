@@ -1,5 +1,7 @@
 """Fixtures shared by the whole suite."""
 
+import os
+
 import pytest
 from rest_framework.test import APIClient
 
@@ -65,3 +67,27 @@ def private_redis(tmp_path):
         yield server
     finally:
         server.stop()
+
+
+@pytest.fixture
+def private_postgres():
+    """A PostgreSQL server of the test's own, which the test can crash and start again
+    (tests/postgres_server.py); skipped where the server's binaries are not installed."""
+    import pwd
+
+    from tests.postgres_server import PrivatePostgres, postgres_bin_dir
+
+    bin_dir = postgres_bin_dir()
+    if bin_dir is None:
+        pytest.skip("the PostgreSQL server binaries (initdb, pg_ctl) are not installed")
+    if os.geteuid() == 0:
+        try:
+            pwd.getpwnam("postgres")
+        except KeyError:
+            pytest.skip("running as root and there is no postgres user to run PostgreSQL as")
+    server = PrivatePostgres(bin_dir)
+    try:
+        server.create()
+        yield server
+    finally:
+        server.destroy()

@@ -1,38 +1,39 @@
-"""Control-plane faults under a running job: Redis restarted, then PostgreSQL restarted.
+"""Control-plane faults under a running job: Redis crashed, then PostgreSQL crashed, each started
+again on its own data.
 
 Redis carries everything of a running job (its input stream, its results, the fencing epochs,
 the supervision state, the agents' queues), so this test gives the cluster a Redis of its own:
 a `redis-server` with append-only persistence on a free port, which it SIGKILLs while an
-adaptive wordcount job runs and starts again 3 s later on the same files. Then, on PostgreSQL,
-the test database's sessions are all ended and new ones refused for a few seconds (what its
-clients see of a restart; the stages do not use the database). Then:
-- the job's output goes on: the stages ride the outage out (the data plane's Redis clients retry
-  for about 23 s, spark_runtime/redis_client.py) and the generator writes again what the crash
-  lost (spark_runtime/generators.py);
+adaptive wordcount job runs and starts again 3 s later on the same files. The database is a
+PostgreSQL server of the test's own too (tests/postgres_server.py: the machine's server serves
+others), whatever database the suite runs on: the test process and every worker use it, and
+the test stops it as a crash does (`pg_ctl stop -m immediate`: every session ended) and starts
+it again 3 s later, when it recovers from its write-ahead log. Then:
+- the job's output goes on: the stages ride the outages out (the data plane's Redis clients
+  retry for about 23 s, spark_runtime/redis_client.py; the stages do not use the database) and
+  the generator writes again what the Redis crash lost (spark_runtime/generators.py);
 - no replica fails: the primary is the same process afterwards and no episode is recorded;
 - supervision goes on: the controller's Celery worker may stop on the broker loss (kombu 5.7
   does, docs/RELIABILITY.md); the launcher starts it again; supervision tasks that failed on
   the database are resumed by the watchdog; a SIGKILL of the key stage's primary after the
-  outages is answered with a promotion;
+  outages is answered with a promotion, recorded in the database;
 - the final counts equal the ground truth computed in plain Python from the input stream, and
   the episode's audit finds nothing lost or duplicated.
 
-The job is created in the test database and launched with a task sent to the private Redis
+The job is created in the private database and launched with a task sent to the private Redis
 (the test process's own Celery app talks to the shared test Redis).
 """
 
 from __future__ import annotations
 
-import contextlib
 import os
 import signal
 import time
 
 import psutil
-import psycopg2
 import pytest
 from celery import Celery
-from django.db import connection
+from django.db import close_old_connections
 
 from console.models import Job, RecoveryEpisode
 from console.roles import OPERATOR
@@ -46,6 +47,7 @@ from tests.integration.live import (
     replica_entry,
     wait_for_exact_results,
 )
+from tests.postgres_server import default_database
 from web.launcher import wait_for
 from workers.queues import CONTROL_QUEUE
 from workers.redis_client import redis_client
@@ -53,7 +55,7 @@ from workers.redis_client import redis_client
 pytestmark = [pytest.mark.spark, pytest.mark.django_db(transaction=True)]
 
 LINES = 4200  # 70 s of input at RATE: the generator is still writing when Redis goes down
-DOWN_S = 3.0  # how long Redis, then the database, stay down (at least)
+DOWN_S = 3.0  # how long Redis, then PostgreSQL, stay down
 
 
 def kill_primary(client, job: Job, replica_id: str) -> None:
@@ -66,36 +68,14 @@ def words_counted(client, job: Job) -> int:
     return sum(int(count) for count in client.hvals(keys.results(job.key)))
 
 
-@contextlib.contextmanager
-def database_down():
-    """PostgreSQL restarted, as its clients see it, for the test database only (the machine's
-    server serves others): every session of the database is ended and new ones are refused
-    until the block ends. Data is untouched, as in a restart."""
-    conf = connection.settings_dict
-    admin = psycopg2.connect(
-        dbname="postgres",
-        user=conf.get("USER") or "postgres",
-        host=conf.get("HOST") or "127.0.0.1",
-        port=conf.get("PORT") or 5432,
-    )
-    admin.autocommit = True
-    name = conf["NAME"]
-    try:
-        with admin.cursor() as cursor:
-            cursor.execute(f'ALTER DATABASE "{name}" WITH ALLOW_CONNECTIONS false')
-            cursor.execute(
-                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = %s",
-                [name],
-            )
-        yield
-    finally:
-        with admin.cursor() as cursor:
-            cursor.execute(f'ALTER DATABASE "{name}" WITH ALLOW_CONNECTIONS true')
-        admin.close()
-        connection.close()  # this process's session was ended too
+def test_a_job_rides_out_redis_and_database_crashes(
+    private_redis, private_postgres, tmp_path, settings
+):
+    with default_database(private_postgres.url):
+        ride_out_outages(private_redis, private_postgres, tmp_path, settings)
 
 
-def test_a_job_rides_out_redis_and_database_restarts(private_redis, tmp_path, settings):
+def ride_out_outages(private_redis, private_postgres, tmp_path, settings) -> None:
     UserFactory(username="opal", role=OPERATOR)  # tests.integration.live's API user
     settings.REDIS_URL = private_redis.url  # this process's Redis clients read it at each call
     prepare()
@@ -128,12 +108,16 @@ def test_a_job_rides_out_redis_and_database_restarts(private_redis, tmp_path, se
         wait_for(lambda: client.xlen(keys.input_stream(job.key)) > written, 60, "new input")
         wait_for(lambda: words_counted(client, job) > counted, 60, "new results")
 
-        # 2. PostgreSQL restarts (not a fault SQLite has): the data path does not use it.
-        if connection.vendor == "postgresql":
-            with database_down():
-                counted = words_counted(client, job)
-                wait_for(lambda: words_counted(client, job) > counted, 30, "results, DB down")
-                time.sleep(DOWN_S)
+        # 2. PostgreSQL crashes and comes back: the data path does not use it.
+        private_postgres.crash()
+        counted = words_counted(client, job)
+        wait_for(lambda: words_counted(client, job) > counted, 30, "results, database down")
+        time.sleep(DOWN_S)
+        private_postgres.start()
+        # What the web server does before each request: the kept connection, which the crash
+        # ended, is replaced (it fails its health check, or is older than CONN_MAX_AGE).
+        close_old_connections()
+        assert Job.objects.get(pk=job.pk).status == Job.Status.RUNNING
 
         # The primary rode both outages out: same process, no failure recorded.
         assert psutil.pid_exists(primary_pid)

@@ -98,15 +98,27 @@ DATABASE_URL = env(
     f"sqlite:///{VAR_DIR / 'backstop.sqlite3'}",
     parse_url(("sqlite", "postgres", "postgresql", "pgsql")),
 )
-DATABASES = {"default": dj_database_url.parse(DATABASE_URL, conn_max_age=60)}
-if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
-    # Several processes (web, controller, beat, agents) share the demo's SQLite file: wait for
-    # locks instead of failing at once. IMMEDIATE takes the write lock when a transaction begins:
-    # a deferred one that read first (select_for_update is a plain SELECT here) and then writes
-    # fails at once with "database is locked" when another process writes meanwhile, without
-    # waiting for the timeout (the demo's job launch failed that way).
-    DATABASES["default"]["OPTIONS"] = {"timeout": 20, "transaction_mode": "IMMEDIATE"}
-    DATABASES["default"]["CONN_MAX_AGE"] = 0
+
+
+def database_settings(url: str) -> dict:
+    """Django's settings for the database at `url` (also used by the tests that start a
+    database of their own)."""
+    # Health checks: a kept connection is checked (SELECT 1) before each request reuses it, so
+    # the first request after a database restart reconnects instead of failing.
+    conf = dj_database_url.parse(url, conn_max_age=60, conn_health_checks=True)
+    if conf["ENGINE"] == "django.db.backends.sqlite3":
+        # Several processes (web, controller, beat, agents) share the demo's SQLite file: wait
+        # for locks instead of failing at once. IMMEDIATE takes the write lock when a
+        # transaction begins: a deferred one that read first (select_for_update is a plain
+        # SELECT here) and then writes fails at once with "database is locked" when another
+        # process writes meanwhile, without waiting for the timeout (the demo's job launch
+        # failed that way).
+        conf["OPTIONS"] = {"timeout": 20, "transaction_mode": "IMMEDIATE"}
+        conf["CONN_MAX_AGE"] = 0
+    return conf
+
+
+DATABASES = {"default": database_settings(DATABASE_URL)}
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 AUTH_PASSWORD_VALIDATORS = [
