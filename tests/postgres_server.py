@@ -86,8 +86,9 @@ class PrivatePostgres:
         self._run("pg_ctl", "-D", str(self.data_dir), "-m", "immediate", "-w", "stop")
 
     def destroy(self) -> None:
+        """Stop the server if it runs, and delete its data."""
         with contextlib.suppress(subprocess.CalledProcessError):
-            self._run("pg_ctl", "-D", str(self.data_dir), "-m", "immediate", "-w", "stop")
+            self.crash()
         shutil.rmtree(self.root, ignore_errors=True)
 
 

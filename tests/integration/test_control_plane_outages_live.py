@@ -55,7 +55,7 @@ from workers.redis_client import redis_client
 pytestmark = [pytest.mark.spark, pytest.mark.django_db(transaction=True)]
 
 LINES = 4200  # 70 s of input at RATE: the generator is still writing when Redis goes down
-DOWN_S = 3.0  # how long Redis, then PostgreSQL, stay down
+DOWN_S = 3.0  # how long Redis, then PostgreSQL, stay down (at least)
 
 
 def kill_primary(client, job: Job, replica_id: str) -> None:
