@@ -3,13 +3,15 @@
     python -m spark_runtime.spare --node NODE --spare-id ID [--redis-url URL]
 
 A cold start of a stage costs a Python interpreter, a JVM and a SparkSession (about 10 s here)
-before its query even starts. A node agent keeps a few spares per node (a policy setting): each
-builds its session, warms it up (see `warm_up`), registers itself as `idle` in
-`backstop:node:{node}:spares` and blocks on its command list. The agent hands it a replica with
-`{"cmd": "become", "args": [...]}` (the stage CLI arguments); the spare renames its process to
-that stage command line, so every process scanner sees it as that replica, and runs the stage in
-its already-warm session. A spare warms up at the normal CPU priority and waits at the lowest
-(spark_runtime/strategies.py says why).
+before its query even starts. A node agent keeps a few spares per node (a policy setting): it
+starts each and registers it as `starting` in `backstop:node:{node}:spares`; the spare builds its
+session, warms it up (see `warm_up`), turns `idle` and blocks on its command list. The agent
+hands it a replica by deleting its entry and pushing `{"cmd": "become", "args": [...]}` (the
+stage CLI arguments); the spare renames its process to that stage command line, so every process
+scanner sees it as that replica, and runs the stage in its already-warm session. An agent with no
+idle spare hands the replica to one still warming up rather than start a second JVM beside it;
+that spare does not turn idle (`mark_idle`) and finds the command once warm. A spare warms up at
+the normal CPU priority and waits at the lowest (spark_runtime/strategies.py says why).
 
 Spares warm up one at a time per machine (`backstop:host:{host}:spare-warming`, taken by the
 node agent that starts one, released by the spare once warm): a warm-up is a JVM, a session and a
@@ -49,6 +51,16 @@ if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) 
 return 0
 """
 
+# A spare's entry goes from `starting` to `idle` only while it is still there: a node agent takes
+# a spare (warming or idle) by deleting its entry, then pushes the command.
+MARK_IDLE_LUA = """
+if redis.call('HEXISTS', KEYS[1], ARGV[1]) == 1 then
+  redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
+  return 1
+end
+return 0
+"""
+
 
 def take_warmup_lock(client, spare_id: str, ttl_s: float) -> bool:
     """Let `spare_id` warm up on this machine if no other spare is (True); the lock expires
@@ -60,6 +72,13 @@ def take_warmup_lock(client, spare_id: str, ttl_s: float) -> bool:
 def release_warmup_lock(client, spare_id: str) -> None:
     """Let the next spare on this machine warm up, if `spare_id` holds the lock."""
     client.eval(RELEASE_LUA, 1, keys.spare_warmup_lock(socket.gethostname()), spare_id)
+
+
+def mark_idle(client, node: str, spare_id: str) -> bool:
+    """Register warm spare `spare_id` of `node` as idle; False when an agent took it while it was
+    warming up (its command is in, or on its way to, its command list)."""
+    entry = json.dumps({"pid": os.getpid(), "state": "idle", "since": time.time()})
+    return bool(client.eval(MARK_IDLE_LUA, 1, keys.spares(node), spare_id, entry))
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -134,17 +153,16 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     client = connect(args.redis_url)
 
-    def register(state: str) -> None:
-        entry = {"pid": os.getpid(), "state": state, "since": time.time()}
-        client.hset(keys.spares(args.node), args.spare_id, json.dumps(entry))
-
-    register("starting")
+    # Registered as `starting` by the agent that started it, before this process could: were it
+    # registered here, an agent that took it in between would see it come back.
     spark = build_session(f"backstop-spare-{args.spare_id}")
     warm_up(spark, client, args.redis_url, keys.spare_warmup_stream(args.node, args.spare_id))
-    set_group_nice(SPARE_NICE)
-    register("idle")
+    if mark_idle(client, args.node, args.spare_id):
+        set_group_nice(SPARE_NICE)
+        log.info("spare %s on %s is warm", args.spare_id, args.node)
+    else:
+        log.info("spare %s on %s is warm and already taken", args.spare_id, args.node)
     release_warmup_lock(client, args.spare_id)
-    log.info("spare %s on %s is warm", args.spare_id, args.node)
     while True:
         try:
             # A short block: redis-py's default socket timeout (5 s) must not fire first.

@@ -188,13 +188,30 @@ def _is_spare_process(pid: int, spare_id: str) -> bool:
     return SPARE_MODULE in cmdline and cmdline_arg(cmdline, "--spare-id") == spare_id
 
 
+def spares_to_take(entries: dict[str, dict], now: float) -> list[str]:
+    """The spares of a node that may take a replica, best first: idle ones, then ones still
+    warming up, the furthest along first (a spare whose start hung is left to reconcile_spares).
+    A warming spare is taken rather than a cold process started beside it: the two JVM starts
+    would share the cores, and the cold one starts from nothing."""
+    idle = sorted(spare_id for spare_id, e in entries.items() if e.get("state") == "idle")
+    warming = sorted(
+        (e.get("since", now), spare_id)
+        for spare_id, e in entries.items()
+        if e.get("state") == "starting" and now - e.get("since", now) <= SPARE_START_TIMEOUT_S
+    )
+    return idle + [spare_id for _since, spare_id in warming]
+
+
 def hand_to_spare(args: list[str], replica_id: str, job_key: str) -> int | None:
-    """Give replica `replica_id` (stage CLI `args`) to an idle warm spare of this node; returns
-    the spare's pid, or None when no spare is idle (the caller starts a cold process)."""
+    """Give replica `replica_id` (stage CLI `args`) to a warm spare of this node, idle or else
+    still warming up (`spares_to_take`); returns the spare's pid, or None when this node has no
+    spare (the caller starts a cold process)."""
     node = this_node()
     client = redis_client()
-    for spare_id, entry in sorted(_spare_entries(client, node).items()):
-        if entry.get("state") != "idle" or not _is_spare_process(entry["pid"], spare_id):
+    entries = _spare_entries(client, node)
+    for spare_id in spares_to_take(entries, time.time()):
+        entry = entries[spare_id]
+        if not _is_spare_process(entry["pid"], spare_id):
             continue
         # HDEL answers 1 to one taker only: the spare is ours from here on.
         if not client.hdel(data_keys.spares(node), spare_id):
@@ -208,7 +225,8 @@ def hand_to_spare(args: list[str], replica_id: str, job_key: str) -> int | None:
             entry_proc = _children.pop(spare_id, None)
             if entry_proc is not None:
                 _children[replica_id] = (entry_proc[0], job_key, entry_proc[2])
-        log.info("spare %s (pid %s) becomes %s", spare_id, entry["pid"], replica_id)
+        state, pid = entry["state"], entry["pid"]
+        log.info("%s spare %s (pid %s) becomes %s", state, spare_id, pid, replica_id)
         return int(entry["pid"])
     return None
 

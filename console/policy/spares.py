@@ -55,8 +55,17 @@ def spares_wanted(
     return wanted
 
 
-def standby_node_preference(ranked: Sequence[str], idle_spares: Mapping[str, int]) -> list[str]:
+def standby_node_preference(
+    ranked: Sequence[str], spares: Mapping[str, Mapping[str, int]]
+) -> list[str]:
     """Where a standby the supervisor starts on its own (after a promotion) should go, best
     first: nodes with an idle warm spare (the standby skips the JVM and session start there),
-    then the others, each group in `ranked` order (alive nodes by Q, best first)."""
-    return sorted(ranked, key=lambda node: idle_spares.get(node, 0) == 0)
+    then nodes with a spare still warming up (`starting`: the standby takes it over, a head
+    start on a cold process), then the others, each group in `ranked` order (alive nodes by Q,
+    best first). `spares`: per node, how many spares are in each state."""
+
+    def rank(node: str) -> tuple[bool, bool]:
+        counts = spares.get(node, {})
+        return counts.get("idle", 0) == 0, counts.get("starting", 0) == 0
+
+    return sorted(ranked, key=rank)

@@ -28,12 +28,12 @@ from console.services.control.act import (
 from console.services.control.cycle import policy_cycle, record_standby_verdict
 from console.services.control.observe import (
     alive_nodes,
-    idle_spares,
     load_supervisor,
     node_history,
     nodes_by_q,
     read_agent_events,
     save_supervisor,
+    spares_by_state,
     sync_replicas,
 )
 from console.services.control.record import (
@@ -241,8 +241,9 @@ def supervise_window(job: Job, client, window_s: float, keep_lease) -> bool:
             close_measurements(job, client)
             return False
         # A standby the supervisor starts on its own (after a promotion) goes where a warm
-        # spare is ready, else to the best node by Q: read now, spares come and go in seconds.
-        supervisor.standby_nodes = standby_node_preference(ranked, idle_spares(client, ranked))
+        # spare is ready or warming, else to the best node by Q: read now, spares come and go
+        # in seconds.
+        supervisor.standby_nodes = standby_node_preference(ranked, spares_by_state(client, ranked))
         supervise_tick(job, supervisor, client)
         record_reprotections(job, supervisor)
         save_supervisor(client, job, supervisor)

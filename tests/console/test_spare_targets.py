@@ -12,6 +12,7 @@ import pytest
 from console.policy.config import PolicyConfig
 from console.services.control.act import keep_warm_spares
 from spark_runtime import keys as data_keys
+from spark_runtime import spare
 from tests.agent_edge import publish_usage
 from tests.factories import NodeFactory
 from workers import agent
@@ -89,3 +90,35 @@ def test_a_spare_taking_over_a_replica_holds_refills_at_once(client, spare_proce
     command = json.loads(client.lpop(data_keys.spare_control(node, "spare-x")))
     assert command == {"cmd": "become", "args": ["--replica-id", "count-3"]}
     client.delete(data_keys.spare_control(node, "spare-x"))
+
+
+def test_with_no_idle_spare_a_replica_takes_the_spare_still_warming_up(client, spare_process):
+    """The agent's side: an idle spare first, else the warming one furthest along, never one
+    whose start hung."""
+    now = time.time()
+    entries = {
+        "spare-new": {"state": "starting", "since": now - 2},
+        "spare-old": {"state": "starting", "since": now - 20},
+        "spare-hung": {"state": "starting", "since": now - agent.SPARE_START_TIMEOUT_S - 1},
+    }
+    assert agent.spares_to_take(entries, now) == ["spare-old", "spare-new"]
+    entries["spare-z"] = {"state": "idle", "since": now}
+    assert agent.spares_to_take(entries, now)[0] == "spare-z"
+
+
+def test_a_spare_taken_while_warming_up_does_not_turn_idle(client, spare_process, monkeypatch):
+    """Both sides on Redis: the agent takes the warming spare (its entry deleted, the command
+    queued), and the spare, once warm, finds itself taken instead of registering as idle."""
+    node = NODES[0]
+    monkeypatch.setenv("BACKSTOP_NODE", node)
+    entry = {"pid": spare_process.pid, "state": "starting", "since": time.time()}
+    client.hset(data_keys.spares(node), "spare-x", json.dumps(entry))
+    assert agent.hand_to_spare(["--replica-id", "count-3"], "count-3", "job-x") == spare_process.pid
+    assert not spare.mark_idle(client, node, "spare-x")
+    assert not client.hexists(data_keys.spares(node), "spare-x"), "not offered to another taker"
+    command = json.loads(client.lpop(data_keys.spare_control(node, "spare-x")))
+    assert command["cmd"] == "become"
+    # A spare nobody took turns idle.
+    client.hset(data_keys.spares(node), "spare-y", json.dumps(entry))
+    assert spare.mark_idle(client, node, "spare-y")
+    assert json.loads(client.hget(data_keys.spares(node), "spare-y"))["state"] == "idle"

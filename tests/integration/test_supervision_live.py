@@ -6,7 +6,8 @@ Scenarios (kept to two jobs so the module stays within a few minutes on 2 cores)
   SIGKILLed mid-job and started again, the job keeps running; then `kill-driver` on the key stage
   (count): the standby is promoted, an episode is recorded with its re-protect time, the new
   standby runs in a node's warm spare process, seeded from the new primary's checkpoint; then
-  `kill-standby`: the standby's restart from its checkpoint also takes over a warm spare; the final
+  `kill-standby`: the standby's restart from its checkpoint also takes over a warm spare; killed
+  again while its node's next spare is still warming up, it takes over that spare; the final
   counts equal the ground truth computed from the input stream;
 - local-restart wordcount: `kill-driver` on count restarts it from its checkpoint, exact results.
 Both jobs are then stopped through the API: every recovery episode closes, with the audit of the
@@ -49,9 +50,9 @@ def operator_user(transactional_db):
     return UserFactory(username="opal", role=OPERATOR)
 
 
-def idle_spares(client, node: str) -> int:
+def spares_in_state(client, node: str, state: str) -> int:
     entries = client.hgetall(keys.spares(node)).values()
-    return sum(1 for raw in entries if json.loads(raw)["state"] == "idle")
+    return sum(1 for raw in entries if json.loads(raw)["state"] == state)
 
 
 def became_from_spare(cluster, replica_id: str, times: int = 1) -> bool:
@@ -59,6 +60,15 @@ def became_from_spare(cluster, replica_id: str, times: int = 1) -> bool:
     logs = (cluster.log_dir / "log" / "stages").glob("spare-*.log")
     said = sum(path.read_text(errors="replace").count(f"becomes {replica_id} ") for path in logs)
     return said >= times
+
+
+def became_while_warming(cluster, replica_id: str) -> bool:
+    """True when a spare's log says it was taken while warming up and then became `replica_id`."""
+    for path in (cluster.log_dir / "log" / "stages").glob("spare-*.log"):
+        text = path.read_text(errors="replace")
+        if "is warm and already taken" in text and f"becomes {replica_id} " in text:
+            return True
+    return False
 
 
 def inject_kill_driver(job: Job) -> FaultInjection:
@@ -104,7 +114,7 @@ def test_adaptive_survives_controller_restart_and_kill_driver(cluster):
     standby_checkpoint = cluster.log_dir / "checkpoints" / job.key / "count" / "count-2" / "0"
     wait_for(lambda: committed_batch(str(standby_checkpoint)) is not None, 180, "a standby batch")
     wait_for(
-        lambda: all(idle_spares(client, node) > 0 for node in NODES),
+        lambda: all(spares_in_state(client, node, "idle") > 0 for node in NODES),
         180,
         "warm spares on every node",
     )
@@ -134,7 +144,7 @@ def test_adaptive_survives_controller_restart_and_kill_driver(cluster):
     # A restart from the checkpoint takes over a warm spare too: kill the standby once its node
     # has an idle spare again.
     node = standby["node"]
-    wait_for(lambda: idle_spares(client, node) > 0, 180, f"a warm spare on {node}")
+    wait_for(lambda: spares_in_state(client, node, "idle") > 0, 180, f"a warm spare on {node}")
     inject(job, {"kind": "kill-standby", "target_operator": "count"})
     wait_for(
         lambda: (
@@ -145,6 +155,23 @@ def test_adaptive_survives_controller_restart_and_kill_driver(cluster):
         "the standby restarted",
     )
     assert became_from_spare(cluster, new_standby, times=2)
+    # With no idle spare on the node, a restart takes over the spare still warming up there
+    # rather than start a second JVM beside it: kill the standby again as soon as its node
+    # starts a new spare (after the re-protection, once the refill hold has expired).
+    restarted_pid = replica_entry(client, job, new_standby)["pid"]
+    warming = f"a spare warming up on {node}"
+    wait_for(lambda: spares_in_state(client, node, "starting") > 0, 180, warming)
+    assert spares_in_state(client, node, "idle") == 0
+    inject(job, {"kind": "kill-standby", "target_operator": "count"})
+    wait_for(
+        lambda: (
+            replica_entry(client, job, new_standby).get("pid") not in (None, restarted_pid)
+            and replica_entry(client, job, new_standby).get("state") == "running"
+        ),
+        180,
+        "the standby restarted in the warming spare",
+    )
+    assert became_while_warming(cluster, new_standby)
     wait_for_exact_results(client, job, LINES)
     promoted = Replica.objects.get(replica_id=protecting.replica_id)
     assert promoted.role == "primary"

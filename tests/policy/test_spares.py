@@ -47,5 +47,9 @@ def test_the_setting_is_bounded():
 
 def test_a_supervisor_started_standby_prefers_a_node_with_a_spare_ready_then_q():
     ranked = ["n1", "n2", "n3", "n4"]  # by Q, best first
-    assert standby_node_preference(ranked, {"n3": 1, "n4": 2, "n1": 0}) == ["n3", "n4", "n1", "n2"]
+    spares = {"n3": {"idle": 1}, "n4": {"idle": 2}, "n1": {"idle": 0}}
+    assert standby_node_preference(ranked, spares) == ["n3", "n4", "n1", "n2"]
     assert standby_node_preference(ranked, {}) == ranked
+    # A node whose spare is still warming up comes after those with an idle one, before the rest.
+    spares = {"n2": {"starting": 1}, "n4": {"idle": 1, "starting": 1}}
+    assert standby_node_preference(ranked, spares) == ["n4", "n2", "n1", "n3"]

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections import Counter
 from datetime import UTC, datetime
 
 from console.models import Job, Node, Replica
@@ -71,14 +72,15 @@ def update_nodes(client) -> dict[str, dict]:
     return alive
 
 
-def idle_spares(client, nodes: list[str]) -> dict[str, int]:
-    """Idle warm spares per node, as the node agents report them now."""
+def spares_by_state(client, nodes: list[str]) -> dict[str, Counter]:
+    """Warm spares per node and state (`idle`, `starting`: warming up), as the node agents
+    report them now."""
     with client.pipeline(transaction=False) as pipe:
         for node in nodes:
             pipe.hvals(data_keys.spares(node))
         reported = pipe.execute()
     return {
-        node: sum(1 for raw in entries if json.loads(raw).get("state") == "idle")
+        node: Counter(json.loads(raw).get("state") for raw in entries)
         for node, entries in zip(nodes, reported, strict=True)
     }
 
