@@ -10,7 +10,8 @@ hands it a replica by deleting its entry and pushing `{"cmd": "become", "args": 
 stage CLI arguments); the spare renames its process to that stage command line, so every process
 scanner sees it as that replica, and runs the stage in its already-warm session. An agent with no
 idle spare hands the replica to one still warming up rather than start a second JVM beside it;
-that spare does not turn idle (`mark_idle`) and finds the command once warm. A spare warms up at
+that spare shows the replica's command line at once (`watch_for_taker`), does not turn idle
+(`mark_idle`) and runs the replica once warm. A spare warms up at
 the normal CPU priority and waits at the lowest (spark_runtime/strategies.py says why).
 
 Spares warm up one at a time per machine (`backstop:host:{host}:spare-warming`, taken by the
@@ -27,6 +28,7 @@ import logging
 import os
 import socket
 import sys
+import threading
 import time
 
 from spark_runtime import keys
@@ -44,6 +46,8 @@ log = logging.getLogger("spark_runtime.spare")
 STAGE_ENTRY = "spark_runtime.stage"
 # A warm-up query that has not finished by then is stopped; the spare is still usable.
 WARM_UP_TIMEOUT_S = 120
+# How often a warming spare checks whether it has been taken.
+WATCH_INTERVAL_S = 0.2
 
 
 RELEASE_LUA = """
@@ -129,15 +133,40 @@ def warm_up(spark, client, redis_url: str, warmup_stream: str) -> None:
         client.delete(warmup_stream)
 
 
-def become(argv: list[str], spark) -> int:
-    """Run the stage described by `argv` (stage CLI arguments) in this process and session."""
+def take_stage_title(argv: list[str]) -> None:
+    """Show this process as the stage of `argv`: process scanners (node agents, the node
+    sampler, shutdown) find, kill and count replicas by their command line."""
     import setproctitle
 
+    setproctitle.setproctitle(" ".join([sys.executable, "-m", STAGE_ENTRY, *argv]))
+
+
+def watch_for_taker(client, node: str, spare_id: str, warm: threading.Event) -> None:
+    """Until the spare is `warm`: once an agent has handed it a replica, take that replica's
+    command line at once, so that a stop, a fault or a retried start finds the replica while
+    its JVM is still starting (the command stays queued for the spare to run once warm)."""
+    import redis
+
+    control = keys.spare_control(node, spare_id)
+    while not warm.is_set():
+        try:
+            queued = client.lindex(control, 0)
+        except redis.exceptions.RedisError:
+            queued = None  # asked again next time; the spare's main loop waits out an outage
+        if queued is not None:
+            command = json.loads(queued)
+            if command.get("cmd") == "become":
+                take_stage_title([str(a) for a in command["args"]])
+            return
+        warm.wait(WATCH_INTERVAL_S)
+
+
+def become(argv: list[str], spark) -> int:
+    """Run the stage described by `argv` (stage CLI arguments) in this process and session."""
     from spark_runtime import stage
 
     args = stage.build_parser().parse_args(argv)
-    # Process scanners (node agents, the node sampler, shutdown) find replicas by command line.
-    setproctitle.setproctitle(" ".join([sys.executable, "-m", STAGE_ENTRY, *argv]))
+    take_stage_title(argv)
     log.info("spare becomes %s (%s of %s)", args.replica_id, args.role, args.stage)
     return stage.run(args, spark=spark)
 
@@ -155,8 +184,15 @@ def main(argv: list[str] | None = None) -> int:
 
     # Registered as `starting` by the agent that started it, before this process could: were it
     # registered here, an agent that took it in between would see it come back.
+    warm = threading.Event()
+    watcher = threading.Thread(
+        target=watch_for_taker, args=(client, args.node, args.spare_id, warm), daemon=True
+    )
+    watcher.start()
     spark = build_session(f"backstop-spare-{args.spare_id}")
     warm_up(spark, client, args.redis_url, keys.spare_warmup_stream(args.node, args.spare_id))
+    warm.set()
+    watcher.join()
     if mark_idle(client, args.node, args.spare_id):
         set_group_nice(SPARE_NICE)
         log.info("spare %s on %s is warm", args.spare_id, args.node)

@@ -2,11 +2,15 @@
 renews the hold without lowering any node's target, a spare taking over a replica takes the
 hold at once, and a node agent under the hold starts no spare and stops none."""
 
+import contextlib
 import json
+import os
+import signal
 import subprocess
 import sys
 import time
 
+import psutil
 import pytest
 
 from console.policy.config import PolicyConfig
@@ -15,6 +19,7 @@ from spark_runtime import keys as data_keys
 from spark_runtime import spare
 from tests.agent_edge import publish_usage
 from tests.factories import NodeFactory
+from web.launcher import wait_for
 from workers import agent
 from workers import keys as control_keys
 from workers.redis_client import redis_client
@@ -122,3 +127,33 @@ def test_a_spare_taken_while_warming_up_does_not_turn_idle(client, spare_process
     client.hset(data_keys.spares(node), "spare-y", json.dumps(entry))
     assert spare.mark_idle(client, node, "spare-y")
     assert json.loads(client.hget(data_keys.spares(node), "spare-y"))["state"] == "idle"
+
+
+def test_a_spare_taken_while_its_jvm_starts_is_found_and_killed_as_that_replica(
+    client, monkeypatch
+):
+    """A real spare process: handed a replica while its JVM and session start, it shows that
+    replica's command line within a second, so a stop or a fault reaches it before it is warm."""
+    node = NODES[0]
+    monkeypatch.setenv("BACKSTOP_NODE", node)
+    spare_id = "spare-w"
+    pid = agent.start_spare(client, node, spare_id)
+    args = ["--job", "job-w", "--stage", "count", "--replica-id", "count-9", "--node", node]
+    try:
+        assert agent.hand_to_spare(args, "count-9", "job-w") == pid
+        wait_for(lambda: agent.find_replica_process("count-9") is not None, 20, "the replica")
+        assert agent.find_replica_process("count-9").pid == pid
+        assert "is warm" not in agent.stage_log_path(spare_id).read_text(), "still warming up"
+        assert agent.kill_replica("count-9")
+        wait_for(lambda: not psutil.pid_exists(pid) or is_zombie(pid), 20, "the spare killed")
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pid, signal.SIGKILL)
+        client.delete(data_keys.spare_control(node, spare_id))
+
+
+def is_zombie(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
