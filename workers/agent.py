@@ -62,6 +62,11 @@ ALLOWED_ENTRY_POINTS = {"spark_runtime.stage": None, "spark_runtime": "generate"
 # Replica id -> (process, job key, log path), for the processes this agent started.
 _children: dict[str, tuple[subprocess.Popen, str, Path]] = {}
 _children_lock = threading.Lock()
+# Replicas handed to a spare that was still warming up, and that spare's id. The spare holds the
+# machine's warm-up lock until it is warm; its entry, for which reconcile_spares would release
+# the lock, is gone, so the lock is released when the replica's process ends (a no-op when the
+# spare released it itself).
+_taken_while_warming: dict[str, str] = {}
 _stop = threading.Event()
 
 
@@ -225,6 +230,8 @@ def hand_to_spare(args: list[str], replica_id: str, job_key: str) -> int | None:
             entry_proc = _children.pop(spare_id, None)
             if entry_proc is not None:
                 _children[replica_id] = (entry_proc[0], job_key, entry_proc[2])
+            if entry["state"] == "starting":
+                _taken_while_warming[replica_id] = spare_id
         state, pid = entry["state"], entry["pid"]
         log.info("%s spare %s (pid %s) becomes %s", state, spare_id, pid, replica_id)
         return int(entry["pid"])
@@ -244,7 +251,10 @@ def reconcile_spares(client, node: str) -> None:
             entry.get("state") != "idle" and now - entry.get("since", now) > SPARE_START_TIMEOUT_S
         )
         if not _is_spare_process(entry["pid"], spare_id) or stuck:
-            client.hdel(data_keys.spares(node), spare_id)
+            # Only the one whose HDEL succeeds acts: `hand_to_spare` may have taken the spare
+            # (and the process taken its replica's command line) since the entries were read.
+            if not client.hdel(data_keys.spares(node), spare_id):
+                continue
             release_warmup_lock(client, spare_id)
             if stuck:
                 with contextlib.suppress(psutil.NoSuchProcess):
@@ -260,8 +270,8 @@ def reconcile_spares(client, node: str) -> None:
             start_spare(client, node, spare_id)
     elif len(live) > wanted:
         extra = sorted(live)[-1]
-        client.hdel(data_keys.spares(node), extra)
-        client.rpush(data_keys.spare_control(node, extra), json.dumps({"cmd": "stop"}))
+        if client.hdel(data_keys.spares(node), extra):  # not taken meanwhile
+            client.rpush(data_keys.spare_control(node, extra), json.dumps({"cmd": "stop"}))
 
 
 def start_spare(client, node: str, spare_id: str) -> int:
@@ -574,6 +584,10 @@ def _report_exits(client: redis.Redis, node: str) -> None:
         for rid, _ in ended:
             del _children[rid]
     for replica_id, (proc, job_key, path) in ended:
+        with _children_lock:
+            warming_spare = _taken_while_warming.pop(replica_id, None)
+        if warming_spare is not None:
+            release_warmup_lock(client, warming_spare)  # if it died before it was warm
         if not job_key:
             continue  # a warm spare that ended before it became a replica
         client.xadd(

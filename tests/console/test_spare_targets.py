@@ -133,10 +133,12 @@ def test_a_spare_taken_while_its_jvm_starts_is_found_and_killed_as_that_replica(
     client, monkeypatch
 ):
     """A real spare process: handed a replica while its JVM and session start, it shows that
-    replica's command line within a second, so a stop or a fault reaches it before it is warm."""
+    replica's command line before it is warm, so a stop or a fault reaches it; when it dies
+    there, the agent releases the machine's warm-up lock it held."""
     node = NODES[0]
     monkeypatch.setenv("BACKSTOP_NODE", node)
     spare_id = "spare-w"
+    assert agent.take_warmup_lock(client, spare_id, agent.SPARE_START_TIMEOUT_S)
     pid = agent.start_spare(client, node, spare_id)
     args = ["--job", "job-w", "--stage", "count", "--replica-id", "count-9", "--node", node]
     try:
@@ -146,9 +148,20 @@ def test_a_spare_taken_while_its_jvm_starts_is_found_and_killed_as_that_replica(
         assert "is warm" not in agent.stage_log_path(spare_id).read_text(), "still warming up"
         assert agent.kill_replica("count-9")
         wait_for(lambda: not psutil.pid_exists(pid) or is_zombie(pid), 20, "the spare killed")
+        agent._report_exits(client, node)
+        assert agent.take_warmup_lock(client, "spare-next", 5), "the lock was released"
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(pid, signal.SIGKILL)
+        agent.release_warmup_lock(client, "spare-next")
+        agent.release_warmup_lock(client, spare_id)
+        with agent._children_lock:
+            agent._children.pop("count-9", None)
+            agent._taken_while_warming.pop("count-9", None)
+        events = client.xrange(control_keys.agent_events())
+        exits = [event_id for event_id, event in events if event.get("job") == "job-w"]
+        if exits:
+            client.xdel(control_keys.agent_events(), *exits)
         client.delete(data_keys.spare_control(node, spare_id))
 
 
