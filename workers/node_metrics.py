@@ -69,6 +69,18 @@ def stage_processes(*, node: str | None = None, job: str | None = None) -> list[
     return found
 
 
+def idle_spares() -> list[psutil.Process]:
+    """Live warm spares that run no replica yet (starting or idle), of every node: a spare
+    handed a replica takes that replica's command line, and is then one of the job's stage
+    processes (`stage_processes(job=...)`), no longer a spare."""
+    return [
+        proc
+        for proc in psutil.process_iter(["cmdline", "status"])
+        if proc.info["status"] != psutil.STATUS_ZOMBIE
+        and "spark_runtime.spare" in argv_of(proc.info["cmdline"])
+    ]
+
+
 def with_children(roots: list[psutil.Process]) -> list[psutil.Process]:
     """`roots` and all their descendants (a stage's Spark JVM), each once."""
     found: dict[int, psutil.Process] = {}

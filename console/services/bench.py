@@ -44,6 +44,7 @@ from workers.node_metrics import (
     ProcessTracker,
     argv_of,
     cmdline_arg,
+    idle_spares,
     stage_processes,
     with_children,
 )
@@ -389,6 +390,10 @@ def run_strategy(bench: BenchSettings, strategy: str, target: str | None, say) -
     say(f"      job {job.pk} running after {t0 - launched:.0f} s; input started")
     sampler = ResourceSampler(stage_processes_of(job.key))
     sampler.start()
+    # Warm spares serve any job on their node, so they are not the job's processes; they are
+    # still what the strategy costs the machine, and are reported beside the job's own figures.
+    spare_sampler = ResourceSampler(lambda: with_children(idle_spares()))
+    spare_sampler.start()
     faults = []
     try:
         for number, at_s in enumerate(bench.schedule, start=1):
@@ -409,6 +414,7 @@ def run_strategy(bench: BenchSettings, strategy: str, target: str | None, say) -
         )
     finally:
         sampler.stop()
+        spare_sampler.stop()
         stop_job(job, "benchmark run over")
         try:
             _wait_status(job, (Job.Status.STOPPED, Job.Status.FAILED), 60, f"job {job.pk} to stop")
@@ -435,10 +441,14 @@ def run_strategy(bench: BenchSettings, strategy: str, target: str | None, say) -
     run["steady"]["cpu_pct"], run["steady"]["rss_mb"] = sampler.mean_between(
         t0 + steady_start, t0 + steady_end
     )
+    run["steady"]["spares_cpu_pct"], run["steady"]["spares_rss_mb"] = spare_sampler.mean_between(
+        t0 + steady_start, t0 + steady_end
+    )
     steady, fault_rows = run["steady"], run["faults"]
     say(f"      lost {run['lost']}, duplicates {run['duplicates']} over {comparison.cells} result "
         f"cells; steady p50 {steady['p50_ms']} ms, CPU {steady['cpu_pct']} %, "
-        f"RSS {steady['rss_mb']} MB; recovery "
+        f"RSS {steady['rss_mb']} MB (spares: CPU {steady['spares_cpu_pct']} %, "
+        f"RSS {steady['spares_rss_mb']} MB); recovery "
         + ", ".join(str(f["recovery_time_s"]) for f in fault_rows))  # fmt: skip
     return run, target
 
@@ -539,7 +549,8 @@ def remeasure(result: dict) -> dict:
             (at_s, fault, fault.outcome_detail)
             for at_s, fault in zip(bench.schedule, injected, strict=False)
         ]
-        kept = {k: run["steady"].get(k) for k in ("cpu_pct", "rss_mb")}
+        sampled = ("cpu_pct", "rss_mb", "spares_cpu_pct", "spares_rss_mb")
+        kept = {k: run["steady"].get(k) for k in sampled}
         run.update(measure_run(job, bench, t0, faults, settings["target"]))
         run["steady"].update(kept)
     client.close()

@@ -61,8 +61,15 @@ def test_an_unrecovered_fault_makes_the_mean_a_bound():
 def test_markdown_has_a_row_per_strategy_and_per_fault():
     adaptive = run("adaptive", [2.0, 3.0])
     adaptive["faults"][0]["reprotect_s"] = 7.5  # a new standby caught up 7.5 s after promotion
+    adaptive["steady"].update(spares_cpu_pct=3.4, spares_rss_mb=912.5)
     text = report.to_markdown({**BENCH, "runs": [BENCH["runs"][0], adaptive, BENCH["runs"][2]]})
-    assert "| adaptive | 1.25 | 2.50 | 10% | 3000 | 0 | 0 | 400 | 900 | 99.0 | 120 | 1500 |" in text
+    expected = (
+        "| adaptive | 1.25 | 2.50 | 10% | 3000 | 0 | 0 | 400 | 900 | 99.0 | 120 | 1500 | 3 | 912 |"
+    )
+    assert expected in text
+    # A bench.json written before the spares were sampled has no spare figures.
+    summary = [line for line in text.splitlines() if line.startswith("| restart-all | 12.50 |")]
+    assert len(summary) == 1 and summary[0].endswith("| 120 | 1500 | n/a | n/a |")
     restart_all = "| restart-all | 2: kill-driver | 100.0 | promote | 15.00 | 30.00 | 30000 |"
     assert restart_all + " n/a |  |" in text
     assert "| adaptive | 1: kill-driver | 50.0 | promote | 1.00 | 2.00 | 2000 | 7.5 |  |" in text
@@ -118,3 +125,15 @@ def test_a_flink_run_gets_the_backstop_vs_flink_table():
 
 def test_without_a_flink_run_there_is_no_peer_table():
     assert "Backstop vs Flink" not in report.to_markdown(BENCH)
+
+
+def test_the_flink_table_counts_backstops_idle_spares_as_flink_counts_its_spare():
+    adaptive = run("adaptive", [2.0])
+    adaptive["steady"].update(spares_cpu_pct=3.0, spares_rss_mb=900.0)
+    flink = {**run("flink", [4.0]), "peer": {"flink_version": "2.1"}}
+    older = run("restart-all", [20.0])  # sampled before spares were: its job's RSS alone
+    lines = report.peer_lines([older, adaptive, flink], flink)
+    rows = {line.split(" | ")[0]: line for line in lines if line.startswith("| ")}
+    assert rows["| adaptive"].endswith("| 2400 |")  # 1500 + 900
+    assert rows["| restart-all"].endswith("| 1500 |")
+    assert rows["| flink"].endswith("| 100% | 400 | 1.00x | 0 | 0 | 1500 |")

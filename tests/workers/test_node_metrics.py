@@ -82,3 +82,40 @@ def test_a_renamed_warm_spare_reads_as_the_stage_it_became():
     # An ordinary command line is left as it is.
     assert argv_of(["python", "-m", "x", "--a b"]) == ["python", "-m", "x", "--a b"]
     assert argv_of(None) == []
+
+
+def test_idle_spares_are_the_spares_not_yet_running_a_replica():
+    """What the benchmark reports as the spares' cost: a spare process counts until it takes
+    a replica's command line, then it is one of that job's stage processes instead."""
+    import psutil
+
+    from workers.node_metrics import argv_of, idle_spares, stage_processes
+
+    sleep = "import time; time.sleep(30)"
+    idle = subprocess.Popen(
+        [sys.executable, "-c", sleep, "-m", "spark_runtime.spare", "--node", "tn-1",
+         "--spare-id", "spare-tn-1-a"]
+    )  # fmt: skip
+    title = (
+        f"{sys.executable} -m spark_runtime.stage --job j-idle-test --replica-id c-1 --node tn-1"
+    )
+    became = f"import setproctitle, time; setproctitle.setproctitle({title!r}); time.sleep(30)"
+    taken = subprocess.Popen(
+        [sys.executable, "-c", became, "-m", "spark_runtime.spare", "--node", "tn-1",
+         "--spare-id", "spare-tn-1-b"]
+    )  # fmt: skip
+    try:
+        deadline = time.time() + 10
+        while "spark_runtime.stage" not in argv_of(psutil.Process(taken.pid).cmdline()):
+            assert time.time() < deadline, "the taken spare never took the stage's title"
+            time.sleep(0.1)
+        # Other spares may run on this machine (other tests' agents): look for these two only.
+        spare_pids = {p.pid for p in idle_spares()}
+        assert idle.pid in spare_pids
+        assert taken.pid not in spare_pids
+        assert [p.pid for p in stage_processes(job="j-idle-test")] == [taken.pid]
+    finally:
+        for proc in (idle, taken):
+            proc.kill()
+            proc.wait()
+    assert {idle.pid, taken.pid}.isdisjoint(p.pid for p in idle_spares())
