@@ -643,11 +643,16 @@ class Supervisor:
     def _on_heartbeat(self, replica: Replica, event: HeartbeatSeen) -> list:
         reported = event.reported or {}
         stage = replica.spec.stage
+        started_at = reported.get("started_at")
+        if started_at is not None and started_at < replica.launched_at - CLOCK_SLACK_S:
+            # The previous process's last heartbeat, alive for its TTL after the relaunch: no
+            # news of the process now starting. Taken as news, it marked that one running, and
+            # the silence of its start-up (no startup grace once running) a failure.
+            return []
         if replica.slow_since is not None:
             replica.slow_since = None
             self.history.append((event.at, f"{replica.id} answers again"))
-        fresh = reported.get("started_at", 0) >= replica.launched_at - CLOCK_SLACK_S
-        if reported.get("batches") and fresh and not replica.healthy:
+        if reported.get("batches") and started_at is not None and not replica.healthy:
             replica.healthy, replica.failures_in_a_row = True, 0
         restarted_at = self.restarting.get(stage)
         if (

@@ -315,6 +315,28 @@ def producing(sup, replica_id, at, started_at):
     sup.handle(HeartbeatSeen(replica_id, at, {**entry, "started_at": started_at}))
 
 
+def test_the_killed_processs_last_heartbeat_does_not_make_its_restart_running():
+    """Found in the live supervision test: the standby was restarted (after a 2 s backoff)
+    while its killed process's heartbeat (3 s TTL) was still in Redis. That heartbeat marked
+    the new process running, and its start-up silence 0.3 s later was taken for a failure:
+    the restart was killed and the stage backed off again."""
+    sup = Supervisor("j", "wordcount", per_operator("count"), "adaptive", NODES, {"count"})
+    sup.start(0.0)
+    producing(sup, "count-1", 5.0, started_at=0.5)
+    producing(sup, "count-2", 5.0, started_at=0.5)
+    assert sup.replicas["count-2"].state == "running"
+    sup.handle(ProcessExited("count-2", 10.0, -9))  # the fault: restarted at once
+    assert sup.replicas["count-2"].state == "starting"
+    last_beat = {"state": "running", "role": "standby", "batches": 3, "started_at": 0.5}
+    assert sup.handle(HeartbeatSeen("count-2", 10.2, last_beat)) == []
+    assert sup.replicas["count-2"].state == "starting"
+    assert sup.handle(HeartbeatMissed("count-2", 10.5)) == []  # within its startup grace
+    # The new process's own heartbeat counts.
+    new_beat = {"state": "running", "role": "standby", "batches": 1, "started_at": 25.0}
+    assert sup.handle(HeartbeatSeen("count-2", 30.0, new_beat)) == []
+    assert sup.replicas["count-2"].state == "running" and sup.replicas["count-2"].healthy
+
+
 def test_a_replica_failing_before_its_first_batch_backs_off_exponentially_up_to_the_cap():
     policy = RestartPolicy(initial_delay_s=2, max_delay_s=5, max_failures=100)
     sup = Supervisor("j", "wordcount", per_operator("count"), "local-restart", NODES,
