@@ -69,16 +69,11 @@ def stage_processes(*, node: str | None = None, job: str | None = None) -> list[
     return found
 
 
-def idle_spares() -> list[psutil.Process]:
-    """Live warm spares that run no replica yet (starting or idle), of every node: a spare
-    handed a replica takes that replica's command line, and is then one of the job's stage
+def spare_processes() -> list[psutil.Process]:
+    """Live warm-spare processes of every node that run no replica yet (starting or idle): a
+    spare handed a replica takes that replica's command line, and is then one of the job's stage
     processes (`stage_processes(job=...)`), no longer a spare."""
-    return [
-        proc
-        for proc in psutil.process_iter(["cmdline", "status"])
-        if proc.info["status"] != psutil.STATUS_ZOMBIE
-        and "spark_runtime.spare" in argv_of(proc.info["cmdline"])
-    ]
+    return [p for p in stage_processes() if "spark_runtime.spare" in argv_of(p.info["cmdline"])]
 
 
 def with_children(roots: list[psutil.Process]) -> list[psutil.Process]:

@@ -44,7 +44,7 @@ from workers.node_metrics import (
     ProcessTracker,
     argv_of,
     cmdline_arg,
-    idle_spares,
+    spare_processes,
     stage_processes,
     with_children,
 )
@@ -392,7 +392,7 @@ def run_strategy(bench: BenchSettings, strategy: str, target: str | None, say) -
     sampler.start()
     # Warm spares serve any job on their node, so they are not the job's processes; they are
     # still what the strategy costs the machine, and are reported beside the job's own figures.
-    spare_sampler = ResourceSampler(lambda: with_children(idle_spares()))
+    spare_sampler = ResourceSampler(lambda: with_children(spare_processes()))
     spare_sampler.start()
     faults = []
     try:

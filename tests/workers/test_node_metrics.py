@@ -84,12 +84,12 @@ def test_a_renamed_warm_spare_reads_as_the_stage_it_became():
     assert argv_of(None) == []
 
 
-def test_idle_spares_are_the_spares_not_yet_running_a_replica():
+def test_spare_processes_are_the_spares_not_yet_running_a_replica():
     """What the benchmark reports as the spares' cost: a spare process counts until it takes
     a replica's command line, then it is one of that job's stage processes instead."""
     import psutil
 
-    from workers.node_metrics import argv_of, idle_spares, stage_processes
+    from workers.node_metrics import argv_of, spare_processes, stage_processes
 
     sleep = "import time; time.sleep(30)"
     idle = subprocess.Popen(
@@ -110,7 +110,7 @@ def test_idle_spares_are_the_spares_not_yet_running_a_replica():
             assert time.time() < deadline, "the taken spare never took the stage's title"
             time.sleep(0.1)
         # Other spares may run on this machine (other tests' agents): look for these two only.
-        spare_pids = {p.pid for p in idle_spares()}
+        spare_pids = {p.pid for p in spare_processes()}
         assert idle.pid in spare_pids
         assert taken.pid not in spare_pids
         assert [p.pid for p in stage_processes(job="j-idle-test")] == [taken.pid]
@@ -118,4 +118,4 @@ def test_idle_spares_are_the_spares_not_yet_running_a_replica():
         for proc in (idle, taken):
             proc.kill()
             proc.wait()
-    assert {idle.pid, taken.pid}.isdisjoint(p.pid for p in idle_spares())
+    assert {idle.pid, taken.pid}.isdisjoint(p.pid for p in spare_processes())
