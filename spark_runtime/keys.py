@@ -127,6 +127,14 @@ def spares_wanted(node: str) -> str:
     return f"{PREFIX}:node:{node}:spares:wanted"
 
 
+def spare_refill_hold() -> str:
+    """Set (with a short expiry) when a warm spare takes over a replica, and renewed every
+    policy cycle while any job re-protects a stage: no node starts a new warm spare until it
+    expires (workers.agent.hold_spare_refills), and a spare still warming up waits at the
+    lowest CPU priority meanwhile (spark_runtime.spare.watch_for_taker)."""
+    return f"{PREFIX}:spares:refill-hold"
+
+
 PROGRESS_MAXLEN = 10_000
 EVENTS_MAXLEN = 10_000
 

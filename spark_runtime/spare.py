@@ -11,8 +11,9 @@ stage CLI arguments); the spare renames its process to that stage command line, 
 scanner sees it as that replica, and runs the stage in its already-warm session. An agent with no
 idle spare hands the replica to one still warming up rather than start a second JVM beside it;
 that spare shows the replica's command line at once (`watch_for_taker`), does not turn idle
-(`mark_idle`) and runs the replica once warm. A spare warms up at
-the normal CPU priority and waits at the lowest (spark_runtime/strategies.py says why).
+(`mark_idle`) and runs the replica once warm. A spare warms up at the normal CPU priority,
+except while a stage is re-protected (`warming_nice`), and waits at the lowest
+(spark_runtime/strategies.py says why).
 
 Spares warm up one at a time per machine (`backstop:host:{host}:spare-warming`, taken by the
 node agent that starts one, released by the spare once warm): a warm-up is a JVM, a session and a
@@ -141,23 +142,40 @@ def take_stage_title(argv: list[str]) -> None:
     setproctitle.setproctitle(" ".join([sys.executable, "-m", STAGE_ENTRY, *argv]))
 
 
+def warming_nice(held: bool) -> int:
+    """The nice level of a spare still warming up and not taken: the normal one, except while
+    a stage is re-protected (`held`: spare refills are held), when the replica catching up and
+    the new primary get the cores first (spark_runtime/strategies.py)."""
+    return SPARE_NICE if held else 0
+
+
 def watch_for_taker(client, node: str, spare_id: str, warm: threading.Event) -> None:
     """Until the spare is `warm`: once an agent has handed it a replica, take that replica's
-    command line at once, so that a stop, a fault or a retried start finds the replica while
-    its JVM is still starting (the command stays queued for the spare to run once warm)."""
+    command line and the normal CPU priority at once, so that a stop, a fault or a retried
+    start finds the replica while its JVM is still starting (the command stays queued for the
+    spare to run once warm). Not taken, it warms up at `warming_nice`, asked again every
+    WATCH_INTERVAL_S."""
     import redis
 
     control = keys.spare_control(node, spare_id)
+    nice = 0
     while not warm.is_set():
         try:
             queued = client.lindex(control, 0)
+            held = bool(client.exists(keys.spare_refill_hold()))
         except redis.exceptions.RedisError:
-            queued = None  # asked again next time; the spare's main loop waits out an outage
+            queued, held = None, nice != 0  # asked again next time; no change meanwhile
         if queued is not None:
             command = json.loads(queued)
             if command.get("cmd") == "become":
                 take_stage_title([str(a) for a in command["args"]])
+                set_group_nice(0)
             return
+        if warming_nice(held) != nice:
+            nice = warming_nice(held)
+            log.info("spare %s warms up at nice %s (re-protection %s)", spare_id, nice,
+                     "under way" if held else "over")  # fmt: skip
+            set_group_nice(nice)
         warm.wait(WATCH_INTERVAL_S)
 
 

@@ -31,6 +31,9 @@ PROMOTE = "promote"  # a caught-up standby takes over; else the stage restarts
 # comes is no spare. Measured on 2 cores with lower levels for both (docs/RESULTS.md, "CPU
 # priority"): the spares were not warm 3 minutes after the job started and re-protection took
 # 37-55 s instead of 16-23 s, so the second fault 30 s later found no promotable standby.
+# Only while a stage is re-protected does a spare still warming up drop to SPARE_NICE
+# (spark_runtime.spare.warming_nice): a warm-up that began just before a fault otherwise took a
+# core from the new primary and the standby catching up behind it.
 STANDBY_NICE = 5
 CATCHING_UP_NICE = 0
 SPARE_NICE = 19

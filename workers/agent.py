@@ -178,7 +178,7 @@ def hold_spare_refills(client) -> None:
     """No node starts a new warm spare for the next REFILL_HOLD_S: a replica is catching up
     (a new standby, a restart), and a spare's JVM start would take the CPU it needs. Spares
     that run already are kept."""
-    client.set(keys.spare_refill_hold(), "1", ex=REFILL_HOLD_S)
+    client.set(data_keys.spare_refill_hold(), "1", ex=REFILL_HOLD_S)
 
 
 def _spare_entries(client, node: str) -> dict[str, dict]:
@@ -262,7 +262,7 @@ def reconcile_spares(client, node: str) -> None:
             continue
         live.append(spare_id)
     if len(live) < wanted:
-        if client.exists(keys.spare_refill_hold()):
+        if client.exists(data_keys.spare_refill_hold()):
             return
         spare_id = f"spare-{node}-{int(time.time() * 1000)}"
         # One warm-up at a time per machine (spark_runtime/spare.py): else try next time.

@@ -85,13 +85,6 @@ def ingest_cursor(stream: str) -> str:
     return f"{stream}:ingest-cursor"
 
 
-def spare_refill_hold() -> str:
-    """Set (with a short expiry) when a warm spare takes over a replica, and renewed every
-    policy cycle while any job re-protects a stage: no node starts a new warm spare until it
-    expires (workers.agent.hold_spare_refills)."""
-    return "backstop:spares:refill-hold"
-
-
 def fault_carried_out(fault_id: int) -> str:
     """Set (NX) by the agent that carries out a fault whose effect only it reports (kill-executor,
     kill-worker), so a redelivered task does not kill a second time."""

@@ -17,6 +17,7 @@ from console.policy.config import PolicyConfig
 from console.services.control.act import keep_warm_spares
 from spark_runtime import keys as data_keys
 from spark_runtime import spare
+from spark_runtime.strategies import SPARE_NICE
 from tests.agent_edge import publish_usage
 from tests.factories import NodeFactory
 from web.launcher import wait_for
@@ -32,10 +33,10 @@ NODES = ["wt-node-1", "wt-node-2"]
 @pytest.fixture
 def client():
     client = redis_client()
-    client.delete(control_keys.spare_refill_hold())
+    client.delete(data_keys.spare_refill_hold())
     yield client
     client.delete(
-        control_keys.spare_refill_hold(),
+        data_keys.spare_refill_hold(),
         *(k for n in NODES for k in (control_keys.node_heartbeat(n), control_keys.node_metrics(n),
                                      data_keys.spares_wanted(n), data_keys.spares(n))),
     )  # fmt: skip
@@ -64,13 +65,13 @@ def test_a_re_protecting_job_holds_refills_without_lowering_targets(client):
     publish_usage(client, NODES)  # two idle nodes with no spares yet
     config = PolicyConfig(warm_spares_per_node=1)
     keep_warm_spares(client, config, reprotecting=True)
-    assert 0 < client.ttl(control_keys.spare_refill_hold()) <= agent.REFILL_HOLD_S
+    assert 0 < client.ttl(data_keys.spare_refill_hold()) <= agent.REFILL_HOLD_S
     # The targets stay the policy's: a spare starting or warm now is not stopped for the hold.
     assert targets(client) == {"wt-node-1": 1, "wt-node-2": 1}
     # Another job's cycle neither renews nor lifts it; it expires on its own.
-    client.expire(control_keys.spare_refill_hold(), 1)
+    client.expire(data_keys.spare_refill_hold(), 1)
     keep_warm_spares(client, config)
-    assert client.ttl(control_keys.spare_refill_hold()) <= 1
+    assert client.ttl(data_keys.spare_refill_hold()) <= 1
 
 
 def test_a_node_under_the_hold_starts_no_spare_and_stops_none(client, spare_process):
@@ -91,7 +92,7 @@ def test_a_spare_taking_over_a_replica_holds_refills_at_once(client, spare_proce
     entry = {"pid": spare_process.pid, "state": "idle", "since": 0}
     client.hset(data_keys.spares(node), "spare-x", json.dumps(entry))
     assert agent.hand_to_spare(["--replica-id", "count-3"], "count-3", "job-x") == spare_process.pid
-    assert 0 < client.ttl(control_keys.spare_refill_hold()) <= agent.REFILL_HOLD_S
+    assert 0 < client.ttl(data_keys.spare_refill_hold()) <= agent.REFILL_HOLD_S
     command = json.loads(client.lpop(data_keys.spare_control(node, "spare-x")))
     assert command == {"cmd": "become", "args": ["--replica-id", "count-3"]}
     client.delete(data_keys.spare_control(node, "spare-x"))
@@ -163,6 +164,52 @@ def test_a_spare_taken_while_its_jvm_starts_is_found_and_killed_as_that_replica(
         if exits:
             client.xdel(control_keys.agent_events(), *exits)
         client.delete(data_keys.spare_control(node, spare_id))
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/autogroup"), reason="needs Linux autogroups")
+def test_a_spare_warming_up_yields_while_a_stage_is_re_protected_but_not_once_taken(
+    client, monkeypatch
+):
+    """A real spare process, while its JVM and session start: the refill hold (a stage being
+    re-protected) drops its whole process group and session to the lowest priority, the hold's
+    end brings it back, and a replica handed to it runs at the normal priority even under the
+    hold (it is the replica catching up)."""
+    node = NODES[0]
+    monkeypatch.setenv("BACKSTOP_NODE", node)
+    spare_id = "spare-v"
+    assert agent.take_warmup_lock(client, spare_id, agent.SPARE_START_TIMEOUT_S)
+    agent.hold_spare_refills(client)
+    pid = agent.start_spare(client, node, spare_id)
+    args = ["--job", "job-v", "--stage", "count", "--replica-id", "count-8", "--node", node]
+    try:
+        wait_for(lambda: priority(pid) == (SPARE_NICE, SPARE_NICE), 20, "the spare to yield")
+        client.delete(data_keys.spare_refill_hold())
+        wait_for(lambda: priority(pid) == (0, 0), 20, "the normal priority after the hold")
+        agent.hold_spare_refills(client)
+        wait_for(lambda: priority(pid) == (SPARE_NICE, SPARE_NICE), 20, "the spare to yield")
+        assert agent.hand_to_spare(args, "count-8", "job-v") == pid
+        wait_for(lambda: priority(pid) == (0, 0), 20, "the replica at the normal priority")
+        assert client.exists(data_keys.spare_refill_hold()), "taken under the hold"
+        assert "is warm" not in agent.stage_log_path(spare_id).read_text(), "still warming up"
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pid, signal.SIGKILL)
+        agent.release_warmup_lock(client, spare_id)
+        with agent._children_lock:
+            agent._children.pop("count-8", None)
+            agent._taken_while_warming.pop("count-8", None)
+        client.delete(data_keys.spare_control(node, spare_id))
+
+
+def priority(pid: int) -> tuple[int, int] | None:
+    """(nice level of the process group led by `pid`, nice level of its session's autogroup):
+    the group's is its most favoured process's (getpriority(2)), so 19 means all of them."""
+    try:
+        group = os.getpriority(os.PRIO_PGRP, pid)
+        with open(f"/proc/{pid}/autogroup") as autogroup:
+            return group, int(autogroup.read().split()[-1])
+    except (ProcessLookupError, FileNotFoundError):
+        return None
 
 
 def is_zombie(pid: int) -> bool:
