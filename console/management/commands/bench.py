@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import signal
 import sys
 from pathlib import Path
 
@@ -137,6 +138,9 @@ class Command(BaseCommand):
         except ValueError as exc:
             raise CommandError(str(exc)) from None
         command = "python manage.py " + " ".join(sys.argv[1:])
+        # A SIGTERM unwinds like an error: the runs' `finally` blocks stop the job, its
+        # processes, the controller and the agents (else they outlive the benchmark).
+        signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))
         call_command("migrate", interactive=False, verbosity=0)
         if opts["remeasure"]:
             out = Path(opts["remeasure"])
