@@ -180,11 +180,14 @@ def watch_for_taker(client, node: str, spare_id: str, warm: threading.Event) -> 
 
 
 def become(argv: list[str], spark) -> int:
-    """Run the stage described by `argv` (stage CLI arguments) in this process and session."""
+    """Run the stage described by `argv` (stage CLI arguments) in this process and session.
+    The replica's command line and the normal priority come first: the stage's imports take a
+    while for a spare idling at nice 19 on busy cores, and a kill must find the replica."""
+    take_stage_title(argv)
+    set_group_nice(0)
     from spark_runtime import stage
 
     args = stage.build_parser().parse_args(argv)
-    take_stage_title(argv)
     log.info("spare becomes %s (%s of %s)", args.replica_id, args.role, args.stage)
     return stage.run(args, spark=spark)
 
@@ -232,8 +235,12 @@ def main(argv: list[str] | None = None) -> int:
             client.hdel(keys.spares(args.node), args.spare_id)
             return 0
         if command.get("cmd") == "become":
-            # The agent already took this spare out of the idle set.
-            return become([str(a) for a in command["args"]], spark)
+            # The agent already took this spare out of the idle set. The replica's command line
+            # and the normal priority first: the stage's imports take a while at nice 19.
+            argv = [str(a) for a in command["args"]]
+            take_stage_title(argv)
+            set_group_nice(0)
+            return become(argv, spark)
         log.warning("ignored unknown command %s", command)
 
 

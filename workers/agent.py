@@ -108,6 +108,24 @@ def find_replica_process(replica_id: str) -> psutil.Process | None:
     return None
 
 
+def running_replica(replica_id: str) -> psutil.Process | None:
+    """The live process of `replica_id` on this machine: found by its command line, or else the
+    warm spare this agent handed it to, which takes the replica's command line only once it
+    reads its command (a spare idling at nice 19 on busy cores took over 260 ms: a kill in
+    between missed it, and the spare went on to fence the standby just promoted)."""
+    proc = find_replica_process(replica_id)
+    if proc is not None:
+        return proc
+    with _children_lock:
+        child = _children.get(replica_id)
+        if child is None or child[0].poll() is not None:
+            return None
+    try:
+        return psutil.Process(child[0].pid)
+    except psutil.NoSuchProcess:
+        return None
+
+
 def _signal_group(proc: psutil.Process, sig: int) -> None:
     """Signal the process group of a stage (its Python driver and the JVM it launched)."""
     try:
@@ -138,7 +156,7 @@ def start_replica(
         or cmdline_arg(args, "--node") != this_node()
     ):
         raise ValueError("args must carry this replica's --replica-id and this node's --node")
-    existing = find_replica_process(replica_id)
+    existing = running_replica(replica_id)
     if existing is not None:
         return existing.pid
     if warm and module == STAGE_MODULE:
@@ -339,7 +357,7 @@ def start_generator(
 )
 def kill_replica(replica_id: str, signal_name: str = "SIGKILL") -> bool:
     """Send `signal_name` to a replica's process group; False when it was not running."""
-    proc = find_replica_process(replica_id)
+    proc = running_replica(replica_id)
     if proc is None:
         return False
     _signal_group(proc, signal.Signals[signal_name])

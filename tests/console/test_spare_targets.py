@@ -212,6 +212,35 @@ def priority(pid: int) -> tuple[int, int] | None:
         return None
 
 
+def test_a_replica_handed_to_a_spare_is_found_before_the_spare_takes_its_command_line(
+    client, monkeypatch
+):
+    """The agent's own spare, handed a replica, has not read its command yet (a spare idling at
+    nice 19 on busy cores took over 260 ms): a retried start gets that spare's pid instead of a
+    second process, and a kill reaches it. Before, the kill found nothing, the spare went on to
+    become the replica and fenced the standby promoted in its place."""
+    node = NODES[0]
+    monkeypatch.setenv("BACKSTOP_NODE", node)
+    monkeypatch.setattr(agent, "SPARE_MODULE", "tests.sleeping_spare")
+    pid = agent.start_spare(client, node, "spare-u")
+    client.hset(data_keys.spares(node), "spare-u", json.dumps({"pid": pid, "state": "idle"}))
+    args = ["--job", "job-u", "--stage", "count", "--replica-id", "count-7", "--node", node]
+    try:
+        assert agent.start_replica(agent.STAGE_MODULE, args, "count-7", "job-u", warm=True) == pid
+        assert agent.find_replica_process("count-7") is None, "no replica command line yet"
+        assert agent.start_replica(agent.STAGE_MODULE, args, "count-7", "job-u", warm=True) == pid
+        assert agent.kill_replica("count-7")
+        wait_for(lambda: not psutil.pid_exists(pid) or is_zombie(pid), 20, "the spare killed")
+        assert not agent.kill_replica("count-7"), "gone"
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pid, signal.SIGKILL)
+        with agent._children_lock:
+            agent._children.pop("count-7", None)
+            agent._children.pop("spare-u", None)
+        client.delete(data_keys.spare_control(node, "spare-u"))
+
+
 def is_zombie(pid: int) -> bool:
     try:
         return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
