@@ -14,10 +14,27 @@ from __future__ import annotations
 
 import logging
 import os
+import resource
 
 log = logging.getLogger(__name__)
 
 AUTOGROUP = "/proc/self/autogroup"
+CAP_SYS_NICE = 23  # capability(7)
+
+
+def can_raise_priority() -> bool:
+    """Whether this process may go back to nice 0 after lowering its priority: with
+    CAP_SYS_NICE (root has it), or an RLIMIT_NICE of 20 (the lowest nice allowed is 20 - limit).
+    A process that cannot should not lower a priority it will need again."""
+    soft, _hard = resource.getrlimit(resource.RLIMIT_NICE)
+    if soft == resource.RLIM_INFINITY or soft >= 20:
+        return True
+    try:
+        with open("/proc/self/status") as status:
+            effective = next(line for line in status if line.startswith("CapEff:"))
+    except (OSError, StopIteration):
+        return os.geteuid() == 0
+    return bool(int(effective.split()[1], 16) >> CAP_SYS_NICE & 1)
 
 
 def set_group_nice(level: int) -> int:

@@ -39,7 +39,7 @@ from spark_runtime.config import (
     configure_logging,
     ensure_python_env,
 )
-from spark_runtime.cpu_priority import set_group_nice
+from spark_runtime.cpu_priority import can_raise_priority, set_group_nice
 from spark_runtime.strategies import SPARE_NICE
 
 log = logging.getLogger("spark_runtime.spare")
@@ -142,11 +142,13 @@ def take_stage_title(argv: list[str]) -> None:
     setproctitle.setproctitle(" ".join([sys.executable, "-m", STAGE_ENTRY, *argv]))
 
 
-def warming_nice(held: bool) -> int:
+def warming_nice(held: bool, can_raise: bool) -> int:
     """The nice level of a spare still warming up and not taken: the normal one, except while
     a stage is re-protected (`held`: spare refills are held), when the replica catching up and
-    the new primary get the cores first (spark_runtime/strategies.py)."""
-    return SPARE_NICE if held else 0
+    the new primary get the cores first (spark_runtime/strategies.py). A spare that could not
+    go back to 0 (`can_raise`, cpu_priority.can_raise_priority) stays at 0: it may be handed
+    the replica catching up, which must not run at 19."""
+    return SPARE_NICE if held and can_raise else 0
 
 
 def watch_for_taker(client, node: str, spare_id: str, warm: threading.Event) -> None:
@@ -158,6 +160,7 @@ def watch_for_taker(client, node: str, spare_id: str, warm: threading.Event) -> 
     import redis
 
     control = keys.spare_control(node, spare_id)
+    can_raise = can_raise_priority()
     nice = 0
     while not warm.is_set():
         try:
@@ -171,11 +174,10 @@ def watch_for_taker(client, node: str, spare_id: str, warm: threading.Event) -> 
                 take_stage_title([str(a) for a in command["args"]])
                 set_group_nice(0)
             return
-        if warming_nice(held) != nice:
-            nice = warming_nice(held)
+        if warming_nice(held, can_raise) != nice:
+            nice = set_group_nice(warming_nice(held, can_raise))
             log.info("spare %s warms up at nice %s (re-protection %s)", spare_id, nice,
                      "under way" if held else "over")  # fmt: skip
-            set_group_nice(nice)
         warm.wait(WATCH_INTERVAL_S)
 
 
@@ -215,7 +217,10 @@ def main(argv: list[str] | None = None) -> int:
     warm.set()
     watcher.join()
     if mark_idle(client, args.node, args.spare_id):
-        set_group_nice(SPARE_NICE)
+        # Idle at the lowest priority only if it can come back: a spare runs restarted
+        # primaries too, which must not stay at 19.
+        if can_raise_priority():
+            set_group_nice(SPARE_NICE)
         log.info("spare %s on %s is warm", args.spare_id, args.node)
     else:
         log.info("spare %s on %s is warm and already taken", args.spare_id, args.node)
@@ -235,12 +240,8 @@ def main(argv: list[str] | None = None) -> int:
             client.hdel(keys.spares(args.node), args.spare_id)
             return 0
         if command.get("cmd") == "become":
-            # The agent already took this spare out of the idle set. The replica's command line
-            # and the normal priority first: the stage's imports take a while at nice 19.
-            argv = [str(a) for a in command["args"]]
-            take_stage_title(argv)
-            set_group_nice(0)
-            return become(argv, spark)
+            # The agent already took this spare out of the idle set.
+            return become([str(a) for a in command["args"]], spark)
         log.warning("ignored unknown command %s", command)
 
 

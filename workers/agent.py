@@ -112,7 +112,9 @@ def running_replica(replica_id: str) -> psutil.Process | None:
     """The live process of `replica_id` on this machine: found by its command line, or else the
     warm spare this agent handed it to, which takes the replica's command line only once it
     reads its command (a spare idling at nice 19 on busy cores took over 260 ms: a kill in
-    between missed it, and the spare went on to fence the standby just promoted)."""
+    between missed it, and the spare went on to fence the standby just promoted). Only spares
+    this agent process started are known so: one left by an agent that restarted is found once
+    it has taken the command line."""
     proc = find_replica_process(replica_id)
     if proc is not None:
         return proc
@@ -124,6 +126,24 @@ def running_replica(replica_id: str) -> psutil.Process | None:
         return psutil.Process(child[0].pid)
     except psutil.NoSuchProcess:
         return None
+
+
+def node_stage_processes(job_key: str | None = None) -> list[psutil.Process]:
+    """This node's stage processes (of one job when given), found by command line, with the
+    spares this agent handed a replica that have not taken its command line yet (see
+    `running_replica`): a node kill or pause must reach those too."""
+    procs = stage_processes(node=this_node(), job=job_key)
+    found = {proc.pid for proc in procs}
+    with _children_lock:
+        handed = [
+            popen.pid
+            for popen, key, _path in _children.values()
+            if key and job_key in (None, key) and popen.pid not in found and popen.poll() is None
+        ]
+    for pid in handed:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            procs.append(psutil.Process(pid))
+    return procs
 
 
 def _signal_group(proc: psutil.Process, sig: int) -> None:
@@ -370,7 +390,7 @@ def kill_replica(replica_id: str, signal_name: str = "SIGKILL") -> bool:
 )
 def kill_node(job_key: str | None = None) -> list[int]:
     """SIGKILL every stage process of this node (of one job, when given); return their pids."""
-    procs = stage_processes(node=this_node(), job=job_key)
+    procs = node_stage_processes(job_key)
     for proc in procs:
         _signal_group(proc, signal.SIGKILL)
     return [p.pid for p in procs]
@@ -553,7 +573,7 @@ def pause_node(
     """
     checked = check_fault_params(PAUSE_NODE, {"duration_s": duration_s}, fault_id, job_key)
     node = this_node()
-    procs = stage_processes(node=node, job=job_key)
+    procs = node_stage_processes(job_key)
     groups = sorted({os.getpgid(p.pid) for p in procs})
     pause_groups(redis_client(), node, groups, checked["duration_s"])
     # On time to the millisecond while this agent lives; the loop's check covers a restart.

@@ -17,6 +17,7 @@ from console.policy.config import PolicyConfig
 from console.services.control.act import keep_warm_spares
 from spark_runtime import keys as data_keys
 from spark_runtime import spare
+from spark_runtime.cpu_priority import can_raise_priority
 from spark_runtime.strategies import SPARE_NICE
 from tests.agent_edge import publish_usage
 from tests.factories import NodeFactory
@@ -166,7 +167,15 @@ def test_a_spare_taken_while_its_jvm_starts_is_found_and_killed_as_that_replica(
         client.delete(data_keys.spare_control(node, spare_id))
 
 
+def test_a_warming_spare_yields_only_under_the_hold_and_only_if_it_can_come_back():
+    assert spare.warming_nice(held=True, can_raise=True) == SPARE_NICE
+    assert spare.warming_nice(held=False, can_raise=True) == 0
+    # Without CAP_SYS_NICE or RLIMIT_NICE 20 it could not go back to 0 for its replica.
+    assert spare.warming_nice(held=True, can_raise=False) == 0
+
+
 @pytest.mark.skipif(not os.path.exists("/proc/self/autogroup"), reason="needs Linux autogroups")
+@pytest.mark.skipif(not can_raise_priority(), reason="needs CAP_SYS_NICE or RLIMIT_NICE 20")
 def test_a_spare_warming_up_yields_while_a_stage_is_re_protected_but_not_once_taken(
     client, monkeypatch
 ):
@@ -178,18 +187,20 @@ def test_a_spare_warming_up_yields_while_a_stage_is_re_protected_but_not_once_ta
     monkeypatch.setenv("BACKSTOP_NODE", node)
     spare_id = "spare-v"
     assert agent.take_warmup_lock(client, spare_id, agent.SPARE_START_TIMEOUT_S)
-    agent.hold_spare_refills(client)
+    # Held for as long as the test may take (the agent's hold lasts 10 s unless renewed).
+    hold = data_keys.spare_refill_hold()
+    client.set(hold, "1", ex=120)
     pid = agent.start_spare(client, node, spare_id)
     args = ["--job", "job-v", "--stage", "count", "--replica-id", "count-8", "--node", node]
     try:
         wait_for(lambda: priority(pid) == (SPARE_NICE, SPARE_NICE), 20, "the spare to yield")
-        client.delete(data_keys.spare_refill_hold())
+        client.delete(hold)
         wait_for(lambda: priority(pid) == (0, 0), 20, "the normal priority after the hold")
-        agent.hold_spare_refills(client)
+        client.set(hold, "1", ex=120)
         wait_for(lambda: priority(pid) == (SPARE_NICE, SPARE_NICE), 20, "the spare to yield")
         assert agent.hand_to_spare(args, "count-8", "job-v") == pid
+        assert client.exists(hold), "taken under the hold"
         wait_for(lambda: priority(pid) == (0, 0), 20, "the replica at the normal priority")
-        assert client.exists(data_keys.spare_refill_hold()), "taken under the hold"
         assert "is warm" not in agent.stage_log_path(spare_id).read_text(), "still warming up"
     finally:
         with contextlib.suppress(ProcessLookupError):
@@ -197,6 +208,7 @@ def test_a_spare_warming_up_yields_while_a_stage_is_re_protected_but_not_once_ta
         agent.release_warmup_lock(client, spare_id)
         with agent._children_lock:
             agent._children.pop("count-8", None)
+            agent._children.pop(spare_id, None)
             agent._taken_while_warming.pop("count-8", None)
         client.delete(data_keys.spare_control(node, spare_id))
 
@@ -229,6 +241,8 @@ def test_a_replica_handed_to_a_spare_is_found_before_the_spare_takes_its_command
         assert agent.start_replica(agent.STAGE_MODULE, args, "count-7", "job-u", warm=True) == pid
         assert agent.find_replica_process("count-7") is None, "no replica command line yet"
         assert agent.start_replica(agent.STAGE_MODULE, args, "count-7", "job-u", warm=True) == pid
+        assert pid in [p.pid for p in agent.node_stage_processes("job-u")], "a node fault's"
+        assert pid not in [p.pid for p in agent.node_stage_processes("job-other")]
         assert agent.kill_replica("count-7")
         wait_for(lambda: not psutil.pid_exists(pid) or is_zombie(pid), 20, "the spare killed")
         assert not agent.kill_replica("count-7"), "gone"

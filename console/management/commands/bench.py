@@ -34,6 +34,12 @@ def flink_conf(item: str) -> tuple[str, str]:
     return key.strip(), value.strip()
 
 
+def _exit_on_sigterm(*_args) -> None:
+    """Unwind on the first SIGTERM; a second one during the clean-up must not cut it short."""
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    sys.exit(1)
+
+
 class Command(BaseCommand):
     help = (
         "Run each strategy on the same seeded workload and fault schedule, one after another, "
@@ -140,7 +146,7 @@ class Command(BaseCommand):
         command = "python manage.py " + " ".join(sys.argv[1:])
         # A SIGTERM unwinds like an error: the runs' `finally` blocks stop the job, its
         # processes, the controller and the agents (else they outlive the benchmark).
-        signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))
+        signal.signal(signal.SIGTERM, _exit_on_sigterm)
         call_command("migrate", interactive=False, verbosity=0)
         if opts["remeasure"]:
             out = Path(opts["remeasure"])
