@@ -151,16 +151,17 @@ def warming_nice(held: bool, can_raise: bool) -> int:
     return SPARE_NICE if held and can_raise else 0
 
 
-def watch_for_taker(client, node: str, spare_id: str, warm: threading.Event) -> None:
+def watch_for_taker(
+    client, node: str, spare_id: str, warm: threading.Event, can_raise: bool
+) -> None:
     """Until the spare is `warm`: once an agent has handed it a replica, take that replica's
     command line and the normal CPU priority at once, so that a stop, a fault or a retried
     start finds the replica while its JVM is still starting (the command stays queued for the
     spare to run once warm). Not taken, it warms up at `warming_nice`, asked again every
-    WATCH_INTERVAL_S."""
+    WATCH_INTERVAL_S (`can_raise`: cpu_priority.can_raise_priority, asked once by the spare)."""
     import redis
 
     control = keys.spare_control(node, spare_id)
-    can_raise = can_raise_priority()
     nice = 0
     while not warm.is_set():
         try:
@@ -174,8 +175,9 @@ def watch_for_taker(client, node: str, spare_id: str, warm: threading.Event) -> 
                 take_stage_title([str(a) for a in command["args"]])
                 set_group_nice(0)
             return
-        if warming_nice(held, can_raise) != nice:
-            nice = set_group_nice(warming_nice(held, can_raise))
+        wanted = warming_nice(held, can_raise)
+        if wanted != nice:
+            nice = set_group_nice(wanted)
             log.info("spare %s warms up at nice %s (re-protection %s)", spare_id, nice,
                      "under way" if held else "over")  # fmt: skip
         warm.wait(WATCH_INTERVAL_S)
@@ -208,8 +210,11 @@ def main(argv: list[str] | None = None) -> int:
     # Registered as `starting` by the agent that started it, before this process could: were it
     # registered here, an agent that took it in between would see it come back.
     warm = threading.Event()
+    can_raise = can_raise_priority()
     watcher = threading.Thread(
-        target=watch_for_taker, args=(client, args.node, args.spare_id, warm), daemon=True
+        target=watch_for_taker,
+        args=(client, args.node, args.spare_id, warm, can_raise),
+        daemon=True,
     )
     watcher.start()
     spark = build_session(f"backstop-spare-{args.spare_id}")
@@ -219,7 +224,7 @@ def main(argv: list[str] | None = None) -> int:
     if mark_idle(client, args.node, args.spare_id):
         # Idle at the lowest priority only if it can come back: a spare runs restarted
         # primaries too, which must not stay at 19.
-        if can_raise_priority():
+        if can_raise:
             set_group_nice(SPARE_NICE)
         log.info("spare %s on %s is warm", args.spare_id, args.node)
     else:
