@@ -28,7 +28,7 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("--strategy", choices=STRATEGIES, default="local-restart")
     run.add_argument("--active-stages", default="", help="stages with a hot standby (adaptive)")
     run.add_argument("--nodes", default=",".join(DEFAULT_NODES))
-    run.add_argument("--trigger-seconds", type=float, default=0.5)
+    run.add_argument("--trigger-seconds", type=float, default=None, help="default: the topology's")
     run.add_argument("--standby-nice", type=int, default=0)
     run.add_argument("--duration", type=float, default=None, help="seconds; default: forever")
     run.add_argument("--param", action="append", default=[], help="OP.KEY=VALUE")

@@ -135,6 +135,14 @@ def spare_refill_hold() -> str:
     return f"{PREFIX}:spares:refill-hold"
 
 
+def spare_needed() -> str:
+    """Set (with a short expiry) while some job lacks an idle warm spare where its next fault
+    would start a process (console.policy.spares.spare_needed), renewed every policy cycle: a
+    spare warming up takes the normal CPU priority only then, else only the CPU nothing else
+    wants (spark_runtime.spare.warming_nice)."""
+    return f"{PREFIX}:spares:needed"
+
+
 PROGRESS_MAXLEN = 10_000
 EVENTS_MAXLEN = 10_000
 

@@ -38,7 +38,7 @@ def stage_args(
     replica: ReplicaSpec,
     redis_url: str,
     checkpoint_root: str,
-    trigger_seconds: float = 0.5,
+    trigger_seconds: float,
     max_records: int = 5000,
     checkpoint_interval_s: float | None = None,
     spark_conf: dict[str, str] | None = None,
@@ -274,7 +274,7 @@ def build_runner(
     active_stages: set[str] | None = None,
     checkpoint_root: str = "var/checkpoints",
     log_dir: str | None = None,
-    trigger_seconds: float = 0.5,
+    trigger_seconds: float | None = None,
     max_records: int = 5000,
     standby_nice: int = 0,
     params: tuple[str, ...] = (),
@@ -282,12 +282,11 @@ def build_runner(
     active_operators: frozenset[str] = frozenset(),
 ) -> LocalRunner:
     """Assemble a runner for `topology` under `strategy`, cut into stages by the strategy's
-    chaining rule (or `chaining`); `active_operators` are the ones the policy would protect."""
+    chaining rule (or `chaining`); `active_operators` are the ones the policy would protect.
+    `trigger_seconds`: the stages' trigger, by default the topology's."""
     rule = chaining or get_strategy(strategy).chaining
-    stages = {
-        s.name: s.operators
-        for s in compile_stages(resolve_topology(topology), rule, active=active_operators)
-    }
+    spec = resolve_topology(topology)
+    stages = {s.name: s.operators for s in compile_stages(spec, rule, active=active_operators)}
     supervisor = Supervisor(
         job, topology, stages, strategy, list(nodes), active_stages, params=params
     )
@@ -295,7 +294,7 @@ def build_runner(
         redis_url,
         checkpoint_root,
         log_dir or os.path.join("var", "logs", job),
-        trigger_seconds=trigger_seconds,
+        trigger_seconds=trigger_seconds or spec.trigger_s,
         max_records=max_records,
         standby_nice=standby_nice,
     )

@@ -11,8 +11,9 @@ stage CLI arguments); the spare renames its process to that stage command line, 
 scanner sees it as that replica, and runs the stage in its already-warm session. An agent with no
 idle spare hands the replica to one still warming up rather than start a second JVM beside it;
 that spare shows the replica's command line at once (`watch_for_taker`), does not turn idle
-(`mark_idle`) and runs the replica once warm. A spare warms up at the normal CPU priority,
-except while a stage is re-protected (`warming_nice`), and waits at the lowest
+(`mark_idle`) and runs the replica once warm. A spare warms up at the normal CPU priority
+while a job lacks an idle spare where its next fault would need one, else (and while a stage is
+re-protected) at the lowest (`warming_nice`); it waits at the lowest
 (spark_runtime/strategies.py says why).
 
 Spares warm up one at a time per machine (`backstop:host:{host}:spare-warming`, taken by the
@@ -142,13 +143,17 @@ def take_stage_title(argv: list[str]) -> None:
     setproctitle.setproctitle(" ".join([sys.executable, "-m", STAGE_ENTRY, *argv]))
 
 
-def warming_nice(held: bool, can_raise: bool) -> int:
-    """The nice level of a spare still warming up and not taken: the normal one, except while
-    a stage is re-protected (`held`: spare refills are held), when the replica catching up and
-    the new primary get the cores first (spark_runtime/strategies.py). A spare that could not
-    go back to 0 (`can_raise`, cpu_priority.can_raise_priority) stays at 0: it may be handed
-    the replica catching up, which must not run at 19."""
-    return SPARE_NICE if held and can_raise else 0
+def warming_nice(held: bool, needed: bool, can_raise: bool) -> int:
+    """The nice level of a spare still warming up and not taken: the normal one while a job
+    lacks a warm spare where its next fault would start a process (`needed`, set by the
+    controller: console.policy.spares.spare_needed), else the lowest: such a warm-up is a
+    refill that can wait, and at the normal level it took 40% of a core from a busy primary for
+    the minute it lasts (spark_runtime/strategies.py). The lowest too while a stage is
+    re-protected (`held`: spare refills are held), when the replica catching up and the new
+    primary get the cores first. A spare that could not go back to 0 (`can_raise`,
+    cpu_priority.can_raise_priority) stays at 0: it may be handed the replica catching up,
+    which must not run at 19."""
+    return 0 if (needed and not held) or not can_raise else SPARE_NICE
 
 
 def watch_for_taker(
@@ -158,28 +163,36 @@ def watch_for_taker(
     command line and the normal CPU priority at once, so that a stop, a fault or a retried
     start finds the replica while its JVM is still starting (the command stays queued for the
     spare to run once warm). Not taken, it warms up at `warming_nice`, asked again every
-    WATCH_INTERVAL_S (`can_raise`: cpu_priority.can_raise_priority, asked once by the spare)."""
+    WATCH_INTERVAL_S (`can_raise`: cpu_priority.can_raise_priority, asked once by the spare).
+    Without Redis it keeps its level until the next poll."""
     import redis
 
     control = keys.spare_control(node, spare_id)
+    hold_key, needed_key = keys.spare_refill_hold(), keys.spare_needed()
     nice = 0
     while not warm.is_set():
         try:
             queued = client.lindex(control, 0)
-            held = bool(client.exists(keys.spare_refill_hold()))
+            held, needed = (v is not None for v in client.mget(hold_key, needed_key))
         except redis.exceptions.RedisError:
-            queued, held = None, nice != 0  # asked again next time; no change meanwhile
+            warm.wait(WATCH_INTERVAL_S)
+            continue
         if queued is not None:
             command = json.loads(queued)
             if command.get("cmd") == "become":
                 take_stage_title([str(a) for a in command["args"]])
                 set_group_nice(0)
             return
-        wanted = warming_nice(held, can_raise)
+        wanted = warming_nice(held, needed, can_raise)
         if wanted != nice:
             nice = set_group_nice(wanted)
-            log.info("spare %s warms up at nice %s (re-protection %s)", spare_id, nice,
-                     "under way" if held else "over")  # fmt: skip
+            log.info(
+                "spare %s warms up at nice %s (re-protection %s, a spare %s)",
+                spare_id,
+                nice,
+                "under way" if held else "over",
+                "needed" if needed else "not needed",
+            )
         warm.wait(WATCH_INTERVAL_S)
 
 

@@ -31,9 +31,12 @@ PROMOTE = "promote"  # a caught-up standby takes over; else the stage restarts
 # comes is no spare. Measured on 2 cores with lower levels for both (docs/RESULTS.md, "CPU
 # priority"): the spares were not warm 3 minutes after the job started and re-protection took
 # 37-55 s instead of 16-23 s, so the second fault 30 s later found no promotable standby.
-# Only while a stage is re-protected does a spare still warming up drop to SPARE_NICE
-# (spark_runtime.spare.warming_nice): a warm-up that began just before a fault otherwise took a
-# core from the new primary and the standby catching up behind it.
+# A spare still warming up runs at the normal level only while a job needs it (no idle spare
+# where its next fault would start a process: console.policy.spares.spare_needed), else at
+# SPARE_NICE, and at SPARE_NICE too while a stage is re-protected (spark_runtime.spare.
+# warming_nice): a warm-up that began just before a fault took a core from the new primary and
+# the standby catching up behind it, and a refill started after a promotion took 40% of a core
+# from topn's primary for about a minute.
 STANDBY_NICE = 5
 CATCHING_UP_NICE = 0
 SPARE_NICE = 19

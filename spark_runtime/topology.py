@@ -53,13 +53,20 @@ class OperatorSpec:
         return self.kind in STATEFUL_KINDS
 
 
+# A stage's micro-batch trigger unless its topology says otherwise: sub-second latency where a
+# batch is light (wordcount at 50 events/s used 65-68% of a core with it, docs/RESULTS.md).
+DEFAULT_TRIGGER_S = 0.5
+
+
 @dataclass(frozen=True)
 class Topology:
-    """A named DAG of operators. Edges are given by each operator's `upstream` names."""
+    """A named DAG of operators. Edges are given by each operator's `upstream` names.
+    `trigger_s`: the micro-batch trigger of its stages, under every strategy."""
 
     name: str
     operators: tuple[OperatorSpec, ...]
     description: str = ""
+    trigger_s: float = DEFAULT_TRIGGER_S
     # A user job's spark_runtime.jobdef.JobDefinition (None for a built-in topology): its
     # operators' functions and how its results are written.
     job: object = field(default=None, compare=False, repr=False)
@@ -129,6 +136,11 @@ WORDCOUNT_JOB = Topology(
 TOPN_JOB = Topology(
     name="topn",
     description="Da-Stream's Top-N job: count items per tumbling window, keep the N most frequent.",
+    # A batch here costs a window aggregation, a pandas state function and two state stores: at
+    # a 0.5 s trigger one took longer than the trigger, the query ran batches back to back and
+    # used 142% of 2 cores at 50 events/s (p50 1.67 s); at 1 s it used 81% (p50 1.42 s), which
+    # leaves a standby and a recovery room to run (docs/RESULTS.md, 2026-11-25).
+    trigger_s=1.0,
     operators=(
         OperatorSpec("source", SOURCE, cpu=0.1, mem=128),
         OperatorSpec(

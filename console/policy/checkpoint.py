@@ -167,12 +167,12 @@ def spark_settings_for_interval(seconds: float, trigger_s: float = DEFAULT_TRIGG
 INTERVAL_CHANGE_FACTOR = 1.5
 # A replica asked to take an interval that has not reported it within this long is asked again.
 INTERVAL_PENDING_TIMEOUT_S = 60.0
-STAGE_TRIGGER_S = 0.5  # the stages' trigger (spark_runtime/stage.py --trigger-seconds default)
 
 
-def state_store_confs(seconds: float, trigger_s: float = STAGE_TRIGGER_S) -> dict[str, str]:
-    """The Spark settings a running stage takes for interval `seconds` (the state-store part of
-    spark_settings_for_interval; the trigger stays: it is shorter than checkpoint_min_s)."""
+def state_store_confs(seconds: float, trigger_s: float) -> dict[str, str]:
+    """The Spark settings a running stage with trigger `trigger_s` (its topology's) takes for
+    interval `seconds` (the state-store part of spark_settings_for_interval; the trigger stays:
+    it is shorter than checkpoint_min_s)."""
     return {
         key: value
         for key, value in spark_settings_for_interval(seconds, trigger_s).items()

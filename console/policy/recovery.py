@@ -258,8 +258,9 @@ def _fill_outage(times: list[float], latency: list[float | None]) -> list[float]
 
 # --- measuring the faults of a job: the one measurement the console and the benchmark share ---
 
-# The latency band is at least one stage trigger interval wide (spark_runtime.runtime triggers a
-# micro-batch every 0.5 s): 15% of a sub-second latency is finer than a micro-batch's granularity.
+# The latency band is at least one stage trigger interval wide (the shortest: 0.5 s,
+# spark_runtime.topology.DEFAULT_TRIGGER_S): 15% of a sub-second latency is finer than a
+# micro-batch's granularity. Kept at 0.5 s for topn's 1 s trigger too (the stricter band).
 LATENCY_FLOOR_MS = 500.0
 # Output before the fault counts for its downtime only this far back: a job that had produced
 # nothing for longer was already down when the fault came, and the downtime counts from the fault.

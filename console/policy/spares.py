@@ -55,6 +55,29 @@ def spares_wanted(
     return wanted
 
 
+def spare_needed(
+    placements: Mapping[str, tuple[str | None, str | None]],
+    idle_spares: Mapping[str, int],
+) -> bool:
+    """Whether a job lacks a warm spare where its next fault would start a process, so that a
+    spare warming up should have the normal CPU priority rather than the lowest.
+
+    `placements`: (primary node, standby node or None) per stage; `idle_spares`: idle spares
+    per alive node. A stage with a standby is covered by an idle spare on an alive node that
+    holds neither of its replicas: after either one fails, the new standby goes to such a node
+    (`standby_node_preference` puts the ones with an idle spare first). A job with no standby
+    (restarts only) is covered by an idle spare anywhere. A spare on a node that holds the
+    stage's standby does not count: that node is the new primary's after a promotion."""
+    covered_anywhere = any(count > 0 for count in idle_spares.values())
+    protected = [set(nodes) for nodes in placements.values() if nodes[0] and nodes[1]]
+    if not protected:
+        return not covered_anywhere
+    return not all(
+        any(count > 0 for node, count in idle_spares.items() if node not in nodes)
+        for nodes in protected
+    )
+
+
 def standby_node_preference(
     ranked: Sequence[str], spares: Mapping[str, Mapping[str, int]]
 ) -> list[str]:

@@ -264,7 +264,12 @@ def supervise_window(job: Job, client, window_s: float, keep_lease) -> bool:
             ensure_generator(job, supervisor, client)
             policy_cycle(job, supervisor, client)
             if supervisor.definition.warm_spares:
-                keep_warm_spares(client, config, reprotecting=bool(supervisor.unprotected_since))
+                keep_warm_spares(
+                    client,
+                    config,
+                    reprotecting=bool(supervisor.unprotected_since),
+                    placements=supervisor.placement_by_stage(),
+                )
             save_supervisor(client, job, supervisor)
             recovery.measure_open_episodes(job, client, config)
             alert_slow_recoveries(job)

@@ -80,8 +80,12 @@ def launched(client, job):
     return supervisor, stage.name, primary, standby
 
 
-def test_a_replica_starts_with_its_stages_interval(client):
-    job = make_job(strategy=Job.Strategy.ADAPTIVE)
+# Each topology's micro-batch trigger, by hand: topn's batches cost more than 0.5 s of CPU.
+@pytest.mark.parametrize("topology, trigger_s", [("wordcount", 0.5), ("topn", 1.0)])
+def test_a_replica_starts_with_its_stages_interval_and_its_topology_s_trigger(
+    client, topology, trigger_s
+):
+    job = make_job(topology=topology, strategy=Job.Strategy.ADAPTIVE)
     supervisor, stage, primary, _ = launched(client, job)
     interval = min(
         Operator.objects.filter(job=job, stage=stage).values_list(
@@ -97,10 +101,11 @@ def test_a_replica_starts_with_its_stages_interval(client):
     assert len(starts) == 2  # the primary and the standby
     for argv in starts:
         assert argv[argv.index("--checkpoint-interval") + 1] == str(interval)
+        assert float(argv[argv.index("--trigger-seconds") + 1]) == trigger_s
         confs = dict(
             argv[i + 1].split("=", 1) for i, arg in enumerate(argv) if arg == "--spark-conf"
         )
-        assert confs == state_store_confs(interval)
+        assert confs == state_store_confs(interval, trigger_s)
 
 
 def test_a_new_interval_goes_to_the_standby_then_the_primary_and_is_recorded(client):
@@ -122,7 +127,7 @@ def test_a_new_interval_goes_to_the_standby_then_the_primary_and_is_recorded(cli
     (first,) = cycle.roll_out_intervals(job, supervisor, client, config)
     assert first.replica_id == standby
     assert commands(client, job, standby) == [
-        {"cmd": "checkpoint_interval", "seconds": 8.0, "confs": state_store_confs(8.0)}
+        {"cmd": "checkpoint_interval", "seconds": 8.0, "confs": state_store_confs(8.0, 0.5)}
     ]
     assert commands(client, job, primary) == []
     # Until the standby reports it, the primary waits (and the request is not repeated).

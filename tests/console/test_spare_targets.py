@@ -34,10 +34,11 @@ NODES = ["wt-node-1", "wt-node-2"]
 @pytest.fixture
 def client():
     client = redis_client()
-    client.delete(data_keys.spare_refill_hold())
+    client.delete(data_keys.spare_refill_hold(), data_keys.spare_needed())
     yield client
     client.delete(
         data_keys.spare_refill_hold(),
+        data_keys.spare_needed(),
         *(k for n in NODES for k in (control_keys.node_heartbeat(n), control_keys.node_metrics(n),
                                      data_keys.spares_wanted(n), data_keys.spares(n))),
     )  # fmt: skip
@@ -73,6 +74,26 @@ def test_a_re_protecting_job_holds_refills_without_lowering_targets(client):
     client.expire(data_keys.spare_refill_hold(), 1)
     keep_warm_spares(client, config)
     assert client.ttl(data_keys.spare_refill_hold()) <= 1
+
+
+def test_the_cycle_asks_for_a_spare_until_one_is_idle_off_the_stage_s_nodes(client):
+    """Warming spares take the normal priority only while a job lacks an idle spare where its
+    next fault would start a process: not on the stage's nodes, not on a dead node."""
+    for name in NODES + ["wt-node-3"]:
+        NodeFactory(name=name, cpu_total=2.0, mem_total_mb=4096.0)
+    publish_usage(client, NODES)  # wt-node-3 has no heartbeat: down
+    config = PolicyConfig(warm_spares_per_node=1)
+    placements = {"count": ("wt-node-1", "wt-node-2")}
+    idle = json.dumps({"pid": 2, "state": "idle", "since": time.time()})
+    client.hset(data_keys.spares("wt-node-3"), "spare-a", idle)
+    client.hset(data_keys.spares("wt-node-2"), "spare-b", idle)
+    keep_warm_spares(client, config, placements=placements)
+    assert 0 < client.ttl(data_keys.spare_needed()) <= agent.REFILL_HOLD_S
+    # Covered once the primary has moved: the idle spare is off both replicas' nodes.
+    client.delete(data_keys.spare_needed())
+    keep_warm_spares(client, config, placements={"count": ("wt-node-1", None)})
+    assert not client.exists(data_keys.spare_needed())
+    client.delete(data_keys.spares("wt-node-3"))
 
 
 def test_a_node_under_the_hold_starts_no_spare_and_stops_none(client, spare_process):
@@ -167,11 +188,12 @@ def test_a_spare_taken_while_its_jvm_starts_is_found_and_killed_as_that_replica(
         client.delete(data_keys.spare_control(node, spare_id))
 
 
-def test_a_warming_spare_yields_only_under_the_hold_and_only_if_it_can_come_back():
-    assert spare.warming_nice(held=True, can_raise=True) == SPARE_NICE
-    assert spare.warming_nice(held=False, can_raise=True) == 0
+def test_a_warming_spare_runs_normally_only_when_needed_and_yields_only_if_it_can_come_back():
+    assert spare.warming_nice(held=False, needed=True, can_raise=True) == 0
+    assert spare.warming_nice(held=True, needed=True, can_raise=True) == SPARE_NICE
+    assert spare.warming_nice(held=False, needed=False, can_raise=True) == SPARE_NICE
     # Without CAP_SYS_NICE or RLIMIT_NICE 20 it could not go back to 0 for its replica.
-    assert spare.warming_nice(held=True, can_raise=False) == 0
+    assert spare.warming_nice(held=True, needed=False, can_raise=False) == 0
 
 
 @pytest.mark.skipif(not os.path.exists("/proc/self/autogroup"), reason="needs Linux autogroups")
@@ -179,25 +201,29 @@ def test_a_warming_spare_yields_only_under_the_hold_and_only_if_it_can_come_back
 def test_a_spare_warming_up_yields_while_a_stage_is_re_protected_but_not_once_taken(
     client, monkeypatch
 ):
-    """A real spare process, while its JVM and session start: the refill hold (a stage being
-    re-protected) drops its whole process group and session to the lowest priority, the hold's
-    end brings it back, and a replica handed to it runs at the normal priority even under the
-    hold (it is the replica catching up)."""
+    """A real spare process, while its JVM and session start: it warms up at the lowest
+    priority (process group and session) unless a spare is needed, the refill hold (a stage
+    being re-protected) drops it there even then, and a replica handed to it runs at the
+    normal priority even under the hold (it is the replica catching up)."""
     node = NODES[0]
     monkeypatch.setenv("BACKSTOP_NODE", node)
     spare_id = "spare-v"
     assert agent.take_warmup_lock(client, spare_id, agent.SPARE_START_TIMEOUT_S)
     # Held for as long as the test may take (the agent's hold lasts 10 s unless renewed).
-    hold = data_keys.spare_refill_hold()
-    client.set(hold, "1", ex=120)
+    hold, needed = data_keys.spare_refill_hold(), data_keys.spare_needed()
     pid = agent.start_spare(client, node, spare_id)
     args = ["--job", "job-v", "--stage", "count", "--replica-id", "count-8", "--node", node]
     try:
-        wait_for(lambda: priority(pid) == (SPARE_NICE, SPARE_NICE), 20, "the spare to yield")
+        wait_for(lambda: priority(pid) == (SPARE_NICE, SPARE_NICE), 20, "a refill to yield")
+        # Expiries as long as the test may take (the controller's last 10 s unless renewed).
+        client.set(needed, "1", ex=120)
+        wait_for(lambda: priority(pid) == (0, 0), 20, "a needed spare at the normal priority")
+        client.set(hold, "1", ex=120)
+        wait_for(lambda: priority(pid) == (SPARE_NICE, SPARE_NICE), 20, "yield to re-protection")
         client.delete(hold)
         wait_for(lambda: priority(pid) == (0, 0), 20, "the normal priority after the hold")
         client.set(hold, "1", ex=120)
-        wait_for(lambda: priority(pid) == (SPARE_NICE, SPARE_NICE), 20, "the spare to yield")
+        wait_for(lambda: priority(pid) == (SPARE_NICE, SPARE_NICE), 20, "yield to re-protection")
         assert agent.hand_to_spare(args, "count-8", "job-v") == pid
         assert client.exists(hold), "taken under the hold"
         wait_for(lambda: priority(pid) == (0, 0), 20, "the replica at the normal priority")
@@ -206,6 +232,7 @@ def test_a_spare_warming_up_yields_while_a_stage_is_re_protected_but_not_once_ta
         with contextlib.suppress(ProcessLookupError):
             os.killpg(pid, signal.SIGKILL)
         agent.release_warmup_lock(client, spare_id)
+        client.delete(needed)
         with agent._children_lock:
             agent._children.pop("count-8", None)
             agent._children.pop(spare_id, None)

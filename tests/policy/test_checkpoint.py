@@ -176,7 +176,7 @@ def test_stages_roll_out_independently():
 def test_a_stage_takes_its_most_protective_operator_interval_and_state_store_settings():
     assert stage_interval([30.0, 12.0, 0.0, None]) == 12.0
     assert stage_interval([0.0]) is None
-    assert state_store_confs(30.0) == {
+    assert state_store_confs(30.0, 0.5) == {
         "spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled": "true",
         "spark.sql.streaming.stateStore.minDeltasForSnapshot": "60",  # 30 s / 0.5 s trigger
         "spark.sql.streaming.stateStore.maintenanceInterval": "30s",

@@ -4,7 +4,12 @@ from __future__ import annotations
 
 from console.policy.config import PolicyConfig
 from console.policy.resources import NodeCapacity
-from console.policy.spares import SPARE_MEM_MB, spares_wanted, standby_node_preference
+from console.policy.spares import (
+    SPARE_MEM_MB,
+    spare_needed,
+    spares_wanted,
+    standby_node_preference,
+)
 
 
 def node(name, score, mem_free=8000.0, alive=True):
@@ -53,3 +58,27 @@ def test_a_supervisor_started_standby_prefers_a_node_with_a_spare_ready_then_q()
     # A node whose spare is still warming up comes after those with an idle one, before the rest.
     spares = {"n2": {"starting": 1}, "n4": {"idle": 1, "starting": 1}}
     assert standby_node_preference(ranked, spares) == ["n4", "n2", "n1", "n3"]
+
+
+def test_a_spare_is_needed_until_one_is_idle_off_each_protected_stage_s_nodes():
+    placements = {"count": ("n1", "n2")}
+    assert spare_needed(placements, {})
+    # On the primary's node: a kill of the driver would leave it usable, a node fault not.
+    assert spare_needed(placements, {"n1": 1, "n3": 0})
+    # On the standby's node: that node is the new primary's after a promotion.
+    assert spare_needed(placements, {"n2": 1})
+    assert not spare_needed(placements, {"n2": 1, "n3": 1})
+    # Every protected stage needs one off its own nodes; one spare may cover several.
+    placements["window"] = ("n3", "n1")
+    assert spare_needed(placements, {"n3": 1})  # count's, not window's
+    assert not spare_needed(placements, {"n2": 1, "n3": 1})
+    assert not spare_needed(placements, {"n4": 1})
+
+
+def test_a_stage_without_a_standby_is_covered_by_any_idle_spare():
+    # Restarts only (or a stage being re-protected): a spare anywhere helps.
+    assert spare_needed({"count": ("n1", None)}, {})
+    assert not spare_needed({"count": ("n1", None)}, {"n1": 1})
+    assert not spare_needed({}, {"n2": 1})
+    # A protected stage next to one being re-protected still needs its own.
+    assert spare_needed({"a": ("n1", None), "b": ("n1", "n2")}, {"n1": 1})

@@ -11,10 +11,10 @@ from django.conf import settings
 from django.utils import timezone
 
 from console.models import ControlDecision, Job, Node, Operator, Replica
-from console.policy.checkpoint import STAGE_TRIGGER_S, stage_interval, state_store_confs
+from console.policy.checkpoint import stage_interval, state_store_confs
 from console.policy.resources import node_capacities
-from console.policy.spares import spares_wanted
-from console.services.control.observe import alive_nodes, node_history
+from console.policy.spares import spare_needed, spares_wanted
+from console.services.control.observe import alive_nodes, node_history, spares_by_state
 from console.services.control.record import (
     FAILURE_TAIL_LINES,
     alert_failed_job,
@@ -23,6 +23,7 @@ from console.services.control.record import (
     failure_report,
 )
 from spark_runtime import keys as data_keys
+from spark_runtime.jobdef import resolve_topology
 from spark_runtime.runner import stage_args
 from spark_runtime.strategies import get_strategy
 from spark_runtime.supervision import JOB, GiveUp, KillReplica, ReplicaSpec, Supervisor, execute
@@ -47,18 +48,22 @@ def stage_interval_of(job: Job, stage: str) -> float | None:
     )
 
 
+def trigger_of(job: Job) -> float:
+    """The micro-batch trigger of a job's stages: its topology's (spark_runtime.topology)."""
+    return resolve_topology(job.topology).trigger_s
+
+
 class AgentLauncher:
     """A `Launcher` that starts and kills replicas through the node agents' queues."""
 
-    def __init__(self, job: Job, client, trigger_seconds: dict[str, float] | None = None):
+    def __init__(self, job: Job, client):
         self.job = job
         self.client = client
-        self.trigger_seconds = trigger_seconds or {}
 
     def start(self, replica: ReplicaSpec) -> None:
         from workers.agent import start_replica
 
-        trigger = self.trigger_seconds.get(replica.stage, STAGE_TRIGGER_S)
+        trigger = trigger_of(self.job)
         interval = stage_interval_of(self.job, replica.stage)
         args = stage_args(
             replica,
@@ -173,16 +178,29 @@ def ensure_generator(job: Job, supervisor: Supervisor, client) -> None:
     )
 
 
-def keep_warm_spares(client, config, reprotecting: bool = False) -> dict[str, int]:
+def keep_warm_spares(
+    client, config, reprotecting: bool = False, placements: dict | None = None
+) -> dict[str, int]:
     """Tell each node agent how many warm spares to keep (policy setting, within the reserve).
     While any job re-protects a stage (`reprotecting`: this one does now), refills are held:
     the agents start no new spare (workers.agent.hold_spare_refills), so the standby catching
-    up gets the CPU first; the spares follow once it is done."""
-    from workers.agent import hold_spare_refills
+    up gets the CPU first; the spares follow once it is done. While the job lacks an idle spare
+    where its next fault would start a process (`placements`: the supervisor's (primary node,
+    standby node) per stage; console.policy.spares.spare_needed), the spares warming up are
+    told to do it at the normal CPU priority; otherwise they are refills that take only the CPU
+    nothing else wants (spark_runtime.spare.warming_nice). Only set here, never cleared: the
+    flag expires unless a job's cycle renews it, so one job's cover does not cancel another's
+    need."""
+    from workers.agent import REFILL_HOLD_S, hold_spare_refills
 
     if reprotecting:
         hold_spare_refills(client)
     beats = alive_nodes(client)
+    idle = {
+        node: states.get("idle", 0) for node, states in spares_by_state(client, list(beats)).items()
+    }
+    if spare_needed(placements or {}, idle):
+        client.set(data_keys.spare_needed(), "1", ex=REFILL_HOLD_S)
     wanted = spares_wanted(
         node_capacities(node_history(client, beats), config),
         {name: int(beat.get("spares", 0)) for name, beat in beats.items()},

@@ -23,6 +23,7 @@ from console.services.control.act import (
     command_sender,
     send_command,
     stage_interval_of,
+    trigger_of,
 )
 from console.services.control.observe import alive_nodes, node_history, stage_usage
 from console.services.control.record import decide, priority_fields
@@ -185,7 +186,7 @@ def roll_out_intervals(job: Job, supervisor: Supervisor, client, config) -> list
     now = time.time()
     rollout = interval_rollout(wanted, live, now, config.interval_apply_gap_s, quiet)
     for apply in rollout:
-        confs = state_store_confs(apply.seconds)
+        confs = state_store_confs(apply.seconds, trigger_of(job))
         client.hset(
             requests_key, apply.replica_id, json.dumps({"seconds": apply.seconds, "sent_at": now})
         )
@@ -245,7 +246,7 @@ def apply_cycle(job, supervisor, client, actions, stage_of) -> None:
                 continue
             Operator.objects.filter(pk=op.pk).update(checkpoint_interval_s=action.seconds)
             kind, node, steps = ControlDecision.Kind.SET_INTERVAL, "", []
-            detail = state_store_confs(action.seconds)
+            detail = state_store_confs(action.seconds, trigger_of(job))
         elif isinstance(action, policy_actions.AddStandby):
             if supervisor.has_standby(stage):
                 continue
