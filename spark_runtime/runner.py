@@ -294,7 +294,7 @@ def build_runner(
         redis_url,
         checkpoint_root,
         log_dir or os.path.join("var", "logs", job),
-        trigger_seconds=trigger_seconds or spec.trigger_s,
+        trigger_seconds=spec.trigger_s if trigger_seconds is None else trigger_seconds,
         max_records=max_records,
         standby_nice=standby_nice,
     )

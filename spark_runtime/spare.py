@@ -25,6 +25,7 @@ share it) starved the replicas of a job starting next to them for over a minute.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import os
@@ -66,6 +67,36 @@ if redis.call('HEXISTS', KEYS[1], ARGV[1]) == 1 then
 end
 return 0
 """
+
+
+# A spare that has not become idle within this time is replaced by its node agent (its start
+# hung or failed), and the machine's warm-up lock it holds expires after it.
+SPARE_START_TIMEOUT_S = 180
+# While it yields (warms up at SPARE_NICE) a spare restarts that clock: its entry's `since` and
+# its warm-up lock's expiry. On busy cores a refill at 19 gets a few percent of a core and is
+# slow, not hung; the clock runs while it has the normal level.
+YIELDING_LUA = """
+local raw = redis.call('HGET', KEYS[1], ARGV[1])
+if not raw then return 0 end
+local entry = cjson.decode(raw)
+if entry['state'] ~= 'starting' then return 0 end
+entry['since'] = tonumber(ARGV[2])
+redis.call('HSET', KEYS[1], ARGV[1], cjson.encode(entry))
+if redis.call('GET', KEYS[2]) == ARGV[1] then redis.call('PEXPIRE', KEYS[2], ARGV[3]) end
+return 1
+"""
+# How often a yielding spare restarts that clock.
+YIELDING_REFRESH_S = 5.0
+
+
+def mark_yielding(client, node: str, spare_id: str) -> bool:
+    """Restart the start-up clock of `spare_id` (see YIELDING_LUA), if it is still registered
+    and warming up; False once taken or idle."""
+    lock = keys.spare_warmup_lock(socket.gethostname())
+    timeout_ms = SPARE_START_TIMEOUT_S * 1000
+    return bool(
+        client.eval(YIELDING_LUA, 2, keys.spares(node), lock, spare_id, time.time(), timeout_ms)
+    )
 
 
 def take_warmup_lock(client, spare_id: str, ttl_s: float) -> bool:
@@ -170,6 +201,7 @@ def watch_for_taker(
     control = keys.spare_control(node, spare_id)
     hold_key, needed_key = keys.spare_refill_hold(), keys.spare_needed()
     nice = 0
+    clock_restarted = 0.0
     while not warm.is_set():
         try:
             queued = client.lindex(control, 0)
@@ -193,6 +225,10 @@ def watch_for_taker(
                 "under way" if held else "over",
                 "needed" if needed else "not needed",
             )
+        if nice == SPARE_NICE and time.monotonic() - clock_restarted >= YIELDING_REFRESH_S:
+            with contextlib.suppress(redis.exceptions.RedisError):
+                mark_yielding(client, node, spare_id)
+                clock_restarted = time.monotonic()
         warm.wait(WATCH_INTERVAL_S)
 
 

@@ -90,7 +90,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--checkpoint-dir", default=None)
     parser.add_argument("--seed-from", default=None, help="checkpoint to copy before a first start")
     parser.add_argument("--low-priority", action="store_true")
-    parser.add_argument("--trigger-seconds", type=float, default=0.5)
+    parser.add_argument(
+        "--trigger-seconds", type=float, default=None, help="default: the topology's"
+    )
     parser.add_argument("--max-records", type=int, default=5000)
     parser.add_argument("--buffer-max", type=int, default=200_000)
     parser.add_argument("--param", action="append", default=[])
@@ -347,7 +349,9 @@ def run(args, spark=None) -> int:
         args.role,
         args.redis_url,
         checkpoint,
-        trigger_seconds=args.trigger_seconds,
+        trigger_seconds=topology.trigger_s
+        if args.trigger_seconds is None
+        else args.trigger_seconds,
         max_records=args.max_records,
         buffer_max=args.buffer_max,
     )

@@ -138,8 +138,9 @@ TOPN_JOB = Topology(
     description="Da-Stream's Top-N job: count items per tumbling window, keep the N most frequent.",
     # A batch here costs a window aggregation, a pandas state function and two state stores: at
     # a 0.5 s trigger one took longer than the trigger, the query ran batches back to back and
-    # used 142% of 2 cores at 50 events/s (p50 1.67 s); at 1 s it used 81% (p50 1.42 s), which
-    # leaves a standby and a recovery room to run (docs/RESULTS.md, 2026-11-25).
+    # used 1.42 of the 2 cores at 50 events/s (p50 1.67 s, restart-all); at 1 s 0.76-0.85 of a
+    # core (p50 1.42-1.44 s), which leaves a standby and a recovery room to run
+    # (docs/RESULTS.md, 2026-11-25).
     trigger_s=1.0,
     operators=(
         OperatorSpec("source", SOURCE, cpu=0.1, mem=128),

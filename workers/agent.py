@@ -38,7 +38,10 @@ from console.policy.fault_params import (
 )
 from spark_runtime import keys as data_keys
 from spark_runtime.activity import ActivityMeter, is_busy, tree_rss_mb
-from spark_runtime.spare import release_warmup_lock, take_warmup_lock
+
+# SPARE_START_TIMEOUT_S: a spare not idle within it is replaced; its clock restarts while the
+# spare yields its CPU (spark_runtime.spare.mark_yielding).
+from spark_runtime.spare import SPARE_START_TIMEOUT_S, release_warmup_lock, take_warmup_lock
 from workers import keys
 from workers.node_metrics import (
     PROCESSES,
@@ -205,8 +208,6 @@ def start_replica(
 
 STAGE_MODULE = "spark_runtime.stage"
 SPARE_MODULE = "spark_runtime.spare"
-# A spare that has not become idle within this time is replaced (its start hung or failed).
-SPARE_START_TIMEOUT_S = 180
 # How long a hold on spare refills lasts unless renewed (the controller renews it every cycle
 # while a job re-protects a stage).
 REFILL_HOLD_S = 10

@@ -26,8 +26,8 @@ only a small changelog of the state it changed; a full state snapshot is written
 snapshot and replays the changelogs after it, so the snapshot spacing is what trades checkpoint
 cost against recovery cost, exactly Da-Stream's CI. Hence:
 
-- the stage keeps its latency-driven trigger interval (default 1 s), shortened to CI when CI is
-  shorter, because a trigger longer than CI would leave more than CI of un-committed input;
+- the stage keeps its latency-driven trigger interval (its topology's), shortened to CI when CI
+  is shorter, because a trigger longer than CI would leave more than CI of un-committed input;
 - ``minDeltasForSnapshot = max(1, round(CI / trigger))`` so a full snapshot lands about every CI
   seconds;
 - the snapshot is made locally at commit once that many changelogs have piled up, but uploaded by
@@ -41,8 +41,10 @@ settings only by restarting its queries from their checkpoints (a few seconds of
 process and its JVM stay). Hence (`interval_rollout`): a replica starts with its stage's interval
 (the shortest of its operators'); later, a change of more than INTERVAL_CHANGE_FACTOR reaches it
 at most every `interval_apply_gap_s`, only at a quiet moment, one replica of a stage at a time,
-the standby before the primary. The trigger does not change: checkpoint_min_s (1 s) is above the
-stages' 0.5 s trigger. Spark runs the state store's maintenance thread once per JVM; whether it
+the standby before the primary. The trigger does not change (it is the topology's,
+spark_runtime.topology: 0.5 s, topn 1 s): with the default checkpoint_min_s (1 s) no interval is
+shorter than it; an interval an admin sets below a stage's trigger takes effect as a snapshot
+every batch. Spark runs the state store's maintenance thread once per JVM; whether it
 picks up a new maintenanceInterval without a new process is not verified here.
 """
 
@@ -55,7 +57,6 @@ from console.policy.config import PolicyConfig
 # fr is a probability from the predictor, which clips to [0.001, 0.999]; the same floor here
 # keeps C_initial finite when a caller passes 0.
 MIN_FAULT_RATE = 0.001
-DEFAULT_TRIGGER_S = 1.0
 SPARK_MAINTENANCE_DEFAULT_S = 60
 
 
@@ -136,7 +137,7 @@ def _spark_duration(seconds: float) -> str:
     return f"{round(seconds * 1000)} milliseconds"
 
 
-def spark_settings_for_interval(seconds: float, trigger_s: float = DEFAULT_TRIGGER_S) -> dict:
+def spark_settings_for_interval(seconds: float, trigger_s: float) -> dict:
     """Spark settings that realise a checkpoint interval of `seconds` (see module docstring).
 
     Returns the trigger interval as a Spark duration string and as float seconds, plus the SQL
@@ -171,8 +172,8 @@ INTERVAL_PENDING_TIMEOUT_S = 60.0
 
 def state_store_confs(seconds: float, trigger_s: float) -> dict[str, str]:
     """The Spark settings a running stage with trigger `trigger_s` (its topology's) takes for
-    interval `seconds` (the state-store part of spark_settings_for_interval; the trigger stays:
-    it is shorter than checkpoint_min_s)."""
+    interval `seconds`: the state-store part of spark_settings_for_interval (a running stage
+    keeps its trigger; see the module docstring)."""
     return {
         key: value
         for key, value in spark_settings_for_interval(seconds, trigger_s).items()

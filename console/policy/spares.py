@@ -62,20 +62,28 @@ def spare_needed(
     """Whether a job lacks a warm spare where its next fault would start a process, so that a
     spare warming up should have the normal CPU priority rather than the lowest.
 
-    `placements`: (primary node, standby node or None) per stage; `idle_spares`: idle spares
-    per alive node. A stage with a standby is covered by an idle spare on an alive node that
-    holds neither of its replicas: after either one fails, the new standby goes to such a node
-    (`standby_node_preference` puts the ones with an idle spare first). A job with no standby
-    (restarts only) is covered by an idle spare anywhere. A spare on a node that holds the
-    stage's standby does not count: that node is the new primary's after a promotion."""
-    covered_anywhere = any(count > 0 for count in idle_spares.values())
-    protected = [set(nodes) for nodes in placements.values() if nodes[0] and nodes[1]]
-    if not protected:
-        return not covered_anywhere
-    return not all(
-        any(count > 0 for node, count in idle_spares.items() if node not in nodes)
-        for nodes in protected
-    )
+    `placements`: (primary node or None, standby node or None) per stage; `idle_spares`: idle
+    spares per alive node. Every stage must be covered:
+    - with a standby, by an idle spare on a node that holds neither replica: after either one
+      fails, the new standby goes to such a node (`standby_node_preference` puts the ones with
+      an idle spare first); one on the standby's node does not count, that node is the new
+      primary's after a promotion;
+    - with a primary only, by an idle spare on its node: a failed primary restarts there;
+    - with neither (being restarted), by an idle spare anywhere.
+    Spares are counted per node, not per stage: one idle spare covers every stage it is off,
+    although a node fault that fails two of them needs two."""
+
+    def idle_on(nodes) -> bool:
+        return any(idle_spares.get(node, 0) > 0 for node in nodes)
+
+    def covered(primary: str | None, standby: str | None) -> bool:
+        if standby:
+            return idle_on(set(idle_spares) - {primary, standby})
+        if primary:
+            return idle_on([primary])
+        return idle_on(idle_spares)
+
+    return not all(covered(*nodes) for nodes in placements.values())
 
 
 def standby_node_preference(

@@ -267,8 +267,8 @@ def supervise_window(job: Job, client, window_s: float, keep_lease) -> bool:
                 keep_warm_spares(
                     client,
                     config,
+                    supervisor.placement_by_stage(),
                     reprotecting=bool(supervisor.unprotected_since),
-                    placements=supervisor.placement_by_stage(),
                 )
             save_supervisor(client, job, supervisor)
             recovery.measure_open_episodes(job, client, config)

@@ -6,6 +6,7 @@ import contextlib
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -66,13 +67,13 @@ def test_a_re_protecting_job_holds_refills_without_lowering_targets(client):
         NodeFactory(name=name, cpu_total=2.0, mem_total_mb=4096.0)
     publish_usage(client, NODES)  # two idle nodes with no spares yet
     config = PolicyConfig(warm_spares_per_node=1)
-    keep_warm_spares(client, config, reprotecting=True)
+    keep_warm_spares(client, config, {}, reprotecting=True)
     assert 0 < client.ttl(data_keys.spare_refill_hold()) <= agent.REFILL_HOLD_S
     # The targets stay the policy's: a spare starting or warm now is not stopped for the hold.
     assert targets(client) == {"wt-node-1": 1, "wt-node-2": 1}
     # Another job's cycle neither renews nor lifts it; it expires on its own.
     client.expire(data_keys.spare_refill_hold(), 1)
-    keep_warm_spares(client, config)
+    keep_warm_spares(client, config, {})
     assert client.ttl(data_keys.spare_refill_hold()) <= 1
 
 
@@ -87,13 +88,16 @@ def test_the_cycle_asks_for_a_spare_until_one_is_idle_off_the_stage_s_nodes(clie
     idle = json.dumps({"pid": 2, "state": "idle", "since": time.time()})
     client.hset(data_keys.spares("wt-node-3"), "spare-a", idle)
     client.hset(data_keys.spares("wt-node-2"), "spare-b", idle)
-    keep_warm_spares(client, config, placements=placements)
-    assert 0 < client.ttl(data_keys.spare_needed()) <= agent.REFILL_HOLD_S
-    # Covered once the primary has moved: the idle spare is off both replicas' nodes.
-    client.delete(data_keys.spare_needed())
-    keep_warm_spares(client, config, placements={"count": ("wt-node-1", None)})
-    assert not client.exists(data_keys.spare_needed())
-    client.delete(data_keys.spares("wt-node-3"))
+    try:
+        keep_warm_spares(client, config, placements)
+        assert 0 < client.ttl(data_keys.spare_needed()) <= 2 * config.cycle_interval_s + 1
+        # An idle spare on the primary's node covers it once it has no standby (a restart).
+        client.delete(data_keys.spare_needed())
+        client.hset(data_keys.spares("wt-node-1"), "spare-c", idle)
+        keep_warm_spares(client, config, {"count": ("wt-node-1", None)})
+        assert not client.exists(data_keys.spare_needed())
+    finally:
+        client.delete(data_keys.spares("wt-node-3"))
 
 
 def test_a_node_under_the_hold_starts_no_spare_and_stops_none(client, spare_process):
@@ -287,3 +291,30 @@ def is_zombie(pid: int) -> bool:
         return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
     except psutil.NoSuchProcess:
         return True
+
+
+def test_a_yielding_spare_restarts_its_start_up_clock_and_keeps_the_warm_up_lock(client):
+    """A refill at nice 19 is slow, not hung: while it yields, its entry's start time and the
+    machine's warm-up lock it holds are renewed, so the agent does not replace it and no second
+    spare starts warming beside it. Taken or idle, nothing is renewed."""
+    node = NODES[0]
+    long_ago = time.time() - agent.SPARE_START_TIMEOUT_S - 60
+    entry = {"pid": 4242, "state": "starting", "since": long_ago}
+    client.hset(data_keys.spares(node), "spare-y", json.dumps(entry))
+    assert agent.take_warmup_lock(client, "spare-y", 5)
+    try:
+        assert spare.mark_yielding(client, node, "spare-y")
+        renewed = json.loads(client.hget(data_keys.spares(node), "spare-y"))
+        assert renewed["pid"] == 4242 and renewed["state"] == "starting"
+        assert time.time() - renewed["since"] < 5
+        assert agent.spares_to_take({"spare-y": renewed}, time.time()) == ["spare-y"]
+        lock_ttl_ms = client.pttl(data_keys.spare_warmup_lock(socket.gethostname()))
+        assert lock_ttl_ms > (agent.SPARE_START_TIMEOUT_S - 5) * 1000
+        # Idle, or taken (its entry deleted): no clock to restart.
+        client.hset(data_keys.spares(node), "spare-y", json.dumps({**entry, "state": "idle"}))
+        assert not spare.mark_yielding(client, node, "spare-y")
+        assert json.loads(client.hget(data_keys.spares(node), "spare-y"))["since"] == long_ago
+        client.hdel(data_keys.spares(node), "spare-y")
+        assert not spare.mark_yielding(client, node, "spare-y")
+    finally:
+        agent.release_warmup_lock(client, "spare-y")

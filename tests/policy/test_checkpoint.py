@@ -75,7 +75,7 @@ def test_clamping_is_reported():
 
 def test_spark_settings_by_hand():
     # 30 s interval, 1 s trigger: a full snapshot every 30 batches, maintenance every 30 s.
-    assert spark_settings_for_interval(30.0) == {
+    assert spark_settings_for_interval(30.0, trigger_s=1.0) == {
         "trigger_interval": "1 seconds",
         "trigger_interval_s": 1.0,
         "spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled": "true",
@@ -83,7 +83,7 @@ def test_spark_settings_by_hand():
         "spark.sql.streaming.stateStore.maintenanceInterval": "30s",
     }
     # 0.5 s interval: the trigger shrinks to 0.5 s, a snapshot every batch, maintenance 1 s.
-    short = spark_settings_for_interval(0.5)
+    short = spark_settings_for_interval(0.5, trigger_s=1.0)
     assert short["trigger_interval"] == "500 milliseconds"
     assert short["trigger_interval_s"] == 0.5
     assert short["spark.sql.streaming.stateStore.minDeltasForSnapshot"] == "1"
@@ -94,7 +94,7 @@ def test_spark_settings_by_hand():
     assert long["spark.sql.streaming.stateStore.minDeltasForSnapshot"] == "60"
     assert long["spark.sql.streaming.stateStore.maintenanceInterval"] == "60s"
     with pytest.raises(ValueError):
-        spark_settings_for_interval(0.0)
+        spark_settings_for_interval(0.0, trigger_s=1.0)
 
 
 bounds = st.tuples(

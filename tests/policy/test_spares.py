@@ -75,10 +75,14 @@ def test_a_spare_is_needed_until_one_is_idle_off_each_protected_stage_s_nodes():
     assert not spare_needed(placements, {"n4": 1})
 
 
-def test_a_stage_without_a_standby_is_covered_by_any_idle_spare():
-    # Restarts only (or a stage being re-protected): a spare anywhere helps.
+def test_a_stage_without_a_standby_is_covered_by_an_idle_spare_on_its_primary_s_node():
+    # A failed primary restarts on its node: a spare elsewhere does not help it.
     assert spare_needed({"count": ("n1", None)}, {})
+    assert spare_needed({"count": ("n1", None)}, {"n2": 1})
     assert not spare_needed({"count": ("n1", None)}, {"n1": 1})
+    # Being restarted (no live replica): any node.
+    assert not spare_needed({"count": (None, None)}, {"n3": 1})
     assert not spare_needed({}, {"n2": 1})
-    # A protected stage next to one being re-protected still needs its own.
+    # Every stage, protected or not, needs its cover.
     assert spare_needed({"a": ("n1", None), "b": ("n1", "n2")}, {"n1": 1})
+    assert not spare_needed({"a": ("n1", None), "b": ("n1", "n2")}, {"n1": 1, "n3": 1})

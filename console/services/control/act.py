@@ -179,7 +179,7 @@ def ensure_generator(job: Job, supervisor: Supervisor, client) -> None:
 
 
 def keep_warm_spares(
-    client, config, reprotecting: bool = False, placements: dict | None = None
+    client, config, placements: dict, reprotecting: bool = False
 ) -> dict[str, int]:
     """Tell each node agent how many warm spares to keep (policy setting, within the reserve).
     While any job re-protects a stage (`reprotecting`: this one does now), refills are held:
@@ -189,8 +189,8 @@ def keep_warm_spares(
     standby node) per stage; console.policy.spares.spare_needed), the spares warming up are
     told to do it at the normal CPU priority; otherwise they are refills that take only the CPU
     nothing else wants (spark_runtime.spare.warming_nice). Only set here, never cleared: the
-    flag expires unless a job's cycle renews it, so one job's cover does not cancel another's
-    need."""
+    flag expires two cycles after the last job's cycle that renewed it, so one job's cover does
+    not cancel another's need."""
     from workers.agent import REFILL_HOLD_S, hold_spare_refills
 
     if reprotecting:
@@ -199,8 +199,9 @@ def keep_warm_spares(
     idle = {
         node: states.get("idle", 0) for node, states in spares_by_state(client, list(beats)).items()
     }
-    if spare_needed(placements or {}, idle):
-        client.set(data_keys.spare_needed(), "1", ex=REFILL_HOLD_S)
+    if spare_needed(placements, idle):
+        ttl_s = max(REFILL_HOLD_S, 2 * config.cycle_interval_s)
+        client.set(data_keys.spare_needed(), "1", ex=round(ttl_s))
     wanted = spares_wanted(
         node_capacities(node_history(client, beats), config),
         {name: int(beat.get("spares", 0)) for name, beat in beats.items()},
