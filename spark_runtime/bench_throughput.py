@@ -139,7 +139,9 @@ def main(argv: list[str] | None = None) -> int:
     lines = [
         f"Command: `{COMMAND}{opts} --step {args.step:g} --settle {args.settle:g} "
         f"--max-records {args.max_records}` ({time.strftime('%Y-%m-%d %H:%M')}, 2 cores; "
-        "stages as separate processes, local[2] each, 0.5 s trigger). Rates are input entries "
+        "stages as separate processes, local[2] each, each topology's trigger: "
+        f"{', '.join(f'{t} {get_topology(t).trigger_s:g} s' for t in topologies)}). "
+        "Rates are input entries "
         "per second (wordcount: lines of about 7.5 words); a step passes if every batch's "
         f"event-time latency p99 stays under {P99_BOUND:g} s.",
         "",
