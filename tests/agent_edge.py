@@ -11,9 +11,16 @@ import time
 from workers import keys as control_keys
 
 
-def publish_usage(client, nodes, cpu_used: dict[str, float] | None = None, ttl_s=5) -> None:
+def publish_usage(
+    client,
+    nodes,
+    cpu_used: dict[str, float] | None = None,
+    ttl_s=5,
+    idle_spares: dict[str, int] | None = None,
+) -> None:
     """What each node agent publishes every second: a heartbeat and a usage sample (2 cores,
-    4 GB; CPU used 0.2 cores unless `cpu_used` says otherwise)."""
+    4 GB; CPU used 0.2 cores unless `cpu_used` says otherwise; no idle spare unless
+    `idle_spares` says otherwise)."""
     for name in nodes:
         usage = {
             "at": time.time(),
@@ -26,7 +33,7 @@ def publish_usage(client, nodes, cpu_used: dict[str, float] | None = None, ttl_s
             "bw_used": 10.0,
             "bw_total": 1000.0,
             "processes": 1,
-            "spares": 0,
+            "spares": (idle_spares or {}).get(name, 0),
         }
         payload = json.dumps(usage)
         client.set(control_keys.node_heartbeat(name), payload, ex=ttl_s)

@@ -79,25 +79,21 @@ def test_a_re_protecting_job_holds_refills_without_lowering_targets(client):
 
 def test_the_cycle_asks_for_a_spare_until_one_is_idle_off_the_stage_s_nodes(client):
     """Warming spares take the normal priority only while a job lacks an idle spare where its
-    next fault would start a process: not on the stage's nodes, not on a dead node."""
+    next fault would start a process (the agents report their idle spares with their
+    heartbeats): not on the stage's nodes, not on a dead node."""
     for name in NODES + ["wt-node-3"]:
         NodeFactory(name=name, cpu_total=2.0, mem_total_mb=4096.0)
-    publish_usage(client, NODES)  # wt-node-3 has no heartbeat: down
     config = PolicyConfig(warm_spares_per_node=1)
     placements = {"count": ("wt-node-1", "wt-node-2")}
-    idle = json.dumps({"pid": 2, "state": "idle", "since": time.time()})
-    client.hset(data_keys.spares("wt-node-3"), "spare-a", idle)
-    client.hset(data_keys.spares("wt-node-2"), "spare-b", idle)
-    try:
-        keep_warm_spares(client, config, placements)
-        assert 0 < client.ttl(data_keys.spare_needed()) <= 2 * config.cycle_interval_s + 1
-        # An idle spare on the primary's node covers it once it has no standby (a restart).
-        client.delete(data_keys.spare_needed())
-        client.hset(data_keys.spares("wt-node-1"), "spare-c", idle)
-        keep_warm_spares(client, config, {"count": ("wt-node-1", None)})
-        assert not client.exists(data_keys.spare_needed())
-    finally:
-        client.delete(data_keys.spares("wt-node-3"))
+    # wt-node-3 has no heartbeat (down): its idle spare is not reported.
+    publish_usage(client, NODES, idle_spares={"wt-node-2": 1})
+    keep_warm_spares(client, config, placements)
+    assert 0 < client.ttl(data_keys.spare_needed()) <= 2 * config.cycle_interval_s + 1
+    # An idle spare on the primary's node covers it once it has no standby (a restart).
+    client.delete(data_keys.spare_needed())
+    publish_usage(client, NODES, idle_spares={"wt-node-1": 1, "wt-node-2": 1})
+    keep_warm_spares(client, config, {"count": ("wt-node-1", None)})
+    assert not client.exists(data_keys.spare_needed())
 
 
 def test_a_node_under_the_hold_starts_no_spare_and_stops_none(client, spare_process):

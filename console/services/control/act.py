@@ -14,7 +14,7 @@ from console.models import ControlDecision, Job, Node, Operator, Replica
 from console.policy.checkpoint import stage_interval, state_store_confs
 from console.policy.resources import node_capacities
 from console.policy.spares import spare_needed, spares_wanted
-from console.services.control.observe import alive_nodes, node_history, spares_by_state
+from console.services.control.observe import alive_nodes, node_history
 from console.services.control.record import (
     FAILURE_TAIL_LINES,
     alert_failed_job,
@@ -196,17 +196,12 @@ def keep_warm_spares(
     if reprotecting:
         hold_spare_refills(client)
     beats = alive_nodes(client)
-    idle = {
-        node: states.get("idle", 0) for node, states in spares_by_state(client, list(beats)).items()
-    }
+    # Idle spares per alive node, as each agent's heartbeat reports them.
+    idle = {name: int(beat.get("spares", 0)) for name, beat in beats.items()}
     if spare_needed(placements, idle):
         ttl_s = max(REFILL_HOLD_S, 2 * config.cycle_interval_s)
         client.set(data_keys.spare_needed(), "1", ex=round(ttl_s))
-    wanted = spares_wanted(
-        node_capacities(node_history(client, beats), config),
-        {name: int(beat.get("spares", 0)) for name, beat in beats.items()},
-        config,
-    )
+    wanted = spares_wanted(node_capacities(node_history(client, beats), config), idle, config)
     for name, count in wanted.items():
         client.set(data_keys.spares_wanted(name), count)
     return wanted
