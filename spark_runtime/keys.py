@@ -79,6 +79,13 @@ def heartbeat(job: str, replica: str) -> str:
     return f"{PREFIX}:{job}:hb:{replica}"
 
 
+def batch_pace(job: str, replica: str) -> str:
+    """Seconds between the batches of `replica` that read new input, while it is a caught-up
+    low-priority standby (spark_runtime.stage sets it with a short TTL and renews it); absent,
+    its queries read new input on every trigger (spark_runtime.redis_source)."""
+    return f"{PREFIX}:{job}:pace:{replica}"
+
+
 def control(job: str, replica: str) -> str:
     """List of JSON control commands for a replica (promote, stop, trigger, fault)."""
     return f"{PREFIX}:{job}:control:{replica}"

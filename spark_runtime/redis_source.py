@@ -16,6 +16,8 @@ Rows have the columns `pos` (the entry id as one sortable long: ms * 1e6 + seq),
 
 from __future__ import annotations
 
+import time
+
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows
 
@@ -145,6 +147,10 @@ class RedisStreamReader(DataSourceStreamReader):
         self.start_id = opts.get("startid", "0-0")
         self.max_records = int(opts.get("maxrecordsperbatch", "5000"))
         self.partition_size = int(opts.get("partitionsize", "2000"))
+        # Set for a stage replica: while this key holds a number of seconds, a new batch reads
+        # new input only that long after the previous one did (a paced standby, keys.batch_pace).
+        self.pace_key = opts.get("pacekey")
+        self._read_new_at = 0.0  # time.monotonic() of the last offset that moved forward
         self.fields = fields
         self._client = None
 
@@ -164,10 +170,23 @@ class RedisStreamReader(DataSourceStreamReader):
     def getDefaultReadLimit(self):
         return ReadMaxRows(self.max_records)
 
+    def _paced(self) -> bool:
+        """True while this replica is paced and read new input less than its pace ago."""
+        if self.pace_key is None:
+            return False
+        pace = self._redis().get(self.pace_key)
+        return pace is not None and time.monotonic() - self._read_new_at < float(pace)
+
     def latestOffset(self, start: dict, limit) -> dict:
+        # Returning `start` means no new input: Spark runs no batch on this trigger.
+        if self._paced():
+            return start
         max_count = 0 if isinstance(limit, ReadAllAvailable) else int(limit.max_rows)
         bounds = self._plan(start["id"], "+", max_count)
-        return {"id": bounds[-1]} if bounds else start
+        if not bounds:
+            return start
+        self._read_new_at = time.monotonic()
+        return {"id": bounds[-1]}
 
     def partitions(self, start: dict, end: dict):
         if start["id"] == end["id"]:

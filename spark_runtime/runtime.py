@@ -275,6 +275,7 @@ class StageRuntime:
         trigger_seconds: float = 0.5,
         max_records: int = 5000,
         buffer_max: int = 200_000,
+        pace_key: str | None = None,
     ):
         self.spark = spark
         self.job = job
@@ -284,6 +285,8 @@ class StageRuntime:
         self.checkpoint_dir = checkpoint_dir
         self.trigger_seconds = trigger_seconds
         self.max_records = max_records
+        # The replica's batch pace key (keys.batch_pace), read by its sources; None: no pacing.
+        self.pace_key = pace_key
         # A standby of a stage with several queries buffers what its first query would write to
         # the stage's internal channel; its later queries read that channel as the primary
         # writes it (the same records, exactly once), and after a promotion as it writes it.
@@ -303,7 +306,7 @@ class StageRuntime:
         else:
             fields = plan_for(self.topology.name, segment.operators[0]).input_fields
         (channel,) = segment.inputs
-        df = (
+        reader = (
             self.spark.readStream.format(FORMAT_NAME)
             .option("stream", channel_key(self.job, channel))
             .option("fields", fields)
@@ -311,8 +314,10 @@ class StageRuntime:
             .option("job", self.job)
             .option("stage", self.stage.name)
             .option("maxRecordsPerBatch", str(self.max_records))
-            .load()
         )
+        if self.pace_key is not None:
+            reader = reader.option("paceKey", self.pace_key)
+        df = reader.load()
         checkpoint = os.path.join(self.checkpoint_dir, str(index))
         if user_job is not None:
             df = user_plan.user_input(df, user_job)

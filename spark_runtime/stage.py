@@ -45,7 +45,7 @@ from spark_runtime.config import DEFAULT_REDIS_URL, configure_logging, ensure_py
 from spark_runtime.cpu_priority import set_group_nice
 from spark_runtime.progress import ProgressRecord, publish_progress
 from spark_runtime.redis_client import connect
-from spark_runtime.strategies import CATCHING_UP_NICE, STANDBY_NICE
+from spark_runtime.strategies import CATCHING_UP_NICE, STANDBY_BATCH_EVERY_S, STANDBY_NICE
 
 log = logging.getLogger("spark_runtime.stage")
 
@@ -157,9 +157,17 @@ class ReplicaState:
         with self.lock:
             self.info["updated"] = time.time()
             payload = json.dumps(self.info)
+            pace_s = self.info.get("batch_every_s")
         pipe = self.client.pipeline(transaction=False)
         pipe.hset(keys.replicas(self.job), self.replica, payload)
         pipe.set(keys.heartbeat(self.job, self.replica), payload, px=HEARTBEAT_TTL_MS)
+        # The pace lives as long as the heartbeat: a replica that stops renewing it (hung,
+        # killed) leaves its queries reading on every trigger.
+        pace = keys.batch_pace(self.job, self.replica)
+        if pace_s is not None:
+            pipe.set(pace, pace_s, px=HEARTBEAT_TTL_MS)
+        else:
+            pipe.delete(pace)
         pipe.execute()
 
 
@@ -265,6 +273,13 @@ def wanted_nice(low_priority: bool, role: str, ready: str, started: bool) -> int
     return CATCHING_UP_NICE if ready == CATCHING_UP else STANDBY_NICE
 
 
+def batch_every_s(nice: int) -> float | None:
+    """Seconds between the batches that read new input of a replica at `nice`: a caught-up
+    low-priority standby (at STANDBY_NICE) reads every STANDBY_BATCH_EVERY_S; every other
+    replica on every trigger (None)."""
+    return STANDBY_BATCH_EVERY_S if nice == STANDBY_NICE else None
+
+
 def handle_command(command: dict, runtime, state: ReplicaState) -> int | None:
     """Apply one control command; returns an exit code when the process should end."""
     from spark_runtime.runtime import PromotionError
@@ -288,6 +303,7 @@ def handle_command(command: dict, runtime, state: ReplicaState) -> int | None:
             epoch=result["epoch"],
             promoted_at=time.time(),
             nice=set_group_nice(0),
+            batch_every_s=None,
         )
         return None
     if cmd == "trigger":
@@ -354,6 +370,7 @@ def run(args, spark=None) -> int:
         else args.trigger_seconds,
         max_records=args.max_records,
         buffer_max=args.buffer_max,
+        pace_key=keys.batch_pace(args.job, args.replica_id),
     )
     spark.streams.addListener(make_listener(client, args.job, state, runtime))
     confs = interval_confs(args.spark_conf)
@@ -380,7 +397,12 @@ def run(args, spark=None) -> int:
                 wanted = wanted_nice(args.low_priority, runtime.gate.role, ready, lag is not None)
                 if ready != state.info["state"] or wanted != nice:
                     nice = wanted
-                    state.update(state=ready, lag_s=lag, nice=set_group_nice(nice))
+                    state.update(
+                        state=ready,
+                        lag_s=lag,
+                        nice=set_group_nice(nice),
+                        batch_every_s=batch_every_s(nice),
+                    )
                 elif lag != state.info.get("lag_s"):
                     state.update(lag_s=lag)  # a standby's lag, current after each batch
             popped = client.blpop([keys.control(args.job, args.replica_id)], timeout=0.5)
@@ -402,7 +424,9 @@ def run(args, spark=None) -> int:
     finally:
         stop_beats.set()
         runtime.stop()
-        client.delete(keys.heartbeat(args.job, args.replica_id))
+        client.delete(
+            keys.heartbeat(args.job, args.replica_id), keys.batch_pace(args.job, args.replica_id)
+        )
     return code
 
 

@@ -58,3 +58,18 @@ def test_only_a_caught_up_low_priority_standby_runs_below_its_primary():
     assert wanted_nice(True, "standby", RUNNING, started=False) == 0
     # A strategy without low-priority standbys.
     assert wanted_nice(False, "standby", RUNNING, started=True) == 0
+
+
+def test_only_a_standby_below_its_primary_is_paced():
+    from spark_runtime.stage import batch_every_s
+    from spark_runtime.strategies import (
+        CATCHING_UP_NICE,
+        SPARE_NICE,
+        STANDBY_BATCH_EVERY_S,
+        STANDBY_NICE,
+    )
+
+    assert batch_every_s(STANDBY_NICE) == STANDBY_BATCH_EVERY_S == 3.0
+    assert batch_every_s(0) is None  # a primary, or a standby that is starting
+    assert batch_every_s(CATCHING_UP_NICE) is None
+    assert batch_every_s(SPARE_NICE) is None

@@ -16,6 +16,7 @@ import pytest
 from spark_runtime import generators, keys
 from spark_runtime.checkpoint_seed import committed_batch
 from spark_runtime.runner import build_runner
+from spark_runtime.strategies import STANDBY_BATCH_EVERY_S
 from spark_runtime.topology import PER_OPERATOR
 from tests.spark_runtime import truth
 
@@ -134,15 +135,18 @@ def test_a_seeded_standby_takes_over_after_a_second_kill(client, redis_url, job,
         wait_running(client, job, ["count-1", "count-2"])
         generator = feed(client, job, seed)
         # Kill once the standby has committed a batch (its checkpoint is what the next standby
-        # is seeded from) and reports itself caught up with the primary (promotable).
+        # is seeded from) and reports itself caught up with the primary (promotable), at the
+        # standby's CPU priority and batch pace (reading new input every few seconds).
         standby_checkpoint = tmp_path / "checkpoints" / job / "count" / "count-2" / "0"
         deadline = time.time() + 120
         while time.time() < deadline and not (
             (committed_batch(str(standby_checkpoint)) or 0) >= 1
             and replica_info(client, job, "count-2").get("lag_s") is not None
             and replica_info(client, job, "count-2")["state"] == "running"
+            and replica_info(client, job, "count-2").get("batch_every_s") == STANDBY_BATCH_EVERY_S
         ):
             time.sleep(0.5)
+        assert client.get(keys.batch_pace(job, "count-2")) == str(STANDBY_BATCH_EVERY_S)
         time.sleep(rng.uniform(0, 3))
         killed_at = time.time()
         sigkill(runner, "count-1")
@@ -150,6 +154,9 @@ def test_a_seeded_standby_takes_over_after_a_second_kill(client, redis_url, job,
         # The replacement standby copies count-2's latest committed batch and catches up.
         wait_running(client, job, ["count-3"], timeout=150)
         assert runner.supervisor.replicas["count-3"].spec.seed_from == "count-2"
+        # The promoted standby's pace was lifted: as primary it reads on every trigger.
+        assert replica_info(client, job, "count-2")["batch_every_s"] is None
+        assert not client.exists(keys.batch_pace(job, "count-2"))
         seeded = replica_info(client, job, "count-3")["seeded_batches"]
         assert seeded["0"] is not None and seeded["0"] > 0, seeded
         generator = feed(client, job, seed + 1)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows
 
 from spark_runtime import keys
@@ -41,6 +43,29 @@ def test_offsets_respect_the_read_limit_and_partition_large_ranges(client, job, 
     # Nothing new: the start offset comes back unchanged.
     assert reader.latestOffset({"id": ids[-1]}, ReadMaxRows(10)) == {"id": ids[-1]}
     assert reader.partitions(end, end) == []
+
+
+def test_a_paced_reader_reads_new_input_once_per_pace(client, job, redis_url):
+    """While the replica's pace key holds N seconds, new input is read at most every N s
+    (Spark runs no batch when latestOffset returns the start); without it, on every call."""
+    pace = keys.batch_pace(job, "r-2")
+    ids = fill(client, job, 3)
+    reader = make_reader(redis_url, job, paceKey=pace)
+    client.set(pace, "1.5", px=10_000)
+    first = reader.latestOffset(reader.initialOffset(), ReadMaxRows(100))
+    assert first == {"id": ids[-1]}  # nothing read yet: the first call reads
+    more = fill(client, job, 2)
+    assert reader.latestOffset(first, ReadMaxRows(100)) == first  # paced: no batch
+    time.sleep(1.6)
+    assert reader.latestOffset(first, ReadMaxRows(100)) == {"id": more[-1]}
+    # The pace is lifted (a promotion, or the key's TTL ran out): every call reads.
+    newest = fill(client, job, 1)
+    client.delete(pace)
+    assert reader.latestOffset({"id": more[-1]}, ReadMaxRows(100)) == {"id": newest[-1]}
+    # Another replica's pace is not this one's.
+    client.set(keys.batch_pace(job, "r-3"), "60", px=10_000)
+    last = fill(client, job, 1)
+    assert reader.latestOffset({"id": newest[-1]}, ReadMaxRows(100)) == {"id": last[-1]}
 
 
 def test_replay_from_any_offset_returns_the_same_rows(client, job, redis_url):
