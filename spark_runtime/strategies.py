@@ -45,9 +45,10 @@ SPARE_NICE = 19
 # STANDBY_BATCH_EVERY_S, not on every trigger: at these input rates a micro-batch's cost is
 # nearly all fixed (planning, the source's Python calls, two state-store commits), so a standby
 # batching as often as its primary used as much CPU as it. Measured with topn's plain query alone
-# on 2 cores (50 events/s): 106% of a core batching every 1 s, 63% every 2 s, 48% every 3 s. A
-# standby so paced is at most this much input (and one batch) behind its primary, far below
-# CAUGHT_UP_S; a promotion lifts the pace at once and the first batch after it reads the rest.
+# on 2 cores (50 events/s; spark_runtime/bench_batch_cost.py): 118% of a core batching every 1 s,
+# 69% every 2 s, 47% every 3 s. A standby so paced is at most this much input (and one batch)
+# behind its primary, far below CAUGHT_UP_S; a promotion lifts the pace at once and the first
+# batch after it reads the rest.
 STANDBY_BATCH_EVERY_S = 3.0
 
 
