@@ -23,10 +23,9 @@ import time
 import psutil
 
 from spark_runtime import generators, keys
-from spark_runtime.bench_util import wait_running, write_section
+from spark_runtime.bench_util import bench_runner, wait_running, write_section
 from spark_runtime.progress import read_progress
 from spark_runtime.redis_client import connect
-from spark_runtime.runner import build_runner
 
 log = logging.getLogger("spark_runtime.bench_batch_cost")
 
@@ -50,16 +49,8 @@ def measure(client, redis_url: str, topology: str, every_s: float, args) -> dict
     """Run `topology` fused with a trigger of `every_s` and return its CPU share over the
     measured window (percent of one core) and the batches it ran meanwhile."""
     job = f"bench-bc-{topology}-{every_s:g}-{int(time.time())}"
-    root = os.path.join("var", "bench", job)
-    runner = build_runner(
-        topology,
-        job,
-        "restart-all",
-        redis_url,
-        client,
-        checkpoint_root=os.path.join(root, "checkpoints"),
-        log_dir=os.path.join(root, "logs"),
-        trigger_seconds=every_s,
+    runner, root = bench_runner(
+        topology, job, "restart-all", redis_url, client, trigger_seconds=every_s
     )
     stop = threading.Event()
     supervise = threading.Thread(target=runner.run, kwargs={"stop": stop.is_set})

@@ -23,9 +23,14 @@ import threading
 import time
 
 from spark_runtime import generators, keys
-from spark_runtime.bench_util import final_progress, wait_running, wait_steady, write_section
+from spark_runtime.bench_util import (
+    bench_runner,
+    final_progress,
+    wait_running,
+    wait_steady,
+    write_section,
+)
 from spark_runtime.redis_client import connect
-from spark_runtime.runner import build_runner
 from spark_runtime.topology import FUSED, PER_OPERATOR
 
 log = logging.getLogger("spark_runtime.bench_failover")
@@ -48,19 +53,16 @@ def watch_writes(client, job: str, stage: str, stop: threading.Event, changes: l
 def scenario(client, redis_url: str, strategy: str, args) -> dict:
     """Run wordcount under `strategy`, kill the count primary after warm-up, measure."""
     job = f"bench-fo-{strategy}-{int(time.time())}"
-    root = os.path.join("var", "bench", job)
     # The stage killed: the fused one-query wordcount ("job"), or "count" of the split stages.
     stage = "count" if args.stages else "job"
     active = {stage} if strategy == "adaptive" else set()
-    runner = build_runner(
+    runner, root = bench_runner(
         "wordcount",
         job,
         strategy,
         redis_url,
         client,
         active_stages=active,
-        checkpoint_root=os.path.join(root, "checkpoints"),
-        log_dir=os.path.join(root, "logs"),
         standby_nice=args.standby_nice,
         chaining=PER_OPERATOR if args.stages else FUSED,
     )

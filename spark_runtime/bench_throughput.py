@@ -14,15 +14,19 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
 import shutil
 import threading
 import time
 
 from spark_runtime import generators, keys
-from spark_runtime.bench_util import final_progress, wait_running, wait_steady, write_section
+from spark_runtime.bench_util import (
+    bench_runner,
+    final_progress,
+    wait_running,
+    wait_steady,
+    write_section,
+)
 from spark_runtime.redis_client import connect
-from spark_runtime.runner import build_runner
 from spark_runtime.topology import PER_OPERATOR, compile_stages, get_topology
 
 log = logging.getLogger("spark_runtime.bench_throughput")
@@ -41,15 +45,12 @@ RATES = {
 def measure(client, redis_url: str, topology: str, args) -> dict:
     """Ramp the input rate of one topology; returns the steps and the highest passing rate."""
     job = f"bench-tp-{topology}-{int(time.time())}"
-    root = os.path.join("var", "bench", job)
-    runner = build_runner(
+    runner, root = bench_runner(
         topology,
         job,
         "local-restart",
         redis_url,
         client,
-        checkpoint_root=os.path.join(root, "checkpoints"),
-        log_dir=os.path.join(root, "logs"),
         max_records=args.max_records,
         chaining=PER_OPERATOR,
     )

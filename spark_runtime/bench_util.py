@@ -17,6 +17,25 @@ RESULTS_MD = os.path.join("docs", "RESULTS.md")
 SECTION = "## Data plane"
 
 
+def bench_runner(topology: str, job: str, strategy: str, redis_url: str, client, **options):
+    """A local runner (spark_runtime.runner.build_runner, `options` passed on) for a benchmark
+    job, with its checkpoints and logs under var/bench/{job}; returns (runner, that directory)."""
+    from spark_runtime.runner import build_runner
+
+    root = os.path.join("var", "bench", job)
+    runner = build_runner(
+        topology,
+        job,
+        strategy,
+        redis_url,
+        client,
+        checkpoint_root=os.path.join(root, "checkpoints"),
+        log_dir=os.path.join(root, "logs"),
+        **options,
+    )
+    return runner, root
+
+
 def wait_running(client, job: str, replicas: list[str], timeout: float = 180) -> None:
     """Block until every replica reports state `running` in the replicas hash."""
     deadline = time.time() + timeout
