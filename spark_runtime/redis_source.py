@@ -185,8 +185,13 @@ class RedisStreamReader(DataSourceStreamReader):
         bounds = self._plan(start["id"], "+", max_count)
         if not bounds:
             return start
-        self._read_new_at = time.monotonic()
-        return {"id": bounds[-1]}
+        end = bounds[-1]
+        if self.pace_key is not None:
+            # A read cut short by the limit left input behind: the pace waits only after a read
+            # that reached the newest entry, so a paced replica is never held further behind.
+            newest = self._redis().xrevrange(self.stream, count=1)
+            self._read_new_at = time.monotonic() if newest and newest[0][0] == end else 0.0
+        return {"id": end}
 
     def partitions(self, start: dict, end: dict):
         if start["id"] == end["id"]:

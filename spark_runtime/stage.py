@@ -138,6 +138,7 @@ class ReplicaState:
             "started_at": time.time(),
         }
         self.lock = threading.Lock()
+        self.publishing = threading.Lock()
 
     def count_batch(self) -> int:
         """One more finished batch (published with the next heartbeat): the supervisor learns
@@ -154,21 +155,24 @@ class ReplicaState:
 
     def publish(self) -> None:
         """Write the entry to the replicas hash and refresh the heartbeat key."""
-        with self.lock:
-            self.info["updated"] = time.time()
-            payload = json.dumps(self.info)
-            pace_s = self.info.get("batch_every_s")
-        pipe = self.client.pipeline(transaction=False)
-        pipe.hset(keys.replicas(self.job), self.replica, payload)
-        pipe.set(keys.heartbeat(self.job, self.replica), payload, px=HEARTBEAT_TTL_MS)
-        # The pace lives as long as the heartbeat: a replica that stops renewing it (hung,
-        # killed) leaves its queries reading on every trigger.
-        pace = keys.batch_pace(self.job, self.replica)
-        if pace_s is not None:
-            pipe.set(pace, pace_s, px=HEARTBEAT_TTL_MS)
-        else:
-            pipe.delete(pace)
-        pipe.execute()
+        # One publish at a time (heartbeat thread and main thread): a beat that read the entry
+        # before an update must not write it, or a pace the update lifted, after the update.
+        with self.publishing:
+            with self.lock:
+                self.info["updated"] = time.time()
+                payload = json.dumps(self.info)
+                pace_s = self.info.get("batch_every_s")
+            pipe = self.client.pipeline(transaction=False)
+            pipe.hset(keys.replicas(self.job), self.replica, payload)
+            pipe.set(keys.heartbeat(self.job, self.replica), payload, px=HEARTBEAT_TTL_MS)
+            # The pace lives as long as the heartbeat: a replica that stops renewing it (hung,
+            # killed) leaves its queries reading on every trigger.
+            pace = keys.batch_pace(self.job, self.replica)
+            if pace_s is not None:
+                pipe.set(pace, pace_s, px=HEARTBEAT_TTL_MS)
+            else:
+                pipe.delete(pace)
+            pipe.execute()
 
 
 def failure_cause(error: str, limit: int = 300) -> str:
@@ -291,6 +295,9 @@ def handle_command(command: dict, runtime, state: ReplicaState) -> int | None:
         state.update(state="stopped")
         return EXIT_STOPPED
     if cmd == "promote":
+        # Lift the pace first, so that no trigger during the fencing and flush waits for it (a
+        # batch that starts meanwhile waits for the gate's lock and then writes as primary).
+        state.update(batch_every_s=None)
         try:
             result = runtime.gate.promote()
         except PromotionError as exc:
@@ -303,7 +310,6 @@ def handle_command(command: dict, runtime, state: ReplicaState) -> int | None:
             epoch=result["epoch"],
             promoted_at=time.time(),
             nice=set_group_nice(0),
-            batch_every_s=None,
         )
         return None
     if cmd == "trigger":

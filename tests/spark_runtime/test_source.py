@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import time
-
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows
 
-from spark_runtime import keys
+from spark_runtime import keys, redis_source
 from spark_runtime.redis_source import RedisStreamReader, parse_fields
 
 
@@ -45,9 +43,11 @@ def test_offsets_respect_the_read_limit_and_partition_large_ranges(client, job, 
     assert reader.partitions(end, end) == []
 
 
-def test_a_paced_reader_reads_new_input_once_per_pace(client, job, redis_url):
+def test_a_paced_reader_reads_new_input_once_per_pace(client, job, redis_url, monkeypatch):
     """While the replica's pace key holds N seconds, new input is read at most every N s
     (Spark runs no batch when latestOffset returns the start); without it, on every call."""
+    clock = [1000.0]
+    monkeypatch.setattr(redis_source.time, "monotonic", lambda: clock[0])
     pace = keys.batch_pace(job, "r-2")
     ids = fill(client, job, 3)
     reader = make_reader(redis_url, job, paceKey=pace)
@@ -55,13 +55,21 @@ def test_a_paced_reader_reads_new_input_once_per_pace(client, job, redis_url):
     first = reader.latestOffset(reader.initialOffset(), ReadMaxRows(100))
     assert first == {"id": ids[-1]}  # nothing read yet: the first call reads
     more = fill(client, job, 2)
+    clock[0] += 1.4
     assert reader.latestOffset(first, ReadMaxRows(100)) == first  # paced: no batch
-    time.sleep(1.6)
+    clock[0] += 0.2
     assert reader.latestOffset(first, ReadMaxRows(100)) == {"id": more[-1]}
+    # A read cut short by the limit is not paced: the next call reads on at once.
+    rest = fill(client, job, 5)
+    clock[0] += 1.6
+    assert reader.latestOffset({"id": more[-1]}, ReadMaxRows(2)) == {"id": rest[1]}
+    assert reader.latestOffset({"id": rest[1]}, ReadMaxRows(2)) == {"id": rest[3]}
+    assert reader.latestOffset({"id": rest[3]}, ReadMaxRows(2)) == {"id": rest[4]}
+    assert reader.latestOffset({"id": rest[4]}, ReadMaxRows(2)) == {"id": rest[4]}  # paced
     # The pace is lifted (a promotion, or the key's TTL ran out): every call reads.
     newest = fill(client, job, 1)
     client.delete(pace)
-    assert reader.latestOffset({"id": more[-1]}, ReadMaxRows(100)) == {"id": newest[-1]}
+    assert reader.latestOffset({"id": rest[4]}, ReadMaxRows(100)) == {"id": newest[-1]}
     # Another replica's pace is not this one's.
     client.set(keys.batch_pace(job, "r-3"), "60", px=10_000)
     last = fill(client, job, 1)

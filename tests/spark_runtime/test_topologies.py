@@ -229,6 +229,51 @@ def test_standby_promotion_emits_exactly_what_the_primary_had_not(
     assert got == truth.wordcount(entries)
 
 
+def test_a_promotion_lifts_the_standbys_batch_pace_before_it_fences(
+    spark, client, redis_url, job, tmp_path
+):
+    """A caught-up standby reads new input every few seconds (keys.batch_pace); the promote
+    command lifts that pace before the gate fences the old primary, so no trigger of the new
+    primary waits for it, and the counts stay exact."""
+    from spark_runtime.stage import ReplicaState, handle_command
+
+    topology = get_topology("wordcount")
+    (stage,) = compile_stages(topology, FUSED, job=job)
+    pace = keys.batch_pace(job, "wc-2")
+    generators.generate(client, job, "wordcount", count=600, rate=1e6, seed=7)
+    standby = StageRuntime(
+        spark, client, job, topology, stage, STANDBY, redis_url, str(tmp_path / "standby"),
+        pace_key=pace,
+    )  # fmt: skip
+    args = argparse.Namespace(job=job, replica_id="wc-2", stage="job", role="standby", node="n1")
+    state = ReplicaState(client, args)
+    state.update(batch_every_s=3.0)
+    assert client.get(pace) == "3.0"
+    paced_at_promotion = []
+    promote = standby.gate.promote
+
+    def promote_and_note_the_pace():
+        paced_at_promotion.append(client.exists(pace))
+        return promote()
+
+    standby.gate.promote = promote_and_note_the_pace
+    standby.start()
+    try:
+        standby.process_all_available()
+        assert len(standby.gate.buffer) > 0
+        assert handle_command({"cmd": "promote"}, standby, state) is None
+        assert paced_at_promotion == [0]
+        assert (state.info["role"], state.info["batch_every_s"]) == ("primary", None)
+        generators.generate(client, job, "wordcount", count=300, rate=1e6, seed=8, id_prefix="g")
+        standby.process_all_available()
+    finally:
+        standby.stop()
+    assert not client.exists(pace)
+    entries = truth.valid_entries(client, keys.input_stream(job), ["text"])
+    got = {w: int(c) for w, c in client.hgetall(keys.results(job)).items()}
+    assert got == truth.wordcount(entries)
+
+
 def test_a_chained_stage_of_two_queries_fails_over_to_its_standby_exactly(
     spark, client, redis_url, job, tmp_path
 ):
