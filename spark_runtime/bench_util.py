@@ -10,6 +10,7 @@ import time
 
 from spark_runtime import keys
 from spark_runtime.progress import ProgressRecord, read_progress
+from spark_runtime.runner import build_runner
 
 log = logging.getLogger(__name__)
 
@@ -20,8 +21,6 @@ SECTION = "## Data plane"
 def bench_runner(topology: str, job: str, strategy: str, redis_url: str, client, **options):
     """A local runner (spark_runtime.runner.build_runner, `options` passed on) for a benchmark
     job, with its checkpoints and logs under var/bench/{job}; returns (runner, that directory)."""
-    from spark_runtime.runner import build_runner
-
     root = os.path.join("var", "bench", job)
     runner = build_runner(
         topology,

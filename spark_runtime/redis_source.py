@@ -170,23 +170,24 @@ class RedisStreamReader(DataSourceStreamReader):
     def getDefaultReadLimit(self):
         return ReadMaxRows(self.max_records)
 
-    def _paced(self) -> bool:
-        """True while this replica is paced and read new input less than its pace ago."""
+    def _pace_s(self) -> float | None:
+        """The replica's batch pace in seconds, None while it is not paced."""
         if self.pace_key is None:
-            return False
+            return None
         pace = self._redis().get(self.pace_key)
-        return pace is not None and time.monotonic() - self._read_new_at < float(pace)
+        return None if pace is None else float(pace)
 
     def latestOffset(self, start: dict, limit) -> dict:
+        pace = self._pace_s()
         # Returning `start` means no new input: Spark runs no batch on this trigger.
-        if self._paced():
+        if pace is not None and time.monotonic() - self._read_new_at < pace:
             return start
         max_count = 0 if isinstance(limit, ReadAllAvailable) else int(limit.max_rows)
         bounds = self._plan(start["id"], "+", max_count)
         if not bounds:
             return start
         end = bounds[-1]
-        if self.pace_key is not None:
+        if pace is not None:
             # A read cut short by the limit left input behind: the pace waits only after a read
             # that reached the newest entry, so a paced replica is never held further behind.
             newest = self._redis().xrevrange(self.stream, count=1)

@@ -315,7 +315,9 @@ class StageRuntime:
             .option("stage", self.stage.name)
             .option("maxRecordsPerBatch", str(self.max_records))
         )
-        if self.pace_key is not None:
+        # Only a standby is ever paced: a primary's triggers need not ask (a query rebuilt after
+        # a promotion, e.g. for new state-store settings, is built as a primary's).
+        if self.pace_key is not None and self.gate.role != PRIMARY:
             reader = reader.option("paceKey", self.pace_key)
         df = reader.load()
         checkpoint = os.path.join(self.checkpoint_dir, str(index))
