@@ -11,9 +11,10 @@ stage CLI arguments); the spare renames its process to that stage command line, 
 scanner sees it as that replica, and runs the stage in its already-warm session. An agent with no
 idle spare hands the replica to one still warming up rather than start a second JVM beside it;
 that spare shows the replica's command line at once (`watch_for_taker`), does not turn idle
-(`mark_idle`) and runs the replica once warm. A spare warms up at the normal CPU priority
-while a job lacks an idle spare where its next fault would need one, else (and while a stage is
-re-protected) at the lowest (`warming_nice`); it waits at the lowest
+(`mark_idle`), cuts its warm-up short and runs the replica once its session is up. A spare
+warms up at the normal CPU priority while a job lacks an idle spare where its next fault would
+need one (a little below it while a stage is re-protected), else at the lowest
+(`warming_nice`); it waits at the lowest
 (spark_runtime/strategies.py says why).
 
 Spares warm up one at a time per machine (`backstop:host:{host}:spare-warming`, taken by the
@@ -42,7 +43,7 @@ from spark_runtime.config import (
     ensure_python_env,
 )
 from spark_runtime.cpu_priority import can_raise_priority, set_group_nice
-from spark_runtime.strategies import SPARE_NICE
+from spark_runtime.strategies import NEEDED_SPARE_HELD_NICE, SPARE_NICE
 
 log = logging.getLogger("spark_runtime.spare")
 
@@ -72,9 +73,9 @@ return 0
 # A spare that has not become idle within this time is replaced by its node agent (its start
 # hung or failed), and the machine's warm-up lock it holds expires after it.
 SPARE_START_TIMEOUT_S = 180
-# While it yields (warms up at SPARE_NICE) a spare restarts that clock: its entry's `since` and
-# its warm-up lock's expiry. On busy cores a refill at 19 gets a few percent of a core and is
-# slow, not hung; the clock runs while it has the normal level.
+# While it yields (warms up below the normal level) a spare restarts that clock: its entry's
+# `since` and its warm-up lock's expiry. On busy cores a refill at 19 gets a few percent of a
+# core and is slow, not hung; the clock runs while it has the normal level.
 YIELDING_LUA = """
 local raw = redis.call('HGET', KEYS[1], ARGV[1])
 if not raw then return 0 end
@@ -126,7 +127,9 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def warm_up(spark, client, redis_url: str, warmup_stream: str) -> None:
+def warm_up(
+    spark, client, redis_url: str, warmup_stream: str, taken: threading.Event | None = None
+) -> None:
     """Do once what a stage's first batch would otherwise do: start the Python worker daemon
     (a tiny Arrow job), then run one batch of a small stateful streaming query that reads a few
     entries of `warmup_stream` through the `redis_stream` source and writes with a Python
@@ -135,14 +138,24 @@ def warm_up(spark, client, redis_url: str, warmup_stream: str) -> None:
     callback server. Measured: a stateful stage's first batch 4.6-5.9 s after its start on 2
     busy cores with a warm-up over Spark's `rate` source, 10.5-13 s with the Arrow job alone; on
     an idle machine a seeded standby's first batch took 2.5 s after this warm-up, 3.3-4.1 s
-    after the `rate` one (docs/DATA_PLANE.md, "Warm spares")."""
+    after the `rate` one (docs/DATA_PLANE.md, "Warm spares").
+
+    Once `taken` is set (an agent handed the spare a replica) the warm-up stops where it is:
+    the replica's own first batch does the rest of this work, for its real query. A spare taken
+    while warming up on busy cores otherwise finished a warm-up that took it 36 s more before
+    its replica started, and the stage's re-protection took 46 s (docs/RESULTS.md)."""
     import tempfile
 
     from pyspark.sql import functions as F
 
     from spark_runtime.redis_source import FORMAT_NAME
 
+    taken = taken or threading.Event()
+    if taken.is_set():
+        return
     spark.range(4).mapInArrow(lambda batches: batches, "id long").collect()
+    if taken.is_set():
+        return
     for number in range(4):
         client.xadd(warmup_stream, {"text": f"warm up {number}"})
     try:
@@ -160,7 +173,10 @@ def warm_up(spark, client, redis_url: str, warmup_stream: str) -> None:
                 .trigger(availableNow=True)  # what is there, then the query ends by itself
                 .start()
             )  # fmt: skip
-            query.awaitTermination(WARM_UP_TIMEOUT_S)
+            deadline = time.monotonic() + WARM_UP_TIMEOUT_S
+            while not query.awaitTermination(WATCH_INTERVAL_S) and not taken.is_set():
+                if time.monotonic() > deadline:
+                    break
             query.stop()
     finally:
         client.delete(warmup_stream)
@@ -179,22 +195,34 @@ def warming_nice(held: bool, needed: bool, can_raise: bool) -> int:
     lacks a warm spare where its next fault would start a process (`needed`, set by the
     controller: console.policy.spares.spare_needed), else the lowest: such a warm-up is a
     refill that can wait, and at the normal level it took 40% of a core from a busy primary for
-    the minute it lasts (spark_runtime/strategies.py). The lowest too while a stage is
-    re-protected (`held`: spare refills are held), when the replica catching up and the new
-    primary get the cores first. A spare that could not go back to 0 (`can_raise`,
-    cpu_priority.can_raise_priority) stays at 0: it may be handed the replica catching up,
-    which must not run at 19."""
-    return 0 if (needed and not held) or not can_raise else SPARE_NICE
+    the minute it lasts (spark_runtime/strategies.py). While a stage is re-protected (`held`:
+    spare refills are held) a needed spare warms up at NEEDED_SPARE_HELD_NICE, below the
+    replica catching up (the primary is above both): at the lowest level a spare that began
+    just before a fault was still not warm a minute later, and the fault after next found no
+    warm spare for its new standby (docs/RESULTS.md). A spare that could not go back to 0
+    (`can_raise`, cpu_priority.can_raise_priority) stays at 0: it may be handed the replica
+    catching up, which must not run below it."""
+    if not can_raise:
+        return 0
+    if needed:
+        return NEEDED_SPARE_HELD_NICE if held else 0
+    return SPARE_NICE
 
 
 def watch_for_taker(
-    client, node: str, spare_id: str, warm: threading.Event, can_raise: bool
+    client,
+    node: str,
+    spare_id: str,
+    warm: threading.Event,
+    can_raise: bool,
+    taken: threading.Event,
 ) -> None:
     """Until the spare is `warm`: once an agent has handed it a replica, take that replica's
     command line and the normal CPU priority at once, so that a stop, a fault or a retried
-    start finds the replica while its JVM is still starting (the command stays queued for the
-    spare to run once warm). Not taken, it warms up at `warming_nice`, asked again every
-    WATCH_INTERVAL_S (`can_raise`: cpu_priority.can_raise_priority, asked once by the spare).
+    start finds the replica while its JVM is still starting, and set `taken`, which cuts the
+    warm-up short (the command stays queued for the spare to run once its session is up). Not
+    taken, it warms up at `warming_nice`, asked again every WATCH_INTERVAL_S (`can_raise`:
+    cpu_priority.can_raise_priority, asked once by the spare).
     Without Redis it keeps its level until the next poll."""
     import redis
 
@@ -214,6 +242,7 @@ def watch_for_taker(
             if command.get("cmd") == "become":
                 take_stage_title([str(a) for a in command["args"]])
                 set_group_nice(0)
+            taken.set()
             return
         wanted = warming_nice(held, needed, can_raise)
         if wanted != nice:
@@ -225,7 +254,7 @@ def watch_for_taker(
                 "under way" if held else "over",
                 "needed" if needed else "not needed",
             )
-        if nice == SPARE_NICE and time.monotonic() - clock_restarted >= YIELDING_REFRESH_S:
+        if nice > 0 and time.monotonic() - clock_restarted >= YIELDING_REFRESH_S:
             with contextlib.suppress(redis.exceptions.RedisError):
                 mark_yielding(client, node, spare_id)
                 clock_restarted = time.monotonic()
@@ -258,16 +287,17 @@ def main(argv: list[str] | None = None) -> int:
 
     # Registered as `starting` by the agent that started it, before this process could: were it
     # registered here, an agent that took it in between would see it come back.
-    warm = threading.Event()
+    warm, taken = threading.Event(), threading.Event()
     can_raise = can_raise_priority()
     watcher = threading.Thread(
         target=watch_for_taker,
-        args=(client, args.node, args.spare_id, warm, can_raise),
+        args=(client, args.node, args.spare_id, warm, can_raise, taken),
         daemon=True,
     )
     watcher.start()
     spark = build_session(f"backstop-spare-{args.spare_id}")
-    warm_up(spark, client, args.redis_url, keys.spare_warmup_stream(args.node, args.spare_id))
+    warmup_stream = keys.spare_warmup_stream(args.node, args.spare_id)
+    warm_up(spark, client, args.redis_url, warmup_stream, taken)
     warm.set()
     watcher.join()
     if mark_idle(client, args.node, args.spare_id):
@@ -277,7 +307,10 @@ def main(argv: list[str] | None = None) -> int:
             set_group_nice(SPARE_NICE)
         log.info("spare %s on %s is warm", args.spare_id, args.node)
     else:
-        log.info("spare %s on %s is warm and already taken", args.spare_id, args.node)
+        how = "cut short" if taken.is_set() else "done"
+        log.info(
+            "spare %s on %s was taken while warming up (warm-up %s)", args.spare_id, args.node, how
+        )
     release_warmup_lock(client, args.spare_id)
     while True:
         try:

@@ -2,13 +2,13 @@
 
     python -m spark_runtime.stage --job ID --topology NAME --stage NAME --operators OP,OP \
         --role primary|standby --replica-id ID --node NODE [--redis-url URL] \
-        [--checkpoint-dir DIR] [--seed-from DIR] [--low-priority] [--trigger-seconds S] \
+        [--checkpoint-dir DIR] [--seed-from DIR] [--cpu-priorities] [--trigger-seconds S] \
         [--checkpoint-interval S --spark-conf KEY=VALUE ...] [--param OP.KEY=VALUE ...]
 
 A standby started with `--seed-from` (its primary's checkpoint) begins from a copy of the
 primary's latest committed batch instead of replaying the input from the beginning. With
-`--low-priority` a standby runs below its primary's CPU priority, at the bottom while it is
-catching up (spark_runtime/strategies.py has the levels).
+`--cpu-priorities` a primary runs above the normal CPU priority (where the process may raise
+it) and a caught-up standby below it (spark_runtime/strategies.py has the levels).
 
 It heartbeats to Redis (`backstop:{job}:hb:{replica}` with a TTL) and keeps its entry in
 `backstop:{job}:replicas` current, publishes query progress to `backstop:{job}:progress`, and obeys
@@ -45,7 +45,12 @@ from spark_runtime.config import DEFAULT_REDIS_URL, configure_logging, ensure_py
 from spark_runtime.cpu_priority import set_group_nice
 from spark_runtime.progress import ProgressRecord, publish_progress
 from spark_runtime.redis_client import connect
-from spark_runtime.strategies import CATCHING_UP_NICE, STANDBY_BATCH_EVERY_S, STANDBY_NICE
+from spark_runtime.strategies import (
+    CATCHING_UP_NICE,
+    PRIMARY_NICE,
+    STANDBY_BATCH_EVERY_S,
+    STANDBY_NICE,
+)
 
 log = logging.getLogger("spark_runtime.stage")
 
@@ -89,7 +94,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--redis-url", default=os.environ.get("REDIS_URL", DEFAULT_REDIS_URL))
     parser.add_argument("--checkpoint-dir", default=None)
     parser.add_argument("--seed-from", default=None, help="checkpoint to copy before a first start")
-    parser.add_argument("--low-priority", action="store_true")
+    parser.add_argument("--cpu-priorities", action="store_true")
     parser.add_argument(
         "--trigger-seconds", type=float, default=None, help="default: the topology's"
     )
@@ -126,6 +131,7 @@ class ReplicaState:
         self.client = client
         self.job = args.job
         self.replica = args.replica_id
+        self.cpu_priorities = args.cpu_priorities  # the level a promotion raises it to
         self.info = {
             "replica": args.replica_id,
             "stage": args.stage,
@@ -264,15 +270,20 @@ def readiness(gate) -> str:
     return RUNNING if gate.caught_up(CAUGHT_UP_S) else CATCHING_UP
 
 
-def wanted_nice(low_priority: bool, role: str, ready: str, started: bool) -> int:
-    """The nice level of this replica's processes: a primary, and a standby that is starting or
-    catching up, run at the normal priority; a caught-up low-priority standby runs below it.
+def wanted_nice(cpu_priorities: bool, role: str, ready: str, started: bool) -> int:
+    """The nice level of this replica's processes under the strategy's CPU priorities
+    (`cpu_priorities`; else the normal level): a primary runs above the normal priority, a
+    standby that is starting or catching up at it, and a caught-up standby below it.
 
     started: the standby has run a batch or found its input idle. Before that its query is
     starting, and Spark gives the Python worker of its source a fixed 10 s to connect back: a
     standby niced at launch (caught up, as its primary had written nothing yet) failed that
     again and again on a busy machine (fresh-clone CI runs, 2026-11-23)."""
-    if not low_priority or role == "primary" or not started:
+    if not cpu_priorities:
+        return 0
+    if role == "primary":
+        return PRIMARY_NICE
+    if not started:
         return 0
     return CATCHING_UP_NICE if ready == CATCHING_UP else STANDBY_NICE
 
@@ -309,7 +320,7 @@ def handle_command(command: dict, runtime, state: ReplicaState) -> int | None:
             state="running",
             epoch=result["epoch"],
             promoted_at=time.time(),
-            nice=set_group_nice(0),
+            nice=set_group_nice(wanted_nice(state.cpu_priorities, "primary", RUNNING, True)),
         )
         return None
     if cmd == "trigger":
@@ -400,7 +411,7 @@ def run(args, spark=None) -> int:
             if state.info["state"] in (RUNNING, CATCHING_UP):
                 ready = readiness(runtime.gate)
                 lag = runtime.gate.standby_lag_s
-                wanted = wanted_nice(args.low_priority, runtime.gate.role, ready, lag is not None)
+                wanted = wanted_nice(args.cpu_priorities, runtime.gate.role, ready, lag is not None)
                 if ready != state.info["state"] or wanted != nice:
                     nice = wanted
                     state.update(

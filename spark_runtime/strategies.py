@@ -24,21 +24,30 @@ RESTART_STAGE = "restart-stage"  # only the failed stage restarts from its check
 PROMOTE = "promote"  # a caught-up standby takes over; else the stage restarts
 
 # Nice levels (0 = normal), set for the process group and its session's autogroup
-# (spark_runtime/cpu_priority.py). A caught-up standby runs below its primary, so that the cores
-# they share favour the primary's latency; an idle warm spare waits at the bottom. Catching up
-# and warming up run at the primary's level: a seeded standby's backlog is short and how fast it
-# works it off is the stage's re-protect time, and a spare that is not warm when the next fault
-# comes is no spare. Measured on 2 cores with lower levels for both (docs/RESULTS.md, "CPU
-# priority"): the spares were not warm 3 minutes after the job started and re-protection took
-# 37-55 s instead of 16-23 s, so the second fault 30 s later found no promotable standby.
-# A spare still warming up runs at the normal level only while a job needs it (no idle spare
-# where its next fault would start a process: console.policy.spares.spare_needed), else at
-# SPARE_NICE, and at SPARE_NICE too while a stage is re-protected (spark_runtime.spare.
-# warming_nice): a warm-up that began just before a fault took a core from the new primary and
-# the standby catching up behind it, and a refill started after a promotion took 40% of a core
-# from topn's primary for about a minute.
+# (spark_runtime/cpu_priority.py), highest priority first:
+# - a primary at PRIMARY_NICE, where its process may raise its priority (CAP_SYS_NICE or an
+#   RLIMIT_NICE of 25; elsewhere it stays at 0). After a promotion the new primary works off
+#   the input of the failover gap while a taken spare starts the new standby and catches it up;
+#   with all three at the normal level, on 2 shared cores, that contention kept the primary's
+#   latency out of its band for 10-25 s per fault (docs/RESULTS.md). Above them it is served
+#   first, and the rest share what it leaves;
+# - a standby starting or catching up at CATCHING_UP_NICE, like the control plane: a seeded
+#   standby's backlog is short, and how fast it works it off is the stage's re-protect time.
+#   Measured on 2 cores with a lower level (docs/RESULTS.md, "CPU priority"): re-protection
+#   took 37-55 s instead of 16-23 s, so the second fault 30 s later found no promotable standby;
+# - a caught-up standby at STANDBY_NICE, below its primary, so that the cores they share favour
+#   the primary's latency;
+# - a spare still warming up at the normal level while a job needs it (no idle spare where its
+#   next fault would start a process: console.policy.spares.spare_needed), at
+#   NEEDED_SPARE_HELD_NICE while a stage is re-protected (below the standby catching up, yet
+#   warm before the fault after next), else at SPARE_NICE (spark_runtime.spare.warming_nice):
+#   a refill at the normal level after a promotion took 40% of a core from topn's primary for
+#   about a minute, and one at SPARE_NICE during every re-protection was not warm a minute later;
+# - an idle warm spare at SPARE_NICE (it uses no CPU).
+PRIMARY_NICE = -5
 STANDBY_NICE = 5
 CATCHING_UP_NICE = 0
+NEEDED_SPARE_HELD_NICE = 5
 SPARE_NICE = 19
 
 # A caught-up low-priority standby (at STANDBY_NICE) also reads new input only every
@@ -67,7 +76,8 @@ class Strategy:
       checkpoint instead of replaying the input from the beginning;
     - `warm_spares`: restarts and new standbys take over a node's pre-started stage process
       (JVM and SparkSession up) when one is free;
-    - `low_priority_standbys`: standbys (and spares) run at a lower CPU priority.
+    - `cpu_priorities`: primaries run at a higher CPU priority (where allowed), standbys and
+      spares at a lower one.
     """
 
     name: str
@@ -78,7 +88,7 @@ class Strategy:
     on_failure: str
     seeded_standbys: bool
     warm_spares: bool
-    low_priority_standbys: bool
+    cpu_priorities: bool
 
     @property
     def fused(self) -> bool:
@@ -95,7 +105,7 @@ RESTART_ALL = Strategy(
     # The plain Spark baseline: none of Backstop's mechanisms.
     seeded_standbys=False,
     warm_spares=False,
-    low_priority_standbys=False,
+    cpu_priorities=False,
 )
 LOCAL_RESTART = Strategy(
     name="local-restart",
@@ -106,7 +116,7 @@ LOCAL_RESTART = Strategy(
     on_failure=RESTART_STAGE,
     seeded_standbys=False,
     warm_spares=False,
-    low_priority_standbys=False,
+    cpu_priorities=False,
 )
 ADAPTIVE = Strategy(
     name="adaptive",
@@ -117,7 +127,7 @@ ADAPTIVE = Strategy(
     on_failure=PROMOTE,
     seeded_standbys=True,
     warm_spares=True,
-    low_priority_standbys=True,
+    cpu_priorities=True,
 )
 ACTIVE_ALL = Strategy(
     name="active-all",
@@ -128,7 +138,7 @@ ACTIVE_ALL = Strategy(
     on_failure=PROMOTE,
     seeded_standbys=True,
     warm_spares=False,
-    low_priority_standbys=True,
+    cpu_priorities=True,
 )
 
 STRATEGY_TABLE: dict[str, Strategy] = {

@@ -90,8 +90,9 @@ class ReplicaSpec:
     seed_from: str | None = None
     # May take over a warm spare process of its node (a launcher's hint).
     warm: bool = False
-    # A standby at a lower CPU priority (see strategies.STANDBY_NICE).
-    low_priority: bool = False
+    # The strategy's CPU priorities: a primary above the normal level, a standby below it
+    # (strategies.PRIMARY_NICE, STANDBY_NICE).
+    cpu_priorities: bool = False
 
     def argv(self) -> list[str]:
         """Arguments of `python -m spark_runtime.stage` for this replica (the launcher adds the
@@ -99,8 +100,8 @@ class ReplicaSpec:
         args = ["--job", self.job, "--topology", self.topology, "--stage", self.stage]
         args += ["--role", self.role, "--replica-id", self.replica_id, "--node", self.node]
         args += ["--operators", ",".join(self.operators)]
-        if self.low_priority:
-            args.append("--low-priority")
+        if self.cpu_priorities:
+            args.append("--cpu-priorities")
         for param in self.params:
             args += ["--param", param]
         return args
@@ -331,7 +332,7 @@ class Supervisor:
             params=self.params,
             seed_from=seed,
             warm=strategy.warm_spares,
-            low_priority=role == STANDBY and strategy.low_priority_standbys,
+            cpu_priorities=strategy.cpu_priorities,
         )
 
     def _node_for(self, index: int, avoid: str | None = None) -> str:
@@ -809,9 +810,7 @@ class Supervisor:
         for old in self.of_stage(stage, PRIMARY):
             if old.state == FAILED:
                 del self.replicas[old.id]
-        standby.spec = ReplicaSpec(
-            **{**standby.spec.__dict__, "role": PRIMARY, "seed_from": None, "low_priority": False}
-        )
+        standby.spec = ReplicaSpec(**{**standby.spec.__dict__, "role": PRIMARY, "seed_from": None})
         standby.state, standby.since = RUNNING, now
         self.history.append((now, f"{standby.id} is the primary of {stage}"))
         # Promoted during a move: the standby that was moving stays as the stage's standby.

@@ -214,26 +214,32 @@ class BenchCluster:
                 "benchmark needs the cores to itself and the node queues to its own agents): "
                 + "; ".join(busy)
             )
-        self.say("Redis: " + start_redis_if_needed(
-            django_settings.REDIS_URL, self.group, self.log_dir / "redis"
-        ))  # fmt: skip
-        abandoned = end_abandoned_bench_jobs()
-        if abandoned:
-            self.say(f"ended {abandoned} job(s) an interrupted benchmark run left live")
-        nodes = ensure_demo_nodes()
-        ensure_periodic_tasks()
-        # Agents start with the spare targets a previous run left in Redis: no spares until a
-        # job that uses them asks (they would load the restart-all baseline).
-        targets = redis_client()
-        for node in nodes:
-            targets.set(data_keys.spares_wanted(node.name), 0)
-        LocalCluster(
-            self.group,
-            DEMO_NODES,
-            node_mem_mb=nodes[0].mem_total_mb,
-            beat_schedule=self.log_dir / "beat",
-            worker_prefix="bench-",
-        ).start(django_settings.REDIS_URL)
+        # Whatever started before a failure or a SIGTERM during start-up (Redis, the controller,
+        # beat, agents) is stopped here: the `with` block's __exit__ does not run then.
+        try:
+            self.say("Redis: " + start_redis_if_needed(
+                django_settings.REDIS_URL, self.group, self.log_dir / "redis"
+            ))  # fmt: skip
+            abandoned = end_abandoned_bench_jobs()
+            if abandoned:
+                self.say(f"ended {abandoned} job(s) an interrupted benchmark run left live")
+            nodes = ensure_demo_nodes()
+            ensure_periodic_tasks()
+            # Agents start with the spare targets a previous run left in Redis: no spares until a
+            # job that uses them asks (they would load the restart-all baseline).
+            targets = redis_client()
+            for node in nodes:
+                targets.set(data_keys.spares_wanted(node.name), 0)
+            LocalCluster(
+                self.group,
+                DEMO_NODES,
+                node_mem_mb=nodes[0].mem_total_mb,
+                beat_schedule=self.log_dir / "beat",
+                worker_prefix="bench-",
+            ).start(django_settings.REDIS_URL)
+        except BaseException:
+            self.__exit__()
+            raise
         self.say(f"controller, beat and agents {', '.join(DEMO_NODES)} up (logs: {self.log_dir})")
         return self
 

@@ -19,7 +19,7 @@ from console.services.control.act import keep_warm_spares
 from spark_runtime import keys as data_keys
 from spark_runtime import spare
 from spark_runtime.cpu_priority import can_raise_priority
-from spark_runtime.strategies import SPARE_NICE
+from spark_runtime.strategies import NEEDED_SPARE_HELD_NICE, SPARE_NICE
 from tests.agent_edge import publish_usage
 from tests.factories import NodeFactory
 from web.launcher import wait_for
@@ -190,7 +190,10 @@ def test_a_spare_taken_while_its_jvm_starts_is_found_and_killed_as_that_replica(
 
 def test_a_warming_spare_runs_normally_only_when_needed_and_yields_only_if_it_can_come_back():
     assert spare.warming_nice(held=False, needed=True, can_raise=True) == 0
-    assert spare.warming_nice(held=True, needed=True, can_raise=True) == SPARE_NICE
+    # Re-protection under way: below the replica catching up, yet not at the bottom (a spare
+    # needed for the next fault must get warm before it).
+    assert spare.warming_nice(held=True, needed=True, can_raise=True) == NEEDED_SPARE_HELD_NICE
+    assert spare.warming_nice(held=True, needed=False, can_raise=True) == SPARE_NICE
     assert spare.warming_nice(held=False, needed=False, can_raise=True) == SPARE_NICE
     # Without CAP_SYS_NICE or RLIMIT_NICE 20 it could not go back to 0 for its replica.
     assert spare.warming_nice(held=True, needed=False, can_raise=False) == 0
@@ -203,14 +206,16 @@ def test_a_spare_warming_up_yields_while_a_stage_is_re_protected_but_not_once_ta
 ):
     """A real spare process, while its JVM and session start: it warms up at the lowest
     priority (process group and session) unless a spare is needed, the refill hold (a stage
-    being re-protected) drops it there even then, and a replica handed to it runs at the
-    normal priority even under the hold (it is the replica catching up)."""
+    being re-protected) drops a needed one below the normal level, and a replica handed to it
+    runs at the normal priority even under the hold (it is the replica catching up)."""
     node = NODES[0]
     monkeypatch.setenv("BACKSTOP_NODE", node)
     spare_id = "spare-v"
     assert agent.take_warmup_lock(client, spare_id, agent.SPARE_START_TIMEOUT_S)
     # Held for as long as the test may take (the agent's hold lasts 10 s unless renewed).
     hold, needed = data_keys.spare_refill_hold(), data_keys.spare_needed()
+    # The spare's log is appended to: an earlier run's "is warm" must not count below.
+    agent.stage_log_path(spare_id).unlink(missing_ok=True)
     pid = agent.start_spare(client, node, spare_id)
     args = ["--job", "job-v", "--stage", "count", "--replica-id", "count-8", "--node", node]
     try:
@@ -219,11 +224,12 @@ def test_a_spare_warming_up_yields_while_a_stage_is_re_protected_but_not_once_ta
         client.set(needed, "1", ex=120)
         wait_for(lambda: priority(pid) == (0, 0), 20, "a needed spare at the normal priority")
         client.set(hold, "1", ex=120)
-        wait_for(lambda: priority(pid) == (SPARE_NICE, SPARE_NICE), 20, "yield to re-protection")
+        yielded = (NEEDED_SPARE_HELD_NICE, NEEDED_SPARE_HELD_NICE)
+        wait_for(lambda: priority(pid) == yielded, 20, "yield to re-protection")
         client.delete(hold)
         wait_for(lambda: priority(pid) == (0, 0), 20, "the normal priority after the hold")
         client.set(hold, "1", ex=120)
-        wait_for(lambda: priority(pid) == (SPARE_NICE, SPARE_NICE), 20, "yield to re-protection")
+        wait_for(lambda: priority(pid) == yielded, 20, "yield to re-protection")
         assert agent.hand_to_spare(args, "count-8", "job-v") == pid
         assert client.exists(hold), "taken under the hold"
         wait_for(lambda: priority(pid) == (0, 0), 20, "the replica at the normal priority")

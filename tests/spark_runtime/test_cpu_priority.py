@@ -47,17 +47,19 @@ def test_a_process_sharing_its_session_leaves_the_autogroup_alone():
     assert os.waitstatus_to_exitcode(status) == 0
 
 
-def test_only_a_caught_up_low_priority_standby_runs_below_its_primary():
+def test_a_primary_runs_above_the_normal_level_and_only_a_caught_up_standby_below_it():
     from spark_runtime.stage import CATCHING_UP, RUNNING, wanted_nice
 
-    assert wanted_nice(True, "primary", RUNNING, started=True) == 0
+    assert wanted_nice(True, "primary", RUNNING, started=True) == -5
+    assert wanted_nice(True, "primary", RUNNING, started=False) == -5
     assert wanted_nice(True, "standby", RUNNING, started=True) == 5
     # Catching up decides the re-protect time: at the primary's level (docs/RESULTS.md).
     assert wanted_nice(True, "standby", CATCHING_UP, started=True) == 0
     # Starting: Spark's fixed 10 s for the source's Python worker to connect back.
     assert wanted_nice(True, "standby", RUNNING, started=False) == 0
-    # A strategy without low-priority standbys.
+    # A strategy without CPU priorities (restart-all, local-restart): everything at 0.
     assert wanted_nice(False, "standby", RUNNING, started=True) == 0
+    assert wanted_nice(False, "primary", RUNNING, started=True) == 0
 
 
 def test_only_a_standby_below_its_primary_is_paced():

@@ -231,18 +231,19 @@ def test_a_new_standby_after_a_promotion_is_seeded_from_the_new_primary_and_time
     sup = Supervisor("j", "wordcount", {"count": ("split", "count")}, "adaptive", NODES, {"count"})
     first = {a.replica.replica_id: a.replica for a in sup.start(0.0)}
     # At launch nothing is committed yet: the first standby starts empty, at a low priority.
-    assert first["count-2"].seed_from is None and first["count-2"].low_priority
-    assert not first["count-1"].low_priority
+    assert first["count-2"].seed_from is None and first["count-2"].cpu_priorities
+    assert first["count-1"].cpu_priorities  # a primary's priority is the strategy's too
     running(sup)
     sup.handle(ProcessExited("count-1", 10.0, -9))
     (start,) = sup.handle(HeartbeatSeen("count-2", 11.0, {"role": "primary", "state": "running"}))
     new = start.replica
     assert (new.replica_id, new.role, new.seed_from) == ("count-3", "standby", "count-2")
-    assert new.warm and new.low_priority
+    assert new.warm and new.cpu_priorities
     assert new.node != first["count-2"].node  # not beside its new primary
-    # The promoted replica runs at the normal priority and is not re-seeded on a restart.
+    # The promoted replica keeps the strategy's priorities (now a primary's) and is not
+    # re-seeded on a restart.
     promoted = sup.replicas["count-2"].spec
-    assert (promoted.role, promoted.seed_from, promoted.low_priority) == ("primary", None, False)
+    assert (promoted.role, promoted.seed_from, promoted.cpu_priorities) == ("primary", None, True)
     # Protected again once the new standby reports running (caught up): 10 s -> 18.5 s.
     sup.handle(HeartbeatSeen("count-3", 14.0, {"role": "standby", "state": "catching_up"}))
     assert sup.reprotections == []
@@ -262,7 +263,7 @@ def test_strategies_differ_only_through_the_strategy_table():
         standbys = [s for s in specs if s.role == "standby"]
         assert bool(standbys) == (definition.standbys != "none"), name
         assert all(s.warm == definition.warm_spares for s in specs), name
-        assert all(s.low_priority == definition.low_priority_standbys for s in standbys), name
+        assert all(s.cpu_priorities == definition.cpu_priorities for s in specs), name
 
 
 def _catching_up_standby_and_failed_primary():

@@ -8,6 +8,7 @@ import argparse
 import itertools
 import json
 import random
+import threading
 
 import pytest
 
@@ -148,7 +149,9 @@ def test_a_running_stage_takes_a_new_checkpoint_interval_by_restarting_its_queri
     topology = get_topology("wordcount")
     generators.generate(client, job, "wordcount", count=600, rate=1e6, seed=5)
     (rt,) = run_stages(spark, client, redis_url, job, topology, tmp_path, chaining=FUSED)
-    args = argparse.Namespace(job=job, replica_id="wc-1", stage="job", role="primary", node="n1")
+    args = argparse.Namespace(
+        job=job, replica_id="wc-1", stage="job", role="primary", node="n1", cpu_priorities=False
+    )
     state = ReplicaState(client, args)
 
     def run_ids():
@@ -245,7 +248,9 @@ def test_a_promotion_lifts_the_standbys_batch_pace_before_it_fences(
         spark, client, job, topology, stage, STANDBY, redis_url, str(tmp_path / "standby"),
         pace_key=pace,
     )  # fmt: skip
-    args = argparse.Namespace(job=job, replica_id="wc-2", stage="job", role="standby", node="n1")
+    args = argparse.Namespace(
+        job=job, replica_id="wc-2", stage="job", role="standby", node="n1", cpu_priorities=False
+    )
     state = ReplicaState(client, args)
     state.update(batch_every_s=3.0)
     assert client.get(pace) == "3.0"
@@ -272,6 +277,50 @@ def test_a_promotion_lifts_the_standbys_batch_pace_before_it_fences(
     entries = truth.valid_entries(client, keys.input_stream(job), ["text"])
     got = {w: int(c) for w, c in client.hgetall(keys.results(job)).items()}
     assert got == truth.wordcount(entries)
+
+
+def test_a_spare_taken_during_its_warm_up_stops_it_there(spark, client, redis_url, job):
+    """A warm spare's warm-up (spark_runtime.spare.warm_up) ends as soon as an agent has taken
+    the spare (`taken`): taken before, nothing runs; taken once the warm-up query has started,
+    the query is stopped and the call returns, its input deleted, no query left running."""
+    from pyspark.sql.streaming import StreamingQueryListener
+
+    from spark_runtime.spare import warm_up
+
+    stream = keys.spare_warmup_stream("node-t", job)
+    tracker = spark.sparkContext.statusTracker()
+    jobs_before = set(tracker.getJobIdsForGroup())
+    taken = threading.Event()
+    taken.set()
+    warm_up(spark, client, redis_url, stream, taken)
+    assert not client.exists(stream) and not spark.streams.active
+    assert set(tracker.getJobIdsForGroup()) == jobs_before  # no Spark job ran
+
+    class TakenOnceStarted(StreamingQueryListener):
+        # onQueryStarted runs before DataStreamWriter.start() returns, so the spare is taken
+        # before the warm-up's wait for its query begins.
+        def onQueryStarted(self, event):
+            started.append(event.id)
+            taken_now.set()
+
+        def onQueryProgress(self, event):
+            pass
+
+        def onQueryIdle(self, event):
+            pass
+
+        def onQueryTerminated(self, event):
+            pass
+
+    started, taken_now = [], threading.Event()
+    listener = TakenOnceStarted()
+    spark.streams.addListener(listener)
+    try:
+        warm_up(spark, client, redis_url, stream, taken_now)
+    finally:
+        spark.streams.removeListener(listener)
+    assert len(started) == 1 and taken_now.is_set()
+    assert not client.exists(stream) and not spark.streams.active
 
 
 def test_a_chained_stage_of_two_queries_fails_over_to_its_standby_exactly(

@@ -77,4 +77,4 @@ def test_stages_executors_and_agents_share_checkpoints_jobs_and_the_spark_master
         agent = services[f"agent-{node[-1]}"]
         assert agent["environment"]["BACKSTOP_NODE"] == node
         assert f"node.{node}" in agent["command"]
-        assert agent["ulimits"]["nice"] == 20
+        assert agent["ulimits"]["nice"] == 25  # primaries at nice -5
