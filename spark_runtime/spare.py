@@ -309,7 +309,10 @@ def main(argv: list[str] | None = None) -> int:
     else:
         how = "cut short" if taken.is_set() else "done"
         log.info(
-            "spare %s on %s was taken while warming up (warm-up %s)", args.spare_id, args.node, how
+            "spare %s on %s got a command while warming up (warm-up %s)",
+            args.spare_id,
+            args.node,
+            how,
         )
     release_warmup_lock(client, args.spare_id)
     while True:

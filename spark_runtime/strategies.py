@@ -26,11 +26,12 @@ PROMOTE = "promote"  # a caught-up standby takes over; else the stage restarts
 # Nice levels (0 = normal), set for the process group and its session's autogroup
 # (spark_runtime/cpu_priority.py), highest priority first:
 # - a primary at PRIMARY_NICE, where its process may raise its priority (CAP_SYS_NICE or an
-#   RLIMIT_NICE of 25; elsewhere it stays at 0). After a promotion the new primary works off
-#   the input of the failover gap while a taken spare starts the new standby and catches it up;
-#   with all three at the normal level, on 2 shared cores, that contention kept the primary's
-#   latency out of its band for 10-25 s per fault (docs/RESULTS.md). Above them it is served
-#   first, and the rest share what it leaves;
+#   RLIMIT_NICE of 25; elsewhere as high as its limit lets it). After a promotion the new
+#   primary works off the input of the failover gap while a taken spare starts the new standby
+#   and catches it up;
+#   with all three at the normal level, on 2 shared cores, that contention kept topn's latency
+#   out of its band for over 30 s after every fault (docs/RESULTS.md, "A primary above the
+#   rest"). Above them it is served first, and the rest share what it leaves;
 # - a standby starting or catching up at CATCHING_UP_NICE, like the control plane: a seeded
 #   standby's backlog is short, and how fast it works it off is the stage's re-protect time.
 #   Measured on 2 cores with a lower level (docs/RESULTS.md, "CPU priority"): re-protection

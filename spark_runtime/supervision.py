@@ -539,7 +539,10 @@ class Supervisor:
         sup.unprotectable = set(data.get("unprotectable", ()))
         sup.gave_up = data.get("gave_up")
         for item in data["replicas"]:
-            raw = item["spec"]
+            raw = dict(item["spec"])
+            if "low_priority" in raw:  # saved before primaries took part in CPU priorities
+                del raw["low_priority"]
+                raw["cpu_priorities"] = get_strategy(data["strategy"]).cpu_priorities
             spec = ReplicaSpec(
                 **{**raw, "operators": tuple(raw["operators"]), "params": tuple(raw["params"])}
             )

@@ -7,6 +7,7 @@ Django is configured.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
 import signal
@@ -269,6 +270,7 @@ class LocalCluster:
 
     def start(self, redis_url: str, timeout_s: float = 90) -> None:
         """Start the controller, the agents and beat; return once every agent heartbeats."""
+        started = time.time()
         self.start_controller()
         for node in self.nodes:
             self.group.start(
@@ -283,13 +285,22 @@ class LocalCluster:
         )
         client = redis_client(redis_url, decode_responses=False)
         try:
+            # A beat of these agents, not one a previous cluster's agents left with its TTL to
+            # run: a benchmark run started right after another launched its first job once
+            # those had expired and before its own agents' first beat ("no node is alive").
             wait_for(
-                lambda: all(client.exists(node_heartbeat(node)) for node in self.nodes),
+                lambda: all(beat_since(client, node, started) for node in self.nodes),
                 timeout_s,
                 f"the node agents' heartbeats (logs in {self.group.log_dir})",
             )
         finally:
             client.close()
+
+
+def beat_since(client, node: str, since: float) -> bool:
+    """Whether `node`'s agent has published a heartbeat taken at `since` or later."""
+    raw = client.get(node_heartbeat(node))
+    return raw is not None and json.loads(raw)["at"] >= since
 
 
 def http_ok(url: str) -> bool:

@@ -66,7 +66,7 @@ def became_while_warming(cluster, replica_id: str) -> bool:
     """True when a spare's log says it was taken while warming up and then became `replica_id`."""
     for path in (cluster.log_dir / "log" / "stages").glob("spare-*.log"):
         text = path.read_text(errors="replace")
-        if "was taken while warming up" in text and f"becomes {replica_id} " in text:
+        if "got a command while warming up" in text and f"becomes {replica_id} " in text:
             return True
     return False
 

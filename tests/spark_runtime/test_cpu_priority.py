@@ -75,3 +75,15 @@ def test_only_a_standby_below_its_primary_is_paced():
     assert batch_every_s(0) is None  # a primary, or a standby that is starting
     assert batch_every_s(CATCHING_UP_NICE) is None
     assert batch_every_s(SPARE_NICE) is None
+
+
+def test_a_process_goes_up_only_as_far_as_it_may():
+    allowed = cpu_priority.allowed_nice
+    # With CAP_SYS_NICE (lowest -20): a promoted standby goes from 5 to a primary's -5.
+    assert allowed(-5, current=5, lowest=-20) == -5
+    # With RLIMIT_NICE 20 (lowest 0): to 0, not left at 5 below the standby catching up at 0.
+    assert allowed(-5, current=5, lowest=0) == 0
+    assert allowed(-5, current=0, lowest=0) == 0
+    # Going down in priority is always allowed; with no RLIMIT_NICE, going up never is.
+    assert allowed(19, current=0, lowest=20) == 19
+    assert allowed(0, current=19, lowest=20) == 19

@@ -576,3 +576,17 @@ def test_dropping_a_stage_in_the_middle_of_a_move_kills_both_standbys():
     sup = moving_count_standby()
     assert sup.drop_standby("count") == [KillReplica("count-2"), KillReplica("count-3")]
     assert sup.retiring == {} and not sup.has_standby("count")
+
+
+def test_a_machine_saved_before_primaries_took_part_in_cpu_priorities_loads():
+    """Supervisor state saved in Redis by the previous version has `low_priority` (standbys
+    only) in its replica specs: it loads, with the strategy's cpu_priorities for every replica."""
+    sup = Supervisor("j", "wordcount", {"count": ("split", "count")}, "adaptive", NODES, {"count"})
+    sup.start(0.0)
+    saved = json.loads(json.dumps(sup.to_dict()))
+    for item in saved["replicas"]:
+        del item["spec"]["cpu_priorities"]
+        item["spec"]["low_priority"] = item["spec"]["role"] == "standby"
+    restored = Supervisor.from_dict(saved)
+    assert {r.spec.role for r in restored.replicas.values()} == {"primary", "standby"}
+    assert all(r.spec.cpu_priorities for r in restored.replicas.values())

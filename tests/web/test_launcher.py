@@ -47,3 +47,27 @@ def test_a_killed_child_stays_down_and_stop_ends_the_rest(tmp_path):
     assert kept.poll() is not None
     assert group.restart_exited() == []
     assert not (tmp_path / "launcher.log").exists()
+
+
+def test_only_a_heartbeat_taken_since_the_start_counts():
+    """A local cluster waits for its own agents' heartbeats: the beat a previous cluster's agent
+    left in Redis (with its TTL still running) is older than the start and does not count."""
+    import json
+    import time
+    import uuid
+
+    from web.launcher import beat_since
+    from workers.keys import node_heartbeat
+    from workers.redis_client import redis_client
+
+    client = redis_client()
+    node = f"node-{uuid.uuid4().hex[:8]}"
+    started = time.time()
+    try:
+        assert not beat_since(client, node, started)
+        client.set(node_heartbeat(node), json.dumps({"at": started - 2.0}), ex=5)
+        assert not beat_since(client, node, started), "a previous agent's beat"
+        client.set(node_heartbeat(node), json.dumps({"at": time.time()}), ex=5)
+        assert beat_since(client, node, started)
+    finally:
+        client.delete(node_heartbeat(node))
