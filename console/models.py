@@ -263,6 +263,18 @@ class Replica(models.Model):
         null=True, blank=True, help_text="The checkpoint interval in force, as the replica reports."
     )
     interval_since = models.DateTimeField(null=True, blank=True, help_text="In force since.")
+    nice = models.IntegerField(
+        null=True,
+        blank=True,
+        help_text="Its CPU priority as it reports it (nice level: lower runs first; "
+        "spark_runtime/strategies.py has the levels).",
+    )
+    batch_every_s = models.FloatField(
+        null=True,
+        blank=True,
+        help_text="A caught-up standby's pace: it reads new input every this many seconds "
+        "(empty: on every trigger).",
+    )
     # A standby's latest StandbyVerdict from the policy (console/policy/placement.py): the rule
     # that placed, moved or kept it there, with its Q figures and the reserve check, and "at"
     # (ISO time). Written at launch and by every policy cycle that may move standbys.

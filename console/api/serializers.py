@@ -73,6 +73,8 @@ class ReplicaSerializer(serializers.ModelSerializer):
             "ended_at",
             "checkpoint_interval_s",
             "interval_since",
+            "nice",
+            "batch_every_s",
             "placement",
         ]
         read_only_fields = fields

@@ -194,6 +194,8 @@ def node_rows() -> list[dict]:
                 "stage": replica.stage,
                 "state": replica.state,
                 "replica_id": replica.replica_id,
+                "nice": replica.nice,
+                "batch_every_s": replica.batch_every_s,
             }
         )
     rows = []

@@ -243,6 +243,8 @@ def test_a_jobs_replicas_show_their_interval_and_why_a_standby_sits_where_it_is(
         role="standby",
         checkpoint_interval_s=30.0,
         placement=verdict,
+        nice=5,
+        batch_every_s=3.0,
     )
     response = api_as(VIEWER).get(f"/api/jobs/{job.pk}/")
     assert response.status_code == 200
@@ -250,4 +252,5 @@ def test_a_jobs_replicas_show_their_interval_and_why_a_standby_sits_where_it_is(
     standby = by_id[f"{job.key}/count-2"]
     assert standby["placement"] == verdict
     assert standby["checkpoint_interval_s"] == 30.0
+    assert (standby["nice"], standby["batch_every_s"]) == (5, 3.0)
     assert by_id[f"{job.key}/count-1"]["placement"] == {}

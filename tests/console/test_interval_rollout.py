@@ -151,3 +151,10 @@ def test_a_new_interval_goes_to_the_standby_then_the_primary_and_is_recorded(cli
     row = Replica.objects.get(replica_id=f"{job.key}/{standby}")
     assert row.checkpoint_interval_s == 8.0
     assert abs(row.interval_since.timestamp() - took_effect) < 0.01
+    # Its CPU priority and batch pace come along, as the stage reports them.
+    entry = json.loads(client.hget(data_keys.replicas(job.key), standby))
+    entry.update(nice=5, batch_every_s=3.0)
+    client.hset(data_keys.replicas(job.key), standby, json.dumps(entry))
+    observe.sync_replicas(job, client, supervisor)
+    row.refresh_from_db()
+    assert (row.nice, row.batch_every_s) == (5, 3.0)

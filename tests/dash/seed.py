@@ -191,6 +191,13 @@ def seed_console(minutes: int = 30, step_s: int = 5, now: datetime | None = None
         ReplicaFactory(
             job=job, stage=stage, node=node, role=role, replica_id=f"{job.key}-{stage}-{role}"
         )
+    # CPU priorities as the replicas report them: adaptive's primaries above the normal level,
+    # its caught-up standby below it and paced; the plain-Spark baseline at the normal level.
+    Replica.objects.filter(job=adaptive, role=Replica.Role.PRIMARY).update(nice=-5)
+    Replica.objects.filter(job=adaptive, role=Replica.Role.STANDBY).update(
+        nice=5, batch_every_s=3.0
+    )
+    Replica.objects.filter(job=baseline).update(nice=0)
     # Why the policy keeps the standby where it is (what a policy cycle stores on the replica).
     Replica.objects.filter(job=adaptive, stage="count", role=Replica.Role.STANDBY).update(
         placement={

@@ -109,6 +109,9 @@ def test_placement_refresh_lists_replicas_per_node_and_the_reserve(seeded, users
     assert "Q runs from 0 to 2.33" in q_note
     card_text = {c.id: text_of(c) for c in cards}
     assert "wc-adaptive/count" in card_text["node-node-c"]  # the standby
+    # How each replica shares the CPU, as it reports it.
+    assert "wc-adaptive/count nice -5" in card_text["node-node-b"]
+    assert "wc-adaptive/count nice 5 · every 3 s" in card_text["node-node-c"]
     # Why the standby is on node-c: the seeded verdict, and node-c's Q rank (the busiest of the
     # three seeded nodes, so #3).
     standby_text = text_of(standbys)

@@ -117,13 +117,16 @@ def test_job_rows_show_the_newest_numbers_and_episode_counts():
 def test_node_rows_list_live_primaries_and_standbys():
     node = NodeFactory(name="n1")
     job = make_job(Job.Status.RUNNING, name="wc")
-    ReplicaFactory(job=job, node=node, stage="count", role=Replica.Role.PRIMARY)
-    ReplicaFactory(job=job, node=node, stage="split", role=Replica.Role.STANDBY)
+    ReplicaFactory(job=job, node=node, stage="count", role=Replica.Role.PRIMARY, nice=-5)
+    ReplicaFactory(job=job, node=node, stage="split", role=Replica.Role.STANDBY, nice=5,
+                   batch_every_s=3.0)  # fmt: skip
     ReplicaFactory(job=job, node=node, stage="sink", state=Replica.State.FAILED)
     MetricFactory(node=node, name="q_score", value=1.25)
     (row,) = data.node_rows()
-    assert [r["stage"] for r in row["primaries"]] == ["count"]
-    assert [r["stage"] for r in row["standbys"]] == ["split"]
+    assert [(r["stage"], r["nice"]) for r in row["primaries"]] == [("count", -5)]
+    assert [(r["stage"], r["nice"], r["batch_every_s"]) for r in row["standbys"]] == [
+        ("split", 5, 3.0)
+    ]
     assert row["q_score"] == 1.25
     assert row["cpu_util"] is None
 

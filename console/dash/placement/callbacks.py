@@ -19,18 +19,35 @@ from console.policy.resources import q_scale
 from console.roles import ADMIN, has_role
 
 
+def cpu_priority_label(nice: int | None, batch_every_s: float | None) -> str:
+    """How a replica shares the CPU, as its chip shows it: its nice level (lower runs first)
+    and, for a caught-up standby, how often it reads new input; empty until it reports."""
+    if nice is None:
+        return ""
+    paced = f" · every {batch_every_s:g} s" if batch_every_s else ""
+    return f"nice {nice}{paced}"
+
+
 def _chips(replicas: list[dict], role: str):
     if not replicas:
         return html.Span("none", className="muted")
-    return [
-        html.A(
-            f"{r['job']}/{r['stage']}",
-            href=f"/console/jobs/{r['job_id']}/",
-            className=f"chip chip-{role}",
-            title=f"{r['replica_id']} ({r['state']})",
+    chips = []
+    for r in replicas:
+        priority = cpu_priority_label(r.get("nice"), r.get("batch_every_s"))
+        label = [f"{r['job']}/{r['stage']}"]
+        if priority:
+            label.append(html.Small(priority, className="chip-note"))
+        chips.append(
+            html.A(
+                label,
+                href=f"/console/jobs/{r['job_id']}/",
+                className=f"chip chip-{role}",
+                title=f"{r['replica_id']} ({r['state']}"
+                + (f"; CPU priority {priority}" if priority else "")
+                + ")",
+            )
         )
-        for r in replicas
-    ]
+    return chips
 
 
 def _node_card(node: dict, rank: int):

@@ -118,7 +118,8 @@ def read_agent_events(client, job: Job) -> None:
 
 
 def sync_replicas(job: Job, client, supervisor: Supervisor) -> None:
-    """Copy what replicas report about themselves (pid, state, epoch, heartbeat) into the DB; a
+    """Copy what replicas report about themselves (pid, state, epoch, heartbeat, checkpoint
+    interval, CPU priority and batch pace) into the DB; a
     replica the supervisor holds for slow (silent but busy) shows as such."""
     reported = client.hgetall(data_keys.replicas(job.key))
     slow = set(supervisor.slow())
@@ -150,6 +151,8 @@ def sync_replicas(job: Job, client, supervisor: Supervisor) -> None:
             interval_since=datetime.fromtimestamp(info["interval_since"], tz=UTC)
             if info.get("interval_since")
             else None,
+            nice=info.get("nice"),
+            batch_every_s=info.get("batch_every_s"),
         )
 
 
