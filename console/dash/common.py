@@ -75,6 +75,15 @@ def fmt_num(value, digits: int = 1, suffix: str = "") -> str:
     return f"{value:,.{digits}f}{suffix}"
 
 
+def cpu_priority_label(nice: int | None, batch_every_s: float | None) -> str:
+    """How a replica shares the CPU: its nice level (lower runs first) and, for a caught-up
+    standby, how often it reads new input; empty until it reports."""
+    if nice is None:
+        return ""
+    paced = f" · every {batch_every_s:g} s" if batch_every_s else ""
+    return f"nice {nice}{paced}"
+
+
 def fmt_pct(value) -> str:
     """A 0..1 fraction as a percentage."""
     return "—" if value is None else f"{value * 100:.0f}%"

@@ -537,5 +537,7 @@ def stage_placement(job_id: int) -> list[dict]:
             "fencing_epoch",
             "checkpoint_interval_s",
             "interval_since",
+            "nice",
+            "batch_every_s",
         )
     )

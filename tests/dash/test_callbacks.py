@@ -68,6 +68,8 @@ def test_job_refresh_shows_operators_decisions_failures_and_faults(seeded, users
     assert failure is None  # only a failed job shows why it failed
     assert {t.marker.color for t in dag.data} == {"#2457d6", "#8a94a6"}
     assert "standby" in text_of(replicas)
+    # How each replica shares the CPU (the seeded reports: primaries at -5, the standby paced).
+    assert "nice -5" in text_of(replicas) and "nice 5 · every 3 s" in text_of(replicas)
     assert "count" in text_of(operators) and "0.58" in text_of(operators)
     assert {t.name for t in history.data if t.showlegend} == {"source", "split", "count", "sink"}
     assert "add-standby" in text_of(decisions)

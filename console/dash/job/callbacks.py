@@ -17,6 +17,7 @@ from console.dash.common import (
     MAX_POINTS,
     badge,
     can_view,
+    cpu_priority_label,
     fmt_num,
     fmt_time,
     message,
@@ -122,7 +123,7 @@ def _replica_table(replicas: list[dict], chains: dict[str, str]):
         [
             r["stage"],
             chains.get(r["stage"], "—"),
-            badge(r["role"], r["role"]),
+            _role_cell(r),
             r["node_name"],
             r["state"],
             str(r["fencing_epoch"]),
@@ -131,11 +132,20 @@ def _replica_table(replicas: list[dict], chains: dict[str, str]):
         for r in replicas
     ]
     return table(
-        ["Stage", "Chains", "Role", "Node", "State", "Epoch", "Checkpoint interval"],
+        ["Stage", "Chains", "Role (CPU priority)", "Node", "State", "Epoch", "Checkpoint interval"],
         rows,
         "No replicas running.",
         table_id="replicas",
     )
+
+
+def _role_cell(replica: dict):
+    """The replica's role, and under it how it shares the CPU (its nice level and pace)."""
+    priority = cpu_priority_label(replica["nice"], replica["batch_every_s"])
+    role = badge(replica["role"], replica["role"])
+    if not priority:
+        return role
+    return html.Div([role, html.Div(priority, className="muted small")])
 
 
 def _interval_in_force(replica: dict) -> str:

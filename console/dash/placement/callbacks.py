@@ -11,21 +11,21 @@ from dash import html
 from dash.exceptions import PreventUpdate
 
 from console.dash import controls, data
-from console.dash.common import badge, can_view, fmt_num, fmt_pct, fmt_time, message, table
+from console.dash.common import (
+    badge,
+    can_view,
+    cpu_priority_label,
+    fmt_num,
+    fmt_pct,
+    fmt_time,
+    message,
+    table,
+)
 from console.dash.placement import figures
 from console.dash.placement.layout import controls as controls_layout
 from console.policy.config import PolicyConfig
 from console.policy.resources import q_scale
 from console.roles import ADMIN, has_role
-
-
-def cpu_priority_label(nice: int | None, batch_every_s: float | None) -> str:
-    """How a replica shares the CPU, as its chip shows it: its nice level (lower runs first)
-    and, for a caught-up standby, how often it reads new input; empty until it reports."""
-    if nice is None:
-        return ""
-    paced = f" · every {batch_every_s:g} s" if batch_every_s else ""
-    return f"nice {nice}{paced}"
 
 
 def _chips(replicas: list[dict], role: str):
