@@ -127,9 +127,7 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def warm_up(
-    spark, client, redis_url: str, warmup_stream: str, taken: threading.Event | None = None
-) -> None:
+def warm_up(spark, client, redis_url: str, warmup_stream: str, taken: threading.Event) -> None:
     """Do once what a stage's first batch would otherwise do: start the Python worker daemon
     (a tiny Arrow job), then run one batch of a small stateful streaming query that reads a few
     entries of `warmup_stream` through the `redis_stream` source and writes with a Python
@@ -150,7 +148,6 @@ def warm_up(
 
     from spark_runtime.redis_source import FORMAT_NAME
 
-    taken = taken or threading.Event()
     if taken.is_set():
         return
     spark.range(4).mapInArrow(lambda batches: batches, "id long").collect()
@@ -174,8 +171,8 @@ def warm_up(
                 .start()
             )  # fmt: skip
             deadline = time.monotonic() + WARM_UP_TIMEOUT_S
-            while not query.awaitTermination(WATCH_INTERVAL_S) and not taken.is_set():
-                if time.monotonic() > deadline:
+            while not taken.is_set() and time.monotonic() < deadline:
+                if query.awaitTermination(WATCH_INTERVAL_S):
                     break
             query.stop()
     finally:

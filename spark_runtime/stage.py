@@ -131,7 +131,6 @@ class ReplicaState:
         self.client = client
         self.job = args.job
         self.replica = args.replica_id
-        self.cpu_priorities = args.cpu_priorities  # the level a promotion raises it to
         self.info = {
             "replica": args.replica_id,
             "stage": args.stage,
@@ -320,8 +319,9 @@ def handle_command(command: dict, runtime, state: ReplicaState) -> int | None:
             state="running",
             epoch=result["epoch"],
             promoted_at=time.time(),
-            nice=set_group_nice(wanted_nice(state.cpu_priorities, "primary", RUNNING, True)),
         )
+        # Its new CPU priority is set by the run loop right after this command, the one place
+        # that decides a replica's level (`wanted_nice`).
         return None
     if cmd == "trigger":
         runtime.restart(float(command["seconds"]))

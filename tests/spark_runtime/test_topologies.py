@@ -149,9 +149,7 @@ def test_a_running_stage_takes_a_new_checkpoint_interval_by_restarting_its_queri
     topology = get_topology("wordcount")
     generators.generate(client, job, "wordcount", count=600, rate=1e6, seed=5)
     (rt,) = run_stages(spark, client, redis_url, job, topology, tmp_path, chaining=FUSED)
-    args = argparse.Namespace(
-        job=job, replica_id="wc-1", stage="job", role="primary", node="n1", cpu_priorities=False
-    )
+    args = argparse.Namespace(job=job, replica_id="wc-1", stage="job", role="primary", node="n1")
     state = ReplicaState(client, args)
 
     def run_ids():
@@ -248,9 +246,7 @@ def test_a_promotion_lifts_the_standbys_batch_pace_before_it_fences(
         spark, client, job, topology, stage, STANDBY, redis_url, str(tmp_path / "standby"),
         pace_key=pace,
     )  # fmt: skip
-    args = argparse.Namespace(
-        job=job, replica_id="wc-2", stage="job", role="standby", node="n1", cpu_priorities=False
-    )
+    args = argparse.Namespace(job=job, replica_id="wc-2", stage="job", role="standby", node="n1")
     state = ReplicaState(client, args)
     state.update(batch_every_s=3.0)
     assert client.get(pace) == "3.0"

@@ -35,16 +35,16 @@ def _chips(replicas: list[dict], role: str):
     for r in replicas:
         priority = cpu_priority_label(r.get("nice"), r.get("batch_every_s"))
         label = [f"{r['job']}/{r['stage']}"]
+        detail = r["state"]
         if priority:
             label.append(html.Small(priority, className="chip-note"))
+            detail += f"; CPU priority {priority}"
         chips.append(
             html.A(
                 label,
                 href=f"/console/jobs/{r['job_id']}/",
                 className=f"chip chip-{role}",
-                title=f"{r['replica_id']} ({r['state']}"
-                + (f"; CPU priority {priority}" if priority else "")
-                + ")",
+                title=f"{r['replica_id']} ({detail})",
             )
         )
     return chips
