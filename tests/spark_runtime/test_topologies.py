@@ -9,6 +9,7 @@ import itertools
 import json
 import random
 import threading
+import time
 
 import pytest
 
@@ -497,3 +498,68 @@ def test_watermarks_bound_the_state_of_topn_and_traffic(spark, client, redis_url
     assert len(expected) == 80 and got == expected
     assert 0 < join_rows <= 9 * 4  # 4 sensor lanes a second; all 40 s: 160 rows
     assert 0 < location_rows <= 9 * 2  # 2 sensors a second; all 40 s: 80 rows
+
+
+def batches_without_input(runtime) -> int:
+    """Batches that read no new offsets (Spark's no-data batches) among the recent progress of
+    `runtime`'s queries. (A query's first batch may read no rows, but it moves its offsets.)"""
+    return sum(
+        1
+        for query in runtime.queries
+        for progress in query.recentProgress
+        if all(source.startOffset == source.endOffset for source in progress.sources)
+    )
+
+
+def test_a_standby_skips_batches_without_input_and_stays_exact(
+    spark, client, redis_url, job, tmp_path
+):
+    """Chained topn with 2-second watermarks, input in chunks of 5 s of event time: after each
+    chunk the primary runs batches without input to drop expired state, the standby runs none
+    (its next batch with input drops it), its state stays bounded all the same, and once
+    promoted it emits results equal to the ground truth."""
+    t0 = 1_700_000_000_000
+    items = ["a", "b", "c", "d", "e"]
+    topology = with_params(
+        get_topology("topn"),
+        {"window_count": {"window_seconds": 1, "watermark_seconds": 2},
+         "topn": {"n": 3, "watermark_seconds": 2}},
+    )  # fmt: skip
+    (stage,) = compile_stages(topology, CHAINED, active={"window_count", "topn"}, job=job)
+
+    def runtime(role):
+        rt = StageRuntime(
+            spark, client, job, topology, stage, role, redis_url, str(tmp_path / role),
+            trigger_seconds=0.2,
+        )  # fmt: skip
+        rt.start()
+        return rt
+
+    def feed(chunk):
+        for i in range(chunk * 100, (chunk + 1) * 100):
+            fields = {"id": f"t{i}", "ts": t0 + i * 50, "item": items[(i * 7 + i // 3) % 5]}
+            client.xadd(keys.input_stream(job), fields)
+
+    primary, standby = runtime(PRIMARY), runtime(STANDBY)
+    try:
+        for chunk in range(6):
+            feed(chunk)
+            for rt in (primary, standby, primary, standby):
+                rt.process_all_available()
+            # A few triggers with no new input: time for the batches that drop expired state.
+            time.sleep(1.0)
+        assert batches_without_input(primary) >= 1
+        assert batches_without_input(standby) == 0
+        assert 0 < state_rows([standby])[0] <= 9 * len(items)  # all 30 windows: 150 rows
+        primary.stop()
+        standby.gate.promote()
+        for chunk in range(6, 8):
+            feed(chunk)
+            standby.process_all_available()
+    finally:
+        standby.stop()
+        primary.stop()
+    entries = truth.valid_entries(client, keys.input_stream(job), ["item"])
+    expected = truth.topn(entries, window_seconds=1, n=3)
+    got = {w: json.loads(v) for w, v in client.hgetall(keys.results(job)).items()}
+    assert len(expected) == 40 and got == expected
