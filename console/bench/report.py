@@ -84,9 +84,9 @@ def to_markdown(bench: dict) -> str:
         f"{settings.get('band', '?')}, stable window {settings.get('stable_window_s', '?')} s.",
         "",
         "| strategy | mean downtime s | mean recovery s | vs restart-all | worst peak p99 ms "
-        "| lost | dup | steady p50 ms | steady p99 ms | events/s | CPU % | RSS MB "
-        "| spares CPU % | spares RSS MB |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| lost | dup | steady p50 ms | steady p99 ms | events/s | CPU % | RSS MB | PSS MB "
+        "| spares CPU % | spares RSS MB | spares PSS MB |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for run in runs:
         steady = run["steady"]
@@ -98,8 +98,9 @@ def to_markdown(bench: dict) -> str:
             f"{_fmt(max(peaks) if peaks else None, 0)} | {_lost(run)} | {run['duplicates']} | "
             f"{_fmt(steady['p50_ms'], 0)} | {_fmt(steady['p99_ms'], 0)} | "
             f"{_fmt(steady['throughput_eps'], 1)} | {_fmt(steady['cpu_pct'], 0)} | "
-            f"{_fmt(steady['rss_mb'], 0)} | {_fmt(steady.get('spares_cpu_pct'), 0)} | "
-            f"{_fmt(steady.get('spares_rss_mb'), 0)} |"
+            f"{_fmt(steady['rss_mb'], 0)} | {_fmt(steady.get('pss_mb'), 0)} | "
+            f"{_fmt(steady.get('spares_cpu_pct'), 0)} | {_fmt(steady.get('spares_rss_mb'), 0)} | "
+            f"{_fmt(steady.get('spares_pss_mb'), 0)} |"
         )
     lines += [
         "",
@@ -136,10 +137,10 @@ def peer_lines(runs: list[dict], peer: dict) -> list[str]:
         f"its input crosses the file bridge (p50 {_fmt(info.get('bridge_p50_ms'), 0)} ms, p99 "
         f"{_fmt(info.get('bridge_p99_ms'), 0)} ms of its latency).",
         "",
-        # Flink's RSS counts its spare TaskManager, so Backstop's counts its idle warm spares.
+        # Flink's memory counts its spare TaskManager, so Backstop's counts its idle warm spares.
         "| run | mean recovery s | vs Flink | steady p50 ms | p50 vs Flink | lost | dup "
-        "| RSS MB with spares |",
-        "|---|---|---|---|---|---|---|---|",
+        "| RSS MB with spares | PSS MB with spares |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     flink_p50 = peer["steady"]["p50_ms"]
     for run in runs:
@@ -150,16 +151,18 @@ def peer_lines(runs: list[dict], peer: dict) -> list[str]:
             f"| {run['strategy']} | {'> ' if is_bound else ''}{_fmt(recovery, 2)} | "
             f"{ratio_text(run, peer) if run is not peer else '100%'} | {_fmt(p50, 0)} | "
             f"{p50_ratio} | {_lost(run)} | {run['duplicates']} | "
-            f"{_fmt(rss_with_spares(run['steady']), 0)} |"
+            f"{_fmt(with_spares(run['steady'], 'rss_mb'), 0)} | "
+            f"{_fmt(with_spares(run['steady'], 'pss_mb'), 0)} |"
         )
     return lines
 
 
-def rss_with_spares(steady: dict) -> float | None:
-    """A run's steady RSS with its idle warm spares' (none sampled: the job's alone)."""
-    if steady.get("rss_mb") is None:
+def with_spares(steady: dict, figure: str) -> float | None:
+    """A run's steady memory `figure` ("rss_mb" or "pss_mb") with its idle warm spares' (none
+    sampled: the job's alone); None when the job's was not sampled (older bench.json: no PSS)."""
+    if steady.get(figure) is None:
         return None
-    return steady["rss_mb"] + (steady.get("spares_rss_mb") or 0.0)
+    return steady[figure] + (steady.get(f"spares_{figure}") or 0.0)
 
 
 def plot_png(bench: dict, path) -> None:

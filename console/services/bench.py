@@ -44,6 +44,7 @@ from workers.node_metrics import (
     ProcessTracker,
     argv_of,
     cmdline_arg,
+    pss_mb,
     spare_processes,
     stage_processes,
     with_children,
@@ -142,12 +143,12 @@ class BenchSettings:
 
 @dataclass
 class ResourceSampler:
-    """Samples the CPU (% of one core) and RSS (MB) of a job's processes once a second in a
-    background thread: `find_processes()` lists them (for a Backstop job: its stage processes
-    and their JVMs, `stage_processes_of`)."""
+    """Samples the CPU (% of one core), RSS and PSS (MiB) of a job's processes once a second in
+    a background thread: `find_processes()` lists them (for a Backstop job: its stage processes
+    and their JVMs, `stage_processes_of`). Samples are (time, CPU, RSS, PSS or None)."""
 
     find_processes: Callable[[], list]
-    samples: list[tuple[float, float, float]] = field(default_factory=list)
+    samples: list[tuple[float, float, float, float | None]] = field(default_factory=list)
     _stop: threading.Event = field(default_factory=threading.Event)
 
     def start(self) -> None:
@@ -159,17 +160,24 @@ class ResourceSampler:
     def _run(self) -> None:
         tracker = ProcessTracker(self.find_processes)
         while not self._stop.wait(1.0):
-            cpu, rss = tracker.usage(tracker.current())
-            self.samples.append((time.time(), cpu, rss))
+            procs = tracker.current()
+            cpu, rss = tracker.usage(procs)
+            self.samples.append((time.time(), cpu, rss, pss_mb(procs)))
 
-    def mean_between(self, start: float, end: float) -> tuple[float | None, float | None]:
+    def mean_between(
+        self, start: float, end: float
+    ) -> tuple[float | None, float | None, float | None]:
+        """Mean (CPU %, RSS MiB, PSS MiB) of the samples taken in [start + 2 s, end), rounded to
+        a tenth; None for a figure with no sample (PSS: none where the platform has no PSS)."""
         # The first sample of a new process reads 0 % CPU; skip the first two seconds.
-        window = [(c, r) for t, c, r in self.samples if start + 2 <= t < end]
+        window = [(c, r, p) for t, c, r, p in self.samples if start + 2 <= t < end]
         if not window:
-            return None, None
+            return None, None, None
+        pss = [p for _, _, p in window if p is not None]
         return (
-            round(sum(c for c, _ in window) / len(window), 1),
-            round(sum(r for _, r in window) / len(window), 1),
+            round(sum(c for c, _, _ in window) / len(window), 1),
+            round(sum(r for _, r, _ in window) / len(window), 1),
+            round(sum(pss) / len(pss), 1) if pss else None,
         )
 
 
@@ -444,17 +452,18 @@ def run_strategy(bench: BenchSettings, strategy: str, target: str | None, say) -
         **measure_run(job, bench, t0, faults, target),
     }
     steady_start, steady_end = bench.steady_s
-    run["steady"]["cpu_pct"], run["steady"]["rss_mb"] = sampler.mean_between(
-        t0 + steady_start, t0 + steady_end
-    )
-    run["steady"]["spares_cpu_pct"], run["steady"]["spares_rss_mb"] = spare_sampler.mean_between(
-        t0 + steady_start, t0 + steady_end
-    )
     steady, fault_rows = run["steady"], run["faults"]
+    steady["cpu_pct"], steady["rss_mb"], steady["pss_mb"] = sampler.mean_between(
+        t0 + steady_start, t0 + steady_end
+    )
+    steady["spares_cpu_pct"], steady["spares_rss_mb"], steady["spares_pss_mb"] = (
+        spare_sampler.mean_between(t0 + steady_start, t0 + steady_end)
+    )
     say(f"      lost {run['lost']}, duplicates {run['duplicates']} over {comparison.cells} result "
         f"cells; steady p50 {steady['p50_ms']} ms, CPU {steady['cpu_pct']} %, "
-        f"RSS {steady['rss_mb']} MB (spares: CPU {steady['spares_cpu_pct']} %, "
-        f"RSS {steady['spares_rss_mb']} MB); recovery "
+        f"RSS {steady['rss_mb']} MB, PSS {steady['pss_mb']} MB (spares: CPU "
+        f"{steady['spares_cpu_pct']} %, RSS {steady['spares_rss_mb']} MB, PSS "
+        f"{steady['spares_pss_mb']} MB); recovery "
         + ", ".join(str(f["recovery_time_s"]) for f in fault_rows))  # fmt: skip
     return run, target
 
@@ -533,8 +542,8 @@ def measure_run(job: Job, bench: BenchSettings, t0: float, faults: list, target:
 
 def remeasure(result: dict) -> dict:
     """Recompute the figures of a bench.json whose jobs' progress is still in Redis (e.g. after
-    a change to the measurement); lost/duplicates and CPU/RSS are kept as measured, and a peer's
-    run (no Backstop job) is kept as it is."""
+    a change to the measurement); lost/duplicates and CPU/RSS/PSS are kept as measured, and a
+    peer's run (no Backstop job) is kept as it is."""
     settings = result["settings"]
     bench = BenchSettings(
         **{k: settings[k] for k in ("topology", "faults", "fault_kind", "rate", "seed", "target")},
@@ -555,7 +564,14 @@ def remeasure(result: dict) -> dict:
             (at_s, fault, fault.outcome_detail)
             for at_s, fault in zip(bench.schedule, injected, strict=False)
         ]
-        sampled = ("cpu_pct", "rss_mb", "spares_cpu_pct", "spares_rss_mb")
+        sampled = (
+            "cpu_pct",
+            "rss_mb",
+            "pss_mb",
+            "spares_cpu_pct",
+            "spares_rss_mb",
+            "spares_pss_mb",
+        )
         kept = {k: run["steady"].get(k) for k in sampled}
         run.update(measure_run(job, bench, t0, faults, settings["target"]))
         run["steady"].update(kept)

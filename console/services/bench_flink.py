@@ -139,7 +139,9 @@ def run_flink_peer(bench: BenchSettings, say, flink: FlinkSettings | None = None
         records, bench, t0, [at for at, _, _ in faults], PROGRESS_STAGE
     )
     steady_start, steady_end = bench.steady_s
-    steady["cpu_pct"], steady["rss_mb"] = sampler.mean_between(t0 + steady_start, t0 + steady_end)
+    steady["cpu_pct"], steady["rss_mb"], steady["pss_mb"] = sampler.mean_between(
+        t0 + steady_start, t0 + steady_end
+    )
     delays = percentiles(bridge_delays(run_dir / "in"))
     run = {
         "strategy": "flink",
@@ -180,7 +182,8 @@ def run_flink_peer(bench: BenchSettings, say, flink: FlinkSettings | None = None
     client.close()
     say(f"      lost {run['lost']}, duplicates {run['duplicates']} over {comparison.cells} result "
         f"cells; steady p50 {steady['p50_ms']} ms (bridge p50 {run['peer']['bridge_p50_ms']} ms), "
-        f"CPU {steady['cpu_pct']} %, RSS {steady['rss_mb']} MB; recovery "
+        f"CPU {steady['cpu_pct']} %, RSS {steady['rss_mb']} MB, PSS {steady['pss_mb']} MB; "
+        "recovery "
         + ", ".join(str(f["recovery_time_s"]) for f in run["faults"]))  # fmt: skip
     return run
 

@@ -61,15 +61,20 @@ def test_an_unrecovered_fault_makes_the_mean_a_bound():
 def test_markdown_has_a_row_per_strategy_and_per_fault():
     adaptive = run("adaptive", [2.0, 3.0])
     adaptive["faults"][0]["reprotect_s"] = 7.5  # a new standby caught up 7.5 s after promotion
-    adaptive["steady"].update(spares_cpu_pct=3.4, spares_rss_mb=912.5)
+    adaptive["steady"].update(
+        pss_mb=1100.4, spares_cpu_pct=3.4, spares_rss_mb=912.5, spares_pss_mb=640.6
+    )
     text = report.to_markdown({**BENCH, "runs": [BENCH["runs"][0], adaptive, BENCH["runs"][2]]})
+    header = "| CPU % | RSS MB | PSS MB | spares CPU % | spares RSS MB | spares PSS MB |"
+    assert header in text
     expected = (
-        "| adaptive | 1.25 | 2.50 | 10% | 3000 | 0 | 0 | 400 | 900 | 99.0 | 120 | 1500 | 3 | 912 |"
+        "| adaptive | 1.25 | 2.50 | 10% | 3000 | 0 | 0 | 400 | 900 | 99.0 | 120 | 1500 | 1100 "
+        "| 3 | 912 | 641 |"
     )
     assert expected in text
-    # A bench.json written before the spares were sampled has no spare figures.
+    # A bench.json written before the spares and PSS were sampled has no such figures.
     summary = [line for line in text.splitlines() if line.startswith("| restart-all | 12.50 |")]
-    assert len(summary) == 1 and summary[0].endswith("| 120 | 1500 | n/a | n/a |")
+    assert len(summary) == 1 and summary[0].endswith("| 120 | 1500 | n/a | n/a | n/a | n/a |")
     restart_all = "| restart-all | 2: kill-driver | 100.0 | promote | 15.00 | 30.00 | 30000 |"
     assert restart_all + " n/a |  |" in text
     assert "| adaptive | 1: kill-driver | 50.0 | promote | 1.00 | 2.00 | 2000 | 7.5 |  |" in text
@@ -119,8 +124,9 @@ def test_a_flink_run_gets_the_backstop_vs_flink_table():
     assert "Backstop vs Flink 2.3.0" in text
     assert "exactly-once checkpoints every 10000 ms" in text
     assert "heartbeat.timeout 5000, 2 failure(s) in its exception history" in text
-    assert "| adaptive | 2.50 | 25% | 400 | 2.00x | 0 | 0 | 1500 |" in text
-    assert "| flink | 10.00 | 100% | 200 | 1.00x | 0 | 0 | 1500 |" in text
+    assert "| RSS MB with spares | PSS MB with spares |" in text
+    assert "| adaptive | 2.50 | 25% | 400 | 2.00x | 0 | 0 | 1500 | n/a |" in text
+    assert "| flink | 10.00 | 100% | 200 | 1.00x | 0 | 0 | 1500 | n/a |" in text
 
 
 def test_without_a_flink_run_there_is_no_peer_table():
@@ -129,11 +135,15 @@ def test_without_a_flink_run_there_is_no_peer_table():
 
 def test_the_flink_table_counts_backstops_idle_spares_as_flink_counts_its_spare():
     adaptive = run("adaptive", [2.0])
-    adaptive["steady"].update(spares_cpu_pct=3.0, spares_rss_mb=900.0)
+    adaptive["steady"].update(
+        pss_mb=1000.0, spares_cpu_pct=3.0, spares_rss_mb=900.0, spares_pss_mb=600.0
+    )
     flink = {**run("flink", [4.0]), "peer": {"flink_version": "2.1"}}
-    older = run("restart-all", [20.0])  # sampled before spares were: its job's RSS alone
+    flink["steady"]["pss_mb"] = 800.0
+    # Sampled before spares and PSS were: its job's RSS alone, no PSS.
+    older = run("restart-all", [20.0])
     lines = report.peer_lines([older, adaptive, flink], flink)
     rows = {line.split(" | ")[0]: line for line in lines if line.startswith("| ")}
-    assert rows["| adaptive"].endswith("| 2400 |")  # 1500 + 900
-    assert rows["| restart-all"].endswith("| 1500 |")
-    assert rows["| flink"].endswith("| 100% | 400 | 1.00x | 0 | 0 | 1500 |")
+    assert rows["| adaptive"].endswith("| 2400 | 1600 |")  # 1500 + 900, 1000 + 600
+    assert rows["| restart-all"].endswith("| 1500 | n/a |")
+    assert rows["| flink"].endswith("| 100% | 400 | 1.00x | 0 | 0 | 1500 | 800 |")

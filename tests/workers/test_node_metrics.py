@@ -119,3 +119,81 @@ def test_spare_processes_are_the_spares_not_yet_running_a_replica():
             proc.kill()
             proc.wait()
     assert {idle.pid, taken.pid}.isdisjoint(p.pid for p in spare_processes())
+
+
+def start_holding(code: str) -> subprocess.Popen:
+    """A child Python that runs `code` (which prints "ready" once its memory is touched), then
+    sleeps until killed; returned once it is ready."""
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().strip() == "ready"
+    return proc
+
+
+# 50 MiB written byte by byte (b"x" * n fills them), so every page is resident.
+HOLD_50_MB = "import time; data = b'x' * (50 * 2**20); print('ready', flush=True); time.sleep(60)"
+
+
+def test_pss_of_a_process_counts_the_memory_it_touched():
+    import psutil
+
+    from workers.node_metrics import pss_mb
+
+    holder = start_holding(HOLD_50_MB)
+    try:
+        proc = psutil.Process(holder.pid)
+        pss = pss_mb([proc])
+        rss = proc.memory_info().rss / 2**20
+        # Its 50 MiB are its own (counted whole); the interpreter's shared libraries only in part.
+        assert 50 <= pss <= rss
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+def test_pss_counts_pages_shared_by_forked_processes_once():
+    """What summed RSS gets wrong: a forked child shares its parent's 50 MiB (copy-on-write),
+    which RSS counts in each process and PSS splits between them."""
+    import psutil
+
+    from workers.node_metrics import ProcessTracker, pss_mb
+
+    holder = start_holding(
+        "import os, time; data = b'x' * (50 * 2**20)\n"
+        "if os.fork() == 0:\n"
+        "    time.sleep(60)\n"
+        "    os._exit(0)\n"
+        "print('ready', flush=True); time.sleep(60)"
+    )
+    parent = psutil.Process(holder.pid)
+    procs = [parent, *parent.children()]
+    try:
+        assert len(procs) == 2
+        _, rss = ProcessTracker.usage(procs)
+        pss = pss_mb(procs)
+        assert rss >= 100  # the 50 MiB twice
+        assert 50 <= pss < rss - 40  # once
+    finally:
+        for proc in procs:
+            proc.kill()
+        holder.wait()
+
+
+def test_pss_counts_an_ended_process_as_gone_and_is_none_without_pss():
+    from collections import namedtuple
+
+    import psutil
+
+    from workers.node_metrics import pss_mb
+
+    ended = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc = psutil.Process(ended.pid)
+    ended.wait()
+    assert pss_mb([proc]) == 0.0
+
+    class NoPss:
+        """A process on a platform whose psutil reads no PSS (its full info is RSS and VMS)."""
+
+        def memory_full_info(self):
+            return namedtuple("pmem", "rss vms")(rss=2**20, vms=2**21)
+
+    assert pss_mb([NoPss()]) is None
