@@ -17,11 +17,12 @@ from pathlib import Path
 import pytest
 from django.db import connections
 
-from console.models import FaultInjection, Job, MetricSample, Replica
+from console.models import FaultInjection, Job, MetricSample
 from console.roles import OPERATOR, VIEWER
 from console.services.jobs import create_job
 from tests.dash.seed import seed_console
 from tests.factories import UserFactory
+from tests.integration.live import wait_for_caught_up_standby
 from web.launcher import wait_for
 
 CHROMIUM = Path("/usr/bin/chromium")
@@ -156,13 +157,7 @@ def test_operator_watches_live_numbers_injects_a_fault_and_sees_the_episode(
     # Only once count's standby has caught up: the first standby replays the input from the
     # start, and a fault before it is promotable restarts the primary instead (a race between
     # the restart and the catch-up decides the episode's action).
-    wait_for(
-        lambda: Replica.objects.filter(
-            job=job, stage="count", role=Replica.Role.STANDBY, state=Replica.State.RUNNING
-        ).exists(),
-        180,
-        "a caught-up standby of count",
-    )
+    wait_for_caught_up_standby(job, "count")
     page.goto(f"{live_server.url}/console/jobs/{job.pk}/")
     expect(page.locator("#operators")).to_be_visible()
     page.click("#fault-operator")

@@ -10,9 +10,10 @@ import time
 
 from rest_framework.test import APIClient
 
-from console.models import FaultInjection, Job, RecoveryEpisode
+from console.models import FaultInjection, Job, RecoveryEpisode, Replica
 from spark_runtime import keys
 from web.launcher import wait_for
+from workers.redis_client import redis_client
 
 RATE = 60  # input lines per second
 
@@ -56,6 +57,32 @@ def replica_entry(client, job: Job, replica_id: str) -> dict:
     """What the replica last wrote about itself in the job's replicas hash ({} if nothing)."""
     raw = client.hget(keys.replicas(job.key), replica_id)
     return json.loads(raw) if raw else {}
+
+
+def wait_for_caught_up_standby(job: Job, stage: str, timeout_s: float = 180) -> Replica:
+    """The standby of `stage` once it is promotable, waiting for it: its row says running, and
+    its own entry in Redis (what the controller decides on at a fault) says it is running and
+    has measured its lag (after a batch, or on finding its input idle: a seeded standby with
+    nothing new to read). The row alone can be a controller cycle old: a standby that has
+    measured nothing counts as caught up while its primary has written nothing, and its row may
+    still say so after the primary's first output, when a fault restarts the primary instead
+    of promoting it (a fresh-clone CI run, 2026-11-26)."""
+    client = redis_client()
+    found: list[Replica] = []
+
+    def caught_up() -> bool:
+        rows = Replica.objects.filter(
+            job=job, stage=stage, role=Replica.Role.STANDBY, state=Replica.State.RUNNING
+        )
+        for row in rows:
+            entry = replica_entry(client, job, row.local_id)
+            if entry.get("state") == Replica.State.RUNNING and entry.get("lag_s") is not None:
+                found[:] = [row]
+                return True
+        return False
+
+    wait_for(caught_up, timeout_s, f"a caught-up standby of {stage}")
+    return found[0]
 
 
 def inject(job: Job, fault: dict) -> FaultInjection:

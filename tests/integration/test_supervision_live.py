@@ -34,6 +34,7 @@ from tests.integration.live import (
     inject,
     launch,
     replica_entry,
+    wait_for_caught_up_standby,
     wait_for_exact_results,
 )
 from web.launcher import wait_for
@@ -79,13 +80,7 @@ def live_standby(job: Job) -> Replica:
     """The stage count's standby once it is caught up (promotable), waiting for it: the policy
     may have moved the standby to another node meanwhile (it then has a new replica id)."""
 
-    def caught_up():
-        return Replica.objects.filter(
-            job=job, stage="count", role="standby", state=Replica.State.RUNNING
-        )
-
-    wait_for(lambda: caught_up().count() == 1, 180, "a caught-up standby of count")
-    return caught_up().get()
+    return wait_for_caught_up_standby(job, "count")
 
 
 def local_id(replica: Replica) -> str:

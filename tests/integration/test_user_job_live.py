@@ -20,7 +20,12 @@ from console.roles import ADMIN, OPERATOR
 from spark_runtime import keys, user_plan
 from spark_runtime.jobdef import resolve_topology
 from tests.factories import UserFactory
-from tests.integration.live import api, assert_episodes_audited_exact, inject
+from tests.integration.live import (
+    api,
+    assert_episodes_audited_exact,
+    inject,
+    wait_for_caught_up_standby,
+)
 from web.launcher import wait_for
 from workers.redis_client import redis_client
 
@@ -89,13 +94,7 @@ def test_a_registered_job_survives_the_kill_of_its_stateful_primary(cluster, peo
     client = redis_client()
     wait_for(lambda: client.hlen(keys.results(job.key)) > 0, 180, "first results")
     # The stage is named after its stateful operator, and the policy gave it a hot standby.
-    wait_for(
-        lambda: Replica.objects.filter(
-            job=job, stage="per_window", role="standby", state="running"
-        ).exists(),
-        180,
-        "a running standby of per_window",
-    )
+    wait_for_caught_up_standby(job, "per_window")
     primary = Replica.objects.get(job=job, stage="per_window", role="primary")
 
     fault = inject(job, {"kind": "kill-driver", "target_operator": "per_window"})
