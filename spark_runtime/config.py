@@ -71,14 +71,27 @@ def session_conf(master: str, extra_conf: dict | None = None) -> dict[str, str]:
     conf = dict(SPARK_CONF)
     if master.startswith("spark://"):
         conf.update(CLUSTER_CONF)
-        conf["spark.pyspark.python"] = os.environ.get("PYSPARK_PYTHON", sys.executable)
+        conf["spark.pyspark.python"] = os.environ.get("PYSPARK_PYTHON", worker_python())
     conf.update(extra_conf or {})
     return conf
 
 
+# The console script of spark_runtime/python_worker.py (pyproject.toml, [project.scripts]).
+WORKER_PYTHON_SCRIPT = "backstop-python-worker"
+
+
+def worker_python() -> str:
+    """The interpreter Spark's Python workers run: this interpreter through the
+    `backstop-python-worker` script installed beside it, which imports PySpark compiled from
+    site-packages instead of from Spark's zip (spark_runtime/python_worker.py says why); this
+    interpreter itself where the script is not installed."""
+    script = os.path.join(os.path.dirname(sys.executable), WORKER_PYTHON_SCRIPT)
+    return script if os.access(script, os.X_OK) else sys.executable
+
+
 def ensure_python_env() -> None:
     """Make Spark's Python workers run this interpreter (they need pyarrow, pandas, redis)."""
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("PYSPARK_PYTHON", worker_python())
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
 
 

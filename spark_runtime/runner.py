@@ -16,6 +16,7 @@ import time
 
 from spark_runtime import keys
 from spark_runtime.activity import cpu_share_over, is_busy
+from spark_runtime.config import worker_python
 from spark_runtime.cpu_priority import set_group_nice
 from spark_runtime.jobdef import resolve_topology
 from spark_runtime.strategies import get_strategy
@@ -108,7 +109,7 @@ class SubprocessLauncher:
         os.makedirs(self.log_dir, exist_ok=True)
         logfile = open(os.path.join(self.log_dir, f"{replica.replica_id}.log"), "ab")  # noqa: SIM115
         nice = self.standby_nice if replica.role == "standby" else 0
-        env = {**os.environ, "PYSPARK_PYTHON": os.environ.get("PYSPARK_PYTHON", sys.executable)}
+        env = {**os.environ, "PYSPARK_PYTHON": os.environ.get("PYSPARK_PYTHON", worker_python())}
         proc = subprocess.Popen(
             self.command(replica),
             stdout=logfile,

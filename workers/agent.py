@@ -38,6 +38,7 @@ from console.policy.fault_params import (
 )
 from spark_runtime import keys as data_keys
 from spark_runtime.activity import ActivityMeter, is_busy, tree_rss_mb
+from spark_runtime.config import worker_python
 
 # SPARE_START_TIMEOUT_S: a spare not idle within it is replaced; its clock restarts while the
 # spare yields its CPU (spark_runtime.spare.mark_yielding).
@@ -196,7 +197,7 @@ def start_replica(
             # Its own session: killing the group takes the JVM too, and an agent restart does
             # not take the stage down.
             start_new_session=True,
-            env={**os.environ, "PYSPARK_PYTHON": sys.executable},
+            env={**os.environ, "PYSPARK_PYTHON": worker_python()},
         )
     with _children_lock:
         _children[replica_id] = (proc, job_key, path)
@@ -324,7 +325,7 @@ def start_spare(client, node: str, spare_id: str) -> int:
             stdout=log_file,
             stderr=subprocess.STDOUT,
             start_new_session=True,
-            env={**os.environ, "PYSPARK_PYTHON": sys.executable},
+            env={**os.environ, "PYSPARK_PYTHON": worker_python()},
         )  # fmt: skip
     # Registered here too, so a spare that dies while starting is noticed and replaced.
     entry = {"pid": proc.pid, "state": "starting", "since": time.time()}

@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import os
 import random
 import threading
 import time
@@ -563,3 +564,26 @@ def test_a_standby_skips_batches_without_input_and_stays_exact(
     expected = truth.topn(entries, window_seconds=1, n=3)
     got = {w: json.loads(v) for w, v in client.hgetall(keys.results(job)).items()}
     assert len(expected) == 40 and got == expected
+
+
+def test_sparks_python_workers_import_pyspark_compiled_from_site_packages(spark):
+    """The session's Python workers run through backstop-python-worker
+    (spark_runtime/python_worker.py): PySpark and py4j from site-packages, where they are
+    compiled, not from the zips Spark puts first on their path."""
+    import sysconfig
+
+    def where(_rows):
+        import os as worker_os
+
+        import py4j
+        import pyspark
+
+        yield pyspark.__file__, py4j.__file__, worker_os.environ.get("PYTHONPATH", "")
+
+    [(pyspark_file, py4j_file, path)] = (
+        spark.sparkContext.parallelize([0], 1).mapPartitions(where).collect()
+    )
+    site = sysconfig.get_paths()["purelib"]
+    assert pyspark_file == os.path.join(site, "pyspark", "__init__.py")
+    assert py4j_file == os.path.join(site, "py4j", "__init__.py")
+    assert "pyspark.zip" not in path and "py4j-" not in path
