@@ -1,6 +1,6 @@
-"""Batch cost: the CPU a topology's plain query uses when it batches every 1, 2 or 3 s.
+"""Batch cost: the CPU a topology's plain query uses when it batches every 1, 2, 3 or 6 s.
 
-    python -m spark_runtime.bench_batch_cost [--topology topn] [--every 1,2,3] [--rate 50]
+    python -m spark_runtime.bench_batch_cost [--topology topn] [--every 1,2,3,6] [--rate 50]
 
 Why: a caught-up standby reads new input only every `STANDBY_BATCH_EVERY_S` rather than on
 every trigger (docs/DATA_PLANE.md, "Batch pace of a caught-up standby"), on the view that at
@@ -93,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog=COMMAND)
     parser.add_argument("--redis-url", default="redis://127.0.0.1:6379/3")
     parser.add_argument("--topology", default="topn")
-    parser.add_argument("--every", default="1,2,3", help="batch intervals (seconds), in order")
+    parser.add_argument("--every", default="1,2,3,6", help="batch intervals (seconds), in order")
     parser.add_argument("--rate", type=float, default=50, help="input entries per second")
     parser.add_argument("--settle", type=float, default=40, help="seconds before measuring")
     parser.add_argument("--measure", type=float, default=60, help="seconds measured")

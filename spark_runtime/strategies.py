@@ -55,14 +55,15 @@ SPARE_NICE = 19
 # STANDBY_BATCH_EVERY_S, not on every trigger: at these input rates a micro-batch's cost is
 # nearly all fixed (planning, the source's Python calls, two state-store commits), so a standby
 # batching as often as its primary used as much CPU as it. Measured with topn's plain query alone
-# on 2 cores (50 events/s; spark_runtime/bench_batch_cost.py): 118% of a core batching every 1 s,
-# 69% every 2 s, 47% every 3 s. A standby so paced is at most this much input (and one batch)
+# on 2 cores (50 events/s; spark_runtime/bench_batch_cost.py): 118-158% of a core batching every
+# 1 s, 69% every 2 s, 47-49% every 3 s, 29% every 6 s. A standby so paced is at most this much
+# input (and one batch)
 # behind its primary, far below CAUGHT_UP_S (a read cut short by maxRecordsPerBatch is not
 # paced: the next trigger reads on); a promotion lifts the pace before it fences the old
 # primary. It must stay below Spark's spark.sql.streaming.noDataProgressEventInterval (10 s):
 # a query idle that long reports onQueryIdle, which the output gate takes for "read everything
 # there is" (OutputGate.note_idle), and a paced query's batches restart that clock.
-STANDBY_BATCH_EVERY_S = 3.0
+STANDBY_BATCH_EVERY_S = 6.0
 
 
 @dataclass(frozen=True)

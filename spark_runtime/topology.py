@@ -136,12 +136,15 @@ WORDCOUNT_JOB = Topology(
 TOPN_JOB = Topology(
     name="topn",
     description="Da-Stream's Top-N job: count items per tumbling window, keep the N most frequent.",
-    # A batch here costs a window aggregation, a pandas state function and two state stores: at
-    # a 0.5 s trigger one took longer than the trigger, the query ran batches back to back and
-    # used 1.42 of the 2 cores at 50 events/s (p50 1.67 s, restart-all); at 1 s 0.76-0.85 of a
-    # core (p50 1.42-1.44 s), which leaves a standby and a recovery room to run
-    # (docs/RESULTS.md, 2026-11-25).
-    trigger_s=1.0,
+    # A batch here costs a window aggregation, a pandas state function and two state stores,
+    # about 1.4 s of CPU at 50 events/s, nearly all of it fixed. With a trigger shorter than
+    # that the query runs batches back to back: at 0.5 s it used 1.42 of the 2 cores (p50 1.67
+    # s, restart-all, 2026-11-25); at 1 s, 0.76-0.85 of a core on that day's machine but 1.58 on
+    # the next day's, where adaptive's job (primary and paced standby) used 1.29-1.40 cores and
+    # no kill-driver of four 30 s apart was back in band within 30 s. At 2 s: 0.69 of a core,
+    # the job 0.88, all four back in band after 4.3-7.4 s, with a p50 of 2.7 s instead of 1.6 s
+    # (docs/RESULTS.md, "Batch cost" and "Strategy benchmark").
+    trigger_s=2.0,
     operators=(
         OperatorSpec("source", SOURCE, cpu=0.1, mem=128),
         OperatorSpec(

@@ -81,7 +81,7 @@ def launched(client, job):
 
 
 # Each topology's micro-batch trigger, by hand: topn's batches cost more than 0.5 s of CPU.
-@pytest.mark.parametrize("topology, trigger_s", [("wordcount", 0.5), ("topn", 1.0)])
+@pytest.mark.parametrize("topology, trigger_s", [("wordcount", 0.5), ("topn", 2.0)])
 def test_a_replica_starts_with_its_stages_interval_and_its_topology_s_trigger(
     client, topology, trigger_s
 ):

@@ -71,7 +71,7 @@ def test_only_a_standby_below_its_primary_is_paced():
         STANDBY_NICE,
     )
 
-    assert batch_every_s(STANDBY_NICE) == STANDBY_BATCH_EVERY_S == 3.0
+    assert batch_every_s(STANDBY_NICE) == STANDBY_BATCH_EVERY_S == 6.0
     assert batch_every_s(0) is None  # a primary, or a standby that is starting
     assert batch_every_s(CATCHING_UP_NICE) is None
     assert batch_every_s(SPARE_NICE) is None
