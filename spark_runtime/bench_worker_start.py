@@ -23,13 +23,14 @@ import sysconfig
 import time
 
 from spark_runtime.config import WORKER_PYTHON_SCRIPT, worker_python
+from spark_runtime.python_worker import BUNDLED_LIB
 
 SOURCE_RUNNER = "pyspark.sql.streaming.python_streaming_source_runner"
 
 
 def spark_worker_pythonpath() -> str:
     """PYTHONPATH as Spark sets it for a worker of the installed PySpark: its zips first."""
-    lib = os.path.join(sysconfig.get_paths()["purelib"], "pyspark", "python", "lib")
+    lib = os.path.join(sysconfig.get_paths()["purelib"], BUNDLED_LIB)
     zips = [os.path.join(lib, "pyspark.zip")]
     zips += sorted(os.path.join(lib, name) for name in os.listdir(lib) if name.startswith("py4j-"))
     return os.pathsep.join(zips)
