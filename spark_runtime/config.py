@@ -30,6 +30,24 @@ SPARK_CONF = {
     "spark.sql.streaming.minBatchesToRetain": "20",
 }
 
+# The JVM options of every driver and executor (`BACKSTOP_JVM_OPTIONS` replaces them; empty:
+# none). A stage's JVM runs small micro-batches for hours, where the JIT's second tier (C2)
+# buys little: its profiling and compiling took a new process's whole first minute (wordcount
+# fused at a 0.5 s trigger: 133, 80, 72 and 64% of a core in its first four 15 s windows, 54%
+# after two minutes), and a promoted standby, which had run one batch in 12, paid it again right
+# after a fault, beside the new standby starting. C1 alone compiles once, cheaply; the serial
+# collector drops G1's concurrent threads and remembered sets (one heap of at most 1 GB per
+# process). Measured with `python -m spark_runtime.bench_jvm_options` (docs/RESULTS.md, "JVM
+# options").
+JVM_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
+JVM_OPTIONS_ENV = "BACKSTOP_JVM_OPTIONS"
+
+
+def jvm_options() -> str:
+    """The extra JVM options of a data-plane process: `BACKSTOP_JVM_OPTIONS` if set (empty:
+    none), else JVM_OPTIONS."""
+    return os.environ.get(JVM_OPTIONS_ENV, JVM_OPTIONS).strip()
+
 
 # On a standalone cluster (SPARK_MASTER=spark://...) every stage process is an application of
 # its own: a primary, its standby and the warm spares all hold executors at once. Without a cap
@@ -62,13 +80,17 @@ def spark_log_level(value: str) -> str:
 
 
 def session_conf(master: str, extra_conf: dict | None = None) -> dict[str, str]:
-    """Every setting a data-plane session starts with on `master`: the common ones, the
-    cluster's on a standalone master, then `extra_conf`.
+    """Every setting a data-plane session starts with on `master`: the common ones and the
+    JVM options (`jvm_options`), the cluster's on a standalone master, then `extra_conf`.
 
     On a cluster the executors' Python workers run the driver's interpreter path
     (`spark.pyspark.python`), so every worker host needs Backstop installed at the same path
     (the Docker image does this)."""
     conf = dict(SPARK_CONF)
+    options = jvm_options()
+    if options:
+        conf["spark.driver.extraJavaOptions"] = options
+        conf["spark.executor.extraJavaOptions"] = options
     if master.startswith("spark://"):
         conf.update(CLUSTER_CONF)
         conf["spark.pyspark.python"] = os.environ.get("PYSPARK_PYTHON", worker_python())

@@ -587,3 +587,18 @@ def test_sparks_python_workers_import_pyspark_compiled_from_site_packages(spark)
     assert pyspark_file == os.path.join(site, "pyspark", "__init__.py")
     assert py4j_file == os.path.join(site, "py4j", "__init__.py")
     assert "pyspark.zip" not in path and "py4j-" not in path
+
+
+def test_the_sessions_jvm_runs_with_c1_only_and_the_serial_collector(spark):
+    """build_session's JVM options (spark_runtime/config.py, JVM_OPTIONS) reach the JVM: as the
+    JVM itself reports its arguments, its collectors and its compiler."""
+    jvm = spark.sparkContext._jvm
+    management = jvm.java.lang.management.ManagementFactory
+    arguments = list(management.getRuntimeMXBean().getInputArguments())
+    assert "-XX:TieredStopAtLevel=1" in arguments and "-XX:+UseSerialGC" in arguments
+    collectors = {bean.getName() for bean in management.getGarbageCollectorMXBeans()}
+    assert collectors == {"Copy", "MarkSweepCompact"}  # the serial collector's two generations
+    flag = management.getPlatformMXBean(
+        jvm.java.lang.Class.forName("com.sun.management.HotSpotDiagnosticMXBean")
+    ).getVMOption("TieredStopAtLevel")
+    assert flag.getValue() == "1"
