@@ -57,6 +57,10 @@ from workers.redis_client import redis_client
 log = logging.getLogger(__name__)
 
 PUBLISH_INTERVAL_S = 1.0
+# How often the agent looks for replica processes that ended. Exits used to go out with the
+# heartbeat, once a second: a killed primary's standby was promoted 0.9 s after the kill, most of
+# adaptive's 1.1 s output gap (docs/RESULTS.md). A poll of a few children costs nothing.
+EXIT_POLL_S = 0.1
 HEARTBEAT_TTL_S = 5
 LOG_TAIL_LINES = 30
 # Only these entry points (module, required first argument) may be started through the queue:
@@ -618,32 +622,40 @@ def stress_node(
 
 
 def _report_exits(client: redis.Redis, node: str) -> None:
-    """Reap children that ended and publish each exit with the tail of its log."""
+    """Reap children that ended and publish each exit with the tail of its log. A child is
+    forgotten once its exit is published: a Redis error leaves the rest for the next call."""
     with _children_lock:
         ended = [(rid, entry) for rid, entry in _children.items() if entry[0].poll() is not None]
-        for rid, _ in ended:
-            del _children[rid]
-    for replica_id, (proc, job_key, path) in ended:
+    for replica_id, entry in ended:
+        proc, job_key, path = entry
         with _children_lock:
-            warming_spare = _taken_while_warming.pop(replica_id, None)
+            warming_spare = _taken_while_warming.get(replica_id)
         if warming_spare is not None:
             release_warmup_lock(client, warming_spare)  # if it died before it was warm
-        if not job_key:
-            continue  # a warm spare that ended before it became a replica
-        client.xadd(
-            keys.agent_events(),
-            {
-                "kind": keys.EVENT_EXIT,
-                "node": node,
-                "job": job_key,
-                "replica_id": replica_id,
-                "returncode": str(proc.returncode),
-                "log_tail": log_tail(path),
-                "at": str(time.time()),
-            },
-            maxlen=keys.AGENT_EVENTS_MAXLEN,
-            approximate=True,
-        )
+        if job_key:  # else a warm spare that ended before it became a replica
+            _publish_exit(client, node, replica_id, proc, job_key, path)
+        with _children_lock:
+            _taken_while_warming.pop(replica_id, None)
+            if _children.get(replica_id) is entry:
+                del _children[replica_id]
+
+
+def _publish_exit(client: redis.Redis, node: str, replica_id: str, proc, job_key: str, path):
+    """Put the exit of `replica_id` on the agents' events stream."""
+    client.xadd(
+        keys.agent_events(),
+        {
+            "kind": keys.EVENT_EXIT,
+            "node": node,
+            "job": job_key,
+            "replica_id": replica_id,
+            "returncode": str(proc.returncode),
+            "log_tail": log_tail(path),
+            "at": str(time.time()),
+        },
+        maxlen=keys.AGENT_EVENTS_MAXLEN,
+        approximate=True,
+    )
 
 
 # CPU of this agent's replica processes between two publish rounds (dead versus slow).
@@ -699,10 +711,21 @@ def publish_forever(node: str, sampler: NodeSampler) -> None:
                 approximate=True,
             )
             pipe.execute()
-            _report_exits(client, node)
             publish_activity(client)
         except redis.RedisError as exc:
             log.warning("node %s: could not publish to Redis: %s", node, exc)
+
+
+def report_exits_forever(node: str) -> None:
+    """Publish each replica process that ended, within EXIT_POLL_S, until the worker shuts
+    down; an exit not published for want of Redis is published on a later round (the child
+    stays listed until then)."""
+    client = redis_client()
+    while not _stop.wait(EXIT_POLL_S):
+        try:
+            _report_exits(client, node)
+        except redis.RedisError as exc:
+            log.warning("node %s: could not publish exits to Redis: %s", node, exc)
 
 
 def capacity_from_env() -> Capacity:
@@ -734,6 +757,9 @@ def start_agent_loop(sender=None, **kwargs) -> None:
     sampler = NodeSampler(node, capacity_from_env(), scope=scope)
     threading.Thread(
         target=publish_forever, args=(node, sampler), name=f"agent-{node}", daemon=True
+    ).start()
+    threading.Thread(
+        target=report_exits_forever, args=(node,), name=f"agent-{node}-exits", daemon=True
     ).start()
     log.info("node agent %s publishing heartbeat and metrics (scope %s)", node, scope)
 

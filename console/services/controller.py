@@ -35,6 +35,7 @@ from console.services.control.observe import (
     save_supervisor,
     spares_by_state,
     sync_replicas,
+    wait_for_agent_events,
 )
 from console.services.control.record import (
     alert_failed_job,
@@ -63,6 +64,8 @@ from spark_runtime.supervision import (
 )
 from workers.redis_client import redis_client
 
+# The longest pause between two supervision ticks; an agent's event (a process exit) ends the
+# pause at once (wait_for_agent_events).
 TICK_S = 0.25
 
 
@@ -275,5 +278,5 @@ def supervise_window(job: Job, client, window_s: float, keep_lease) -> bool:
             alert_slow_recoveries(job)
             record_cycle(client, job, time.monotonic() - cycle_started)
             next_cycle = time.monotonic() + config.cycle_interval_s
-        time.sleep(TICK_S)
+        wait_for_agent_events(client, job, TICK_S)
     return job.is_live

@@ -117,6 +117,16 @@ def read_agent_events(client, job: Job) -> None:
         client.set(cursor_key, entries[-1][0])
 
 
+def wait_for_agent_events(client, job: Job, timeout_s: float) -> None:
+    """Return once the agents' events stream has an entry the job has not read yet (a process
+    exit, say), or after `timeout_s`: the controller's tick then handles an exit at once
+    instead of after its sleep."""
+    cursor = client.get(control_keys.agent_events_cursor(job.key)) or "0-0"
+    client.xread(
+        {control_keys.agent_events(): cursor}, count=1, block=max(1, int(timeout_s * 1000))
+    )
+
+
 def sync_replicas(job: Job, client, supervisor: Supervisor) -> None:
     """Copy what replicas report about themselves (pid, state, epoch, heartbeat, checkpoint
     interval, CPU priority and batch pace) into the DB; a
