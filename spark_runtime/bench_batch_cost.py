@@ -16,14 +16,11 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-import shutil
-import threading
 import time
 
 import psutil
 
-from spark_runtime import generators, keys
-from spark_runtime.bench_util import bench_runner, wait_running, write_section
+from spark_runtime.bench_util import fused_stage, write_section
 from spark_runtime.progress import read_progress
 from spark_runtime.redis_client import connect
 
@@ -49,40 +46,16 @@ def measure(client, redis_url: str, topology: str, every_s: float, args) -> dict
     """Run `topology` fused with a trigger of `every_s` and return its CPU share over the
     measured window (percent of one core) and the batches it ran meanwhile."""
     job = f"bench-bc-{topology}-{every_s:g}-{int(time.time())}"
-    runner, root = bench_runner(
-        topology, job, "restart-all", redis_url, client, trigger_seconds=every_s
-    )
-    stop = threading.Event()
-    supervise = threading.Thread(target=runner.run, kwargs={"stop": stop.is_set})
-    feeding = threading.Event()
-    feeder = threading.Thread(
-        target=generators.generate,
-        args=(client, job, topology),
-        kwargs={"rate": args.rate, "seed": 0, "stop": feeding.is_set},
-    )
-    try:
-        runner.start()
-        supervise.start()
-        (replica,) = list(runner.launcher.processes)
-        wait_running(client, job, [replica])
-        feeder.start()
+    stage = fused_stage(client, redis_url, topology, job, args.rate, trigger_seconds=every_s)
+    with stage as (pid, start_feeding):
+        start_feeding()
         log.info("%s every %g s: settling for %g s", topology, every_s, args.settle)
         time.sleep(args.settle)
-        pid = runner.launcher.pid(replica)
         before, started = tree_cpu_s(pid), time.time()
         log.info("%s every %g s: measuring for %g s", topology, every_s, args.measure)
         time.sleep(args.measure)
         used, elapsed = tree_cpu_s(pid) - before, time.time() - started
         batches = len(read_progress(client, job, started, started + elapsed))
-    finally:
-        feeding.set()
-        if feeder.is_alive():
-            feeder.join()
-        stop.set()
-        if supervise.is_alive():
-            supervise.join(timeout=60)
-        keys.delete_job_keys(client, job)
-        shutil.rmtree(root, ignore_errors=True)
     cpu = 100.0 * used / elapsed
     log.info("%s every %g s: %.1f%% of a core, %d progress events", topology, every_s, cpu, batches)
     return {"every_s": every_s, "cpu_pct": cpu, "batches": batches, "seconds": elapsed}

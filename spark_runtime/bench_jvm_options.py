@@ -18,15 +18,12 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-import shutil
-import threading
 import time
 
 import psutil
 
-from spark_runtime import generators, keys
 from spark_runtime.bench_batch_cost import tree_cpu_s
-from spark_runtime.bench_util import bench_runner, wait_running, write_section
+from spark_runtime.bench_util import fused_stage, write_section
 from spark_runtime.config import JVM_OPTIONS, JVM_OPTIONS_ENV
 from spark_runtime.redis_client import connect
 
@@ -66,28 +63,14 @@ def measure(client, redis_url: str, options: str, args) -> dict:
     window, and its memory at the end."""
     os.environ[JVM_OPTIONS_ENV] = options  # the stage process the runner starts reads it
     job = f"bench-jvm-{args.topology}-{int(time.time())}"
-    runner, root = bench_runner(args.topology, job, "restart-all", redis_url, client)
-    stop = threading.Event()
-    supervise = threading.Thread(target=runner.run, kwargs={"stop": stop.is_set})
-    feeding = threading.Event()
-    feeder = threading.Thread(
-        target=generators.generate,
-        args=(client, job, args.topology),
-        kwargs={"rate": args.rate, "seed": 0, "stop": feeding.is_set},
-    )
     started = time.time()
-    try:
-        runner.start()
-        supervise.start()
-        (replica,) = list(runner.launcher.processes)
-        pid = runner.launcher.pid(replica)
-        wait_running(client, job, [replica])
+    with fused_stage(client, redis_url, args.topology, job, args.rate) as (pid, start_feeding):
         running_s, start_cpu_s = time.time() - started, tree_cpu_s(pid)
         java = jvm_arguments(pid)
         missing = [o for o in options.split() if o not in java]
         if missing:
             raise RuntimeError(f"the stage's JVM runs without {missing}")
-        feeder.start()
+        start_feeding()
         windows = []
         for number in range(int(args.measure // args.window)):
             before = tree_cpu_s(pid)
@@ -96,15 +79,6 @@ def measure(client, redis_url: str, options: str, args) -> dict:
             cpu = windows[-1]
             log.info("%s: window %d: %.0f%% of a core", options or "defaults", number + 1, cpu)
         rss, pss = tree_memory_mb(pid)
-    finally:
-        feeding.set()
-        if feeder.is_alive():
-            feeder.join()
-        stop.set()
-        if supervise.is_alive():
-            supervise.join(timeout=60)
-        keys.delete_job_keys(client, job)
-        shutil.rmtree(root, ignore_errors=True)
     return {
         "running_s": running_s,
         "start_cpu_s": start_cpu_s,

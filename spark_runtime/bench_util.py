@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
 import re
+import shutil
+import threading
 import time
+from collections.abc import Callable, Iterator
 
-from spark_runtime import keys
+from spark_runtime import generators, keys
 from spark_runtime.progress import ProgressRecord, read_progress
 from spark_runtime.runner import build_runner
 
@@ -33,6 +37,38 @@ def bench_runner(topology: str, job: str, strategy: str, redis_url: str, client,
         **options,
     )
     return runner, root
+
+
+@contextlib.contextmanager
+def fused_stage(
+    client, redis_url: str, topology: str, job: str, rate: float, **options
+) -> Iterator[tuple[int, Callable[[], None]]]:
+    """Run `topology` as one fused stage (restart-all's) under a local runner until the block
+    ends, then stop it and delete its keys and files. Yields, once the stage runs, its process
+    id and a function that starts feeding it `rate` input entries per second."""
+    runner, root = bench_runner(topology, job, "restart-all", redis_url, client, **options)
+    stop, feeding = threading.Event(), threading.Event()
+    supervise = threading.Thread(target=runner.run, kwargs={"stop": stop.is_set})
+    feeder = threading.Thread(
+        target=generators.generate,
+        args=(client, job, topology),
+        kwargs={"rate": rate, "seed": 0, "stop": feeding.is_set},
+    )
+    try:
+        runner.start()
+        supervise.start()
+        (replica,) = list(runner.launcher.processes)
+        wait_running(client, job, [replica])
+        yield runner.launcher.pid(replica), feeder.start
+    finally:
+        feeding.set()
+        if feeder.is_alive():
+            feeder.join()
+        stop.set()
+        if supervise.is_alive():
+            supervise.join(timeout=60)
+        keys.delete_job_keys(client, job)
+        shutil.rmtree(root, ignore_errors=True)
 
 
 def wait_running(client, job: str, replicas: list[str], timeout: float = 180) -> None:
