@@ -139,14 +139,20 @@ def running_replica(replica_id: str) -> psutil.Process | None:
 def node_stage_processes(job_key: str | None = None) -> list[psutil.Process]:
     """This node's stage processes (of one job when given), found by command line, with the
     spares this agent handed a replica that have not taken its command line yet (see
-    `running_replica`): a node kill or pause must reach those too."""
+    `running_replica`): a node kill or pause must reach those too. A job's input generator is
+    not one: it stands for the source outside the job (a producer, a broker), which a node of
+    the job going down leaves running."""
     procs = stage_processes(node=this_node(), job=job_key)
     found = {proc.pid for proc in procs}
     with _children_lock:
         handed = [
             popen.pid
-            for popen, key, _path in _children.values()
-            if key and job_key in (None, key) and popen.pid not in found and popen.poll() is None
+            for replica_id, (popen, key, _path) in _children.items()
+            if key
+            and job_key in (None, key)
+            and replica_id != generator_replica_id(key)
+            and popen.pid not in found
+            and popen.poll() is None
         ]
     for pid in handed:
         with contextlib.suppress(psutil.NoSuchProcess):

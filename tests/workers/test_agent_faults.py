@@ -166,3 +166,29 @@ def test_a_fault_the_agent_refuses_is_marked_refused_not_injected(client, node_e
     assert decision.reason.startswith("stress-node refused")
     read_agent_events(client, job)  # read again: nothing changes
     assert ControlDecision.objects.filter(job=job).count() == 1
+
+
+def test_kill_node_kills_a_handed_replica_but_not_the_jobs_input_generator(node_env):
+    """The generator stands for the source outside the job: a node kill leaves it running
+    (docs/RESULTS.md runs kill-node with it), while a spare handed a replica that has not yet
+    taken the replica's command line goes down with the node."""
+    job = "jk-kill-node"
+    procs = {
+        rid: subprocess.Popen(["sleep", "60"], start_new_session=True)
+        for rid in (agent.generator_replica_id(job), "count-9")
+    }
+    with agent._children_lock:
+        for rid, proc in procs.items():
+            agent._children[rid] = (proc, job, None)
+    try:
+        killed = agent.kill_node(job)
+        assert killed == [procs["count-9"].pid]
+        assert procs["count-9"].wait(timeout=5) == -9
+        assert procs[agent.generator_replica_id(job)].poll() is None, "the generator runs on"
+    finally:
+        with agent._children_lock:
+            for rid in procs:
+                agent._children.pop(rid, None)
+        for proc in procs.values():
+            proc.kill()
+            proc.wait()
