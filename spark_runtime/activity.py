@@ -52,6 +52,25 @@ def tree_rss_mb(pid: int) -> float | None:
         return None
 
 
+def pss_mb(procs: list[psutil.Process]) -> float | None:
+    """Proportional set size of `procs` in MiB: each page counted once, split between the
+    processes that map it (forked workers, shared libraries), so unlike summed RSS it does not
+    count shared pages once per process. Read from /proc/PID/smaps_rollup by psutil (Linux);
+    None where psutil has no PSS (other platforms). Slower than RSS (the kernel walks the page
+    tables), hence apart from `ProcessTracker.usage` (workers/node_metrics.py), which node
+    agents call every second."""
+    total = 0
+    for proc in procs:
+        try:
+            info = proc.memory_full_info()
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            continue  # ended mid-read: gone
+        if not hasattr(info, "pss"):
+            return None
+        total += info.pss
+    return total / 2**20
+
+
 class ActivityMeter:
     """The CPU share of process trees since the previous look at each, and its average over
     about `AVERAGE_S` (one meter per watcher)."""

@@ -18,28 +18,13 @@ import logging
 import os
 import time
 
-import psutil
-
-from spark_runtime.bench_util import fused_stage, write_section
+from spark_runtime.bench_util import fused_stage, tree_cpu_s, write_section
 from spark_runtime.progress import read_progress
 from spark_runtime.redis_client import connect
 
 log = logging.getLogger("spark_runtime.bench_batch_cost")
 
 COMMAND = "python -m spark_runtime.bench_batch_cost"
-
-
-def tree_cpu_s(pid: int) -> float:
-    """CPU seconds (user and system) used so far by process `pid` and its live descendants."""
-    total = 0.0
-    root = psutil.Process(pid)
-    for proc in [root, *root.children(recursive=True)]:
-        try:
-            times = proc.cpu_times()
-        except psutil.Error:
-            continue  # ended between the listing and the reading
-        total += times.user + times.system
-    return total
 
 
 def measure(client, redis_url: str, topology: str, every_s: float, args) -> dict:

@@ -22,8 +22,8 @@ import time
 
 import psutil
 
-from spark_runtime.bench_batch_cost import tree_cpu_s
-from spark_runtime.bench_util import fused_stage, write_section
+from spark_runtime.activity import pss_mb, tree_rss_mb
+from spark_runtime.bench_util import fused_stage, tree_cpu_s, write_section
 from spark_runtime.config import JVM_OPTIONS, JVM_OPTIONS_ENV
 from spark_runtime.redis_client import connect
 
@@ -33,18 +33,10 @@ COMMAND = "python -m spark_runtime.bench_jvm_options"
 OPTION_SETS = (("JVM defaults", ""), ("Backstop's", JVM_OPTIONS))
 
 
-def tree_memory_mb(pid: int) -> tuple[float, float]:
+def tree_memory_mb(pid: int) -> tuple[float, float | None]:
     """(RSS, PSS) in MiB of process `pid` and its live descendants."""
-    rss = pss = 0.0
     root = psutil.Process(pid)
-    for proc in [root, *root.children(recursive=True)]:
-        try:
-            info = proc.memory_full_info()
-        except psutil.Error:
-            continue
-        rss += info.rss
-        pss += getattr(info, "pss", info.rss)
-    return rss / 2**20, pss / 2**20
+    return tree_rss_mb(pid), pss_mb([root, *root.children(recursive=True)])
 
 
 def jvm_arguments(pid: int) -> list[str]:
@@ -129,10 +121,11 @@ def main(argv: list[str] | None = None) -> int:
     ]
     for label, _options, r in rows:
         first = r["windows"][:4]
+        pss = "n/a" if r["pss_mb"] is None else f"{r['pss_mb']:.0f}"
         lines.append(
             f"| {label} | {r['running_s']:.1f} | {r['start_cpu_s']:.1f} | "
             f"{', '.join(f'{w:.0f}' for w in r['windows'])} | "
-            f"{sum(first) / max(1, len(first)):.0f} | {r['rss_mb']:.0f} | {r['pss_mb']:.0f} |"
+            f"{sum(first) / max(1, len(first)):.0f} | {r['rss_mb']:.0f} | {pss} |"
         )
     body = "\n".join(lines)
     print(body)

@@ -13,6 +13,7 @@ import time
 from collections.abc import Callable, Iterator
 
 from spark_runtime import generators, keys
+from spark_runtime.activity import tree_cpu_seconds
 from spark_runtime.progress import ProgressRecord, read_progress
 from spark_runtime.runner import build_runner
 
@@ -37,6 +38,15 @@ def bench_runner(topology: str, job: str, strategy: str, redis_url: str, client,
         **options,
     )
     return runner, root
+
+
+def tree_cpu_s(pid: int) -> float:
+    """CPU seconds (user and system) used so far by process `pid` and its live descendants
+    (activity.tree_cpu_seconds); a benchmark's stage that ended meanwhile is an error."""
+    used = tree_cpu_seconds(pid)
+    if used is None:
+        raise RuntimeError(f"process {pid} ended while it was measured")
+    return used[0]
 
 
 @contextlib.contextmanager

@@ -150,23 +150,6 @@ class ProcessTracker:
         return cpu, rss
 
 
-def pss_mb(procs: list[psutil.Process]) -> float | None:
-    """Proportional set size of `procs` in MiB: each page counted once, split between the
-    processes that map it (forked workers, shared libraries), so unlike summed RSS it does not
-    count shared pages once per process. Read from /proc/PID/smaps_rollup by psutil (Linux);
-    None where psutil has no PSS (other platforms). Slower than RSS (the kernel walks the page
-    tables), hence apart from `ProcessTracker.usage`, which node agents call every second."""
-    total = 0
-    for proc in procs:
-        info = safe_read(proc.memory_full_info, None)
-        if info is None:
-            continue  # ended mid-read: gone
-        if not hasattr(info, "pss"):
-            return None
-        total += info.pss
-    return total / 2**20
-
-
 class NodeSampler:
     """Samples one node's usage; rates (CPU, disk, network) are measured between two calls."""
 

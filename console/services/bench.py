@@ -35,6 +35,7 @@ from console.services.schedules import ensure_periodic_tasks
 from console.services.topologies import job_topology
 from spark_runtime import keys as data_keys
 from spark_runtime import user_plan
+from spark_runtime.activity import pss_mb
 from spark_runtime.jobdef import resolve_topology
 from spark_runtime.progress import read_progress
 from spark_runtime.strategies import STRATEGIES
@@ -44,7 +45,6 @@ from workers.node_metrics import (
     ProcessTracker,
     argv_of,
     cmdline_arg,
-    pss_mb,
     spare_processes,
     stage_processes,
     with_children,

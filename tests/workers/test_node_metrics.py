@@ -136,7 +136,7 @@ HOLD_50_MB = "import time; data = b'x' * (50 * 2**20); print('ready', flush=True
 def test_pss_of_a_process_counts_the_memory_it_touched():
     import psutil
 
-    from workers.node_metrics import pss_mb
+    from spark_runtime.activity import pss_mb
 
     holder = start_holding(HOLD_50_MB)
     try:
@@ -155,7 +155,8 @@ def test_pss_counts_pages_shared_by_forked_processes_once():
     which RSS counts in each process and PSS splits between them."""
     import psutil
 
-    from workers.node_metrics import ProcessTracker, pss_mb
+    from spark_runtime.activity import pss_mb
+    from workers.node_metrics import ProcessTracker
 
     holder = start_holding(
         "import os, time; data = b'x' * (50 * 2**20)\n"
@@ -183,7 +184,7 @@ def test_pss_counts_an_ended_process_as_gone_and_is_none_without_pss():
 
     import psutil
 
-    from workers.node_metrics import pss_mb
+    from spark_runtime.activity import pss_mb
 
     ended = subprocess.Popen([sys.executable, "-c", "pass"])
     proc = psutil.Process(ended.pid)
