@@ -23,7 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from spark_runtime.sink import HashRow, StreamRecord, version
-from spark_runtime.topology import OUT_CHANNEL, RESULTS_CHANNEL, OperatorSpec
+from spark_runtime.topology import OUT_CHANNEL, RESULTS_CHANNEL, OperatorSpec, Topology
 
 DEFAULT_WATERMARK_S = 30  # how far behind the latest event time a window's state is kept
 
@@ -144,6 +144,53 @@ def _topn_build(df, op: OperatorSpec):
 
 def _topn_outputs(row: dict):
     return [(RESULTS_CHANNEL, HashRow(version(row["pos"]), str(row["window"]), row["top"]))]
+
+
+def _window_topn_build(df, window_op: OperatorSpec, topn_op: OperatorSpec):
+    """window_count and topn as one stateful operator, for a query that runs both: Spark cannot
+    chain an update-mode aggregation into a state function, and as two queries every result
+    waited for a trigger of each (topn's output gap after a failover was two triggers long).
+
+    One state per tumbling window (the item counts, as topn keeps them): the same results as
+    the two operators, from the same input, in one batch and one shuffle. Spark drops input
+    older than the watermark (window_count's) before the state function sees it, so a window's
+    state can go once the watermark has passed its end: no input for it can come any more."""
+    from pyspark.sql import functions as F
+    from pyspark.sql.streaming.state import GroupStateTimeout
+
+    width_ms = int(window_op.params.get("window_seconds", 10)) * 1000
+    n = int(topn_op.params.get("n", 5))
+
+    def window_top_n(key, pdfs, state):
+        import pandas as pd
+
+        if state.hasTimedOut:
+            state.remove()
+            return
+        counts = json.loads(state.get[0]) if state.exists else {}
+        pos = ts = 0
+        for pdf in pdfs:
+            # Spark commits the state with the input offsets it read: no batch is counted twice.
+            for item, count in pdf["item"].value_counts().items():
+                counts[item] = counts.get(item, 0) + int(count)
+            pos = max(pos, int(pdf["pos"].max()))
+            ts = max(ts, int(pdf["ts"].max()))
+        state.update((json.dumps(counts),))
+        ends = int(key[0]) + width_ms
+        state.setTimeoutTimestamp(max(ends, state.getCurrentWatermarkMs() + 1))
+        top = sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))[:n]
+        yield pd.DataFrame({"window": [key[0]], "top": [json.dumps(top)], "pos": [pos], "ts": [ts]})
+
+    events = _with_event_time(df, window_op, F.timestamp_millis("ts"))
+    # The tumbling window's start in epoch ms, as window_count's `window` (aligned to the epoch).
+    windowed = events.withColumn("window", F.col("ts") - F.col("ts") % F.lit(width_ms))
+    return windowed.groupBy("window").applyInPandasWithState(
+        window_top_n,
+        "window long, top string, pos long, ts long",
+        "counts string",
+        "update",
+        GroupStateTimeout.EventTimeTimeout,
+    )
 
 
 # --- traffic -------------------------------------------------------------------------------
@@ -299,9 +346,32 @@ PLANS: dict[tuple[str, str], OperatorPlan] = {
 }
 
 
+# Consecutive stateful operators that one query can run as one operator (its build takes their
+# OperatorSpecs in order): `topology.stage_spec` puts them in one query when a stage holds both.
+FUSED_PLANS: dict[tuple[str, tuple[str, ...]], OperatorPlan] = {
+    ("topn", ("window_count", "topn")): OperatorPlan(
+        "item", _window_topn_build, "update", to_outputs=_topn_outputs
+    ),
+}
+
+
 def plan_for(topology: str, operator: str) -> OperatorPlan:
     """The Spark plan of `operator` in `topology`."""
     try:
         return PLANS[(topology, operator)]
     except KeyError:
         raise KeyError(f"no Spark plan for operator {operator!r} of {topology!r}") from None
+
+
+def can_fuse(topology: str, operators: tuple[str, ...]) -> bool:
+    """Whether one plan runs `operators` (consecutive, each reading the one before) as one."""
+    return (topology, tuple(operators)) in FUSED_PLANS
+
+
+def segment_plans(topology: Topology, operators: tuple[str, ...]):
+    """The plans that build a query running `operators` in order, each with the OperatorSpecs
+    its build takes: one fused plan where there is one for all of them, else one per operator."""
+    fused = FUSED_PLANS.get((topology.name, tuple(operators)))
+    if fused is not None and topology.job is None:
+        return [(fused, tuple(topology.operator(name) for name in operators))]
+    return [(plan_for(topology.name, name), (topology.operator(name),)) for name in operators]

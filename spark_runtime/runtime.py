@@ -17,7 +17,7 @@ import time
 from spark_runtime import keys, user_plan
 from spark_runtime.buffer import OutputBuffer
 from spark_runtime.checkpoint_seed import remove_orphan_temp_files
-from spark_runtime.pipelines import plan_for
+from spark_runtime.pipelines import segment_plans
 from spark_runtime.progress import percentiles
 from spark_runtime.redis_source import FORMAT_NAME, SEQ_FACTOR
 from spark_runtime.sink import FencedWriter
@@ -134,7 +134,7 @@ class OutputGate:
 
     def _records(self, segment: SegmentSpec, topology: Topology, rows: list[dict]):
         """Sink records of a built-in operator's output rows, per sink."""
-        last = plan_for(topology.name, segment.operators[-1])
+        last, _ = segment_plans(topology, segment.operators)[-1]
         per_sink: dict[str, list] = {}
         for row in rows:
             if last.to_outputs is not None and segment.outputs[0] == RESULTS_CHANNEL:
@@ -352,7 +352,8 @@ class StageRuntime:
         if user_job is not None:
             fields = user_plan.input_fields_spec(user_job)
         else:
-            fields = plan_for(self.topology.name, segment.operators[0]).input_fields
+            plans = segment_plans(self.topology, segment.operators)
+            fields = plans[0][0].input_fields
         (channel,) = segment.inputs
         reader = (
             self.spark.readStream.format(FORMAT_NAME)
@@ -373,8 +374,8 @@ class StageRuntime:
             df = user_plan.user_input(df, user_job)
             df = user_plan.apply_operators(df, user_job, segment.operators)
         else:
-            for name in segment.operators:
-                df = plan_for(self.topology.name, name).build(df, self.topology.operator(name))
+            for plan, operators in plans:
+                df = plan.build(df, *operators)
         mode = self.output_mode(segment)
 
         name = self.query_name(index)

@@ -136,15 +136,12 @@ WORDCOUNT_JOB = Topology(
 TOPN_JOB = Topology(
     name="topn",
     description="Da-Stream's Top-N job: count items per tumbling window, keep the N most frequent.",
-    # A batch here costs a window aggregation, a pandas state function and two state stores,
-    # about 1.4 s of CPU at 50 events/s, nearly all of it fixed. With a trigger shorter than
-    # that the query runs batches back to back: at 0.5 s it used 1.42 of the 2 cores (p50 1.67
-    # s, restart-all, 2026-11-25); at 1 s, 0.76-0.85 of a core on that day's machine but 1.58 on
-    # the next day's, where adaptive's job (primary and paced standby) used 1.29-1.40 cores and
-    # no kill-driver of four 30 s apart was back in band within 30 s. At 2 s: 0.69 of a core,
-    # the job 0.88, all four back in band after 4.3-7.4 s, with a p50 of 2.7 s instead of 1.6 s
-    # (docs/RESULTS.md, "Batch cost" and "Strategy benchmark").
-    trigger_s=2.0,
+    # The default 0.5 s trigger: where window_count and topn share a stage one query runs both
+    # (pipelines.FUSED_PLANS), a batch of about 0.31 s of CPU at 50 events/s, nearly all of it
+    # fixed (62% of a core at 0.5 s, 32% at 1 s, 17% at 2 s). As two queries a batch of each
+    # cost twice that (49% at 1 s, 26% at 2 s, 2026-11-26; 1.42 cores at 0.5 s with the JVM's
+    # default options, 2026-11-25), so topn ran at 2 s, and every result (a failover's first
+    # too) waited for a trigger of each query: docs/RESULTS.md, "Batch cost".
     operators=(
         OperatorSpec("source", SOURCE, cpu=0.1, mem=128),
         OperatorSpec(
@@ -240,7 +237,8 @@ def get_topology(name: str) -> Topology:
 # - `chained`: like Flink's operator chaining, a boundary only where it buys something: where the
 #   parallelism changes, or where the policy gives two stateful operators different protection
 #   (one active, one passive). Two stateful operators with the same protection share a stage
-#   (one process, one standby) as two queries linked by a Redis stream.
+#   (one process, one standby): as one query where a fused plan runs them as one operator
+#   (topn), else as two queries linked by a Redis stream (traffic).
 
 FUSED = "fused"
 PER_OPERATOR = "per-operator"
@@ -334,7 +332,10 @@ def _operator_segments(topology: Topology) -> list[SegmentSpec]:
 def _fuse(topology: Topology, segments: list[SegmentSpec]) -> list[SegmentSpec]:
     """Merge consecutive segments into one query where Spark allows it: a query may hold at most
     one stateful operator here (Spark cannot chain two update-mode aggregations), so a segment
-    is cut before a stateful operator that follows another one."""
+    is cut before a stateful operator that follows another one, unless a fused plan runs the
+    two as one operator (spark_runtime.pipelines.FUSED_PLANS: topn's window_count and topn)."""
+    from spark_runtime.pipelines import can_fuse
+
     fused: list[SegmentSpec] = []
     for seg in segments:
         if fused:
@@ -342,7 +343,10 @@ def _fuse(topology: Topology, segments: list[SegmentSpec]) -> list[SegmentSpec]:
             prev_stateful = any(topology.operator(o).stateful for o in prev.operators)
             this_stateful = any(topology.operator(o).stateful for o in seg.operators)
             chained = seg.inputs == (prev.outputs[0],)
-            if chained and not (prev_stateful and this_stateful):
+            one_plan = topology.job is None and can_fuse(
+                topology.name, prev.operators + seg.operators
+            )
+            if chained and (one_plan or not (prev_stateful and this_stateful)):
                 fused[-1] = SegmentSpec(prev.operators + seg.operators, prev.inputs, seg.outputs)
                 continue
         fused.append(seg)

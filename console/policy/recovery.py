@@ -258,9 +258,9 @@ def _fill_outage(times: list[float], latency: list[float | None]) -> list[float]
 
 # --- measuring the faults of a job: the one measurement the console and the benchmark share ---
 
-# The latency band is at least one stage trigger interval wide (the shortest: 0.5 s,
+# The latency band is at least one stage trigger interval wide (0.5 s,
 # spark_runtime.topology.DEFAULT_TRIGGER_S): 15% of a sub-second latency is finer than a
-# micro-batch's granularity. Kept at 0.5 s for topn's 1 s trigger too (the stricter band).
+# micro-batch's granularity.
 LATENCY_FLOOR_MS = 500.0
 # Output before the fault counts for its downtime only this far back: a job that had produced
 # nothing for longer was already down when the fault came, and the downtime counts from the fault.

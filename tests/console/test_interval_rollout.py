@@ -10,6 +10,7 @@ Spark query, is in tests/spark_runtime/test_topologies.py.
 from __future__ import annotations
 
 import base64
+import dataclasses
 import json
 import time
 
@@ -22,6 +23,7 @@ from console.services import controller
 from console.services import policy as policy_service
 from console.services.control import cycle, observe
 from spark_runtime import keys as data_keys
+from spark_runtime import topology as data_topology
 from tests.factories import EpisodeFactory, NodeFactory, make_job
 from workers import keys as control_keys
 from workers.queues import node_queue
@@ -80,11 +82,14 @@ def launched(client, job):
     return supervisor, stage.name, primary, standby
 
 
-# Each topology's micro-batch trigger, by hand: topn's batches cost more than 0.5 s of CPU.
+# Every built-in topology runs the default trigger; topn is given another here to show that the
+# replica gets its own topology's.
 @pytest.mark.parametrize("topology, trigger_s", [("wordcount", 0.5), ("topn", 2.0)])
 def test_a_replica_starts_with_its_stages_interval_and_its_topology_s_trigger(
-    client, topology, trigger_s
+    client, monkeypatch, topology, trigger_s
 ):
+    own = dataclasses.replace(data_topology.get_topology(topology), trigger_s=trigger_s)
+    monkeypatch.setitem(data_topology.TOPOLOGIES, topology, own)
     job = make_job(topology=topology, strategy=Job.Strategy.ADAPTIVE)
     supervisor, stage, primary, _ = launched(client, job)
     interval = min(

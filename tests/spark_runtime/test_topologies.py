@@ -324,13 +324,14 @@ def test_a_spare_taken_during_its_warm_up_stops_it_there(spark, client, redis_ur
 def test_a_chained_stage_of_two_queries_fails_over_to_its_standby_exactly(
     spark, client, redis_url, job, tmp_path
 ):
-    """Chained topn: window_count and topn in one stage (two queries linked by the stage's
-    internal stream). The standby's first query buffers what it would write to that stream, its
-    second query reads what the primary wrote; after the promotion it writes both itself."""
-    topology = with_params(get_topology("topn"), {"window_count": {"window_seconds": 1}})
-    (stage,) = compile_stages(topology, CHAINED, active={"window_count", "topn"}, job=job)
-    assert stage.operators == ("window_count", "topn") and len(stage.segments) == 2
-    generators.generate(client, job, "topn", count=1500, rate=1500, seed=11)
+    """Chained traffic: join and location_aggregate in one stage (two queries linked by the
+    stage's internal stream: no plan runs the two as one). The standby's first query buffers
+    what it would write to that stream, its second query reads what the primary wrote; after
+    the promotion it writes both itself."""
+    topology = get_topology("traffic")
+    (stage,) = compile_stages(topology, CHAINED, active={"join", "location_aggregate"}, job=job)
+    assert stage.operators == ("join", "location_aggregate") and len(stage.segments) == 2
+    generators.generate(client, job, "traffic", count=1200, rate=800, seed=11)
 
     def runtime(role, max_records):
         rt = StageRuntime(
@@ -347,21 +348,23 @@ def test_a_chained_stage_of_two_queries_fails_over_to_its_standby_exactly(
         standby = runtime(STANDBY, 650)
         standby.process_all_available()
         primary.stop()  # the primary dies having written everything so far
-        generators.generate(client, job, "topn", count=1500, rate=1500, seed=12, id_prefix="g")
+        generators.generate(client, job, "traffic", count=1200, rate=800, seed=12, id_prefix="g")
         standby.process_all_available()
         assert len(standby.gate.buffer) > 0
         standby.gate.promote()
         standby.process_all_available()
-        generators.generate(client, job, "topn", count=600, rate=1500, seed=13, id_prefix="h")
+        generators.generate(client, job, "traffic", count=400, rate=800, seed=13, id_prefix="h")
         standby.process_all_available()
     finally:
         if standby is not None:
             standby.stop()
         primary.stop()
-    entries = truth.valid_entries(client, keys.input_stream(job), ["item"])
-    expected = truth.topn(entries, window_seconds=1, n=5)
-    got = {w: json.loads(v) for w, v in client.hgetall(keys.results(job)).items()}
-    assert len(expected) >= 2
+    entries = truth.valid_entries(
+        client, keys.input_stream(job), ["kind", "sensor", "lane", "value"]
+    )
+    expected = truth.traffic(entries)
+    got = {k: json.loads(v) for k, v in client.hgetall(keys.results(job)).items()}
+    assert len(expected) >= 4
     assert got == expected
 
 
@@ -370,6 +373,8 @@ def test_topn_matches_ground_truth(spark, client, redis_url, job, tmp_path, chai
     topology = with_params(get_topology("topn"), {"window_count": {"window_seconds": 1}})
     generators.generate(client, job, "topn", count=3000, rate=1500, seed=7, malformed_every=97)
     runtimes = run_stages(spark, client, redis_url, job, topology, tmp_path, chaining=chaining)
+    # One query runs both operators where they share a stage (pipelines.FUSED_PLANS).
+    assert [len(rt.queries) for rt in runtimes] == ([1, 1] if chaining == PER_OPERATOR else [1])
     try:
         drain(runtimes, rounds=3)
     finally:
@@ -461,13 +466,13 @@ def test_watermarks_bound_the_state_of_topn_and_traffic(spark, client, redis_url
          "topn": {"n": 3, "watermark_seconds": 2}},
     )  # fmt: skip
     chunks = [[topn_entry(i) for i in range(c * 100, (c + 1) * 100)] for c in range(8)]
-    window_rows, topn_rows = feed_in_chunks(spark, client, redis_url, job, topn, tmp_path, chunks)
+    (window_rows,) = feed_in_chunks(spark, client, redis_url, job, topn, tmp_path, chunks)
     entries = truth.valid_entries(client, keys.input_stream(job), ["item"])
     expected = truth.topn(entries, window_seconds=1, n=3)
     got = {w: json.loads(v) for w, v in client.hgetall(keys.results(job)).items()}
     assert len(expected) == 40 and got == expected
-    assert 0 < window_rows <= 9 * len(items)  # all 40 windows: 200 rows
-    assert 0 < topn_rows <= 13  # windows kept one delay longer (see pipelines._topn_build)
+    # One query for both operators, one state row per window: all 40 windows without a watermark.
+    assert 0 < window_rows <= 9
 
     def traffic_entries(second):
         rng = random.Random(second)
@@ -551,7 +556,7 @@ def test_a_standby_skips_batches_without_input_and_stays_exact(
             time.sleep(1.0)
         assert batches_without_input(primary) >= 1
         assert batches_without_input(standby) == 0
-        assert 0 < state_rows([standby])[0] <= 9 * len(items)  # all 30 windows: 150 rows
+        assert 0 < state_rows([standby])[0] <= 9  # one row per window; all 30: 30 rows
         primary.stop()
         standby.gate.promote()
         for chunk in range(6, 8):
