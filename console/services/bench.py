@@ -11,6 +11,7 @@ measure every fault from the recorded progress (console/bench/measure.py).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import threading
 import time
@@ -24,12 +25,14 @@ from django.contrib.auth.models import Group, User
 
 from console.bench import measure, report, truth
 from console.models import FaultInjection, Job, Node, Policy, RecoveryEpisode, RegisteredTopology
+from console.policy.config import PolicyConfig
 from console.policy.recovery import RecoverySettings, measure_faults
 from console.roles import OPERATOR
 from console.services.control.observe import load_supervisor
 from console.services.demo_setup import DEMO_NODES, ensure_demo_nodes
 from console.services.faults import FaultRefused, request_fault
 from console.services.jobs import create_job, kill_job_processes, kill_warm_spares, stop_job
+from console.services.policy import PolicyRejected, change_policy, revert_policy
 from console.services.recovery import PROGRESS_READ_LIMIT, episode_measurement, input_started_at
 from console.services.schedules import ensure_periodic_tasks
 from console.services.topologies import job_topology
@@ -77,6 +80,8 @@ class BenchSettings:
     peer: str | None = None
     # The peer's configuration beyond its defaults (Flink: (key, value) pairs).
     peer_conf: tuple[tuple[str, str], ...] = ()
+    # Policy settings for the runs, (field, value as given) pairs (`policy_for_runs`).
+    policy: tuple[tuple[str, str], ...] = ()
 
     def __post_init__(self):
         problems = []
@@ -91,6 +96,14 @@ class BenchSettings:
                 f"--topology: one of {', '.join(truth.CHECKED_TOPOLOGIES)}, or a registered job "
                 "with a reference function"
             )
+        for name, text in self.policy:
+            if name not in Policy.threshold_field_names():
+                problems.append(f"--policy: {name} is not a policy field")
+                continue
+            try:
+                policy_value(name, text)
+            except ValueError as exc:
+                problems.append(str(exc))
         unknown = [s for s in self.strategies if s not in STRATEGIES]
         if unknown or not self.strategies:
             problems.append(f"--strategies: comma-separated, from {', '.join(STRATEGIES)}")
@@ -605,7 +618,7 @@ def run_bench(bench: BenchSettings, say) -> dict:
             "runs": runs,
         }
 
-    with BenchCluster(bench.out / "logs", say):
+    with BenchCluster(bench.out / "logs", say), policy_for_runs(bench.policy, say):
         for number, strategy in enumerate(bench.strategies, start=1):
             say(f"[{number}/{len(bench.strategies)}] {strategy}: {bench.topology} at "
                 f"{bench.rate:g} events/s, {bench.faults} x {bench.fault_kind}")  # fmt: skip
@@ -622,6 +635,43 @@ def run_bench(bench: BenchSettings, say) -> dict:
             runs.append(run_flink_peer(bench, say, FlinkSettings(extra=bench.peer_conf)))
             write_outputs(result(), bench.out)
     return result()
+
+
+def policy_value(name: str, text: str):
+    """`text` as the type of policy field `name` (its default's), for --policy."""
+    default = getattr(PolicyConfig(), name)
+    if isinstance(default, bool):
+        if text.lower() not in ("true", "false", "1", "0"):
+            raise ValueError(f"--policy: {name} is true or false, not {text!r}")
+        return text.lower() in ("true", "1")
+    try:
+        return type(default)(text)
+    except ValueError:
+        kind = {int: "an integer", float: "a number"}.get(type(default), type(default).__name__)
+        raise ValueError(f"--policy: {name} is {kind}, not {text!r}") from None
+
+
+@contextlib.contextmanager
+def policy_for_runs(changes: tuple[tuple[str, str], ...], say):
+    """Put `changes` in force for the block as a new policy version (validated and audited like
+    any change), then the version in force before it back (another version: versions are never
+    edited). Nothing is written without changes."""
+    if not changes:
+        yield
+        return
+    before = Policy.current()
+    values = {name: policy_value(name, text) for name, text in changes}
+    described = ", ".join(f"{name}={text}" for name, text in changes)
+    try:
+        change_policy(values, reason=f"manage.py bench --policy {described}")
+    except PolicyRejected as exc:
+        raise RuntimeError("; ".join(exc.errors.values())) from None
+    say(f"policy for these runs: {described} (v{Policy.current().version})")
+    try:
+        yield
+    finally:
+        revert_policy(before.version)
+        say(f"policy v{before.version}'s settings back in force")
 
 
 def machine_description() -> str:

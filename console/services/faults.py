@@ -49,8 +49,7 @@ def node_cores(node: Node | None) -> float | None:
     from workers import keys
 
     try:
-        client = redis.Redis.from_url(settings.REDIS_URL, decode_responses=True)
-        latest = client.get(keys.node_heartbeat(node.name))
+        latest = redis_client().get(keys.node_heartbeat(node.name))
     except redis.RedisError:
         latest = None
     if latest:

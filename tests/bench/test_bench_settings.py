@@ -4,7 +4,8 @@ from pathlib import Path
 
 import pytest
 
-from console.services.bench import BenchSettings
+from console.models import Policy
+from console.services.bench import BenchSettings, policy_for_runs
 
 
 def settings(**changes):
@@ -29,6 +30,8 @@ def test_the_peer_and_the_operator_exception_fault_are_accepted():
         ({"fault_kind": "kill-everything"}, "--fault-kind: one of kill-driver, kill-node, "),
         ({"faults": 5}, "--faults: 0 to 4"),
         ({"strategies": ("fastest",)}, "--strategies: comma-separated"),
+        ({"policy": (("spares", "0"),)}, "--policy: spares is not a policy field"),
+        ({"policy": (("warm_spares_per_node", "none"),)}, "--policy: warm_spares_per_node is an integer"),
     ],
 )
 def test_bad_settings_are_refused_naming_the_option(changes, message):
@@ -40,3 +43,26 @@ def test_bad_settings_are_refused_naming_the_option(changes, message):
 def test_the_peer_runs_only_the_topologies_with_a_plain_python_ground_truth():
     with pytest.raises(ValueError, match="--peer runs wordcount, topn only"):
         settings(peer="flink", topology="traffic")
+
+
+@pytest.mark.django_db
+def test_a_policy_setting_holds_for_the_runs_and_the_one_before_comes_back():
+    before = Policy.current()
+    said = []
+    with policy_for_runs((("warm_spares_per_node", "0"),), said.append):
+        during = Policy.current()
+        assert during.warm_spares_per_node == 0 and during.version == before.version + 1
+        assert "bench --policy warm_spares_per_node=0" in during.reason
+    after = Policy.current()
+    assert after.version == before.version + 2 and after.reason == f"revert to v{before.version}"
+    assert Policy.diff(before, after) == {}
+    assert len(said) == 2
+
+
+@pytest.mark.django_db
+def test_a_policy_setting_out_of_bounds_is_refused_before_any_run():
+    before = Policy.current().version
+    with pytest.raises(RuntimeError, match="warm_spares_per_node"):
+        with policy_for_runs((("warm_spares_per_node", "99"),), print):
+            raise AssertionError("the runs must not start")
+    assert Policy.current().version == before

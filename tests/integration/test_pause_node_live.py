@@ -14,6 +14,7 @@ from console.roles import OPERATOR
 from spark_runtime import keys
 from tests.factories import UserFactory
 from web.launcher import wait_for
+from workers import keys as control_keys
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
@@ -71,7 +72,7 @@ def test_pause_node_stops_the_stage_and_it_runs_again(cluster):
         poll_s=0.05,
     )
     assert FaultInjection.objects.get(pk=fault_id).outcome == "injected"
-    assert client.hlen(f"backstop:node:{primary.node.name}:paused") == 0
+    assert client.hlen(control_keys.paused_groups(primary.node.name)) == 0
     # The same process runs on and the job's output comes back.
     assert Replica.objects.get(pk=primary.pk).pid == primary.pid
     resumed_at = output_total(client, job)

@@ -34,6 +34,15 @@ def flink_conf(item: str) -> tuple[str, str]:
     return key.strip(), value.strip()
 
 
+def policy_change(item: str) -> tuple[str, str]:
+    """`KEY=VALUE` of --policy as a pair (the value is checked against the field when the run
+    starts); anything else is refused naming the option."""
+    key, sep, value = item.partition("=")
+    if not sep or not key.strip() or not value.strip():
+        raise CommandError(f"--policy: KEY=VALUE, not {item!r}")
+    return key.strip(), value.strip()
+
+
 def _exit_on_sigterm(*_args) -> None:
     """Unwind on the first SIGTERM; a second one during the clean-up must not cut it short."""
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
@@ -100,6 +109,14 @@ class Command(BaseCommand):
             metavar="KEY=VALUE",
             help="Flink configuration beyond the peer's defaults, e.g. heartbeat.timeout=5000",
         )
+        parser.add_argument(
+            "--policy",
+            action="append",
+            default=[],
+            metavar="KEY=VALUE",
+            help="a policy setting for the runs, e.g. warm_spares_per_node=0 (a new policy "
+            "version, audited; the version in force before is put back afterwards)",
+        )
         parser.add_argument("--seed", type=int, default=7)
         parser.add_argument("--out", default="var/bench", help="output directory")
         parser.add_argument("--quick", action="store_true", help="a run of a few minutes")
@@ -140,6 +157,7 @@ class Command(BaseCommand):
                 target=opts["target"],
                 peer=opts["peer"],
                 peer_conf=tuple(flink_conf(item) for item in opts["flink_conf"]),
+                policy=tuple(policy_change(item) for item in opts["policy"]),
             )
         except ValueError as exc:
             raise CommandError(str(exc)) from None
