@@ -68,11 +68,22 @@ def steady_figures(
     }
 
 
-def downsample_series(records: list[ProgressRecord], start: float, end: float) -> dict:
-    """Per-second throughput and p99 over [start, end), times relative to `start` (for plots)."""
+def downsample_series(
+    records: list[ProgressRecord], start: float, end: float, input_end: float | None = None
+) -> dict:
+    """Per-second throughput and p99 over [start, end), times relative to `start` (for plots).
+
+    With `input_end`, the series stops a second after both the input's end and the last output:
+    past them nothing is waiting for output, and the p99 of a second without output (the
+    latency of the last output plus the time since it, `output_series`) would climb for ever.
+    """
     series = output_series(records, start, end)
+    if input_end is not None:
+        last_output = max(series.output_times, default=start)
+        end = min(end, max(input_end, last_output) + 1.0)
+    kept = [i for i, t in enumerate(series.times) if t < end]
     return {
-        "t": [round(t - start, 1) for t in series.times],
-        "throughput": series.throughput,
-        "p99_ms": [round(v, 1) for v in series.p99_ms],
+        "t": [round(series.times[i] - start, 1) for i in kept],
+        "throughput": [series.throughput[i] for i in kept],
+        "p99_ms": [round(series.p99_ms[i], 1) for i in kept],
     }

@@ -498,7 +498,9 @@ def measure_progress(
         watch_ended=True,
         settings=bench.recovery_settings(config.recovery_band),
     )
-    series = measure.downsample_series(records, t0, t0 + bench.input_s + 60)
+    series = measure.downsample_series(
+        records, t0, t0 + bench.input_s + 60, input_end=t0 + bench.input_s
+    )
     return steady, measured, series
 
 

@@ -35,3 +35,17 @@ def test_steady_figures_weight_batches_by_their_events():
 def test_weighted_percentile():
     assert measure.weighted_percentile([3, 1, 2], [1, 1, 2], 0.5) == 2
     assert measure.weighted_percentile([], [], 0.5) is None
+
+
+def test_the_plotted_series_stops_once_the_input_has_ended_and_its_output_is_out():
+    """Past the input's end and the last output nothing waits for output: the series ends there
+    instead of plotting a p99 that climbs a second per second."""
+    records = [batch(1000.0 + t, p99=0.4) for t in range(0, 30)]  # output until 1029
+    whole = measure.downsample_series(records, 1000.0, 1060.0)
+    assert len(whole["t"]) == 60 and whole["p99_ms"][-1] > 30_000
+    cut = measure.downsample_series(records, 1000.0, 1060.0, input_end=1025.0)
+    assert cut["t"] == [float(t) for t in range(0, 30)]
+    assert max(cut["p99_ms"]) == 400.0 and cut["throughput"] == [100.0] * 30
+    # A job still down when the input ended keeps its outage on the plot up to the input's end.
+    down = measure.downsample_series(records[:10], 1000.0, 1060.0, input_end=1025.0)
+    assert down["t"][-1] == 25.0 and down["p99_ms"][-1] == 400.0 + 16_000.0
