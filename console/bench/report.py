@@ -71,6 +71,13 @@ def _lost(run: dict) -> str:
     return f"{run['lost']} (not caught up after {run.get('drain_s', '?')} s)"
 
 
+def policy_text(changes) -> str:
+    """The run's policy settings beyond the version in force (`--policy`), for the header."""
+    if not changes:
+        return ""
+    return ", policy " + ", ".join(f"{name}={value}" for name, value in changes)
+
+
 def to_markdown(bench: dict) -> str:
     """The summary table (one row per strategy) and the per-fault table."""
     runs = bench["runs"]
@@ -81,7 +88,9 @@ def to_markdown(bench: dict) -> str:
         f"x{settings.get('faults', '?')} on `{settings.get('target', '?')}`, "
         f"{settings.get('rate', '?')} events/s, warm-up {settings.get('warmup_s', '?')} s, "
         f"measured {settings.get('duration_s', '?')} s, recovery band "
-        f"{settings.get('band', '?')}, stable window {settings.get('stable_window_s', '?')} s.",
+        f"{settings.get('band', '?')}, stable window {settings.get('stable_window_s', '?')} s"
+        + policy_text(settings.get("policy") or ())
+        + ".",
         "",
         "| strategy | mean downtime s | mean recovery s | vs restart-all | worst peak p99 ms "
         "| lost | dup | steady p50 ms | steady p99 ms | events/s | CPU % | RSS MB | PSS MB "

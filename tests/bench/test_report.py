@@ -147,3 +147,10 @@ def test_the_flink_table_counts_backstops_idle_spares_as_flink_counts_its_spare(
     assert rows["| adaptive"].endswith("| 2400 | 1600 |")  # 1500 + 900, 1000 + 600
     assert rows["| restart-all"].endswith("| 1500 | n/a |")
     assert rows["| flink"].endswith("| 100% | 400 | 1.00x | 0 | 0 | 1500 | 800 |")
+
+
+def test_the_header_names_the_policy_settings_of_the_runs():
+    assert "stable window ? s.\n" in report.to_markdown(BENCH)
+    settings = {**BENCH["settings"], "policy": [["warm_spares_per_node", "0"]]}
+    text = report.to_markdown({**BENCH, "settings": settings})
+    assert "stable window ? s, policy warm_spares_per_node=0.\n" in text
