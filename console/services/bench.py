@@ -697,7 +697,10 @@ def write_results(result: dict, command: str) -> str:
     from spark_runtime.bench_util import RESULTS_MD, write_section
 
     settings = result["settings"]
-    subsection = f"{settings['topology']}, {settings['fault_kind']}, {settings['faults']} fault(s)"
+    subsection = (
+        f"{settings['topology']}, {settings['fault_kind']}, {settings['faults']} fault(s)"
+        + report.policy_text(settings.get("policy") or ())
+    )
     body = (
         f"`{command}` on {time.strftime('%Y-%m-%d')} ({settings['machine']}).\n\n"
         + report.to_markdown(result)
