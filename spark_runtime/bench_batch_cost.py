@@ -68,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
         "query (one fused stage, restart-all's) under the local runner, one batch interval "
         "after the other; CPU is the stage's process tree (driver, JVM, Python workers) over "
         "the measured seconds, in percent of one core; progress events count the batches "
-        "of the stage's queries (topn's one stage runs two, one per stateful operator).",
+        "of the stage's queries.",
         "",
         "| batch every | CPU % of a core | progress events | seconds measured |",
         "|---|---|---|---|",
