@@ -363,15 +363,18 @@ def plan_for(topology: str, operator: str) -> OperatorPlan:
         raise KeyError(f"no Spark plan for operator {operator!r} of {topology!r}") from None
 
 
-def can_fuse(topology: str, operators: tuple[str, ...]) -> bool:
-    """Whether one plan runs `operators` (consecutive, each reading the one before) as one."""
-    return (topology, tuple(operators)) in FUSED_PLANS
+def fused_plan(topology: Topology, operators: tuple[str, ...]) -> OperatorPlan | None:
+    """The one plan that runs `operators` (consecutive, each reading the one before) as one
+    operator of a built-in topology, or None (a user job's operators have none)."""
+    if topology.job is not None:
+        return None
+    return FUSED_PLANS.get((topology.name, tuple(operators)))
 
 
 def segment_plans(topology: Topology, operators: tuple[str, ...]):
     """The plans that build a query running `operators` in order, each with the OperatorSpecs
     its build takes: one fused plan where there is one for all of them, else one per operator."""
-    fused = FUSED_PLANS.get((topology.name, tuple(operators)))
-    if fused is not None and topology.job is None:
+    fused = fused_plan(topology, operators)
+    if fused is not None:
         return [(fused, tuple(topology.operator(name) for name in operators))]
     return [(plan_for(topology.name, name), (topology.operator(name),)) for name in operators]

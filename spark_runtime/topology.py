@@ -334,7 +334,7 @@ def _fuse(topology: Topology, segments: list[SegmentSpec]) -> list[SegmentSpec]:
     one stateful operator here (Spark cannot chain two update-mode aggregations), so a segment
     is cut before a stateful operator that follows another one, unless a fused plan runs the
     two as one operator (spark_runtime.pipelines.FUSED_PLANS: topn's window_count and topn)."""
-    from spark_runtime.pipelines import can_fuse
+    from spark_runtime.pipelines import fused_plan
 
     fused: list[SegmentSpec] = []
     for seg in segments:
@@ -343,9 +343,7 @@ def _fuse(topology: Topology, segments: list[SegmentSpec]) -> list[SegmentSpec]:
             prev_stateful = any(topology.operator(o).stateful for o in prev.operators)
             this_stateful = any(topology.operator(o).stateful for o in seg.operators)
             chained = seg.inputs == (prev.outputs[0],)
-            one_plan = topology.job is None and can_fuse(
-                topology.name, prev.operators + seg.operators
-            )
+            one_plan = fused_plan(topology, prev.operators + seg.operators) is not None
             if chained and (one_plan or not (prev_stateful and this_stateful)):
                 fused[-1] = SegmentSpec(prev.operators + seg.operators, prev.inputs, seg.outputs)
                 continue
