@@ -1,8 +1,9 @@
 """The policy's tunables, validated in one place.
 
-The Django `Policy` model is built from these fields (console.models._mirror_policy_config: same
-names, types and defaults, each bound's reason as help text), so the admin, the API and this pure
-core agree on what a valid policy is: `validate()` is the single source of truth for the rules.
+The Django `Policy` model is built from these fields
+(console.models.policy._mirror_policy_config: same names, types and defaults, each bound's reason
+as help text), so the admin, the API and this pure core agree on what a valid policy is:
+`validate()` is the single source of truth for the rules.
 """
 
 from __future__ import annotations
