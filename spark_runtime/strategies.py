@@ -4,24 +4,27 @@ Every part of Backstop that behaves differently per strategy reads this table: t
 choices, the planner (how stages are cut, which get a standby), the supervision state machine
 (what a failure leads to), the policy cycle (whether Algorithm 2 may add, drop or move
 standbys), the launchers (seeded standbys, warm spares, CPU priority) and the benchmark. Adding a
-strategy is one entry here. No Django, no Spark: both sides import it.
+strategy is one entry here, plus one failover class in spark_runtime/failover.py if what a
+failure leads to is new. No Django, no Spark: both sides import it.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 
+from spark_runtime.failover import (
+    FailoverStrategy,
+    PromoteFailover,
+    RestartJobFailover,
+    RestartStageFailover,
+)
 from spark_runtime.topology import CHAINED, FUSED, PER_STATEFUL
 
 # What a stage gets a hot standby for.
 NO_STANDBYS = "none"
 POLICY_STANDBYS = "policy"  # the operators Da-Stream's policy makes active, within the reserve
 ALL_STANDBYS = "all"  # every stage, the reserve not kept (the resource upper bound)
-
-# What a failed primary leads to.
-RESTART_JOB = "restart-job"  # every stage restarts from its checkpoint
-RESTART_STAGE = "restart-stage"  # only the failed stage restarts from its checkpoint
-PROMOTE = "promote"  # a caught-up standby takes over; else the stage restarts
 
 # Nice levels (0 = normal), set for the process group and its session's autogroup
 # (spark_runtime/cpu_priority.py), highest priority first:
@@ -55,7 +58,7 @@ SPARE_NICE = 19
 # STANDBY_BATCH_EVERY_S, not on every trigger: at these input rates a micro-batch's cost is
 # nearly all fixed (planning, the source's Python calls, two state-store commits), so a standby
 # batching as often as its primary used as much CPU as it. Measured with topn's plain query alone
-# on 2 cores (50 events/s; spark_runtime/bench_batch_cost.py): 118-158% of a core batching every
+# on 2 cores (50 events/s; bench/dataplane/batch_cost.py): 118-158% of a core batching every
 # 1 s, 69% every 2 s, 47-49% every 3 s, 29% every 6 s. A standby so paced is at most this much
 # input (and one batch)
 # behind its primary, far below CAUGHT_UP_S (a read cut short by maxRecordsPerBatch is not
@@ -73,7 +76,9 @@ class Strategy:
     - `chaining`: the stage-cutting rule of spark_runtime.topology.compile_stages;
     - `standbys`: which stages get a hot standby at launch (`none`, `policy`, `all`);
     - `policy_moves_standbys`: whether the policy cycle (Algorithm 2) may add, drop or move them;
-    - `on_failure`: what a failed primary leads to;
+    - `on_failure`: what a failed replica leads to, its failover strategy
+      (spark_runtime.failover): the whole job restarts, only the failed stage, or a caught-up
+      standby takes over;
     - `seeded_standbys`: a new standby starts from a copy of its primary's latest committed
       checkpoint instead of replaying the input from the beginning;
     - `warm_spares`: restarts and new standbys take over a node's pre-started stage process
@@ -87,7 +92,7 @@ class Strategy:
     chaining: str
     standbys: str
     policy_moves_standbys: bool
-    on_failure: str
+    on_failure: FailoverStrategy
     seeded_standbys: bool
     warm_spares: bool
     cpu_priorities: bool
@@ -96,6 +101,15 @@ class Strategy:
     def fused(self) -> bool:
         return self.chaining == FUSED
 
+    def standby_stages(self, stages: Iterable[str], chosen: Iterable[str] = ()) -> set[str]:
+        """The stages that get a hot standby at launch: all of `stages`, those the policy
+        `chosen`, or none."""
+        if self.standbys == ALL_STANDBYS:
+            return set(stages)
+        if self.standbys == POLICY_STANDBYS:
+            return set(chosen)
+        return set()
+
 
 RESTART_ALL = Strategy(
     name="restart-all",
@@ -103,7 +117,7 @@ RESTART_ALL = Strategy(
     chaining=FUSED,
     standbys=NO_STANDBYS,
     policy_moves_standbys=False,
-    on_failure=RESTART_JOB,
+    on_failure=RestartJobFailover(),
     # The plain Spark baseline: none of Backstop's mechanisms.
     seeded_standbys=False,
     warm_spares=False,
@@ -115,7 +129,7 @@ LOCAL_RESTART = Strategy(
     chaining=PER_STATEFUL,
     standbys=NO_STANDBYS,
     policy_moves_standbys=False,
-    on_failure=RESTART_STAGE,
+    on_failure=RestartStageFailover(),
     seeded_standbys=False,
     warm_spares=False,
     cpu_priorities=False,
@@ -126,7 +140,7 @@ ADAPTIVE = Strategy(
     chaining=CHAINED,
     standbys=POLICY_STANDBYS,
     policy_moves_standbys=True,
-    on_failure=PROMOTE,
+    on_failure=PromoteFailover(),
     seeded_standbys=True,
     warm_spares=True,
     cpu_priorities=True,
@@ -137,7 +151,7 @@ ACTIVE_ALL = Strategy(
     chaining=CHAINED,
     standbys=ALL_STANDBYS,
     policy_moves_standbys=False,
-    on_failure=PROMOTE,
+    on_failure=PromoteFailover(),
     seeded_standbys=True,
     warm_spares=False,
     cpu_priorities=True,

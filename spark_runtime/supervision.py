@@ -21,14 +21,19 @@ Strategies (spark_runtime/strategies.py defines each once):
 Re-protection: after a promotion the stage has no promotable standby until the new one reports
 `running` (caught up with its primary); `reprotections` records each such interval.
 
-Restart policy (`RestartPolicy`, Flink's exponential-delay strategy with a failure-rate limit):
-a replica that fails after it finished a batch since its launch is restarted at once (a fault:
-recovery time matters). One that fails again before it ever finished a batch is crash-looping:
-its restart waits (`BACKOFF`, carried out by `tick(now)`), twice as long after each further such
-failure, up to a cap. When a stage's primaries fail `max_failures` times within
+What a failure leads to (spark_runtime/failover.py, split as in Flink): the strategy's failover
+strategy says which replicas restart or which standby takes over; the restart-backoff strategy
+(Flink's exponential-delay strategy with a failure-rate limit, set by a `RestartPolicy`) says
+whether and when. A replica that fails after it finished a batch since its launch is restarted
+at once (a fault: recovery time matters). One that fails again before it ever finished a batch
+is crash-looping: its restart waits (`BACKOFF`, carried out by `tick(now)`), twice as long after
+each further such failure, up to a cap. When a stage's primaries fail `max_failures` times within
 `failure_window_s`, the supervisor gives up on the job (`GiveUp`, the driver marks it failed);
 when its standbys do, the stage runs unprotected instead. `relaunch(now)` starts a given-up job
 again, each stage from its last primary's checkpoint.
+
+Persistence: `to_dict()` snapshots the fields of `SupervisorState` (the driver keeps it in Redis
+between ticks) and `Supervisor.from_dict` rebuilds the machine, also from an older version's.
 
 Dead versus slow: a process exit is a failure at once. A missing heartbeat from a process that
 its agent sees alive and using CPU (`HeartbeatMissed(busy=True)`) is "slow": the replica is
@@ -44,34 +49,35 @@ then and the restart is abandoned, so the faster of the two serves.
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields, is_dataclass, replace
 from typing import Protocol
 
-from spark_runtime.strategies import (
-    ALL_STANDBYS,
-    POLICY_STANDBYS,
-    PROMOTE,
-    RESTART_JOB,
-    get_strategy,
+from spark_runtime.failover import (
+    BACKOFF,
+    CATCHING_UP,
+    FAILED,
+    PRIMARY,
+    PROMOTING,
+    RUNNING,
+    STANDBY,
+    STARTING,
+    ExponentialDelayRestartBackoff,
+    FailoverStrategy,
+    Restart,
+    RestartPolicy,
+    TakeOver,
 )
+from spark_runtime.strategies import Strategy, get_strategy
 
 # Replica entries carry their process's start time from the node's clock; allow this much skew
 # when telling a restarted process from the one that failed.
 CLOCK_SLACK_S = 1.0
 
-# Replica states as the supervisor sees them.
-STARTING = "starting"
-RUNNING = "running"
-# A standby that is up but too far behind its primary to take over (it is not promoted).
-CATCHING_UP = "catching_up"
-PROMOTING = "promoting"
-# Failed and waiting out its restart delay; no process runs.
-BACKOFF = "backoff"
-FAILED = "failed"
-
-PRIMARY = "primary"
-STANDBY = "standby"
+# How much of the recovery record a snapshot keeps (newest last).
+HISTORY_KEPT = 200
+REPROTECTIONS_KEPT = 50
 
 
 @dataclass(frozen=True)
@@ -105,26 +111,6 @@ class ReplicaSpec:
         for param in self.params:
             args += ["--param", param]
         return args
-
-
-@dataclass(frozen=True)
-class RestartPolicy:
-    """When to restart a failed replica and when to give up (see the module doc).
-
-    `delay_s(n)` for the n-th failure in a row before the replica finished a batch: 0 for the
-    first (it may be a fault during start-up), then initial_delay_s, doubled each time, at most
-    max_delay_s.
-    """
-
-    initial_delay_s: float = 2.0
-    max_delay_s: float = 60.0
-    max_failures: int = 8
-    failure_window_s: float = 600.0
-
-    def delay_s(self, failures_in_a_row: int) -> float:
-        if failures_in_a_row <= 1:
-            return 0.0
-        return min(self.max_delay_s, self.initial_delay_s * 2 ** (failures_in_a_row - 2))
 
 
 # --- events ----------------------------------------------------------------------------------
@@ -246,74 +232,194 @@ class Replica:
         return self.spec.role
 
 
-class Supervisor:
-    """The state machine. `handle(event)` updates the replica table and returns actions."""
+# --- the persisted state ---------------------------------------------------------------------
 
-    def __init__(
-        self,
-        job: str,
-        topology: str,
-        stages: Mapping[str, Sequence[str]],
-        strategy: str,
-        nodes: list[str],
-        active_stages: set[str] | None = None,
-        params: tuple[str, ...] = (),
-        startup_grace: float = 90.0,
-        placement: dict[str, tuple[str, str | None]] | None = None,
-        restart_policy: RestartPolicy | None = None,
-        hung_timeout_s: float = 30.0,
-    ):
-        if not nodes:
-            raise ValueError("at least one node is needed")
-        self.job = job
-        self.topology = topology
-        # Stage name -> its operators, in launch order.
-        self.stage_operators = {name: tuple(ops) for name, ops in stages.items()}
-        self.stages = list(self.stage_operators)
-        self.strategy = strategy
-        self.definition = get_strategy(strategy)
-        self.nodes = list(nodes)
-        self.params = params
-        self.startup_grace = startup_grace
-        # Optional (primary node, standby node) per stage chosen by the policy; else round robin.
-        self.placement = dict(placement or {})
-        if self.definition.standbys == ALL_STANDBYS:
-            self.active_stages = set(self.stages)
-        elif self.definition.standbys == POLICY_STANDBYS:
-            self.active_stages = set(active_stages or ())
-        else:
-            self.active_stages = set()
-        self.replicas: dict[str, Replica] = {}
-        self._counter: dict[str, int] = {}
-        self.history: list[tuple[float, str]] = []  # (time, description) of every recovery step
-        # Stage -> time its standby was promoted, until a new standby is promotable again.
-        self.unprotected_since: dict[str, float] = {}
-        # (stage, promoted at, protected again at) per completed re-protection, newest last.
-        self.reprotections: list[tuple[str, float, float]] = []
-        # Stage -> time its primary was restarted after a failure, until that primary reports a
-        # finished batch; a standby that catches up meanwhile takes over (see the module doc).
-        self.restarting: dict[str, float] = {}
-        # Stage -> the standby a move replaces: it keeps the stage protected until the moved
-        # standby is caught up, and is killed then (make before break; see move_standby).
-        self.retiring: dict[str, str] = {}
-        # The driver may replace it at any time (the controller applies the policy in force).
-        self.restart_policy = restart_policy or RestartPolicy()
-        # How long a busy replica may stay silent before it counts as hung (driver may change it).
-        self.hung_timeout_s = hung_timeout_s
-        # Where a standby this machine places itself (after a promotion, at a relaunch, or when
-        # the plan named no node) should go, best first; the driver keeps it current (nodes with
-        # a warm spare ready, then by Q). Empty: round robin over `nodes`.
-        self.standby_nodes: list[str] = []
-        # "stage/role" -> times of its replicas' failures within the policy's window.
-        self.failures: dict[str, list[float]] = {}
-        # Stages whose standbys crash-looped: no standby is started for them any more.
-        self.unprotectable: set[str] = set()
-        # Why the job was given up on (None while it is supervised).
-        self.gave_up: str | None = None
 
-    # -- helpers ------------------------------------------------------------------------------
+def _persisted(*, key: str | None = None, dump=None, load=None, **kwargs):
+    """A SupervisorState field with its own snapshot treatment: its key (default: its name),
+    what of it the snapshot keeps (`dump`, default all of it) and how from_dict rebuilds it from
+    JSON (`load`, default a copy)."""
+    return field(metadata={"key": key, "dump": dump, "load": load}, **kwargs)
+
+
+def _tuples_by_key(raw: dict) -> dict:
+    return {key: tuple(value) for key, value in raw.items()}
+
+
+def _tuple_items(raw: list) -> list[tuple]:
+    return [tuple(item) for item in raw]
+
+
+def _replicas_from_json(raw: list[dict]) -> dict[str, Replica]:
+    replicas = {}
+    for item in raw:
+        saved = item["spec"]
+        as_tuples = {"operators": tuple(saved["operators"]), "params": tuple(saved["params"])}
+        spec = ReplicaSpec(**{**saved, **as_tuples})
+        replicas[spec.replica_id] = Replica(**{**item, "spec": spec})
+    return replicas
+
+
+def _current_replica_entry(item: dict, strategy: str) -> dict:
+    """A replica entry of a snapshot as this version writes it, from one an older version wrote
+    (supervisor state outlives a controller upgrade in Redis)."""
+    spec = dict(item["spec"])
+    if "low_priority" in spec:  # saved before primaries took part in CPU priorities
+        del spec["low_priority"]
+        spec["cpu_priorities"] = get_strategy(strategy).cpu_priorities
+    return {"launched_at": item["since"], **item, "spec": spec}
+
+
+def _to_json(value):
+    """`value` in JSON types: dataclasses as dicts, tuples as lists, sets as sorted lists."""
+    if value is None or isinstance(value, str | float | int):  # most values: first
+        return value
+    if isinstance(value, list | tuple):
+        return [_to_json(item) for item in value]
+    if isinstance(value, dict):
+        return {key: _to_json(item) for key, item in value.items()}
+    if isinstance(value, set):
+        return sorted(value)
+    if is_dataclass(value):
+        return {f.name: _to_json(getattr(value, f.name)) for f in fields(value)}
+    raise TypeError(f"not serialisable: {value!r}")
+
+
+@dataclass(eq=False)
+class SupervisorState:
+    """What a Supervisor keeps between ticks, with the queries over its replica table.
+
+    `to_dict` and `Supervisor.from_dict` follow these fields, so a field is declared once here.
+    The snapshot keys are the ones earlier versions wrote: a controller upgraded in the middle
+    of a job resumes the state its predecessor saved in Redis.
+    """
+
+    job: str
+    topology: str
+    # Stage name -> its operators, in launch order.
+    stage_operators: dict[str, tuple[str, ...]] = _persisted(key="stages", load=_tuples_by_key)
+    strategy: str
+    nodes: list[str]
+    # Stages that get a hot standby.
+    active_stages: set[str] = _persisted(default_factory=set, load=set)
+    params: tuple[str, ...] = _persisted(default=(), load=tuple)
+    startup_grace: float = 90.0
+    # Optional (primary node, standby node) per stage chosen by the policy; else round robin.
+    placement: dict[str, tuple[str, str | None]] = _persisted(
+        default_factory=dict, load=_tuples_by_key
+    )
+    # The driver may replace it at any time (the controller applies the policy in force).
+    restart_policy: RestartPolicy = _persisted(
+        default_factory=RestartPolicy, load=lambda raw: RestartPolicy(**raw)
+    )
+    # How long a busy replica may stay silent before it counts as hung (driver may change it).
+    hung_timeout_s: float = 30.0
+    # Stage -> time its standby was promoted, until a new standby is promotable again.
+    unprotected_since: dict[str, float] = field(default_factory=dict)
+    # (stage, promoted at, protected again at) per completed re-protection, newest last.
+    reprotections: list[tuple[str, float, float]] = _persisted(
+        default_factory=list, dump=lambda r: r[-REPROTECTIONS_KEPT:], load=_tuple_items
+    )
+    # Stage -> time its primary was restarted after a failure, until that primary reports a
+    # finished batch; a standby that catches up meanwhile takes over (see the module doc).
+    restarting: dict[str, float] = field(default_factory=dict)
+    # Stage -> the standby a move replaces: it keeps the stage protected until the moved
+    # standby is caught up, and is killed then (make before break; see move_standby).
+    retiring: dict[str, str] = field(default_factory=dict)
+    # "stage/role" -> times of its replicas' failures within the policy's window.
+    failures: dict[str, list[float]] = field(default_factory=dict)
+    # Stages whose standbys crash-looped: no standby is started for them any more.
+    unprotectable: set[str] = _persisted(default_factory=set, load=set)
+    # Why the job was given up on (None while it is supervised).
+    gave_up: str | None = None
+    # Stage -> how many replica ids it has handed out ("<stage>-<n>").
+    _counter: dict[str, int] = _persisted(key="counter", default_factory=dict)
+    # (time, description) of every recovery step.
+    history: list[tuple[float, str]] = _persisted(
+        default_factory=list, dump=lambda h: h[-HISTORY_KEPT:], load=_tuple_items
+    )
+    replicas: dict[str, Replica] = _persisted(
+        default_factory=dict, dump=lambda r: list(r.values()), load=_replicas_from_json
+    )
+
+    def to_dict(self) -> dict:
+        """A JSON-serialisable snapshot, so a driver can persist the machine between ticks."""
+        snapshot = {}
+        for state_field in fields(SupervisorState):
+            value, dump = getattr(self, state_field.name), state_field.metadata.get("dump")
+            key = state_field.metadata.get("key") or state_field.name
+            snapshot[key] = _to_json(dump(value) if dump else value)
+        return snapshot
+
+    def _load(self, data: dict) -> None:
+        """Take the fields of a `to_dict()` snapshot, of this version or an earlier one (a key
+        missing from an older snapshot keeps its current value)."""
+        entries = [_current_replica_entry(item, data["strategy"]) for item in data["replicas"]]
+        data = {**data, "replicas": entries}
+        for state_field in fields(SupervisorState):
+            key = state_field.metadata.get("key") or state_field.name
+            if key in data:
+                load = state_field.metadata.get("load") or copy.deepcopy
+                setattr(self, state_field.name, load(data[key]))
+
+    @property
+    def stages(self) -> list[str]:
+        """The stage names, in launch order."""
+        return list(self.stage_operators)
+
+    @property
+    def definition(self) -> Strategy:
+        """The strategy's definition (spark_runtime.strategies)."""
+        return get_strategy(self.strategy)
+
+    @property
+    def failover(self) -> FailoverStrategy:
+        """Which replicas a failure restarts, or which standby takes over."""
+        return self.definition.on_failure
+
+    def of_stage(self, stage: str, role: str | None = None) -> list[Replica]:
+        """Replicas of `stage` (optionally of one role) currently in the table."""
+        return [
+            r
+            for r in self.replicas.values()
+            if r.spec.stage == stage and (role is None or r.role == role)
+        ]
+
+    def live(self) -> list[Replica]:
+        """Replicas the driver should watch (everything with a process that should run)."""
+        return [r for r in self.replicas.values() if r.state not in (FAILED, BACKOFF)]
+
+    def all_running(self) -> bool:
+        """True once every replica in the table reports running."""
+        return bool(self.replicas) and all(r.state == RUNNING for r in self.replicas.values())
+
+    def standby_of(self, stage: str) -> Replica | None:
+        """The stage's standby that is not failed (None: it has none)."""
+        return next((r for r in self.of_stage(stage, STANDBY) if r.state != FAILED), None)
+
+    def has_standby(self, stage: str) -> bool:
+        """True if `stage` has a standby that is not failed."""
+        return self.standby_of(stage) is not None
+
+    def placement_by_stage(self) -> dict[str, tuple[str | None, str | None]]:
+        """(primary node, standby node or None) per stage, from the live replicas."""
+        result: dict[str, tuple[str | None, str | None]] = {}
+        for stage in self.stage_operators:
+            primaries = [r for r in self.of_stage(stage, PRIMARY) if r.state != FAILED]
+            standby = self.standby_of(stage)
+            result[stage] = (
+                primaries[0].spec.node if primaries else None,
+                standby.spec.node if standby else None,
+            )
+        return result
+
+    def slow(self) -> list[str]:
+        """Replicas that are silent but busy (flagged, not yet hung)."""
+        return [r.id for r in self.replicas.values() if r.slow_since is not None]
 
     def _new_spec(self, stage: str, role: str, node: str) -> ReplicaSpec:
+        """A new replica of `stage` with the next id; a standby is seeded from the stage's
+        running primary where the strategy seeds standbys."""
         self._counter[stage] = self._counter.get(stage, 0) + 1
         replica_id = f"{stage}-{self._counter[stage]}"
         strategy = self.definition
@@ -336,33 +442,69 @@ class Supervisor:
         )
 
     def _node_for(self, index: int, avoid: str | None = None) -> str:
+        """Round robin over `nodes` from `index`, past `avoid` unless it is the only node."""
         for shift in range(len(self.nodes)):
             node = self.nodes[(index + shift) % len(self.nodes)]
             if node != avoid or len(self.nodes) == 1:
                 return node
         return self.nodes[0]
 
+
+def _relaunched(replica: Replica, now: float) -> None:
+    """`replica`'s process is asked for again: it is starting and not yet healthy."""
+    replica.state, replica.since, replica.launched_at = STARTING, now, now
+    replica.healthy, replica.retry_at = False, None
+
+
+class Supervisor(SupervisorState):
+    """The state machine. `handle(event)` updates the replica table and returns actions."""
+
+    def __init__(
+        self,
+        job: str,
+        topology: str,
+        stages: Mapping[str, Sequence[str]],
+        strategy: str,
+        nodes: list[str],
+        active_stages: set[str] | None = None,
+        params: tuple[str, ...] = (),
+        startup_grace: float = 90.0,
+        placement: dict[str, tuple[str, str | None]] | None = None,
+        restart_policy: RestartPolicy | None = None,
+        hung_timeout_s: float = 30.0,
+    ):
+        if not nodes:
+            raise ValueError("at least one node is needed")
+        super().__init__(
+            job=job,
+            topology=topology,
+            stage_operators={name: tuple(ops) for name, ops in stages.items()},
+            strategy=strategy,
+            nodes=list(nodes),
+            active_stages=get_strategy(strategy).standby_stages(stages, active_stages or ()),
+            params=params,
+            startup_grace=startup_grace,
+            placement=dict(placement or {}),
+            restart_policy=restart_policy or RestartPolicy(),
+            hung_timeout_s=hung_timeout_s,
+        )
+        # Where a standby this machine places itself (after a promotion, at a relaunch, or when
+        # the plan named no node) should go, best first; the driver keeps it current (nodes with
+        # a warm spare ready, then by Q). Empty: round robin over `nodes`.
+        self.standby_nodes: list[str] = []
+
+    @classmethod
+    def from_dict(cls, data: dict) -> Supervisor:
+        """Rebuild a machine from `to_dict()` output (also one saved by an earlier version)."""
+        sup = cls(data["job"], data["topology"], data["stages"], data["strategy"], data["nodes"])
+        sup._load(data)
+        return sup
+
+    # -- helpers ------------------------------------------------------------------------------
+
     def _add(self, spec: ReplicaSpec, now: float) -> StartReplica:
         self.replicas[spec.replica_id] = Replica(spec, STARTING, now, launched_at=now)
         return StartReplica(spec)
-
-    @staticmethod
-    def _relaunched(replica: Replica, now: float) -> None:
-        """`replica`'s process is asked for again: it is starting and not yet healthy."""
-        replica.state, replica.since, replica.launched_at = STARTING, now, now
-        replica.healthy, replica.retry_at = False, None
-
-    def of_stage(self, stage: str, role: str | None = None) -> list[Replica]:
-        """Replicas of `stage` (optionally of one role) currently in the table."""
-        return [
-            r
-            for r in self.replicas.values()
-            if r.spec.stage == stage and (role is None or r.role == role)
-        ]
-
-    def live(self) -> list[Replica]:
-        """Replicas the driver should watch (everything with a process that should run)."""
-        return [r for r in self.replicas.values() if r.state not in (FAILED, BACKOFF)]
 
     def _standby_for(self, stage: str, primary_node: str, now: float) -> StartReplica:
         preferred = [node for node in self.standby_nodes if node != primary_node]
@@ -393,33 +535,9 @@ class Supervisor:
                     actions.append(self._standby_for(stage, node, now))
         return actions
 
-    def all_running(self) -> bool:
-        """True once every replica in the table reports running."""
-        return bool(self.replicas) and all(r.state == RUNNING for r in self.replicas.values())
-
-    def standby_of(self, stage: str) -> Replica | None:
-        """The stage's standby that is not failed (None: it has none)."""
-        return next((r for r in self.of_stage(stage, STANDBY) if r.state != FAILED), None)
-
-    def has_standby(self, stage: str) -> bool:
-        """True if `stage` has a standby that is not failed."""
-        return self.standby_of(stage) is not None
-
-    def placement_by_stage(self) -> dict[str, tuple[str | None, str | None]]:
-        """(primary node, standby node or None) per stage, from the live replicas."""
-        result: dict[str, tuple[str | None, str | None]] = {}
-        for stage in self.stages:
-            primaries = [r for r in self.of_stage(stage, PRIMARY) if r.state != FAILED]
-            standby = self.standby_of(stage)
-            result[stage] = (
-                primaries[0].spec.node if primaries else None,
-                standby.spec.node if standby else None,
-            )
-        return result
-
     def add_standby(self, stage: str, node: str, now: float) -> list:
         """Give `stage` a hot standby on `node` (the policy's decision); no-op if it has one."""
-        allowed = self.definition.on_failure == PROMOTE and stage not in self.unprotectable
+        allowed = self.failover.promotes and stage not in self.unprotectable
         if stage in self.stages and allowed and not self.has_standby(stage):
             self.active_stages.add(stage)
             self.history.append((now, f"add a standby for {stage} on {node}"))
@@ -469,95 +587,6 @@ class Supervisor:
                 actions.append(KillReplica(replica.id))
         return actions
 
-    def to_dict(self) -> dict:
-        """A JSON-serialisable snapshot, so a driver can persist the machine between ticks."""
-        return {
-            "job": self.job,
-            "topology": self.topology,
-            "stages": {name: list(ops) for name, ops in self.stage_operators.items()},
-            "strategy": self.strategy,
-            "nodes": self.nodes,
-            "active_stages": sorted(self.active_stages),
-            "params": list(self.params),
-            "unprotected_since": self.unprotected_since,
-            "reprotections": [list(r) for r in self.reprotections[-50:]],
-            "restarting": self.restarting,
-            "retiring": self.retiring,
-            "restart_policy": self.restart_policy.__dict__,
-            "hung_timeout_s": self.hung_timeout_s,
-            "failures": self.failures,
-            "unprotectable": sorted(self.unprotectable),
-            "gave_up": self.gave_up,
-            "startup_grace": self.startup_grace,
-            "placement": {k: list(v) for k, v in self.placement.items()},
-            "counter": self._counter,
-            "history": [list(h) for h in self.history[-200:]],
-            "replicas": [
-                {
-                    "spec": {
-                        **r.spec.__dict__,
-                        "operators": list(r.spec.operators),
-                        "params": list(r.spec.params),
-                    },
-                    "state": r.state,
-                    "since": r.since,
-                    "launched_at": r.launched_at,
-                    "healthy": r.healthy,
-                    "failures_in_a_row": r.failures_in_a_row,
-                    "retry_at": r.retry_at,
-                    "slow_since": r.slow_since,
-                }
-                for r in self.replicas.values()
-            ],
-        }
-
-    @classmethod
-    def from_dict(cls, data: dict) -> Supervisor:
-        """Rebuild a machine from `to_dict()` output."""
-        sup = cls(
-            data["job"],
-            data["topology"],
-            data["stages"],
-            data["strategy"],
-            data["nodes"],
-            set(data["active_stages"]),
-            params=tuple(data["params"]),
-            startup_grace=data["startup_grace"],
-            placement={k: tuple(v) for k, v in data.get("placement", {}).items()},
-            restart_policy=RestartPolicy(**data.get("restart_policy", {})),
-            hung_timeout_s=data.get("hung_timeout_s", 30.0),
-        )
-        # The strategy decides the initial active set; the snapshot's set is what counts now.
-        sup.active_stages = set(data["active_stages"])
-        sup._counter = dict(data["counter"])
-        sup.history = [tuple(h) for h in data["history"]]
-        sup.unprotected_since = dict(data.get("unprotected_since", {}))
-        sup.reprotections = [tuple(r) for r in data.get("reprotections", [])]
-        sup.restarting = dict(data.get("restarting", {}))
-        sup.retiring = dict(data.get("retiring", {}))
-        sup.failures = {k: list(v) for k, v in data.get("failures", {}).items()}
-        sup.unprotectable = set(data.get("unprotectable", ()))
-        sup.gave_up = data.get("gave_up")
-        for item in data["replicas"]:
-            raw = dict(item["spec"])
-            if "low_priority" in raw:  # saved before primaries took part in CPU priorities
-                del raw["low_priority"]
-                raw["cpu_priorities"] = get_strategy(data["strategy"]).cpu_priorities
-            spec = ReplicaSpec(
-                **{**raw, "operators": tuple(raw["operators"]), "params": tuple(raw["params"])}
-            )
-            sup.replicas[spec.replica_id] = Replica(
-                spec,
-                item["state"],
-                item["since"],
-                launched_at=item.get("launched_at", item["since"]),
-                healthy=item.get("healthy", False),
-                failures_in_a_row=item.get("failures_in_a_row", 0),
-                retry_at=item.get("retry_at"),
-                slow_since=item.get("slow_since"),
-            )
-        return sup
-
     def stop(self) -> list:
         """The actions that take the whole job down."""
         actions = [KillReplica(r.id) for r in self.replicas.values()]
@@ -581,10 +610,6 @@ class Supervisor:
             return self._on_failure(replica, event.at, f"process exited ({event.code})")
         raise TypeError(f"unknown event {event!r}")
 
-    def slow(self) -> list[str]:
-        """Replicas that are silent but busy (flagged, not yet hung)."""
-        return [r.id for r in self.replicas.values() if r.slow_since is not None]
-
     def _on_silent_but_busy(self, replica: Replica, now: float) -> list:
         if replica.slow_since is None:
             replica.slow_since = now
@@ -603,15 +628,7 @@ class Supervisor:
         due = [r for r in self.replicas.values() if r.state == BACKOFF and r.retry_at <= now]
         if not due:
             return []
-        if self.definition.on_failure == RESTART_JOB:
-            for replica in self.replicas.values():
-                self._relaunched(replica, now)
-            self.history.append((now, "backoff over: restart job from checkpoints"))
-            return [RestartJob(tuple(r.spec for r in self.replicas.values()))]
-        for replica in due:
-            self._relaunched(replica, now)
-            self.history.append((now, f"backoff over: restart {replica.id} from its checkpoint"))
-        return [RestartStage(r.spec) for r in due]
+        return self._restart_now(self.failover.after_backoff(self, due), now, "backoff over: ")
 
     def relaunch(self, now: float) -> list:
         """Start a job given up on again: every stage's newest primary resumes its own
@@ -628,7 +645,7 @@ class Supervisor:
                 actions.append(self._add(self._new_spec(stage, PRIMARY, node), now))
                 continue
             primary = primaries[-1]
-            self._relaunched(primary, now)
+            _relaunched(primary, now)
             primary.failures_in_a_row = 0
             actions.append(StartReplica(primary.spec))
         self.failures.clear()
@@ -692,85 +709,75 @@ class Supervisor:
                 return self._on_promotion_failed(replica, event.at)
         return []
 
-    def _count_failure(self, replica: Replica, now: float) -> int:
-        """Record the failure; returns how many failures of the stage's replicas of this role
-        fell within the policy's window, this one included."""
-        if not replica.healthy:
-            replica.failures_in_a_row += 1
-        else:
-            replica.failures_in_a_row = 1
-        key = f"{replica.spec.stage}/{replica.role}"
-        window_start = now - self.restart_policy.failure_window_s
-        recent = [t for t in self.failures.get(key, []) if t > window_start] + [now]
-        self.failures[key] = recent
-        return len(recent)
-
-    def _restart(self, replica: Replica, now: float) -> list:
-        """Restart `replica` from its own checkpoint, at once or after its backoff delay."""
-        delay = self.restart_policy.delay_s(replica.failures_in_a_row)
-        if delay <= 0:
-            self._relaunched(replica, now)
-            self.history.append((now, f"restart {replica.id} from its checkpoint"))
-            return [RestartStage(replica.spec)]
-        replica.state, replica.since, replica.retry_at = BACKOFF, now, now + delay
-        self.history.append(
-            (now, f"restart {replica.id} in {delay:g} s: failure {replica.failures_in_a_row} "
-             "in a row before it finished a batch")
-        )  # fmt: skip
-        return [ScheduleRestart(replica.id, replica.spec.stage, now + delay, delay)]
+    def _backoff(self) -> ExponentialDelayRestartBackoff:
+        """The restart-backoff strategy: the policy in force over this machine's failures."""
+        return ExponentialDelayRestartBackoff(self.restart_policy, self.failures)
 
     def _on_failure(self, replica: Replica, now: float, reason: str) -> list:
+        """The failure handler: the restart-backoff strategy says whether to restart and when,
+        the failover strategy which replicas restart or which standby takes over."""
         stage = replica.spec.stage
         replica.slow_since = None
         self.history.append((now, f"{replica.id} ({replica.role} of {stage}) failed: {reason}"))
-        recent = self._count_failure(replica, now)
-        if recent >= self.restart_policy.max_failures:
+        replica.failures_in_a_row = 1 if replica.healthy else replica.failures_in_a_row + 1
+        backoff, scope = self._backoff(), f"{stage}/{replica.role}"
+        backoff.notify_failure(scope, now, cause=reason)
+        if not backoff.can_restart(scope):
             why = (
-                f"{stage}: {recent} {replica.role} failures within "
+                f"{stage}: {len(self.failures[scope])} {replica.role} failures within "
                 f"{self.restart_policy.failure_window_s:g} s (last: {replica.id}, {reason})"
             )
-            standby_only = replica.role == STANDBY and replica.state != PROMOTING
-            if standby_only and self.definition.on_failure == PROMOTE:
+            if replica.role == STANDBY and replica.state != PROMOTING and self.failover.promotes:
                 return self._give_up_standby(stage, now, why)
             return self._give_up_job(stage, now, why)
-        if self.definition.on_failure == RESTART_JOB:
-            delay = self.restart_policy.delay_s(replica.failures_in_a_row)
-            if delay > 0:
-                return self._job_backoff(replica, now, delay)
-            specs = tuple(r.spec for r in self.replicas.values())
-            for r in self.replicas.values():
-                self._relaunched(r, now)
-            self.history.append((now, "restart job from checkpoints"))
-            return [RestartJob(specs)]
-        if replica.state == PROMOTING:
+        if replica.state == PROMOTING:  # it died taking over: whatever the strategy, restart
             return self._on_promotion_failed(replica, now)
-        if replica.role == STANDBY:
-            return self._restart(replica, now)
-        standbys = [r for r in self.of_stage(stage, STANDBY) if r.state == RUNNING]
-        if standbys:
-            standby = standbys[0]
-            replica.state = FAILED
-            standby.state, standby.since = PROMOTING, now
-            self.unprotected_since[stage] = now  # until a new standby is caught up
-            self.history.append((now, f"promote {standby.id} for {stage}"))
-            return [KillReplica(replica.id), PromoteStandby(standby.id, stage)]
-        if self.of_stage(stage, STANDBY):
+        decision = self.failover.on_failure(self, replica)
+        if isinstance(decision, TakeOver):
+            return self._take_over(replica, self.replicas[decision.standby_id], now)
+        if decision.standby_may_overtake:
             self.restarting[stage] = now  # a standby still catching up may beat the restart
-        return self._restart(replica, now)
+        delay = backoff.backoff_s(replica.failures_in_a_row)
+        if delay > 0:
+            return self._schedule_restart(decision, replica, now, delay)
+        return self._restart_now(decision, now)
 
-    def _job_backoff(self, failed: Replica, now: float, delay: float) -> list:
-        """restart-all: every replica waits out the delay `failed` earned; the whole job restarts
-        together when it is over (see tick)."""
-        self.history.append(
-            (now, f"restart job in {delay:g} s: {failed.id} failed "
-             f"{failed.failures_in_a_row} times in a row before it finished a batch")
-        )  # fmt: skip
+    def _take_over(self, failed: Replica, standby: Replica, now: float) -> list:
+        """Promote the caught-up `standby` in place of the `failed` primary."""
+        stage = failed.spec.stage
+        failed.state = FAILED
+        standby.state, standby.since = PROMOTING, now
+        self.unprotected_since[stage] = now  # until a new standby is caught up
+        self.history.append((now, f"promote {standby.id} for {stage}"))
+        return [KillReplica(failed.id), PromoteStandby(standby.id, stage)]
+
+    def _restart_now(self, restart: Restart, now: float, note: str = "") -> list:
+        """Restart the replicas of `restart` from their checkpoints; `note` heads the history."""
+        replicas = [self.replicas[replica_id] for replica_id in restart.replica_ids]
+        for replica in replicas:
+            _relaunched(replica, now)
+        if restart.whole_job:
+            self.history.append((now, f"{note}restart job from checkpoints"))
+            return [RestartJob(tuple(r.spec for r in replicas))]
+        self.history += [(now, f"{note}restart {r.id} from its checkpoint") for r in replicas]
+        return [RestartStage(r.spec) for r in replicas]
+
+    def _schedule_restart(
+        self, restart: Restart, failed: Replica, now: float, delay: float
+    ) -> list:
+        """The replicas of `restart` wait out the delay `failed` earned; tick() restarts them."""
+        in_a_row = failed.failures_in_a_row
+        if restart.whole_job:
+            why = f"job in {delay:g} s: {failed.id} failed {in_a_row} times in a row"
+        else:
+            why = f"{', '.join(restart.replica_ids)} in {delay:g} s: failure {in_a_row} in a row"
+        self.history.append((now, f"restart {why} before it finished a batch"))
         actions = []
-        for replica in self.replicas.values():
+        for replica_id in restart.replica_ids:
+            replica = self.replicas[replica_id]
             replica.state, replica.since, replica.retry_at = BACKOFF, now, now + delay
-            actions.append(
-                ScheduleRestart(replica.id, replica.spec.stage, now + delay, delay, whole_job=True)
-            )
+            stage, whole_job = replica.spec.stage, restart.whole_job
+            actions.append(ScheduleRestart(replica_id, stage, now + delay, delay, whole_job))
         return actions
 
     def _give_up_job(self, stage: str, now: float, why: str) -> list:
@@ -813,7 +820,7 @@ class Supervisor:
         for old in self.of_stage(stage, PRIMARY):
             if old.state == FAILED:
                 del self.replicas[old.id]
-        standby.spec = ReplicaSpec(**{**standby.spec.__dict__, "role": PRIMARY, "seed_from": None})
+        standby.spec = replace(standby.spec, role=PRIMARY, seed_from=None)
         standby.state, standby.since = RUNNING, now
         self.history.append((now, f"{standby.id} is the primary of {stage}"))
         # Promoted during a move: the standby that was moving stays as the stage's standby.
@@ -837,7 +844,7 @@ class Supervisor:
         del self.replicas[standby.id]
         primary_node = None
         for old in self.of_stage(stage, PRIMARY):
-            self._relaunched(old, now)
+            _relaunched(old, now)
             primary_node = old.spec.node
             actions.append(RestartStage(old.spec))
         if stage in self.active_stages:

@@ -1,0 +1,162 @@
+"""What a failed replica leads to: failover strategies and the restart-backoff strategy.
+
+Split as in Apache Flink's runtime (flink-runtime `executiongraph/failover/`): a failover
+strategy answers which replicas restart, or which standby takes over, for a failed replica
+(Flink's FailoverStrategy); a restart-backoff strategy answers whether to restart at all and
+after how long (Flink's RestartBackoffTimeStrategy). The supervisor's failure handler
+(spark_runtime.supervision) combines the two answers into actions.
+
+Each strategy of spark_runtime/strategies.py names its failover strategy (`on_failure`); a new
+failure behaviour is one new FailoverStrategy subclass. Pure Python: no Django, no Spark.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, ClassVar
+
+if TYPE_CHECKING:
+    from spark_runtime.supervision import Replica, Supervisor
+
+# Replica roles and states as the supervisor's replica table records them. They live here
+# because failover strategies decide on them; spark_runtime.supervision re-exports them.
+PRIMARY = "primary"
+STANDBY = "standby"
+STARTING = "starting"
+RUNNING = "running"
+# A standby that is up but too far behind its primary to take over (it is not promoted).
+CATCHING_UP = "catching_up"
+PROMOTING = "promoting"
+# Failed and waiting out its restart delay; no process runs.
+BACKOFF = "backoff"
+FAILED = "failed"
+
+
+# --- failover strategies: which replicas restart ---------------------------------------------
+
+
+@dataclass(frozen=True)
+class Restart:
+    """Restart these replicas, each from its own checkpoint, after the backoff's delay.
+
+    `whole_job`: they are the whole job and restart together (one RestartJob action).
+    `standby_may_overtake`: the failed primary's stage has a standby still catching up; if it
+    catches up before the restarted primary finishes a batch, it takes over instead.
+    """
+
+    replica_ids: tuple[str, ...]
+    whole_job: bool = False
+    standby_may_overtake: bool = False
+
+
+@dataclass(frozen=True)
+class TakeOver:
+    """Promote the caught-up standby `standby_id` in place of the failed primary."""
+
+    standby_id: str
+
+
+class FailoverStrategy(ABC):
+    """Which replicas restart, or which standby takes over, for a failed replica (Flink's
+    FailoverStrategy). A standby that fails while it is being promoted never gets here: its
+    promotion failed, and the supervisor restarts the stage's primary whatever the strategy."""
+
+    # Standbys take over from failed primaries: the policy may add them, and a stage whose
+    # standbys keep failing runs unprotected instead of failing the job.
+    promotes: ClassVar[bool] = False
+
+    @abstractmethod
+    def on_failure(self, sup: Supervisor, failed: Replica) -> Restart | TakeOver:
+        """What the failure of `failed` (a replica in `sup.replicas`) leads to."""
+
+    def after_backoff(self, sup: Supervisor, due: list[Replica]) -> Restart:
+        """What restarts once the backoff delay of the replicas `due` is over (here: they)."""
+        return Restart(tuple(r.id for r in due))
+
+
+@dataclass(frozen=True)
+class RestartJobFailover(FailoverStrategy):
+    """Every replica of the job restarts from its checkpoint, all together (restart-all)."""
+
+    def on_failure(self, sup: Supervisor, failed: Replica) -> Restart:
+        return Restart(tuple(sup.replicas), whole_job=True)
+
+    def after_backoff(self, sup: Supervisor, due: list[Replica]) -> Restart:
+        # The whole job waited out the delay together (every replica was in backoff).
+        return Restart(tuple(sup.replicas), whole_job=True)
+
+
+@dataclass(frozen=True)
+class RestartStageFailover(FailoverStrategy):
+    """Only the failed replica restarts, from its own checkpoint (local-restart)."""
+
+    def on_failure(self, sup: Supervisor, failed: Replica) -> Restart:
+        return Restart((failed.id,))
+
+
+@dataclass(frozen=True)
+class PromoteFailover(FailoverStrategy):
+    """A failed primary's caught-up standby takes over; without one the primary restarts from
+    its checkpoint. A failed standby restarts from its own."""
+
+    promotes: ClassVar[bool] = True
+
+    def on_failure(self, sup: Supervisor, failed: Replica) -> Restart | TakeOver:
+        if failed.role == STANDBY:
+            return Restart((failed.id,))
+        standbys = sup.of_stage(failed.spec.stage, STANDBY)
+        caught_up = [r for r in standbys if r.state == RUNNING]
+        if caught_up:
+            return TakeOver(caught_up[0].id)
+        return Restart((failed.id,), standby_may_overtake=bool(standbys))
+
+
+# --- the restart-backoff strategy: whether and when ------------------------------------------
+
+
+@dataclass(frozen=True)
+class RestartPolicy:
+    """The settings of the restart-backoff strategy (ExponentialDelayRestartBackoff); the
+    controller builds them from the policy in force."""
+
+    initial_delay_s: float = 2.0
+    max_delay_s: float = 60.0
+    max_failures: int = 8
+    failure_window_s: float = 600.0
+
+
+class ExponentialDelayRestartBackoff:
+    """Whether a failed replica may restart, and after how long: Flink's exponential-delay
+    strategy with the give-up rule of its failure-rate strategy.
+
+    - Delay: the n-th failure in a row of a replica before it finished a batch waits 0 s for
+      n = 1 (it may be a fault during start-up: recovery time matters), then initial_delay_s,
+      doubled each time, at most max_delay_s.
+    - Give up: once a scope has failed max_failures times within failure_window_s.
+
+    `failures` (scope -> times of its failures within the window) belongs to the caller, which
+    persists it; this strategy records into it.
+    """
+
+    def __init__(self, policy: RestartPolicy, failures: dict[str, list[float]]):
+        self.policy = policy
+        self.failures = failures
+
+    def notify_failure(self, scope: str, now: float, cause: str = "") -> None:
+        """Record a failure of `scope` at `now`, forgetting those now out of the window.
+        `cause` says what failed; it is there for rules on causes (this one counts failures)."""
+        window_start = now - self.policy.failure_window_s
+        recent = [t for t in self.failures.get(scope, []) if t > window_start]
+        self.failures[scope] = [*recent, now]
+
+    def can_restart(self, scope: str) -> bool:
+        """False once `scope` has failed max_failures times within the window."""
+        return len(self.failures.get(scope, ())) < self.policy.max_failures
+
+    def backoff_s(self, failures_in_a_row: int) -> float:
+        """How long to wait before restarting a replica after its n-th failure in a row."""
+        if failures_in_a_row <= 1:
+            return 0.0
+        delay = self.policy.initial_delay_s * 2 ** (failures_in_a_row - 2)
+        return min(self.policy.max_delay_s, delay)
