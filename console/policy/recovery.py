@@ -256,7 +256,7 @@ def _fill_outage(times: list[float], latency: list[float | None]) -> list[float]
     return filled
 
 
-# --- measuring the faults of a job: the one measurement the console and the benchmark share ---
+# --- measuring the faults of a job: the one measurement the console and every benchmark share
 
 # The latency band is at least one stage trigger interval wide (0.5 s,
 # spark_runtime.topology.DEFAULT_TRIGGER_S): 15% of a sub-second latency is finer than a
@@ -353,6 +353,7 @@ def measure_fault(
     reference: tuple[float, float] | None,
     settings: RecoverySettings,
     previous_fault_at: float | None = None,
+    output_times: Iterable[float] | None = None,
 ) -> FaultMeasurement:
     """Measure the fault at `fault_at` on the job's output in [fault_at, until).
 
@@ -369,10 +370,14 @@ def measure_fault(
     so a live measurement taken as soon as it is final equals one taken after the run.
     `watch_over`: no more output will be judged for this fault (a later fault came at `until`,
     the run ended, or the watch gave up); otherwise an unconfirmed recovery is left provisional.
+    `output_times`: the times the job's output changed, when they are observed more finely than
+    its progress records say (a benchmark polling the results' watermark); the downtime is then
+    measured on them, the recovery and the peak still on the progress records.
     """
     watched = round(until - fault_at, 1)
     since = max(fault_at - DOWNTIME_LOOKBACK_S, previous_fault_at or fault_at - DOWNTIME_LOOKBACK_S)
-    output_times = sorted(r.at for r in records if r.is_output and since <= r.at < until)
+    observed = (r.at for r in records if r.is_output) if output_times is None else output_times
+    output_times = sorted(t for t in observed if since <= t < until)
     detected_at, note, peak = None, "", None
     if reference is None:
         note = "not measurable: no normal output before the fault to learn a band from"
@@ -439,6 +444,7 @@ def measure_faults(
     watch_ended: bool,
     settings: RecoverySettings,
     previous: FaultMeasurement | None = None,
+    output_times: Sequence[float] | None = None,
 ) -> list[FaultMeasurement]:
     """Measure every fault of a job, oldest first, the same way live and after a run.
 
@@ -446,7 +452,8 @@ def measure_faults(
     follows `_reference`. `watch_ended`: no output after `end` will be judged (the run is over,
     or a live watch gave up); a live caller passes end = now and False. `previous`: the final
     measurement of the fault before the first one given (a live caller keeps it stored rather
-    than measuring it again from progress that may have been trimmed since).
+    than measuring it again from progress that may have been trimmed since). `output_times`: as
+    for `measure_fault`.
     """
     not_before = input_started_at + settings.warmup_s
     measured: list[FaultMeasurement] = []
@@ -463,6 +470,7 @@ def measure_faults(
                 reference=_reference(fault_at, previous, not_before, settings),
                 settings=settings,
                 previous_fault_at=None if previous is None else previous.fault_at,
+                output_times=output_times,
             )
         )
     return measured

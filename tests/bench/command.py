@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from workers.redis_client import redis_client
+from infra.redis_client import redis_client
 
 ROOT = Path(__file__).resolve().parents[2]
 REDIS_URL = "redis://127.0.0.1:6379/13"

@@ -6,12 +6,12 @@ import sys
 
 import pytest
 
-from console.models import Job
-from console.services.bench import (
+from bench.strategy.run import (
     end_abandoned_bench_jobs,
     is_backstop_worker,
     other_backstop_workers,
 )
+from console.models import Job
 from tests.factories import UserFactory, make_job
 
 pytestmark = pytest.mark.django_db

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from console.bench.report import recovery_bound
+from bench.strategy.report import recovery_bound
 from tests.bench.command import run_bench_command
 
 pytestmark = [pytest.mark.slow, pytest.mark.spark]

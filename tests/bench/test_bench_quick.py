@@ -6,7 +6,7 @@ process on a fresh SQLite database and Redis db 13, like a user running the comm
 
 import pytest
 
-from console.bench.report import recovery_bound
+from bench.strategy.report import recovery_bound
 from tests.bench.command import run_bench_command
 
 pytestmark = [pytest.mark.slow, pytest.mark.spark]

@@ -4,8 +4,9 @@ from pathlib import Path
 
 import pytest
 
+from bench.strategy.harness import BenchSettings
+from bench.strategy.run import policy_for_runs
 from console.models import Policy
-from console.services.bench import BenchSettings, policy_for_runs
 
 
 def settings(**changes):

@@ -1,6 +1,6 @@
 """Steady figures and the fault schedule on synthetic progress records with known answers."""
 
-from console.bench import measure
+from bench.strategy import measure
 from tests.factories import progress_record
 
 

@@ -1,6 +1,6 @@
 """bench.md and bench.png from a bench.json-shaped dict."""
 
-from console.bench import report
+from bench.strategy import report
 
 
 def run(strategy, recoveries, lost=0, dup=0):
@@ -90,19 +90,6 @@ def test_output_still_catching_up_is_not_reported_as_plain_loss():
 def test_png_is_written(tmp_path):
     report.plot_png(BENCH, tmp_path / "bench.png")
     assert (tmp_path / "bench.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-
-
-def test_results_section_is_replaced_not_appended_twice(tmp_path):
-    from spark_runtime.bench_util import write_section
-
-    path = tmp_path / "RESULTS.md"
-    path.write_text("# Results\n\n## Data plane\n\n### Throughput\n\nkept\n")
-    section = "## Strategy benchmark (manage.py bench)"
-    write_section("wordcount, kill-driver, 4 fault(s)", "first", str(path), section=section)
-    write_section("wordcount, kill-driver, 4 fault(s)", "second", str(path), section=section)
-    text = path.read_text()
-    assert "kept" in text and "second" in text and "first" not in text
-    assert text.count(section) == 1
 
 
 def test_a_flink_run_gets_the_backstop_vs_flink_table():

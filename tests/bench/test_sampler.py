@@ -1,6 +1,6 @@
 """The benchmark's resource sampler: steady means from known samples."""
 
-from console.services.bench import ResourceSampler
+from bench.strategy.harness import ResourceSampler
 
 
 def sampler_with(samples):

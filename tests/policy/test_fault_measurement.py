@@ -44,6 +44,17 @@ def test_outage_of_ten_seconds_gives_its_downtime_and_recovery():
     assert figures.peak_p99_ms == 11000.0
 
 
+def test_output_seen_more_finely_than_the_progress_records_gives_the_downtime():
+    # A benchmark polling the results' watermark sees writes every 0.25 s: the last one before
+    # the fault at 39.75, the first after it at 50.25 (the records say 39.5 and 50.5).
+    seen = [t / 4 for t in range(0, 160)] + [50.25 + t / 4 for t in range(0, 160)]
+    figures = one_fault(output(0, 40) + output(50, 90), output_times=seen)
+    assert figures.downtime_s == 10.5  # not the records' 11 s
+    # Back in band from 50 s, but never sooner than the downtime: 10.5 s.
+    assert figures.recovery_time_s == 10.5
+    assert figures.peak_p99_ms == 11000.0  # latency and peak still from the records
+
+
 def test_a_job_still_down_from_the_previous_fault_counts_downtime_from_this_fault():
     # Output stops at 40 (first fault), and only resumes at 70.5, after a second fault at 60.
     records = output(0, 40) + output(70, 110)

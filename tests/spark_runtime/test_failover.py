@@ -84,24 +84,24 @@ def feed(client, job, seed):
 
 
 def test_sigkill_of_stage_primaries_restarts_them_from_their_checkpoints(
-    client, redis_url, job, tmp_path
+    redis_conn, redis_url, job, tmp_path
 ):
     seed = int(os.environ.get("BACKSTOP_TEST_SEED", time.time()))
     rng = random.Random(seed)
     print(f"seed {seed}")
     # One stage per operator, so that two stages and the channel between them are exercised.
     runner, stop, thread = start_runner(
-        client, redis_url, job, tmp_path, "local-restart", chaining=PER_OPERATOR
+        redis_conn, redis_url, job, tmp_path, "local-restart", chaining=PER_OPERATOR
     )
     try:
-        wait_running(client, job, ["split-1", "count-1"])
-        generator = feed(client, job, seed)
+        wait_running(redis_conn, job, ["split-1", "count-1"])
+        generator = feed(redis_conn, job, seed)
         time.sleep(rng.uniform(1, 6))
         sigkill(runner, "split-1")
         time.sleep(rng.uniform(0.5, 3))
         sigkill(runner, "count-1")
         generator.join()
-        expected, got = wait_for_truth(client, job)
+        expected, got = wait_for_truth(redis_conn, job)
     finally:
         stop.set()
         thread.join(timeout=60)
@@ -109,9 +109,9 @@ def test_sigkill_of_stage_primaries_restarts_them_from_their_checkpoints(
     assert any("restart split-1" in h for h in history), history
     assert any("restart count-1" in h for h in history), history
     assert got == expected
-    ids = [f["id"] for _, f in client.xrange(keys.channel_stream(job, "split"))]
+    ids = [f["id"] for _, f in redis_conn.xrange(keys.channel_stream(job, "split"))]
     assert len(ids) == len(set(ids)) == sum(expected.values())
-    assert client.xlen(keys.dead_letters(job)) == LINES // 100
+    assert redis_conn.xlen(keys.dead_letters(job)) == LINES // 100
 
 
 def replica_info(client, job, replica_id):
@@ -119,7 +119,7 @@ def replica_info(client, job, replica_id):
     return json.loads(raw) if raw else {}
 
 
-def test_a_seeded_standby_takes_over_after_a_second_kill(client, redis_url, job, tmp_path):
+def test_a_seeded_standby_takes_over_after_a_second_kill(redis_conn, redis_url, job, tmp_path):
     """Adaptive wordcount chains split and count into one stage with a hot standby. Kill its
     primary: the standby is promoted and a new standby starts from a copy of the new primary's
     checkpoint (not from the start of the input); once it is caught up, kill the second primary:
@@ -128,12 +128,12 @@ def test_a_seeded_standby_takes_over_after_a_second_kill(client, redis_url, job,
     rng = random.Random(seed)
     print(f"seed {seed}")
     runner, stop, thread = start_runner(
-        client, redis_url, job, tmp_path, "adaptive", active={"count"}
+        redis_conn, redis_url, job, tmp_path, "adaptive", active={"count"}
     )
     try:
         assert runner.supervisor.stage_operators == {"count": ("split", "count")}
-        wait_running(client, job, ["count-1", "count-2"])
-        generator = feed(client, job, seed)
+        wait_running(redis_conn, job, ["count-1", "count-2"])
+        generator = feed(redis_conn, job, seed)
         # Kill once the standby has committed a batch (its checkpoint is what the next standby
         # is seeded from) and reports itself caught up with the primary (promotable), at the
         # standby's CPU priority and batch pace (reading new input every few seconds).
@@ -141,29 +141,30 @@ def test_a_seeded_standby_takes_over_after_a_second_kill(client, redis_url, job,
         deadline = time.time() + 120
         while time.time() < deadline and not (
             (committed_batch(str(standby_checkpoint)) or 0) >= 1
-            and replica_info(client, job, "count-2").get("lag_s") is not None
-            and replica_info(client, job, "count-2")["state"] == "running"
-            and replica_info(client, job, "count-2").get("batch_every_s") == STANDBY_BATCH_EVERY_S
+            and replica_info(redis_conn, job, "count-2").get("lag_s") is not None
+            and replica_info(redis_conn, job, "count-2")["state"] == "running"
+            and replica_info(redis_conn, job, "count-2").get("batch_every_s")
+            == STANDBY_BATCH_EVERY_S
         ):
             time.sleep(0.5)
-        assert client.get(keys.batch_pace(job, "count-2")) == str(STANDBY_BATCH_EVERY_S)
+        assert redis_conn.get(keys.batch_pace(job, "count-2")) == str(STANDBY_BATCH_EVERY_S)
         time.sleep(rng.uniform(0, 3))
         killed_at = time.time()
         sigkill(runner, "count-1")
         generator.join()
         # The replacement standby copies count-2's latest committed batch and catches up.
-        wait_running(client, job, ["count-3"], timeout=150)
+        wait_running(redis_conn, job, ["count-3"], timeout=150)
         assert runner.supervisor.replicas["count-3"].spec.seed_from == "count-2"
         # The promoted standby's pace was lifted: as primary it reads on every trigger.
-        assert replica_info(client, job, "count-2")["batch_every_s"] is None
-        assert not client.exists(keys.batch_pace(job, "count-2"))
-        seeded = replica_info(client, job, "count-3")["seeded_batches"]
+        assert replica_info(redis_conn, job, "count-2")["batch_every_s"] is None
+        assert not redis_conn.exists(keys.batch_pace(job, "count-2"))
+        seeded = replica_info(redis_conn, job, "count-3")["seeded_batches"]
         assert seeded["0"] is not None and seeded["0"] > 0, seeded
-        generator = feed(client, job, seed + 1)
+        generator = feed(redis_conn, job, seed + 1)
         time.sleep(rng.uniform(1, 5))
         sigkill(runner, "count-2")
         generator.join()
-        expected, got = wait_for_truth(client, job)
+        expected, got = wait_for_truth(redis_conn, job)
     finally:
         stop.set()
         thread.join(timeout=60)
@@ -172,7 +173,7 @@ def test_a_seeded_standby_takes_over_after_a_second_kill(client, redis_url, job,
     assert any("promote count-3" in h for h in history), history
     assert got == expected
     # Each promotion fenced the previous primary: two epochs after the first.
-    assert int(client.get(keys.fence(job, "count"))) >= 3
+    assert int(redis_conn.get(keys.fence(job, "count"))) >= 3
     # Detection and promotion are quick; how soon output flows again depends on how far the
     # standby lags on 2 shared cores (measured by `manage.py bench`).
     promoted = [t for t, what in runner.supervisor.history if "count-2 is the primary" in what]

@@ -1,0 +1,188 @@
+"""The benchmark's wordcount and topn workloads as a PyFlink DataStream job (the Flink peer).
+
+Submitted by `flink run --python bench/flink_peer/job.py --topology ... --job ... --input-dir ...`
+to the standalone cluster of bench/flink_peer/cluster.py (`FlinkCluster.submit`). It reads the
+lines the bridge (bench/flink_peer/bridge.py) copies from the job's Redis input stream, with
+Flink's FileSource in continuous mode (replayable, so checkpoints are exactly-once on the input
+side), computes the same results as Backstop's jobs and upserts them into the same results hash
+(`spark_runtime.keys.results`): word -> count, or window start -> JSON top-N. The upserts are
+absolute values, so a replay after a restore writes the same values again and the final results
+can be compared with the same ground truth (console/policy/truth.py).
+
+Every subtask that writes results also publishes progress records (spark_runtime.progress) about
+every `FLUSH_S`: the input events its writes covered and the event-time latency percentiles of
+its writes, so the console's recovery measurement reads Flink's output exactly as it reads a
+Backstop job's.
+
+A task failure is injected through Redis: a writing subtask that finds the job's fault flag
+(`keys.flink_task_fault`, taken with GETDEL, so exactly one subtask takes it) raises.
+
+Runs in Flink's Python workers (the Flink environment, bench/flink_peer/env.py): no Django, no
+PySpark; only `bench.flink_peer.functions` and, through it, `spark_runtime.keys`,
+`spark_runtime.progress` and `spark_runtime.redis_client`, which import neither.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+from pyflink.common import Duration, Types, WatermarkStrategy
+from pyflink.datastream import CheckpointingMode, StreamExecutionEnvironment
+from pyflink.datastream.connectors.file_system import FileSource, StreamFormat
+from pyflink.datastream.functions import KeyedProcessFunction, RuntimeContext
+from pyflink.datastream.state import MapStateDescriptor, ValueStateDescriptor
+
+from bench.flink_peer.functions import FLUSH_S, ResultWriter, split_line, window_item
+
+DISCOVERY_MS = 100  # how often the FileSource looks for the bridge's new files
+
+
+class FlushingFunction(KeyedProcessFunction):
+    """A keyed function that writes results: a processing-time timer flushes its progress
+    record when no further element comes (the end of the input, or a pause)."""
+
+    operator = ""
+
+    def __init__(self, redis_url: str, job: str):
+        self.redis_url = redis_url
+        self.job = job
+        self.writer: ResultWriter | None = None
+
+    def open_writer(self, runtime_context: RuntimeContext) -> None:
+        self.writer = ResultWriter(
+            self.redis_url, self.job, self.operator, runtime_context.get_index_of_this_subtask()
+        )
+
+    def schedule_flush(self, ctx: KeyedProcessFunction.Context) -> None:
+        # One timer per key and 100 ms slot: registering the same time again is a no-op.
+        slot = (ctx.timer_service().current_processing_time() // 100 + 3) * 100
+        ctx.timer_service().register_processing_time_timer(slot)
+
+    def on_timer(self, timestamp: int, ctx: KeyedProcessFunction.OnTimerContext):
+        if time.time() - self.writer.flushed_at >= FLUSH_S:
+            self.writer.flush(time.time())
+        return iter(())
+
+
+class CountWords(FlushingFunction):
+    """word -> running count (keyed state); upserts the count. Each element is (word, event ts,
+    1 if it is the first word of its line): the first words count the input lines."""
+
+    operator = "count"
+
+    def open(self, runtime_context: RuntimeContext):
+        self.count = runtime_context.get_state(ValueStateDescriptor("count", Types.LONG()))
+        self.open_writer(runtime_context)
+
+    def process_element(self, value, ctx):
+        word, ts, first = value
+        count = (self.count.value() or 0) + 1
+        self.count.update(count)
+        self.writer.upsert(word, str(count), ts, first)
+        self.schedule_flush(ctx)
+        return iter(())
+
+
+class CountItems(KeyedProcessFunction):
+    """(window, item) -> running count; emits (window, item, count, event ts).
+
+    The state of past windows is kept for the run (a benchmark job of minutes: some 50 items a
+    window). Dropping it on a processing-time timer, as a first version did, lost counts: a
+    restore replays the input since the checkpoint, and a timer that fired during the replay
+    cleared windows the replay was still counting. A long-running job would drop them on
+    event-time timers behind a watermark instead."""
+
+    def open(self, runtime_context: RuntimeContext):
+        self.count = runtime_context.get_state(ValueStateDescriptor("count", Types.LONG()))
+
+    def process_element(self, value, ctx):
+        window, item, ts = value
+        count = (self.count.value() or 0) + 1
+        self.count.update(count)
+        yield window, item, count, ts
+
+
+class TopN(FlushingFunction):
+    """window -> the top `n` items by count (counts only grow: the maximum seen per item);
+    upserts the window's top-N as JSON [[item, count], ...], Backstop's results format."""
+
+    operator = "topn"
+
+    def __init__(self, redis_url: str, job: str, n: int):
+        super().__init__(redis_url, job)
+        self.n = n
+
+    def open(self, runtime_context: RuntimeContext):
+        self.counts = runtime_context.get_map_state(
+            MapStateDescriptor("counts", Types.STRING(), Types.LONG())
+        )
+        self.open_writer(runtime_context)
+
+    def process_element(self, value, ctx):
+        window, item, count, ts = value
+        if count > (self.counts.get(item) or 0):
+            self.counts.put(item, count)
+        top = sorted(self.counts.items(), key=lambda kv: (-kv[1], kv[0]))[: self.n]
+        self.writer.upsert(str(window), json.dumps([[i, c] for i, c in top]), ts, 1)
+        self.schedule_flush(ctx)
+        return iter(())
+
+
+def build(env: StreamExecutionEnvironment, args: argparse.Namespace) -> None:
+    """The job graph: bridge files -> parse -> keyed counts -> result writer."""
+    source = (
+        FileSource.for_record_stream_format(StreamFormat.text_line_format(), args.input_dir)
+        .monitor_continuously(Duration.of_millis(DISCOVERY_MS))
+        .build()
+    )
+    lines = env.from_source(source, WatermarkStrategy.no_watermarks(), "redis-bridge")
+    if args.topology == "wordcount":
+        words = lines.flat_map(
+            split_line, output_type=Types.TUPLE([Types.STRING(), Types.LONG(), Types.INT()])
+        ).name("split")
+        words.key_by(lambda w: w[0], key_type=Types.STRING()).process(
+            CountWords(args.redis_url, args.job)
+        ).name("count")
+    elif args.topology == "topn":
+        window_ms = args.window_seconds * 1000
+        pairs = lines.map(
+            lambda line: window_item(line, window_ms),
+            output_type=Types.TUPLE([Types.LONG(), Types.STRING(), Types.LONG()]),
+        ).name("parse")
+        counts = (
+            pairs.key_by(lambda p: f"{p[0]}|{p[1]}", key_type=Types.STRING())
+            .process(
+                CountItems(),
+                output_type=Types.TUPLE([Types.LONG(), Types.STRING(), Types.LONG(), Types.LONG()]),
+            )
+            .name("window_count")
+        )
+        counts.key_by(lambda c: c[0], key_type=Types.LONG()).process(
+            TopN(args.redis_url, args.job, args.n)
+        ).name("topn")
+    else:
+        raise SystemExit(f"--topology: wordcount or topn, not {args.topology!r}")
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--topology", required=True)
+    parser.add_argument("--job", required=True, help="the job key of the Redis input and results")
+    parser.add_argument("--input-dir", required=True, help="the bridge's directory")
+    parser.add_argument("--redis-url", required=True)
+    parser.add_argument("--checkpoint-ms", type=int, required=True)
+    parser.add_argument("--parallelism", type=int, default=1)
+    parser.add_argument("--window-seconds", type=int, default=10)
+    parser.add_argument("--n", type=int, default=5)
+    args = parser.parse_args(argv)
+    env = StreamExecutionEnvironment.get_execution_environment()
+    env.set_parallelism(args.parallelism)
+    env.enable_checkpointing(args.checkpoint_ms, CheckpointingMode.EXACTLY_ONCE)
+    build(env, args)
+    env.execute(f"backstop-peer-{args.topology}-{args.job}")
+
+
+if __name__ == "__main__":
+    main()

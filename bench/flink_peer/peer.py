@@ -1,0 +1,194 @@
+"""The Flink peer of the strategy benchmark (`manage.py bench --peer flink`).
+
+The same workload as Backstop's runs (topology, seeded generator, rate, warm-up, duration, fault
+schedule) on Apache Flink from PyPI, measured by the same code: a standalone Flink cluster
+(bench/flink_peer/cluster.py: a JobManager and one-slot TaskManagers, one of them a spare), the
+job of bench/flink_peer/job.py reading the input stream through the bridge of
+bench/flink_peer/bridge.py and writing the same results hash and progress records, the faults
+injected at the same offsets, the results compared with the same ground truth and the faults
+measured by the console's measurement (bench/strategy/harness.py, `measure_progress`).
+
+Runs in the project's environment under Django (unlike job.py, which runs in Flink's).
+
+Backstop's fault kinds map to Flink's nearest: kill-driver and kill-node kill a TaskManager
+that runs the job's tasks (with its Python workers; the spare takes over) and start a new one in
+its place at once, as a process manager would (Backstop's agents restart processes too), so the
+next fault again finds a spare; operator-exception raises in the job's result-writing operator.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import threading
+import time
+
+import psutil
+from django.conf import settings as django_settings
+
+from bench.flink_peer.bridge import bridge_delays, run_bridge
+from bench.flink_peer.cluster import FlinkCluster, FlinkSettings
+from bench.flink_peer.env import FLINK_VERSION, ensure_flink_env
+from bench.flink_peer.functions import PROGRESS_STAGE
+from bench.strategy.harness import (
+    BenchSettings,
+    ResourceSampler,
+    drain,
+    fault_row,
+    measure_progress,
+    topology_params,
+)
+from console.policy import truth
+from console.redis import redis_client
+from console.services.recovery import PROGRESS_READ_LIMIT, input_started_at
+from infra.launcher import wait_for
+from spark_runtime import keys as data_keys
+from spark_runtime.progress import percentiles, read_progress
+
+FLINK_FAULTS = {
+    "kill-driver": "kill-taskmanager",
+    "kill-node": "kill-taskmanager",
+    "operator-exception": "task-exception",
+}
+
+
+def inject_flink_fault(cluster: FlinkCluster, client, job_key: str, kind: str) -> str:
+    """Carry out one fault on the Flink job; returns what was done."""
+    if kind == "kill-taskmanager":
+        name = cluster.busy_taskmanager()
+        pids = cluster.kill_taskmanager(name)
+        replacement = cluster.replace_taskmanager(name)
+        return (
+            f"SIGKILL to TaskManager {name} and its Python workers (pids {pids}); "
+            f"{replacement} started in its place"
+        )
+    client.set(data_keys.flink_task_fault(job_key), "1")
+    return "task failure flag set: the result writer raises"
+
+
+def run_flink_peer(bench: BenchSettings, say, flink: FlinkSettings | None = None) -> dict:
+    """One Flink run of `bench`'s workload and fault schedule; returns its bench.json run."""
+    if bench.topology not in truth.CHECKED_TOPOLOGIES:
+        raise RuntimeError(f"the Flink peer runs {', '.join(truth.CHECKED_TOPOLOGIES)} only")
+    flink = flink or FlinkSettings()
+    env = ensure_flink_env(say)
+    job_key = f"flink-{bench.topology}-{time.strftime('%H%M%S')}"
+    run_dir = (bench.out / "flink" / job_key).resolve()
+    params = topology_params(bench.topology)
+    client = redis_client()
+    data_keys.delete_job_keys(client, job_key)
+    redis_url = django_settings.REDIS_URL
+    stop_bridge = threading.Event()
+    # The FileSource fails the job while its directory does not exist.
+    (run_dir / "in").mkdir(parents=True, exist_ok=True)
+    with FlinkCluster(env, flink, run_dir, say=say) as cluster:
+        job_id = cluster.submit(
+            ["--topology", bench.topology, "--job", job_key, "--input-dir", str(run_dir / "in"),
+             "--redis-url", redis_url, "--checkpoint-ms", str(flink.checkpoint_ms),
+             "--parallelism", str(flink.parallelism),
+             "--window-seconds", str(params.get("window_seconds", 10)),
+             "--n", str(params.get("n", 5))]
+        )  # fmt: skip
+        say(
+            f"      Flink job {job_id} running ({flink.taskmanagers} TaskManagers, parallelism "
+            f"{flink.parallelism}, checkpoints every {flink.checkpoint_ms} ms)"
+        )
+        bridge = threading.Thread(
+            target=run_bridge,
+            args=(redis_client(), job_key, run_dir / "in"),
+            kwargs={"stop": stop_bridge.is_set},
+            name="flink-bridge",
+            daemon=True,
+        )
+        bridge.start()
+        # The generator Backstop's agents start for a job, with the same seed, rate and count.
+        generator = subprocess.Popen(
+            [sys.executable, "-m", "spark_runtime", "generate",
+             "--topology", bench.topology, "--job", job_key, "--rate", str(bench.rate),
+             "--seed", str(bench.seed), "--count", str(bench.events), "--redis-url", redis_url],
+            stdout=(run_dir / "log" / "generator.log").open("ab"),
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )  # fmt: skip
+        wait_for(lambda: client.xlen(data_keys.input_stream(job_key)) > 0, 60, "the first input")
+        t0 = input_started_at(client, job_key)
+        sampler = ResourceSampler(lambda: [psutil.Process(pid) for pid in cluster.pids()])
+        sampler.start()
+        faults = []
+        try:
+            for number, at_s in enumerate(bench.schedule, start=1):
+                time.sleep(max(0.0, t0 + at_s - time.time()))
+                kind = FLINK_FAULTS[bench.fault_kind]
+                injected = time.time()
+                detail = inject_flink_fault(cluster, client, job_key, kind)
+                say(f"      fault {number}/{bench.faults} at +{at_s:.0f} s: {kind}: {detail}")
+                faults.append((injected, kind, detail))
+            time.sleep(max(0.0, t0 + bench.input_s - time.time()))
+            generator.wait(timeout=120)
+            comparison, drain_s = drain(
+                client, job_key, bench.topology, params, bench.drain_timeout_s, say
+            )
+            status = cluster.job_status(job_id)
+        finally:
+            sampler.stop()
+            stop_bridge.set()
+            if generator.poll() is None:
+                generator.kill()
+                generator.wait()
+            cluster.cancel(job_id)
+    records = read_progress(client, job_key, t0 - 5, count=PROGRESS_READ_LIMIT)
+    steady, measured, series = measure_progress(
+        records, bench, t0, [at for at, _, _ in faults], PROGRESS_STAGE
+    )
+    steady_start, steady_end = bench.steady_s
+    steady["cpu_pct"], steady["rss_mb"], steady["pss_mb"] = sampler.mean_between(
+        t0 + steady_start, t0 + steady_end
+    )
+    delays = percentiles(bridge_delays(run_dir / "in"))
+    run = {
+        "strategy": "flink",
+        "topology": bench.topology,
+        "rate": bench.rate,
+        "job": job_key,
+        "input_events": client.xlen(data_keys.input_stream(job_key)),
+        "lost": comparison.lost,
+        "duplicates": comparison.duplicates,
+        "result_cells": comparison.cells,
+        "drain_s": round(drain_s, 1),
+        "drained": comparison.exact,
+        "input_started_at": t0,
+        "faults": [
+            fault_row(figures, t0, kind, "flink job", detail, "flink restart from checkpoint")
+            for (_, kind, detail), figures in zip(faults, measured, strict=True)
+        ],
+        "steady": steady,
+        "series": series,
+        "peer": {
+            "flink_version": FLINK_VERSION,
+            "job_id": job_id,
+            # Flink's exception history: one entry per failure it restarted from.
+            "failures": status["failures"],
+            "state_at_end": status["state"],
+            "taskmanagers": flink.taskmanagers,
+            "parallelism": flink.parallelism,
+            "checkpoint_ms": flink.checkpoint_ms,
+            "bundle_time_ms": flink.bundle_time_ms,
+            "buffer_timeout_ms": flink.buffer_timeout_ms,
+            "extra_conf": dict(flink.extra),
+            # The bridge's share of the latency (file complete - event time), in ms.
+            "bridge_p50_ms": _ms(delays["p50"]),
+            "bridge_p99_ms": _ms(delays["p99"]),
+            "logs": str(cluster.log_dir),
+        },
+    }
+    client.close()
+    say(f"      lost {run['lost']}, duplicates {run['duplicates']} over {comparison.cells} result "
+        f"cells; steady p50 {steady['p50_ms']} ms (bridge p50 {run['peer']['bridge_p50_ms']} ms), "
+        f"CPU {steady['cpu_pct']} %, RSS {steady['rss_mb']} MB, PSS {steady['pss_mb']} MB; "
+        "recovery "
+        + ", ".join(str(f["recovery_time_s"]) for f in run["faults"]))  # fmt: skip
+    return run
+
+
+def _ms(seconds: float | None) -> float | None:
+    return None if seconds is None else round(seconds * 1000.0, 1)

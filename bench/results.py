@@ -1,0 +1,76 @@
+"""The one writer of docs/RESULTS.md: every benchmark puts its figures there through here.
+
+The file is a list of `## ` sections; a section is either written whole (`write_section`, e.g.
+the load test's) or holds `### ` subsections that benchmarks replace one at a time
+(`write_subsection`, e.g. "Data plane" / "Throughput"). Whatever else the file holds (sections of
+other benchmarks, prose written by hand between them) is left as it is. No Django imports: the
+data-plane benchmarks use it too.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+RESULTS_MD = Path(__file__).resolve().parent.parent / "docs" / "RESULTS.md"
+
+
+def _read(path: Path) -> str:
+    return path.read_text(encoding="utf-8") if path.exists() else "# Results\n"
+
+
+def _write(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text.rstrip() + "\n", encoding="utf-8")
+
+
+def _section_span(text: str, section: str) -> tuple[int, int] | None:
+    """Where the `## ` section `section` (its heading line, as written) starts and ends."""
+    match = re.search(rf"^{re.escape(section)}[ \t]*$", text, flags=re.M)
+    if match is None:
+        return None
+    following = re.search(r"^## ", text[match.end() :], flags=re.M)
+    return match.start(), match.end() + following.start() if following else len(text)
+
+
+def write_section(section: str, body: str, path: Path | str = RESULTS_MD) -> None:
+    """Replace the whole `## ` section `section` (the heading line, e.g. "## Load (manage.py
+    loadtest)") with the heading and `body`, or append it at the end of the file."""
+    path = Path(path)
+    text = _read(path)
+    block = f"{section}\n\n{body.strip()}\n"
+    span = _section_span(text, section)
+    if span is None:
+        text = text.rstrip() + "\n\n" + block
+    else:
+        start, end = span
+        text = text[:start] + block + ("\n" + text[end:] if end < len(text) else "")
+    _write(path, text)
+    log.info("wrote %s to %s", section, path)
+
+
+def write_subsection(
+    section: str, subsection: str, body: str, path: Path | str = RESULTS_MD
+) -> None:
+    """Replace `### {subsection}` inside the `## ` section `section` with `body`, or add it at
+    the end of that section (the section itself at the end of the file if it is missing)."""
+    path = Path(path)
+    text = _read(path)
+    block = f"### {subsection}\n\n{body.strip()}\n"
+    span = _section_span(text, section)
+    if span is None:
+        text = text.rstrip() + f"\n\n{section}\n\n{block}"
+    else:
+        start, end = span
+        part = text[start:end]
+        pattern = re.compile(rf"^### {re.escape(subsection)}\n.*?(?=^### |\Z)", flags=re.M | re.S)
+        if pattern.search(part):
+            part = pattern.sub(lambda _m: block + "\n", part)
+        else:
+            part = part.rstrip() + "\n\n" + block + "\n"
+        text = text[:start] + part.rstrip() + "\n\n" + text[end:].lstrip()
+    _write(path, text)
+    log.info("wrote %s / %s to %s", section, subsection, path)
