@@ -10,9 +10,9 @@ from django.views import defaults
 from django.views.decorators.cache import never_cache
 
 from console.models import Job, Node, RecoveryEpisode
+from console.redis import redis_client
 from console.services.health import health_report
 from console.services.prometheus import exposition
-from workers.redis_client import redis_client
 
 # The Prometheus text format, version 0.0.4.
 PROMETHEUS_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"

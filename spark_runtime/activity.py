@@ -57,7 +57,7 @@ def pss_mb(procs: list[psutil.Process]) -> float | None:
     processes that map it (forked workers, shared libraries), so unlike summed RSS it does not
     count shared pages once per process. Read from /proc/PID/smaps_rollup by psutil (Linux);
     None where psutil has no PSS (other platforms). Slower than RSS (the kernel walks the page
-    tables), hence apart from `ProcessTracker.usage` (workers/node_metrics.py), which node
+    tables), hence apart from `ProcessTracker.usage` (infra/node_metrics.py), which node
     agents call every second."""
     total = 0
     for proc in procs:

@@ -37,7 +37,7 @@ SPARK_CONF = {
 # after two minutes), and a promoted standby, which had run one batch in 12, paid it again right
 # after a fault, beside the new standby starting. C1 alone compiles once, cheaply; the serial
 # collector drops G1's concurrent threads and remembered sets (one heap of at most 1 GB per
-# process). Measured with `python -m spark_runtime.bench_jvm_options` (docs/RESULTS.md, "JVM
+# process). Measured with `python -m bench.dataplane.jvm_options` (docs/RESULTS.md, "JVM
 # options").
 JVM_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
 JVM_OPTIONS_ENV = "BACKSTOP_JVM_OPTIONS"

@@ -26,6 +26,12 @@ import redis
 from spark_runtime import keys
 from spark_runtime.jobdef import is_registered_ident, resolve_topology
 
+
+def generator_replica_id(job_key: str) -> str:
+    """The replica id a job's input generator runs under (on whichever node runs it)."""
+    return f"generator-{job_key}"
+
+
 log = logging.getLogger(__name__)
 
 

@@ -9,137 +9,144 @@ from __future__ import annotations
 PREFIX = "backstop"
 
 
+def make_key(*parts: object) -> str:
+    """A Backstop key: PREFIX and `parts` joined by colons (`make_key(job, "in")` is
+    `backstop:{job}:in`). Every key of the data plane and the control plane (infra.keys) is
+    built here, so the prefix is written once."""
+    return ":".join((PREFIX, *(str(part) for part in parts)))
+
+
 def job_prefix(job: str) -> str:
     """The prefix shared by all keys of `job`."""
-    return f"{PREFIX}:{job}:"
+    return make_key(job, "")
 
 
 def input_stream(job: str) -> str:
     """The job's input stream (entries carry `id`, `ts` and the topology's payload fields)."""
-    return f"{PREFIX}:{job}:in"
+    return make_key(job, "in")
 
 
 def channel_stream(job: str, stage: str) -> str:
     """The intermediate stream written by `stage` and read by the stage after it."""
-    return f"{PREFIX}:{job}:s:{stage}"
+    return make_key(job, "s", stage)
 
 
 def results(job: str) -> str:
     """The hash of final results (wordcount: word -> count; see docs/DATA_PLANE.md)."""
-    return f"{PREFIX}:{job}:results"
+    return make_key(job, "results")
 
 
 def result_versions(job: str) -> str:
     """Hash field -> version (input offset) of the value in `results`; makes upserts idempotent."""
-    return f"{PREFIX}:{job}:results:ver"
+    return make_key(job, "results", "ver")
 
 
 def output_stream(job: str) -> str:
     """The stream of emitted records of topologies that emit records (shuffle)."""
-    return f"{PREFIX}:{job}:out"
+    return make_key(job, "out")
 
 
 def written_keys(job: str, sink: str) -> str:
     """The set of record keys a user job has appended to `sink` (each key is written once)."""
-    return f"{PREFIX}:{job}:written:{sink}"
+    return make_key(job, "written", sink)
 
 
 def dead_letters(job: str) -> str:
     """The dead-letter stream: malformed input entries with the stage and the reason."""
-    return f"{PREFIX}:{job}:dead"
+    return make_key(job, "dead")
 
 
 def dead_seen(job: str) -> str:
     """Hash `{stage}|{entry id}` -> 1, so a replayed batch does not dead-letter an entry twice."""
-    return f"{PREFIX}:{job}:dead:seen"
+    return make_key(job, "dead", "seen")
 
 
 def stats(job: str) -> str:
     """Hash of counters (e.g. `dead:{stage}`: malformed entries seen by a stage)."""
-    return f"{PREFIX}:{job}:stats"
+    return make_key(job, "stats")
 
 
 def fence(job: str, stage: str) -> str:
     """The fencing epoch of `stage`: incremented by every replica that becomes its primary."""
-    return f"{PREFIX}:{job}:fence:{stage}"
+    return make_key(job, "fence", stage)
 
 
 def watermarks(job: str, stage: str) -> str:
     """Hash sink name -> highest output version `stage` has written to that sink."""
-    return f"{PREFIX}:{job}:wm:{stage}"
+    return make_key(job, "wm", stage)
 
 
 def replicas(job: str) -> str:
     """Hash replica id -> JSON (stage, role, pid, node, state, ...), kept current by each stage."""
-    return f"{PREFIX}:{job}:replicas"
+    return make_key(job, "replicas")
 
 
 def heartbeat(job: str, replica: str) -> str:
     """Heartbeat of a replica: a key with a short TTL, refreshed while the process lives."""
-    return f"{PREFIX}:{job}:hb:{replica}"
+    return make_key(job, "hb", replica)
 
 
 def batch_pace(job: str, replica: str) -> str:
     """Seconds between the batches of `replica` that read new input, while it is a caught-up
     low-priority standby (spark_runtime.stage sets it with a short TTL and renews it); absent,
     its queries read new input on every trigger (spark_runtime.redis_source)."""
-    return f"{PREFIX}:{job}:pace:{replica}"
+    return make_key(job, "pace", replica)
 
 
 def control(job: str, replica: str) -> str:
     """List of JSON control commands for a replica (promote, stop, trigger, fault)."""
-    return f"{PREFIX}:{job}:control:{replica}"
+    return make_key(job, "control", replica)
 
 
 def progress(job: str) -> str:
     """Stream of query progress records of all replicas of the job (capped)."""
-    return f"{PREFIX}:{job}:progress"
+    return make_key(job, "progress")
 
 
 def flink_task_fault(job: str) -> str:
-    """The Flink peer benchmark's task-failure flag (flink_peer/job.py): the writing subtask
+    """The Flink peer benchmark's task-failure flag (bench/flink_peer/job.py): the writing subtask
     that takes it (GETDEL) raises."""
-    return f"{PREFIX}:{job}:flink:task-fault"
+    return make_key(job, "flink", "task-fault")
 
 
 def events(job: str) -> str:
     """Stream of supervision events and actions (failures, restarts, promotions), capped."""
-    return f"{PREFIX}:{job}:events"
+    return make_key(job, "events")
 
 
 def spares(node: str) -> str:
     """Hash spare id -> JSON {pid, state (`starting`, `idle`), since} of a node's warm spares:
     pre-started stage processes (JVM and SparkSession up, no query) waiting for a replica."""
-    return f"{PREFIX}:node:{node}:spares"
+    return make_key("node", node, "spares")
 
 
 def spare_control(node: str, spare: str) -> str:
     """List of JSON commands for a warm spare: `{"cmd": "become", "args": [stage CLI args]}`."""
-    return f"{PREFIX}:node:{node}:spare:{spare}"
+    return make_key("node", node, "spare", spare)
 
 
 def spare_warmup_stream(node: str, spare: str) -> str:
     """A few entries a warm spare reads once through the `redis_stream` source while warming up
     (deleted right after)."""
-    return f"{PREFIX}:node:{node}:spare:{spare}:warmup"
+    return make_key("node", node, "spare", spare, "warmup")
 
 
 def spare_warmup_lock(host: str) -> str:
     """The spare warming up on `host` (one at a time per machine; value: its spare id)."""
-    return f"{PREFIX}:host:{host}:spare-warming"
+    return make_key("host", host, "spare-warming")
 
 
 def spares_wanted(node: str) -> str:
     """How many warm spares the policy wants on a node (set by the controller every cycle)."""
-    return f"{PREFIX}:node:{node}:spares:wanted"
+    return make_key("node", node, "spares", "wanted")
 
 
 def spare_refill_hold() -> str:
     """Set (with a short expiry) when a warm spare takes over a replica, and renewed every
     policy cycle while any job re-protects a stage: no node starts a new warm spare until it
-    expires (workers.agent.hold_spare_refills), and a spare still warming up waits at the
+    expires (spark_runtime.spare.hold_spare_refills), and a spare still warming up waits at the
     lowest CPU priority meanwhile (spark_runtime.spare.watch_for_taker)."""
-    return f"{PREFIX}:spares:refill-hold"
+    return make_key("spares", "refill-hold")
 
 
 def spare_needed() -> str:
@@ -147,7 +154,7 @@ def spare_needed() -> str:
     would start a process (console.policy.spares.spare_needed), renewed every policy cycle: a
     spare warming up takes the normal CPU priority only then, else only the CPU nothing else
     wants (spark_runtime.spare.warming_nice)."""
-    return f"{PREFIX}:spares:needed"
+    return make_key("spares", "needed")
 
 
 PROGRESS_MAXLEN = 10_000

@@ -1,6 +1,6 @@
 """The one way the data plane opens a Redis client (stages, sources, generators, benchmarks).
 
-The console and the workers have their own factory (workers/redis_client.py), which reads the
+The console and the workers have their own factory (infra/redis_client.py), which reads the
 URL from Django's settings; this one takes the URL it is given, so stage processes need no Django.
 """
 

@@ -45,6 +45,18 @@ from spark_runtime.config import (
 from spark_runtime.cpu_priority import can_raise_priority, set_group_nice
 from spark_runtime.strategies import NEEDED_SPARE_HELD_NICE, SPARE_NICE
 
+# How long a hold on spare refills lasts unless renewed (the controller renews it every cycle
+# while a job re-protects a stage).
+REFILL_HOLD_S = 10
+
+
+def hold_spare_refills(client) -> None:
+    """No node starts a new warm spare for the next REFILL_HOLD_S: a replica is catching up
+    (a new standby, a restart), and a spare's JVM start would take the CPU it needs. Spares
+    that run already are kept."""
+    client.set(keys.spare_refill_hold(), "1", ex=REFILL_HOLD_S)
+
+
 log = logging.getLogger("spark_runtime.spare")
 
 STAGE_ENTRY = "spark_runtime.stage"

@@ -8,7 +8,7 @@ import base64
 import json
 import time
 
-from workers import keys as control_keys
+from infra import keys as control_keys
 
 
 def publish_usage(

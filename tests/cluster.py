@@ -6,7 +6,6 @@ Used through the `cluster` fixture (tests/conftest.py) by the integration and br
 
 from __future__ import annotations
 
-import os
 import time
 
 import psutil
@@ -14,9 +13,10 @@ from django.conf import settings
 from django.db import connection
 
 from console.models import Job
+from console.redis import redis_client
+from infra.launcher import LocalCluster, ProcessGroup
+from infra.processes import processes_with_env
 from tests.factories import NodeFactory
-from web.launcher import LocalCluster, ProcessGroup
-from workers.redis_client import redis_client
 
 NODES = ("node-1", "node-2", "node-3")
 
@@ -32,7 +32,7 @@ def database_url() -> str:
 
 
 class Cluster:
-    """The controller, beat and node agents as real processes (web.launcher.LocalCluster, so a
+    """The controller, beat and node agents as real processes (infra.launcher.LocalCluster, so a
     process that exits on its own is started again), logs under `log_dir`.
 
     redis_url: the Redis the workers use (default: the test Redis); env: added to every
@@ -91,15 +91,11 @@ class Cluster:
 def kill_started_under(var_dir) -> int:
     """SIGKILL every process whose environment names `var_dir` as its BACKSTOP_VAR_DIR: the
     processes this cluster started and their children (stages, generators), found by pid."""
-    marker = str(var_dir)
     ended = 0
-    for proc in psutil.process_iter(["pid"]):
-        if proc.pid == os.getpid():
-            continue
+    for proc in processes_with_env("BACKSTOP_VAR_DIR", str(var_dir)):
         try:
-            if proc.environ().get("BACKSTOP_VAR_DIR") == marker:
-                proc.kill()
-                ended += 1
+            proc.kill()
+            ended += 1
         except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
             continue
     return ended

@@ -7,7 +7,7 @@ import signal
 import socket
 import subprocess
 
-from web.launcher import redis_answers, redis_server_binary, wait_for
+from infra.launcher import redis_answers, redis_server_binary, wait_for
 
 
 def free_port() -> int:

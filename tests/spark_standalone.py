@@ -12,8 +12,8 @@ from pathlib import Path
 
 import psutil
 
+from infra.launcher import wait_for
 from tests.redis_server import free_port
-from web.launcher import wait_for
 
 
 def spark_home() -> Path:

@@ -4,7 +4,7 @@ import os
 
 from celery import Celery
 
-from workers.queues import CONTROL_QUEUE
+from infra.queues import CONTROL_QUEUE
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "web.settings.local")
 

@@ -36,23 +36,32 @@ from console.policy.fault_params import (
     Limits,
     validate_params,
 )
+from console.redis import redis_client
+from infra import keys, tasks
+from infra.env import env
+from infra.node_metrics import PROCESSES, Capacity, NodeSampler
+from infra.processes import (
+    CPU_HOG_MODULE,
+    SPARE_MODULE,
+    STAGE_MODULE,
+    argv_of,
+    cmdline_arg,
+    processes_matching,
+    stage_processes,
+)
 from spark_runtime import keys as data_keys
 from spark_runtime.activity import ActivityMeter, is_busy, tree_rss_mb
 from spark_runtime.config import worker_python
 
 # SPARE_START_TIMEOUT_S: a spare not idle within it is replaced; its clock restarts while the
 # spare yields its CPU (spark_runtime.spare.mark_yielding).
-from spark_runtime.spare import SPARE_START_TIMEOUT_S, release_warmup_lock, take_warmup_lock
-from workers import keys
-from workers.node_metrics import (
-    PROCESSES,
-    Capacity,
-    NodeSampler,
-    argv_of,
-    cmdline_arg,
-    stage_processes,
+from spark_runtime.generators import generator_replica_id
+from spark_runtime.spare import (
+    SPARE_START_TIMEOUT_S,
+    hold_spare_refills,
+    release_warmup_lock,
+    take_warmup_lock,
 )
-from workers.redis_client import redis_client
 
 log = logging.getLogger(__name__)
 
@@ -65,16 +74,20 @@ HEARTBEAT_TTL_S = 5
 LOG_TAIL_LINES = 30
 # Only these entry points (module, required first argument) may be started through the queue:
 # a task message must never be able to run an arbitrary command on a node.
-ALLOWED_ENTRY_POINTS = {"spark_runtime.stage": None, "spark_runtime": "generate"}
+ALLOWED_ENTRY_POINTS = {STAGE_MODULE: None, "spark_runtime": "generate"}
 
-# Replica id -> (process, job key, log path), for the processes this agent started.
-_children: dict[str, tuple[subprocess.Popen, str, Path]] = {}
+# A replica of the agent's children: (job key, replica id). Replica ids are unique only within
+# a job (every restart-all job's one replica is `job-1`): two jobs on one node must not take each
+# other's process for their own. A warm spare not yet handed a replica is ("", spare id).
+ChildKey = tuple[str, str]
+# (job key, replica id) -> (process, job key, log path), for the processes this agent started.
+_children: dict[ChildKey, tuple[subprocess.Popen, str, Path]] = {}
 _children_lock = threading.Lock()
 # Replicas handed to a spare that was still warming up, and that spare's id. The spare holds the
 # machine's warm-up lock until it is warm; its entry, for which reconcile_spares would release
 # the lock, is gone, so the lock is released when the replica's process ends (a no-op when the
 # spare released it itself).
-_taken_while_warming: dict[str, str] = {}
+_taken_while_warming: dict[ChildKey, str] = {}
 _stop = threading.Event()
 
 
@@ -104,34 +117,48 @@ def log_tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
         return ""
 
 
-def find_replica_process(replica_id: str) -> psutil.Process | None:
-    """The live process (stage or generator) running `replica_id` on this machine, if any."""
-    for proc in psutil.process_iter(["cmdline", "status"]):
-        cmdline = argv_of(proc.info["cmdline"])
-        if proc.info["status"] == psutil.STATUS_ZOMBIE:
-            continue
-        started_by_agent = any(module in cmdline for module in ALLOWED_ENTRY_POINTS)
-        if started_by_agent and cmdline_arg(cmdline, "--replica-id") == replica_id:
-            return proc
+def find_replica_process(replica_id: str, job_key: str | None) -> psutil.Process | None:
+    """The live process (stage or generator) running replica `replica_id` of job `job_key` on
+    this machine, if any, found by its command line (both carry `--job` and `--replica-id`).
+    Replica ids repeat across jobs: `job_key` None (a kill message from a controller older than
+    the job key) matches that id in any job."""
+    found = processes_matching(
+        lambda argv: (
+            any(module in argv for module in ALLOWED_ENTRY_POINTS)
+            and cmdline_arg(argv, "--replica-id") == replica_id
+            and (job_key is None or cmdline_arg(argv, "--job") == job_key)
+        )
+    )
+    return found[0] if found else None
+
+
+def _handed_child(replica_id: str, job_key: str | None) -> subprocess.Popen | None:
+    """The live child this agent started for (`job_key`, `replica_id`) (any job's when None)."""
+    with _children_lock:
+        for (key, child_id), (popen, _job, _path) in _children.items():
+            if child_id != replica_id or not key or job_key not in (None, key):
+                continue
+            if popen.poll() is None:
+                return popen
     return None
 
 
-def running_replica(replica_id: str) -> psutil.Process | None:
-    """The live process of `replica_id` on this machine: found by its command line, or else the
-    warm spare this agent handed it to, which takes the replica's command line only once it
-    reads its command (a spare idling at nice 19 on busy cores took over 260 ms: a kill in
-    between missed it, and the spare went on to fence the standby just promoted). Only spares
-    this agent process started are known so: one left by an agent that restarted is found once
-    it has taken the command line."""
-    proc = find_replica_process(replica_id)
+def running_replica(replica_id: str, job_key: str | None) -> psutil.Process | None:
+    """The live process of replica `replica_id` of job `job_key` on this machine (any job's
+    when None, see `find_replica_process`): found by its command line, or else the warm spare
+    this agent handed it to, which takes the replica's command line only once it reads its
+    command (a spare idling at nice 19 on busy cores took over 260 ms: a kill in between missed
+    it, and the spare went on to fence the standby just promoted). Only spares this agent
+    process started are known so: one left by an agent that restarted is found once it has
+    taken the command line."""
+    proc = find_replica_process(replica_id, job_key)
     if proc is not None:
         return proc
-    with _children_lock:
-        child = _children.get(replica_id)
-        if child is None or child[0].poll() is not None:
-            return None
+    popen = _handed_child(replica_id, job_key)
+    if popen is None:
+        return None
     try:
-        return psutil.Process(child[0].pid)
+        return psutil.Process(popen.pid)
     except psutil.NoSuchProcess:
         return None
 
@@ -147,7 +174,7 @@ def node_stage_processes(job_key: str | None = None) -> list[psutil.Process]:
     with _children_lock:
         handed = [
             popen.pid
-            for replica_id, (popen, key, _path) in _children.items()
+            for (key, replica_id), (popen, _job, _path) in _children.items()
             if key
             and job_key in (None, key)
             and replica_id != generator_replica_id(key)
@@ -169,28 +196,35 @@ def _signal_group(proc: psutil.Process, sig: int) -> None:
 
 
 @shared_task(
-    name="backstop.agent.start_replica",
+    name=tasks.START_REPLICA.name,
     acks_late=True,
-    expires=60,
+    expires=tasks.START_REPLICA.expires_s,
     time_limit=30,
     soft_time_limit=25,
 )
 def start_replica(
     module: str, args: list[str], replica_id: str, job_key: str, warm: bool = False
 ) -> int:
-    """Start `python -m module args...` for a replica; return its pid. With `warm`, a stage
-    replica takes over an idle warm spare of this node when there is one (no JVM start).
+    """Start `python -m module args...` for replica `replica_id` of job `job_key`; return its
+    pid. With `warm`, a stage replica takes over an idle warm spare of this node when there is
+    one (no JVM start).
 
-    Idempotent: when a process for `replica_id` is already running, its pid is returned.
+    Idempotent: when a process for that replica of that job is already running, its pid is
+    returned (another job's replica of the same id is another replica).
     """
     if module not in ALLOWED_ENTRY_POINTS or ALLOWED_ENTRY_POINTS[module] not in (None, args[0]):
         raise ValueError(f"{module} {args[:1]} may not be started by a node agent")
+    if not job_key:
+        raise ValueError("a replica is started for a job: job_key is empty")
     if (
-        cmdline_arg(args, "--replica-id") != replica_id
+        cmdline_arg(args, "--job") != job_key
+        or cmdline_arg(args, "--replica-id") != replica_id
         or cmdline_arg(args, "--node") != this_node()
     ):
-        raise ValueError("args must carry this replica's --replica-id and this node's --node")
-    existing = running_replica(replica_id)
+        raise ValueError(
+            "args must carry this replica's --job and --replica-id and this node's --node"
+        )
+    existing = running_replica(replica_id, job_key)
     if existing is not None:
         return existing.pid
     if warm and module == STAGE_MODULE:
@@ -210,25 +244,12 @@ def start_replica(
             env={**os.environ, "PYSPARK_PYTHON": worker_python()},
         )
     with _children_lock:
-        _children[replica_id] = (proc, job_key, path)
-    log.info("started %s pid %s on %s", replica_id, proc.pid, this_node())
+        _children[(job_key, replica_id)] = (proc, job_key, path)
+    log.info("started %s of %s pid %s on %s", replica_id, job_key, proc.pid, this_node())
     return proc.pid
 
 
 # --- warm spares ---------------------------------------------------------------------------
-
-STAGE_MODULE = "spark_runtime.stage"
-SPARE_MODULE = "spark_runtime.spare"
-# How long a hold on spare refills lasts unless renewed (the controller renews it every cycle
-# while a job re-protects a stage).
-REFILL_HOLD_S = 10
-
-
-def hold_spare_refills(client) -> None:
-    """No node starts a new warm spare for the next REFILL_HOLD_S: a replica is catching up
-    (a new standby, a restart), and a spare's JVM start would take the CPU it needs. Spares
-    that run already are kept."""
-    client.set(data_keys.spare_refill_hold(), "1", ex=REFILL_HOLD_S)
 
 
 def _spare_entries(client, node: str) -> dict[str, dict]:
@@ -258,9 +279,10 @@ def spares_to_take(entries: dict[str, dict], now: float) -> list[str]:
 
 
 def hand_to_spare(args: list[str], replica_id: str, job_key: str) -> int | None:
-    """Give replica `replica_id` (stage CLI `args`) to a warm spare of this node, idle or else
-    still warming up (`spares_to_take`); returns the spare's pid, or None when this node has no
-    spare (the caller starts a cold process)."""
+    """Give replica `replica_id` of job `job_key` (stage CLI `args`) to a warm spare of this
+    node, idle or else still warming up (`spares_to_take`); returns the spare's pid, or None
+    when this node has no spare (the caller starts a cold process). The spare, known until now
+    as ("", spare id), is from here on that (job, replica)."""
     node = this_node()
     client = redis_client()
     entries = _spare_entries(client, node)
@@ -277,13 +299,13 @@ def hand_to_spare(args: list[str], replica_id: str, job_key: str) -> int | None:
         # otherwise start the replacement spare at once, beside the catching-up replica.
         hold_spare_refills(client)
         with _children_lock:
-            entry_proc = _children.pop(spare_id, None)
+            entry_proc = _children.pop(("", spare_id), None)
             if entry_proc is not None:
-                _children[replica_id] = (entry_proc[0], job_key, entry_proc[2])
+                _children[(job_key, replica_id)] = (entry_proc[0], job_key, entry_proc[2])
             if entry["state"] == "starting":
-                _taken_while_warming[replica_id] = spare_id
+                _taken_while_warming[(job_key, replica_id)] = spare_id
         state, pid = entry["state"], entry["pid"]
-        log.info("%s spare %s (pid %s) becomes %s", state, spare_id, pid, replica_id)
+        log.info("%s spare %s (pid %s) becomes %s of %s", state, spare_id, pid, replica_id, job_key)
         return int(entry["pid"])
     return None
 
@@ -341,7 +363,7 @@ def start_spare(client, node: str, spare_id: str) -> int:
     entry = {"pid": proc.pid, "state": "starting", "since": time.time()}
     client.hset(data_keys.spares(node), spare_id, json.dumps(entry))
     with _children_lock:
-        _children[spare_id] = (proc, "", path)
+        _children[("", spare_id)] = (proc, "", path)
     log.info("started warm spare %s pid %s", spare_id, proc.pid)
     return proc.pid
 
@@ -351,15 +373,10 @@ def idle_spares(client, node: str) -> int:
     return sum(1 for e in _spare_entries(client, node).values() if e.get("state") == "idle")
 
 
-def generator_replica_id(job_key: str) -> str:
-    """The replica id a job's input generator runs under (on whichever node runs it)."""
-    return f"generator-{job_key}"
-
-
 @shared_task(
-    name="backstop.agent.start_generator",
+    name=tasks.START_GENERATOR.name,
     acks_late=True,
-    expires=60,
+    expires=tasks.START_GENERATOR.expires_s,
     time_limit=30,
     soft_time_limit=25,
 )
@@ -381,24 +398,41 @@ def start_generator(
 
 
 @shared_task(
-    name="backstop.agent.kill_replica",
+    name=tasks.KILL_REPLICA.name,
     acks_late=True,
-    expires=30,
+    expires=tasks.KILL_REPLICA.expires_s,
     time_limit=30,
     soft_time_limit=25,
 )
-def kill_replica(replica_id: str, signal_name: str = "SIGKILL") -> bool:
-    """Send `signal_name` to a replica's process group; False when it was not running."""
-    proc = running_replica(replica_id)
+def kill_replica(replica_id: str, signal_name: str = "SIGKILL", job_key: str | None = None) -> bool:
+    """Send `signal_name` to the process group of replica `replica_id` of job `job_key`; False
+    when it was not running. Another job's replica of the same id is left alone.
+
+    A message without a job key was queued by a controller older than it (during an upgrade):
+    it is carried out as that controller meant it then, on the first process of that replica id
+    in any job, with a warning (with two jobs of that id on the node it may hit the wrong one).
+    """
+    if not job_key:
+        log.warning(
+            "kill_replica of %s names no job (an older controller's message): killing the "
+            "first process of that replica id, of whichever job",
+            replica_id,
+        )
+        job_key = None
+    proc = running_replica(replica_id, job_key)
     if proc is None:
         return False
     _signal_group(proc, signal.Signals[signal_name])
-    log.info("sent %s to %s (pid %s)", signal_name, replica_id, proc.pid)
+    log.info("sent %s to %s of %s (pid %s)", signal_name, replica_id, job_key, proc.pid)
     return True
 
 
 @shared_task(
-    name="backstop.agent.kill_node", acks_late=True, expires=30, time_limit=30, soft_time_limit=25
+    name=tasks.KILL_NODE.name,
+    acks_late=True,
+    expires=tasks.KILL_NODE.expires_s,
+    time_limit=30,
+    soft_time_limit=25,
 )
 def kill_node(job_key: str | None = None) -> list[int]:
     """SIGKILL every stage process of this node (of one job, when given); return their pids."""
@@ -416,13 +450,12 @@ def spark_executors(app_id: str) -> list[psutil.Process]:
     """The executor processes of Spark application `app_id` on this host, by executor id (an
     executor's command line names its application and id)."""
     found = []
-    for proc in psutil.process_iter(["cmdline", "status"]):
-        cmdline = argv_of(proc.info["cmdline"])
-        if proc.info["status"] == psutil.STATUS_ZOMBIE or SPARK_EXECUTOR_CLASS not in cmdline:
-            continue
-        if cmdline_arg(cmdline, "--app-id") == app_id:
-            executor_id = cmdline_arg(cmdline, "--executor-id") or ""
-            found.append((int(executor_id) if executor_id.isdigit() else 0, proc))
+    executors = processes_matching(
+        lambda argv: SPARK_EXECUTOR_CLASS in argv and cmdline_arg(argv, "--app-id") == app_id
+    )
+    for proc in executors:
+        executor_id = cmdline_arg(argv_of(proc.info["cmdline"]), "--executor-id") or ""
+        found.append((int(executor_id) if executor_id.isdigit() else 0, proc))
     return [proc for _, proc in sorted(found, key=lambda pair: pair[0])]
 
 
@@ -461,9 +494,9 @@ def spark_apps_of(procs: list[psutil.Process]) -> list[str]:
 
 
 @shared_task(
-    name="backstop.agent.kill_spark_process",
+    name=tasks.KILL_SPARK_PROCESS.name,
     acks_late=True,
-    expires=30,
+    expires=tasks.KILL_SPARK_PROCESS.expires_s,
     time_limit=30,
     soft_time_limit=25,
 )
@@ -573,7 +606,12 @@ def resume_due(client: redis.Redis, node: str, now: float | None = None) -> list
     return resumed
 
 
-@shared_task(name="backstop.agent.pause_node", expires=30, time_limit=30, soft_time_limit=25)
+@shared_task(
+    name=tasks.PAUSE_NODE.name,
+    expires=tasks.PAUSE_NODE.expires_s,
+    time_limit=30,
+    soft_time_limit=25,
+)
 def pause_node(
     duration_s: float, job_key: str | None = None, fault_id: int | None = None
 ) -> list[int]:
@@ -603,7 +641,12 @@ def _resume_due_quietly(node: str) -> None:
         log.warning("node %s: could not resume paused groups now (the loop retries): %s", node, exc)
 
 
-@shared_task(name="backstop.agent.stress_node", expires=30, time_limit=30, soft_time_limit=25)
+@shared_task(
+    name=tasks.STRESS_NODE.name,
+    expires=tasks.STRESS_NODE.expires_s,
+    time_limit=30,
+    soft_time_limit=25,
+)
 def stress_node(
     duration_s: float, workers: int = 1, fault_id: int | None = None, job_key: str | None = None
 ) -> list[int]:
@@ -618,7 +661,7 @@ def stress_node(
     pids = []
     for _ in range(checked["workers"]):
         proc = subprocess.Popen(
-            [sys.executable, "-m", "workers.cpu_hog", str(checked["duration_s"]), this_node()],
+            [sys.executable, "-m", CPU_HOG_MODULE, str(checked["duration_s"]), this_node()],
             start_new_session=True,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
@@ -631,23 +674,23 @@ def _report_exits(client: redis.Redis, node: str) -> None:
     """Reap children that ended and publish each exit with the tail of its log. A child is
     forgotten once its exit is published: a Redis error leaves the rest for the next call."""
     with _children_lock:
-        ended = [(rid, entry) for rid, entry in _children.items() if entry[0].poll() is not None]
-    for replica_id, entry in ended:
+        ended = [(key, entry) for key, entry in _children.items() if entry[0].poll() is not None]
+    for child_key, entry in ended:
         proc, job_key, path = entry
         with _children_lock:
-            warming_spare = _taken_while_warming.get(replica_id)
+            warming_spare = _taken_while_warming.get(child_key)
         if warming_spare is not None:
             release_warmup_lock(client, warming_spare)  # if it died before it was warm
         if job_key:  # else a warm spare that ended before it became a replica
-            _publish_exit(client, node, replica_id, proc, job_key, path)
+            _publish_exit(client, node, child_key[1], proc, job_key, path)
         with _children_lock:
-            _taken_while_warming.pop(replica_id, None)
-            if _children.get(replica_id) is entry:
-                del _children[replica_id]
+            _taken_while_warming.pop(child_key, None)
+            if _children.get(child_key) is entry:
+                del _children[child_key]
 
 
 def _publish_exit(client: redis.Redis, node: str, replica_id: str, proc, job_key: str, path):
-    """Put the exit of `replica_id` on the agents' events stream."""
+    """Put the exit of replica `replica_id` of job `job_key` on the agents' events stream."""
     client.xadd(
         keys.agent_events(),
         {
@@ -675,7 +718,7 @@ def publish_activity(client: redis.Redis) -> None:
     with _children_lock:
         live = [
             (replica_id, proc.pid, job_key)
-            for replica_id, (proc, job_key, _) in _children.items()
+            for (job_key, replica_id), (proc, _job, _) in _children.items()
             if job_key and proc.poll() is None
         ]
     now = time.time()
@@ -736,8 +779,6 @@ def report_exits_forever(node: str) -> None:
 
 def capacity_from_env() -> Capacity:
     """The node's capacity: BACKSTOP_NODE_CPU / _MEM_MB / _DISK_MBPS / _BW_MBPS or the host's."""
-    from web.env import env
-
     return Capacity(
         cpu_total=env("BACKSTOP_NODE_CPU", float(psutil.cpu_count() or 1), float),
         mem_total_mb=env("BACKSTOP_NODE_MEM_MB", psutil.virtual_memory().total / 2**20, float),
@@ -752,8 +793,6 @@ def start_agent_loop(sender=None, **kwargs) -> None:
     node = os.environ.get("BACKSTOP_NODE")
     if not node:
         return
-    from web.env import env
-
     scope = env("BACKSTOP_NODE_SCOPE", PROCESSES)
     try:
         # Pauses that ended while no agent ran end now, not a loop interval later.

@@ -15,6 +15,10 @@ import smtplib
 
 from celery import shared_task
 
+from console.models import Job, RecoveryEpisode, ReportSubscription
+from console.services import alerts, reports
+from infra import tasks
+
 logger = logging.getLogger(__name__)
 
 # Worth another try later: the mail server was unreachable, hung up or timed out. Authentication
@@ -39,15 +43,13 @@ EMAIL_TASK_OPTIONS = {
 
 
 @shared_task(
-    name="backstop.send_report",
+    name=tasks.SEND_REPORT.name,
     # A report that could not start within an hour is dropped; the next scheduled one covers it.
-    expires=3600,
+    expires=tasks.SEND_REPORT.expires_s,
     **EMAIL_TASK_OPTIONS,
 )
 def send_report(subscription_id: int) -> str:
     """Send subscription `subscription_id`'s report now (skipped when gone or disabled)."""
-    from console.models import ReportSubscription
-    from console.services import reports
 
     subscription = ReportSubscription.objects.filter(pk=subscription_id).first()
     if subscription is None or not subscription.enabled:
@@ -57,11 +59,11 @@ def send_report(subscription_id: int) -> str:
     return "sent"
 
 
-@shared_task(name="backstop.alert_recovery", expires=600, **EMAIL_TASK_OPTIONS)
+@shared_task(
+    name=tasks.ALERT_RECOVERY.name, expires=tasks.ALERT_RECOVERY.expires_s, **EMAIL_TASK_OPTIONS
+)
 def alert_recovery(episode_id: int) -> int:
     """Check episode `episode_id` against every recovery-time alert; return emails sent."""
-    from console.models import RecoveryEpisode
-    from console.services import alerts
 
     episode = RecoveryEpisode.objects.select_related("job").filter(pk=episode_id).first()
     if episode is None:
@@ -69,11 +71,11 @@ def alert_recovery(episode_id: int) -> int:
     return alerts.check_alerts_for_episode(episode)
 
 
-@shared_task(name="backstop.alert_job_failed", expires=3600, **EMAIL_TASK_OPTIONS)
+@shared_task(
+    name=tasks.ALERT_JOB_FAILED.name, expires=tasks.ALERT_JOB_FAILED.expires_s, **EMAIL_TASK_OPTIONS
+)
 def alert_job_failed(job_id: int) -> int:
     """Alert the subscriptions that ask for it that job `job_id` failed; return emails sent."""
-    from console.models import Job
-    from console.services import alerts
 
     job = Job.objects.filter(pk=job_id).first()
     if job is None:

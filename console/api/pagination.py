@@ -8,6 +8,8 @@ integers in a range the schema states, and anything else is refused.
 from rest_framework.exceptions import ValidationError
 from rest_framework.pagination import LimitOffsetPagination
 
+from console.dash.data import fleet_totals
+
 MAX_LIMIT = 1000
 # Far beyond any table this console keeps (metrics are purged after METRIC_RETENTION_HOURS), and
 # far below the 64-bit limit of SQL OFFSET.
@@ -52,3 +54,19 @@ class BoundedLimitOffsetPagination(LimitOffsetPagination):
         for parameter in parameters:
             parameter["schema"].update(bounds.get(parameter["name"], {}))
         return parameters
+
+
+class JobListPagination(BoundedLimitOffsetPagination):
+    """The job list's pages, each with the fleet's `totals` beside them (whatever the filter),
+    so a client shows "12 of 214 jobs; 3 failed; 48/50 nodes up" from one request."""
+
+    def get_paginated_response(self, data):
+        response = super().get_paginated_response(data)
+        response.data["totals"] = fleet_totals()
+        return response
+
+    def get_paginated_response_schema(self, schema):
+        paginated = super().get_paginated_response_schema(schema)
+        paginated["properties"]["totals"] = {"$ref": "#/components/schemas/FleetTotals"}
+        paginated["required"] = [*paginated.get("required", []), "totals"]
+        return paginated

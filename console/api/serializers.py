@@ -226,3 +226,40 @@ class TopologyRegistrationSerializer(serializers.Serializer):
     module = serializers.CharField(
         max_length=200, help_text="package.module:attribute inside BACKSTOP_JOBS_DIR"
     )
+
+
+class FleetRecoverySerializer(RecoveryEpisodeSerializer):
+    """A recovery episode in the fleet-wide list: with the job it belongs to."""
+
+    class Meta(RecoveryEpisodeSerializer.Meta):
+        fields = ["job", *RecoveryEpisodeSerializer.Meta.fields]
+        read_only_fields = fields
+
+
+class _JobTotalsSerializer(serializers.Serializer):
+    total = serializers.IntegerField()
+    live = serializers.IntegerField(help_text="starting, running or stopping")
+    by_status = serializers.DictField(child=serializers.IntegerField())
+
+
+class _ReplicaTotalsSerializer(serializers.Serializer):
+    total = serializers.IntegerField(help_text="live replicas (not stopped or failed)")
+    primary = serializers.IntegerField()
+    standby = serializers.IntegerField()
+
+
+class _NodeTotalsSerializer(serializers.Serializer):
+    total = serializers.IntegerField()
+    up = serializers.IntegerField()
+    down = serializers.IntegerField(help_text="every node not up (down, draining, unknown)")
+    by_state = serializers.DictField(child=serializers.IntegerField())
+
+
+class FleetTotalsSerializer(serializers.Serializer):
+    """The whole fleet at a glance (console.dash.data.fleet_totals)."""
+
+    jobs = _JobTotalsSerializer()
+    replicas = _ReplicaTotalsSerializer()
+    nodes = _NodeTotalsSerializer()
+    open_recoveries = serializers.IntegerField(help_text="episodes still being measured")
+    jobs_with_open_recoveries = serializers.IntegerField()

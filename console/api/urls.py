@@ -14,9 +14,11 @@ router.register(r"jobs/(?P<job_pk>\d+)/faults", views.JobFaultViewSet, basename=
 router.register(
     r"jobs/(?P<job_pk>\d+)/recoveries", views.JobRecoveryViewSet, basename="job-recovery"
 )
+router.register("recoveries", views.RecoveryViewSet, basename="recovery")
 
 urlpatterns = [
     path("auth/token/", obtain_auth_token, name="api-token"),
+    path("fleet/", views.FleetView.as_view(), name="fleet"),
     path("policy/", views.PolicyView.as_view(), name="policy"),
     path("policy/history/", views.PolicyHistoryView.as_view(), name="policy-history"),
     path("policy/revert/<int:version>/", views.PolicyRevertView.as_view(), name="policy-revert"),

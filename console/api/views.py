@@ -1,16 +1,20 @@
 """REST API views. Thin: validation and side effects live in console.services."""
 
 from django.shortcuts import get_object_or_404
-from drf_spectacular.utils import extend_schema
+from drf_spectacular.utils import extend_schema, extend_schema_view
 from rest_framework import mixins, status, viewsets
 from rest_framework.decorators import action
 from rest_framework.exceptions import APIException, NotFound, ValidationError
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from console.api import filters
+from console.api.pagination import JobListPagination, bounded_int
 from console.api.permissions import AdminWrites
 from console.api.serializers import (
     FaultInjectionSerializer,
+    FleetRecoverySerializer,
+    FleetTotalsSerializer,
     JobSerializer,
     NodeSerializer,
     PolicySerializer,
@@ -19,7 +23,8 @@ from console.api.serializers import (
     RegisteredTopologySerializer,
     TopologyRegistrationSerializer,
 )
-from console.models import Job, Node, Policy, RegisteredTopology
+from console.dash.data import fleet_totals, job_queryset
+from console.models import Job, Node, Policy, RecoveryEpisode, RegisteredTopology
 from console.policy.config import request_errors
 from console.services import faults as fault_service
 from console.services import jobs as job_service
@@ -37,18 +42,34 @@ class Refused(APIException):
         self.default_code = code
 
 
+def _params(params) -> list:
+    return [param.schema() for param in params]
+
+
+@extend_schema_view(list=extend_schema(parameters=_params(filters.JOB_PARAMS)))
 class JobViewSet(
     mixins.ListModelMixin,
     mixins.RetrieveModelMixin,
     mixins.CreateModelMixin,
     viewsets.GenericViewSet,
 ):
-    """Jobs: list, create (operator), detail, and the `stop` and `restart` actions (operator)."""
+    """Jobs: list, create (operator), detail, and the `stop` and `restart` actions (operator).
+
+    The list is paged (`limit`, `offset`), filtered and ordered by the query parameters of
+    console.api.filters, and carries the fleet's `totals` beside the page."""
 
     serializer_class = JobSerializer
     queryset = Job.objects.select_related("created_by").prefetch_related(
         "operators", "replicas__node"
     )
+    pagination_class = JobListPagination
+
+    def get_queryset(self):
+        if self.action != "list":
+            return super().get_queryset()
+        flt, ordering = filters.job_filter(self.request)
+        jobs = job_queryset(flt, ordering)
+        return jobs.select_related("created_by").prefetch_related("operators", "replicas__node")
 
     def perform_create(self, serializer):
         data = serializer.validated_data
@@ -81,8 +102,10 @@ class JobViewSet(
         return Response(read_results(self.get_object()))
 
 
+@extend_schema_view(list=extend_schema(parameters=_params(filters.FAULT_PARAMS)))
 class JobFaultViewSet(mixins.ListModelMixin, mixins.CreateModelMixin, viewsets.GenericViewSet):
-    """Faults of one job: list them, or ask for one (operator role)."""
+    """Faults of one job, newest first: list them (filtered by kind and outcome), or ask for one
+    (operator role)."""
 
     serializer_class = FaultInjectionSerializer
 
@@ -90,7 +113,8 @@ class JobFaultViewSet(mixins.ListModelMixin, mixins.CreateModelMixin, viewsets.G
         return get_object_or_404(Job, pk=self.kwargs["job_pk"])
 
     def get_queryset(self):
-        return self.get_job().faults.select_related("target_node", "requested_by")
+        faults = self.get_job().faults.select_related("target_node", "requested_by")
+        return filters.filter_faults(self.request, faults) if self.action == "list" else faults
 
     def perform_create(self, serializer):
         data = serializer.validated_data
@@ -110,21 +134,55 @@ class JobFaultViewSet(mixins.ListModelMixin, mixins.CreateModelMixin, viewsets.G
             raise Refused(str(exc), exc.status, code) from exc
 
 
+@extend_schema_view(list=extend_schema(parameters=_params(filters.EPISODE_PARAMS)))
 class JobRecoveryViewSet(mixins.ListModelMixin, viewsets.GenericViewSet):
-    """Recovery episodes of one job, newest first."""
+    """Recovery episodes of one job, newest first (filtered by open, action, strategy)."""
 
     serializer_class = RecoveryEpisodeSerializer
 
     def get_queryset(self):
         job = get_object_or_404(Job, pk=self.kwargs["job_pk"])
-        return job.recoveries.all()
+        return filters.filter_episodes(self.request, job.recoveries.all())
 
 
+@extend_schema_view(
+    list=extend_schema(parameters=[*_params(filters.EPISODE_PARAMS), filters.EPISODE_JOB])
+)
+class RecoveryViewSet(mixins.ListModelMixin, viewsets.GenericViewSet):
+    """Recovery episodes of every job, newest first: `?open=true` lists the ones still being
+    measured across the fleet."""
+
+    serializer_class = FleetRecoverySerializer
+
+    def get_queryset(self):
+        episodes = filters.filter_episodes(self.request, RecoveryEpisode.objects.all())
+        raw = self.request.query_params.get("job")
+        if raw is not None:
+            episodes = episodes.filter(job_id=bounded_int(raw, "job", 1, 2**63 - 1))
+        return episodes
+
+
+@extend_schema_view(list=extend_schema(parameters=_params(filters.NODE_PARAMS)))
 class NodeViewSet(viewsets.ReadOnlyModelViewSet):
-    """Nodes with capacities, state and last heartbeat."""
+    """Nodes with capacities, state and last heartbeat (the list filtered by state and name)."""
 
     serializer_class = NodeSerializer
     queryset = Node.objects.all()
+
+    def get_queryset(self):
+        nodes = super().get_queryset()
+        return filters.filter_nodes(self.request, nodes) if self.action == "list" else nodes
+
+
+class FleetView(APIView):
+    """The fleet at a glance: jobs by status, live replicas by role, nodes by state, open
+    recovery episodes. The same object is `totals` of the job list."""
+
+    serializer_class = FleetTotalsSerializer
+
+    @extend_schema(responses={200: FleetTotalsSerializer})
+    def get(self, request):
+        return Response(FleetTotalsSerializer(fleet_totals()).data)
 
 
 class TopologyViewSet(mixins.ListModelMixin, viewsets.GenericViewSet):

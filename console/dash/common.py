@@ -158,3 +158,40 @@ def message(text: str, ok: bool):
 def result_slot(component_id: str):
     """Where a control's result message appears, on its own line."""
     return html.Div(id=component_id, className="control-result")
+
+
+# --- Inputs of list filters: what a browser sends, or anyone forging a callback request -------
+
+
+def text_value(value, max_length: int = 100) -> str:
+    """A free-text filter: stripped text of at most `max_length` characters, "" otherwise."""
+    return value.strip()[:max_length] if isinstance(value, str) else ""
+
+
+def choice_values(value, allowed=None, max_length: int = 100) -> tuple[str, ...]:
+    """A dropdown's value (one string or a list of them) as a tuple of strings, keeping only
+    `allowed` ones when given; anything else (numbers, dicts, nested lists) is dropped."""
+    values = value if isinstance(value, list) else [value]
+    kept = [v for v in values if isinstance(v, str) and v and len(v) <= max_length]
+    if allowed is not None:
+        kept = [v for v in kept if v in allowed]
+    return tuple(dict.fromkeys(kept))
+
+
+def one_choice(value, allowed, default: str) -> str:
+    """A single choice among `allowed`, or `default`."""
+    return value if isinstance(value, str) and value in allowed else default
+
+
+def page_number(value, pages: int | None = None) -> int:
+    """A 1-based page number (an int, not a bool), clamped to `pages` when given."""
+    page = value if isinstance(value, int) and not isinstance(value, bool) else 1
+    page = max(1, page)
+    return min(page, max(1, pages)) if isinstance(pages, int) else page
+
+
+def scroll_box(child, box_id: str | None = None):
+    """A long list (50 nodes, hundreds of replicas) that scrolls inside its card instead of
+    making the page endless."""
+    props = {"id": box_id} if box_id else {}
+    return html.Div(child, className="scroll-box", **props)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from django.db import models
-from django.utils import timezone
 
 from console.models.jobs import Job
 from infra.queues import node_queue
@@ -40,12 +39,6 @@ class Node(models.Model):
     def queue(self) -> str:
         """The Celery queue of this node's agent."""
         return node_queue(self.name)
-
-    def record_heartbeat(self, at=None) -> None:
-        """Mark the node alive now (or at `at`)."""
-        self.last_heartbeat = at or timezone.now()
-        self.state = self.State.UP
-        self.save(update_fields=["last_heartbeat", "state"])
 
 
 class Replica(models.Model):

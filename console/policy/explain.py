@@ -26,18 +26,8 @@ from console.policy.config import PolicyConfig
 from console.policy.placement import place_standbys
 from console.policy.priority import operator_priorities
 from console.policy.resources import NodeSample, idle_rates, node_capacities
+from infra.node_metrics import RESOURCE_FIELDS
 from spark_runtime.topology import Topology
-
-SAMPLE_FIELDS = (
-    "cpu_total",
-    "cpu_used",
-    "mem_total",
-    "mem_used",
-    "disk_throughput",
-    "disk_max_throughput",
-    "bw_used",
-    "bw_total",
-)
 
 
 def _number(value: object, where: str) -> float:
@@ -51,10 +41,10 @@ def _number(value: object, where: str) -> float:
 def _sample(name: str, data: object, where: str) -> NodeSample:
     if not isinstance(data, dict):
         raise ValueError(f"{where} must be an object")
-    missing = [f for f in SAMPLE_FIELDS if f not in data]
+    missing = [f for f in RESOURCE_FIELDS if f not in data]
     if missing:
         raise ValueError(f"{where} is missing {', '.join(missing)}")
-    values = {f: _number(data[f], f"{where}.{f}") for f in SAMPLE_FIELDS}
+    values = {f: _number(data[f], f"{where}.{f}") for f in RESOURCE_FIELDS}
     return NodeSample(name=name, **values)
 
 
@@ -66,7 +56,7 @@ def parse_nodes(data: object) -> dict[str, list[NodeSample]]:
     if not isinstance(data, list) or not data:
         raise ValueError("top level must be a non-empty list of node objects")
     result: dict[str, list[NodeSample]] = {}
-    allowed = {"name", "history", *SAMPLE_FIELDS}
+    allowed = {"name", "history", *RESOURCE_FIELDS}
     for i, node in enumerate(data):
         where = f"node {i}"
         if not isinstance(node, dict):

@@ -11,21 +11,15 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from console.policy.config import PolicyConfig
+from infra.node_metrics import Resources
 
 
 @dataclass(frozen=True)
-class NodeSample:
-    """One resource sample of one node, as a node agent reports it."""
+class NodeSample(Resources):
+    """One resource sample of one node, as a node agent reports it: `NodeSample(name,
+    cpu_total=..., ...)` with the figures of infra.node_metrics.Resources (RESOURCE_FIELDS)."""
 
     name: str
-    cpu_total: float
-    cpu_used: float
-    mem_total: float
-    mem_used: float
-    disk_throughput: float
-    disk_max_throughput: float
-    bw_used: float
-    bw_total: float
 
     @property
     def cpu_free(self) -> float:

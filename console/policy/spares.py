@@ -27,7 +27,7 @@ def spares_wanted(
     config: PolicyConfig,
 ) -> dict[str, int]:
     """Spares wanted per alive node. `current`: idle spares each node reports now. (While a
-    stage is re-protected the agents start none of them: workers.agent.hold_spare_refills.)"""
+    stage is re-protected the agents start none of them: spark_runtime.spare.hold_spare_refills.)"""
     alive = sorted((c for c in capacities.values() if c.alive), key=lambda c: (-c.score, c.name))
     cpu_total = sum(c.cpu_total for c in alive)
     mem_total = sum(c.mem_total for c in alive)

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 from console.models import ControlDecision, Job, Policy, Replica
 from console.policy.spares import standby_node_preference
+from console.redis import redis_client
 from console.services import metrics, recovery
 from console.services.control.act import (
     AgentLauncher,
@@ -30,12 +31,9 @@ from console.services.control.observe import (
     alive_nodes,
     load_supervisor,
     node_history,
-    nodes_by_q,
     read_agent_events,
     save_supervisor,
-    spares_by_state,
     sync_replicas,
-    wait_for_agent_events,
 )
 from console.services.control.record import (
     alert_failed_job,
@@ -54,6 +52,9 @@ from console.services.planning import JobPlan, plan_job
 from spark_runtime.jobdef import resolve_topology
 from spark_runtime.runner import observe
 from spark_runtime.supervision import (
+    BACKOFF,
+    FAILED,
+    RUNNING,
     GiveUp,
     HeartbeatSeen,
     PromoteStandby,
@@ -62,11 +63,6 @@ from spark_runtime.supervision import (
     Supervisor,
     execute,
 )
-from workers.redis_client import redis_client
-
-# The longest pause between two supervision ticks; an agent's event (a process exit) ends the
-# pause at once (wait_for_agent_events).
-TICK_S = 0.25
 
 
 class LaunchError(Exception):
@@ -211,72 +207,89 @@ def supervise_tick(job: Job, supervisor: Supervisor, client) -> TickReport:
     return report
 
 
-def supervise_window(job: Job, client, window_s: float, keep_lease) -> bool:
-    """Tick the job's supervision for `window_s`; returns whether the job is still live.
+def without_state(job: Job, client) -> None:
+    """A job held for supervision whose supervision state is gone. Stopping: stop_everything
+    deletes the state last, so a controller killed after it and before marking the job
+    stopped left nothing to stop. Live: the state was lost (Redis lost its data), say so."""
+    if job.status == Job.Status.STOPPING:
+        job.mark_stopped(job.status_reason or "stopped")
+        close_measurements(job, client)
+    elif job.is_live:
+        job.mark_failed("supervision state lost: relaunch the job")
+        alert_failed_job(job)
 
-    Every tick (TICK_S) handles failures; every policy cycle (cycle_interval_s) also syncs
-    replica rows, stores metrics, runs Algorithm 2 and measures open recovery episodes.
-    """
-    supervisor = load_supervisor(client, job)
-    if supervisor is None:
-        if job.status == Job.Status.STOPPING:
-            # stop_everything deletes the state last: a controller killed after it and before
-            # marking the job stopped left nothing to stop.
-            job.mark_stopped(job.status_reason or "stopped")
-            close_measurements(job, client)
-        elif job.is_live:
-            job.mark_failed("supervision state lost: relaunch the job")
-            alert_failed_job(job)
+
+def reconcile_job(job: Job, supervisor: Supervisor, client, view, slot) -> bool:
+    """One reconcile of a live job (console.services.fleet): carry out a stop request, tick its
+    supervision, and run its policy cycle when due (`slot.next_cycle`, on the monotonic clock).
+    `view` holds the reads every job shares (policy, nodes, spares). Returns whether the job is
+    still live; the caller saves the supervision state after it."""
+    if job.status == Job.Status.STOPPING:
+        stop_everything(job, supervisor, client)
+        job.mark_stopped(job.status_reason or "stopped")
+        close_measurements(job, client)
         return False
-    deadline = time.monotonic() + window_s
-    next_cycle = 0.0
-    # Alive nodes by Q, refreshed every policy cycle.
-    ranked = nodes_by_q(client, Policy.current().to_config()) or supervisor.nodes
-    while time.monotonic() < deadline:
-        keep_lease()
-        job.refresh_from_db(fields=["status"])
-        if job.status == Job.Status.STOPPING:
-            stop_everything(job, supervisor, client)
-            job.mark_stopped(job.status_reason or "stopped")
-            close_measurements(job, client)
-            return False
-        if not job.is_live:
-            close_measurements(job, client)
-            return False
-        # A standby the supervisor starts on its own (after a promotion) goes where a warm
-        # spare is ready or warming, else to the best node by Q: read now, spares come and go
-        # in seconds.
-        supervisor.standby_nodes = standby_node_preference(ranked, spares_by_state(client, ranked))
-        supervise_tick(job, supervisor, client)
-        record_reprotections(job, supervisor)
-        save_supervisor(client, job, supervisor)
-        if not job.is_live:
-            # The tick gave up on the job: no policy cycle may start replicas for it again.
-            close_measurements(job, client)
-            return False
-        if time.monotonic() >= next_cycle:
-            cycle_started = time.monotonic()
-            config = Policy.current().to_config()
-            supervisor.restart_policy = restart_policy_of(config)  # admin changes apply here
-            supervisor.hung_timeout_s = config.hung_timeout_s
-            ranked = nodes_by_q(client, config) or supervisor.nodes
-            sync_replicas(job, client, supervisor)
-            metrics.ingest_job_progress(client, job)
-            if job.status == Job.Status.STARTING and supervisor.all_running():
-                job.mark_running("every primary is running")
-            ensure_generator(job, supervisor, client)
-            policy_cycle(job, supervisor, client)
-            if supervisor.definition.warm_spares:
-                keep_warm_spares(
-                    client,
-                    config,
-                    supervisor.placement_by_stage(),
-                    reprotecting=bool(supervisor.unprotected_since),
-                )
-            save_supervisor(client, job, supervisor)
-            recovery.measure_open_episodes(job, client, config)
-            alert_slow_recoveries(job)
-            record_cycle(client, job, time.monotonic() - cycle_started)
-            next_cycle = time.monotonic() + config.cycle_interval_s
-        wait_for_agent_events(client, job, TICK_S)
-    return job.is_live
+    if not job.is_live:
+        close_measurements(job, client)
+        return False
+    # A standby the supervisor starts on its own (after a promotion) goes where a warm spare is
+    # ready or warming, else to the best node by Q.
+    supervisor.standby_nodes = standby_node_preference(view.ranked or supervisor.nodes, view.spares)
+    supervise_tick(job, supervisor, client)
+    record_reprotections(job, supervisor)
+    if not job.is_live:
+        # The tick gave up on the job: no policy cycle may start replicas for it again.
+        close_measurements(job, client)
+        return False
+    if time.monotonic() >= slot.next_cycle:
+        cycle_started = time.monotonic()
+        policy_step(job, supervisor, client, view)
+        record_cycle(client, job, time.monotonic() - cycle_started)
+        slot.next_cycle = time.monotonic() + view.config.cycle_interval_s
+    return True
+
+
+def policy_step(job: Job, supervisor: Supervisor, client, view) -> None:
+    """Every policy cycle: the policy in force applied to the state machine, replica rows
+    synced, progress stored, Algorithm 2, the input generator and warm spares asked for,
+    open recovery episodes measured and alerted on."""
+    config = view.config
+    supervisor.restart_policy = restart_policy_of(config)  # admin changes apply here
+    supervisor.hung_timeout_s = config.hung_timeout_s
+    sync_replicas(job, client, supervisor)
+    if job.status == Job.Status.STARTING and supervisor.all_running():
+        job.mark_running("every primary is running")
+    ensure_generator(job, supervisor, client, view.alive)
+    samples = []
+    policy_cycle(job, supervisor, client, view, samples=samples)
+    metrics.ingest_job_progress(client, job, also=samples)  # one insert for both
+    if supervisor.definition.warm_spares:
+        keep_warm_spares(
+            client,
+            config,
+            supervisor.placement_by_stage(),
+            reprotecting=bool(supervisor.unprotected_since),
+            view=view,
+        )
+    recovery.measure_open_episodes(job, client, config)
+    alert_slow_recoveries(job, view.recovery_alerts)
+
+
+# Replica states in which nothing waits on the controller.
+SETTLED_STATES = {RUNNING, BACKOFF, FAILED}
+
+
+def next_reconcile_s(job: Job, supervisor: Supervisor, fast_s: float, steady_s: float) -> float:
+    """When to reconcile the job again: soon (`fast_s`) while it starts, fails over, catches a
+    standby up or restarts a stage; else `steady_s` (an agent's exit report wakes it at once
+    anyway); never after a backoff ends."""
+    changing = (
+        job.status != Job.Status.RUNNING
+        or bool(supervisor.unprotected_since or supervisor.restarting)
+        or any(r.state not in SETTLED_STATES for r in supervisor.replicas.values())
+    )
+    delay = fast_s if changing else steady_s
+    retries = [r.retry_at for r in supervisor.replicas.values() if r.state == BACKOFF]
+    if retries:
+        delay = min(delay, max(0.0, min(retries) - time.time()))
+    return delay

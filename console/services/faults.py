@@ -5,11 +5,12 @@ from __future__ import annotations
 import json
 from datetime import UTC, datetime, timedelta
 
+import redis
 from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
-from console.models import FaultInjection, Job, Node, RecoveryEpisode
+from console.models import ControlDecision, FaultInjection, Job, Node, RecoveryEpisode, Replica
 from console.policy.fault_params import (
     DEFAULT_DURATION_S,
     DEFAULT_MAX_DURATION_S,
@@ -18,8 +19,12 @@ from console.policy.fault_params import (
     Limits,
     validate_params,
 )
+from console.redis import redis_client
+from console.services.control.act import send_command
 from console.services.jobs import dispatch
-from workers.redis_client import redis_client
+from infra import keys, tasks
+from infra.queues import node_queue
+from spark_runtime import keys as data_keys
 
 
 class FaultRefused(Exception):
@@ -44,10 +49,6 @@ def node_cores(node: Node | None) -> float | None:
     """The cores of `node`: from its agent's latest sample in Redis, else its registration."""
     if node is None:
         return None
-    import redis
-
-    from workers import keys
-
     try:
         latest = redis_client().get(keys.node_heartbeat(node.name))
     except redis.RedisError:
@@ -119,20 +120,12 @@ def request_fault(
         params=params,
         requested_by=requested_by if getattr(requested_by, "is_authenticated", False) else None,
     )
-    dispatch(lambda: _inject_task().delay(fault.pk))
+    dispatch(lambda: tasks.send(tasks.INJECT_FAULT, fault.pk))
     return fault
-
-
-def _inject_task():
-    from workers.controller import inject_fault
-
-    return inject_fault
 
 
 def _replica_of(job: Job, operator: str, role: str):
     """The live replica of the stage that runs `operator`, in `role`."""
-    from console.models import Replica
-
     stage = job.operators.filter(name=operator).values_list("stage", flat=True).first()
     return (
         Replica.objects.filter(job=job, stage=stage, role=role)
@@ -148,9 +141,6 @@ def inject(fault: FaultInjection) -> FaultInjection:
 
     Idempotent: a fault that is no longer pending is left as it is.
     """
-    from workers import agent
-    from workers.queues import node_queue
-
     if fault.outcome != FaultInjection.Outcome.PENDING:
         return fault
     job = fault.job
@@ -166,7 +156,9 @@ def inject(fault: FaultInjection) -> FaultInjection:
                 f"no running {role} for operator {fault.target_operator!r}",
             )
         local_id = replica.local_id
-        agent.kill_replica.apply_async(args=(local_id,), queue=node_queue(replica.node.name))
+        tasks.send(
+            tasks.KILL_REPLICA, local_id, job_key=job.key, queue=node_queue(replica.node.name)
+        )
         detail = f"SIGKILL to {local_id} (pid {replica.pid}) on {replica.node.name}"
     elif fault.kind == FaultInjection.Kind.OPERATOR_EXCEPTION:
         replica = _replica_of(job, fault.target_operator, "primary")
@@ -177,8 +169,6 @@ def inject(fault: FaultInjection) -> FaultInjection:
                 f"no running primary for operator {fault.target_operator!r}",
             )
         local_id = replica.local_id
-        from console.services.control.act import send_command
-
         send_command(
             redis_client(),
             job,
@@ -202,27 +192,35 @@ def inject(fault: FaultInjection) -> FaultInjection:
         # and a redelivered inject task then finds the fault no longer pending. A task that is
         # never carried out is failed by `expire_unreported_spark_kills`.
         fault = _finish(fault, FaultInjection.Outcome.INJECTED, detail)
-        agent.kill_spark_process.apply_async(
-            args=(app, fault.kind),
-            kwargs={"fault_id": fault.pk, "job_key": job.key},
+        tasks.send(
+            tasks.KILL_SPARK_PROCESS,
+            app,
+            fault.kind,
+            fault_id=fault.pk,
+            job_key=job.key,
             queue=node_queue(replica.node.name),
         )
         return fault
     elif fault.kind == FaultInjection.Kind.KILL_NODE:
-        agent.kill_node.apply_async(args=(job.key,), queue=node_queue(fault.target_node.name))
+        tasks.send(tasks.KILL_NODE, job.key, queue=node_queue(fault.target_node.name))
         detail = f"SIGKILL to every replica of the job on {fault.target_node.name}"
     elif fault.kind == FaultInjection.Kind.PAUSE_NODE:
-        agent.pause_node.apply_async(
-            args=(duration, job.key),
-            kwargs={"fault_id": fault.pk},
+        tasks.send(
+            tasks.PAUSE_NODE,
+            duration,
+            job.key,
+            fault_id=fault.pk,
             queue=node_queue(fault.target_node.name),
         )
         detail = f"SIGSTOP for {duration:g} s on {fault.target_node.name}"
     elif fault.kind == FaultInjection.Kind.STRESS_NODE:
         workers = int(fault.params.get("workers", DEFAULT_STRESS_WORKERS))
-        agent.stress_node.apply_async(
-            args=(duration, workers),
-            kwargs={"fault_id": fault.pk, "job_key": job.key},
+        tasks.send(
+            tasks.STRESS_NODE,
+            duration,
+            workers,
+            fault_id=fault.pk,
+            job_key=job.key,
             queue=node_queue(fault.target_node.name),
         )
         detail = f"{workers} CPU hogs for {duration:g} s on {fault.target_node.name}"
@@ -233,8 +231,6 @@ def spark_app_of(job: Job, replica) -> str | None:
     """The Spark application id the replica's stage process reported (None: not known yet)."""
     if replica is None:
         return None
-    from spark_runtime import keys as data_keys
-
     raw = redis_client().hget(data_keys.replicas(job.key), replica.local_id)
     return json.loads(raw).get("spark_app") if raw else None
 
@@ -268,12 +264,14 @@ def record_spark_kill(job: Job, fault_id: str, detail: str, at: float) -> Recove
     return episode
 
 
-def expire_unreported_spark_kills(job: Job, now: datetime | None = None) -> int:
-    """kill-executor and kill-worker faults whose agent reported nothing within
-    SPARK_KILL_REPORT_TIMEOUT_S (it was down, or the task expired in its queue) are marked
-    failed: nothing else would show whether they happened. Returns how many."""
+def expire_unreported_spark_kills(job: Job | None = None, now: datetime | None = None) -> int:
+    """kill-executor and kill-worker faults (of `job`, or of every job) whose agent reported
+    nothing within SPARK_KILL_REPORT_TIMEOUT_S (it was down, or the task expired in its queue)
+    are marked failed: nothing else would show whether they happened. Returns how many. The
+    watchdog runs it for every job at once (one query while none is due)."""
     now = now or timezone.now()
-    silent = job.faults.filter(
+    faults = FaultInjection.objects.all() if job is None else job.faults
+    silent = faults.filter(
         kind__in=(FaultInjection.Kind.KILL_EXECUTOR, FaultInjection.Kind.KILL_WORKER),
         outcome=FaultInjection.Outcome.INJECTED,
         injected_at__lt=now - timedelta(seconds=SPARK_KILL_REPORT_TIMEOUT_S),
@@ -299,8 +297,6 @@ def record_refusal(job, fault_id: str, detail: str) -> FaultInjection | None:
 
 
 def _finish(fault: FaultInjection, outcome: str, detail: str) -> FaultInjection:
-    from console.models import ControlDecision
-
     fault.outcome = outcome
     fault.outcome_detail = detail
     fault.injected_at = timezone.now() if outcome == FaultInjection.Outcome.INJECTED else None

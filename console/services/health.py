@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import redis
+from celery import current_app
 from django.conf import settings
 from django.db import DatabaseError, connection
 
-from workers.redis_client import redis_client
+from console.redis import redis_client
 
 CHECK_TIMEOUT_S = 1.0
 
@@ -34,9 +35,7 @@ def check_redis(url: str | None = None) -> tuple[bool, str]:
 
 def check_celery() -> tuple[bool, str]:
     """Ping the workers through the broker; names the workers that answered."""
-    from web.celery import app
-
-    replies = app.control.ping(timeout=CHECK_TIMEOUT_S) or []
+    replies = current_app.control.ping(timeout=CHECK_TIMEOUT_S) or []
     workers = sorted(name for reply in replies for name in reply)
     if not workers:
         return False, "no celery worker answered a ping"

@@ -6,11 +6,14 @@ import contextlib
 import os
 import signal
 
+import psutil
 from django.conf import settings
 from django.db import transaction
 
 from console.models import InvalidTransition, Job, Operator
 from console.services.topologies import job_topology
+from infra import tasks
+from infra.processes import job_processes, spare_processes
 
 
 class JobRequestError(Exception):
@@ -76,14 +79,8 @@ def create_job(*, name: str, topology: str, strategy: str, params: dict | None, 
         )
         for op in spec.operators
     )
-    dispatch(lambda: _launch_task().delay(job.pk))
+    dispatch(lambda: tasks.send(tasks.LAUNCH_JOB, job.pk))
     return job
-
-
-def _launch_task():
-    from workers.controller import launch_job
-
-    return launch_job
 
 
 def dispatch(send) -> None:
@@ -104,7 +101,7 @@ def restart_job(job: Job) -> Job:
         raise InvalidTransition(
             f"job {job.pk} is {job.status}: only a failed or stopped job can be restarted"
         )
-    dispatch(lambda: _launch_task().delay(job.pk))
+    dispatch(lambda: tasks.send(tasks.LAUNCH_JOB, job.pk))
     return job
 
 
@@ -126,19 +123,11 @@ def kill_job_processes(job_keys: set[str]) -> int:
     For whoever started the node agents on this machine (the demo, the benchmark) and must leave
     nothing behind: stage processes outlive their agent on purpose.
     """
-    import psutil
-
-    from workers.node_metrics import argv_of, cmdline_arg
-
     ended = 0
-    for proc in psutil.process_iter(["cmdline"]):
-        cmdline = argv_of(proc.info["cmdline"])
-        if not any(part.startswith("spark_runtime") for part in cmdline):
-            continue
-        if cmdline_arg(cmdline, "--job") in job_keys:
-            with contextlib.suppress(psutil.NoSuchProcess):
-                proc.kill()
-                ended += 1
+    for proc in job_processes(job_keys):
+        with contextlib.suppress(psutil.NoSuchProcess):
+            proc.kill()
+            ended += 1
     return ended
 
 
@@ -146,15 +135,9 @@ def kill_warm_spares(redis_url: str) -> int:
     """SIGKILL this machine's idle warm spares serving the Backstop at `redis_url`; returns how
     many. For whoever started the node agents here (the demo, the benchmark): spares run in
     sessions of their own, like stage processes, and outlive their agent."""
-    import psutil
-
-    from workers.node_metrics import argv_of, cmdline_arg
-
     ended = 0
-    for proc in psutil.process_iter(["cmdline"]):
-        cmdline = argv_of(proc.info["cmdline"])
-        if "spark_runtime.spare" in cmdline and cmdline_arg(cmdline, "--redis-url") == redis_url:
-            with contextlib.suppress(psutil.NoSuchProcess, ProcessLookupError):
-                os.killpg(os.getpgid(proc.pid), signal.SIGKILL)
-                ended += 1
+    for proc in spare_processes(redis_url=redis_url):
+        with contextlib.suppress(psutil.NoSuchProcess, ProcessLookupError):
+            os.killpg(os.getpgid(proc.pid), signal.SIGKILL)
+            ended += 1
     return ended

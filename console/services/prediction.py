@@ -127,18 +127,28 @@ def train_fault_predictor(config: PolicyConfig | None = None, now=None) -> Predi
     return run
 
 
+def latest_training() -> PredictorTraining | None:
+    """The newest training run of the fault predictor: the one whose verdict is in force."""
+    return PredictorTraining.objects.order_by("-trained_at").first()
+
+
+_READ_NOW = object()
+
+
 def predicted_fault_rates(
-    job: Job, stage_of: Mapping[str, str], config: PolicyConfig, now=None
+    job: Job, stage_of: Mapping[str, str], config: PolicyConfig, now=None, latest=_READ_NOW
 ) -> dict[str, tuple[float, str]]:
     """operator -> (fr, where it came from) for the policy cycle.
 
-    The newest training run decides: a used model predicts each stage's fr from the stage's
-    last window (its operators share it); otherwise, or for a stage without features (no
-    primary, or its node has no samples yet), the prior with the reason.
+    The newest training run decides (`latest`: as a controller read it for all its jobs, or
+    read now): a used model predicts each stage's fr from the stage's last window (its
+    operators share it); otherwise, or for a stage without features (no primary, or its node
+    has no samples yet), the prior with the reason.
     """
     now = now or timezone.now()
     prior = config.fault_rate_prior
-    latest = PredictorTraining.objects.order_by("-trained_at").first()
+    if latest is _READ_NOW:
+        latest = latest_training()
     if latest is None:
         return {op: (prior, "prior (predictor not trained yet)") for op in stage_of}
     if not latest.used:  # the placement page shows why

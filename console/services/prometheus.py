@@ -18,7 +18,7 @@ import json
 import time
 from collections.abc import Iterator
 
-from django.db.models import Count, Sum
+from django.db.models import Count, FloatField, OuterRef, Q, Subquery, Sum
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import (
     CounterMetricFamily,
@@ -36,7 +36,12 @@ from console.models import (
     RecoveryEpisode,
     Replica,
 )
-from workers import keys as control_keys
+from console.services.control.observe import unsupervised_jobs
+from infra import keys as control_keys
+from infra.leases import live_controllers
+
+# A controller that has not said it is alive within this many seconds is not counted.
+CONTROLLER_TTL_S = 3.0
 
 # Bucket bounds (seconds) of the downtime and recovery-time histograms: from a promotion (about a
 # second) to a cold restart that does not settle (a minute and more).
@@ -63,15 +68,26 @@ NODE_SERIES = {
 }
 
 
-def _newest(name: str, **filters) -> float | None:
-    """The newest value of one metric for one job, stage or node (an indexed lookup: the table
-    holds days of samples, a scrape must not read them)."""
-    return (
-        MetricSample.objects.filter(name=name, **filters)
-        .order_by("-at")
-        .values_list("value", flat=True)
-        .first()
+def _newest(name: str, stage: str | None = None, **outer: str) -> Subquery:
+    """The newest value of one metric for each row of an outer query (job, stage or node), as a
+    correlated subquery: an indexed lookup per row inside the one query that lists the rows (the
+    table holds days of samples, a scrape must not read them, nor make a query per job)."""
+    rows = MetricSample.objects.filter(
+        name=name, **{field: OuterRef(ref) for field, ref in outer.items()}
     )
+    if stage is not None:
+        rows = rows.filter(stage=stage)
+    return Subquery(rows.order_by("-at").values("value")[:1], output_field=FloatField())
+
+
+def _newest_of_jobs(job_ids: list[int], names) -> dict[int, dict[str, float | None]]:
+    """job id -> metric name -> its newest job-level value, in one query."""
+    rows = (
+        Job.objects.filter(pk__in=job_ids)
+        .annotate(**{name: _newest(name, stage="", job="pk") for name in names})
+        .values("pk", *names)
+    )
+    return {row["pk"]: row for row in rows}
 
 
 class BackstopCollector:
@@ -81,7 +97,7 @@ class BackstopCollector:
         self.redis = redis
 
     def collect(self) -> Iterator[Metric]:
-        live_jobs = list(Job.objects.filter(status__in=Job.LIVE_STATUSES))
+        live_jobs = list(Job.objects.filter(status__in=Job.LIVE_STATUSES).order_by("pk"))
         yield from self._jobs(live_jobs)
         yield from self._stages_and_operators(live_jobs)
         yield from self._replicas()
@@ -103,10 +119,11 @@ class BackstopCollector:
         for job in Job.objects.exclude(status__in=(Job.Status.STOPPED, Job.Status.CREATED)):
             up.add_metric([str(job.pk)], 1.0 if job.status == Job.Status.RUNNING else 0.0)
         yield up
+        newest = _newest_of_jobs([job.pk for job in live_jobs], [*JOB_SERIES, *LATENCY_QUANTILES])
         for metric, (suffix, doc) in JOB_SERIES.items():
             family = GaugeMetricFamily(f"backstop_job_{suffix}", doc, labels=["job_id"])
             for job in live_jobs:
-                value = _newest(metric, job=job, stage="")
+                value = newest.get(job.pk, {}).get(metric)
                 if value is not None:
                     family.add_metric([str(job.pk)], value)
             yield family
@@ -117,21 +134,35 @@ class BackstopCollector:
         )
         for metric, quantile in LATENCY_QUANTILES.items():
             for job in live_jobs:
-                value = _newest(metric, job=job, stage="")
+                value = newest.get(job.pk, {}).get(metric)
                 if value is not None:
                     latency.add_metric([str(job.pk), quantile], value / 1000)
         yield latency
 
     def _stages_and_operators(self, live_jobs: list[Job]) -> Iterator[Metric]:
         ids = [job.pk for job in live_jobs]
-        operators = list(Operator.objects.filter(job_id__in=ids).order_by("job_id", "name"))
-        stages = sorted({(op.job_id, op.stage) for op in operators if op.stage})
+        # Each operator row carries its stage's newest figures (one query); operators fused into
+        # one stage carry the same ones.
+        operators = list(
+            Operator.objects.filter(job_id__in=ids)
+            .annotate(
+                **{
+                    f"stage_{metric}": _newest(metric, job="job_id", stage=OuterRef("stage"))
+                    for metric in STAGE_SERIES
+                }
+            )
+            .order_by("job_id", "name")
+        )
+        stage_values = {
+            (op.job_id, op.stage): {m: getattr(op, f"stage_{m}") for m in STAGE_SERIES}
+            for op in operators
+            if op.stage
+        }
         for metric, (suffix, doc) in STAGE_SERIES.items():
             family = GaugeMetricFamily(f"backstop_stage_{suffix}", doc, labels=["job_id", "stage"])
-            for job_id, stage in stages:
-                value = _newest(metric, job_id=job_id, stage=stage)
-                if value is not None:
-                    family.add_metric([str(job_id), stage], value)
+            for (job_id, stage), values in sorted(stage_values.items()):
+                if values[metric] is not None:
+                    family.add_metric([str(job_id), stage], values[metric])
             yield family
         labels = ["job_id", "operator"]
         families = {
@@ -188,7 +219,11 @@ class BackstopCollector:
         yield epoch
 
     def _nodes(self) -> Iterator[Metric]:
-        nodes = list(Node.objects.order_by("name"))
+        nodes = list(
+            Node.objects.annotate(
+                **{f"newest_{metric}": _newest(metric, node="pk") for metric in NODE_SERIES}
+            ).order_by("name")
+        )
         up = GaugeMetricFamily(
             "backstop_node_up", "1 while the node's agent reports", labels=["node"]
         )
@@ -198,7 +233,7 @@ class BackstopCollector:
         for metric, (suffix, doc) in NODE_SERIES.items():
             family = GaugeMetricFamily(f"backstop_node_{suffix}", doc, labels=["node"])
             for node in nodes:
-                value = _newest(metric, node=node)
+                value = getattr(node, f"newest_{metric}")
                 if value is not None:
                     family.add_metric([node.name], value)
             yield family
@@ -246,15 +281,25 @@ class BackstopCollector:
         yield duplicated
 
     def _duration_histogram(self, name: str, doc: str, field: str) -> Iterator[Metric]:
+        """Counted in the database (one row per strategy), not by reading every episode."""
         family = HistogramMetricFamily(name, doc, labels=["strategy"])
-        rows = RecoveryEpisode.objects.filter(**{f"{field}__isnull": False})
-        by_strategy: dict[str, list[float]] = {}
-        for strategy, value in rows.values_list("strategy", field):
-            by_strategy.setdefault(strategy, []).append(value)
-        for strategy, values in sorted(by_strategy.items()):
-            buckets = [(str(b), sum(1 for v in values if v <= b)) for b in DURATION_BUCKETS_S]
-            buckets.append(("+Inf", len(values)))
-            family.add_metric([strategy], buckets, sum(values))
+        counts = {
+            f"le_{index}": Count("id", filter=Q(**{f"{field}__lte": bound}))
+            for index, bound in enumerate(DURATION_BUCKETS_S)
+        }
+        rows = (
+            RecoveryEpisode.objects.filter(**{f"{field}__isnull": False})
+            .order_by()
+            .values("strategy")
+            .annotate(n=Count("id"), total=Sum(field), **counts)
+            .order_by("strategy")
+        )
+        for row in rows:
+            buckets = [
+                (str(bound), row[f"le_{index}"]) for index, bound in enumerate(DURATION_BUCKETS_S)
+            ]
+            buckets.append(("+Inf", row["n"]))
+            family.add_metric([row["strategy"]], buckets, row["total"] or 0.0)
         yield family
 
     def _controller(self, live_jobs: list[Job]) -> Iterator[Metric]:
@@ -269,8 +314,9 @@ class BackstopCollector:
             labels=["job_id"],
         )
         now = time.time()
-        for job in live_jobs:
-            raw = self.redis.get(control_keys.controller_cycle(job.key))
+        keys = [control_keys.controller_cycle(job.key) for job in live_jobs]
+        cycles = self.redis.mget(keys) if keys else []  # one round trip for the fleet
+        for job, raw in zip(live_jobs, cycles, strict=True):
             if raw is None:
                 continue
             cycle = json.loads(raw)
@@ -278,6 +324,18 @@ class BackstopCollector:
             age.add_metric([str(job.pk)], max(0.0, now - cycle["at"]))
         yield duration
         yield age
+        controllers = GaugeMetricFamily(
+            "backstop_controllers",
+            f"Live controller processes (said they are alive within {CONTROLLER_TTL_S:g} s)",
+        )
+        controllers.add_metric([], len(live_controllers(self.redis, CONTROLLER_TTL_S)))
+        yield controllers
+        unsupervised = GaugeMetricFamily(
+            "backstop_jobs_unsupervised",
+            "Live jobs whose supervision lease no controller holds (0 while controllers run)",
+        )
+        unsupervised.add_metric([], len(unsupervised_jobs(self.redis)))
+        yield unsupervised
 
 
 def exposition(redis=None) -> bytes:

@@ -19,8 +19,8 @@ from django.db import transaction
 from django.db.models import Sum
 from django.utils import timezone
 
-from console.bench import truth
 from console.models import ControlDecision, Job, Operator, RecoveryEpisode, RegisteredTopology
+from console.policy import truth
 from console.policy.config import PolicyConfig
 from console.policy.recovery import (
     SAME_FAULT_S,
@@ -29,6 +29,7 @@ from console.policy.recovery import (
     group_fault_times,
     measure_faults,
 )
+from infra import tasks
 from spark_runtime import keys as data_keys
 from spark_runtime import user_plan
 from spark_runtime.jobdef import Upsert, is_registered_ident, resolve_topology
@@ -109,7 +110,7 @@ def _read_stream(client, key: str) -> list[tuple[str, dict]]:
 
 def audit_output(job: Job, client) -> truth.Comparison | None:
     """Lost and duplicated results in the job's output so far, against ground truth computed in
-    plain Python from its input (console/bench/truth.py, "auditing a running job's output");
+    plain Python from its input (console/policy/truth.py, "auditing a running job's output");
     None for a topology without ground truth or an input too long to audit."""
     if is_registered_ident(job.topology):
         return audit_user_job(job, client)
@@ -142,7 +143,7 @@ def audit_output(job: Job, client) -> truth.Comparison | None:
 
 
 def audit_user_job(job: Job, client) -> truth.Comparison | None:
-    """A user job's output so far against its reference function (console/bench/truth.py,
+    """A user job's output so far against its reference function (console/policy/truth.py,
     "auditing a running job's output"); None without a reference or with too long an input."""
     definition = resolve_topology(job.topology).job
     input_key = data_keys.input_stream(job.key)
@@ -332,9 +333,7 @@ def measure_open_episodes(job: Job, client, config: PolicyConfig, now: float | N
             record_measurement(episode, figures)
             closed += 1
     if closed and has_ground_truth(job):
-        from workers.controller import audit_episodes
-
-        audit_episodes.delay(job.pk)
+        tasks.send(tasks.AUDIT_EPISODES, job.pk)
     return closed
 
 

@@ -216,20 +216,27 @@ def _utilisation(start: datetime, end: datetime, *, per_node: bool) -> list[Util
 
 
 def policy_changes(start: datetime, end: datetime) -> list[PolicyChange]:
-    """Policy versions created in [start, end), oldest first, with author, reason and diff."""
-    versions = Policy.objects.filter(created_at__gte=start, created_at__lt=end).select_related(
-        "created_by"
+    """Policy versions created in [start, end), oldest first, with author, reason and diff
+    (two queries: the versions, and the one before the first to diff it with)."""
+    versions = list(
+        Policy.objects.filter(created_at__gte=start, created_at__lt=end)
+        .select_related("created_by")
+        .order_by("version")
     )
-    return [
-        PolicyChange(
-            version=policy.version,
-            at=policy.created_at,
-            by=policy.created_by.get_username() if policy.created_by else "system",
-            reason=policy.reason,
-            changes=policy.changes_from_previous(),
+    previous = versions[0].previous() if versions else None
+    changes = []
+    for policy in versions:
+        changes.append(
+            PolicyChange(
+                version=policy.version,
+                at=policy.created_at,
+                by=policy.created_by.get_username() if policy.created_by else "system",
+                reason=policy.reason,
+                changes=Policy.diff(previous, policy),
+            )
         )
-        for policy in versions.order_by("version")
-    ]
+        previous = policy
+    return changes
 
 
 def _png(figure: Figure) -> bytes:

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 from console.models import Job
+from console.redis import redis_client
 from spark_runtime import keys as data_keys
 from spark_runtime.jobdef import resolve_topology
 from spark_runtime.topology import OUT_CHANNEL
-from workers.redis_client import redis_client
 
 
 def read_results(job: Job, limit: int = 1000) -> dict:

@@ -7,7 +7,9 @@ from django_celery_beat.models import IntervalSchedule, PeriodicTask
 # name -> (task, every N seconds)
 PERIODIC_TASKS = {
     "backstop: controller watchdog": ("backstop.controller.watchdog", 5),
-    "backstop: purge old metrics": ("backstop.purge_old_metrics", 3600),
+    # Every kind of record past its retention (console/services/retention.py). Databases made
+    # before it still have "backstop: purge old metrics", which now purges every kind too.
+    "backstop: purge old records": ("backstop.purge_old_records", 3600),
     # The policy cycles read the newest run; every 5 min keeps it close to what just happened.
     "backstop: train fault predictor": ("backstop.train_fault_predictor", 300),
 }

@@ -8,6 +8,7 @@ Redis edge (heartbeats and usage samples in, Celery messages on their queues out
 
 from __future__ import annotations
 
+import base64
 import json
 import time
 
@@ -18,12 +19,12 @@ from django.conf import settings
 from console.models import ControlDecision, Job, RecoveryEpisode
 from console.services import controller
 from console.services.control import act, observe
+from infra import keys as control_keys
+from infra.queues import node_queue
 from spark_runtime import keys as data_keys
 from spark_runtime.supervision import RestartPolicy, Supervisor, execute
 from tests.agent_edge import publish_usage, queued
 from tests.factories import NodeFactory, make_job
-from workers import keys as control_keys
-from workers.queues import node_queue
 
 pytestmark = pytest.mark.django_db
 
@@ -32,15 +33,15 @@ NODE_QUEUES = [node_queue(n) for n in NODES]
 
 
 @pytest.fixture
-def client():
-    client = redis.Redis.from_url(settings.REDIS_URL, decode_responses=True)
-    client.delete(*NODE_QUEUES)
+def redis_conn():
+    redis_conn = redis.Redis.from_url(settings.REDIS_URL, decode_responses=True)
+    redis_conn.delete(*NODE_QUEUES)
     for name in NODES:
         NodeFactory(name=name, cpu_total=2.0, mem_total_mb=4096.0)
-    publish_usage(client, NODES, ttl_s=30)
-    yield client
-    client.delete(*NODE_QUEUES, *(control_keys.node_heartbeat(n) for n in NODES))
-    client.delete(*(control_keys.node_metrics(n) for n in NODES))
+    publish_usage(redis_conn, NODES, ttl_s=30)
+    yield redis_conn
+    redis_conn.delete(*NODE_QUEUES, *(control_keys.node_heartbeat(n) for n in NODES))
+    redis_conn.delete(*(control_keys.node_metrics(n) for n in NODES))
 
 
 def asked(client, task: str) -> list[tuple[str, list]]:
@@ -53,49 +54,62 @@ def asked(client, task: str) -> list[tuple[str, list]]:
     ]
 
 
-def test_a_launch_killed_before_its_replicas_were_asked_to_start_is_repaired(client):
+def kills_asked(client) -> list[tuple[str, str | None]]:
+    """(replica id, job key) of every kill_replica message waiting on the nodes' queues: a
+    replica id names a process only with its job (ids repeat across jobs)."""
+    found = []
+    for queue in NODE_QUEUES:
+        for raw in client.lrange(queue, 0, -1):
+            message = json.loads(raw)
+            if message["headers"]["task"] == "backstop.agent.kill_replica":
+                args, kwargs, _embed = json.loads(base64.b64decode(message["body"]))
+                found.append((args[0], kwargs.get("job_key")))
+    return found
+
+
+def test_a_launch_killed_before_its_replicas_were_asked_to_start_is_repaired(redis_conn):
     job = make_job(status=Job.Status.CREATED, strategy="local-restart")
     controller.launch_job(job)
-    wanted = sorted(args[2] for _, args in asked(client, "backstop.agent.start_replica"))
+    wanted = sorted(args[2] for _, args in asked(redis_conn, "backstop.agent.start_replica"))
     assert wanted  # the launch asked for its replicas
     # The controller died after saving its state and before the start messages went out: none
     # is on any queue, and no replica ever heartbeats.
-    client.delete(*NODE_QUEUES)
-    sup = observe.load_supervisor(client, job)
+    redis_conn.delete(*NODE_QUEUES)
+    sup = observe.load_supervisor(redis_conn, job)
     assert sorted(r.id for r in sup.live()) == wanted
     # A new controller picks the saved state up once the replicas' start-up grace is over.
     for replica in sup.live():
         replica.since -= sup.startup_grace + 1
     for _ in range(len(wanted)):  # one event is acted on per tick
-        controller.supervise_tick(job, sup, client)
-    restarted = sorted(args[2] for _, args in asked(client, "backstop.agent.start_replica"))
+        controller.supervise_tick(job, sup, redis_conn)
+    restarted = sorted(args[2] for _, args in asked(redis_conn, "backstop.agent.start_replica"))
     assert restarted == wanted
 
 
-def test_the_input_is_asked_for_every_cycle_until_it_is_all_in(client):
+def test_the_input_is_asked_for_every_cycle_until_it_is_all_in(redis_conn):
     # A controller killed between marking the job running and starting its input: the next
     # cycle asks again (the agent leaves a running generator alone, a new one resumes).
     job = make_job(status=Job.Status.CREATED, strategy="local-restart")
     job.params = {"rate": 10, "count": 5}
     job.save(update_fields=["params"])
     controller.launch_job(job)
-    sup = observe.load_supervisor(client, job)
-    act.ensure_generator(job, sup, client)
-    assert asked(client, "backstop.agent.start_generator") == []  # not before the job runs
+    sup = observe.load_supervisor(redis_conn, job)
+    act.ensure_generator(job, sup, redis_conn)
+    assert asked(redis_conn, "backstop.agent.start_generator") == []  # not before the job runs
     job.mark_running("test")
-    act.ensure_generator(job, sup, client)
-    act.ensure_generator(job, sup, client)
-    asks = asked(client, "backstop.agent.start_generator")
+    act.ensure_generator(job, sup, redis_conn)
+    act.ensure_generator(job, sup, redis_conn)
+    asks = asked(redis_conn, "backstop.agent.start_generator")
     assert len(asks) == 2 and asks[0] == asks[1]
     node, args = asks[0]
     assert node == sup.placement_by_stage()[sup.stages[0]][0]
     assert args[:2] == [job.key, job.topology]
-    client.delete(*NODE_QUEUES)
+    redis_conn.delete(*NODE_QUEUES)
     for i in range(5):
-        client.xadd(data_keys.input_stream(job.key), {"text": f"line {i}"})
-    act.ensure_generator(job, sup, client)
-    assert asked(client, "backstop.agent.start_generator") == []  # all the input is in
-    client.delete(data_keys.input_stream(job.key), control_keys.generator_node(job.key))
+        redis_conn.xadd(data_keys.input_stream(job.key), {"text": f"line {i}"})
+    act.ensure_generator(job, sup, redis_conn)
+    assert asked(redis_conn, "backstop.agent.start_generator") == []  # all the input is in
+    redis_conn.delete(data_keys.input_stream(job.key), control_keys.generator_node(job.key))
 
 
 def heartbeat(client, job: Job, replica_id: str, role: str) -> None:
@@ -120,82 +134,87 @@ def running_adaptive_job(client) -> tuple[Job, Supervisor]:
     return job, sup
 
 
-def test_a_controller_killed_after_acting_on_a_failure_records_it_once(client):
+def test_a_controller_killed_after_acting_on_a_failure_records_it_once(redis_conn):
     # The tick carries out the promotion, then the controller dies before it saves its state:
     # the next controller loads the state from before the failure and sees the same exit again.
-    job, sup = running_adaptive_job(client)
-    client.delete(data_keys.heartbeat(job.key, "wc-1"))
-    client.hset(control_keys.exits(job.key), "wc-1", json.dumps({"returncode": "-9"}))
-    controller.supervise_tick(job, sup, client)  # promotes wc-2; killed before the save
-    again = observe.load_supervisor(client, job)
-    controller.supervise_tick(job, again, client)  # the next controller acts again
+    job, sup = running_adaptive_job(redis_conn)
+    redis_conn.delete(data_keys.heartbeat(job.key, "wc-1"))
+    redis_conn.hset(control_keys.exits(job.key), "wc-1", json.dumps({"returncode": "-9"}))
+    controller.supervise_tick(job, sup, redis_conn)  # promotes wc-2; killed before the save
+    again = observe.load_supervisor(redis_conn, job)
+    controller.supervise_tick(job, again, redis_conn)  # the next controller acts again
 
     failures = job.decisions.filter(kind=ControlDecision.Kind.FAILURE, replica_id="wc-1")
     assert failures.count() == 1
     assert RecoveryEpisode.objects.filter(job=job).count() == 1
     # Acting again is harmless: a standby that is primary already answers "promote" with its
     # epoch (StageRuntime's gate).
-    promotes = [json.loads(c) for c in client.lrange(data_keys.control(job.key, "wc-2"), 0, -1)]
+    promotes = [json.loads(c) for c in redis_conn.lrange(data_keys.control(job.key, "wc-2"), 0, -1)]
     assert promotes == [{"cmd": "promote"}, {"cmd": "promote"}]
     # The new controller goes on: wc-2 reports itself primary, and a new standby is asked for.
-    heartbeat(client, job, "wc-2", "primary")
-    controller.supervise_tick(job, again, client)
-    assert [args[2] for _, args in asked(client, "backstop.agent.start_replica")] == ["wc-3"]
+    heartbeat(redis_conn, job, "wc-2", "primary")
+    controller.supervise_tick(job, again, redis_conn)
+    assert [args[2] for _, args in asked(redis_conn, "backstop.agent.start_replica")] == ["wc-3"]
 
 
-def test_a_controller_killed_while_a_job_stops_finishes_the_stop(client):
-    job, sup = running_adaptive_job(client)
+def test_a_controller_killed_while_a_job_stops_finishes_the_stop(redis_conn):
+    job, sup = running_adaptive_job(redis_conn)
     job.request_stop("by the operator")
     # Killed after asking every replica and the generator to stop, before marking the job
-    # stopped: the next window finishes the stop instead of calling the state lost.
-    act.stop_everything(job, sup, client)
-    killed = {args[0] for _, args in asked(client, "backstop.agent.kill_replica")}
+    # stopped: the next controller finishes the stop instead of calling the state lost.
+    act.stop_everything(job, sup, redis_conn)
+    killed = {args[0] for _, args in asked(redis_conn, "backstop.agent.kill_replica")}
     assert killed == {"wc-1", "wc-2", f"generator-{job.key}"}
-    assert controller.supervise_window(job, client, window_s=1, keep_lease=lambda: None) is False
+    assert {job_key for _, job_key in kills_asked(redis_conn)} == {job.key}
+    # The next controller to hold the job finds no supervision state.
+    assert observe.load_supervisor(redis_conn, job) is None
+    controller.without_state(job, redis_conn)
     job.refresh_from_db()
     assert job.status == Job.Status.STOPPED
     assert job.status_reason == "by the operator"
 
 
-def test_a_controller_killed_during_a_restart_backoff_restarts_the_replica_once(client):
-    job, sup = running_adaptive_job(client)
+def test_a_controller_killed_during_a_restart_backoff_restarts_the_replica_once(redis_conn):
+    job, sup = running_adaptive_job(redis_conn)
     sup.restart_policy = RestartPolicy(initial_delay_s=1.0, max_delay_s=1.0)
 
     def standby_exits() -> None:
-        client.delete(data_keys.heartbeat(job.key, "wc-2"))
-        client.hset(control_keys.exits(job.key), "wc-2", json.dumps({"returncode": "1"}))
+        redis_conn.delete(data_keys.heartbeat(job.key, "wc-2"))
+        redis_conn.hset(control_keys.exits(job.key), "wc-2", json.dumps({"returncode": "1"}))
 
     standby_exits()
-    controller.supervise_tick(job, sup, client)  # the first failure in a row: restarted at once
-    assert [args[2] for _, args in asked(client, "backstop.agent.start_replica")] == ["wc-2"]
-    client.delete(*NODE_QUEUES)
+    controller.supervise_tick(job, sup, redis_conn)  # the first failure in a row: restarted at once
+    assert [args[2] for _, args in asked(redis_conn, "backstop.agent.start_replica")] == ["wc-2"]
+    redis_conn.delete(*NODE_QUEUES)
     # The restarted standby fails again before a batch: its restart waits out the backoff. The
     # state is saved, then the controller dies before the backoff is over.
     standby_exits()
-    controller.supervise_tick(job, sup, client)
-    observe.save_supervisor(client, job, sup)
-    assert asked(client, "backstop.agent.start_replica") == []
-    again = observe.load_supervisor(client, job)
+    controller.supervise_tick(job, sup, redis_conn)
+    observe.save_supervisor(redis_conn, job, sup)
+    assert asked(redis_conn, "backstop.agent.start_replica") == []
+    again = observe.load_supervisor(redis_conn, job)
     time.sleep(1.1)
-    controller.supervise_tick(job, again, client)  # the next controller: the backoff is over
-    controller.supervise_tick(job, again, client)
-    assert [args[2] for _, args in asked(client, "backstop.agent.start_replica")] == ["wc-2"]
+    controller.supervise_tick(job, again, redis_conn)  # the next controller: the backoff is over
+    controller.supervise_tick(job, again, redis_conn)
+    assert [args[2] for _, args in asked(redis_conn, "backstop.agent.start_replica")] == ["wc-2"]
     failures = job.decisions.filter(kind=ControlDecision.Kind.FAILURE, replica_id="wc-2")
     assert failures.count() == 2  # one per run of the replica
 
 
-def test_a_controller_killed_as_a_promotion_completes_asks_for_the_same_new_standby(client):
-    job, sup = running_adaptive_job(client)
-    client.delete(data_keys.heartbeat(job.key, "wc-1"))
-    client.hset(control_keys.exits(job.key), "wc-1", json.dumps({"returncode": "-9"}))
-    controller.supervise_tick(job, sup, client)  # promotes wc-2
-    observe.save_supervisor(client, job, sup)
-    heartbeat(client, job, "wc-2", "primary")  # the promotion completed
-    controller.supervise_tick(job, sup, client)  # asks for a new standby; killed before the save
-    first = [args[2] for _, args in asked(client, "backstop.agent.start_replica")]
-    again = observe.load_supervisor(client, job)
-    controller.supervise_tick(job, again, client)  # the next controller sees the same and acts
-    asks = [args[2] for _, args in asked(client, "backstop.agent.start_replica")]
+def test_a_controller_killed_as_a_promotion_completes_asks_for_the_same_new_standby(redis_conn):
+    job, sup = running_adaptive_job(redis_conn)
+    redis_conn.delete(data_keys.heartbeat(job.key, "wc-1"))
+    redis_conn.hset(control_keys.exits(job.key), "wc-1", json.dumps({"returncode": "-9"}))
+    controller.supervise_tick(job, sup, redis_conn)  # promotes wc-2
+    observe.save_supervisor(redis_conn, job, sup)
+    heartbeat(redis_conn, job, "wc-2", "primary")  # the promotion completed
+    controller.supervise_tick(
+        job, sup, redis_conn
+    )  # asks for a new standby; killed before the save
+    first = [args[2] for _, args in asked(redis_conn, "backstop.agent.start_replica")]
+    again = observe.load_supervisor(redis_conn, job)
+    controller.supervise_tick(job, again, redis_conn)  # the next controller sees the same and acts
+    asks = [args[2] for _, args in asked(redis_conn, "backstop.agent.start_replica")]
     # The same replica id both times: the agent starts it once and leaves a running one alone.
     assert first == ["wc-3"] and asks == ["wc-3", "wc-3"]
     assert RecoveryEpisode.objects.filter(job=job).count() == 1

@@ -17,6 +17,7 @@ from console.services.control.record import (
     record_failure,
     record_promotion_over_restart,
 )
+from infra import keys as control_keys
 from spark_runtime import keys as data_keys
 from spark_runtime.stage import failure_cause
 from spark_runtime.supervision import (
@@ -28,7 +29,6 @@ from spark_runtime.supervision import (
     RestartStage,
 )
 from tests.factories import make_job
-from workers import keys as control_keys
 
 pytestmark = pytest.mark.django_db
 
@@ -73,10 +73,10 @@ def test_the_cause_of_a_failed_query_is_the_last_python_exception_line():
 
 
 @pytest.fixture
-def client():
-    client = redis.Redis.from_url(settings.REDIS_URL, decode_responses=True)
-    yield client
-    client.flushdb()
+def redis_conn():
+    redis_conn = redis.Redis.from_url(settings.REDIS_URL, decode_responses=True)
+    yield redis_conn
+    redis_conn.flushdb()
 
 
 def fail_count_1(client, job: Job, entry: dict) -> ControlDecision:
@@ -89,25 +89,25 @@ def fail_count_1(client, job: Job, entry: dict) -> ControlDecision:
     return ControlDecision.objects.get(job=job, kind=ControlDecision.Kind.FAILURE)
 
 
-def test_a_silent_replica_that_reported_its_failed_query_is_recorded_with_the_cause(client):
+def test_a_silent_replica_that_reported_its_failed_query_is_recorded_with_the_cause(redis_conn):
     # The stage writes the cause, then takes seconds to exit: its silence is seen first.
     job = make_job(status=Job.Status.RUNNING, strategy="local-restart")
     cause = failure_cause(SPARK_ERROR)
     failure = fail_count_1(
-        client, job, {"state": "failed", "error": cause, "updated": time.time() - 1}
+        redis_conn, job, {"state": "failed", "error": cause, "updated": time.time() - 1}
     )
     assert failure.reason == f"count-1: query failed: {cause}"
     assert failure.detail["error_tail"].startswith(f"query failed: {cause}")
 
 
-def test_an_old_report_is_ignored_and_the_agents_exit_comes_first(client):
+def test_an_old_report_is_ignored_and_the_agents_exit_comes_first(redis_conn):
     job = make_job(status=Job.Status.RUNNING, strategy="local-restart")
     stale = {"state": "failed", "error": "ValueError: old", "updated": time.time() - 60}
     assert OWN_REPORT_FRESH_S < 60
-    assert fail_count_1(client, job, stale).reason == "count-1: heartbeat missed"
+    assert fail_count_1(redis_conn, job, stale).reason == "count-1: heartbeat missed"
     ControlDecision.objects.all().delete()
-    client.hset(control_keys.exits(job.key), "count-1", json.dumps({"returncode": "1"}))
+    redis_conn.hset(control_keys.exits(job.key), "count-1", json.dumps({"returncode": "1"}))
     fresh = {"state": "failed", "error": "ValueError: new", "updated": time.time()}
-    assert fail_count_1(client, job, fresh).reason == (
+    assert fail_count_1(redis_conn, job, fresh).reason == (
         "count-1: exited with code 1 (query failed): ValueError: new"
     )

@@ -12,8 +12,8 @@ from django.test import override_settings
 from console.dash import controls
 from console.models import FaultInjection, Job
 from console.roles import OPERATOR
+from infra import keys
 from tests.factories import NodeFactory, make_job
-from workers import keys
 
 pytestmark = pytest.mark.django_db
 

@@ -6,7 +6,7 @@ import sys
 import pytest
 from django.conf import settings
 
-from web.launcher import wait_for
+from infra.launcher import wait_for
 
 pytestmark = pytest.mark.django_db
 

@@ -22,11 +22,11 @@ from console.policy.checkpoint import state_store_confs
 from console.services import controller
 from console.services import policy as policy_service
 from console.services.control import cycle, observe
+from infra import keys as control_keys
+from infra.queues import node_queue
 from spark_runtime import keys as data_keys
 from spark_runtime import topology as data_topology
 from tests.factories import EpisodeFactory, NodeFactory, make_job
-from workers import keys as control_keys
-from workers.queues import node_queue
 
 pytestmark = pytest.mark.django_db
 
@@ -34,11 +34,13 @@ NODES = ["ir-node-1", "ir-node-2", "ir-node-3"]
 
 
 @pytest.fixture
-def client(settings):
-    client = redis.Redis.from_url(settings.REDIS_URL, decode_responses=True)
-    client.delete(*(node_queue(n) for n in NODES))
-    yield client
-    client.delete(*(node_queue(n) for n in NODES), *(control_keys.node_heartbeat(n) for n in NODES))
+def redis_conn(settings):
+    redis_conn = redis.Redis.from_url(settings.REDIS_URL, decode_responses=True)
+    redis_conn.delete(*(node_queue(n) for n in NODES))
+    yield redis_conn
+    redis_conn.delete(
+        *(node_queue(n) for n in NODES), *(control_keys.node_heartbeat(n) for n in NODES)
+    )
 
 
 def nodes_alive(client):
@@ -86,12 +88,12 @@ def launched(client, job):
 # replica gets its own topology's.
 @pytest.mark.parametrize("topology, trigger_s", [("wordcount", 0.5), ("topn", 2.0)])
 def test_a_replica_starts_with_its_stages_interval_and_its_topology_s_trigger(
-    client, monkeypatch, topology, trigger_s
+    redis_conn, monkeypatch, topology, trigger_s
 ):
     own = dataclasses.replace(data_topology.get_topology(topology), trigger_s=trigger_s)
     monkeypatch.setitem(data_topology.TOPOLOGIES, topology, own)
     job = make_job(topology=topology, strategy=Job.Strategy.ADAPTIVE)
-    supervisor, stage, primary, _ = launched(client, job)
+    supervisor, stage, primary, _ = launched(redis_conn, job)
     interval = min(
         Operator.objects.filter(job=job, stage=stage).values_list(
             "checkpoint_interval_s", flat=True
@@ -100,7 +102,7 @@ def test_a_replica_starts_with_its_stages_interval_and_its_topology_s_trigger(
     starts = [
         json.loads(base64.b64decode(message["body"]))[0][1]
         for name in NODES
-        for message in map(json.loads, client.lrange(node_queue(name), 0, -1))
+        for message in map(json.loads, redis_conn.lrange(node_queue(name), 0, -1))
         if message["headers"]["task"] == "backstop.agent.start_replica"
     ]
     assert len(starts) == 2  # the primary and the standby
@@ -113,53 +115,53 @@ def test_a_replica_starts_with_its_stages_interval_and_its_topology_s_trigger(
         assert confs == state_store_confs(interval, trigger_s)
 
 
-def test_a_new_interval_goes_to_the_standby_then_the_primary_and_is_recorded(client):
+def test_a_new_interval_goes_to_the_standby_then_the_primary_and_is_recorded(redis_conn):
     policy_service.change_policy({"interval_apply_gap_s": 10.0}, reason="rollout test")
     job = make_job(status=Job.Status.CREATED, strategy=Job.Strategy.ADAPTIVE)
-    supervisor, stage, primary, standby = launched(client, job)
+    supervisor, stage, primary, standby = launched(redis_conn, job)
     job.mark_running("test")
     long_ago = time.time() - 60
     for rid in (primary, standby):
-        report(client, job, supervisor, rid, 60.0, long_ago)
+        report(redis_conn, job, supervisor, rid, 60.0, long_ago)
     Operator.objects.filter(job=job, stage=stage).update(checkpoint_interval_s=8.0)
     config = policy_service.policy_in_force().to_config()
 
     # A recovery under way: not a quiet moment, nothing is sent.
     episode = EpisodeFactory(job=job, stage=stage)
-    assert cycle.roll_out_intervals(job, supervisor, client, config) == []
+    assert cycle.roll_out_intervals(job, supervisor, redis_conn, config) == []
     episode.delete()
 
-    (first,) = cycle.roll_out_intervals(job, supervisor, client, config)
+    (first,) = cycle.roll_out_intervals(job, supervisor, redis_conn, config)
     assert first.replica_id == standby
-    assert commands(client, job, standby) == [
+    assert commands(redis_conn, job, standby) == [
         {"cmd": "checkpoint_interval", "seconds": 8.0, "confs": state_store_confs(8.0, 0.5)}
     ]
-    assert commands(client, job, primary) == []
+    assert commands(redis_conn, job, primary) == []
     # Until the standby reports it, the primary waits (and the request is not repeated).
-    assert cycle.roll_out_intervals(job, supervisor, client, config) == []
+    assert cycle.roll_out_intervals(job, supervisor, redis_conn, config) == []
 
     took_effect = time.time()
-    report(client, job, supervisor, standby, 8.0, took_effect)
-    (second,) = cycle.roll_out_intervals(job, supervisor, client, config)
+    report(redis_conn, job, supervisor, standby, 8.0, took_effect)
+    (second,) = cycle.roll_out_intervals(job, supervisor, redis_conn, config)
     assert second.replica_id == primary
-    assert [c["seconds"] for c in commands(client, job, primary)] == [8.0]
+    assert [c["seconds"] for c in commands(redis_conn, job, primary)] == [8.0]
     in_effect = job.decisions.filter(
         kind=ControlDecision.Kind.SET_INTERVAL, reason__contains="in effect since"
     )
     assert [d.replica_id for d in in_effect] == [standby]
 
-    report(client, job, supervisor, primary, 8.0, time.time())
-    assert cycle.roll_out_intervals(job, supervisor, client, config) == []
+    report(redis_conn, job, supervisor, primary, 8.0, time.time())
+    assert cycle.roll_out_intervals(job, supervisor, redis_conn, config) == []
     assert {d.replica_id for d in in_effect.all()} == {standby, primary}  # each recorded once
     assert in_effect.all().count() == 2
-    observe.sync_replicas(job, client, supervisor)
+    observe.sync_replicas(job, redis_conn, supervisor)
     row = Replica.objects.get(replica_id=f"{job.key}/{standby}")
     assert row.checkpoint_interval_s == 8.0
     assert abs(row.interval_since.timestamp() - took_effect) < 0.01
     # Its CPU priority and batch pace come along, as the stage reports them.
-    entry = json.loads(client.hget(data_keys.replicas(job.key), standby))
+    entry = json.loads(redis_conn.hget(data_keys.replicas(job.key), standby))
     entry.update(nice=5, batch_every_s=3.0)
-    client.hset(data_keys.replicas(job.key), standby, json.dumps(entry))
-    observe.sync_replicas(job, client, supervisor)
+    redis_conn.hset(data_keys.replicas(job.key), standby, json.dumps(entry))
+    observe.sync_replicas(job, redis_conn, supervisor)
     row.refresh_from_db()
     assert (row.nice, row.batch_every_s) == (5, 3.0)

@@ -9,7 +9,17 @@ from spark_runtime.topology import get_topology
 
 
 def sample(name, cpu_used, mem_used, cpu_total=2.0, mem_total=8000.0):
-    return NodeSample(name, cpu_total, cpu_used, mem_total, mem_used, 0.0, 100.0, 0.0, 1000.0)
+    return NodeSample(
+        name,
+        cpu_total=cpu_total,
+        cpu_used=cpu_used,
+        mem_total=mem_total,
+        mem_used=mem_used,
+        disk_throughput=0.0,
+        disk_max_throughput=100.0,
+        bw_used=0.0,
+        bw_total=1000.0,
+    )
 
 
 # node-1 idle, node-2 half busy, node-3 busiest: Q order node-1, node-2, node-3.

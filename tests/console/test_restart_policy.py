@@ -4,6 +4,7 @@ its cause and log lines and asks for the alert; a restart resumes the same repli
 
 from __future__ import annotations
 
+import base64
 import json
 import time
 
@@ -15,13 +16,14 @@ from console.models import ControlDecision, Job, MetricSample, Policy
 from console.roles import OPERATOR
 from console.services import controller
 from console.services.control import act, observe
+from console.services.fleet import JobSlot, read_fleet_view
+from infra import keys as control_keys
+from infra.queues import CONTROL_QUEUE, node_queue
 from spark_runtime import keys as data_keys
+from spark_runtime.generators import generator_replica_id
 from spark_runtime.supervision import RestartPolicy, Supervisor, execute
 from tests.agent_edge import publish_usage, queued
 from tests.factories import NodeFactory, make_job
-from workers import keys as control_keys
-from workers.agent import generator_replica_id
-from workers.queues import CONTROL_QUEUE, node_queue
 
 pytestmark = pytest.mark.django_db
 
@@ -32,11 +34,11 @@ NODE_QUEUES = [node_queue(n) for n in NODES]
 
 
 @pytest.fixture
-def client():
-    client = redis.Redis.from_url(settings.REDIS_URL, decode_responses=True)
-    client.delete(*NODE_QUEUES)
-    yield client
-    client.delete(*NODE_QUEUES)
+def redis_conn():
+    redis_conn = redis.Redis.from_url(settings.REDIS_URL, decode_responses=True)
+    redis_conn.delete(*NODE_QUEUES)
+    yield redis_conn
+    redis_conn.delete(*NODE_QUEUES)
 
 
 def started_replicas(client) -> list[str]:
@@ -46,6 +48,17 @@ def started_replicas(client) -> list[str]:
         for name, args in queued(client, queue)
         if name == "backstop.agent.start_replica"
     ]
+
+
+def kills_on(client, queue: str) -> list[tuple[str, str | None]]:
+    """(replica id, job key) of the kill_replica messages waiting in `queue`."""
+    found = []
+    for raw in client.lrange(queue, 0, -1):
+        message = json.loads(raw)
+        if message["headers"]["task"] == "backstop.agent.kill_replica":
+            args, kwargs, _embed = json.loads(base64.b64decode(message["body"]))
+            found.append((args[0], kwargs.get("job_key")))
+    return found
 
 
 def fail(client, job: Job, replica_id: str, log_tail: str) -> None:
@@ -64,57 +77,57 @@ def launch(client, job: Job, policy: RestartPolicy) -> Supervisor:
     return sup
 
 
-def test_a_crash_loop_backs_off_then_fails_the_job_with_its_cause_and_alerts(client):
+def test_a_crash_loop_backs_off_then_fails_the_job_with_its_cause_and_alerts(redis_conn):
     job = make_job(status=Job.Status.RUNNING, strategy="local-restart")
     policy = RestartPolicy(initial_delay_s=0.2, max_failures=3, failure_window_s=60)
-    sup = launch(client, job, policy)
+    sup = launch(redis_conn, job, policy)
     tail = "Traceback (most recent call last):\nPython worker failed to connect back"
 
-    fail(client, job, "wc-1", tail)
-    controller.supervise_tick(job, sup, client)  # the first failure restarts at once
-    assert started_replicas(client) == ["wc-1"]
-    client.delete(*NODE_QUEUES)
+    fail(redis_conn, job, "wc-1", tail)
+    controller.supervise_tick(job, sup, redis_conn)  # the first failure restarts at once
+    assert started_replicas(redis_conn) == ["wc-1"]
+    redis_conn.delete(*NODE_QUEUES)
 
-    fail(client, job, "wc-1", tail)
-    controller.supervise_tick(job, sup, client)  # again before any batch: wait 0.2 s
-    assert started_replicas(client) == []
+    fail(redis_conn, job, "wc-1", tail)
+    controller.supervise_tick(job, sup, redis_conn)  # again before any batch: wait 0.2 s
+    assert started_replicas(redis_conn) == []
     decision = job.decisions.filter(kind=ControlDecision.Kind.RESTART_STAGE).latest("at")
     assert "restart wc-1 in 0.2 s (backoff" in decision.reason
     time.sleep(0.3)
-    controller.supervise_tick(job, sup, client)
-    assert started_replicas(client) == ["wc-1"]
+    controller.supervise_tick(job, sup, redis_conn)
+    assert started_replicas(redis_conn) == ["wc-1"]
     assert job.decisions.filter(reason__startswith="backoff over: restart wc-1").exists()
 
     alert = ("backstop.alert_job_failed", [job.pk])
-    alerts_before = queued(client, CONTROL_QUEUE).count(alert)  # the queue is shared: count
-    fail(client, job, "wc-1", tail)
-    controller.supervise_tick(job, sup, client)  # the third failure within 60 s: give up
+    alerts_before = queued(redis_conn, CONTROL_QUEUE).count(alert)  # the queue is shared: count
+    fail(redis_conn, job, "wc-1", tail)
+    controller.supervise_tick(job, sup, redis_conn)  # the third failure within 60 s: give up
     job.refresh_from_db()
     assert job.status == Job.Status.FAILED
     cause, _, log_lines = job.status_reason.partition("\n")
     assert cause == "gave up: wc: 3 primary failures within 60 s (last: wc-1, process exited (1))"
     assert log_lines.strip().endswith("Python worker failed to connect back")
     assert job.decisions.filter(kind=ControlDecision.Kind.GIVE_UP).count() == 1
-    assert queued(client, CONTROL_QUEUE).count(alert) == alerts_before + 1
+    assert queued(redis_conn, CONTROL_QUEUE).count(alert) == alerts_before + 1
     generator = generator_replica_id(job.key)
     for name in NODES:
-        assert ("backstop.agent.kill_replica", [generator]) in queued(client, node_queue(name))
+        assert (generator, job.key) in kills_on(redis_conn, node_queue(name))
     assert set(job.replicas.values_list("state", flat=True)) == {"failed"}
     # The verdict is kept with the state for a relaunch; supervision stops.
-    observe.save_supervisor(client, job, sup)
-    assert observe.load_supervisor(client, job).gave_up.startswith("wc: 3 primary failures")
+    observe.save_supervisor(redis_conn, job, sup)
+    assert observe.load_supervisor(redis_conn, job).gave_up.startswith("wc: 3 primary failures")
 
 
-def test_restarting_a_failed_job_resumes_its_replicas_checkpoints(client, api_as):
+def test_restarting_a_failed_job_resumes_its_replicas_checkpoints(redis_conn, api_as):
     job = make_job(status=Job.Status.RUNNING, strategy="local-restart")
-    sup = launch(client, job, RestartPolicy(max_failures=2, failure_window_s=60))
+    sup = launch(redis_conn, job, RestartPolicy(max_failures=2, failure_window_s=60))
     for _ in range(2):
-        fail(client, job, "wc-1", "boom")
-        controller.supervise_tick(job, sup, client)
-    observe.save_supervisor(client, job, sup)
+        fail(redis_conn, job, "wc-1", "boom")
+        controller.supervise_tick(job, sup, redis_conn)
+    observe.save_supervisor(redis_conn, job, sup)
     job.refresh_from_db()
     assert job.status == Job.Status.FAILED
-    client.delete(*NODE_QUEUES)
+    redis_conn.delete(*NODE_QUEUES)
 
     operator = api_as(OPERATOR)
     response = operator.post(f"/api/jobs/{job.pk}/restart/")
@@ -124,11 +137,11 @@ def test_restarting_a_failed_job_resumes_its_replicas_checkpoints(client, api_as
     job.refresh_from_db()
     assert job.status == Job.Status.STARTING
     (start,) = [
-        args for q in NODE_QUEUES for name, args in queued(client, q) if "start_replica" in name
+        args for q in NODE_QUEUES for name, args in queued(redis_conn, q) if "start_replica" in name
     ]
     argv = start[1]
     assert argv[argv.index("--checkpoint-dir") + 1].endswith(f"{job.key}/wc/wc-1")
-    assert observe.load_supervisor(client, job).gave_up is None
+    assert observe.load_supervisor(redis_conn, job).gave_up is None
 
     # A live job cannot be restarted: a JSON 409 naming why.
     response = operator.post(f"/api/jobs/{job.pk}/restart/")
@@ -146,37 +159,39 @@ def test_the_restart_policy_in_force_comes_from_the_audited_policy():
     )
 
 
-def test_spares_are_released_when_no_live_job_can_use_them(client):
+def test_spares_are_released_when_no_live_job_can_use_them(redis_conn):
     for name in NODES:
         NodeFactory(name=name)
-        client.set(data_keys.spares_wanted(name), 2)  # left by an adaptive job that ended
+        redis_conn.set(data_keys.spares_wanted(name), 2)  # left by an adaptive job that ended
     adaptive = make_job(status=Job.Status.RUNNING, strategy="adaptive")
     make_job(status=Job.Status.RUNNING, strategy="restart-all")
-    assert not act.release_unused_spares(client)  # the adaptive job may take them over
-    assert {client.get(data_keys.spares_wanted(n)) for n in NODES} == {"2"}
+    assert not act.release_unused_spares(redis_conn)  # the adaptive job may take them over
+    assert {redis_conn.get(data_keys.spares_wanted(n)) for n in NODES} == {"2"}
     Job.objects.filter(pk=adaptive.pk).update(status=Job.Status.STOPPED)
-    assert act.release_unused_spares(client)  # only the plain-Spark baseline runs
-    assert {client.get(data_keys.spares_wanted(n)) for n in NODES} == {"0"}
-    client.delete(*(data_keys.spares_wanted(n) for n in NODES))
+    assert act.release_unused_spares(redis_conn)  # only the plain-Spark baseline runs
+    assert {redis_conn.get(data_keys.spares_wanted(n)) for n in NODES} == {"0"}
+    redis_conn.delete(*(data_keys.spares_wanted(n) for n in NODES))
 
 
-def test_a_window_that_gives_up_starts_nothing_more(client):
-    # Seen in the demo: the tick gave up on the job, then the same window's policy cycle found a
+def test_a_reconcile_that_gives_up_starts_nothing_more(redis_conn):
+    # Seen in the demo: the tick gave up on the job, then the same round's policy cycle found a
     # stage without standby and started one for the failed job.
     job = make_job(status=Job.Status.RUNNING, strategy="adaptive")
-    sup = launch(client, job, RestartPolicy(max_failures=2, failure_window_s=60))
-    publish_usage(client, NODES, ttl_s=30)  # live agents: a policy cycle would place standbys
-    fail(client, job, "wc-1", "boom")
-    controller.supervise_tick(job, sup, client)
-    observe.save_supervisor(client, job, sup)
-    client.delete(*NODE_QUEUES)
-    fail(client, job, "wc-1", "boom")  # the window's first tick gives up
+    sup = launch(redis_conn, job, RestartPolicy(max_failures=2, failure_window_s=60))
+    publish_usage(redis_conn, NODES, ttl_s=30)  # live agents: a policy cycle would place standbys
+    fail(redis_conn, job, "wc-1", "boom")
+    controller.supervise_tick(job, sup, redis_conn)
+    observe.save_supervisor(redis_conn, job, sup)
+    redis_conn.delete(*NODE_QUEUES)
+    fail(redis_conn, job, "wc-1", "boom")  # the reconcile's tick gives up
 
-    live = controller.supervise_window(job, client, window_s=5.0, keep_lease=lambda: None)
+    # One reconcile of the fleet supervision, with the policy cycle due.
+    view = read_fleet_view(redis_conn)
+    live = controller.reconcile_job(job, sup, redis_conn, view, JobSlot(job=job, supervisor=sup))
     assert live is False
     job.refresh_from_db()
     assert job.status == Job.Status.FAILED
-    assert started_replicas(client) == []
+    assert started_replicas(redis_conn) == []
     assert not job.decisions.filter(kind=ControlDecision.Kind.ADD_STANDBY).exists()
     assert not MetricSample.objects.filter(job=job, name="priority").exists()  # no policy cycle
-    client.delete(*(control_keys.node_heartbeat(n) for n in NODES))
+    redis_conn.delete(*(control_keys.node_heartbeat(n) for n in NODES))

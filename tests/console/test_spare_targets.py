@@ -15,17 +15,17 @@ import psutil
 import pytest
 
 from console.policy.config import PolicyConfig
+from console.redis import redis_client
 from console.services.control.act import keep_warm_spares
+from infra import keys as control_keys
+from infra.launcher import wait_for
 from spark_runtime import keys as data_keys
 from spark_runtime import spare
 from spark_runtime.cpu_priority import can_raise_priority
 from spark_runtime.strategies import NEEDED_SPARE_HELD_NICE, SPARE_NICE
 from tests.agent_edge import publish_usage
 from tests.factories import NodeFactory
-from web.launcher import wait_for
 from workers import agent
-from workers import keys as control_keys
-from workers.redis_client import redis_client
 
 pytestmark = pytest.mark.django_db
 
@@ -33,11 +33,11 @@ NODES = ["wt-node-1", "wt-node-2"]
 
 
 @pytest.fixture
-def client():
-    client = redis_client()
-    client.delete(data_keys.spare_refill_hold(), data_keys.spare_needed())
-    yield client
-    client.delete(
+def redis_conn():
+    redis_conn = redis_client()
+    redis_conn.delete(data_keys.spare_refill_hold(), data_keys.spare_needed())
+    yield redis_conn
+    redis_conn.delete(
         data_keys.spare_refill_hold(),
         data_keys.spare_needed(),
         *(k for n in NODES for k in (control_keys.node_heartbeat(n), control_keys.node_metrics(n),
@@ -62,22 +62,22 @@ def targets(client) -> dict[str, int]:
     return {n: int(client.get(data_keys.spares_wanted(n)) or 0) for n in NODES}
 
 
-def test_a_re_protecting_job_holds_refills_without_lowering_targets(client):
+def test_a_re_protecting_job_holds_refills_without_lowering_targets(redis_conn):
     for name in NODES:
         NodeFactory(name=name, cpu_total=2.0, mem_total_mb=4096.0)
-    publish_usage(client, NODES)  # two idle nodes with no spares yet
+    publish_usage(redis_conn, NODES)  # two idle nodes with no spares yet
     config = PolicyConfig(warm_spares_per_node=1)
-    keep_warm_spares(client, config, {}, reprotecting=True)
-    assert 0 < client.ttl(data_keys.spare_refill_hold()) <= agent.REFILL_HOLD_S
+    keep_warm_spares(redis_conn, config, {}, reprotecting=True)
+    assert 0 < redis_conn.ttl(data_keys.spare_refill_hold()) <= spare.REFILL_HOLD_S
     # The targets stay the policy's: a spare starting or warm now is not stopped for the hold.
-    assert targets(client) == {"wt-node-1": 1, "wt-node-2": 1}
+    assert targets(redis_conn) == {"wt-node-1": 1, "wt-node-2": 1}
     # Another job's cycle neither renews nor lifts it; it expires on its own.
-    client.expire(data_keys.spare_refill_hold(), 1)
-    keep_warm_spares(client, config, {})
-    assert client.ttl(data_keys.spare_refill_hold()) <= 1
+    redis_conn.expire(data_keys.spare_refill_hold(), 1)
+    keep_warm_spares(redis_conn, config, {})
+    assert redis_conn.ttl(data_keys.spare_refill_hold()) <= 1
 
 
-def test_the_cycle_asks_for_a_spare_until_one_is_idle_off_the_stage_s_nodes(client):
+def test_the_cycle_asks_for_a_spare_until_one_is_idle_off_the_stage_s_nodes(redis_conn):
     """Warming spares take the normal priority only while a job lacks an idle spare where its
     next fault would start a process (the agents report their idle spares with their
     heartbeats): not on the stage's nodes, not on a dead node."""
@@ -86,41 +86,43 @@ def test_the_cycle_asks_for_a_spare_until_one_is_idle_off_the_stage_s_nodes(clie
     config = PolicyConfig(warm_spares_per_node=1)
     placements = {"count": ("wt-node-1", "wt-node-2")}
     # wt-node-3 has no heartbeat (down): its idle spare is not reported.
-    publish_usage(client, NODES, idle_spares={"wt-node-2": 1})
-    keep_warm_spares(client, config, placements)
-    assert 0 < client.ttl(data_keys.spare_needed()) <= 2 * config.cycle_interval_s + 1
+    publish_usage(redis_conn, NODES, idle_spares={"wt-node-2": 1})
+    keep_warm_spares(redis_conn, config, placements)
+    assert 0 < redis_conn.ttl(data_keys.spare_needed()) <= 2 * config.cycle_interval_s + 1
     # An idle spare on the primary's node covers it once it has no standby (a restart).
-    client.delete(data_keys.spare_needed())
-    publish_usage(client, NODES, idle_spares={"wt-node-1": 1, "wt-node-2": 1})
-    keep_warm_spares(client, config, {"count": ("wt-node-1", None)})
-    assert not client.exists(data_keys.spare_needed())
+    redis_conn.delete(data_keys.spare_needed())
+    publish_usage(redis_conn, NODES, idle_spares={"wt-node-1": 1, "wt-node-2": 1})
+    keep_warm_spares(redis_conn, config, {"count": ("wt-node-1", None)})
+    assert not redis_conn.exists(data_keys.spare_needed())
 
 
-def test_a_node_under_the_hold_starts_no_spare_and_stops_none(client, spare_process):
+def test_a_node_under_the_hold_starts_no_spare_and_stops_none(redis_conn, spare_process):
     node = NODES[0]
     entry = {"pid": spare_process.pid, "state": "starting", "since": time.time()}
-    client.hset(data_keys.spares(node), "spare-x", json.dumps(entry))
-    client.set(data_keys.spares_wanted(node), 2)
-    agent.hold_spare_refills(client)
-    agent.reconcile_spares(client, node)
-    assert list(client.hgetall(data_keys.spares(node))) == ["spare-x"], "none started"
-    assert not client.exists(data_keys.spare_control(node, "spare-x")), "none told to stop"
+    redis_conn.hset(data_keys.spares(node), "spare-x", json.dumps(entry))
+    redis_conn.set(data_keys.spares_wanted(node), 2)
+    spare.hold_spare_refills(redis_conn)
+    agent.reconcile_spares(redis_conn, node)
+    assert list(redis_conn.hgetall(data_keys.spares(node))) == ["spare-x"], "none started"
+    assert not redis_conn.exists(data_keys.spare_control(node, "spare-x")), "none told to stop"
     assert spare_process.poll() is None
 
 
-def test_a_spare_taking_over_a_replica_holds_refills_at_once(client, spare_process, monkeypatch):
+def test_a_spare_taking_over_a_replica_holds_refills_at_once(
+    redis_conn, spare_process, monkeypatch
+):
     node = NODES[0]
     monkeypatch.setenv("BACKSTOP_NODE", node)
     entry = {"pid": spare_process.pid, "state": "idle", "since": 0}
-    client.hset(data_keys.spares(node), "spare-x", json.dumps(entry))
+    redis_conn.hset(data_keys.spares(node), "spare-x", json.dumps(entry))
     assert agent.hand_to_spare(["--replica-id", "count-3"], "count-3", "job-x") == spare_process.pid
-    assert 0 < client.ttl(data_keys.spare_refill_hold()) <= agent.REFILL_HOLD_S
-    command = json.loads(client.lpop(data_keys.spare_control(node, "spare-x")))
+    assert 0 < redis_conn.ttl(data_keys.spare_refill_hold()) <= spare.REFILL_HOLD_S
+    command = json.loads(redis_conn.lpop(data_keys.spare_control(node, "spare-x")))
     assert command == {"cmd": "become", "args": ["--replica-id", "count-3"]}
-    client.delete(data_keys.spare_control(node, "spare-x"))
+    redis_conn.delete(data_keys.spare_control(node, "spare-x"))
 
 
-def test_with_no_idle_spare_a_replica_takes_the_spare_still_warming_up(client, spare_process):
+def test_with_no_idle_spare_a_replica_takes_the_spare_still_warming_up(redis_conn, spare_process):
     """The agent's side: an idle spare first, else the warming one furthest along, never one
     whose start hung."""
     now = time.time()
@@ -134,26 +136,26 @@ def test_with_no_idle_spare_a_replica_takes_the_spare_still_warming_up(client, s
     assert agent.spares_to_take(entries, now)[0] == "spare-z"
 
 
-def test_a_spare_taken_while_warming_up_does_not_turn_idle(client, spare_process, monkeypatch):
+def test_a_spare_taken_while_warming_up_does_not_turn_idle(redis_conn, spare_process, monkeypatch):
     """Both sides on Redis: the agent takes the warming spare (its entry deleted, the command
     queued), and the spare, once warm, finds itself taken instead of registering as idle."""
     node = NODES[0]
     monkeypatch.setenv("BACKSTOP_NODE", node)
     entry = {"pid": spare_process.pid, "state": "starting", "since": time.time()}
-    client.hset(data_keys.spares(node), "spare-x", json.dumps(entry))
+    redis_conn.hset(data_keys.spares(node), "spare-x", json.dumps(entry))
     assert agent.hand_to_spare(["--replica-id", "count-3"], "count-3", "job-x") == spare_process.pid
-    assert not spare.mark_idle(client, node, "spare-x")
-    assert not client.hexists(data_keys.spares(node), "spare-x"), "not offered to another taker"
-    command = json.loads(client.lpop(data_keys.spare_control(node, "spare-x")))
+    assert not spare.mark_idle(redis_conn, node, "spare-x")
+    assert not redis_conn.hexists(data_keys.spares(node), "spare-x"), "not offered to another taker"
+    command = json.loads(redis_conn.lpop(data_keys.spare_control(node, "spare-x")))
     assert command["cmd"] == "become"
     # A spare nobody took turns idle.
-    client.hset(data_keys.spares(node), "spare-y", json.dumps(entry))
-    assert spare.mark_idle(client, node, "spare-y")
-    assert json.loads(client.hget(data_keys.spares(node), "spare-y"))["state"] == "idle"
+    redis_conn.hset(data_keys.spares(node), "spare-y", json.dumps(entry))
+    assert spare.mark_idle(redis_conn, node, "spare-y")
+    assert json.loads(redis_conn.hget(data_keys.spares(node), "spare-y"))["state"] == "idle"
 
 
 def test_a_spare_taken_while_its_jvm_starts_is_found_and_killed_as_that_replica(
-    client, monkeypatch
+    redis_conn, monkeypatch
 ):
     """A real spare process: handed a replica while its JVM and session start, it shows that
     replica's command line before it is warm, so a stop or a fault reaches it; when it dies
@@ -161,31 +163,35 @@ def test_a_spare_taken_while_its_jvm_starts_is_found_and_killed_as_that_replica(
     node = NODES[0]
     monkeypatch.setenv("BACKSTOP_NODE", node)
     spare_id = "spare-w"
-    assert agent.take_warmup_lock(client, spare_id, agent.SPARE_START_TIMEOUT_S)
-    pid = agent.start_spare(client, node, spare_id)
+    assert agent.take_warmup_lock(redis_conn, spare_id, agent.SPARE_START_TIMEOUT_S)
+    pid = agent.start_spare(redis_conn, node, spare_id)
     args = ["--job", "job-w", "--stage", "count", "--replica-id", "count-9", "--node", node]
     try:
         assert agent.hand_to_spare(args, "count-9", "job-w") == pid
-        wait_for(lambda: agent.find_replica_process("count-9") is not None, 20, "the replica")
-        assert agent.find_replica_process("count-9").pid == pid
+        wait_for(
+            lambda: agent.find_replica_process("count-9", "job-w") is not None, 20, "the replica"
+        )
+        assert agent.find_replica_process("count-9", "job-w").pid == pid
+        assert agent.find_replica_process("count-9", "job-other") is None, "another job's id"
         assert "is warm" not in agent.stage_log_path(spare_id).read_text(), "still warming up"
-        assert agent.kill_replica("count-9")
+        assert not agent.kill_replica("count-9", job_key="job-other")
+        assert agent.kill_replica("count-9", job_key="job-w")
         wait_for(lambda: not psutil.pid_exists(pid) or is_zombie(pid), 20, "the spare killed")
-        agent._report_exits(client, node)
-        assert agent.take_warmup_lock(client, "spare-next", 5), "the lock was released"
+        agent._report_exits(redis_conn, node)
+        assert agent.take_warmup_lock(redis_conn, "spare-next", 5), "the lock was released"
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(pid, signal.SIGKILL)
-        agent.release_warmup_lock(client, "spare-next")
-        agent.release_warmup_lock(client, spare_id)
+        agent.release_warmup_lock(redis_conn, "spare-next")
+        agent.release_warmup_lock(redis_conn, spare_id)
         with agent._children_lock:
-            agent._children.pop("count-9", None)
-            agent._taken_while_warming.pop("count-9", None)
-        events = client.xrange(control_keys.agent_events())
+            agent._children.pop(("job-w", "count-9"), None)
+            agent._taken_while_warming.pop(("job-w", "count-9"), None)
+        events = redis_conn.xrange(control_keys.agent_events())
         exits = [event_id for event_id, event in events if event.get("job") == "job-w"]
         if exits:
-            client.xdel(control_keys.agent_events(), *exits)
-        client.delete(data_keys.spare_control(node, spare_id))
+            redis_conn.xdel(control_keys.agent_events(), *exits)
+        redis_conn.delete(data_keys.spare_control(node, spare_id))
 
 
 def test_a_warming_spare_runs_normally_only_when_needed_and_yields_only_if_it_can_come_back():
@@ -202,7 +208,7 @@ def test_a_warming_spare_runs_normally_only_when_needed_and_yields_only_if_it_ca
 @pytest.mark.skipif(not os.path.exists("/proc/self/autogroup"), reason="needs Linux autogroups")
 @pytest.mark.skipif(not can_raise_priority(), reason="needs CAP_SYS_NICE or RLIMIT_NICE 20")
 def test_a_spare_warming_up_yields_while_a_stage_is_re_protected_but_not_once_taken(
-    client, monkeypatch
+    redis_conn, monkeypatch
 ):
     """A real spare process, while its JVM and session start: it warms up at the lowest
     priority (process group and session) unless a spare is needed, the refill hold (a stage
@@ -211,39 +217,39 @@ def test_a_spare_warming_up_yields_while_a_stage_is_re_protected_but_not_once_ta
     node = NODES[0]
     monkeypatch.setenv("BACKSTOP_NODE", node)
     spare_id = "spare-v"
-    assert agent.take_warmup_lock(client, spare_id, agent.SPARE_START_TIMEOUT_S)
+    assert agent.take_warmup_lock(redis_conn, spare_id, agent.SPARE_START_TIMEOUT_S)
     # Held for as long as the test may take (the agent's hold lasts 10 s unless renewed).
     hold, needed = data_keys.spare_refill_hold(), data_keys.spare_needed()
     # The spare's log is appended to: an earlier run's "is warm" must not count below.
     agent.stage_log_path(spare_id).unlink(missing_ok=True)
-    pid = agent.start_spare(client, node, spare_id)
+    pid = agent.start_spare(redis_conn, node, spare_id)
     args = ["--job", "job-v", "--stage", "count", "--replica-id", "count-8", "--node", node]
     try:
         wait_for(lambda: priority(pid) == (SPARE_NICE, SPARE_NICE), 20, "a refill to yield")
         # Expiries as long as the test may take (the controller's last 10 s unless renewed).
-        client.set(needed, "1", ex=120)
+        redis_conn.set(needed, "1", ex=120)
         wait_for(lambda: priority(pid) == (0, 0), 20, "a needed spare at the normal priority")
-        client.set(hold, "1", ex=120)
+        redis_conn.set(hold, "1", ex=120)
         yielded = (NEEDED_SPARE_HELD_NICE, NEEDED_SPARE_HELD_NICE)
         wait_for(lambda: priority(pid) == yielded, 20, "yield to re-protection")
-        client.delete(hold)
+        redis_conn.delete(hold)
         wait_for(lambda: priority(pid) == (0, 0), 20, "the normal priority after the hold")
-        client.set(hold, "1", ex=120)
+        redis_conn.set(hold, "1", ex=120)
         wait_for(lambda: priority(pid) == yielded, 20, "yield to re-protection")
         assert agent.hand_to_spare(args, "count-8", "job-v") == pid
-        assert client.exists(hold), "taken under the hold"
+        assert redis_conn.exists(hold), "taken under the hold"
         wait_for(lambda: priority(pid) == (0, 0), 20, "the replica at the normal priority")
         assert "is warm" not in agent.stage_log_path(spare_id).read_text(), "still warming up"
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(pid, signal.SIGKILL)
-        agent.release_warmup_lock(client, spare_id)
-        client.delete(needed)
+        agent.release_warmup_lock(redis_conn, spare_id)
+        redis_conn.delete(needed)
         with agent._children_lock:
-            agent._children.pop("count-8", None)
-            agent._children.pop(spare_id, None)
-            agent._taken_while_warming.pop("count-8", None)
-        client.delete(data_keys.spare_control(node, spare_id))
+            agent._children.pop(("job-v", "count-8"), None)
+            agent._children.pop(("", spare_id), None)
+            agent._taken_while_warming.pop(("job-v", "count-8"), None)
+        redis_conn.delete(data_keys.spare_control(node, spare_id))
 
 
 def priority(pid: int) -> tuple[int, int] | None:
@@ -258,7 +264,7 @@ def priority(pid: int) -> tuple[int, int] | None:
 
 
 def test_a_replica_handed_to_a_spare_is_found_before_the_spare_takes_its_command_line(
-    client, monkeypatch
+    redis_conn, monkeypatch
 ):
     """The agent's own spare, handed a replica, has not read its command yet (a spare idling at
     nice 19 on busy cores took over 260 ms): a retried start gets that spare's pid instead of a
@@ -267,25 +273,27 @@ def test_a_replica_handed_to_a_spare_is_found_before_the_spare_takes_its_command
     node = NODES[0]
     monkeypatch.setenv("BACKSTOP_NODE", node)
     monkeypatch.setattr(agent, "SPARE_MODULE", "tests.sleeping_spare")
-    pid = agent.start_spare(client, node, "spare-u")
-    client.hset(data_keys.spares(node), "spare-u", json.dumps({"pid": pid, "state": "idle"}))
+    pid = agent.start_spare(redis_conn, node, "spare-u")
+    redis_conn.hset(data_keys.spares(node), "spare-u", json.dumps({"pid": pid, "state": "idle"}))
     args = ["--job", "job-u", "--stage", "count", "--replica-id", "count-7", "--node", node]
     try:
         assert agent.start_replica(agent.STAGE_MODULE, args, "count-7", "job-u", warm=True) == pid
-        assert agent.find_replica_process("count-7") is None, "no replica command line yet"
+        assert agent.find_replica_process("count-7", "job-u") is None, "no command line yet"
         assert agent.start_replica(agent.STAGE_MODULE, args, "count-7", "job-u", warm=True) == pid
         assert pid in [p.pid for p in agent.node_stage_processes("job-u")], "a node fault's"
         assert pid not in [p.pid for p in agent.node_stage_processes("job-other")]
-        assert agent.kill_replica("count-7")
+        assert agent.running_replica("count-7", "job-other") is None, "not another job's"
+        assert not agent.kill_replica("count-7", job_key="job-other")
+        assert agent.kill_replica("count-7", job_key="job-u")
         wait_for(lambda: not psutil.pid_exists(pid) or is_zombie(pid), 20, "the spare killed")
-        assert not agent.kill_replica("count-7"), "gone"
+        assert not agent.kill_replica("count-7", job_key="job-u"), "gone"
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(pid, signal.SIGKILL)
         with agent._children_lock:
-            agent._children.pop("count-7", None)
-            agent._children.pop("spare-u", None)
-        client.delete(data_keys.spare_control(node, "spare-u"))
+            agent._children.pop(("job-u", "count-7"), None)
+            agent._children.pop(("", "spare-u"), None)
+        redis_conn.delete(data_keys.spare_control(node, "spare-u"))
 
 
 def is_zombie(pid: int) -> bool:
@@ -295,28 +303,28 @@ def is_zombie(pid: int) -> bool:
         return True
 
 
-def test_a_yielding_spare_restarts_its_start_up_clock_and_keeps_the_warm_up_lock(client):
+def test_a_yielding_spare_restarts_its_start_up_clock_and_keeps_the_warm_up_lock(redis_conn):
     """A refill at nice 19 is slow, not hung: while it yields, its entry's start time and the
     machine's warm-up lock it holds are renewed, so the agent does not replace it and no second
     spare starts warming beside it. Taken or idle, nothing is renewed."""
     node = NODES[0]
     long_ago = time.time() - agent.SPARE_START_TIMEOUT_S - 60
     entry = {"pid": 4242, "state": "starting", "since": long_ago}
-    client.hset(data_keys.spares(node), "spare-y", json.dumps(entry))
-    assert agent.take_warmup_lock(client, "spare-y", 5)
+    redis_conn.hset(data_keys.spares(node), "spare-y", json.dumps(entry))
+    assert agent.take_warmup_lock(redis_conn, "spare-y", 5)
     try:
-        assert spare.mark_yielding(client, node, "spare-y")
-        renewed = json.loads(client.hget(data_keys.spares(node), "spare-y"))
+        assert spare.mark_yielding(redis_conn, node, "spare-y")
+        renewed = json.loads(redis_conn.hget(data_keys.spares(node), "spare-y"))
         assert renewed["pid"] == 4242 and renewed["state"] == "starting"
         assert time.time() - renewed["since"] < 5
         assert agent.spares_to_take({"spare-y": renewed}, time.time()) == ["spare-y"]
-        lock_ttl_ms = client.pttl(data_keys.spare_warmup_lock(socket.gethostname()))
+        lock_ttl_ms = redis_conn.pttl(data_keys.spare_warmup_lock(socket.gethostname()))
         assert lock_ttl_ms > (agent.SPARE_START_TIMEOUT_S - 5) * 1000
         # Idle, or taken (its entry deleted): no clock to restart.
-        client.hset(data_keys.spares(node), "spare-y", json.dumps({**entry, "state": "idle"}))
-        assert not spare.mark_yielding(client, node, "spare-y")
-        assert json.loads(client.hget(data_keys.spares(node), "spare-y"))["since"] == long_ago
-        client.hdel(data_keys.spares(node), "spare-y")
-        assert not spare.mark_yielding(client, node, "spare-y")
+        redis_conn.hset(data_keys.spares(node), "spare-y", json.dumps({**entry, "state": "idle"}))
+        assert not spare.mark_yielding(redis_conn, node, "spare-y")
+        assert json.loads(redis_conn.hget(data_keys.spares(node), "spare-y"))["since"] == long_ago
+        redis_conn.hdel(data_keys.spares(node), "spare-y")
+        assert not spare.mark_yielding(redis_conn, node, "spare-y")
     finally:
-        agent.release_warmup_lock(client, "spare-y")
+        agent.release_warmup_lock(redis_conn, "spare-y")

@@ -10,16 +10,16 @@ import pytest
 from django.utils import timezone
 
 from console.models import FaultInjection, Job, Operator, RecoveryEpisode
+from console.redis import redis_client
 from console.services.control.observe import read_agent_events
 from console.services.faults import (
     SPARK_KILL_REPORT_TIMEOUT_S,
     expire_unreported_spark_kills,
     inject,
 )
+from infra import keys
 from spark_runtime import keys as data_keys
 from tests.factories import FaultFactory, NodeFactory, ReplicaFactory, make_job
-from workers import keys
-from workers.redis_client import redis_client
 
 pytestmark = pytest.mark.django_db
 
@@ -32,7 +32,7 @@ def job():
 
 
 @pytest.fixture
-def client(job):
+def redis_conn(job):
     conn = redis_client()
     yield conn
     conn.delete(data_keys.replicas(job.key), keys.agent_events(), keys.agent_events_cursor(job.key))
@@ -46,8 +46,8 @@ def running_primary(job, client, spark_app: str):
 
 
 @pytest.mark.parametrize("kind", ["kill-executor", "kill-worker"])
-def test_a_stage_in_local_mode_has_nothing_to_kill_and_the_fault_says_why(job, client, kind):
-    running_primary(job, client, "local-1764000000000")
+def test_a_stage_in_local_mode_has_nothing_to_kill_and_the_fault_says_why(job, redis_conn, kind):
+    running_primary(job, redis_conn, "local-1764000000000")
     fault = inject(FaultFactory(job=job, kind=kind, target_operator="count"))
     assert fault.outcome == FaultInjection.Outcome.FAILED
     assert "application local-1764000000000" in fault.outcome_detail
@@ -55,7 +55,7 @@ def test_a_stage_in_local_mode_has_nothing_to_kill_and_the_fault_says_why(job, c
     assert not fault.episodes.exists()
 
 
-def test_a_fault_before_the_primary_reported_its_application_fails(job, client):
+def test_a_fault_before_the_primary_reported_its_application_fails(job, redis_conn):
     fault = inject(FaultFactory(job=job, kind="kill-executor", target_operator="count"))
     assert fault.outcome == FaultInjection.Outcome.FAILED
     assert "application unknown" in fault.outcome_detail
@@ -69,14 +69,14 @@ def agent_reports(client, job, kind: str, fault: FaultInjection, detail: str) ->
     )  # fmt: skip
 
 
-def test_a_reported_kill_opens_one_spark_retry_episode_for_the_stage(job, client):
+def test_a_reported_kill_opens_one_spark_retry_episode_for_the_stage(job, redis_conn):
     fault = FaultFactory(job=job, kind="kill-worker", target_operator="count", outcome="injected")
     detail = "killed Spark worker of app-1: pids [11, 12]"
-    agent_reports(client, job, "spark-killed", fault, detail)
-    read_agent_events(client, job)
+    agent_reports(redis_conn, job, "spark-killed", fault, detail)
+    read_agent_events(redis_conn, job)
     # The same report read again (a controller killed before it saved its cursor) adds nothing.
-    client.delete(keys.agent_events_cursor(job.key))
-    read_agent_events(client, job)
+    redis_conn.delete(keys.agent_events_cursor(job.key))
+    read_agent_events(redis_conn, job)
     (episode,) = RecoveryEpisode.objects.filter(job=job)
     assert (episode.fault, episode.stage, episode.action) == (fault, "count", "spark-retry")
     assert episode.notes == detail
@@ -84,33 +84,33 @@ def test_a_reported_kill_opens_one_spark_retry_episode_for_the_stage(job, client
     assert fault.outcome == "injected" and detail in fault.outcome_detail
 
 
-def test_an_agent_without_the_applications_executors_refuses(job, client):
+def test_an_agent_without_the_applications_executors_refuses(job, redis_conn):
     fault = FaultFactory(job=job, kind="kill-executor", target_operator="count", outcome="injected")
-    agent_reports(client, job, "refused", fault, "no executor of Spark application app-1 runs")
-    read_agent_events(client, job)
+    agent_reports(redis_conn, job, "refused", fault, "no executor of Spark application app-1 runs")
+    read_agent_events(redis_conn, job)
     fault.refresh_from_db()
     assert fault.outcome == FaultInjection.Outcome.REFUSED
     assert "no executor of Spark application app-1" in fault.outcome_detail
     assert not RecoveryEpisode.objects.filter(job=job).exists()
 
 
-def test_a_fault_on_a_cluster_is_sent_once_to_the_primarys_agent(job, client):
-    running_primary(job, client, "app-20261124000000-0001")
+def test_a_fault_on_a_cluster_is_sent_once_to_the_primarys_agent(job, redis_conn):
+    running_primary(job, redis_conn, "app-20261124000000-0001")
     queue = "node.node-9"  # Celery's list of the node agent's queue in the broker
-    client.delete(queue)
+    redis_conn.delete(queue)
     try:
         fault = FaultFactory(job=job, kind="kill-worker", target_operator="count")
         inject(fault)
         inject(FaultInjection.objects.get(pk=fault.pk))  # the inject task delivered again
-        assert client.llen(queue) == 1
+        assert redis_conn.llen(queue) == 1
         fault.refresh_from_db()
         assert fault.outcome == FaultInjection.Outcome.INJECTED
         assert "Spark worker of application app-20261124000000-0001" in fault.outcome_detail
     finally:
-        client.delete(queue)
+        redis_conn.delete(queue)
 
 
-def test_a_kill_no_agent_reported_on_fails_after_the_timeout(job, client):
+def test_a_kill_no_agent_reported_on_fails_after_the_timeout(job, redis_conn):
     fault = FaultFactory(
         job=job, kind="kill-executor", target_operator="count", outcome="injected",
         injected_at=timezone.now() - timedelta(seconds=SPARK_KILL_REPORT_TIMEOUT_S + 1),
@@ -119,7 +119,7 @@ def test_a_kill_no_agent_reported_on_fails_after_the_timeout(job, client):
         job=job, kind="kill-executor", target_operator="count", outcome="injected",
         injected_at=timezone.now(),
     )  # fmt: skip
-    read_agent_events(client, job)  # the events say nothing of either
+    read_agent_events(redis_conn, job)  # the events say nothing of either
     assert FaultInjection.objects.get(pk=fault.pk).outcome == FaultInjection.Outcome.INJECTED
     expire_unreported_spark_kills(job)  # what every policy cycle does first
     fault.refresh_from_db()

@@ -11,10 +11,10 @@ import pytest
 from django.core.management import CommandError, call_command
 
 from console.models import Job, RegisteredTopology
+from console.redis import redis_client
 from console.roles import ADMIN, OPERATOR, VIEWER
 from spark_runtime import keys
 from spark_runtime.jobdef import registered_path
-from workers.redis_client import redis_client
 
 pytestmark = [pytest.mark.django_db, pytest.mark.spark]
 

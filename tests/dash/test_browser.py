@@ -20,10 +20,10 @@ from django.db import connections
 from console.models import FaultInjection, Job, MetricSample
 from console.roles import OPERATOR, VIEWER
 from console.services.jobs import create_job
+from infra.launcher import wait_for
 from tests.dash.seed import seed_console
 from tests.factories import UserFactory
 from tests.integration.live import wait_for_caught_up_standby
-from web.launcher import wait_for
 
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMIUM_ARGS = [

@@ -104,7 +104,8 @@ def test_job_id_comes_from_the_path():
 
 def test_placement_refresh_lists_replicas_per_node_and_the_reserve(seeded, users):
     outputs = placement_callbacks.refresh(1, user=users[VIEWER])
-    summary, idle, q, q_note, cards, standbys, policy, predictor = outputs
+    summary, idle, q, q_note, cards, shown, standbys, policy, predictor = outputs
+    assert shown == "3 of 3 nodes shown, in queue order by Q"
     reserve = Policy.current().resource_reserve
     assert f"{reserve * 100:.0f}%" in text_of(summary)
     assert [s.y0 for s in idle.layout.shapes] == [reserve * 100]

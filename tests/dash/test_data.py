@@ -156,18 +156,37 @@ def test_standby_rows_carry_the_primary_node_and_the_policy_verdict():
     assert row["judged_at"] == datetime(2026, 1, 1, 12, 0, tzinfo=UTC)
 
 
-def test_strategy_comparison_averages_finished_episodes_per_strategy():
+def test_strategy_comparison_summarises_finished_episodes_per_strategy():
+    """Downtime is the mean, lost the sum and peak p99 the worst episode's (a maximum, as in the
+    reports: console.services.reports)."""
     job = make_job(Job.Status.RUNNING)
     now = datetime.now(UTC)
-    for downtime in (2.0, 4.0):
-        EpisodeFactory(job=job, strategy="adaptive", recovered_at=now, downtime_s=downtime, lost=1)
-    EpisodeFactory(job=job, strategy="restart-all", recovered_at=now, downtime_s=20.0, lost=0)
-    EpisodeFactory(job=job, strategy="restart-all", downtime_s=500.0)  # still open: left out
+    for downtime, peak in ((2.0, 1200.0), (4.0, 3000.0)):
+        EpisodeFactory(
+            job=job,
+            strategy="adaptive",
+            recovered_at=now,
+            downtime_s=downtime,
+            peak_p99_ms=peak,
+            lost=1,
+        )
+    EpisodeFactory(
+        job=job, strategy="restart-all", recovered_at=now, downtime_s=20.0, peak_p99_ms=9000.0
+    )
+    EpisodeFactory(
+        job=job, strategy="restart-all", recovered_at=now, downtime_s=30.0, peak_p99_ms=None
+    )
+    # Still open: left out (its peak would be the worst).
+    EpisodeFactory(job=job, strategy="restart-all", downtime_s=500.0, peak_p99_ms=50_000.0)
     rows = {r["strategy"]: r for r in data.strategy_comparison()}
     assert rows["adaptive"]["episodes"] == 2
-    assert rows["adaptive"]["downtime_s"] == pytest.approx(3.0)
+    assert rows["adaptive"]["downtime_s"] == pytest.approx(3.0)  # (2 + 4) / 2
     assert rows["adaptive"]["lost"] == 2
-    assert rows["restart-all"]["downtime_s"] == pytest.approx(20.0)
+    assert rows["adaptive"]["peak_p99_ms"] == pytest.approx(3000.0)  # max(1200, 3000), not 2100
+    assert rows["restart-all"]["episodes"] == 2
+    assert rows["restart-all"]["downtime_s"] == pytest.approx(25.0)  # (20 + 30) / 2
+    # An episode without a peak does not count: max(9000), not 4500.
+    assert rows["restart-all"]["peak_p99_ms"] == pytest.approx(9000.0)
 
 
 def test_episode_rows_name_the_fault_that_caused_them():

@@ -11,9 +11,9 @@ import time
 from rest_framework.test import APIClient
 
 from console.models import FaultInjection, Job, RecoveryEpisode, Replica
+from console.redis import redis_client
+from infra.launcher import wait_for
 from spark_runtime import keys
-from web.launcher import wait_for
-from workers.redis_client import redis_client
 
 RATE = 60  # input lines per second
 

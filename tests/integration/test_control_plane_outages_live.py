@@ -14,8 +14,8 @@ it again 3 s later, when it recovers from its write-ahead log. Then:
   the generator writes again what the Redis crash lost (spark_runtime/generators.py);
 - no replica fails: the primary is the same process afterwards and no episode is recorded;
 - supervision goes on: the controller's Celery worker may stop on the broker loss (kombu 5.7
-  does, docs/RELIABILITY.md); the launcher starts it again; supervision tasks that failed on
-  the database are resumed by the watchdog; a SIGKILL of the key stage's primary after the
+  does, docs/RELIABILITY.md); the launcher starts it again; reconciles that failed on the
+  database are tried again a second later; a SIGKILL of the key stage's primary after the
   outages is answered with a promotion, recorded in the database;
 - the final counts equal the ground truth computed in plain Python from the input stream, and
   the episode's audit finds nothing lost or duplicated.
@@ -36,8 +36,11 @@ from celery import Celery
 from django.db import close_old_connections
 
 from console.models import Job, RecoveryEpisode
+from console.redis import redis_client
 from console.roles import OPERATOR
 from console.services.jobs import create_job
+from infra.launcher import wait_for
+from infra.queues import CONTROL_QUEUE
 from spark_runtime import keys
 from tests.cluster import Cluster, prepare
 from tests.factories import UserFactory
@@ -48,9 +51,6 @@ from tests.integration.live import (
     wait_for_exact_results,
 )
 from tests.postgres_server import default_database
-from web.launcher import wait_for
-from workers.queues import CONTROL_QUEUE
-from workers.redis_client import redis_client
 
 pytestmark = [pytest.mark.spark, pytest.mark.django_db(transaction=True)]
 

@@ -23,7 +23,9 @@ import pytest
 from django.utils import timezone
 
 from console.models import ControlDecision, RecoveryEpisode, Replica
+from console.redis import redis_client
 from console.roles import OPERATOR
+from infra.launcher import wait_for
 from tests.factories import UserFactory
 from tests.integration.live import (
     assert_episodes_audited_exact,
@@ -32,8 +34,6 @@ from tests.integration.live import (
     results,
     wait_for_exact_results,
 )
-from web.launcher import wait_for
-from workers.redis_client import redis_client
 
 pytestmark = [pytest.mark.spark, pytest.mark.django_db(transaction=True)]
 

@@ -11,10 +11,10 @@ from rest_framework.test import APIClient
 
 from console.models import FaultInjection, Job, Replica
 from console.roles import OPERATOR
+from infra import keys as control_keys
+from infra.launcher import wait_for
 from spark_runtime import keys
 from tests.factories import UserFactory
-from web.launcher import wait_for
-from workers import keys as control_keys
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 

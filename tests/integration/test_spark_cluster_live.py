@@ -27,7 +27,9 @@ import pytest
 from django.utils import timezone
 
 from console.models import ControlDecision, FaultInjection, Policy, RecoveryEpisode, Replica
+from console.redis import redis_client
 from console.roles import OPERATOR
+from infra.launcher import wait_for
 from spark_runtime import keys
 from tests.cluster import Cluster, prepare
 from tests.factories import UserFactory
@@ -39,8 +41,6 @@ from tests.integration.live import (
     wait_for_exact_results,
 )
 from tests.spark_standalone import SparkStandalone
-from web.launcher import wait_for
-from workers.redis_client import redis_client
 
 pytestmark = [pytest.mark.slow, pytest.mark.spark, pytest.mark.django_db(transaction=True)]
 

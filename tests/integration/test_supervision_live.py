@@ -23,7 +23,10 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from console.models import ControlDecision, FaultInjection, Job, RecoveryEpisode, Replica
+from console.redis import redis_client
 from console.roles import OPERATOR
+from infra.keys import controller_lease
+from infra.launcher import wait_for
 from spark_runtime import keys
 from spark_runtime.checkpoint_seed import committed_batch
 from tests.cluster import NODES
@@ -37,9 +40,6 @@ from tests.integration.live import (
     wait_for_caught_up_standby,
     wait_for_exact_results,
 )
-from web.launcher import wait_for
-from workers.keys import controller_lease
-from workers.redis_client import redis_client
 
 pytestmark = [pytest.mark.spark, pytest.mark.django_db(transaction=True)]
 
@@ -100,7 +100,7 @@ def test_adaptive_survives_controller_restart_and_kill_driver(cluster):
     time.sleep(6)
     assert client.exists(keys.heartbeat(job.key, "count-1"))
     cluster.start_controller()
-    # The watchdog (beat, every 5 s) resumes supervision once the old lease has expired.
+    # The controller started again takes the job once the dead one's lease has expired.
     wait_for(lambda: client.exists(controller_lease(job.key)), 60, "supervision resumed")
     assert client.hlen(keys.results(job.key)) >= before
 

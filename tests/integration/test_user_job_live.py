@@ -16,7 +16,9 @@ import pytest
 from rest_framework.test import APIClient
 
 from console.models import Job, RecoveryEpisode, Replica
+from console.redis import redis_client
 from console.roles import ADMIN, OPERATOR
+from infra.launcher import wait_for
 from spark_runtime import keys, user_plan
 from spark_runtime.jobdef import resolve_topology
 from tests.factories import UserFactory
@@ -26,8 +28,6 @@ from tests.integration.live import (
     inject,
     wait_for_caught_up_standby,
 )
-from web.launcher import wait_for
-from workers.redis_client import redis_client
 
 pytestmark = [pytest.mark.spark, pytest.mark.django_db(transaction=True)]
 

@@ -38,4 +38,14 @@ def make_sample(
     bw_total: float = 100.0,
 ) -> NodeSample:
     """A NodeSample with idle disk and network unless told otherwise."""
-    return NodeSample(name, cpu_total, cpu_used, mem_total, mem_used, disk, disk_max, bw, bw_total)
+    return NodeSample(
+        name,
+        cpu_total=cpu_total,
+        cpu_used=cpu_used,
+        mem_total=mem_total,
+        mem_used=mem_used,
+        disk_throughput=disk,
+        disk_max_throughput=disk_max,
+        bw_used=bw,
+        bw_total=bw_total,
+    )

@@ -110,20 +110,20 @@ def test_output_is_a_primary_final_batch_that_wrote_something():
     assert not record(written=0).is_output
 
 
-def test_publish_and_read_back_from_redis(client, job):
+def test_publish_and_read_back_from_redis(redis_conn, job):
     first, second = record(batch=1, at=time.time()), record(batch=2, role="standby")
-    publish_progress(client, job, first)
-    publish_progress(client, job, second)
+    publish_progress(redis_conn, job, first)
+    publish_progress(redis_conn, job, second)
     # What a reader that predates the record type sees: the same strings.
-    _, raw = client.xrange(keys.progress(job))[0]
+    _, raw = redis_conn.xrange(keys.progress(job))[0]
     assert raw["batch"] == "1" and raw["final"] == "True" and raw["latency_p99"] == "1.5"
-    assert read_progress(client, job) == [first, second]
+    assert read_progress(redis_conn, job) == [first, second]
 
 
-def test_read_progress_keeps_to_the_time_window(client, job):
+def test_read_progress_keeps_to_the_time_window(redis_conn, job):
     # Stream ids are the publish time in milliseconds: give three entries known ids.
     for ms, batch in ((1_000, 1), (2_000, 2), (3_000, 3)):
-        client.xadd(keys.progress(job), record(batch=batch).to_fields(), id=f"{ms}-0")
-    assert [r.batch for r in read_progress(client, job, start_s=1.5)] == [2, 3]
-    assert [r.batch for r in read_progress(client, job, end_s=2.0)] == [1, 2]
-    assert [r.batch for r in read_progress(client, job, 1.0, 3.0, count=2)] == [1, 2]
+        redis_conn.xadd(keys.progress(job), record(batch=batch).to_fields(), id=f"{ms}-0")
+    assert [r.batch for r in read_progress(redis_conn, job, start_s=1.5)] == [2, 3]
+    assert [r.batch for r in read_progress(redis_conn, job, end_s=2.0)] == [1, 2]
+    assert [r.batch for r in read_progress(redis_conn, job, 1.0, 3.0, count=2)] == [1, 2]

@@ -21,8 +21,8 @@ def fill(client, job, n):
     return pipe.execute()
 
 
-def test_offsets_respect_the_read_limit_and_partition_large_ranges(client, job, redis_url):
-    ids = fill(client, job, 25)
+def test_offsets_respect_the_read_limit_and_partition_large_ranges(redis_conn, job, redis_url):
+    ids = fill(redis_conn, job, 25)
     reader = make_reader(redis_url, job, maxRecordsPerBatch=10, partitionSize=4)
     start = reader.initialOffset()
     assert start == {"id": "0-0"}
@@ -43,41 +43,41 @@ def test_offsets_respect_the_read_limit_and_partition_large_ranges(client, job, 
     assert reader.partitions(end, end) == []
 
 
-def test_a_paced_reader_reads_new_input_once_per_pace(client, job, redis_url, monkeypatch):
+def test_a_paced_reader_reads_new_input_once_per_pace(redis_conn, job, redis_url, monkeypatch):
     """While the replica's pace key holds N seconds, new input is read at most every N s
     (Spark runs no batch when latestOffset returns the start); without it, on every call."""
     clock = [1000.0]
     monkeypatch.setattr(redis_source.time, "monotonic", lambda: clock[0])
     pace = keys.batch_pace(job, "r-2")
-    ids = fill(client, job, 3)
+    ids = fill(redis_conn, job, 3)
     reader = make_reader(redis_url, job, paceKey=pace)
-    client.set(pace, "1.5", px=10_000)
+    redis_conn.set(pace, "1.5", px=10_000)
     first = reader.latestOffset(reader.initialOffset(), ReadMaxRows(100))
     assert first == {"id": ids[-1]}  # nothing read yet: the first call reads
-    more = fill(client, job, 2)
+    more = fill(redis_conn, job, 2)
     clock[0] += 1.4
     assert reader.latestOffset(first, ReadMaxRows(100)) == first  # paced: no batch
     clock[0] += 0.2
     assert reader.latestOffset(first, ReadMaxRows(100)) == {"id": more[-1]}
     # A read cut short by the limit is not paced: the next call reads on at once.
-    rest = fill(client, job, 5)
+    rest = fill(redis_conn, job, 5)
     clock[0] += 1.6
     assert reader.latestOffset({"id": more[-1]}, ReadMaxRows(2)) == {"id": rest[1]}
     assert reader.latestOffset({"id": rest[1]}, ReadMaxRows(2)) == {"id": rest[3]}
     assert reader.latestOffset({"id": rest[3]}, ReadMaxRows(2)) == {"id": rest[4]}
     assert reader.latestOffset({"id": rest[4]}, ReadMaxRows(2)) == {"id": rest[4]}  # paced
     # The pace is lifted (a promotion, or the key's TTL ran out): every call reads.
-    newest = fill(client, job, 1)
-    client.delete(pace)
+    newest = fill(redis_conn, job, 1)
+    redis_conn.delete(pace)
     assert reader.latestOffset({"id": rest[4]}, ReadMaxRows(100)) == {"id": newest[-1]}
     # Another replica's pace is not this one's.
-    client.set(keys.batch_pace(job, "r-3"), "60", px=10_000)
-    last = fill(client, job, 1)
+    redis_conn.set(keys.batch_pace(job, "r-3"), "60", px=10_000)
+    last = fill(redis_conn, job, 1)
     assert reader.latestOffset({"id": newest[-1]}, ReadMaxRows(100)) == {"id": last[-1]}
 
 
-def test_replay_from_any_offset_returns_the_same_rows(client, job, redis_url):
-    ids = fill(client, job, 12)
+def test_replay_from_any_offset_returns_the_same_rows(redis_conn, job, redis_url):
+    ids = fill(redis_conn, job, 12)
     reader = make_reader(redis_url, job)
     first = [r for p in reader.partitions({"id": ids[2]}, {"id": ids[8]}) for r in reader.read(p)]
     again = [r for p in reader.partitions({"id": ids[2]}, {"id": ids[8]}) for r in reader.read(p)]
@@ -85,20 +85,20 @@ def test_replay_from_any_offset_returns_the_same_rows(client, job, redis_url):
     assert [r[2] for r in first] == [f"e{i}" for i in range(3, 9)]
 
 
-def test_malformed_entries_go_to_the_dead_letter_stream_once(client, job, redis_url):
+def test_malformed_entries_go_to_the_dead_letter_stream_once(redis_conn, job, redis_url):
     stream = keys.input_stream(job)
-    client.xadd(stream, {"id": "ok", "ts": "5", "text": "a b"})
+    redis_conn.xadd(stream, {"id": "ok", "ts": "5", "text": "a b"})
     bad_ids = [
-        client.xadd(stream, {"ts": "5", "text": "no id"}),
-        client.xadd(stream, {"id": "x", "ts": "soon", "text": "bad ts"}),
-        client.xadd(stream, {"id": "y", "ts": "5"}),
+        redis_conn.xadd(stream, {"ts": "5", "text": "no id"}),
+        redis_conn.xadd(stream, {"id": "x", "ts": "soon", "text": "bad ts"}),
+        redis_conn.xadd(stream, {"id": "y", "ts": "5"}),
     ]
     reader = make_reader(redis_url, job)
     end = reader.latestOffset(reader.initialOffset(), ReadAllAvailable())
     for _ in range(2):  # a replayed batch must not dead-letter twice
         rows = [r for p in reader.partitions(reader.initialOffset(), end) for r in reader.read(p)]
         assert [r[2] for r in rows] == ["ok"]
-    dead = client.xrange(keys.dead_letters(job))
+    dead = redis_conn.xrange(keys.dead_letters(job))
     assert [f["entry"] for _, f in dead] == bad_ids
     assert [f["reason"] for _, f in dead] == [
         "missing id",
@@ -106,4 +106,4 @@ def test_malformed_entries_go_to_the_dead_letter_stream_once(client, job, redis_
         "missing field text",
     ]
     assert {f["stage"] for _, f in dead} == {"s"}
-    assert client.hget(keys.stats(job), "dead:s") == "3"
+    assert redis_conn.hget(keys.stats(job), "dead:s") == "3"

@@ -27,10 +27,10 @@ def test_lag_is_the_primary_watermark_minus_the_standbys_newest_output():
     assert lag_behind({"other": at(MS)}, batch) is None
 
 
-def test_standby_is_caught_up_at_job_start_and_then_by_its_lag(client, job):
-    gate = OutputGate(client, job, "count", "standby")
+def test_standby_is_caught_up_at_job_start_and_then_by_its_lag(redis_conn, job):
+    gate = OutputGate(redis_conn, job, "count", "standby")
     assert gate.caught_up(5.0)  # no batch, and the primary has written nothing yet
-    client.hset(keys.watermarks(job, "count"), "results", at(MS))
+    redis_conn.hset(keys.watermarks(job, "count"), "results", at(MS))
     assert not gate.caught_up(5.0)  # the primary has output, the standby has shown nothing
     gate.query_lag_s["count.standby.0"] = 2.0
     assert gate.caught_up(5.0)
@@ -44,9 +44,9 @@ def test_standby_is_caught_up_at_job_start_and_then_by_its_lag(client, job):
     assert gate.standby_lag_s == 1.0 and gate.caught_up(5.0)
 
 
-def test_a_seeded_standby_with_no_new_input_is_caught_up_once_idle(client, job):
-    gate = OutputGate(client, job, "count", "standby")
-    client.hset(keys.watermarks(job, "count"), "results", at(MS))
+def test_a_seeded_standby_with_no_new_input_is_caught_up_once_idle(redis_conn, job):
+    gate = OutputGate(redis_conn, job, "count", "standby")
+    redis_conn.hset(keys.watermarks(job, "count"), "results", at(MS))
     assert not gate.caught_up(5.0)
     gate.note_idle("count.standby.0")
     assert gate.caught_up(5.0)

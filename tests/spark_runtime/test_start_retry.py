@@ -15,11 +15,11 @@ import sys
 
 import pytest
 
+from infra.launcher import wait_for
 from spark_runtime import generators, keys
 from spark_runtime.runtime import CONNECT_BACK_FAILURE, PRIMARY, StageRuntime
 from spark_runtime.topology import FUSED, compile_stages, get_topology
 from tests.spark_runtime import truth
-from web.launcher import wait_for
 
 pytestmark = pytest.mark.spark
 
@@ -55,14 +55,14 @@ def slow_worker_spark(tmp_path_factory):
 
 
 def test_a_query_whose_worker_connects_back_late_is_started_again(
-    slow_worker_spark, client, redis_url, job, tmp_path
+    slow_worker_spark, redis_conn, redis_url, job, tmp_path
 ):
     spark, folder = slow_worker_spark
-    generators.generate(client, job, "wordcount", count=400, rate=1e6, seed=11)
+    generators.generate(redis_conn, job, "wordcount", count=400, rate=1e6, seed=11)
     topology = get_topology("wordcount")
     (stage,) = compile_stages(topology, FUSED, job=job)
     runtime = StageRuntime(
-        spark, client, job, topology, stage, PRIMARY, redis_url, str(tmp_path / "checkpoint")
+        spark, redis_conn, job, topology, stage, PRIMARY, redis_url, str(tmp_path / "checkpoint")
     )
     runtime.start()
     try:
@@ -75,5 +75,5 @@ def test_a_query_whose_worker_connects_back_late_is_started_again(
     finally:
         runtime.stop()
     assert runtime.start_retries == 1
-    expected = truth.wordcount(truth.valid_entries(client, keys.input_stream(job), ["text"]))
-    assert {w: int(c) for w, c in client.hgetall(keys.results(job)).items()} == expected
+    expected = truth.wordcount(truth.valid_entries(redis_conn, keys.input_stream(job), ["text"]))
+    assert {w: int(c) for w, c in redis_conn.hgetall(keys.results(job)).items()} == expected

@@ -72,49 +72,51 @@ def stop(runtimes):
 
 
 def test_wordcount_stages_match_ground_truth_and_dead_letter_malformed(
-    spark, client, redis_url, job, tmp_path
+    spark, redis_conn, redis_url, job, tmp_path
 ):
     topology = get_topology("wordcount")
-    generators.generate(client, job, "wordcount", count=1500, rate=1e6, seed=1, malformed_every=50)
-    runtimes = run_stages(spark, client, redis_url, job, topology, tmp_path)
+    generators.generate(
+        redis_conn, job, "wordcount", count=1500, rate=1e6, seed=1, malformed_every=50
+    )
+    runtimes = run_stages(spark, redis_conn, redis_url, job, topology, tmp_path)
     try:
         drain(runtimes)
     finally:
         stop(runtimes)
-    entries = truth.valid_entries(client, keys.input_stream(job), ["text"])
+    entries = truth.valid_entries(redis_conn, keys.input_stream(job), ["text"])
     expected = truth.wordcount(entries)
-    assert {w: int(c) for w, c in client.hgetall(keys.results(job)).items()} == expected
+    assert {w: int(c) for w, c in redis_conn.hgetall(keys.results(job)).items()} == expected
     # The intermediate stream holds every word exactly once, with deterministic ids.
-    ids = [f["id"] for _, f in client.xrange(keys.channel_stream(job, "split"))]
+    ids = [f["id"] for _, f in redis_conn.xrange(keys.channel_stream(job, "split"))]
     assert len(ids) == len(set(ids)) == sum(expected.values())
-    malformed = truth.malformed_count(client, keys.input_stream(job), ["text"])
+    malformed = truth.malformed_count(redis_conn, keys.input_stream(job), ["text"])
     assert malformed == 30
-    assert client.xlen(keys.dead_letters(job)) == malformed
-    assert client.hget(keys.stats(job), "dead:split") == str(malformed)
+    assert redis_conn.xlen(keys.dead_letters(job)) == malformed
+    assert redis_conn.hget(keys.stats(job), "dead:split") == str(malformed)
 
 
-def test_a_reexecuted_batch_does_not_double_count(spark, client, redis_url, job, tmp_path):
+def test_a_reexecuted_batch_does_not_double_count(spark, redis_conn, redis_url, job, tmp_path):
     topology = get_topology("wordcount")
-    generators.generate(client, job, "wordcount", count=1200, rate=1e6, seed=2)
-    runtimes = run_stages(spark, client, redis_url, job, topology, tmp_path, chaining=FUSED)
+    generators.generate(redis_conn, job, "wordcount", count=1200, rate=1e6, seed=2)
+    runtimes = run_stages(spark, redis_conn, redis_url, job, topology, tmp_path, chaining=FUSED)
     drain(runtimes)
     stop(runtimes)
     # Forget that the last batches were committed: Spark runs them again on restart, as after a
     # crash between writing the outputs and committing the batch.
     forget_last_commits(tmp_path / "job-primary" / "0")
-    generators.generate(client, job, "wordcount", count=300, rate=1e6, seed=3, id_prefix="f")
-    runtimes = run_stages(spark, client, redis_url, job, topology, tmp_path, chaining=FUSED)
+    generators.generate(redis_conn, job, "wordcount", count=300, rate=1e6, seed=3, id_prefix="f")
+    runtimes = run_stages(spark, redis_conn, redis_url, job, topology, tmp_path, chaining=FUSED)
     try:
         drain(runtimes)
     finally:
         stop(runtimes)
-    entries = truth.valid_entries(client, keys.input_stream(job), ["text"])
-    got = {w: int(c) for w, c in client.hgetall(keys.results(job)).items()}
+    entries = truth.valid_entries(redis_conn, keys.input_stream(job), ["text"])
+    got = {w: int(c) for w, c in redis_conn.hgetall(keys.results(job)).items()}
     assert got == truth.wordcount(entries)
 
 
 def test_a_stage_killed_while_writing_its_first_offsets_starts_again(
-    spark, client, redis_url, job, tmp_path
+    spark, redis_conn, redis_url, job, tmp_path
 ):
     # What a SIGKILL during the first offsets write leaves: the query's metadata and the temp
     # file of offsets entry 0, never renamed (seen in the failover test: Spark then refused to
@@ -126,20 +128,20 @@ def test_a_stage_killed_while_writing_its_first_offsets_starts_again(
     (query_dir / "offsets" / ".0.16fa0bab-dbc0-4fd2-916d-9e65ce05f2e7.tmp").write_text("")
     (query_dir / "offsets" / "..0.16fa0bab-dbc0-4fd2-916d-9e65ce05f2e7.tmp.crc").write_text("")
     topology = get_topology("wordcount")
-    generators.generate(client, job, "wordcount", count=300, rate=1e6, seed=4)
-    runtimes = run_stages(spark, client, redis_url, job, topology, tmp_path, chaining=FUSED)
+    generators.generate(redis_conn, job, "wordcount", count=300, rate=1e6, seed=4)
+    runtimes = run_stages(spark, redis_conn, redis_url, job, topology, tmp_path, chaining=FUSED)
     try:
         drain(runtimes)
         assert all(rt.failure() is None for rt in runtimes)
     finally:
         stop(runtimes)
-    entries = truth.valid_entries(client, keys.input_stream(job), ["text"])
-    got = {w: int(c) for w, c in client.hgetall(keys.results(job)).items()}
+    entries = truth.valid_entries(redis_conn, keys.input_stream(job), ["text"])
+    got = {w: int(c) for w, c in redis_conn.hgetall(keys.results(job)).items()}
     assert got == truth.wordcount(entries)
 
 
 def test_a_running_stage_takes_a_new_checkpoint_interval_by_restarting_its_queries(
-    spark, client, redis_url, job, tmp_path
+    spark, redis_conn, redis_url, job, tmp_path
 ):
     from spark_runtime.stage import ReplicaState, handle_command
 
@@ -149,10 +151,10 @@ def test_a_running_stage_takes_a_new_checkpoint_interval_by_restarting_its_queri
     confs = {snapshots: "7", maintenance: "7s"}
     command = {"cmd": "checkpoint_interval", "seconds": 3.5, "confs": confs}
     topology = get_topology("wordcount")
-    generators.generate(client, job, "wordcount", count=600, rate=1e6, seed=5)
-    (rt,) = run_stages(spark, client, redis_url, job, topology, tmp_path, chaining=FUSED)
+    generators.generate(redis_conn, job, "wordcount", count=600, rate=1e6, seed=5)
+    (rt,) = run_stages(spark, redis_conn, redis_url, job, topology, tmp_path, chaining=FUSED)
     args = argparse.Namespace(job=job, replica_id="wc-1", stage="job", role="primary", node="n1")
-    state = ReplicaState(client, args)
+    state = ReplicaState(redis_conn, args)
 
     def run_ids():
         return [str(q.runId) for q in rt.queries]
@@ -163,7 +165,7 @@ def test_a_running_stage_takes_a_new_checkpoint_interval_by_restarting_its_queri
         assert handle_command(command, rt, state) is None
         assert run_ids() != before  # restarted from the checkpoints with the new settings
         assert spark.conf.get(snapshots) == "7"
-        reported = json.loads(client.hget(keys.replicas(job), "wc-1"))
+        reported = json.loads(redis_conn.hget(keys.replicas(job), "wc-1"))
         assert (reported["checkpoint_interval_s"], reported["confs"]) == (3.5, confs)
         # The same settings again restart nothing; anything but state-store settings is refused.
         before = run_ids()
@@ -177,28 +179,30 @@ def test_a_running_stage_takes_a_new_checkpoint_interval_by_restarting_its_queri
         assert run_ids() == before
         assert spark.conf.get("spark.driver.memory", None) != "9g"
         assert state.info["checkpoint_interval_s"] == 3.5
-        generators.generate(client, job, "wordcount", count=300, rate=1e6, seed=6, id_prefix="g")
+        generators.generate(
+            redis_conn, job, "wordcount", count=300, rate=1e6, seed=6, id_prefix="g"
+        )
         drain([rt])
     finally:
         stop([rt])
         for key, value in saved.items():
             spark.conf.unset(key) if value is None else spark.conf.set(key, value)
-    entries = truth.valid_entries(client, keys.input_stream(job), ["text"])
-    got = {w: int(c) for w, c in client.hgetall(keys.results(job)).items()}
+    entries = truth.valid_entries(redis_conn, keys.input_stream(job), ["text"])
+    got = {w: int(c) for w, c in redis_conn.hgetall(keys.results(job)).items()}
     assert got == truth.wordcount(entries)
 
 
 def test_standby_promotion_emits_exactly_what_the_primary_had_not(
-    spark, client, redis_url, job, tmp_path
+    spark, redis_conn, redis_url, job, tmp_path
 ):
     topology = get_topology("wordcount")
     (stage,) = compile_stages(topology, FUSED, job=job)
-    generators.generate(client, job, "wordcount", count=1400, rate=1e6, seed=4)
+    generators.generate(redis_conn, job, "wordcount", count=1400, rate=1e6, seed=4)
 
     def runtime(role, max_records):
         rt = StageRuntime(
             spark,
-            client,
+            redis_conn,
             job,
             topology,
             stage,
@@ -216,24 +220,28 @@ def test_standby_promotion_emits_exactly_what_the_primary_had_not(
     try:
         primary.queries[0].processAllAvailable()
         primary.stop()  # the primary dies having written everything so far
-        generators.generate(client, job, "wordcount", count=900, rate=1e6, seed=5, id_prefix="g")
+        generators.generate(
+            redis_conn, job, "wordcount", count=900, rate=1e6, seed=5, id_prefix="g"
+        )
         standby.process_all_available()
-        assert client.hlen(keys.results(job)) > 0
+        assert redis_conn.hlen(keys.results(job)) > 0
         assert len(standby.gate.buffer) > 0
         summary = standby.gate.promote()
         assert summary["epoch"] == 2
-        generators.generate(client, job, "wordcount", count=300, rate=1e6, seed=6, id_prefix="h")
+        generators.generate(
+            redis_conn, job, "wordcount", count=300, rate=1e6, seed=6, id_prefix="h"
+        )
         standby.process_all_available()
     finally:
         standby.stop()
         primary.stop()
-    entries = truth.valid_entries(client, keys.input_stream(job), ["text"])
-    got = {w: int(c) for w, c in client.hgetall(keys.results(job)).items()}
+    entries = truth.valid_entries(redis_conn, keys.input_stream(job), ["text"])
+    got = {w: int(c) for w, c in redis_conn.hgetall(keys.results(job)).items()}
     assert got == truth.wordcount(entries)
 
 
 def test_a_promotion_lifts_the_standbys_batch_pace_before_it_fences(
-    spark, client, redis_url, job, tmp_path
+    spark, redis_conn, redis_url, job, tmp_path
 ):
     """A caught-up standby reads new input every few seconds (keys.batch_pace); the promote
     command lifts that pace before the gate fences the old primary, so no trigger of the new
@@ -243,20 +251,20 @@ def test_a_promotion_lifts_the_standbys_batch_pace_before_it_fences(
     topology = get_topology("wordcount")
     (stage,) = compile_stages(topology, FUSED, job=job)
     pace = keys.batch_pace(job, "wc-2")
-    generators.generate(client, job, "wordcount", count=600, rate=1e6, seed=7)
+    generators.generate(redis_conn, job, "wordcount", count=600, rate=1e6, seed=7)
     standby = StageRuntime(
-        spark, client, job, topology, stage, STANDBY, redis_url, str(tmp_path / "standby"),
+        spark, redis_conn, job, topology, stage, STANDBY, redis_url, str(tmp_path / "standby"),
         pace_key=pace,
     )  # fmt: skip
     args = argparse.Namespace(job=job, replica_id="wc-2", stage="job", role="standby", node="n1")
-    state = ReplicaState(client, args)
+    state = ReplicaState(redis_conn, args)
     state.update(batch_every_s=3.0)
-    assert client.get(pace) == "3.0"
+    assert redis_conn.get(pace) == "3.0"
     paced_at_promotion = []
     promote = standby.gate.promote
 
     def promote_and_note_the_pace():
-        paced_at_promotion.append(client.exists(pace))
+        paced_at_promotion.append(redis_conn.exists(pace))
         return promote()
 
     standby.gate.promote = promote_and_note_the_pace
@@ -267,17 +275,19 @@ def test_a_promotion_lifts_the_standbys_batch_pace_before_it_fences(
         assert handle_command({"cmd": "promote"}, standby, state) is None
         assert paced_at_promotion == [0]
         assert (state.info["role"], state.info["batch_every_s"]) == ("primary", None)
-        generators.generate(client, job, "wordcount", count=300, rate=1e6, seed=8, id_prefix="g")
+        generators.generate(
+            redis_conn, job, "wordcount", count=300, rate=1e6, seed=8, id_prefix="g"
+        )
         standby.process_all_available()
     finally:
         standby.stop()
-    assert not client.exists(pace)
-    entries = truth.valid_entries(client, keys.input_stream(job), ["text"])
-    got = {w: int(c) for w, c in client.hgetall(keys.results(job)).items()}
+    assert not redis_conn.exists(pace)
+    entries = truth.valid_entries(redis_conn, keys.input_stream(job), ["text"])
+    got = {w: int(c) for w, c in redis_conn.hgetall(keys.results(job)).items()}
     assert got == truth.wordcount(entries)
 
 
-def test_a_spare_taken_during_its_warm_up_stops_it_there(spark, client, redis_url, job):
+def test_a_spare_taken_during_its_warm_up_stops_it_there(spark, redis_conn, redis_url, job):
     """A warm spare's warm-up (spark_runtime.spare.warm_up) ends as soon as an agent has taken
     the spare (`taken`): taken before, nothing runs; taken once the warm-up query has started,
     the query is stopped and the call returns, its input deleted, no query left running."""
@@ -290,8 +300,8 @@ def test_a_spare_taken_during_its_warm_up_stops_it_there(spark, client, redis_ur
     jobs_before = set(tracker.getJobIdsForGroup())
     taken = threading.Event()
     taken.set()
-    warm_up(spark, client, redis_url, stream, taken)
-    assert not client.exists(stream) and not spark.streams.active
+    warm_up(spark, redis_conn, redis_url, stream, taken)
+    assert not redis_conn.exists(stream) and not spark.streams.active
     assert set(tracker.getJobIdsForGroup()) == jobs_before  # no Spark job ran
 
     class TakenOnceStarted(StreamingQueryListener):
@@ -314,15 +324,15 @@ def test_a_spare_taken_during_its_warm_up_stops_it_there(spark, client, redis_ur
     listener = TakenOnceStarted()
     spark.streams.addListener(listener)
     try:
-        warm_up(spark, client, redis_url, stream, taken_now)
+        warm_up(spark, redis_conn, redis_url, stream, taken_now)
     finally:
         spark.streams.removeListener(listener)
     assert len(started) == 1 and taken_now.is_set()
-    assert not client.exists(stream) and not spark.streams.active
+    assert not redis_conn.exists(stream) and not spark.streams.active
 
 
 def test_a_chained_stage_of_two_queries_fails_over_to_its_standby_exactly(
-    spark, client, redis_url, job, tmp_path
+    spark, redis_conn, redis_url, job, tmp_path
 ):
     """Chained traffic: join and location_aggregate in one stage (two queries linked by the
     stage's internal stream: no plan runs the two as one). The standby's first query buffers
@@ -331,11 +341,11 @@ def test_a_chained_stage_of_two_queries_fails_over_to_its_standby_exactly(
     topology = get_topology("traffic")
     (stage,) = compile_stages(topology, CHAINED, active={"join", "location_aggregate"}, job=job)
     assert stage.operators == ("join", "location_aggregate") and len(stage.segments) == 2
-    generators.generate(client, job, "traffic", count=1200, rate=800, seed=11)
+    generators.generate(redis_conn, job, "traffic", count=1200, rate=800, seed=11)
 
     def runtime(role, max_records):
         rt = StageRuntime(
-            spark, client, job, topology, stage, role, redis_url, str(tmp_path / role),
+            spark, redis_conn, job, topology, stage, role, redis_url, str(tmp_path / role),
             max_records=max_records,
         )  # fmt: skip
         rt.start()
@@ -348,80 +358,82 @@ def test_a_chained_stage_of_two_queries_fails_over_to_its_standby_exactly(
         standby = runtime(STANDBY, 650)
         standby.process_all_available()
         primary.stop()  # the primary dies having written everything so far
-        generators.generate(client, job, "traffic", count=1200, rate=800, seed=12, id_prefix="g")
+        generators.generate(
+            redis_conn, job, "traffic", count=1200, rate=800, seed=12, id_prefix="g"
+        )
         standby.process_all_available()
         assert len(standby.gate.buffer) > 0
         standby.gate.promote()
         standby.process_all_available()
-        generators.generate(client, job, "traffic", count=400, rate=800, seed=13, id_prefix="h")
+        generators.generate(redis_conn, job, "traffic", count=400, rate=800, seed=13, id_prefix="h")
         standby.process_all_available()
     finally:
         if standby is not None:
             standby.stop()
         primary.stop()
     entries = truth.valid_entries(
-        client, keys.input_stream(job), ["kind", "sensor", "lane", "value"]
+        redis_conn, keys.input_stream(job), ["kind", "sensor", "lane", "value"]
     )
     expected = truth.traffic(entries)
-    got = {k: json.loads(v) for k, v in client.hgetall(keys.results(job)).items()}
+    got = {k: json.loads(v) for k, v in redis_conn.hgetall(keys.results(job)).items()}
     assert len(expected) >= 4
     assert got == expected
 
 
 @pytest.mark.parametrize("chaining", [FUSED, PER_OPERATOR, CHAINED])
-def test_topn_matches_ground_truth(spark, client, redis_url, job, tmp_path, chaining):
+def test_topn_matches_ground_truth(spark, redis_conn, redis_url, job, tmp_path, chaining):
     topology = with_params(get_topology("topn"), {"window_count": {"window_seconds": 1}})
-    generators.generate(client, job, "topn", count=3000, rate=1500, seed=7, malformed_every=97)
-    runtimes = run_stages(spark, client, redis_url, job, topology, tmp_path, chaining=chaining)
+    generators.generate(redis_conn, job, "topn", count=3000, rate=1500, seed=7, malformed_every=97)
+    runtimes = run_stages(spark, redis_conn, redis_url, job, topology, tmp_path, chaining=chaining)
     # One query runs both operators where they share a stage (pipelines.FUSED_PLANS).
     assert [len(rt.queries) for rt in runtimes] == ([1, 1] if chaining == PER_OPERATOR else [1])
     try:
         drain(runtimes, rounds=3)
     finally:
         stop(runtimes)
-    entries = truth.valid_entries(client, keys.input_stream(job), ["item"])
+    entries = truth.valid_entries(redis_conn, keys.input_stream(job), ["item"])
     expected = truth.topn(entries, window_seconds=1, n=5)
-    got = {w: json.loads(v) for w, v in client.hgetall(keys.results(job)).items()}
+    got = {w: json.loads(v) for w, v in redis_conn.hgetall(keys.results(job)).items()}
     assert len(expected) >= 2
     assert got == expected
-    assert client.xlen(keys.dead_letters(job)) == truth.malformed_count(
-        client, keys.input_stream(job), ["item"]
+    assert redis_conn.xlen(keys.dead_letters(job)) == truth.malformed_count(
+        redis_conn, keys.input_stream(job), ["item"]
     )
 
 
-def test_traffic_matches_ground_truth(spark, client, redis_url, job, tmp_path):
+def test_traffic_matches_ground_truth(spark, redis_conn, redis_url, job, tmp_path):
     topology = get_topology("traffic")
-    generators.generate(client, job, "traffic", count=2400, rate=800, seed=8)
-    runtimes = run_stages(spark, client, redis_url, job, topology, tmp_path, chaining=FUSED)
+    generators.generate(redis_conn, job, "traffic", count=2400, rate=800, seed=8)
+    runtimes = run_stages(spark, redis_conn, redis_url, job, topology, tmp_path, chaining=FUSED)
     try:
         drain(runtimes, rounds=3)
     finally:
         stop(runtimes)
     entries = truth.valid_entries(
-        client, keys.input_stream(job), ["kind", "sensor", "lane", "value"]
+        redis_conn, keys.input_stream(job), ["kind", "sensor", "lane", "value"]
     )
     expected = truth.traffic(entries)
-    got = {k: json.loads(v) for k, v in client.hgetall(keys.results(job)).items()}
+    got = {k: json.loads(v) for k, v in redis_conn.hgetall(keys.results(job)).items()}
     assert len(expected) >= 100
     assert got == expected
 
 
-def test_shuffle_matches_ground_truth(spark, client, redis_url, job, tmp_path):
+def test_shuffle_matches_ground_truth(spark, redis_conn, redis_url, job, tmp_path):
     topology = with_params(
         get_topology("shuffle"),
         {"assign_keys": {"keys": 20}, "aggregate": {"selectivity": 0.05}},
     )
-    generators.generate(client, job, "shuffle", count=2000, rate=1e6, seed=9)
-    runtimes = run_stages(spark, client, redis_url, job, topology, tmp_path, chaining=FUSED)
+    generators.generate(redis_conn, job, "shuffle", count=2000, rate=1e6, seed=9)
+    runtimes = run_stages(spark, redis_conn, redis_url, job, topology, tmp_path, chaining=FUSED)
     try:
         drain(runtimes)
     finally:
         stop(runtimes)
-    entries = truth.valid_entries(client, keys.input_stream(job), ["value"])
+    entries = truth.valid_entries(redis_conn, keys.input_stream(job), ["value"])
     state, outputs = truth.shuffle(entries, keys=20, selectivity=0.05)
-    got = {k: json.loads(v) for k, v in client.hgetall(keys.results(job)).items()}
+    got = {k: json.loads(v) for k, v in redis_conn.hgetall(keys.results(job)).items()}
     assert got == state
-    emitted = client.xrange(keys.output_stream(job))
+    emitted = redis_conn.xrange(keys.output_stream(job))
     assert len({f["id"] for _, f in emitted}) == len(emitted)
     assert sorted((f["key"], int(f["count"]), int(f["sum"])) for _, f in emitted) == outputs
     assert len(outputs) >= 50
@@ -450,7 +462,9 @@ def feed_in_chunks(spark, client, redis_url, job, topology, tmp_path, chunks) ->
         stop(runtimes)
 
 
-def test_watermarks_bound_the_state_of_topn_and_traffic(spark, client, redis_url, job, tmp_path):
+def test_watermarks_bound_the_state_of_topn_and_traffic(
+    spark, redis_conn, redis_url, job, tmp_path
+):
     """Input spanning 40 s of event time in 8 chunks of 5 s, with 2-second watermarks: results
     stay exact, and the state keeps only what the watermark has not passed (about 5 + 2 s of
     windows or seconds), not all 40 s of them as it did without a watermark."""
@@ -466,10 +480,10 @@ def test_watermarks_bound_the_state_of_topn_and_traffic(spark, client, redis_url
          "topn": {"n": 3, "watermark_seconds": 2}},
     )  # fmt: skip
     chunks = [[topn_entry(i) for i in range(c * 100, (c + 1) * 100)] for c in range(8)]
-    (window_rows,) = feed_in_chunks(spark, client, redis_url, job, topn, tmp_path, chunks)
-    entries = truth.valid_entries(client, keys.input_stream(job), ["item"])
+    (window_rows,) = feed_in_chunks(spark, redis_conn, redis_url, job, topn, tmp_path, chunks)
+    entries = truth.valid_entries(redis_conn, keys.input_stream(job), ["item"])
     expected = truth.topn(entries, window_seconds=1, n=3)
-    got = {w: json.loads(v) for w, v in client.hgetall(keys.results(job)).items()}
+    got = {w: json.loads(v) for w, v in redis_conn.hgetall(keys.results(job)).items()}
     assert len(expected) == 40 and got == expected
     # One query for both operators, one state row per window: all 40 windows without a watermark.
     assert 0 < window_rows <= 9
@@ -492,14 +506,14 @@ def test_watermarks_bound_the_state_of_topn_and_traffic(spark, client, redis_url
     chunks = [[e for s in range(c * 5, (c + 1) * 5) for e in traffic_entries(s)] for c in range(8)]
     try:
         join_rows, location_rows = feed_in_chunks(
-            spark, client, redis_url, traffic_job, traffic, tmp_path, chunks
+            spark, redis_conn, redis_url, traffic_job, traffic, tmp_path, chunks
         )
         entries = truth.valid_entries(
-            client, keys.input_stream(traffic_job), ["kind", "sensor", "lane", "value"]
+            redis_conn, keys.input_stream(traffic_job), ["kind", "sensor", "lane", "value"]
         )
-        got = {k: json.loads(v) for k, v in client.hgetall(keys.results(traffic_job)).items()}
+        got = {k: json.loads(v) for k, v in redis_conn.hgetall(keys.results(traffic_job)).items()}
     finally:
-        keys.delete_job_keys(client, traffic_job)
+        keys.delete_job_keys(redis_conn, traffic_job)
     expected = truth.traffic(entries)
     assert len(expected) == 80 and got == expected
     assert 0 < join_rows <= 9 * 4  # 4 sensor lanes a second; all 40 s: 160 rows
@@ -518,7 +532,7 @@ def batches_without_input(runtime) -> int:
 
 
 def test_a_standby_skips_batches_without_input_and_stays_exact(
-    spark, client, redis_url, job, tmp_path
+    spark, redis_conn, redis_url, job, tmp_path
 ):
     """Chained topn with 2-second watermarks, input in chunks of 5 s of event time: after each
     chunk the primary runs batches without input to drop expired state, the standby runs none
@@ -535,7 +549,7 @@ def test_a_standby_skips_batches_without_input_and_stays_exact(
 
     def runtime(role):
         rt = StageRuntime(
-            spark, client, job, topology, stage, role, redis_url, str(tmp_path / role),
+            spark, redis_conn, job, topology, stage, role, redis_url, str(tmp_path / role),
             trigger_seconds=0.2,
         )  # fmt: skip
         rt.start()
@@ -544,7 +558,7 @@ def test_a_standby_skips_batches_without_input_and_stays_exact(
     def feed(chunk):
         for i in range(chunk * 100, (chunk + 1) * 100):
             fields = {"id": f"t{i}", "ts": t0 + i * 50, "item": items[(i * 7 + i // 3) % 5]}
-            client.xadd(keys.input_stream(job), fields)
+            redis_conn.xadd(keys.input_stream(job), fields)
 
     primary, standby = runtime(PRIMARY), runtime(STANDBY)
     try:
@@ -565,9 +579,9 @@ def test_a_standby_skips_batches_without_input_and_stays_exact(
     finally:
         standby.stop()
         primary.stop()
-    entries = truth.valid_entries(client, keys.input_stream(job), ["item"])
+    entries = truth.valid_entries(redis_conn, keys.input_stream(job), ["item"])
     expected = truth.topn(entries, window_seconds=1, n=3)
-    got = {w: json.loads(v) for w, v in client.hgetall(keys.results(job)).items()}
+    got = {w: json.loads(v) for w, v in redis_conn.hgetall(keys.results(job)).items()}
     assert len(expected) == 40 and got == expected
 
 

@@ -120,82 +120,92 @@ def written_activity(client, job):
 
 
 def test_activity_matches_plain_python_through_a_promotion(
-    spark, client, redis_url, job, tmp_path, jobs_dir
+    spark, redis_conn, redis_url, job, tmp_path, jobs_dir
 ):
     topology = topology_of("activity", jobs_dir)
     generators.generate(
-        client, job, "activity@1", count=1500, rate=3000, seed=1, malformed_every=97
+        redis_conn, job, "activity@1", count=1500, rate=3000, seed=1, malformed_every=97
     )
     # Different batch sizes: the replicas cut the input into different batches.
-    primary = runtime(spark, client, redis_url, job, topology, tmp_path / "p", PRIMARY, 300)
-    standby = runtime(spark, client, redis_url, job, topology, tmp_path / "s", STANDBY, 450)
+    primary = runtime(spark, redis_conn, redis_url, job, topology, tmp_path / "p", PRIMARY, 300)
+    standby = runtime(spark, redis_conn, redis_url, job, topology, tmp_path / "s", STANDBY, 450)
     try:
         primary.process_all_available()
         primary.stop()  # the primary dies; the input goes on
-        generators.generate(client, job, "activity@1", count=900, rate=3000, seed=2, id_prefix="g")
+        generators.generate(
+            redis_conn, job, "activity@1", count=900, rate=3000, seed=2, id_prefix="g"
+        )
         standby.process_all_available()
         assert len(standby.gate.buffer) > 0
         standby.gate.promote()
-        generators.generate(client, job, "activity@1", count=300, rate=3000, seed=3, id_prefix="h")
+        generators.generate(
+            redis_conn, job, "activity@1", count=300, rate=3000, seed=3, id_prefix="h"
+        )
         standby.process_all_available()
     finally:
         standby.stop()
         primary.stop()
-    clicks = input_clicks(client, job)
-    assert written_activity(client, job) == expected_activity(clicks)
+    clicks = input_clicks(redis_conn, job)
+    assert written_activity(redis_conn, job) == expected_activity(clicks)
     # The job's own reference function agrees (what the benchmark compares with).
     definition = topology.job
-    entries = client.xrange(keys.input_stream(job))
+    entries = redis_conn.xrange(keys.input_stream(job))
     assert user_plan.expected_results(definition, entries) == expected_activity(clicks)
     # Malformed entries went to the dead-letter stream, each once, with the reason.
-    dead = client.xrange(keys.dead_letters(job))
-    assert len(dead) == client.xlen(keys.input_stream(job)) - len(clicks) > 0
+    dead = redis_conn.xrange(keys.dead_letters(job))
+    assert len(dead) == redis_conn.xlen(keys.input_stream(job)) - len(clicks) > 0
     assert all(fields["reason"] for _, fields in dead)
 
 
-def test_activity_replayed_batch_changes_nothing(spark, client, redis_url, job, tmp_path, jobs_dir):
+def test_activity_replayed_batch_changes_nothing(
+    spark, redis_conn, redis_url, job, tmp_path, jobs_dir
+):
     topology = topology_of("activity", jobs_dir)
-    generators.generate(client, job, "activity@1", count=800, rate=4000, seed=4)
-    first = runtime(spark, client, redis_url, job, topology, tmp_path / "c", PRIMARY, 200, FUSED)
+    generators.generate(redis_conn, job, "activity@1", count=800, rate=4000, seed=4)
+    first = runtime(
+        spark, redis_conn, redis_url, job, topology, tmp_path / "c", PRIMARY, 200, FUSED
+    )
     try:
         first.process_all_available()
     finally:
         first.stop()
     # As after a crash between writing the last two batches and committing them.
     forget_last_commits(tmp_path / "c" / "0")
-    generators.generate(client, job, "activity@1", count=300, rate=4000, seed=5, id_prefix="g")
-    again = runtime(spark, client, redis_url, job, topology, tmp_path / "c", PRIMARY, 200, FUSED)
+    generators.generate(redis_conn, job, "activity@1", count=300, rate=4000, seed=5, id_prefix="g")
+    again = runtime(
+        spark, redis_conn, redis_url, job, topology, tmp_path / "c", PRIMARY, 200, FUSED
+    )
     try:
         again.process_all_available()
     finally:
         again.stop()
-    assert written_activity(client, job) == expected_activity(input_clicks(client, job))
+    assert written_activity(redis_conn, job) == expected_activity(input_clicks(redis_conn, job))
 
 
 def test_server_errors_appends_each_once_through_a_promotion(
-    spark, client, redis_url, job, tmp_path, jobs_dir
+    spark, redis_conn, redis_url, job, tmp_path, jobs_dir
 ):
     topology = topology_of("server_errors", jobs_dir)
-    generators.generate(client, job, "server_errors@1", count=1200, rate=4000, seed=6)
-    primary = runtime(spark, client, redis_url, job, topology, tmp_path / "p", PRIMARY, 250)
-    standby = runtime(spark, client, redis_url, job, topology, tmp_path / "s", STANDBY, 400)
+    generators.generate(redis_conn, job, "server_errors@1", count=1200, rate=4000, seed=6)
+    primary = runtime(spark, redis_conn, redis_url, job, topology, tmp_path / "p", PRIMARY, 250)
+    standby = runtime(spark, redis_conn, redis_url, job, topology, tmp_path / "s", STANDBY, 400)
     try:
         primary.process_all_available()
         primary.stop()
         generators.generate(
-            client, job, "server_errors@1", count=800, rate=4000, seed=7, id_prefix="g"
+            redis_conn, job, "server_errors@1", count=800, rate=4000, seed=7, id_prefix="g"
         )
         standby.process_all_available()
         standby.gate.promote()
         generators.generate(
-            client, job, "server_errors@1", count=200, rate=4000, seed=8, id_prefix="h"
+            redis_conn, job, "server_errors@1", count=200, rate=4000, seed=8, id_prefix="h"
         )
         standby.process_all_available()
     finally:
         standby.stop()
         primary.stop()
-    clicks = input_clicks(client, job)
-    appended = [fields for _, fields in client.xrange(keys.output_stream(job))]
+    clicks = input_clicks(redis_conn, job)
+    appended = [fields for _, fields in redis_conn.xrange(keys.output_stream(job))]
     assert sorted(f["key"] for f in appended) == sorted(
         c["id"] for c in clicks if c["status"] >= 500
     )
@@ -261,7 +271,7 @@ def test_the_dry_run_names_the_operator_at_fault(spark, tmp_path):
 
 
 def test_a_stateful_operators_parallelism_is_its_number_of_state_partitions(
-    spark, client, redis_url, job, tmp_path, jobs_dir
+    spark, redis_conn, redis_url, job, tmp_path, jobs_dir
 ):
     """activity with `parallelism=3` on per_window: its state is kept in 3 partitions (the
     checkpoint's state store has one directory per partition) and the results are unchanged.
@@ -276,25 +286,25 @@ def test_a_stateful_operators_parallelism_is_its_number_of_state_partitions(
     )
     topology = dataclasses.replace(example.job, operators=operators).to_topology(1)
     session_value = spark.conf.get("spark.sql.shuffle.partitions")
-    generators.generate(client, job, "activity@1", count=600, rate=3000, seed=6)
-    rt = runtime(spark, client, redis_url, job, topology, tmp_path / "p3", PRIMARY, 300)
+    generators.generate(redis_conn, job, "activity@1", count=600, rate=3000, seed=6)
+    rt = runtime(spark, redis_conn, redis_url, job, topology, tmp_path / "p3", PRIMARY, 300)
     try:
         assert spark.conf.get("spark.sql.shuffle.partitions") == session_value
         rt.process_all_available()
     finally:
         rt.stop()
-    assert written_activity(client, job) == expected_activity(input_clicks(client, job))
+    assert written_activity(redis_conn, job) == expected_activity(input_clicks(redis_conn, job))
     (aggregation_state,) = (tmp_path / "p3" / "0" / "state").iterdir()
     partitions = sorted(p.name for p in aggregation_state.iterdir() if p.name.isdigit())
     assert partitions == ["0", "1", "2"]
 
-    generators.generate(client, job, "activity@1", count=300, rate=3000, seed=7, id_prefix="g")
-    resumed = runtime(spark, client, redis_url, job, example, tmp_path / "p3", PRIMARY, 300)
+    generators.generate(redis_conn, job, "activity@1", count=300, rate=3000, seed=7, id_prefix="g")
+    resumed = runtime(spark, redis_conn, redis_url, job, example, tmp_path / "p3", PRIMARY, 300)
     try:
         resumed.process_all_available()
     finally:
         resumed.stop()
-    assert written_activity(client, job) == expected_activity(input_clicks(client, job))
+    assert written_activity(redis_conn, job) == expected_activity(input_clicks(redis_conn, job))
     offsets = tmp_path / "p3" / "0" / "offsets"
     newest = max((p for p in offsets.iterdir() if p.name.isdigit()), key=lambda p: int(p.name))
     metadata = json.loads(newest.read_text().splitlines()[1])

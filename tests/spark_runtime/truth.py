@@ -1,15 +1,15 @@
 """Ground truth computed in plain Python from the input stream (never via spark_runtime code).
 
-Wordcount and top-N come from console/bench/truth.py (plain Python too, shared with the strategy
-benchmark and tested on hand-counted inputs in tests/bench/test_truth.py)."""
+Wordcount and top-N come from console/policy/truth.py (plain Python too, shared with the strategy
+benchmark and tested on hand-counted inputs in tests/policy/test_truth.py)."""
 
 from __future__ import annotations
 
 import zlib
 from collections import defaultdict
 
-from console.bench.truth import top_items_per_window
-from console.bench.truth import wordcount_cells as wordcount  # noqa: F401 (used by the tests)
+from console.policy.truth import top_items_per_window
+from console.policy.truth import wordcount_cells as wordcount  # noqa: F401 (used by the tests)
 
 
 def valid_entries(client, stream: str, payload: list[str]) -> list[dict]:

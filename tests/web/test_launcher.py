@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import sys
 
-from web.launcher import ProcessGroup, wait_for
+from infra.launcher import ProcessGroup, wait_for
 
 
 def starts_of(path) -> list[float]:
@@ -56,9 +56,9 @@ def test_only_a_heartbeat_taken_since_the_start_counts():
     import time
     import uuid
 
-    from web.launcher import beat_since
-    from workers.keys import node_heartbeat
-    from workers.redis_client import redis_client
+    from console.redis import redis_client
+    from infra.keys import node_heartbeat
+    from infra.launcher import beat_since
 
     client = redis_client()
     node = f"node-{uuid.uuid4().hex[:8]}"

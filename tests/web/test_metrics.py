@@ -3,12 +3,17 @@ the REST API and against the stored rows computed here in plain Python."""
 
 from __future__ import annotations
 
+import time
+
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from console.models import FaultInjection, MetricSample, RecoveryEpisode
+from console.redis import redis_client
 from console.roles import VIEWER
 from console.services.prometheus import DURATION_BUCKETS_S
+from infra import keys as control_keys
+from infra.leases import heartbeat
 from tests.dash.seed import seed_console
 
 pytestmark = pytest.mark.django_db
@@ -126,3 +131,24 @@ def test_fault_and_recovery_counters_and_histograms_count_the_stored_rows(client
             if s.name.endswith("_sum") and s.labels["strategy"] == strategy
         ]
         assert total == [pytest.approx(sum(observed))]
+
+
+def test_controller_and_unsupervised_job_gauges(client, seeded):
+    redis = redis_client()
+    redis.delete(control_keys.controllers())
+    for job in (seeded.adaptive, seeded.baseline):
+        redis.delete(control_keys.controller_lease(job.key))
+    metrics = scrape(client)
+    assert values(metrics["backstop_controllers"]) == [0.0]
+    assert values(metrics["backstop_jobs_unsupervised"]) == [2.0]  # two running jobs, no lease
+    heartbeat(redis, "controller-a")
+    heartbeat(redis, "controller-b")
+    redis.zadd(control_keys.controllers(), {"controller-gone": time.time() - 10})
+    redis.set(control_keys.controller_lease(seeded.adaptive.key), "controller-a", ex=30)
+    try:
+        metrics = scrape(client)
+        assert values(metrics["backstop_controllers"]) == [2.0]
+        assert values(metrics["backstop_jobs_unsupervised"]) == [1.0]
+    finally:
+        redis.delete(control_keys.controllers())
+        redis.delete(control_keys.controller_lease(seeded.adaptive.key))

@@ -12,17 +12,20 @@ import pytest
 import redis
 from django.conf import settings
 
-from workers import agent, keys
+from infra import keys
+from infra.processes import CPU_HOG_MODULE, processes_matching
+from spark_runtime.generators import generator_replica_id
+from workers import agent
 
 NODE = "tn-pause"
 
 
 @pytest.fixture
-def client():
-    client = redis.Redis.from_url(settings.REDIS_URL, decode_responses=True)
-    client.delete(keys.paused_groups(NODE), keys.agent_events())
-    yield client
-    client.delete(keys.paused_groups(NODE), keys.agent_events())
+def redis_conn():
+    redis_conn = redis.Redis.from_url(settings.REDIS_URL, decode_responses=True)
+    redis_conn.delete(keys.paused_groups(NODE), keys.agent_events())
+    yield redis_conn
+    redis_conn.delete(keys.paused_groups(NODE), keys.agent_events())
 
 
 @pytest.fixture
@@ -73,22 +76,22 @@ def _wait_for_states(leaders, wanted: set[str], timeout_s: float = 5.0) -> set[s
     return _states(leaders)
 
 
-def test_paused_groups_stop_and_resume_when_due(client, groups):
+def test_paused_groups_stop_and_resume_when_due(redis_conn, groups):
     pgids = [p.pid for p in groups]
-    agent.pause_groups(client, NODE, pgids, duration_s=30)
+    agent.pause_groups(redis_conn, NODE, pgids, duration_s=30)
     assert _wait_for_states(groups, {psutil.STATUS_STOPPED}) == {psutil.STATUS_STOPPED}
-    deadline = json.loads(client.hget(keys.paused_groups(NODE), str(pgids[0])))["resume_at"]
+    deadline = json.loads(redis_conn.hget(keys.paused_groups(NODE), str(pgids[0])))["resume_at"]
     assert time.time() + 25 < deadline <= time.time() + 30
-    assert agent.resume_due(client, NODE) == []  # not due yet: still stopped
+    assert agent.resume_due(redis_conn, NODE) == []  # not due yet: still stopped
     assert _states(groups) == {psutil.STATUS_STOPPED}
-    assert sorted(agent.resume_due(client, NODE, now=deadline + 0.1)) == sorted(pgids)
+    assert sorted(agent.resume_due(redis_conn, NODE, now=deadline + 0.1)) == sorted(pgids)
     assert _wait_for_states(groups, {psutil.STATUS_SLEEPING}) == {psutil.STATUS_SLEEPING}
-    assert client.hgetall(keys.paused_groups(NODE)) == {}
+    assert redis_conn.hgetall(keys.paused_groups(NODE)) == {}
 
 
-def test_a_restarted_agent_resumes_pauses_that_ended_while_it_was_down(client, groups):
+def test_a_restarted_agent_resumes_pauses_that_ended_while_it_was_down(redis_conn, groups):
     """Only Redis carries the deadline: a fresh connection (a new agent) finds and ends it."""
-    agent.pause_groups(client, NODE, [p.pid for p in groups], duration_s=0.5)
+    agent.pause_groups(redis_conn, NODE, [p.pid for p in groups], duration_s=0.5)
     assert _wait_for_states(groups, {psutil.STATUS_STOPPED}) == {psutil.STATUS_STOPPED}
     time.sleep(0.6)
     restarted = redis.Redis.from_url(settings.REDIS_URL, decode_responses=True)
@@ -96,19 +99,19 @@ def test_a_restarted_agent_resumes_pauses_that_ended_while_it_was_down(client, g
     assert _wait_for_states(groups, {psutil.STATUS_SLEEPING}) == {psutil.STATUS_SLEEPING}
 
 
-def test_a_group_that_ended_meanwhile_is_forgotten(client):
+def test_a_group_that_ended_meanwhile_is_forgotten(redis_conn):
     gone = subprocess.Popen(["true"], start_new_session=True)
     gone.wait()
-    agent.pause_groups(client, NODE, [gone.pid], duration_s=0.1)
-    assert agent.resume_due(client, NODE, now=time.time() + 1) == [gone.pid]
-    assert client.hgetall(keys.paused_groups(NODE)) == {}
+    agent.pause_groups(redis_conn, NODE, [gone.pid], duration_s=0.1)
+    assert agent.resume_due(redis_conn, NODE, now=time.time() + 1) == [gone.pid]
+    assert redis_conn.hgetall(keys.paused_groups(NODE)) == {}
 
 
-def test_the_pause_node_task_stops_the_stage_group_until_due(client, node_env, fake_stage):
+def test_the_pause_node_task_stops_the_stage_group_until_due(redis_conn, node_env, fake_stage):
     groups = agent.pause_node(5, "jk-pause")
     assert groups == [fake_stage.pid]
     assert _wait_for_states([fake_stage], {psutil.STATUS_STOPPED}) == {psutil.STATUS_STOPPED}
-    agent.resume_due(client, NODE, now=time.time() + 6)
+    agent.resume_due(redis_conn, NODE, now=time.time() + 6)
     assert _wait_for_states([fake_stage], {psutil.STATUS_SLEEPING}) == {psutil.STATUS_SLEEPING}
 
 
@@ -122,19 +125,17 @@ def test_the_pause_node_task_stops_the_stage_group_until_due(client, node_env, f
         (lambda: agent.pause_node(601), "params.duration_s: must be more than 0 and at most 600"),
     ],
 )
-def test_the_agent_refuses_out_of_bound_faults_and_reports_it(client, node_env, call, message):
+def test_the_agent_refuses_out_of_bound_faults_and_reports_it(redis_conn, node_env, call, message):
     """The agent does not trust the controller: the same bounds, from its own capacity."""
-    before = {p.pid for p in psutil.process_iter(["cmdline"])
-              if "workers.cpu_hog" in (p.info["cmdline"] or [])}  # fmt: skip
+    before = {p.pid for p in processes_matching(lambda argv: CPU_HOG_MODULE in argv)}
     with pytest.raises(agent.FaultRefusedByAgent, match=message):
         call()
-    events = [fields for _, fields in client.xrange(keys.agent_events())]
+    events = [fields for _, fields in redis_conn.xrange(keys.agent_events())]
     assert [(e["kind"], e["node"]) for e in events] == [("refused", NODE)]
     assert message in events[0]["detail"]
-    after = {p.pid for p in psutil.process_iter(["cmdline"])
-             if "workers.cpu_hog" in (p.info["cmdline"] or [])}  # fmt: skip
+    after = {p.pid for p in processes_matching(lambda argv: CPU_HOG_MODULE in argv)}
     assert after <= before  # no hog was started
-    assert client.hgetall(keys.paused_groups(NODE)) == {}
+    assert redis_conn.hgetall(keys.paused_groups(NODE)) == {}
 
 
 def test_the_agent_runs_hogs_within_its_bounds(node_env):
@@ -145,7 +146,7 @@ def test_the_agent_runs_hogs_within_its_bounds(node_env):
 
 
 @pytest.mark.django_db
-def test_a_fault_the_agent_refuses_is_marked_refused_not_injected(client, node_env):
+def test_a_fault_the_agent_refuses_is_marked_refused_not_injected(redis_conn, node_env):
     """The API's bounds passed, the agent's own (its cores, its maximum) did not."""
     from console.models import ControlDecision, FaultInjection
     from console.services.control.observe import read_agent_events
@@ -157,14 +158,14 @@ def test_a_fault_the_agent_refuses_is_marked_refused_not_injected(client, node_e
     )
     with pytest.raises(agent.FaultRefusedByAgent):
         agent.stress_node(10, 3, fault_id=fault.pk, job_key=job.key)  # 3 hogs on 2 cores
-    read_agent_events(client, job)
+    read_agent_events(redis_conn, job)
     fault.refresh_from_db()
     assert fault.outcome == FaultInjection.Outcome.REFUSED
     assert fault.outcome_detail.startswith("refused by the node agent: params.workers")
     assert fault.injected_at is None
     decision = ControlDecision.objects.get(job=job, kind=ControlDecision.Kind.FAULT)
     assert decision.reason.startswith("stress-node refused")
-    read_agent_events(client, job)  # read again: nothing changes
+    read_agent_events(redis_conn, job)  # read again: nothing changes
     assert ControlDecision.objects.filter(job=job).count() == 1
 
 
@@ -175,20 +176,20 @@ def test_kill_node_kills_a_handed_replica_but_not_the_jobs_input_generator(node_
     job = "jk-kill-node"
     procs = {
         rid: subprocess.Popen(["sleep", "60"], start_new_session=True)
-        for rid in (agent.generator_replica_id(job), "count-9")
+        for rid in (generator_replica_id(job), "count-9")
     }
     with agent._children_lock:
         for rid, proc in procs.items():
-            agent._children[rid] = (proc, job, None)
+            agent._children[(job, rid)] = (proc, job, None)
     try:
         killed = agent.kill_node(job)
         assert killed == [procs["count-9"].pid]
         assert procs["count-9"].wait(timeout=5) == -9
-        assert procs[agent.generator_replica_id(job)].poll() is None, "the generator runs on"
+        assert procs[generator_replica_id(job)].poll() is None, "the generator runs on"
     finally:
         with agent._children_lock:
             for rid in procs:
-                agent._children.pop(rid, None)
+                agent._children.pop((job, rid), None)
         for proc in procs.values():
             proc.kill()
             proc.wait()

@@ -15,7 +15,8 @@ import pytest
 import redis
 from django.conf import settings
 
-from workers import agent, keys
+from infra import keys
+from workers import agent
 
 NODE = "tn-spark"
 SLEEP = "import time; time.sleep(60)"
@@ -27,11 +28,11 @@ def executor_argv(app: str, executor_id: int) -> list[str]:
 
 
 @pytest.fixture
-def client():
-    client = redis.Redis.from_url(settings.REDIS_URL, decode_responses=True)
-    client.delete(keys.agent_events(), *(keys.fault_carried_out(i) for i in (901, 902, 903)))
-    yield client
-    client.delete(keys.agent_events(), *(keys.fault_carried_out(i) for i in (901, 902, 903)))
+def redis_conn():
+    redis_conn = redis.Redis.from_url(settings.REDIS_URL, decode_responses=True)
+    redis_conn.delete(keys.agent_events(), *(keys.fault_carried_out(i) for i in (901, 902, 903)))
+    yield redis_conn
+    redis_conn.delete(keys.agent_events(), *(keys.fault_carried_out(i) for i in (901, 902, 903)))
 
 
 @pytest.fixture(autouse=True)
@@ -67,7 +68,7 @@ def events(client) -> list[dict]:
     return [fields for _, fields in client.xrange(keys.agent_events())]
 
 
-def test_kill_executor_kills_the_applications_first_executor_only(client, worker):
+def test_kill_executor_kills_the_applications_first_executor_only(redis_conn, worker):
     executors = agent.spark_executors("app-a")
     assert [agent.argv_of(p.cmdline())[-3] for p in executors] == ["0", "1"]
     killed = agent.kill_spark_process("app-a", "kill-executor", fault_id=901, job_key="j1")
@@ -75,27 +76,27 @@ def test_kill_executor_kills_the_applications_first_executor_only(client, worker
     psutil.wait_procs([executors[0]], timeout=5)
     assert [p.pid for p in agent.spark_executors("app-a")] == [executors[1].pid]
     assert worker.is_running()
-    (event,) = events(client)
+    (event,) = events(redis_conn)
     assert (event["kind"], event["fault_id"], event["job"]) == ("spark-killed", "901", "j1")
     assert "killed Spark executor of app-a" in event["detail"]
     # The same task delivered again (acks_late) kills nothing more.
     assert agent.kill_spark_process("app-a", "kill-executor", fault_id=901, job_key="j1") == []
-    assert len(agent.spark_executors("app-a")) == 1 and len(events(client)) == 1
+    assert len(agent.spark_executors("app-a")) == 1 and len(events(redis_conn)) == 1
 
 
-def test_kill_worker_kills_the_worker_with_every_executor_it_launched(client, worker):
+def test_kill_worker_kills_the_worker_with_every_executor_it_launched(redis_conn, worker):
     everything = {worker.pid, *(p.pid for p in worker.children(recursive=True))}
     killed = agent.kill_spark_process("app-a", "kill-worker", fault_id=902, job_key="j1")
     assert set(killed) == everything
-    (event,) = events(client)
+    (event,) = events(redis_conn)
     assert event["kind"] == "spark-killed"
     # Other applications' executors on that worker go too, and the report names them.
     assert "killed Spark worker of app-a" in event["detail"]
     assert "executors of app-a, app-b" in event["detail"]
 
 
-def test_an_application_without_executors_here_is_refused_with_the_reason(client):
+def test_an_application_without_executors_here_is_refused_with_the_reason(redis_conn):
     assert agent.kill_spark_process("app-none", "kill-worker", fault_id=903, job_key="j1") == []
-    (event,) = events(client)
+    (event,) = events(redis_conn)
     assert (event["kind"], event["fault"]) == ("refused", "kill-worker")
     assert "no Spark worker running an executor of Spark application app-none" in event["detail"]

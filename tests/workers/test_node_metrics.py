@@ -6,7 +6,8 @@ import time
 
 import pytest
 
-from workers.node_metrics import HOST, PROCESSES, Capacity, NodeSampler, node_processes
+from infra.node_metrics import HOST, PROCESSES, Capacity, NodeSampler
+from infra.processes import node_processes
 
 CAPACITY = Capacity(cpu_total=2.0, mem_total_mb=4096.0, disk_max_mbps=100.0, bw_total_mbps=1000.0)
 
@@ -53,74 +54,6 @@ def test_unknown_scope_is_refused():
         NodeSampler("x", CAPACITY, scope="galaxy")
 
 
-def test_a_renamed_warm_spare_reads_as_the_stage_it_became():
-    """A spare renames itself with setproctitle: Linux shows one NUL-padded string, which
-    argv_of splits back, so every scanner finds the replica by its flags."""
-    import subprocess
-    import sys
-    import time
-
-    import psutil
-
-    from workers.node_metrics import argv_of, cmdline_arg
-
-    title = f"{sys.executable} -m spark_runtime.stage --job j1 --replica-id count-2 --node n-1"
-    code = f"import setproctitle, time; setproctitle.setproctitle({title!r}); time.sleep(5)"
-    proc = subprocess.Popen([sys.executable, "-c", code])
-    try:
-        deadline = time.time() + 5
-        while time.time() < deadline:
-            argv = argv_of(psutil.Process(proc.pid).cmdline())
-            if "spark_runtime.stage" in argv:
-                break
-            time.sleep(0.1)
-        assert cmdline_arg(argv, "--replica-id") == "count-2"
-        assert cmdline_arg(argv, "--node") == "n-1"
-    finally:
-        proc.kill()
-        proc.wait()
-    # An ordinary command line is left as it is.
-    assert argv_of(["python", "-m", "x", "--a b"]) == ["python", "-m", "x", "--a b"]
-    assert argv_of(None) == []
-
-
-def test_spare_processes_are_the_spares_not_yet_running_a_replica():
-    """What the benchmark reports as the spares' cost: a spare process counts until it takes
-    a replica's command line, then it is one of that job's stage processes instead."""
-    import psutil
-
-    from workers.node_metrics import argv_of, spare_processes, stage_processes
-
-    sleep = "import time; time.sleep(30)"
-    idle = subprocess.Popen(
-        [sys.executable, "-c", sleep, "-m", "spark_runtime.spare", "--node", "tn-1",
-         "--spare-id", "spare-tn-1-a"]
-    )  # fmt: skip
-    title = (
-        f"{sys.executable} -m spark_runtime.stage --job j-idle-test --replica-id c-1 --node tn-1"
-    )
-    became = f"import setproctitle, time; setproctitle.setproctitle({title!r}); time.sleep(30)"
-    taken = subprocess.Popen(
-        [sys.executable, "-c", became, "-m", "spark_runtime.spare", "--node", "tn-1",
-         "--spare-id", "spare-tn-1-b"]
-    )  # fmt: skip
-    try:
-        deadline = time.time() + 10
-        while "spark_runtime.stage" not in argv_of(psutil.Process(taken.pid).cmdline()):
-            assert time.time() < deadline, "the taken spare never took the stage's title"
-            time.sleep(0.1)
-        # Other spares may run on this machine (other tests' agents): look for these two only.
-        spare_pids = {p.pid for p in spare_processes()}
-        assert idle.pid in spare_pids
-        assert taken.pid not in spare_pids
-        assert [p.pid for p in stage_processes(job="j-idle-test")] == [taken.pid]
-    finally:
-        for proc in (idle, taken):
-            proc.kill()
-            proc.wait()
-    assert {idle.pid, taken.pid}.isdisjoint(p.pid for p in spare_processes())
-
-
 def start_holding(code: str) -> subprocess.Popen:
     """A child Python that runs `code` (which prints "ready" once its memory is touched), then
     sleeps until killed; returned once it is ready."""
@@ -155,8 +88,8 @@ def test_pss_counts_pages_shared_by_forked_processes_once():
     which RSS counts in each process and PSS splits between them."""
     import psutil
 
+    from infra.node_metrics import ProcessTracker
     from spark_runtime.activity import pss_mb
-    from workers.node_metrics import ProcessTracker
 
     holder = start_holding(
         "import os, time; data = b'x' * (50 * 2**20)\n"

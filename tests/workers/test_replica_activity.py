@@ -15,9 +15,10 @@ import redis
 from django.conf import settings
 
 from console.services.control.act import AgentLauncher
+from infra import keys
 from spark_runtime.activity import ActivityMeter, cpu_share_over, is_busy
 from tests.factories import make_job
-from workers import agent, keys
+from workers import agent
 
 # A parent that spins in a child (like a stage whose JVM does the work), and an idle one.
 SPINNING_CHILD = (
@@ -81,9 +82,9 @@ def test_the_agent_publishes_activity_and_the_controller_reads_it(processes, mon
     job = make_job()
     spinning, idle = processes(SPINNING_CHILD), processes(IDLE)
     children = {
-        "count-1": (spinning, job.key, None),
-        "split-1": (idle, job.key, None),
-        "spare-x": (processes(IDLE), "", None),  # a warm spare: no job, not published
+        (job.key, "count-1"): (spinning, job.key, None),
+        (job.key, "split-1"): (idle, job.key, None),
+        ("", "spare-x"): (processes(IDLE), "", None),  # a warm spare: no job, not published
     }
     monkeypatch.setattr(agent, "_children", children)
     agent.publish_activity(client)  # the first round only takes a sample

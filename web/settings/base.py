@@ -7,8 +7,8 @@ from pathlib import Path
 
 import dj_database_url
 
+from infra.env import env, parse_bool, parse_list, parse_url
 from spark_runtime.config import spark_log_level
-from web.env import env, parse_bool, parse_list, parse_url
 
 BASE_DIR = Path(__file__).resolve().parent.parent.parent
 VAR_DIR = Path(env("BACKSTOP_VAR_DIR", str(BASE_DIR / "var")))
@@ -47,6 +47,7 @@ INSTALLED_APPS = [
     "django_celery_beat",
     "django_plotly_dash.apps.DjangoPlotlyDashConfig",
     "console",
+    "bench",
 ]
 
 MIDDLEWARE = [
@@ -275,12 +276,24 @@ SPARK_LOG_LEVEL = env("SPARK_LOG_LEVEL", "WARN", spark_log_level)
 # so a stage can restart from its checkpoint on another node.
 BACKSTOP_CHECKPOINT_ROOT = Path(env("BACKSTOP_CHECKPOINT_ROOT", str(VAR_DIR / "checkpoints")))
 CONTROLLER_DISPATCH = env("CONTROLLER_DISPATCH", True, parse_bool)
+# Reconcile threads of each controller process's fleet supervision (console/services/fleet.py);
+# 0: this controller runs tasks only and supervises no job.
+SUPERVISION_WORKERS = env("BACKSTOP_SUPERVISION_WORKERS", 4, int)
 FAULT_RATE_LIMIT_PER_MINUTE = env("FAULT_RATE_LIMIT_PER_MINUTE", 6, int)
 # Longest pause-node or stress-node a fault may ask for; node agents check it again.
 FAULT_MAX_DURATION_S = env("FAULT_MAX_DURATION_S", 600.0, float)
 # Bearer token Prometheus sends to /metrics; empty turns the endpoint off (404).
 METRICS_TOKEN = env("METRICS_TOKEN", "")
-METRIC_RETENTION_HOURS = env("METRIC_RETENTION_HOURS", 48, int)
+# Retention (console/services/retention.py, purged hourly by the beat task purge_old_records).
+METRIC_RETENTION_HOURS = env("METRIC_RETENTION_HOURS", 48, _positive_int)
+DECISION_RETENTION_DAYS = env("DECISION_RETENTION_DAYS", 30, _positive_int)
+# Closed episodes only (open ones are kept until measured); audits of purged ones are folded.
+EPISODE_RETENTION_DAYS = env("EPISODE_RETENTION_DAYS", 30, _positive_int)
+FAULT_RETENTION_DAYS = env("FAULT_RETENTION_DAYS", 30, _positive_int)
+PROGRESS_RETENTION_HOURS = env("PROGRESS_RETENTION_HOURS", 48, _positive_int)
+# Rows per DELETE (each its own transaction), and how long one purge run may go on.
+RETENTION_BATCH_ROWS = env("RETENTION_BATCH_ROWS", 10_000, _positive_int)
+RETENTION_MAX_SECONDS = env("RETENTION_MAX_SECONDS", 300, _positive_int)
 
 LOGGING = {
     "version": 1,

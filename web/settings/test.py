@@ -2,7 +2,7 @@
 
 import os
 
-from web.env import env, parse_url
+from infra.env import env, parse_url
 from web.settings import base, inherit
 
 inherit(globals(), base)

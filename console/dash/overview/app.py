@@ -11,6 +11,16 @@ APP_NAME = "backstop-overview"
 app = DjangoDash(APP_NAME, suppress_callback_exceptions=True)
 app.layout = layout.layout
 
+FILTERS = [
+    Input("job-search", "value"),
+    Input("job-status", "value"),
+    Input("job-strategy", "value"),
+    Input("job-topology", "value"),
+    Input("job-node", "value"),
+    Input("job-open", "value"),
+    Input("job-sort", "value"),
+]
+
 app.callback(
     Output("kpis", "children"),
     Output("jobs-table", "children"),
@@ -20,7 +30,22 @@ app.callback(
     Output("throughput", "figure"),
     Input("refresh", "n_intervals"),
     Input("window", "value"),
+    *FILTERS,
+    Input("jobs-page", "data"),
 )(callbacks.refresh)
+app.callback(
+    Output("job-topology", "options"),
+    Output("job-node", "options"),
+    Input("url", "pathname"),
+)(callbacks.filter_options)
+app.callback(
+    Output("jobs-page", "data"),
+    Input("jobs-prev", "n_clicks"),
+    Input("jobs-next", "n_clicks"),
+    *FILTERS,
+    State("jobs-page", "data"),
+    prevent_initial_call=True,
+)(callbacks.turn_page)
 app.callback(Output("controls", "children"), Input("url", "pathname"))(callbacks.render_controls)
 app.callback(Output("stop-job", "options"), Input("refresh", "n_intervals"))(callbacks.stop_options)
 app.callback(

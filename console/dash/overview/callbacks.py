@@ -17,28 +17,54 @@ from console.dash.common import (
     MAX_POINTS,
     badge,
     can_view,
+    choice_values,
     fmt_num,
     fmt_pct,
     fmt_time,
     message,
+    one_choice,
+    page_number,
     recovered_cell,
     recovery_time_cell,
+    scroll_box,
     table,
+    text_value,
 )
 from console.dash.overview import figures
+from console.dash.overview.layout import OPEN_ONLY, PAGE_SIZE
 from console.dash.overview.layout import controls as controls_layout
-from console.models import Policy
+from console.models import Job, Node, Policy
 from console.roles import OPERATOR, has_role
 from console.services.topologies import topology_names
 
+STATUSES = {value for value, _ in Job.Status.choices}
+STRATEGIES = {value for value, _ in Job.Strategy.choices}
+# The throughput chart draws the first this many live jobs of the page, each with at least
+# MIN_POINTS points (MAX_POINTS for up to 4 jobs).
+THROUGHPUT_LINES = 10
+MIN_POINTS = 120
 
-def _kpi(label: str, value: str, tile_id: str):
-    return html.Div(
-        [
-            html.Div(value, className="kpi-value", id=tile_id),
-            html.Div(label, className="kpi-label"),
-        ],
-        className="kpi",
+
+def _kpi(label: str, value: str, tile_id: str, detail: str = ""):
+    parts = [
+        html.Div(value, className="kpi-value", id=tile_id),
+        html.Div(label, className="kpi-label"),
+    ]
+    if detail:
+        parts.append(html.Div(detail, className="kpi-detail"))
+    return html.Div(parts, className="kpi")
+
+
+def job_filter(search, status, strategy, topology, node, open_only) -> data.JobFilter:
+    """The job list's filter from the inputs as sent (checked: a forged request gets a filter
+    that matches what it can, never an error)."""
+    return data.JobFilter(
+        status=choice_values(status, STATUSES),
+        strategy=choice_values(strategy, STRATEGIES),
+        topology=choice_values(topology, max_length=48),
+        node=text_value(node, 64),
+        open_recovery=True if OPEN_ONLY in choice_values(open_only) else None,
+        search=text_value(search),
     )
 
 
@@ -107,6 +133,8 @@ def _episode_table(episodes: list[dict]):
 
 
 def _node_table(nodes: list[dict]):
+    # At fleet size the nodes that need a look come first; the table scrolls in its card.
+    nodes = sorted(nodes, key=lambda n: (n["state"] == Node.State.UP, n["name"]))
     rows = [
         [
             n["name"],
@@ -128,41 +156,120 @@ def _node_table(nodes: list[dict]):
     )
 
 
-def refresh(n_intervals, window_s, user=None):
-    """Every 2 s: KPI tiles, jobs, episodes, nodes and both charts."""
+def _position(page: data.JobPage, flt: data.JobFilter, total: int) -> str:
+    filtered = flt != data.JobFilter()
+    matching = f"{page.matching} of {total} jobs match" if filtered else f"{total} jobs"
+    first = (page.page - 1) * PAGE_SIZE + 1 if page.rows else 0
+    shown = f"{first}-{first + len(page.rows) - 1}" if page.rows else "none"
+    return f"{matching}; showing {shown} (page {page.page} of {page.pages})"
+
+
+def _kpis(totals: dict, utilisation) -> list:
+    jobs, nodes, replicas = totals["jobs"], totals["nodes"], totals["replicas"]
+    by_status = jobs["by_status"]
+    breakdown = " · ".join(f"{n} {status}" for status, n in by_status.items() if n)
+    last = utilisation.dropna().iloc[-1] if not utilisation.dropna().empty else None
+    return [
+        _kpi("jobs", str(jobs["total"]), "kpi-jobs", breakdown),
+        _kpi("running jobs", str(by_status["running"]), "kpi-running",
+             f"{jobs['live']} live, {by_status['failed']} failed"),
+        _kpi("replicas", str(replicas["total"]), "kpi-replicas",
+             f"{replicas['primary']} primaries, {replicas['standby']} standbys"),
+        _kpi("nodes up", f"{nodes['up']}/{nodes['total']}", "kpi-nodes",
+             f"{nodes['down']} not up" if nodes["down"] else "all up"),
+        _kpi("open episodes", str(totals["open_recoveries"]), "kpi-open",
+             f"in {totals['jobs_with_open_recoveries']} jobs"),
+        _kpi("cluster CPU", fmt_pct(None if last is None else last["cpu"]), "kpi-cpu"),
+        _kpi("cluster memory", fmt_pct(None if last is None else last["mem"]), "kpi-mem"),
+    ]  # fmt: skip
+
+
+def refresh(
+    n_intervals,
+    window_s,
+    search=None,
+    status=None,
+    strategy=None,
+    topology=None,
+    node=None,
+    open_only=None,
+    sort=None,
+    page=None,
+    user=None,
+):
+    """Every 2 s: fleet totals, one page of the (filtered, sorted) jobs, episodes, nodes and
+    both charts. A constant number of queries whatever the size of the fleet."""
     if not can_view(user):
         raise PreventUpdate
     window_s = window_s or 900
-    jobs = data.job_rows()
+    flt = job_filter(search, status, strategy, topology, node, open_only)
+    sort = one_choice(sort, data.JOB_SORTS, data.DEFAULT_JOB_SORT)
+    jobs = data.job_page(flt, sort, page_number(page), PAGE_SIZE)
+    totals = data.fleet_totals()
     nodes = data.node_rows()
     episodes = data.episode_rows(since=_hour_ago(), limit=20)
     utilisation = data.cluster_utilisation(window_s, MAX_POINTS)
+    # The first live jobs of the page shown: a chart of 200 lines says nothing.
+    live = [j for j in jobs.rows if j["is_live"]][:THROUGHPUT_LINES]
+    live_names = {j["id"]: j["name"] for j in live}
     throughput = data.metric_series(
         ("throughput_eps",),
         window_s,
-        max_points=MAX_POINTS,
-        job_ids=[j["id"] for j in jobs if j["is_live"]],
+        # A half-width chart shows no more: 25 lines of 600 points were 0.5 MB per refresh.
+        max_points=max(MIN_POINTS, MAX_POINTS * 4 // max(4, len(live_names))),
+        job_ids=list(live_names),
         stage=data.JOB_SCOPE,
     )
-    live_names = {j["id"]: j["name"] for j in jobs if j["is_live"]}
-    last = utilisation.dropna().iloc[-1] if not utilisation.dropna().empty else None
-    kpis = [
-        _kpi("running jobs", str(sum(1 for j in jobs if j["status"] == "running")), "kpi-running"),
-        _kpi("open episodes", str(sum(j["open_episodes"] for j in jobs)), "kpi-open"),
-        _kpi(
-            "nodes up", f"{sum(1 for n in nodes if n['state'] == 'up')}/{len(nodes)}", "kpi-nodes"
-        ),
-        _kpi("cluster CPU", fmt_pct(None if last is None else last["cpu"]), "kpi-cpu"),
-        _kpi("cluster memory", fmt_pct(None if last is None else last["mem"]), "kpi-mem"),
-    ]
     return (
-        kpis,
-        _job_table(jobs),
+        _kpis(totals, utilisation),
+        [
+            html.P(_position(jobs, flt, totals["jobs"]["total"]), className="muted small",
+                   id="jobs-position"),
+            _job_table(jobs.rows),
+        ],
         _episode_table(episodes),
-        _node_table(nodes),
+        scroll_box(_node_table(nodes)),
         figures.utilisation_figure(utilisation, Policy.current().resource_reserve),
         figures.throughput_figure(throughput, live_names),
-    )
+    )  # fmt: skip
+
+
+def filter_options(pathname, user=None):
+    """The topologies jobs run and the nodes, for the job list's filters."""
+    if not can_view(user):
+        raise PreventUpdate
+    topologies = Job.objects.order_by("topology").values_list("topology", flat=True).distinct()
+    nodes = Node.objects.order_by("name").values_list("name", flat=True)
+    return list(topologies), list(nodes)
+
+
+def turn_page(
+    prev_clicks,
+    next_clicks,
+    search,
+    status,
+    strategy,
+    topology,
+    node,
+    open_only,
+    sort,
+    page,
+    user=None,
+    callback_context=None,
+):
+    """The page of the job list: back or on with the buttons (within the pages there are),
+    back to the first page when a filter or the order changes."""
+    if not can_view(user):
+        raise PreventUpdate
+    triggered = [t.get("prop_id", "") for t in getattr(callback_context, "triggered", None) or []]
+    page = page_number(page)
+    if any(t.startswith("jobs-prev.") for t in triggered):
+        return max(1, page - 1)
+    if any(t.startswith("jobs-next.") for t in triggered):
+        flt = job_filter(search, status, strategy, topology, node, open_only)
+        matching = data.job_queryset(flt).count()
+        return page_number(page + 1, max(1, -(-matching // PAGE_SIZE)))
+    return 1
 
 
 def _hour_ago():

@@ -45,6 +45,10 @@ def utilisation_figure(frame: pd.DataFrame, reserve: float) -> go.Figure:
     return fig
 
 
+# Above this many lines the legend would crowd out the chart; hovering names each line.
+MAX_LEGEND_ENTRIES = 8
+
+
 def throughput_figure(frame: pd.DataFrame, job_names: dict[int, str]) -> go.Figure:
     """Throughput (events/s) of each job over time; `frame` has at, job_id, value."""
     fig = go.Figure()
@@ -61,9 +65,10 @@ def throughput_figure(frame: pd.DataFrame, job_names: dict[int, str]) -> go.Figu
         )
     fig.update_layout(
         **BASE_LAYOUT,
-        title={"text": "Throughput per job", "x": 0.01},
+        title={"text": "Throughput of the first live jobs listed", "x": 0.01},
         yaxis={"title": "events/s", "rangemode": "tozero", **GRID},
         xaxis=GRID,
+        showlegend=len(job_names) <= MAX_LEGEND_ENTRIES,
         uirevision="throughput",
         height=300,
     )

@@ -1,4 +1,5 @@
-"""Overview layout: KPI tiles, jobs, episodes, nodes and two live charts. Layout only."""
+"""Overview layout: fleet totals, the job list (filtered, sorted, paged), episodes, nodes and two
+live charts. Layout only."""
 
 from __future__ import annotations
 
@@ -6,6 +7,77 @@ from dash import dcc, html
 
 from console.dash.common import card, refresh_timer, result_slot, window_picker
 from console.models import Job
+
+# Jobs per page of the overview's list.
+PAGE_SIZE = 25
+# Sort choices of the job list (keys of console.dash.data.JOB_SORTS).
+SORT_OPTIONS = [
+    {"label": "newest first", "value": "newest"},
+    {"label": "oldest first", "value": "oldest"},
+    {"label": "name", "value": "name"},
+    {"label": "status", "value": "status"},
+    {"label": "strategy", "value": "strategy"},
+    {"label": "topology", "value": "topology"},
+    {"label": "throughput (highest)", "value": "throughput"},
+    {"label": "p99 (highest)", "value": "p99"},
+    {"label": "open episodes (most)", "value": "open_episodes"},
+]
+OPEN_ONLY = "open"
+
+
+def job_filters():
+    """Filters, sort and pager of the job list. The topology and node options arrive with the
+    first callback (they come from the database)."""
+    return html.Div(
+        [
+            dcc.Input(
+                id="job-search",
+                placeholder="name contains",
+                debounce=True,
+                className="ctl-filter",
+            ),
+            dcc.Dropdown(
+                id="job-status",
+                options=[{"label": label, "value": value} for value, label in Job.Status.choices],
+                multi=True,
+                placeholder="any status",
+                className="ctl-filter",
+            ),
+            dcc.Dropdown(
+                id="job-strategy",
+                options=[{"label": value, "value": value} for value, _ in Job.Strategy.choices],
+                multi=True,
+                placeholder="any strategy",
+                className="ctl-filter",
+            ),
+            dcc.Dropdown(
+                id="job-topology", multi=True, placeholder="any topology", className="ctl-filter"
+            ),
+            dcc.Dropdown(id="job-node", placeholder="on any node", className="ctl-filter"),
+            dcc.Checklist(
+                id="job-open",
+                options=[{"label": " with an open recovery", "value": OPEN_ONLY}],
+                value=[],
+                inline=True,
+            ),
+            dcc.Dropdown(
+                id="job-sort",
+                options=SORT_OPTIONS,
+                value="newest",
+                clearable=False,
+                className="ctl-filter",
+            ),
+            html.Div(
+                [
+                    html.Button("‹ Prev", id="jobs-prev", className="btn btn-small"),
+                    html.Button("Next ›", id="jobs-next", className="btn btn-small"),
+                ],
+                className="pager",
+            ),
+            dcc.Store(id="jobs-page", data=1),
+        ],
+        className="toolbar filters",
+    )
 
 
 def layout():
@@ -15,7 +87,7 @@ def layout():
             dcc.Location(id="url"),
             refresh_timer(),
             html.Div(id="kpis", className="kpis"),
-            card("Jobs", html.Div(id="jobs-table")),
+            card("Jobs", job_filters(), html.Div(id="jobs-table")),
             html.Div(id="controls"),
             html.Div(
                 [
@@ -36,7 +108,7 @@ def layout():
                 className="grid-2",
             ),
             card("Open and recent recovery episodes", html.Div(id="episodes-table")),
-            card("Node health", html.Div(id="nodes-table")),
+            card("Node health (nodes not up first)", html.Div(id="nodes-table")),
         ]
     )
 

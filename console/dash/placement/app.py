@@ -17,10 +17,13 @@ app.callback(
     Output("q", "figure"),
     Output("q-scale", "children"),
     Output("node-cards", "children"),
+    Output("node-count", "children"),
     Output("standby-table", "children"),
     Output("policy-table", "children"),
     Output("predictor-table", "children"),
     Input("refresh", "n_intervals"),
+    Input("node-show", "value"),
+    Input("node-job", "value"),
 )(callbacks.refresh)
 app.callback(Output("controls", "children"), Input("url", "pathname"))(callbacks.render_controls)
 app.callback(

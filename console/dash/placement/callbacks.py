@@ -19,18 +19,37 @@ from console.dash.common import (
     fmt_pct,
     fmt_time,
     message,
+    one_choice,
+    scroll_box,
     table,
+    text_value,
 )
 from console.dash.placement import figures
+from console.dash.placement.layout import NODE_SHOW_OPTIONS
 from console.dash.placement.layout import controls as controls_layout
 from console.policy.config import PolicyConfig
 from console.policy.resources import q_scale
 from console.roles import ADMIN, has_role
 
+# Chips shown per role on a node card; the rest fold into "+N more".
+CHIPS_SHOWN = 8
+NODE_SHOW = {option["value"] for option in NODE_SHOW_OPTIONS}
+
 
 def _chips(replicas: list[dict], role: str):
     if not replicas:
         return html.Span("none", className="muted")
+    if len(replicas) > CHIPS_SHOWN:
+        rest = replicas[CHIPS_SHOWN:]
+        return [
+            *_chips(replicas[:CHIPS_SHOWN], role),
+            html.Details(
+                [
+                    html.Summary(f"+{len(rest)} more"),
+                    html.Div(_chips(rest, role), className="chips"),
+                ]
+            ),
+        ]
     chips = []
     for r in replicas:
         priority = cpu_priority_label(r.get("nice"), r.get("batch_every_s"))
@@ -191,24 +210,60 @@ def _predictor_table(runs: list[dict], window_s: float):
     ]  # fmt: skip
 
 
-def refresh(n_intervals, user=None):
+def _shown(node: dict, show: str, reserve: float) -> bool:
+    if show == "up":
+        return node["state"] == "up"
+    if show == "not-up":
+        return node["state"] != "up"
+    if show == "busy":
+        idle = [node[key] for key in ("cpu_idle", "mem_idle") if node[key] is not None]
+        return any(value < reserve for value in idle)
+    if show == "standbys":
+        return bool(node["standbys"])
+    return True
+
+
+def _of_jobs(replicas: list[dict], search: str) -> list[dict]:
+    return [r for r in replicas if search.lower() in r["job"].lower()]
+
+
+def refresh(n_intervals, show=None, job_search=None, user=None):
     """Every 2 s: reserve tiles, idle and Q charts with what Q's scale is, node cards with
     replicas, why each standby sits where it is, the policy and the fault predictor's training
-    runs."""
+    runs. `show` picks the node cards (NODE_SHOW_OPTIONS) and `job_search` keeps the replicas
+    of jobs whose name contains it; the charts always show every node."""
     if not can_view(user):
         raise PreventUpdate
+    show = one_choice(show, NODE_SHOW, "all")
+    search = text_value(job_search)
     nodes = data.node_rows()
     policy = data.policy_thresholds()
     reserve = policy["values"]["resource_reserve"]
     scale = q_scale(PolicyConfig(**policy["values"]))
-    cards = [_node_card(n, rank) for rank, n in enumerate(figures.by_q(nodes), start=1)]
+    standbys = figures.standby_explanations(data.standby_rows(), nodes)
+    cards = []
+    for rank, node in enumerate(figures.by_q(nodes), start=1):
+        if not _shown(node, show, reserve):
+            continue
+        if search:
+            node = {
+                **node,
+                "primaries": _of_jobs(node["primaries"], search),
+                "standbys": _of_jobs(node["standbys"], search),
+            }
+            if not node["primaries"] and not node["standbys"]:
+                continue
+        cards.append(_node_card(node, rank))
+    if search:
+        standbys = _of_jobs(standbys, search)
     return (
         _summary(nodes, reserve),
         figures.idle_figure(nodes, reserve),
         figures.q_figure(nodes, scale),
         figures.q_scale_note(policy["values"]),
-        cards or html.P("No nodes registered.", className="muted"),
-        _standby_table(figures.standby_explanations(data.standby_rows(), nodes)),
+        cards or html.P("No node to show.", className="muted"),
+        f"{len(cards)} of {len(nodes)} nodes shown, in queue order by Q",
+        scroll_box(_standby_table(standbys)),
         _policy_table(policy),
         _predictor_table(data.predictor_trainings(), policy["values"]["prediction_window_s"]),
     )

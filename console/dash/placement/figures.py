@@ -18,6 +18,9 @@ IDLE_BARS = (
     ("disk_idle", "disk idle"),
     ("bw_idle", "bandwidth idle"),
 )
+# Up to this many nodes the idle rates are grouped bars and Q horizontal bars; beyond, a heatmap
+# (a column per node) and vertical bars: 4 bars x 50 nodes cannot be read.
+MAX_BAR_NODES = 12
 
 
 def by_q(nodes: list[dict]) -> list[dict]:
@@ -40,7 +43,10 @@ def cluster_free(nodes: list[dict]) -> dict[str, float | None]:
 def idle_figure(nodes: list[dict], reserve: float) -> go.Figure:
     """Idle rates of each node (grouped bars, nodes by Q) and the free share of the whole cluster
     (hatched CPU and memory bars), with the reserve as a horizontal line: the policy stops
-    placing standbys when the cluster's free share would fall below it."""
+    placing standbys when the cluster's free share would fall below it. Beyond MAX_BAR_NODES
+    nodes, `idle_heatmap`."""
+    if len(nodes) > MAX_BAR_NODES:
+        return idle_heatmap(nodes, reserve)
     ordered = by_q(nodes)
     names = [n["name"] for n in ordered] + ["cluster"]
     free = cluster_free(nodes)
@@ -77,10 +83,63 @@ def idle_figure(nodes: list[dict], reserve: float) -> go.Figure:
     return fig
 
 
+def idle_heatmap(nodes: list[dict], reserve: float) -> go.Figure:
+    """Idle rates at fleet size: a row per resource, a column per node in queue order by Q and
+    a last column for the whole cluster; red below the reserve, amber just above it, green when
+    idle. Each cell holds the idle percentage."""
+    ordered = by_q(nodes)
+    names = [n["name"] for n in ordered] + ["cluster"]
+    free = cluster_free(nodes)
+    cluster_values = {"cpu_idle": free["cpu"], "mem_idle": free["mem"]}
+    z = [
+        [None if n[key] is None else n[key] * 100 for n in ordered]
+        + [None if cluster_values.get(key) is None else cluster_values[key] * 100]
+        for key, _ in IDLE_BARS
+    ]
+    low = min(max(reserve, 0.0), 0.98)
+    fig = go.Figure(
+        go.Heatmap(
+            z=z,
+            x=names,
+            y=[label for _, label in IDLE_BARS],
+            zmin=0,
+            zmax=100,
+            colorscale=[
+                [0.0, FAULT],
+                [low, "#f6b26b"],
+                [min(1.0, low + 0.02), "#fde9a9"],
+                [1.0, OK],
+            ],
+            xgap=2,
+            ygap=2,
+            texttemplate="%{z:.0f}",
+            textfont={"size": 10},
+            colorbar={"title": {"text": "% idle"}, "thickness": 12},
+            hovertemplate="%{x}: %{y} %{z:.0f}%<extra></extra>",
+        )
+    )
+    fig.update_layout(
+        **{**BASE_LAYOUT, "hovermode": "closest", "margin": {"l": 110, "r": 16, "t": 36, "b": 90}},
+        title={
+            "text": f"Idle rates, % (columns: nodes in queue order by Q, then the whole cluster;"
+            f" red: below the reserve {reserve * 100:.0f}%)",
+            "x": 0.01,
+        },
+        xaxis={"tickangle": -60, "type": "category"},
+        yaxis={"autorange": "reversed"},
+        uirevision="idle",
+        height=330,
+    )
+    return fig
+
+
 def q_figure(nodes: list[dict], scale: float) -> go.Figure:
     """Resource score Q per node, highest first (the order standbys are placed in), on its full
-    range [0, scale] with the top of the scale (idle on every resource) marked."""
+    range [0, scale] with the top of the scale (idle on every resource) marked. Beyond
+    MAX_BAR_NODES nodes the bars stand upright, nodes left to right."""
     ordered = [n for n in by_q(nodes) if n["q_score"] is not None]
+    if len(nodes) > MAX_BAR_NODES:
+        return _q_columns(ordered, scale)
     fig = go.Figure(
         go.Bar(
             x=[n["q_score"] for n in ordered],
@@ -104,6 +163,37 @@ def q_figure(nodes: list[dict], scale: float) -> go.Figure:
         xaxis={"title": "Q", "range": [0, scale * 1.05], **GRID},
         uirevision="q",
         height=340,
+    )
+    return fig
+
+
+def _q_columns(ordered: list[dict], scale: float) -> go.Figure:
+    """Q of many nodes: one column each, in queue order from the left."""
+    fig = go.Figure(
+        go.Bar(
+            x=[n["name"] for n in ordered],
+            y=[n["q_score"] for n in ordered],
+            marker_color=[OK if n["state"] == "up" else FAULT for n in ordered],
+            hovertemplate="%{x}: Q %{y:.2f}<extra></extra>",
+        )
+    )
+    fig.add_hline(
+        y=scale,
+        line={"dash": "dot", "color": PASSIVE, "width": 1},
+        annotation_text=f"fully idle {scale:.2f}",
+        annotation_position="top right",
+    )
+    fig.update_layout(
+        **{**BASE_LAYOUT, "hovermode": "closest", "margin": {"l": 56, "r": 16, "t": 36, "b": 90}},
+        title={
+            "text": f"Resource score Q, queue order from the left (0 = fully busy, {scale:.2f} = "
+            "fully idle; red: node not up)",
+            "x": 0.01,
+        },
+        xaxis={"tickangle": -60, "type": "category"},
+        yaxis={"title": "Q", "range": [0, scale * 1.08], **GRID},
+        uirevision="q",
+        height=330,
     )
     return fig
 

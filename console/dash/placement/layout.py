@@ -9,6 +9,14 @@ from console.dash.common import card, refresh_timer, result_slot
 from console.models import Policy
 
 GRAPH_CONFIG = {"displaylogo": False}
+# Which node cards to show (at fleet size, the ones that need a look).
+NODE_SHOW_OPTIONS = [
+    {"label": "every node", "value": "all"},
+    {"label": "nodes up", "value": "up"},
+    {"label": "nodes not up", "value": "not-up"},
+    {"label": "CPU or memory idle below the reserve", "value": "busy"},
+    {"label": "nodes with standbys", "value": "standbys"},
+]
 
 
 def layout():
@@ -18,20 +26,35 @@ def layout():
             dcc.Location(id="url"),
             refresh_timer(),
             html.Div(id="reserve-summary", className="kpis"),
+            html.Div(dcc.Graph(id="idle", config=GRAPH_CONFIG), className="card"),
             html.Div(
                 [
-                    html.Div(dcc.Graph(id="idle", config=GRAPH_CONFIG), className="card"),
-                    html.Div(
-                        [
-                            dcc.Graph(id="q", config=GRAPH_CONFIG),
-                            html.P(id="q-scale", className="muted small"),
-                        ],
-                        className="card",
-                    ),
+                    dcc.Graph(id="q", config=GRAPH_CONFIG),
+                    html.P(id="q-scale", className="muted small"),
                 ],
-                className="grid-2",
+                className="card",
             ),
-            html.Div(id="node-cards", className="node-cards"),
+            html.Div(
+                [
+                    html.Span("Show", className="muted"),
+                    dcc.Dropdown(
+                        id="node-show",
+                        options=NODE_SHOW_OPTIONS,
+                        value="all",
+                        clearable=False,
+                        className="ctl-wide",
+                    ),
+                    dcc.Input(
+                        id="node-job",
+                        placeholder="only replicas of jobs named ...",
+                        debounce=True,
+                        className="ctl-filter",
+                    ),
+                    html.Span(id="node-count", className="muted small"),
+                ],
+                className="toolbar filters",
+            ),
+            html.Div(id="node-cards", className="node-cards scroll-box"),
             card("Why each standby sits where it is", html.Div(id="standby-table")),
             card("Fault prediction", html.Div(id="predictor-table")),
             card("Policy in force", html.Div(id="policy-table")),

@@ -15,4 +15,6 @@ app.callback(
     Output("resources-note", "children"),
     Input("refresh", "n_intervals"),
     Input("window", "value"),
+    Input("resources-nodes", "value"),
 )(callbacks.refresh)
+app.callback(Output("resources-nodes", "options"), Input("url", "pathname"))(callbacks.node_options)

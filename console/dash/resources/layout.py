@@ -1,4 +1,5 @@
-"""Resources layout: window picker and one chart with a panel per resource. Layout only."""
+"""Resources layout: window picker, node picker and one chart with a panel per resource. Layout
+only."""
 
 from __future__ import annotations
 
@@ -11,9 +12,19 @@ def layout():
     """The page skeleton; the callback fills the chart every 2 s."""
     return html.Div(
         [
+            dcc.Location(id="url"),
             refresh_timer(),
             html.Div(
-                [html.Span("Window", className="muted"), window_picker("window")],
+                [
+                    html.Span("Window", className="muted"),
+                    window_picker("window"),
+                    dcc.Dropdown(
+                        id="resources-nodes",
+                        multi=True,
+                        placeholder="nodes to draw (default: all, or the 5 busiest)",
+                        className="node-picker",
+                    ),
+                ],
                 className="toolbar",
             ),
             html.Div(

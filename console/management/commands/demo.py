@@ -15,7 +15,7 @@ from console.services.demo_setup import DEMO_NODES, ensure_demo_nodes, ensure_de
 from console.services.jobs import kill_job_processes, kill_warm_spares
 from console.services.topologies import RegistrationRefused
 from console.services.topologies import register as register_topology
-from web.launcher import LocalCluster, ProcessGroup, http_ok, start_redis_if_needed, wait_for
+from infra.launcher import LocalCluster, ProcessGroup, http_ok, start_redis_if_needed, wait_for
 
 
 def stop_demo_jobs() -> int:

@@ -22,13 +22,16 @@ from console.services.control.record import (
     describe_actions,
     failure_report,
 )
+from infra import keys as control_keys
+from infra import tasks
+from infra.queues import node_queue
 from spark_runtime import keys as data_keys
+from spark_runtime.generators import generator_replica_id
 from spark_runtime.jobdef import resolve_topology
 from spark_runtime.runner import stage_args
+from spark_runtime.spare import REFILL_HOLD_S, hold_spare_refills
 from spark_runtime.strategies import get_strategy
 from spark_runtime.supervision import JOB, GiveUp, KillReplica, ReplicaSpec, Supervisor, execute
-from workers import keys as control_keys
-from workers.queues import node_queue
 
 # An agent's activity entry older than this (it publishes every second) does not count.
 ACTIVITY_FRESH_S = 5.0
@@ -61,8 +64,6 @@ class AgentLauncher:
         self.client = client
 
     def start(self, replica: ReplicaSpec) -> None:
-        from workers.agent import start_replica
-
         trigger = trigger_of(self.job)
         interval = stage_interval_of(self.job, replica.stage)
         args = stage_args(
@@ -88,19 +89,23 @@ class AgentLauncher:
         )
         # A fresh start clears the record of an earlier exit of the same replica id.
         self.client.hdel(self._exits_key(), replica.replica_id)
-        start_replica.apply_async(
-            args=("spark_runtime.stage", args, replica.replica_id, self.job.key),
-            kwargs={"warm": replica.warm},
+        tasks.send(
+            tasks.START_REPLICA,
+            "spark_runtime.stage",
+            args,
+            replica.replica_id,
+            self.job.key,
+            warm=replica.warm,
             queue=node_queue(replica.node),
         )
 
     def kill(self, replica_id: str) -> None:
-        from workers.agent import kill_replica
-
         row = Replica.objects.filter(replica_id=self._db_id(replica_id)).first()
         if row is None:
             return
-        kill_replica.apply_async(args=(replica_id,), queue=node_queue(row.node.name))
+        tasks.send(
+            tasks.KILL_REPLICA, replica_id, job_key=self.job.key, queue=node_queue(row.node.name)
+        )
         Replica.objects.filter(pk=row.pk).update(
             state=Replica.State.STOPPED, ended_at=timezone.now()
         )
@@ -139,13 +144,16 @@ def command_sender(client, job: Job):
 
 def stop_generator(job: Job) -> None:
     """Ask every node to kill the job's input generator (it runs on one of them)."""
-    from workers.agent import generator_replica_id, kill_replica
-
     for node in Node.objects.all():
-        kill_replica.apply_async(args=(generator_replica_id(job.key),), queue=node_queue(node.name))
+        tasks.send(
+            tasks.KILL_REPLICA,
+            generator_replica_id(job.key),
+            job_key=job.key,
+            queue=node_queue(node.name),
+        )
 
 
-def ensure_generator(job: Job, supervisor: Supervisor, client) -> None:
+def ensure_generator(job: Job, supervisor: Supervisor, client, alive=None) -> None:
     """The job's input, reconciled every cycle: a running job whose params ask for generated
     input (`rate` > 0) has its seeded generator running on one node until `count` entries are in.
 
@@ -160,7 +168,7 @@ def ensure_generator(job: Job, supervisor: Supervisor, client) -> None:
     count = job.params.get("count")
     if count is not None and client.xlen(data_keys.input_stream(job.key)) >= int(count):
         return
-    alive = alive_nodes(client)
+    alive = alive_nodes(client) if alive is None else alive
     node = client.get(control_keys.generator_node(job.key))
     if node not in alive:
         node = supervisor.placement_by_stage()[supervisor.stages[0]][0]
@@ -169,21 +177,24 @@ def ensure_generator(job: Job, supervisor: Supervisor, client) -> None:
         if node is None:
             return
         client.set(control_keys.generator_node(job.key), node)
-    from workers.agent import start_generator
-
-    start_generator.apply_async(
-        args=(job.key, job.topology, rate, int(job.params.get("seed", 0)), count),
+    tasks.send(
+        tasks.START_GENERATOR,
+        job.key,
+        job.topology,
+        rate,
+        int(job.params.get("seed", 0)),
+        count,
         queue=node_queue(node),
-        expires=30,
+        expires_s=30,
     )
 
 
 def keep_warm_spares(
-    client, config, placements: dict, reprotecting: bool = False
+    client, config, placements: dict, reprotecting: bool = False, view=None
 ) -> dict[str, int]:
     """Tell each node agent how many warm spares to keep (policy setting, within the reserve).
     While any job re-protects a stage (`reprotecting`: this one does now), refills are held:
-    the agents start no new spare (workers.agent.hold_spare_refills), so the standby catching
+    the agents start no new spare (spark_runtime.spare.hold_spare_refills), so the standby catching
     up gets the CPU first; the spares follow once it is done. While the job lacks an idle spare
     where its next fault would start a process (`placements`: the supervisor's (primary node,
     standby node) per stage; console.policy.spares.spare_needed), the spares warming up are
@@ -191,17 +202,16 @@ def keep_warm_spares(
     nothing else wants (spark_runtime.spare.warming_nice). Only set here, never cleared: the
     flag expires two cycles after the last job's cycle that renewed it, so one job's cover does
     not cancel another's need."""
-    from workers.agent import REFILL_HOLD_S, hold_spare_refills
-
     if reprotecting:
         hold_spare_refills(client)
-    beats = alive_nodes(client)
+    beats = alive_nodes(client) if view is None else view.alive
     # Idle spares per alive node, as each agent's heartbeat reports them.
     idle = {name: int(beat.get("spares", 0)) for name, beat in beats.items()}
     if spare_needed(placements, idle):
         ttl_s = max(REFILL_HOLD_S, 2 * config.cycle_interval_s)
         client.set(data_keys.spare_needed(), "1", ex=round(ttl_s))
-    wanted = spares_wanted(node_capacities(node_history(client, beats), config), idle, config)
+    history = node_history(client, beats) if view is None else view.history
+    wanted = spares_wanted(node_capacities(history, config), idle, config)
     for name, count in wanted.items():
         client.set(data_keys.spares_wanted(name), count)
     return wanted

@@ -11,12 +11,16 @@ from datetime import UTC, datetime
 
 from django.utils import timezone
 
-from console.models import ControlDecision, Job, MetricSample, Node, Operator, Policy, Replica
+from console.models import ControlDecision, Job, MetricSample, Operator, Policy, Replica
 from console.policy import actions as policy_actions
-from console.policy.checkpoint import ReplicaInterval, interval_rollout, state_store_confs
+from console.policy.checkpoint import (
+    ReplicaInterval,
+    interval_rollout,
+    stage_interval,
+    state_store_confs,
+)
 from console.policy.placement import CycleInput, StandbyVerdict, run_cycle
 from console.policy.priority import ACTIVE, measured_demands, operator_priorities
-from console.policy.resources import node_score
 from console.services import prediction, recovery
 from console.services.control.act import (
     AgentLauncher,
@@ -27,24 +31,27 @@ from console.services.control.act import (
 )
 from console.services.control.observe import alive_nodes, node_history, stage_usage
 from console.services.control.record import decide, priority_fields
-from console.services.faults import expire_unreported_spark_kills
+from infra import keys as control_keys
 from spark_runtime import keys as data_keys
 from spark_runtime.jobdef import resolve_topology
 from spark_runtime.supervision import FAILED, RUNNING, STANDBY, Supervisor, execute
-from workers import keys as control_keys
 
 
-def policy_cycle(job: Job, supervisor: Supervisor, client) -> list:
+def policy_cycle(job: Job, supervisor: Supervisor, client, view=None, samples=None) -> list:
     """Algorithm 2 with fresh metrics and the policy in force; apply and record its actions.
 
     Only the adaptive strategy lets the policy add, drop or move standbys; every strategy gets
-    its passive stages' checkpoint intervals adjusted.
+    its passive stages' checkpoint intervals adjusted. `view` (console.services.fleet.FleetView):
+    the policy and node samples a controller read once for all its jobs; None reads them now.
+    `samples`: a list the cycle's MetricSample rows are added to, for the caller to insert with
+    its own in one statement; None inserts them here.
     """
-    # A Spark kill no agent reported within its timeout is failed (a 5 s cycle is fine-grained
-    # enough for a 60 s timeout; the 0.25 s supervision tick need not query for it).
-    expire_unreported_spark_kills(job)
-    config = Policy.current().to_config()  # re-read every cycle: admin changes apply here
-    history = node_history(client, alive_nodes(client))
+    if view is None:
+        config = Policy.current().to_config()  # re-read every cycle: admin changes apply here
+        history = node_history(client, alive_nodes(client))
+        latest_model = prediction.latest_training()
+    else:
+        config, history, latest_model = view.config, view.history, view.latest_model
     if not history:
         return []
     topology = resolve_topology(job.topology)
@@ -52,7 +59,7 @@ def policy_cycle(job: Job, supervisor: Supervisor, client) -> list:
     operators = {op.name: op for op in job.operators.all()}
     stage_of = {op: name for name, ops in supervisor.stage_operators.items() for op in ops}
     # fr from the newest trained model where it is used, else the prior (with why).
-    predicted = prediction.predicted_fault_rates(job, stage_of, config)
+    predicted = prediction.predicted_fault_rates(job, stage_of, config, latest=latest_model)
     # Once a stage runs, its operators are scored from what its process uses, not estimates.
     usage = stage_usage(client, job, supervisor)
     priorities = operator_priorities(
@@ -64,15 +71,6 @@ def policy_cycle(job: Job, supervisor: Supervisor, client) -> list:
         fault_rates={name: fr for name, (fr, _) in predicted.items()},
     )
     now = timezone.now()
-    MetricSample.objects.bulk_create(
-        MetricSample(
-            at=now,
-            node=node,
-            name="q_score",
-            value=round(node_score(history[node.name], config), 4),
-        )
-        for node in Node.objects.filter(name__in=list(history))
-    )
     placement = supervisor.placement_by_stage()
     primaries = {op: placement[stage][0] for op, stage in stage_of.items() if stage in placement}
     standbys = {}
@@ -104,34 +102,53 @@ def policy_cycle(job: Job, supervisor: Supervisor, client) -> list:
     actions = result.actions
     if not moves_standbys:
         actions = [a for a in actions if isinstance(a, policy_actions.SetCheckpointInterval)]
-    apply_cycle(job, supervisor, client, actions, stage_of)
+    apply_cycle(job, supervisor, client, actions, stage_of, operators)
     if moves_standbys:
         for stage, ops in supervisor.stage_operators.items():
             verdict = result.verdicts.get(top_operator(ops, priorities))
             if verdict is not None:
                 record_standby_verdict(job, supervisor, stage, verdict)
-    roll_out_intervals(job, supervisor, client, config)
-    for p in priorities:
-        Operator.objects.filter(job=job, name=p.name).update(
-            **priority_fields(p),
-            fault_rate_source=predicted.get(p.name, (0, "prior (runs in no stage)"))[1],
-            updated_at=now,  # update() skips auto_now
-        )
-        MetricSample.objects.bulk_create(
-            MetricSample(at=now, job=job, stage=p.name, name=name, value=round(value, 4))
-            for name, value in (
-                ("priority", p.P_eff),
-                ("type_score", p.S),
-                ("resource_score", p.R),
-                ("dependency_score", p.L),
-                ("predicted_fault_rate", p.fr),
-                ("checkpoint_interval_s", operators[p.name].checkpoint_interval_s),
-            )
-        )
+    roll_out_intervals(job, supervisor, client, config, operators)
+    rows = store_priorities(job, operators, priorities, predicted, now)
+    if samples is None:
+        MetricSample.objects.bulk_create(rows)
+    else:
+        samples.extend(rows)
     return actions
 
 
-def roll_out_intervals(job: Job, supervisor: Supervisor, client, config) -> list:
+def store_priorities(job: Job, operators: dict, priorities, predicted: dict, now) -> list:
+    """The cycle's assessment of each operator: its row where a figure changed (one query for
+    all of them, none when nothing did); returns its samples for the charts."""
+    changed = []
+    for p in priorities:
+        op = operators[p.name]
+        fields = {
+            **priority_fields(p),
+            "fault_rate_source": predicted.get(p.name, (0, "prior (runs in no stage)"))[1],
+        }
+        if any(getattr(op, name) != value for name, value in fields.items()):
+            for name, value in fields.items():
+                setattr(op, name, value)
+            op.updated_at = now
+            changed.append(op)
+    if changed:
+        Operator.objects.bulk_update(changed, [*fields, "updated_at"])
+    return [
+        MetricSample(at=now, job=job, stage=p.name, name=name, value=round(value, 4))
+        for p in priorities
+        for name, value in (
+            ("priority", p.P_eff),
+            ("type_score", p.S),
+            ("resource_score", p.R),
+            ("dependency_score", p.L),
+            ("predicted_fault_rate", p.fr),
+            ("checkpoint_interval_s", operators[p.name].checkpoint_interval_s),
+        )
+    ]
+
+
+def roll_out_intervals(job: Job, supervisor: Supervisor, client, config, operators=None) -> list:
     """Bring each stage's checkpoint interval (the policy's, stored on its operators) to its
     running replicas, one replica of a stage at a time (checkpoint.interval_rollout has the
     rules), and record when each took effect. Idempotent: a request is kept in Redis until the
@@ -161,7 +178,12 @@ def roll_out_intervals(job: Job, supervisor: Supervisor, client, config) -> list
             del pending[replica_id]
     wanted = {}
     for stage in supervisor.stage_operators:
-        interval = stage_interval_of(job, stage)
+        if operators is None:
+            interval = stage_interval_of(job, stage)
+        else:
+            interval = stage_interval(
+                op.checkpoint_interval_s for op in operators.values() if op.stage == stage
+            )
         if interval:
             wanted[stage] = interval
     live = []
@@ -178,13 +200,15 @@ def roll_out_intervals(job: Job, supervisor: Supervisor, client, config) -> list
                 pending_since=pending.get(replica.id, {}).get("sent_at"),
             )
         )
-    gap_start = timezone.now() - timezone.timedelta(seconds=config.interval_apply_gap_s)
-    quiet = not (
-        job.recoveries.filter(watched_s__isnull=True).exists()
-        or job.decisions.filter(kind=ControlDecision.Kind.FAILURE, at__gte=gap_start).exists()
-    )
     now = time.time()
-    rollout = interval_rollout(wanted, live, now, config.interval_apply_gap_s, quiet)
+    rollout = interval_rollout(wanted, live, now, config.interval_apply_gap_s, quiet=True)
+    if rollout:  # only then ask the database whether this is a quiet moment
+        gap_start = timezone.now() - timezone.timedelta(seconds=config.interval_apply_gap_s)
+        quiet = not (
+            job.recoveries.filter(watched_s__isnull=True).exists()
+            or job.decisions.filter(kind=ControlDecision.Kind.FAILURE, at__gte=gap_start).exists()
+        )
+        rollout = interval_rollout(wanted, live, now, config.interval_apply_gap_s, quiet)
     for apply in rollout:
         confs = state_store_confs(apply.seconds, trigger_of(job))
         client.hset(
@@ -230,7 +254,7 @@ def top_operator(names, priorities) -> str | None:
     return max(active, key=lambda p: (p.P_eff, p.name)).name if active else None
 
 
-def apply_cycle(job, supervisor, client, actions, stage_of) -> None:
+def apply_cycle(job, supervisor, client, actions, stage_of, operators=None) -> None:
     """Carry out Algorithm 2's actions through the state machine and record each with its reason.
 
     Standby changes start or kill replicas; an interval change is stored on the operator with the
@@ -238,13 +262,16 @@ def apply_cycle(job, supervisor, client, actions, stage_of) -> None:
     it to the stage's running replicas.
     """
     now = time.time()
+    if operators is None:
+        operators = {op.name: op for op in job.operators.all()}
     for action in actions:
         stage = stage_of.get(action.operator, "")
         if isinstance(action, policy_actions.SetCheckpointInterval):
-            op = Operator.objects.filter(job=job, name=action.operator).first()
+            op = operators.get(action.operator)
             if op is None or abs(op.checkpoint_interval_s - action.seconds) < 0.5:
                 continue
             Operator.objects.filter(pk=op.pk).update(checkpoint_interval_s=action.seconds)
+            op.checkpoint_interval_s = action.seconds
             kind, node, steps = ControlDecision.Kind.SET_INTERVAL, "", []
             detail = state_store_confs(action.seconds, trigger_of(job))
         elif isinstance(action, policy_actions.AddStandby):

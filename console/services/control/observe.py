@@ -10,12 +10,14 @@ import time
 from collections import Counter
 from datetime import UTC, datetime
 
-from console.models import Job, Node, Replica
+from django.utils import timezone
+
+from console.models import Job, MetricSample, Node, Policy, Replica
+from console.policy.resources import node_score
 from console.services import metrics
-from console.services.planning import rank_nodes
+from infra import keys as control_keys
 from spark_runtime import keys as data_keys
 from spark_runtime.supervision import PRIMARY, RUNNING, Supervisor
-from workers import keys as control_keys
 
 NODE_HISTORY_SAMPLES = 20
 # An agent publishes replica activity every second: older figures are not the replica's now.
@@ -61,14 +63,25 @@ def stage_usage(client, job: Job, supervisor: Supervisor) -> dict[str, tuple[flo
 
 
 def update_nodes(client) -> dict[str, dict]:
-    """Mark nodes up or down from their agents' heartbeats; store their new usage samples."""
+    """Mark nodes up or down from their agents' heartbeats; store their new usage samples and
+    their Q score (once for the fleet, not once per job: every job's cycle ranks the same
+    nodes). A few queries whatever the number of nodes."""
     alive = alive_nodes(client)
-    for node in Node.objects.all():
-        if node.name in alive:
-            node.record_heartbeat()
-            metrics.ingest_node_metrics(client, node)
-        elif node.state != Node.State.DOWN:
-            Node.objects.filter(pk=node.pk).update(state=Node.State.DOWN)
+    history = node_history(client, alive)
+    config = Policy.current().to_config()
+    now = timezone.now()
+    rows, read = [], {}
+    for node in Node.objects.filter(name__in=list(alive)):
+        node_rows, read[node.name] = metrics.read_node_metrics(client, node)
+        rows.extend(node_rows)
+        if history.get(node.name):
+            score = round(node_score(history[node.name], config), 4)
+            rows.append(MetricSample(at=now, node=node, name="q_score", value=score))
+    Node.objects.filter(name__in=list(alive)).update(state=Node.State.UP, last_heartbeat=now)
+    Node.objects.exclude(name__in=list(alive)).exclude(state=Node.State.DOWN).update(
+        state=Node.State.DOWN
+    )
+    metrics.store_node_metrics(client, rows, read)
     return alive
 
 
@@ -83,11 +96,6 @@ def spares_by_state(client, nodes: list[str]) -> dict[str, Counter]:
         node: Counter(json.loads(raw).get("state") for raw in entries)
         for node, entries in zip(nodes, reported, strict=True)
     }
-
-
-def nodes_by_q(client, config) -> list[str]:
-    """Alive nodes by Q, best first."""
-    return rank_nodes(node_history(client, alive_nodes(client)), config)
 
 
 def read_agent_events(client, job: Job) -> None:
@@ -117,25 +125,49 @@ def read_agent_events(client, job: Job) -> None:
         client.set(cursor_key, entries[-1][0])
 
 
-def wait_for_agent_events(client, job: Job, timeout_s: float) -> None:
-    """Return once the agents' events stream has an entry the job has not read yet (a process
-    exit, say), or after `timeout_s`: the controller's tick then handles an exit at once
-    instead of after its sleep."""
-    cursor = client.get(control_keys.agent_events_cursor(job.key)) or "0-0"
-    client.xread(
-        {control_keys.agent_events(): cursor}, count=1, block=max(1, int(timeout_s * 1000))
-    )
+def unsupervised_jobs(client) -> list[int]:
+    """The live jobs whose supervision lease nobody holds, by id."""
+    live = list(Job.objects.filter(status__in=Job.LIVE_STATUSES).values_list("pk", "key"))
+    if not live:
+        return []
+    holders = client.mget([control_keys.controller_lease(key) for _, key in live])
+    return [pk for (pk, _), holder in zip(live, holders, strict=True) if holder is None]
+
+
+# A replica row's last_heartbeat is written again when older than this even if nothing else
+# about the replica changed (Redis holds the live heartbeat; the row is for the pages).
+HEARTBEAT_ROW_REFRESH_S = 30.0
 
 
 def sync_replicas(job: Job, client, supervisor: Supervisor) -> None:
     """Copy what replicas report about themselves (pid, state, epoch, heartbeat, checkpoint
-    interval, CPU priority and batch pace) into the DB; a
-    replica the supervisor holds for slow (silent but busy) shows as such."""
+    interval, CPU priority and batch pace) into the DB; a replica the supervisor holds for slow
+    (silent but busy) shows as such. One query reads the job's rows and one writes those that
+    changed (none while nothing did but the heartbeat, refreshed every
+    HEARTBEAT_ROW_REFRESH_S)."""
     reported = client.hgetall(data_keys.replicas(job.key))
+    if not reported:
+        return
+    ids = list(reported)
+    with client.pipeline(transaction=False) as pipe:
+        for replica_id in ids:
+            pipe.exists(data_keys.heartbeat(job.key, replica_id))
+        alive_by_id = dict(zip(ids, pipe.execute(), strict=True))
     slow = set(supervisor.slow())
+    rows = {
+        row.replica_id: row
+        for row in Replica.objects.filter(
+            replica_id__in=[Replica.full_id(job.key, r) for r in ids]
+        ).exclude(state__in=(Replica.State.FAILED, Replica.State.STOPPED))
+    }
+    now = datetime.now(tz=UTC)
+    changed = []
     for replica_id, raw in reported.items():
+        row = rows.get(Replica.full_id(job.key, replica_id))
+        if row is None:
+            continue
         info = json.loads(raw)
-        alive = client.exists(data_keys.heartbeat(job.key, replica_id))
+        alive = bool(alive_by_id[replica_id])
         if replica_id in slow:
             state = Replica.State.SLOW
         elif not alive:
@@ -147,23 +179,34 @@ def sync_replicas(job: Job, client, supervisor: Supervisor) -> None:
                 "starting": Replica.State.STARTING,
                 "stopped": Replica.State.STOPPED,
             }.get(info.get("state"), Replica.State.FAILED)
-        Replica.objects.filter(replica_id=Replica.full_id(job.key, replica_id)).exclude(
-            state__in=(Replica.State.FAILED, Replica.State.STOPPED)
-        ).update(
-            pid=info.get("pid"),
-            role=info.get("role", Replica.Role.PRIMARY),
-            fencing_epoch=info.get("epoch") or 0,
-            state=state,
-            last_heartbeat=datetime.fromtimestamp(info["updated"], tz=UTC)
-            if alive and info.get("updated")
-            else None,
-            checkpoint_interval_s=info.get("checkpoint_interval_s"),
-            interval_since=datetime.fromtimestamp(info["interval_since"], tz=UTC)
+        values = {
+            "pid": info.get("pid"),
+            "role": info.get("role", Replica.Role.PRIMARY),
+            "fencing_epoch": info.get("epoch") or 0,
+            "state": state,
+            "checkpoint_interval_s": info.get("checkpoint_interval_s"),
+            "interval_since": datetime.fromtimestamp(info["interval_since"], tz=UTC)
             if info.get("interval_since")
             else None,
-            nice=info.get("nice"),
-            batch_every_s=info.get("batch_every_s"),
+            "nice": info.get("nice"),
+            "batch_every_s": info.get("batch_every_s"),
+        }
+        beat = (
+            datetime.fromtimestamp(info["updated"], tz=UTC)
+            if alive and info.get("updated")
+            else None
         )
+        stale_beat = (beat is None) != (row.last_heartbeat is None) or (
+            beat is not None
+            and (now - row.last_heartbeat).total_seconds() >= HEARTBEAT_ROW_REFRESH_S
+        )
+        if stale_beat or any(getattr(row, name) != value for name, value in values.items()):
+            for name, value in values.items():
+                setattr(row, name, value)
+            row.last_heartbeat = beat
+            changed.append(row)
+    if changed:
+        Replica.objects.bulk_update(changed, [*values, "last_heartbeat"])
 
 
 def save_supervisor(client, job: Job, supervisor: Supervisor) -> None:

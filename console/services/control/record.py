@@ -21,9 +21,12 @@ from console.models import (
     Policy,
     RecoveryEpisode,
     Replica,
+    ReportSubscription,
 )
 from console.services import recovery
 from console.services.planning import JobPlan
+from infra import keys as control_keys
+from infra import tasks
 from spark_runtime import keys as data_keys
 from spark_runtime.supervision import (
     JOB,
@@ -37,7 +40,6 @@ from spark_runtime.supervision import (
     StartReplica,
     Supervisor,
 )
-from workers import keys as control_keys
 
 log = logging.getLogger(__name__)
 
@@ -283,25 +285,27 @@ def record_cycle(client, job: Job, duration_s: float) -> None:
     client.set(control_keys.controller_cycle(job.key), json.dumps(cycle), ex=3600)
 
 
-def alert_slow_recoveries(job: Job) -> None:
-    """Ask for recovery-time alerts on the job's recent episodes (each is emailed at most once
-    per subscription, so asking every cycle is safe; an open episode alerts while it lasts)."""
-    from console.models import ReportSubscription
-    from workers.reporting import alert_recovery
+def recovery_alerts_wanted() -> bool:
+    """Whether any enabled subscription asks for recovery-time alerts."""
+    return ReportSubscription.objects.filter(
+        enabled=True, alert_recovery_over_s__isnull=False
+    ).exists()
 
-    wanted = ReportSubscription.objects.filter(enabled=True, alert_recovery_over_s__isnull=False)
-    if not wanted.exists():
+
+def alert_slow_recoveries(job: Job, wanted: bool | None = None) -> None:
+    """Ask for recovery-time alerts on the job's recent episodes (each is emailed at most once
+    per subscription, so asking every cycle is safe; an open episode alerts while it lasts).
+    `wanted`: recovery_alerts_wanted() as a controller read it for all its jobs (None: now)."""
+    if not (recovery_alerts_wanted() if wanted is None else wanted):
         return
     since = timezone.now() - timezone.timedelta(minutes=15)
     for episode_id in job.recoveries.filter(detected_at__gte=since).values_list("pk", flat=True):
-        alert_recovery.delay(episode_id)
+        tasks.send(tasks.ALERT_RECOVERY, episode_id)
 
 
 def alert_failed_job(job: Job) -> None:
     """Email the subscriptions that asked to hear about jobs failing for good."""
-    from workers.reporting import alert_job_failed
-
-    alert_job_failed.delay(job.pk)
+    tasks.send(tasks.ALERT_JOB_FAILED, job.pk)
 
 
 def close_measurements(job: Job, client) -> None:

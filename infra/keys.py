@@ -1,5 +1,8 @@
 """Redis keys of the control plane (node agents, controller). Data-plane keys live in
-spark_runtime/keys.py."""
+spark_runtime/keys.py, whose `make_key` (the `backstop:` prefix and the parts, joined by colons)
+builds these too."""
+
+from spark_runtime.keys import make_key
 
 NODE_METRICS_MAXLEN = 3600  # an hour of 1 s samples per node
 AGENT_EVENTS_MAXLEN = 10_000
@@ -8,12 +11,12 @@ FAULT_MARK_TTL_S = 3600  # longer than any redelivery of a fault task
 
 def node_heartbeat(node: str) -> str:
     """Latest usage sample of a node as JSON, with a short TTL: gone means the agent is silent."""
-    return f"backstop:node:{node}:hb"
+    return make_key("node", node, "hb")
 
 
 def node_metrics(node: str) -> str:
     """Capped stream of a node's usage samples (field `sample`, JSON)."""
-    return f"backstop:node:{node}:metrics"
+    return make_key("node", node, "metrics")
 
 
 # The kinds of entries on the agent events stream.
@@ -24,33 +27,39 @@ EVENT_SPARK_KILLED = "spark-killed"  # a Spark executor or worker the agent kill
 
 def agent_events() -> str:
     """Stream of what agents saw happen and did: one entry per event, `kind` one of EVENT_*."""
-    return "backstop:agent-events"
+    return make_key("agent-events")
 
 
 def controller_lease(job_key: str) -> str:
-    """Held by the controller task that currently supervises a job (expires if it dies)."""
-    return f"backstop:{job_key}:controller-lease"
+    """The token of the controller process that supervises a job (infra/leases.py); expires
+    soon after that process dies."""
+    return make_key(job_key, "controller-lease")
+
+
+def controllers() -> str:
+    """Sorted set of the live controller processes, scored by when each last said so."""
+    return make_key("controllers")
 
 
 def controller_cycle(job_key: str) -> str:
     """JSON {"at", "duration_s"} of the controller's last policy cycle of a job (for /metrics)."""
-    return f"backstop:{job_key}:controller-cycle"
+    return make_key(job_key, "controller-cycle")
 
 
 def controller_state(job_key: str) -> str:
     """The supervision state of a job as JSON, so a restarted controller picks it up."""
-    return f"backstop:{job_key}:controller-state"
+    return make_key(job_key, "controller-state")
 
 
 def generator_node(job_key: str) -> str:
     """The node whose agent runs the job's input generator (chosen once, kept while it lives)."""
-    return f"backstop:{job_key}:generator-node"
+    return make_key(job_key, "generator-node")
 
 
 def exits(job_key: str) -> str:
     """Hash replica id -> JSON of the agent's exit event (returncode, ...) of the job's processes
     that ended, copied from `agent_events` by the controller."""
-    return f"backstop:{job_key}:exits"
+    return make_key(job_key, "exits")
 
 
 # Agents publish replica activity every second; an entry older than this says nothing.
@@ -61,23 +70,23 @@ def replica_activity(job_key: str) -> str:
     """Hash replica id -> JSON {"cpu": share of a core in the last second, "cpu_avg": averaged
     over about 30 s, "rss_mb": resident memory of the process tree, "busy": bool, "at": time}
     written by the agent that runs the replica (expires when no agent writes it)."""
-    return f"backstop:{job_key}:activity"
+    return make_key(job_key, "activity")
 
 
 def interval_requests(job_key: str) -> str:
     """Hash replica id -> JSON {"seconds": CI, "sent_at": time} of checkpoint-interval commands
     the controller sent and the replica has not yet reported in force."""
-    return f"backstop:{job_key}:interval-requests"
+    return make_key(job_key, "interval-requests")
 
 
 def exit_tails(job_key: str) -> str:
     """Hash replica id -> the last lines of the log of an ended process of the job."""
-    return f"backstop:{job_key}:exit-tails"
+    return make_key(job_key, "exit-tails")
 
 
 def agent_events_cursor(job_key: str) -> str:
     """The last `agent_events` entry id the job's controller has read."""
-    return f"backstop:{job_key}:agent-events-cursor"
+    return make_key(job_key, "agent-events-cursor")
 
 
 def ingest_cursor(stream: str) -> str:
@@ -88,10 +97,10 @@ def ingest_cursor(stream: str) -> str:
 def fault_carried_out(fault_id: int) -> str:
     """Set (NX) by the agent that carries out a fault whose effect only it reports (kill-executor,
     kill-worker), so a redelivered task does not kill a second time."""
-    return f"backstop:fault:{fault_id}:carried-out"
+    return make_key("fault", fault_id, "carried-out")
 
 
 def paused_groups(node: str) -> str:
     """Hash of the process groups a pause-node fault stopped on `node`: pgid -> JSON with the
     time (epoch seconds) the agent must resume them, so a restarted agent still resumes them."""
-    return f"backstop:node:{node}:paused"
+    return make_key("node", node, "paused")

@@ -23,9 +23,9 @@ from urllib.parse import urlparse
 
 import redis
 
-from workers.keys import node_heartbeat
-from workers.queues import CONTROL_QUEUE, node_queue
-from workers.redis_client import redis_client
+from infra.keys import node_heartbeat
+from infra.queues import CONTROL_QUEUE, node_queue
+from infra.redis_client import redis_client
 
 
 def redis_answers(url: str, timeout: float = 1.0) -> bool:
@@ -215,9 +215,10 @@ def celery_argv(*args: str) -> list[str]:
     return [sys.executable, "-m", "celery", "-A", "web", *args]
 
 
-def controller_argv(worker_name: str = "controller@%h", concurrency: int = 8) -> list[str]:
-    """The Celery controller: consumes the control queue."""
-    # threads: each supervised job holds one worker slot for its 30 s window
+def controller_argv(worker_name: str = "controller@%h", concurrency: int = 4) -> list[str]:
+    """The Celery controller: consumes the control queue and supervises its share of the jobs
+    in threads of its own (console/services/fleet.py)."""
+    # threads: launch, fault and audit tasks side by side; no task holds a job's supervision
     return celery_argv(
         "worker", "-Q", CONTROL_QUEUE, "-n", worker_name, "--pool", "threads",
         "--concurrency", str(concurrency), "--loglevel", "INFO",
@@ -258,7 +259,7 @@ class LocalCluster:
     beat_schedule: Path
     node_cpu: float | None = None  # None: each agent measures the machine's cores
     worker_prefix: str = ""  # Celery worker names, e.g. "bench-" gives bench-controller@host
-    controller_concurrency: int = 8
+    controller_concurrency: int = 4
     env: dict = field(default_factory=dict)  # added to every process's environment
 
     def start_controller(self) -> None:
@@ -321,10 +322,10 @@ def wait_for(condition, timeout_s: float, what: str, poll_s: float = 0.5) -> Non
 
 
 def main(argv: list[str]) -> int:
-    """`python -m web.launcher ensure-redis URL`: start a daemonized local Redis if none answers."""
+    """`python -m infra.launcher ensure-redis URL`: start a daemonized Redis if none answers."""
     if len(argv) != 2 or argv[0] != "ensure-redis":
         print(
-            "usage: python -m web.launcher ensure-redis redis://127.0.0.1:6379/0", file=sys.stderr
+            "usage: python -m infra.launcher ensure-redis redis://127.0.0.1:6379/0", file=sys.stderr
         )
         return 2
     url = argv[1]

@@ -13,9 +13,18 @@ on one machine the demo's nodes really do share one network interface.
 from __future__ import annotations
 
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 
 import psutil
+
+# Process discovery lives in infra.processes. The names imported `as` themselves are re-exported
+# for bench/strategy/run.py, which still imports them from here.
+from infra.processes import argv_of as argv_of
+from infra.processes import cmdline_arg as cmdline_arg
+from infra.processes import node_processes, safe_read
+from infra.processes import spare_processes as spare_processes
+from infra.processes import stage_processes as stage_processes
+from infra.processes import with_children as with_children
 
 HOST = "host"
 PROCESSES = "processes"
@@ -31,11 +40,14 @@ class Capacity:
     bw_total_mbps: float
 
 
-@dataclass(frozen=True)
-class NodeUsage:
-    """One sample, in the shape the policy's NodeSample wants (plus the time it was taken)."""
+@dataclass(frozen=True, kw_only=True)
+class Resources:
+    """A node's resources at one instant, as its agent measures them: cores, MiB of memory, disk
+    throughput and bandwidth (each used and available). The one definition of a usage sample's
+    figures: the agent's NodeUsage and the policy's NodeSample (console.policy.resources) both
+    extend it, and `RESOURCE_FIELDS` names them for code that reads or checks a published
+    sample. Keyword-only, so a subclass's own fields (NodeSample's `name`) may come first."""
 
-    at: float
     cpu_total: float
     cpu_used: float
     mem_total: float
@@ -44,87 +56,21 @@ class NodeUsage:
     disk_max_throughput: float
     bw_used: float
     bw_total: float
+
+
+RESOURCE_FIELDS = tuple(f.name for f in fields(Resources))
+
+
+@dataclass(frozen=True, kw_only=True)
+class NodeUsage(Resources):
+    """One sample, as the agent publishes it: the resources plus the time it was taken and how
+    many processes were counted."""
+
+    at: float
     processes: int
 
     def to_dict(self) -> dict:
         return asdict(self)
-
-
-def stage_processes(*, node: str | None = None, job: str | None = None) -> list[psutil.Process]:
-    """Live stage processes (`spark_runtime.stage ...`), of one node and/or one job when given.
-
-    Only the Python roots: their Spark JVMs are children (see `with_children`).
-    """
-    found = []
-    for proc in psutil.process_iter(["cmdline", "status"]):
-        cmdline = argv_of(proc.info["cmdline"])
-        # Warm spares are the node's too: their memory counts against its free resources.
-        entry = "spark_runtime.stage" in cmdline or "spark_runtime.spare" in cmdline
-        if proc.info["status"] == psutil.STATUS_ZOMBIE or not entry:
-            continue
-        if node is not None and cmdline_arg(cmdline, "--node") != node:
-            continue
-        if job is None or cmdline_arg(cmdline, "--job") == job:
-            found.append(proc)
-    return found
-
-
-def spare_processes() -> list[psutil.Process]:
-    """Live warm-spare processes of every node that run no replica yet (starting or idle): a
-    spare handed a replica takes that replica's command line, and is then one of the job's stage
-    processes (`stage_processes(job=...)`), no longer a spare."""
-    return [p for p in stage_processes() if "spark_runtime.spare" in argv_of(p.info["cmdline"])]
-
-
-def with_children(roots: list[psutil.Process]) -> list[psutil.Process]:
-    """`roots` and all their descendants (a stage's Spark JVM), each once."""
-    found: dict[int, psutil.Process] = {}
-    for root in roots:
-        found[root.pid] = root
-        try:
-            for child in root.children(recursive=True):
-                found[child.pid] = child
-        except psutil.NoSuchProcess:
-            continue
-    return list(found.values())
-
-
-def node_processes(node: str) -> list[psutil.Process]:
-    """Stage processes started for `node` (`spark_runtime.stage ... --node NODE`), CPU hogs of
-    stress-node faults on it, and their children."""
-    hogs = [
-        proc
-        for proc in psutil.process_iter(["cmdline"])
-        # stress-node's CPU hogs (`workers.cpu_hog SECONDS NODE`) count against their node too.
-        if "workers.cpu_hog" in (proc.info["cmdline"] or []) and proc.info["cmdline"][-1] == node
-    ]
-    return with_children(stage_processes(node=node) + hogs)
-
-
-def argv_of(cmdline: list[str] | None) -> list[str]:
-    """A process's arguments from psutil's `cmdline()`. A warm spare that became a replica
-    renamed itself (setproctitle) to that stage's command line: Linux then shows one string,
-    NUL-padded, which is split back into arguments here."""
-    cmdline = cmdline or []
-    if cmdline and " " in cmdline[0] and not any(cmdline[1:]):
-        return cmdline[0].split()
-    return cmdline
-
-
-def cmdline_arg(cmdline: list[str], flag: str) -> str | None:
-    """The value after `flag` in a process's command line, or None."""
-    try:
-        return cmdline[cmdline.index(flag) + 1]
-    except (ValueError, IndexError):
-        return None
-
-
-def safe_read(call, default):
-    """psutil raises when a process ends between listing and reading it: count it as gone."""
-    try:
-        return call()
-    except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
-        return default
 
 
 class ProcessTracker:

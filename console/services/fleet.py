@@ -1,0 +1,326 @@
+"""Supervision of a fleet: each controller process reconciles many jobs from one work queue.
+
+Kubernetes' controller-runtime is the model: a reconcile is a function of one job's key, fed by
+a delaying work queue (infra/workqueue.py) to a small, fixed number of worker threads; no job
+holds a thread. A job is queued again on its own period (FAST_PERIOD_S while something is
+changing, STEADY_PERIOD_S once every replica runs and every stage is protected), and at once,
+ahead of any backlog of periodic reconciles, when a node agent reports something about it (an
+exit, a refused or carried-out fault) on the agent events stream, which one thread per process
+reads for all its jobs.
+
+Jobs are spread over the live controller processes by per-job leases in Redis
+(infra/leases.py): every RENEW_S the membership thread renews its leases in one round trip,
+reads the live jobs in one query, and takes unleased jobs up to its fair share (live jobs / live
+controllers, rounded up), preferring the jobs that rendezvous hashing gives it so controllers
+rarely compete for one; a controller over its share (one joined) gives the surplus up. A dead
+controller's leases expire after LEASE_S and the others take its jobs within a renewal more.
+The supervision state is written only while the lease is ours (a compare-and-set on it), so a
+controller that stalled past its lease cannot act on a job twice. The same thread reads what is
+the same for every job once per renewal (`FleetView`: policy in force, alive nodes, their recent
+samples and Q ranking, warm spares), instead of once per job.
+
+Every reconcile is the controller's tick (console.services.controller.supervise_tick) and, when
+due, its policy cycle: each side effect idempotent and the state saved after each, so a process
+killed between two steps loses nothing.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import socket
+import threading
+import time
+import uuid
+from collections import Counter
+from dataclasses import dataclass, field
+
+import redis
+from django.conf import settings
+from django.db import DatabaseError, connection
+
+from console.models import Job, Policy, PredictorTraining
+from console.policy.config import PolicyConfig
+from console.services import controller
+from console.services.control.observe import (
+    alive_nodes,
+    load_supervisor,
+    node_history,
+    spares_by_state,
+)
+from console.services.control.record import recovery_alerts_wanted
+from console.services.planning import rank_nodes
+from console.services.prediction import latest_training
+from infra import keys as control_keys
+from infra import leases
+from infra.workqueue import WorkQueue
+from spark_runtime.supervision import Supervisor
+
+log = logging.getLogger(__name__)
+
+LEASE_S = 3.0  # a dead controller's jobs wait at most this long (plus a renewal) for another
+RENEW_S = 1.0  # leases renewed, live jobs read, fair shares settled this often
+FAST_PERIOD_S = 0.25  # a job whose replicas are starting, failing over or backing off
+STEADY_PERIOD_S = 1.0  # a settled job: agents' exit reports wake it at once anyway
+EVENTS_BLOCK_MS = 1000
+ERROR_RETRY_S = 1.0  # a reconcile that met a database or Redis error is tried again after this
+
+
+@dataclass
+class FleetView:
+    """What every job's reconcile reads alike in one renewal, read once for all of them."""
+
+    config: PolicyConfig
+    alive: dict[str, dict]
+    history: dict
+    ranked: list[str]
+    spares: dict[str, Counter]
+    latest_model: PredictorTraining | None  # the fault predictor's training run in force
+    recovery_alerts: bool  # whether any subscription asks for recovery-time alerts
+    at: float = field(default_factory=time.time)
+
+
+def read_fleet_view(client) -> FleetView:
+    """The policy in force, the alive nodes with their recent samples, ranked by Q, their warm
+    spares by state, the fault predictor in force, and whether recovery alerts are wanted."""
+    config = Policy.current().to_config()
+    alive = alive_nodes(client)
+    history = node_history(client, alive)
+    ranked = rank_nodes(history, config)
+    return FleetView(
+        config,
+        alive,
+        history,
+        ranked,
+        spares_by_state(client, ranked),
+        latest_model=latest_training(),
+        recovery_alerts=recovery_alerts_wanted(),
+    )
+
+
+@dataclass
+class JobSlot:
+    """A job this controller holds the lease of, with its supervisor kept in memory."""
+
+    job: Job
+    supervisor: Supervisor | None
+    next_cycle: float = 0.0
+    saved: str = ""
+    db_status: str = ""  # the status the membership thread last read for it
+
+
+def rendezvous_rank(owner: str, job_key: str) -> str:
+    """Highest random weight hashing: each controller orders the jobs its own way, so with
+    equal shares they mostly pick different jobs first."""
+    return hashlib.blake2b(f"{owner}/{job_key}".encode(), digest_size=8).hexdigest()
+
+
+class FleetController:
+    """The supervision of one controller process: `workers` reconcile threads, one membership
+    thread and one agent events thread. `start` and `stop` are called by the Celery worker
+    that consumes the control queue (workers/controller.py)."""
+
+    def __init__(self, workers: int, client=None, owner: str | None = None):
+        self.workers = workers
+        self.client = client or redis.Redis.from_url(settings.REDIS_URL, decode_responses=True)
+        self.owner = owner or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+        self.leases = leases.Leases(self.client, self.owner, LEASE_S)
+        self.queue = WorkQueue()
+        self.slots: dict[str, JobSlot] = {}
+        self.slots_lock = threading.Lock()
+        self.view: FleetView | None = None
+        self.stopping = threading.Event()
+        self.threads: list[threading.Thread] = []
+        self.reconciles = 0
+        self.errors = 0  # reconciles that raised (logged with their traceback)
+
+    # --- lifecycle --------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Start the threads (daemons: they end with the process)."""
+        targets = [("membership", self._membership_loop), ("agent-events", self._events_loop)]
+        targets += [(f"reconcile-{i}", self._worker_loop) for i in range(self.workers)]
+        for name, target in targets:
+            thread = threading.Thread(target=target, name=f"fleet-{name}", daemon=True)
+            thread.start()
+            self.threads.append(thread)
+        log.info("controller %s supervises with %d workers", self.owner, self.workers)
+
+    def stop(self, timeout_s: float = 5.0) -> None:
+        """Stop taking work, let running reconciles end, give every lease up for the others."""
+        self.stopping.set()
+        self.queue.shut_down()
+        for thread in self.threads:
+            thread.join(timeout_s)
+        with self.slots_lock:
+            held = list(self.slots)
+            self.slots.clear()
+        for key in held:
+            self.leases.release(key)
+        leases.leave(self.client, self.owner)
+
+    def held(self) -> list[str]:
+        """The keys of the jobs this controller supervises now."""
+        with self.slots_lock:
+            return sorted(self.slots)
+
+    # --- membership: leases, fair share, the fleet view ------------------------------------
+
+    def _membership_loop(self) -> None:
+        while not self.stopping.is_set():
+            started = time.monotonic()
+            try:
+                self.settle_membership()
+            except (DatabaseError, redis.RedisError) as exc:
+                log.warning("controller %s: membership round failed: %s", self.owner, exc)
+                _drop_broken_connection()
+            self.stopping.wait(max(0.0, RENEW_S - (time.monotonic() - started)))
+
+    def settle_membership(self) -> None:
+        """One renewal: renew our leases, drop the lost, read the live jobs and the fleet view,
+        take jobs up to our fair share or give the surplus up."""
+        leases.heartbeat(self.client, self.owner)
+        for key in self.leases.renew(self.held()):
+            log.warning("controller %s: lease of %s lost", self.owner, key)
+            self._drop(key)
+        live = {
+            key: (pk, status)
+            for pk, key, status in Job.objects.filter(status__in=Job.LIVE_STATUSES).values_list(
+                "pk", "key", "status"
+            )
+        }
+        self.view = read_fleet_view(self.client)
+        controllers = leases.live_controllers(self.client, 3 * RENEW_S)
+        share = leases.fair_share(len(live), len(controllers))
+        with self.slots_lock:
+            held = dict(self.slots)
+        for key, slot in held.items():
+            status = live.get(key, (None, "ended"))[1]
+            if status != slot.db_status:
+                slot.db_status = status
+                self.queue.add(key)  # a stop request or an end: handled at once
+        surplus = len(held) - share
+        if surplus > 0 and len(controllers) > 1:
+            # Give up the jobs others rank first, at most a few per round to avoid churn.
+            for key in sorted(held, key=lambda k: rendezvous_rank(self.owner, k))[:surplus][:5]:
+                self._drop(key)
+                self.leases.release(key)
+            return
+        wanted = [key for key in live if key not in held]
+        if not wanted or len(held) >= share:
+            return
+        holders = self.leases.holders(wanted)
+        free = sorted(
+            (key for key in wanted if holders[key] is None),
+            key=lambda k: rendezvous_rank(self.owner, k),
+            reverse=True,
+        )
+        for key in free[: share - len(held)]:
+            if self.leases.try_acquire(key):
+                self._take(key, *live[key])
+
+    def _take(self, key: str, pk: int, status: str) -> None:
+        job = Job.objects.get(pk=pk)
+        slot = JobSlot(job=job, supervisor=load_supervisor(self.client, job), db_status=status)
+        with self.slots_lock:
+            self.slots[key] = slot
+        self.queue.add(key)
+        log.info("controller %s: supervising %s", self.owner, key)
+
+    def _drop(self, key: str) -> None:
+        with self.slots_lock:
+            self.slots.pop(key, None)
+        self.queue.forget(key)
+
+    # --- agent events: wake the job a report is about --------------------------------------
+
+    def _events_loop(self) -> None:
+        last = None  # the newest entry read; "$" in every call would miss those between calls
+        while not self.stopping.is_set():
+            try:
+                if last is None:
+                    newest = self.client.xrevrange(control_keys.agent_events(), count=1)
+                    last = newest[0][0] if newest else "0-0"
+                batches = self.client.xread(
+                    {control_keys.agent_events(): last}, count=500, block=EVENTS_BLOCK_MS
+                )
+            except redis.RedisError as exc:
+                log.warning("controller %s: agent events unreadable: %s", self.owner, exc)
+                self.stopping.wait(ERROR_RETRY_S)
+                continue
+            for _, entries in batches:
+                for entry_id, fields in entries:
+                    last = entry_id
+                    key = fields.get("job")
+                    if key in self.slots:
+                        self.queue.add(key, urgent=True)
+
+    # --- reconcile ---------------------------------------------------------------------------
+
+    def _worker_loop(self) -> None:
+        while not self.stopping.is_set():
+            key = self.queue.get()
+            if key is None:
+                return
+            delay = None
+            try:
+                delay = self.reconcile(key)
+            except (DatabaseError, redis.RedisError) as exc:
+                self.errors += 1
+                log.warning("controller %s: reconcile of %s failed: %s", self.owner, key, exc)
+                _drop_broken_connection()
+                delay = ERROR_RETRY_S
+            except Exception:
+                # One job's bug must not end this worker (the others would go unsupervised).
+                self.errors += 1
+                log.exception("controller %s: reconcile of %s raised", self.owner, key)
+                delay = ERROR_RETRY_S
+            finally:
+                self.queue.done(key, delay)
+
+    def reconcile(self, key: str) -> float | None:
+        """One reconcile of the job `key`: returns when to reconcile it again (None: it ended,
+        or is no longer ours)."""
+        with self.slots_lock:
+            slot = self.slots.get(key)
+        if slot is None or self.view is None:
+            return None
+        self.reconciles += 1
+        job = slot.job
+        if slot.db_status != job.status:
+            job.refresh_from_db(fields=["status", "status_reason"])
+        if slot.supervisor is None:
+            controller.without_state(job, self.client)
+            return self._end(key)
+        live = controller.reconcile_job(job, slot.supervisor, self.client, self.view, slot)
+        if not self._save(key, slot):
+            log.warning(
+                "controller %s: lease of %s lost before its state was saved", self.owner, key
+            )
+            self._drop(key)
+            return None
+        if not live:
+            return self._end(key)
+        return controller.next_reconcile_s(job, slot.supervisor, FAST_PERIOD_S, STEADY_PERIOD_S)
+
+    def _save(self, key: str, slot: JobSlot) -> bool:
+        """Save the supervision state if it changed, only while the lease is ours."""
+        state = json.dumps(slot.supervisor.to_dict())
+        if state == slot.saved:
+            return True
+        if not self.leases.replace_if_held(key, control_keys.controller_state(key), state):
+            return False
+        slot.saved = state
+        return True
+
+    def _end(self, key: str) -> None:
+        self._drop(key)
+        self.leases.release(key)
+        return None
+
+
+def _drop_broken_connection() -> None:
+    """A database error may leave this thread's connection unusable: open a new one next time."""
+    connection.close_if_unusable_or_obsolete()

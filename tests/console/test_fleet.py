@@ -1,0 +1,176 @@
+"""Fleet supervision (console/services/fleet.py) against the real Redis and database: controller
+processes played by FleetControllers in this process, each with its own owner token, threads
+and Redis client, as separate processes would have."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from console.models import ControlDecision, Job
+from console.redis import redis_client
+from console.services import fleet
+from console.services.control import observe
+from infra import keys, leases
+from spark_runtime.supervision import Supervisor
+from tests.factories import NodeFactory, make_job
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@pytest.fixture
+def redis_conn():
+    conn = redis_client()
+    conn.flushdb()
+    yield conn
+    conn.flushdb()
+
+
+@pytest.fixture
+def controllers(redis_conn):
+    """FleetControllers started by a test; each is stopped (or crashed) at the end."""
+    started = []
+
+    def start(owner: str, workers: int = 2) -> fleet.FleetController:
+        controller = fleet.FleetController(workers, client=redis_client(), owner=owner)
+        controller.start()
+        started.append(controller)
+        return controller
+
+    yield start
+    for controller in started:
+        controller.stop()
+    assert [c.errors for c in started] == [0] * len(started), "a reconcile raised (see the log)"
+
+
+def live_jobs(redis_conn, count: int) -> list[Job]:
+    """Live jobs whose replicas are within their start-up grace (supervision just waits)."""
+    NodeFactory(name="n-1")
+    jobs = []
+    for _ in range(count):
+        job = make_job(status=Job.Status.STARTING, strategy="local-restart")
+        supervisor = Supervisor(
+            job.key, job.topology, {"wc": ("split", "count")}, job.strategy, ["n-1"]
+        )
+        supervisor.start(time.time())
+        observe.save_supervisor(redis_conn, job, supervisor)
+        jobs.append(job)
+    return jobs
+
+
+def wait_until(condition, timeout_s: float, what: str) -> float:
+    """Seconds until `condition()` held; fails after `timeout_s`."""
+    started = time.monotonic()
+    while time.monotonic() - started < timeout_s:
+        if condition():
+            return time.monotonic() - started
+        time.sleep(0.05)
+    raise AssertionError(f"not within {timeout_s} s: {what}")
+
+
+def crash(controller: fleet.FleetController) -> None:
+    """As a SIGKILL would: the threads end, the leases are not given up."""
+    controller.stopping.set()
+    controller.queue.shut_down()
+    for thread in controller.threads:
+        thread.join(5)
+
+
+def holders(redis_conn, jobs) -> dict[str, str | None]:
+    return {job.key: redis_conn.get(keys.controller_lease(job.key)) for job in jobs}
+
+
+def test_two_controllers_split_the_jobs_and_a_dead_ones_jobs_are_taken_over(
+    redis_conn, controllers
+):
+    jobs = live_jobs(redis_conn, 6)
+    first, second = controllers("ctl-a"), controllers("ctl-b")
+
+    def split_evenly():
+        held = holders(redis_conn, jobs)
+        even = sorted(held.values(), key=str) == ["ctl-a"] * 3 + ["ctl-b"] * 3
+        return even and len(first.held()) == len(second.held()) == 3
+
+    wait_until(split_evenly, 15, "each controller holding 3 of the 6 jobs")
+    assert set(first.held()).isdisjoint(second.held())  # no job supervised twice
+    assert len(first.held()) == len(second.held()) == 3
+
+    crash(first)
+    taken_over_s = wait_until(
+        lambda: set(holders(redis_conn, jobs).values()) == {"ctl-b"}, 15, "ctl-b holding all"
+    )
+    # The dead controller's leases expire after LEASE_S; ctl-b takes them at its next renewal.
+    assert taken_over_s <= fleet.LEASE_S + 2 * fleet.RENEW_S + 1
+    assert sorted(second.held()) == sorted(job.key for job in jobs)
+
+
+def test_a_controller_that_joins_gets_its_share_handed_over(redis_conn, controllers):
+    jobs = live_jobs(redis_conn, 4)
+    first = controllers("ctl-a")
+    wait_until(lambda: len(first.held()) == 4, 10, "ctl-a holding all 4 jobs alone")
+    second = controllers("ctl-b")
+    wait_until(
+        lambda: len(first.held()) == 2 and len(second.held()) == 2, 15, "a 2/2 split after join"
+    )
+    assert set(holders(redis_conn, jobs).values()) == {"ctl-a", "ctl-b"}
+
+
+def test_an_agent_report_wakes_its_job_at_once(redis_conn, controllers, monkeypatch):
+    # Periodic reconciles far apart: only the wake-up can explain a prompt reaction.
+    monkeypatch.setattr(fleet, "FAST_PERIOD_S", 60.0)
+    monkeypatch.setattr(fleet, "STEADY_PERIOD_S", 60.0)
+    [job] = live_jobs(redis_conn, 1)
+    controller = controllers("ctl-a")
+    wait_until(lambda: controller.held() == [job.key], 10, "the job held")
+    wait_until(lambda: controller.reconciles >= 1, 10, "its first reconcile")
+    time.sleep(0.5)
+    redis_conn.xadd(
+        keys.agent_events(),
+        {"kind": keys.EVENT_EXIT, "job": job.key, "replica_id": "wc-1", "returncode": "-9",
+         "log_tail": "killed", "at": str(time.time())},
+    )  # fmt: skip
+    failures = job.decisions.filter(kind=ControlDecision.Kind.FAILURE, replica_id="wc-1")
+    seen_s = wait_until(failures.exists, 10, "the exit handled by a reconcile")
+    assert seen_s < 5, "woken by the report, not by its 60 s period"
+
+
+def test_a_stopped_job_is_stopped_and_its_lease_given_up(redis_conn, controllers):
+    [job] = live_jobs(redis_conn, 1)
+    controller = controllers("ctl-a")
+    wait_until(lambda: controller.held() == [job.key], 10, "the job held")
+    Job.objects.filter(pk=job.pk).update(status=Job.Status.STOPPING)
+    wait_until(
+        lambda: Job.objects.get(pk=job.pk).status == Job.Status.STOPPED, 10, "the job stopped"
+    )
+    wait_until(lambda: controller.held() == [], 5, "the job dropped")
+    assert not redis_conn.exists(keys.controller_lease(job.key))
+    assert not redis_conn.exists(keys.controller_state(job.key))
+
+
+def test_a_controller_that_lost_its_lease_cannot_overwrite_the_new_holders_state(redis_conn):
+    mine = leases.Leases(redis_conn, "stalled", ttl_s=5)
+    theirs = leases.Leases(redis_conn, "successor", ttl_s=5)
+    state_key = keys.controller_state("job-x")
+    assert mine.try_acquire("job-x")
+    assert not theirs.try_acquire("job-x")
+    redis_conn.set(state_key, "v1")
+    assert mine.replace_if_held("job-x", state_key, "v2")
+    redis_conn.delete(keys.controller_lease("job-x"))  # expired while "stalled" stalled
+    assert theirs.try_acquire("job-x")
+    assert not mine.replace_if_held("job-x", state_key, "stale")
+    assert redis_conn.get(state_key) == "v2"
+    assert mine.renew(["job-x"]) == {"job-x"}  # its renewal says the lease is lost
+    mine.release("job-x")  # and its release leaves the successor's lease alone
+    assert redis_conn.get(keys.controller_lease("job-x")) == "successor"
+    # A state deleted on purpose (a stopped job) is not created again by the holder.
+    redis_conn.delete(state_key)
+    assert theirs.replace_if_held("job-x", state_key, "late")
+    assert not redis_conn.exists(state_key)
+
+
+def test_fair_share_splits_rounding_up():
+    assert leases.fair_share(200, 2) == 100
+    assert leases.fair_share(5, 2) == 3
+    assert leases.fair_share(3, 0) == 3  # no controller seen yet: take what there is
+    assert leases.fair_share(0, 3) == 0
