@@ -51,6 +51,7 @@ from django_plotly_dash.dash_wrapper import get_local_stateless_by_name
 from console.dash.overview.app import APP_NAME as OVERVIEW_APP
 from console.dash.placement.app import APP_NAME as PLACEMENT_APP
 from console.models import Job
+from console.services.fleet import LEASE_S
 from infra import keys as control_keys
 from infra import tasks
 from spark_runtime import keys as data_keys
@@ -62,7 +63,6 @@ PROCESS_SAMPLE_S = 1.0
 STATUS_EVERY_S = 5.0
 EXCLUDE_AFTER_LAUNCH_S = 10.0
 ACTION_TIMEOUT_S = 30.0
-LEASE_S = 5.0  # the controller's lease (console.services.fleet.LEASE_S)
 LIVE = {str(s) for s in Job.LIVE_STATUSES}
 QUEUE_ACTIONS = {tasks.START_REPLICA.name, tasks.KILL_REPLICA.name}
 

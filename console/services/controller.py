@@ -243,16 +243,19 @@ def reconcile_job(job: Job, supervisor: Supervisor, client, view, slot) -> bool:
         return False
     if time.monotonic() >= slot.next_cycle:
         cycle_started = time.monotonic()
-        policy_step(job, supervisor, client, view)
+        if slot.operators is None:
+            slot.operators = {op.name: op for op in job.operators.all()}
+        policy_step(job, supervisor, client, view, slot.operators)
         record_cycle(client, job, time.monotonic() - cycle_started)
         slot.next_cycle = time.monotonic() + view.config.cycle_interval_s
     return True
 
 
-def policy_step(job: Job, supervisor: Supervisor, client, view) -> None:
+def policy_step(job: Job, supervisor: Supervisor, client, view, operators: dict) -> None:
     """Every policy cycle: the policy in force applied to the state machine, replica rows
-    synced, progress stored, Algorithm 2, the input generator and warm spares asked for,
-    open recovery episodes measured and alerted on."""
+    synced, progress stored, Algorithm 2 (on `operators`, the job's Operator rows the fleet
+    keeps between cycles), the input generator and warm spares asked for, open recovery
+    episodes measured and alerted on."""
     config = view.config
     supervisor.restart_policy = restart_policy_of(config)  # admin changes apply here
     supervisor.hung_timeout_s = config.hung_timeout_s
@@ -261,7 +264,7 @@ def policy_step(job: Job, supervisor: Supervisor, client, view) -> None:
         job.mark_running("every primary is running")
     ensure_generator(job, supervisor, client, view.alive)
     samples = []
-    policy_cycle(job, supervisor, client, view, samples=samples)
+    policy_cycle(job, supervisor, client, view, samples=samples, operators=operators)
     metrics.ingest_job_progress(client, job, also=samples)  # one insert for both
     if supervisor.definition.warm_spares:
         keep_warm_spares(

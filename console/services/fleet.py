@@ -109,6 +109,7 @@ class JobSlot:
     next_cycle: float = 0.0
     saved: str = ""
     db_status: str = ""  # the status the membership thread last read for it
+    operators: dict | None = None  # its Operator rows by name, read at its first policy cycle
 
 
 def rendezvous_rank(owner: str, job_key: str) -> str:

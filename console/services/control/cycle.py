@@ -37,14 +37,18 @@ from spark_runtime.jobdef import resolve_topology
 from spark_runtime.supervision import FAILED, RUNNING, STANDBY, Supervisor, execute
 
 
-def policy_cycle(job: Job, supervisor: Supervisor, client, view=None, samples=None) -> list:
+def policy_cycle(
+    job: Job, supervisor: Supervisor, client, view=None, samples=None, operators=None
+) -> list:
     """Algorithm 2 with fresh metrics and the policy in force; apply and record its actions.
 
     Only the adaptive strategy lets the policy add, drop or move standbys; every strategy gets
     its passive stages' checkpoint intervals adjusted. `view` (console.services.fleet.FleetView):
     the policy and node samples a controller read once for all its jobs; None reads them now.
     `samples`: a list the cycle's MetricSample rows are added to, for the caller to insert with
-    its own in one statement; None inserts them here.
+    its own in one statement; None inserts them here. `operators`: the job's Operator rows by
+    name as the caller keeps them between cycles (only the cycles change them once the job is
+    launched); None reads them now.
     """
     if view is None:
         config = Policy.current().to_config()  # re-read every cycle: admin changes apply here
@@ -56,7 +60,8 @@ def policy_cycle(job: Job, supervisor: Supervisor, client, view=None, samples=No
         return []
     topology = resolve_topology(job.topology)
     newest = [samples[0] for samples in history.values() if samples]
-    operators = {op.name: op for op in job.operators.all()}
+    if operators is None:
+        operators = {op.name: op for op in job.operators.all()}
     stage_of = {op: name for name, ops in supervisor.stage_operators.items() for op in ops}
     # fr from the newest trained model where it is used, else the prior (with why).
     predicted = prediction.predicted_fault_rates(job, stage_of, config, latest=latest_model)
