@@ -9,8 +9,9 @@ exit, a refused or carried-out fault) on the agent events stream, which one thre
 reads for all its jobs.
 
 Jobs are spread over the live controller processes by per-job leases in Redis
-(infra/leases.py): every RENEW_S the membership thread renews its leases in one round trip,
-reads the live jobs in one query, and takes unleased jobs up to its fair share (live jobs / live
+(infra/leases.py): every RENEW_S a thread of its own renews them all in one round trip (so
+taking hundreds of jobs over never delays it past a lease), and the membership thread reads the
+live jobs in one query and takes unleased jobs up to its fair share (live jobs / live
 controllers, rounded up), preferring the jobs that rendezvous hashing gives it so controllers
 rarely compete for one; a controller over its share (one joined) gives the surplus up. A dead
 controller's leases expire after LEASE_S and the others take its jobs within a renewal more.
@@ -141,7 +142,11 @@ class FleetController:
 
     def start(self) -> None:
         """Start the threads (daemons: they end with the process)."""
-        targets = [("membership", self._membership_loop), ("agent-events", self._events_loop)]
+        targets = [
+            ("leases", self._renew_loop),
+            ("membership", self._membership_loop),
+            ("agent-events", self._events_loop),
+        ]
         targets += [(f"reconcile-{i}", self._worker_loop) for i in range(self.workers)]
         for name, target in targets:
             thread = threading.Thread(target=target, name=f"fleet-{name}", daemon=True)
@@ -169,6 +174,21 @@ class FleetController:
 
     # --- membership: leases, fair share, the fleet view ------------------------------------
 
+    def _renew_loop(self) -> None:
+        """Renew our leases every RENEW_S in a thread of their own: taking a few hundred jobs
+        over (each one's state read) must not delay the renewal of those already held past
+        their lease."""
+        while not self.stopping.is_set():
+            started = time.monotonic()
+            try:
+                leases.heartbeat(self.client, self.owner)
+                for key in self.leases.renew(self.held()):
+                    log.warning("controller %s: lease of %s lost", self.owner, key)
+                    self._drop(key)
+            except redis.RedisError as exc:
+                log.warning("controller %s: leases not renewed: %s", self.owner, exc)
+            self.stopping.wait(max(0.0, RENEW_S - (time.monotonic() - started)))
+
     def _membership_loop(self) -> None:
         while not self.stopping.is_set():
             started = time.monotonic()
@@ -180,12 +200,9 @@ class FleetController:
             self.stopping.wait(max(0.0, RENEW_S - (time.monotonic() - started)))
 
     def settle_membership(self) -> None:
-        """One renewal: renew our leases, drop the lost, read the live jobs and the fleet view,
-        take jobs up to our fair share or give the surplus up."""
+        """One round: read the live jobs and the fleet view, take jobs up to our fair share or
+        give the surplus up (the leases are renewed by their own thread)."""
         leases.heartbeat(self.client, self.owner)
-        for key in self.leases.renew(self.held()):
-            log.warning("controller %s: lease of %s lost", self.owner, key)
-            self._drop(key)
         live = {
             key: (pk, status)
             for pk, key, status in Job.objects.filter(status__in=Job.LIVE_STATUSES).values_list(
