@@ -104,6 +104,7 @@ def test_the_fleet_scale_section_is_written_and_the_rest_of_results_md_kept(tmp_
     figures = {
         "jobs": 10, "nodes": 5, "replicas": 14, "controllers": 2, "window": [0.0, 60.0],
         "failure_to_action_ms": {"p50": 80.0, "p99": 400.0, "count": 14},
+        "failure_to_action_ms_supervised": {"p50": 70.0, "p99": 300.0, "count": 13},
         "node_failure_to_action_ms": {"p50": 4800.0, "p99": 5600.0, "count": 6},
         "max_unsupervised_s": 0.5, "controller_takeover_s": 5.5, "epoch_regressions": 0,
         "controller_cpu_cores": 0.1, "controller_rss_mb": 340.0, "db_queries_per_job_s": 0.8,
@@ -115,7 +116,7 @@ def test_the_fleet_scale_section_is_written_and_the_rest_of_results_md_kept(tmp_
     report.write_results([figures], "manage.py fleet_sim --jobs 10", results_md)
     text = results_md.read_text()
     assert "## Load\n\nhand-written" in text and "## Fleet scale" in text
-    assert "| 10 | 5 | 14 | 2 | 80 / 400 (14) | 0.5 | 5.5 | 0 |" in text
+    assert "| 10 | 5 | 14 | 2 | 80 / 400 (14); 70 / 300 (13) | 0.5 | 5.5 | 0 |" in text
     assert "missed: controller_takeover_s = 5.5 (goal <= 5)." in text
 
 
