@@ -3,7 +3,7 @@
 A PostgreSQL server of the run's own (initdb into a temporary directory, a free port) means the
 database's counters count the fleet's queries and nobody else's; it loads pg_stat_statements, so
 the queries are counted one by one (utility statements such as BEGIN and SET left out). The
-logic is tests/postgres_server.py's, which benchmarks may not import. A private redis-server on
+tests' private server (tests/postgres_server.py) is this one too. A private redis-server on
 a free port, with keyspace notifications for lists on (the simulated stages learn of a control
 command the moment it is pushed, as a real stage's BLPOP does).
 """
@@ -70,7 +70,10 @@ def postgres_available() -> str | None:
 class PrivatePostgres:
     """initdb into a fresh directory, a server on 127.0.0.1 and a free port, trust auth, one
     database (`backstop`) with pg_stat_statements when the server has it. As root its commands
-    run as the `postgres` user (PostgreSQL refuses to run as root)."""
+    run as the `postgres` user (PostgreSQL refuses to run as root). `crash()` stops it the way a
+    crash does (`pg_ctl stop -m immediate`: every session ended, no shutdown checkpoint) and
+    `start()` starts it again on the same data, which PostgreSQL recovers from its write-ahead
+    log (the control-plane outage tests use both)."""
 
     def __init__(self, bin_dir: Path):
         self.bin_dir = bin_dir
@@ -82,6 +85,7 @@ class PrivatePostgres:
         self.url = f"postgres://postgres@127.0.0.1:{self.port}/{DATABASE_NAME}"
         self.as_root = os.geteuid() == 0
         self.statements = False  # pg_stat_statements loaded and created
+        self.preload = False  # whether the server loads pg_stat_statements at start
         if self.as_root:
             shutil.chown(self.root, "postgres", "postgres")
             os.chmod(self.root, 0o755)
@@ -103,8 +107,8 @@ class PrivatePostgres:
         """initdb, start, create the database (and the pg_stat_statements extension)."""
         self._run("initdb", "-D", str(self.data_dir), "-U", "postgres", "-A", "trust",
                   "-E", "UTF8", "--no-sync")  # fmt: skip
-        preload = self._has_statements_library()
-        self.start(preload)
+        preload = self.preload = self._has_statements_library()
+        self.start()
         admin = psycopg2.connect(
             dbname="postgres", user="postgres", host="127.0.0.1", port=self.port
         )
@@ -122,11 +126,11 @@ class PrivatePostgres:
             conn.close()
             self.statements = True
 
-    def start(self, preload: bool = True) -> None:
+    def start(self) -> None:
         """Start the server and return once it takes connections (pg_ctl -w)."""
         options = f"-p {self.port} -c listen_addresses=127.0.0.1 -k {self.root}"
         options += " -c max_connections=300"
-        if preload:
+        if self.preload:
             # Queries only: BEGIN, COMMIT, SET and SAVEPOINT are not what the fleet asks for.
             options += (
                 " -c shared_preload_libraries=pg_stat_statements"
@@ -135,10 +139,14 @@ class PrivatePostgres:
         self._run("pg_ctl", "-D", str(self.data_dir), "-l", str(self.log), "-o", options,
                   "-w", "-t", "60", "start")  # fmt: skip
 
+    def crash(self) -> None:
+        """Stop as a crash does: every backend ended at once, recovery at the next start."""
+        self._run("pg_ctl", "-D", str(self.data_dir), "-m", "immediate", "-w", "stop")
+
     def destroy(self) -> None:
         """Stop the server if it runs, and delete its data."""
         with contextlib.suppress(subprocess.CalledProcessError, subprocess.TimeoutExpired):
-            self._run("pg_ctl", "-D", str(self.data_dir), "-m", "immediate", "-w", "stop")
+            self.crash()
         shutil.rmtree(self.root, ignore_errors=True)
 
 
