@@ -81,10 +81,15 @@ class Leases:
 
     def holders(self, job_keys: list[str]) -> dict[str, str | None]:
         """Who holds each job's lease (None: nobody), in one round trip."""
-        if not job_keys:
-            return {}
-        values = self.client.mget([keys.controller_lease(k) for k in job_keys])
-        return dict(zip(job_keys, values, strict=True))
+        return holders(self.client, job_keys)
+
+
+def holders(client, job_keys: list[str]) -> dict[str, str | None]:
+    """Who holds each job's lease (None: nobody), in one round trip."""
+    if not job_keys:
+        return {}
+    values = client.mget([keys.controller_lease(k) for k in job_keys])
+    return dict(zip(job_keys, values, strict=True))
 
 
 def heartbeat(client, owner: str) -> None:

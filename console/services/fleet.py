@@ -63,6 +63,8 @@ log = logging.getLogger(__name__)
 
 LEASE_S = 3.0  # a dead controller's jobs wait at most this long (plus a renewal) for another
 RENEW_S = 1.0  # leases renewed, live jobs read, fair shares settled this often
+# A controller counts as alive while it said so within this (three missed renewals).
+CONTROLLER_ALIVE_S = 3 * RENEW_S
 FAST_PERIOD_S = 0.25  # a job whose replicas are starting, failing over or backing off
 STEADY_PERIOD_S = 1.0  # a settled job: agents' exit reports wake it at once anyway
 EVENTS_BLOCK_MS = 1000
@@ -201,8 +203,7 @@ class FleetController:
 
     def settle_membership(self) -> None:
         """One round: read the live jobs and the fleet view, take jobs up to our fair share or
-        give the surplus up (the leases are renewed by their own thread)."""
-        leases.heartbeat(self.client, self.owner)
+        give the surplus up (the leases and our heartbeat are renewed by their own thread)."""
         live = {
             key: (pk, status)
             for pk, key, status in Job.objects.filter(status__in=Job.LIVE_STATUSES).values_list(
@@ -210,7 +211,7 @@ class FleetController:
             )
         }
         self.view = read_fleet_view(self.client)
-        controllers = leases.live_controllers(self.client, 3 * RENEW_S)
+        controllers = leases.live_controllers(self.client, CONTROLLER_ALIVE_S)
         share = leases.fair_share(len(live), len(controllers))
         with self.slots_lock:
             held = dict(self.slots)

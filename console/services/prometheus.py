@@ -37,11 +37,11 @@ from console.models import (
     Replica,
 )
 from console.services.control.observe import unsupervised_jobs
+from console.services.fleet import CONTROLLER_ALIVE_S
 from infra import keys as control_keys
 from infra.leases import live_controllers
 
 # A controller that has not said it is alive within this many seconds is not counted.
-CONTROLLER_TTL_S = 3.0
 
 # Bucket bounds (seconds) of the downtime and recovery-time histograms: from a promotion (about a
 # second) to a cold restart that does not settle (a minute and more).
@@ -326,9 +326,9 @@ class BackstopCollector:
         yield age
         controllers = GaugeMetricFamily(
             "backstop_controllers",
-            f"Live controller processes (said they are alive within {CONTROLLER_TTL_S:g} s)",
+            f"Live controller processes (said they are alive within {CONTROLLER_ALIVE_S:g} s)",
         )
-        controllers.add_metric([], len(live_controllers(self.redis, CONTROLLER_TTL_S)))
+        controllers.add_metric([], len(live_controllers(self.redis, CONTROLLER_ALIVE_S)))
         yield controllers
         unsupervised = GaugeMetricFamily(
             "backstop_jobs_unsupervised",

@@ -16,6 +16,7 @@ from console.models import Job, MetricSample, Node, Policy, Replica
 from console.policy.resources import node_score
 from console.services import metrics
 from infra import keys as control_keys
+from infra import leases
 from spark_runtime import keys as data_keys
 from spark_runtime.supervision import PRIMARY, RUNNING, Supervisor
 
@@ -127,16 +128,18 @@ def read_agent_events(client, job: Job) -> None:
 
 def unsupervised_jobs(client) -> list[int]:
     """The live jobs whose supervision lease nobody holds, by id."""
-    live = list(Job.objects.filter(status__in=Job.LIVE_STATUSES).values_list("pk", "key"))
-    if not live:
-        return []
-    holders = client.mget([control_keys.controller_lease(key) for _, key in live])
-    return [pk for (pk, _), holder in zip(live, holders, strict=True) if holder is None]
+    live = dict(Job.objects.filter(status__in=Job.LIVE_STATUSES).values_list("key", "pk"))
+    return [live[key] for key, holder in leases.holders(client, list(live)).items() if not holder]
 
 
 # A replica row's last_heartbeat is written again when older than this even if nothing else
 # about the replica changed (Redis holds the live heartbeat; the row is for the pages).
 HEARTBEAT_ROW_REFRESH_S = 30.0
+# The Replica columns sync_replicas copies from what a replica reports.
+SYNCED_REPLICA_FIELDS = (
+    "pid", "role", "fencing_epoch", "state", "checkpoint_interval_s", "interval_since", "nice",
+    "batch_every_s", "last_heartbeat",
+)  # fmt: skip
 
 
 def sync_replicas(job: Job, client, supervisor: Supervisor) -> None:
@@ -206,7 +209,7 @@ def sync_replicas(job: Job, client, supervisor: Supervisor) -> None:
             row.last_heartbeat = beat
             changed.append(row)
     if changed:
-        Replica.objects.bulk_update(changed, [*values, "last_heartbeat"])
+        Replica.objects.bulk_update(changed, SYNCED_REPLICA_FIELDS)
 
 
 def save_supervisor(client, job: Job, supervisor: Supervisor) -> None:
