@@ -23,6 +23,8 @@ import urllib.request
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
+import psutil
+
 LOOPBACK_NAMES = {"localhost"}
 
 
@@ -99,43 +101,71 @@ def _round(value: float | None) -> float | None:
     return None if value is None else round(value, 1)
 
 
-def _client_loop(host, port, targets, deadline, samples, lock, offset) -> None:
-    """One client: a keep-alive connection, requests round-robin from `offset` until `deadline`."""
+def _client_loop(host, port, targets, deadline, samples, lock, offset, pace_s, phase_s) -> None:
+    """One client: a keep-alive connection, requests round-robin from `offset` until `deadline`.
+
+    With `pace_s` > 0 the client behaves like a browser with the page open: every `pace_s`
+    seconds (starting `phase_s` in) it sends one round of every target, then waits for the next
+    tick; with 0 it sends the next request as soon as the last one is answered (closed loop).
+    """
     connection = http.client.HTTPConnection(host, port, timeout=30)
     index = offset
     own: list[Sample] = []
+    next_round = time.monotonic() + phase_s
     try:
         while time.monotonic() < deadline:
-            target = targets[index % len(targets)]
-            index += 1
-            started = time.perf_counter()
-            try:
-                connection.request(
-                    target.method, target.path, body=target.body, headers=target.headers
-                )
-                response = connection.getresponse()
-                response.read()
-                ok = 200 <= response.status < 300
-                error = "" if ok else str(response.status)
-            except (OSError, http.client.HTTPException) as exc:
-                # A refused or dropped connection is an error of this request; reconnect.
-                ok, error = False, type(exc).__name__
-                connection.close()
-                connection = http.client.HTTPConnection(host, port, timeout=30)
-            elapsed_ms = (time.perf_counter() - started) * 1000.0
-            own.append(Sample(target.name, elapsed_ms, ok, error))
+            if pace_s > 0:
+                time.sleep(max(0.0, next_round - time.monotonic()))
+                next_round += pace_s
+                if time.monotonic() >= deadline:
+                    break
+            for _ in range(len(targets) if pace_s > 0 else 1):
+                target = targets[index % len(targets)]
+                index += 1
+                sample, connection = _send(connection, host, port, target)
+                own.append(sample)
     finally:
         connection.close()
         with lock:
             samples.extend(own)
 
 
-def run_load(base_url: str, targets: list[Target], *, clients: int, duration_s: float) -> dict:
-    """Run `clients` concurrent clients for `duration_s` seconds; return `summarize`'s report."""
+def _send(connection, host, port, target) -> tuple[Sample, http.client.HTTPConnection]:
+    """One request on the client's connection; a refused or dropped connection is an error of
+    this request, and the client reconnects for the next."""
+    started = time.perf_counter()
+    try:
+        connection.request(target.method, target.path, body=target.body, headers=target.headers)
+        response = connection.getresponse()
+        response.read()
+        ok = 200 <= response.status < 300
+        error = "" if ok else str(response.status)
+    except (OSError, http.client.HTTPException) as exc:
+        ok, error = False, type(exc).__name__
+        connection.close()
+        connection = http.client.HTTPConnection(host, port, timeout=30)
+    elapsed_ms = (time.perf_counter() - started) * 1000.0
+    return Sample(target.name, elapsed_ms, ok, error), connection
+
+
+def run_load(
+    base_url: str,
+    targets: list[Target],
+    *,
+    clients: int,
+    duration_s: float,
+    pace_s: float = 0.0,
+) -> dict:
+    """Run `clients` concurrent clients for `duration_s` seconds; return `summarize`'s report.
+
+    `pace_s` > 0: each client sends a round of every target every `pace_s` seconds, the clients'
+    rounds spread evenly over the interval (viewers who opened the page at different times);
+    0: closed loop, as fast as the server answers.
+    """
     if not targets:
         raise ValueError("no targets to load")
-    if clients < 1 or duration_s <= 0:
-        raise ValueError("clients must be >= 1 and duration_s > 0")
+    if clients < 1 or duration_s <= 0 or pace_s < 0:
+        raise ValueError("clients must be >= 1, duration_s > 0 and pace_s >= 0")
     host, port = require_loopback(base_url)
     samples: list[Sample] = []
     lock = threading.Lock()
@@ -144,12 +174,15 @@ def run_load(base_url: str, targets: list[Target], *, clients: int, duration_s: 
     threads = [
         threading.Thread(
             target=_client_loop,
-            args=(host, port, targets, deadline, samples, lock, number),
+            args=(
+                host, port, targets, deadline, samples, lock, number,
+                pace_s, pace_s * number / clients,
+            ),
             name=f"load-{number}",
             daemon=True,
         )
         for number in range(clients)
-    ]
+    ]  # fmt: skip
     for thread in threads:
         thread.start()
     for thread in threads:
@@ -157,8 +190,41 @@ def run_load(base_url: str, targets: list[Target], *, clients: int, duration_s: 
         thread.join(timeout=duration_s + 60)
     elapsed = time.monotonic() - started
     report = summarize(samples, elapsed)
-    report.update(clients=clients, duration_s=round(elapsed, 1))
+    report.update(clients=clients, duration_s=round(elapsed, 1), pace_s=pace_s)
     return report
+
+
+def server_processes(port: int) -> list[psutil.Process]:
+    """The processes of the server listening on `port` on this machine: the listening process,
+    its master when that is a gunicorn (whose workers share the socket), and all their children."""
+    listening = {
+        conn.pid
+        for conn in psutil.net_connections("tcp")
+        if conn.status == psutil.CONN_LISTEN and conn.laddr and conn.laddr.port == port
+    }
+    listening.discard(None)
+    if not listening:
+        raise ValueError(f"no process listens on port {port} here")
+    roots = set()
+    for pid in listening:
+        process = psutil.Process(pid)
+        parent = process.parent()
+        is_worker = parent is not None and "gunicorn" in " ".join(parent.cmdline())
+        roots.add(parent if is_worker else process)
+    found = {p.pid: p for root in roots for p in [root, *root.children(recursive=True)]}
+    return list(found.values())
+
+
+def cpu_seconds(processes: list[psutil.Process]) -> float:
+    """User plus system CPU time of `processes` (those that have exited count as nothing)."""
+    total = 0.0
+    for process in processes:
+        try:
+            times = process.cpu_times()
+        except psutil.Error:
+            continue
+        total += times.user + times.system
+    return total
 
 
 def log_in(base_url: str, username: str, password: str) -> dict[str, str]:

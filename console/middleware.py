@@ -1,6 +1,6 @@
 """Request middleware: JSON errors under /api/, bodies too large (413) or nested too deep
 (400) refused before any view reads them, the real client address behind trusted proxies,
-and the Content-Security-Policy header."""
+the Content-Security-Policy header, and fresh shared page data after an API write."""
 
 import functools
 import ipaddress
@@ -11,6 +11,8 @@ import re
 from django.conf import settings
 from django.http import JsonResponse
 
+from console.services.shared_data import invalidate_all
+
 logger = logging.getLogger(__name__)
 
 # Deeper JSON than this is refused: no request of the API or the console nests beyond a few
@@ -19,6 +21,26 @@ DEFAULT_JSON_MAX_DEPTH = 64
 STRING_LITERAL = re.compile(rb'"(?:[^"\\]|\\.)*"', re.DOTALL)
 BRACKETS = re.compile(rb"[\[\]{}]")
 DASH_PREFIX = "/django_plotly_dash/"
+
+
+class SharedDataInvalidationMiddleware:
+    """After a write through the API succeeds, the data shared by every viewer starts again
+    (console.services.shared_data), so the next read shows the change."""
+
+    SAFE_METHODS = {"GET", "HEAD", "OPTIONS"}
+
+    def __init__(self, get_response):
+        self.get_response = get_response
+
+    def __call__(self, request):
+        response = self.get_response(request)
+        if (
+            request.path.startswith("/api/")
+            and request.method not in self.SAFE_METHODS
+            and response.status_code < 400
+        ):
+            invalidate_all()
+        return response
 
 
 class ApiJsonErrorsMiddleware:

@@ -1,5 +1,6 @@
 """REST API views. Thin: validation and side effects live in console.services."""
 
+from django.db.models import Prefetch
 from django.shortcuts import get_object_or_404
 from drf_spectacular.utils import extend_schema, extend_schema_view
 from rest_framework import mixins, status, viewsets
@@ -23,8 +24,9 @@ from console.api.serializers import (
     RegisteredTopologySerializer,
     TopologyRegistrationSerializer,
 )
+from console.api.sharing import SharedList, SharedRetrieve, shared_read
 from console.dash.data import fleet_totals, job_queryset
-from console.models import Job, Node, Policy, RecoveryEpisode, RegisteredTopology
+from console.models import Job, Node, Policy, RecoveryEpisode, RegisteredTopology, Replica
 from console.policy.config import request_errors
 from console.services import faults as fault_service
 from console.services import jobs as job_service
@@ -42,12 +44,19 @@ class Refused(APIException):
         self.default_code = code
 
 
+# A job's replicas with their nodes in the one query that reads the replicas of the jobs shown
+# ("replicas__node" would read the nodes in a query of their own).
+REPLICAS_WITH_NODES = Prefetch("replicas", queryset=Replica.objects.select_related("node"))
+
+
 def _params(params) -> list:
     return [param.schema() for param in params]
 
 
 @extend_schema_view(list=extend_schema(parameters=_params(filters.JOB_PARAMS)))
 class JobViewSet(
+    SharedList,
+    SharedRetrieve,
     mixins.ListModelMixin,
     mixins.RetrieveModelMixin,
     mixins.CreateModelMixin,
@@ -60,7 +69,7 @@ class JobViewSet(
 
     serializer_class = JobSerializer
     queryset = Job.objects.select_related("created_by").prefetch_related(
-        "operators", "replicas__node"
+        "operators", REPLICAS_WITH_NODES
     )
     pagination_class = JobListPagination
 
@@ -69,7 +78,7 @@ class JobViewSet(
             return super().get_queryset()
         flt, ordering = filters.job_filter(self.request)
         jobs = job_queryset(flt, ordering)
-        return jobs.select_related("created_by").prefetch_related("operators", "replicas__node")
+        return jobs.select_related("created_by").prefetch_related("operators", REPLICAS_WITH_NODES)
 
     def perform_create(self, serializer):
         data = serializer.validated_data
@@ -135,7 +144,7 @@ class JobFaultViewSet(mixins.ListModelMixin, mixins.CreateModelMixin, viewsets.G
 
 
 @extend_schema_view(list=extend_schema(parameters=_params(filters.EPISODE_PARAMS)))
-class JobRecoveryViewSet(mixins.ListModelMixin, viewsets.GenericViewSet):
+class JobRecoveryViewSet(SharedList, mixins.ListModelMixin, viewsets.GenericViewSet):
     """Recovery episodes of one job, newest first (filtered by open, action, strategy)."""
 
     serializer_class = RecoveryEpisodeSerializer
@@ -148,7 +157,7 @@ class JobRecoveryViewSet(mixins.ListModelMixin, viewsets.GenericViewSet):
 @extend_schema_view(
     list=extend_schema(parameters=[*_params(filters.EPISODE_PARAMS), filters.EPISODE_JOB])
 )
-class RecoveryViewSet(mixins.ListModelMixin, viewsets.GenericViewSet):
+class RecoveryViewSet(SharedList, mixins.ListModelMixin, viewsets.GenericViewSet):
     """Recovery episodes of every job, newest first: `?open=true` lists the ones still being
     measured across the fleet."""
 
@@ -163,7 +172,7 @@ class RecoveryViewSet(mixins.ListModelMixin, viewsets.GenericViewSet):
 
 
 @extend_schema_view(list=extend_schema(parameters=_params(filters.NODE_PARAMS)))
-class NodeViewSet(viewsets.ReadOnlyModelViewSet):
+class NodeViewSet(SharedList, SharedRetrieve, viewsets.ReadOnlyModelViewSet):
     """Nodes with capacities, state and last heartbeat (the list filtered by state and name)."""
 
     serializer_class = NodeSerializer
@@ -182,7 +191,7 @@ class FleetView(APIView):
 
     @extend_schema(responses={200: FleetTotalsSerializer})
     def get(self, request):
-        return Response(FleetTotalsSerializer(fleet_totals()).data)
+        return shared_read(request, lambda: Response(FleetTotalsSerializer(fleet_totals()).data))
 
 
 class TopologyViewSet(mixins.ListModelMixin, viewsets.GenericViewSet):

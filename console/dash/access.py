@@ -14,6 +14,9 @@ that decorator. It refuses, before Dash sees the request:
 - a callback update of the wrong shape (400, JSON, naming what is wrong; see
   console.dash.callback_requests): Dash would raise on it.
 
+A page's periodic refresh, once allowed, is answered from the data every viewer shares
+(console.dash.sharing): computed at most once per refresh interval, whoever watches.
+
 What a logged-in user may do inside a callback is checked again by each control
 (console.dash.controls), which raises PermissionDenied: Django answers 403.
 """
@@ -28,6 +31,7 @@ from django.http import HttpResponse, JsonResponse
 from django.middleware.csrf import CsrfViewMiddleware
 
 from console.dash.callback_requests import callback_request_problem
+from console.dash.sharing import is_shared, shared_response
 from console.roles import VIEWER, has_role
 
 UPDATE_ROUTE = "_dash-update-component"
@@ -65,10 +69,15 @@ def console_access(view_function, *, url_part: str = "", **kwargs):
                 )
             # Valid JSON: RequestBodyLimitsMiddleware answered 400 to anything else.
             body = json.loads(request.body)
-            problem = callback_request_problem(view_kwargs.get("ident", ""), body)
+            app_name = view_kwargs.get("ident", "")
+            problem = callback_request_problem(app_name, body)
             if problem:
                 error = {"status": 400, "code": "bad_request", "detail": problem}
                 return JsonResponse({"error": error}, status=400)
+            if is_shared(app_name, body):
+                return shared_response(
+                    app_name, body, lambda: view_function(request, *args, **view_kwargs)
+                )
         return view_function(request, *args, **view_kwargs)
 
     # functools.wraps copies the update view's csrf_exempt mark, so Django's middleware skips

@@ -146,8 +146,14 @@ def window_picker(component_id: str, value: int = DEFAULT_WINDOW_S):
 
 
 def refresh_timer(component_id: str = "refresh"):
-    """The 2 s poll that drives every live callback on a page."""
-    return dcc.Interval(id=component_id, interval=REFRESH_MS, n_intervals=0)
+    """The 2 s poll that drives every live callback on a page, and under it the line that says
+    how old the page's shared data is (console.dash.sharing fills it)."""
+    return html.Div(
+        [
+            dcc.Interval(id=component_id, interval=REFRESH_MS, n_intervals=0),
+            html.Div(id="data-age", className="data-age-line muted small"),
+        ]
+    )
 
 
 def message(text: str, ok: bool):

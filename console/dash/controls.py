@@ -7,6 +7,8 @@ All writes go through console.services, the same code the REST API uses.
 
 from __future__ import annotations
 
+import functools
+
 from django.core.exceptions import PermissionDenied
 
 from console.models import FaultInjection, InvalidTransition, Job, Node, Policy
@@ -16,6 +18,7 @@ from console.services import jobs as job_service
 from console.services.authz import RoleRequired, check_role
 from console.services.faults import FaultRefused, request_fault
 from console.services.policy import PolicyRejected, change_policy
+from console.services.shared_data import invalidate_all
 
 
 class ActionRefused(Exception):
@@ -28,6 +31,19 @@ class RoleRefused(PermissionDenied):
     controls are not rendered for users below the role)."""
 
 
+def _writes(action):
+    """An action that changes what pages show: the shared page data starts again after it, so
+    the next refresh shows the change (console.services.shared_data)."""
+
+    @functools.wraps(action)
+    def act(*args, **kwargs):
+        result = action(*args, **kwargs)
+        invalidate_all()
+        return result
+
+    return act
+
+
 def _require(user, role: str) -> None:
     try:
         check_role(user, role)
@@ -35,6 +51,7 @@ def _require(user, role: str) -> None:
         raise RoleRefused(str(exc)) from exc
 
 
+@_writes
 def start_job(user, *, name: str, topology: str, strategy: str, rate) -> Job:
     """Create a job (the controller starts it), as POST /api/jobs/ does."""
     _require(user, OPERATOR)
@@ -52,6 +69,7 @@ def start_job(user, *, name: str, topology: str, strategy: str, rate) -> Job:
         raise ActionRefused(str(exc)) from exc
 
 
+@_writes
 def stop_job(user, job_id) -> Job:
     """Ask a job to stop, as POST /api/jobs/{id}/stop/ does."""
     _require(user, OPERATOR)
@@ -61,6 +79,7 @@ def stop_job(user, job_id) -> Job:
     return job_service.stop_job(job, f"stopped by {user.username} from the console")
 
 
+@_writes
 def restart_job(user, job_id) -> Job:
     """Ask for a failed or stopped job to run again, as POST /api/jobs/{id}/restart/ does."""
     _require(user, OPERATOR)
@@ -73,6 +92,7 @@ def restart_job(user, job_id) -> Job:
         raise ActionRefused(str(exc)) from exc
 
 
+@_writes
 def inject_fault(
     user, job_id, *, kind: str, operator: str | None, node_id, duration_s, workers=None
 ) -> FaultInjection:
@@ -115,6 +135,7 @@ def _is_id(value) -> bool:
     return isinstance(value, int) or (isinstance(value, str) and value.isdigit())
 
 
+@_writes
 def change_threshold(user, *, field: str, value, reason: str):
     """Write a new policy version with one threshold changed, as PATCH /api/policy/ does."""
     _require(user, ADMIN)

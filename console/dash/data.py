@@ -340,11 +340,7 @@ def fleet_totals() -> dict:
     }
 
 
-def job_detail(job_id: int) -> dict | None:
-    """One job's header fields, or None when it does not exist."""
-    job = Job.objects.filter(pk=job_id).first()
-    if job is None:
-        return None
+def _job_detail_dict(job: Job) -> dict:
     return {
         "id": job.pk,
         "name": job.name,
@@ -355,6 +351,22 @@ def job_detail(job_id: int) -> dict | None:
         "is_live": job.is_live,
         "started_at": job.started_at,
     }
+
+
+def job_detail(job_id: int) -> dict | None:
+    """One job's header fields, or None when it does not exist."""
+    job = Job.objects.filter(pk=job_id).first()
+    return None if job is None else _job_detail_dict(job)
+
+
+def job_details(job_ids) -> list[dict]:
+    """The header fields of the jobs `job_ids` that exist, in the order given, in one query
+    (a page comparing jobs would otherwise ask once per job)."""
+    job_ids = list(job_ids)
+    found = {job.pk: _job_detail_dict(job) for job in Job.objects.filter(pk__in=job_ids)}
+    # Each id as the query read it (a forged "3" is job 3, as with job_detail).
+    as_pk = Job._meta.pk.get_prep_value
+    return [found[as_pk(job_id)] for job_id in job_ids if as_pk(job_id) in found]
 
 
 NODE_ROW_METRICS = (*NODE_UTIL_METRICS, *NODE_IDLE_METRICS, "q_score", "warm_spares")
@@ -679,28 +691,40 @@ def failure_history(job_id: int, limit: int = 50) -> list[dict]:
 
     The response is the first decision at or after the failure that is not itself a failure,
     on the same replica (the controller records the pair together), or on the same stage when
-    the failure names no replica.
+    the failure names no replica. Two queries whatever the number of failures: the failures,
+    each with its response's id found by a correlated subquery, then those responses.
     """
     from console.models import ControlDecision
 
+    def first_response(same_target: dict) -> Subquery:
+        responses = (
+            ControlDecision.objects.filter(job_id=OuterRef("job_id"), at__gte=OuterRef("at"))
+            .filter(**{name: OuterRef(column) for name, column in same_target.items()})
+            .exclude(kind__in=FAILURE_KINDS)
+            .order_by("at", "id")
+        )
+        return Subquery(responses.values("pk")[:1], output_field=IntegerField())
+
     failures = list(
-        ControlDecision.objects.filter(job_id=job_id, kind__in=FAILURE_KINDS).order_by(
-            "-at", "-id"
-        )[:limit]
+        ControlDecision.objects.filter(job_id=job_id, kind__in=FAILURE_KINDS)
+        .annotate(
+            # A failure without a replica id is matched on its stage and operator instead.
+            response_id=Case(
+                When(
+                    replica_id="", then=first_response({"stage": "stage", "operator": "operator"})
+                ),
+                default=first_response({"replica_id": "replica_id"}),
+                output_field=IntegerField(),
+            )
+        )
+        .order_by("-at", "-id")[:limit]
+    )
+    responses = ControlDecision.objects.in_bulk(
+        {failure.response_id for failure in failures if failure.response_id is not None}
     )
     rows = []
     for failure in failures:
-        same_target = (
-            Q(replica_id=failure.replica_id)
-            if failure.replica_id
-            else Q(stage=failure.stage, operator=failure.operator)
-        )
-        response = (
-            ControlDecision.objects.filter(same_target, job_id=job_id, at__gte=failure.at)
-            .exclude(kind__in=FAILURE_KINDS)
-            .order_by("at", "id")
-            .first()
-        )
+        response = responses.get(failure.response_id)
         row = _decision_dict(failure)
         row["response"] = f"{response.kind}: {response.reason}" if response else ""
         rows.append(row)
@@ -709,7 +733,11 @@ def failure_history(job_id: int, limit: int = 50) -> list[dict]:
 
 def policy_thresholds() -> dict:
     """The policy version in force: version, author, reason and every tunable field."""
-    policy = Policy.current()
+    # The newest version with its author in one query (Policy.current() and then
+    # `created_by` would be two); current() writes the defaults when there is no version yet.
+    policy = (
+        Policy.objects.select_related("created_by").order_by("-version").first() or Policy.current()
+    )
     return {
         "version": policy.version,
         "created_at": policy.created_at,

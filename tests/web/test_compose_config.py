@@ -13,6 +13,8 @@ import pytest
 
 COMPOSE = Path(__file__).resolve().parents[2] / "docker" / "compose.yml"
 REQUIRED = {"SECRET_KEY": "s", "METRICS_TOKEN": "t", "GRAFANA_ADMIN_PASSWORD": "g"}
+# The console's server everywhere it runs (the demo adds only --bind).
+GUNICORN = ["gunicorn", "-c", "web/gunicorn.conf.py", "web.wsgi:application"]
 BACKSTOP_ROLES = ("web", "controller", "beat", "agent-1", "agent-2", "agent-3")
 
 
@@ -57,8 +59,14 @@ def test_the_whole_stack_runs_from_one_file(stack):
         "spark-master", "spark-worker", "prometheus", "grafana",
     }  # fmt: skip
     assert "--appendonly" in services["redis"]["command"]
-    assert services["web"]["command"] is None  # the image's gunicorn
+    assert services["web"]["command"] == GUNICORN  # the image's command, spelled out
     assert services["spark-worker"]["deploy"]["replicas"] == 2
+
+
+def test_the_image_and_compose_serve_the_console_with_the_same_gunicorn_command(stack):
+    dockerfile = (Path(__file__).parents[2] / "docker" / "Dockerfile").read_text()
+    cmd = next(line for line in dockerfile.splitlines() if line.startswith("CMD "))
+    assert json.loads(cmd.removeprefix("CMD ")) == GUNICORN
 
 
 def test_stages_executors_and_agents_share_checkpoints_jobs_and_the_spark_master(stack):

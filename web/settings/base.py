@@ -54,6 +54,9 @@ MIDDLEWARE = [
     # First, so every later step sees the real client address in REMOTE_ADDR.
     "console.middleware.TrustedProxyMiddleware",
     "django.middleware.security.SecurityMiddleware",
+    # Static files straight from the server process (collected, hashed names, compressed), before
+    # sessions and the database are touched: no separate file server in the demo or a container.
+    "whitenoise.middleware.WhiteNoiseMiddleware",
     # Before anything reads the body: 413 over DATA_UPLOAD_MAX_MEMORY_SIZE, 400 past JSON_MAX_DEPTH.
     "console.middleware.RequestBodyLimitsMiddleware",
     "console.middleware.ContentSecurityPolicyMiddleware",
@@ -64,6 +67,7 @@ MIDDLEWARE = [
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "django_plotly_dash.middleware.BaseMiddleware",
+    "console.middleware.SharedDataInvalidationMiddleware",
     "console.middleware.ApiJsonErrorsMiddleware",
 ]
 
@@ -154,6 +158,13 @@ USE_TZ = True
 STATIC_URL = "/static/"
 STATICFILES_DIRS = [BASE_DIR / "static"]
 STATIC_ROOT = VAR_DIR / "staticfiles"
+# `collectstatic` writes each file also under a name with its content hash (backstop.3f2a….css)
+# plus gzip and brotli copies; pages link the hashed names, which WhiteNoise serves with a
+# one-year immutable Cache-Control, so a browser fetches each version of a file once.
+STORAGES = {
+    "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
+    "staticfiles": {"BACKEND": "whitenoise.storage.CompressedManifestStaticFilesStorage"},
+}
 STATICFILES_FINDERS = [
     "django.contrib.staticfiles.finders.FileSystemFinder",
     "django.contrib.staticfiles.finders.AppDirectoriesFinder",

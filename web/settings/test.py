@@ -13,6 +13,13 @@ EMAIL_BACKEND = "django.core.mail.backends.locmem.EmailBackend"
 REDIS_URL = env("TEST_REDIS_URL", "redis://127.0.0.1:6379/15", parse_url(("redis", "rediss")))
 CELERY_BROKER_URL = REDIS_URL
 CACHES = base.cache_settings(REDIS_URL)
+# No collectstatic before the tests: pages link the files by their plain names (the live server
+# serves them from the finders). tests/web/test_web_server.py collects and serves the hashed ones.
+STORAGES = {
+    **base.STORAGES,
+    "staticfiles": {"BACKEND": "django.contrib.staticfiles.storage.StaticFilesStorage"},
+}
+STATIC_ROOT = None  # nothing collected: WhiteNoise has nothing to serve, and says nothing
 CELERY_RESULT_BACKEND = REDIS_URL
 # Unit tests record jobs and faults without sending controller tasks; integration tests that run
 # real workers turn it back on.

@@ -1,9 +1,14 @@
-"""`manage.py loadtest`: 50 clients for 60 s against a console on this machine; p50/p99/errors.
+"""`manage.py loadtest`: viewers of one job against a console on this machine; p50/p99/errors,
+the server's CPU, and the job's own latency before and during the load.
 
-The clients log in once (a session for the Dash callback, a token for the API) and then send the
-job list, job detail, recoveries and the job page's metrics callback round-robin until the time
-is up. With a running job, the job's own p99 latency (the controller's stored samples) in the
-same length of time before the load and during it is reported beside the figures.
+The clients log in once (a session for the Dash callback, a token for the API). Each then acts
+like a browser with the job page open beside a script polling the API: every `--pace` seconds
+(the page's 2 s refresh) it sends the job list, job detail, recoveries and the job page's
+refresh callback; `--pace 0` sends them back to back instead (a closed loop: what the server
+answers at most). `--clients 1,10,50` runs each count in turn for `--duration` seconds. The
+server's CPU is read from the processes listening on the URL's port (gunicorn's master and
+workers), and the job's own p99 latency (the controller's stored samples) in the same length of
+time before the first run and during each run.
 """
 
 from __future__ import annotations
@@ -15,16 +20,32 @@ import sys
 import time
 from datetime import timedelta
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from django.core.management.base import BaseCommand, CommandError
 from django.utils import timezone
 
-from bench.loadtest import Target, log_in, run_load
+from bench.loadtest import Target, cpu_seconds, log_in, run_load, server_processes
 from bench.results import RESULTS_MD, write_section
 from console.dash.job.app import REFRESH_OUTPUTS as JOB_REFRESH_OUTPUTS
+from console.dash.sharing import DATA_AGE
 from console.models import MetricSample
 
 SECTION = "## Load (manage.py loadtest)"
+DASH_TARGET = "metrics (job page refresh)"
+# Issue 45's goals for 50 clients.
+GOALS = {"api_p99_ms": 300.0, "dash_p99_ms": 1000.0, "job_p99_growth": 0.10, "cpu_ratio": 2.0}
+
+
+def client_counts(raw: str) -> list[int]:
+    """`10,50` as [10, 50]; each count 1..500."""
+    try:
+        counts = [int(part) for part in raw.split(",") if part.strip()]
+    except ValueError:
+        raise CommandError(f"--clients: expected numbers such as 10,50, got {raw!r}") from None
+    if not counts or not all(1 <= count <= 500 for count in counts):
+        raise CommandError("--clients: each count must be 1..500")
+    return counts
 
 
 class Command(BaseCommand):
@@ -35,24 +56,52 @@ class Command(BaseCommand):
         parser.add_argument("--username", required=True, help="a viewer or higher")
         parser.add_argument("--password", required=True)
         parser.add_argument("--job", type=int, required=True, help="job id to read")
-        parser.add_argument("--clients", type=int, default=50)
-        parser.add_argument("--duration", type=float, default=60.0, help="seconds")
+        parser.add_argument(
+            "--clients", default="50", help="client counts, run in turn (e.g. 1,10,50)"
+        )
+        parser.add_argument("--duration", type=float, default=60.0, help="seconds per run")
+        parser.add_argument(
+            "--pace",
+            type=float,
+            default=2.0,
+            help="seconds between a client's rounds (the page's refresh); 0: closed loop",
+        )
         parser.add_argument("--json", action="store_true", help="print the report as JSON")
         parser.add_argument(
             "--write-results", action="store_true", help=f"put the figures in {RESULTS_MD.name}"
         )
 
-    def handle(self, *args, url, username, password, job, clients, duration, **options):
-        if not 1 <= clients <= 500 or not 0 < duration <= 600:
-            raise CommandError("--clients must be 1..500 and --duration 0..600 s")
+    def handle(self, *args, url, username, password, job, duration, pace, **options):
+        counts = client_counts(options["clients"])
+        if not 0 < duration <= 600 or not 0 <= pace <= 60:
+            raise CommandError("--duration must be 0..600 s and --pace 0..60 s")
         try:
             credentials = log_in(url, username, password)
             targets = console_targets(job, credentials)
-            started = timezone.now()
-            report = run_load(url, targets, clients=clients, duration_s=duration)
+            port = urlsplit(url).port or 80
+            server = server_processes(port)
         except (ValueError, OSError) as exc:
             raise CommandError(str(exc)) from exc
-        report["job_p99_ms"] = job_latency(job, started, report["duration_s"])
+        report = {"url": url, "pace_s": pace, "server_processes": len(server), "runs": []}
+        windows = []
+        for number, clients in enumerate(counts, 1):
+            self.stderr.write(
+                f"[loadtest {number}/{len(counts)}] {clients} clients for {duration:g} s"
+            )
+            started = timezone.now()
+            cpu_before = cpu_seconds(server)
+            run = run_load(url, targets, clients=clients, duration_s=duration, pace_s=pace)
+            run["server_cores"] = round((cpu_seconds(server) - cpu_before) / run["duration_s"], 3)
+            report["runs"].append(run)
+            windows.append((started, started + timedelta(seconds=run["duration_s"])))
+        # The controller stores samples each cycle: give the last window's ones time to land.
+        time.sleep(min(6.0, duration))
+        for run, (start, end) in zip(report["runs"], windows, strict=True):
+            run["job_p99_ms_during"] = job_latency(job, start, end)
+        first_start, first_end = windows[0]
+        report["job_p99_ms_before"] = job_latency(job, first_start - (first_end - first_start),
+                                                  first_start)  # fmt: skip
+        report["goals"] = judge(report)
         if options["json"]:
             self.stdout.write(json.dumps(report, indent=2))
         else:
@@ -70,9 +119,10 @@ def console_targets(job_id: int, credentials: dict[str, str]) -> list[Target]:
     (Dash, session and CSRF token)."""
     api = {"Authorization": f"Token {credentials['token']}", "Accept": "application/json"}
     # What a browser showing the job sends every 2 s: the request that reads the job's metrics.
-    outputs = [{"id": name, "property": prop} for name, prop in JOB_REFRESH_OUTPUTS]
+    refresh_outputs = [*JOB_REFRESH_OUTPUTS, DATA_AGE]
+    outputs = [{"id": name, "property": prop} for name, prop in refresh_outputs]
     body = {
-        "output": ".." + "...".join(f"{name}.{prop}" for name, prop in JOB_REFRESH_OUTPUTS) + "..",
+        "output": ".." + "...".join(f"{name}.{prop}" for name, prop in refresh_outputs) + "..",
         "outputs": outputs,
         "inputs": [
             {"id": "refresh", "property": "n_intervals", "value": 1},
@@ -91,7 +141,7 @@ def console_targets(job_id: int, credentials: dict[str, str]) -> list[Target]:
         Target("job detail", "GET", f"/api/jobs/{job_id}/", api),
         Target("recoveries", "GET", f"/api/jobs/{job_id}/recoveries/", api),
         Target(
-            "metrics (job page refresh)",
+            DASH_TARGET,
             "POST",
             "/django_plotly_dash/app/backstop-job/_dash-update-component",
             dash,
@@ -117,55 +167,95 @@ def redact_password(argv: list[str]) -> list[str]:
     return out
 
 
-def job_latency(job_id: int, started, duration_s: float) -> dict:
-    """Median of the job's stored p99 latency samples before the load and during it (ms)."""
-    window = timedelta(seconds=duration_s)
-
-    def median_between(start, end):
-        values = list(
-            MetricSample.objects.filter(
-                job_id=job_id, stage="", name="latency_p99_ms", at__gte=start, at__lt=end
-            ).values_list("value", flat=True)
-        )
-        return (round(statistics.median(values), 1) if values else None), len(values)
-
-    # Samples arrive with the controller's cycle: give the last one of the window time to land.
-    time.sleep(min(6.0, duration_s))
-    before, before_n = median_between(started - window, started)
-    during, during_n = median_between(started, started + window)
+def job_latency(job_id: int, start, end) -> dict:
+    """Median of the job's stored p99 latency samples between `start` and `end` (ms)."""
+    values = list(
+        MetricSample.objects.filter(
+            job_id=job_id, stage="", name="latency_p99_ms", at__gte=start, at__lt=end
+        ).values_list("value", flat=True)
+    )
     return {
-        "before": before,
-        "before_samples": before_n,
-        "during": during,
-        "during_samples": during_n,
+        "median": round(statistics.median(values), 1) if values else None,
+        "samples": len(values),
     }
 
 
+def _api_p99(run: dict) -> float | None:
+    values = [s["p99_ms"] for name, s in run["targets"].items() if name != DASH_TARGET]
+    return max((v for v in values if v is not None), default=None)
+
+
+def judge(report: dict) -> dict:
+    """Issue 45's goals against the largest run (and the CPU of the largest against the
+    smallest): each with its figure, its bound and whether it holds."""
+    runs = sorted(report["runs"], key=lambda run: run["clients"])
+    largest, smallest = runs[-1], runs[0]
+    before = report["job_p99_ms_before"]["median"]
+    during = largest["job_p99_ms_during"]["median"]
+    growth = (during / before - 1) if before and during is not None else None
+    cpu_ratio = (
+        largest["server_cores"] / smallest["server_cores"]
+        if len(runs) > 1 and smallest["server_cores"] > 0
+        else None
+    )
+    figures = {
+        "api_p99_ms": (_api_p99(largest), GOALS["api_p99_ms"]),
+        "dash_p99_ms": (
+            largest["targets"].get(DASH_TARGET, {}).get("p99_ms"),
+            GOALS["dash_p99_ms"],
+        ),
+        "errors": (largest["overall"]["errors"], 0),
+        "job_p99_growth": (None if growth is None else round(growth, 3), GOALS["job_p99_growth"]),
+        "cpu_ratio": (None if cpu_ratio is None else round(cpu_ratio, 2), GOALS["cpu_ratio"]),
+    }
+    return {
+        name: {"value": value, "bound": bound, "met": value is not None and value <= bound}
+        for name, (value, bound) in figures.items()
+    } | {"clients": largest["clients"], "cpu_ratio_against_clients": smallest["clients"]}
+
+
 def format_report(report: dict) -> str:
-    """The figures as a Markdown table plus the job's latency line."""
+    """Each run as a Markdown table, the job's latency and the server's CPU, then the goals."""
+    mode = f"every {report['pace_s']:g} s" if report["pace_s"] > 0 else "closed loop"
+    before = report["job_p99_ms_before"]
     lines = [
-        f"{report['clients']} clients, {report['duration_s']} s",
+        f"Each client sends its round of requests {mode}; server: {report['server_processes']} "
+        f"processes on {report['url']}.",
         "",
-        "| endpoint | requests | req/s | p50 (ms) | p99 (ms) | errors |",
-        "|---|---|---|---|---|---|",
+        f"Job p99 latency before the load (median of the controller's samples): "
+        f"{before['median']} ms ({before['samples']} samples).",
     ]
-    rows = [*report["targets"].items(), ("all", report["overall"])]
-    for name, stats in rows:
-        kinds = ", ".join(
-            f"{kind}: {count}" for kind, count in sorted(stats["error_kinds"].items())
+    for run in report["runs"]:
+        during = run["job_p99_ms_during"]
+        lines += [
+            "",
+            f"{run['clients']} clients, {run['duration_s']} s: server CPU "
+            f"{run['server_cores']} cores; job p99 latency during the load "
+            f"{during['median']} ms ({during['samples']} samples)",
+            "",
+            "| endpoint | requests | req/s | p50 (ms) | p99 (ms) | errors |",
+            "|---|---|---|---|---|---|",
+        ]
+        for name, stats in [*run["targets"].items(), ("all", run["overall"])]:
+            kinds = ", ".join(
+                f"{kind}: {count}" for kind, count in sorted(stats["error_kinds"].items())
+            )
+            errors = f"{stats['errors']} ({kinds})" if kinds else str(stats["errors"])
+            lines.append(
+                f"| {name} | {stats['requests']} | {stats['rps']} | {stats['p50_ms']} | "
+                f"{stats['p99_ms']} | {errors} |"
+            )
+    goals = report["goals"]
+    lines += ["", f"Goals at {goals['clients']} clients:", ""]
+    for name in ("api_p99_ms", "dash_p99_ms", "errors", "job_p99_growth", "cpu_ratio"):
+        goal = goals[name]
+        against = (
+            f" (against {goals['cpu_ratio_against_clients']} client(s))"
+            if name == "cpu_ratio"
+            else ""
         )
-        errors = f"{stats['errors']} ({kinds})" if kinds else str(stats["errors"])
-        lines.append(
-            f"| {name} | {stats['requests']} | {stats['rps']} | {stats['p50_ms']} | "
-            f"{stats['p99_ms']} | {errors} |"
-        )
-    latency = report["job_p99_ms"]
-    lines += [
-        "",
-        f"Job p99 latency (median of the controller's samples): {latency['before']} ms in the "
-        f"{report['duration_s']} s before the load ({latency['before_samples']} samples), "
-        f"{latency['during']} ms during it ({latency['during_samples']} samples).",
-    ]
+        verdict = "met" if goal["met"] else "MISSED"
+        lines.append(f"- {name}: {goal['value']} (bound {goal['bound']}){against}: {verdict}")
     return "\n".join(lines) + "\n"
 
 

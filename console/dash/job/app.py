@@ -4,6 +4,7 @@ from dash import Input, Output, State
 from django_plotly_dash import DjangoDash
 
 from console.dash.job import callbacks, layout
+from console.dash.sharing import share_refresh
 
 APP_NAME = "backstop-job"
 
@@ -11,8 +12,9 @@ APP_NAME = "backstop-job"
 app = DjangoDash(APP_NAME, suppress_callback_exceptions=True)
 app.layout = layout.layout
 
-# What the refresh callback writes, in the order callbacks.refresh returns it (the load test
-# sends the same request a browser does, from this list).
+# What the refresh callback writes, in the order callbacks.refresh returns it; every viewer
+# shares it, and the data's age follows (console.dash.sharing; the load test sends the same
+# request a browser does, from this list).
 REFRESH_OUTPUTS = [
     ("summary", "children"),
     ("job-failure", "children"),
@@ -25,12 +27,13 @@ REFRESH_OUTPUTS = [
     ("faults-table", "children"),
 ]
 
-app.callback(
-    *(Output(component, prop) for component, prop in REFRESH_OUTPUTS),
-    Input("refresh", "n_intervals"),
-    Input("window", "value"),
-    Input("url", "pathname"),
-)(callbacks.refresh)
+share_refresh(
+    app,
+    APP_NAME,
+    callbacks.refresh,
+    [Output(component, prop) for component, prop in REFRESH_OUTPUTS],
+    [Input("refresh", "n_intervals"), Input("window", "value"), Input("url", "pathname")],
+)
 app.callback(Output("controls", "children"), Input("url", "pathname"))(callbacks.render_controls)
 app.callback(
     Output("fault-operator", "disabled"),

@@ -4,6 +4,7 @@ from dash import Input, Output, State
 from django_plotly_dash import DjangoDash
 
 from console.dash.overview import callbacks, layout
+from console.dash.sharing import share_refresh
 
 APP_NAME = "backstop-overview"
 
@@ -21,18 +22,25 @@ FILTERS = [
     Input("job-sort", "value"),
 ]
 
-app.callback(
-    Output("kpis", "children"),
-    Output("jobs-table", "children"),
-    Output("episodes-table", "children"),
-    Output("nodes-table", "children"),
-    Output("utilisation", "figure"),
-    Output("throughput", "figure"),
-    Input("refresh", "n_intervals"),
-    Input("window", "value"),
-    *FILTERS,
-    Input("jobs-page", "data"),
-)(callbacks.refresh)
+share_refresh(
+    app,
+    APP_NAME,
+    callbacks.refresh,
+    [
+        Output("kpis", "children"),
+        Output("jobs-table", "children"),
+        Output("episodes-table", "children"),
+        Output("nodes-table", "children"),
+        Output("utilisation", "figure"),
+        Output("throughput", "figure"),
+    ],
+    [
+        Input("refresh", "n_intervals"),
+        Input("window", "value"),
+        *FILTERS,
+        Input("jobs-page", "data"),
+    ],
+)
 app.callback(
     Output("job-topology", "options"),
     Output("job-node", "options"),

@@ -4,6 +4,7 @@ from dash import Input, Output, State
 from django_plotly_dash import DjangoDash
 
 from console.dash.placement import callbacks, layout
+from console.dash.sharing import share_refresh
 
 APP_NAME = "backstop-placement"
 
@@ -11,20 +12,23 @@ APP_NAME = "backstop-placement"
 app = DjangoDash(APP_NAME, suppress_callback_exceptions=True)
 app.layout = layout.layout
 
-app.callback(
-    Output("reserve-summary", "children"),
-    Output("idle", "figure"),
-    Output("q", "figure"),
-    Output("q-scale", "children"),
-    Output("node-cards", "children"),
-    Output("node-count", "children"),
-    Output("standby-table", "children"),
-    Output("policy-table", "children"),
-    Output("predictor-table", "children"),
-    Input("refresh", "n_intervals"),
-    Input("node-show", "value"),
-    Input("node-job", "value"),
-)(callbacks.refresh)
+share_refresh(
+    app,
+    APP_NAME,
+    callbacks.refresh,
+    [
+        Output("reserve-summary", "children"),
+        Output("idle", "figure"),
+        Output("q", "figure"),
+        Output("q-scale", "children"),
+        Output("node-cards", "children"),
+        Output("node-count", "children"),
+        Output("standby-table", "children"),
+        Output("policy-table", "children"),
+        Output("predictor-table", "children"),
+    ],
+    [Input("refresh", "n_intervals"), Input("node-show", "value"), Input("node-job", "value")],
+)
 app.callback(Output("controls", "children"), Input("url", "pathname"))(callbacks.render_controls)
 app.callback(
     Output("threshold-confirm", "displayed"),

@@ -4,6 +4,7 @@ from dash import Input, Output
 from django_plotly_dash import DjangoDash
 
 from console.dash.recoveries import callbacks, layout
+from console.dash.sharing import share_refresh
 
 APP_NAME = "backstop-recoveries"
 
@@ -11,12 +12,15 @@ app = DjangoDash(APP_NAME)
 app.layout = layout.layout
 
 app.callback(Output("jobs", "options"), Input("refresh", "n_intervals"))(callbacks.job_options)
-app.callback(
-    Output("timelines", "figure"),
-    Output("episodes-table", "children"),
-    Output("strategies", "figure"),
-    Output("strategies-table", "children"),
-    Input("refresh", "n_intervals"),
-    Input("jobs", "value"),
-    Input("window", "value"),
-)(callbacks.refresh)
+share_refresh(
+    app,
+    APP_NAME,
+    callbacks.refresh,
+    [
+        Output("timelines", "figure"),
+        Output("episodes-table", "children"),
+        Output("strategies", "figure"),
+        Output("strategies-table", "children"),
+    ],
+    [Input("refresh", "n_intervals"), Input("jobs", "value"), Input("window", "value")],
+)

@@ -114,8 +114,7 @@ def refresh(n_intervals, job_ids, window_s, user=None):
     since = now - timedelta(seconds=window_s)
     choices = data.job_choices()
     chosen = list(job_ids or [c["value"] for c in choices])[:MAX_COMPARED]
-    jobs = [data.job_detail(job_id) for job_id in chosen]
-    jobs = [j for j in jobs if j is not None]
+    jobs = data.job_details(chosen)  # one query for the jobs compared, not one per job
     ids = [j["id"] for j in jobs]
     series = data.metric_series(
         data.JOB_METRICS,

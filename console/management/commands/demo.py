@@ -6,6 +6,7 @@ from __future__ import annotations
 import signal
 import sys
 import time
+from pathlib import Path
 
 from django.conf import settings
 from django.core.management import call_command
@@ -16,6 +17,7 @@ from console.services.jobs import kill_job_processes, kill_warm_spares
 from console.services.topologies import RegistrationRefused
 from console.services.topologies import register as register_topology
 from infra.launcher import LocalCluster, ProcessGroup, http_ok, start_redis_if_needed, wait_for
+from infra.web_server import thread_count, worker_count
 
 
 def stop_demo_jobs() -> int:
@@ -78,6 +80,23 @@ class Command(BaseCommand):
             user=User.objects.get(username="operator"),
         )
 
+    def web_server_argv(self, host: str, port: int) -> list[str]:
+        """gunicorn with the production settings file (web/gunicorn.conf.py); Django's
+        development server only with DEBUG=1, which also serves the static files itself."""
+        if settings.DEBUG:
+            self.stdout.write("      Django's runserver (DEBUG=1: development only)")
+            return [sys.executable, "manage.py", "runserver", f"{host}:{port}", "--noreload"]
+        call_command("collectstatic", interactive=False, verbosity=0)
+        self.stdout.write(f"      static files collected into {settings.STATIC_ROOT}")
+        config = settings.BASE_DIR / "web" / "gunicorn.conf.py"
+        gunicorn = Path(sys.executable).with_name("gunicorn")
+        argv = [str(gunicorn), "-c", str(config), "--bind", f"{host}:{port}"]
+        self.stdout.write(
+            f"      gunicorn: {worker_count()} workers x {thread_count()} threads"
+            " (web/gunicorn.conf.py; WEB_CONCURRENCY changes the workers)"
+        )
+        return [*argv, "web.wsgi:application"]
+
     def step(self, number: int, total: int, text: str) -> None:
         self.stdout.write(self.style.MIGRATE_HEADING(f"[{number}/{total}] {text}"))
 
@@ -110,12 +129,7 @@ class Command(BaseCommand):
             ).start(settings.REDIS_URL)
 
             self.step(5, total, f"web server on http://{host}:{port}/")
-            # --insecure: runserver serves the static files (CSS, Dash's scripts) with DEBUG off.
-            group.start(
-                "web",
-                [sys.executable, "manage.py", "runserver", f"{host}:{port}", "--noreload",
-                 "--insecure"],
-            )  # fmt: skip
+            group.start("web", self.web_server_argv(host, port))
             base_url = f"http://{host}:{port}"
             wait_for(
                 lambda: http_ok(f"{base_url}/healthz"),

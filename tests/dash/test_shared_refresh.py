@@ -1,0 +1,209 @@
+"""Page data shared by every viewer (console.services.shared_data, console.dash.sharing, the API's
+shared reads), against the real Redis cache and the real Dash endpoints.
+
+- many requests at once compute once; the value is recomputed once it is older than the
+  interval; an answer that may not be shared (an error) is not;
+- a second viewer's job-page refresh runs no query of the page's data and gets the first one's
+  answer, whatever its refresh count; other inputs (another window) are computed on their own;
+- an operator's action, in the console or through the API, shows on the next refresh;
+- the API's hot reads are shared the same way and say their data's age.
+"""
+
+import json
+import threading
+import time
+from datetime import UTC, datetime
+
+import pytest
+from django.conf import settings
+from django.db import connection
+from django.test import Client
+from django.test.utils import CaptureQueriesContext
+
+from console.dash import controls
+from console.dash.job.app import REFRESH_OUTPUTS
+from console.dash.sharing import DATA_AGE
+from console.models import Job
+from console.roles import OPERATOR, VIEWER
+from console.services.shared_data import entry_key, invalidate_all, shared
+from tests.dash.seed import seed_console
+from tests.factories import UserFactory
+
+UPDATE = "/django_plotly_dash/app/backstop-job/_dash-update-component"
+# The tables every authenticated request reads (session, user); anything else is page data.
+AUTH_TABLES = ("django_session", "auth_user", "authtoken_token")
+
+
+def data_queries(captured) -> list[str]:
+    return [
+        q["sql"] for q in captured.captured_queries if not any(t in q["sql"] for t in AUTH_TABLES)
+    ]
+
+
+# -- the shared value itself ------------------------------------------------------------------
+
+
+def test_many_requests_at_once_compute_once(db):
+    computed = []
+
+    def compute():
+        computed.append(1)
+        time.sleep(0.3)  # long enough that every thread arrives while it runs
+        return {"answer": 42}
+
+    key = entry_key("test", ["at-once"])
+    results = []
+
+    def ask():
+        results.append(shared(key, 2.0, compute))
+
+    threads = [threading.Thread(target=ask) for _ in range(20)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert len(computed) == 1
+    assert [r.value for r in results] == [{"answer": 42}] * 20
+    assert sum(r.computed_here for r in results) == 1
+    assert len({r.computed_at for r in results}) == 1
+
+
+def test_a_value_older_than_its_interval_is_computed_again(db):
+    values = iter(range(10))
+    key = entry_key("test", ["again"])
+    first = shared(key, 0.2, lambda: next(values))
+    assert shared(key, 0.2, lambda: next(values)).value == first.value == 0
+    time.sleep(0.25)
+    assert shared(key, 0.2, lambda: next(values)).value == 1
+
+
+def test_an_answer_that_may_not_be_shared_is_computed_for_each_request(db):
+    values = iter(range(10))
+    key = entry_key("test", ["errors"])
+    answers = [shared(key, 5.0, lambda: next(values), keep=lambda v: False).value for _ in "abc"]
+    assert answers == [0, 1, 2]
+
+
+def test_invalidating_starts_every_entry_again(db):
+    values = iter(range(10))
+    key = entry_key("test", ["invalidate"])
+    assert shared(key, 60.0, lambda: next(values)).value == 0
+    invalidate_all()
+    assert shared(key, 60.0, lambda: next(values)).value == 1
+    assert shared(key, 60.0, lambda: next(values)).value == 1
+
+
+# -- the job page's refresh -------------------------------------------------------------------
+
+
+def refresh_body(job_id: int, n_intervals: int, window_s: int = 900) -> str:
+    outputs = [*REFRESH_OUTPUTS, DATA_AGE]
+    return json.dumps(
+        {
+            "output": ".." + "...".join(f"{i}.{p}" for i, p in outputs) + "..",
+            "outputs": [{"id": i, "property": p} for i, p in outputs],
+            "inputs": [
+                {"id": "refresh", "property": "n_intervals", "value": n_intervals},
+                {"id": "window", "property": "value", "value": window_s},
+                {"id": "url", "property": "pathname", "value": f"/console/jobs/{job_id}/"},
+            ],
+            "changedPropIds": ["refresh.n_intervals"],
+        }
+    )
+
+
+def viewer_client(username: str, role: str = VIEWER) -> tuple[Client, str]:
+    client = Client(enforce_csrf_checks=True)
+    client.force_login(UserFactory(username=username, role=role))
+    assert client.get("/console/").status_code == 200
+    return client, client.cookies[settings.CSRF_COOKIE_NAME].value
+
+
+def refresh(client, token, job_id, n_intervals, window_s=900):
+    return client.post(
+        UPDATE,
+        refresh_body(job_id, n_intervals, window_s),
+        content_type="application/json",
+        HTTP_X_CSRFTOKEN=token,
+    )
+
+
+def status_shown(response) -> str:
+    summary = response.json()["response"]["summary"]["children"]
+    return json.dumps(summary)
+
+
+@pytest.fixture
+def seeded(db):
+    return seed_console(minutes=2)
+
+
+def test_a_second_viewer_gets_the_first_ones_answer_without_a_query(seeded):
+    job = seeded.adaptive
+    first_client, first_token = viewer_client("vic")
+    second_client, second_token = viewer_client("val")
+    with CaptureQueriesContext(connection) as first_queries:
+        first = refresh(first_client, first_token, job.pk, n_intervals=7)
+    assert first.status_code == 200
+    assert data_queries(first_queries), "the first refresh reads the page's data"
+    with CaptureQueriesContext(connection) as second_queries:
+        second = refresh(second_client, second_token, job.pk, n_intervals=1)
+    assert second.status_code == 200
+    assert data_queries(second_queries) == []
+    assert second.content == first.content
+    assert second["X-Data-Computed-At"] == first["X-Data-Computed-At"]
+    # The page says when its data was read: after the shared computation began, before now.
+    as_of = first.json()["response"]["data-age"]["children"]["props"]["data-as-of"]
+    started = datetime.fromisoformat(first["X-Data-Computed-At"])
+    started = started.replace(microsecond=started.microsecond // 1000 * 1000)  # as the page
+    assert started <= datetime.fromisoformat(as_of) <= datetime.now(UTC)
+    assert "running" in status_shown(first)
+
+
+def test_other_inputs_are_computed_on_their_own(seeded):
+    client, token = viewer_client("vic")
+    with CaptureQueriesContext(connection):
+        refresh(client, token, seeded.adaptive.pk, 1, window_s=900)
+    with CaptureQueriesContext(connection) as other_window:
+        refresh(client, token, seeded.adaptive.pk, 2, window_s=3600)
+    with CaptureQueriesContext(connection) as other_job:
+        refresh(client, token, seeded.baseline.pk, 3, window_s=900)
+    assert data_queries(other_window) and data_queries(other_job)
+
+
+def test_an_operators_stop_shows_on_the_next_refresh(seeded):
+    job = seeded.adaptive
+    client, token = viewer_client("vic")
+    assert "running" in status_shown(refresh(client, token, job.pk, 1))
+    operator = UserFactory(username="olga", role=OPERATOR)
+    controls.stop_job(operator, job.pk)
+    assert Job.objects.get(pk=job.pk).status != Job.Status.RUNNING
+    shown = status_shown(refresh(client, token, job.pk, 2))
+    assert "running" not in shown
+    assert Job.objects.get(pk=job.pk).status in shown
+
+
+# -- the API's hot reads ----------------------------------------------------------------------
+
+
+def test_the_job_list_is_shared_and_says_its_age(seeded, api_as):
+    viewer = api_as(VIEWER)
+    first = viewer.get("/api/jobs/")
+    assert first.status_code == 200
+    with CaptureQueriesContext(connection) as again:
+        second = api_as(VIEWER).get("/api/jobs/")
+    assert data_queries(again) == []
+    assert second.json() == first.json()
+    assert 0 <= int(second["Age"]) <= 2
+    names = {row["name"] for row in second.json()["results"]}
+    assert {seeded.adaptive.name, seeded.baseline.name} <= names
+
+
+def test_an_api_write_shows_on_the_next_read(seeded, api_as):
+    job = seeded.adaptive
+    viewer = api_as(VIEWER)
+    assert viewer.get(f"/api/jobs/{job.pk}/").json()["status"] == Job.Status.RUNNING
+    stopped = api_as(OPERATOR).post(f"/api/jobs/{job.pk}/stop/")
+    assert stopped.status_code in (200, 202)
+    now_shown = viewer.get(f"/api/jobs/{job.pk}/").json()["status"]
+    assert now_shown == Job.objects.get(pk=job.pk).status != Job.Status.RUNNING
