@@ -104,3 +104,19 @@ def paused_groups(node: str) -> str:
     """Hash of the process groups a pause-node fault stopped on `node`: pgid -> JSON with the
     time (epoch seconds) the agent must resume them, so a restarted agent still resumes them."""
     return make_key("node", node, "paused")
+
+
+def shared_data_generation() -> str:
+    """Counter that every write seen by the console or the API bumps: shared page data computed
+    under an older generation is stale (console/services/shared_data.py)."""
+    return make_key("shared-data", "generation")
+
+
+def shared_data(namespace: str, digest: str) -> str:
+    """One piece of page data shared by every viewer (pickled: generation, time, value)."""
+    return make_key("shared-data", namespace, digest)
+
+
+def shared_data_computing(namespace: str, digest: str) -> str:
+    """Set while one request computes that piece of shared data; the others wait for it."""
+    return make_key("shared-data", namespace, digest, "computing")

@@ -226,6 +226,9 @@ def cache_settings(redis_url: str) -> dict:
 
 
 CACHES = cache_settings(REDIS_URL)
+# Sessions are read on every request (each viewer's 2 s refresh): from Redis first, written
+# through to the database, so a Redis restart logs nobody out.
+SESSION_ENGINE = "django.contrib.sessions.backends.cached_db"
 
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [
