@@ -1,6 +1,7 @@
 """Command line of the data plane (no Django).
 
 python -m spark_runtime run --topology NAME --job ID [--strategy S] [--redis-url URL]
+    (exits 1, saying why, when its supervisor gives up on the job: see spark_runtime.supervision)
 python -m spark_runtime generate --topology NAME --job ID [--rate R] [--count N] [--seed S]
 """
 
@@ -83,6 +84,9 @@ def main(argv: list[str] | None = None) -> int:
         runner.run(duration=args.duration)
     except KeyboardInterrupt:
         runner.shutdown()
+    if runner.supervisor.gave_up:
+        print(f"{args.job} failed for good: {runner.supervisor.gave_up}", file=sys.stderr)
+        return 1
     return 0
 
 

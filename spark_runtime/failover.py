@@ -118,40 +118,87 @@ class PromoteFailover(FailoverStrategy):
 @dataclass(frozen=True)
 class RestartPolicy:
     """The settings of the restart-backoff strategy (ExponentialDelayRestartBackoff); the
-    controller builds them from the policy in force."""
+    controller builds them from the policy in force (the console's policy fields of the same
+    names with a `restart_` prefix, and `same_cause_failures_limit`)."""
 
     initial_delay_s: float = 2.0
     max_delay_s: float = 60.0
     max_failures: int = 8
     failure_window_s: float = 600.0
+    same_cause_failures_limit: int = 3
+
+
+@dataclass(frozen=True)
+class CauseStreak:
+    """The failures in a row of a scope that had the same cause (the last ones it had)."""
+
+    cause: str
+    count: int
 
 
 class ExponentialDelayRestartBackoff:
     """Whether a failed replica may restart, and after how long: Flink's exponential-delay
-    strategy with the give-up rule of its failure-rate strategy.
+    strategy with the give-up rule of its failure-rate strategy, and a give-up rule on causes.
 
     - Delay: the n-th failure in a row of a replica before it finished a batch waits 0 s for
       n = 1 (it may be a fault during start-up: recovery time matters), then initial_delay_s,
       doubled each time, at most max_delay_s.
-    - Give up: once a scope has failed max_failures times within failure_window_s.
+    - Give up (failure rate): once a scope has failed max_failures times within
+      failure_window_s.
+    - Give up (same cause): once a scope has failed same_cause_failures_limit times in a row
+      with the same cause, however far apart. A deterministic failure (a Python worker that
+      cannot import pyarrow, a job module that raises on import) fails every start the same way;
+      the delays between starts grow to max_delay_s, so the failure rate alone never reached its
+      limit and such a stage restarted for ever. The cause is the one line the replica reported
+      about its own failure (`cause` of notify_failure); a failure without one (a kill, a
+      missed heartbeat: nothing says it will happen again), a failure with another cause, and a
+      success (notify_success: a replica of the scope finished a batch) end the streak.
 
-    `failures` (scope -> times of its failures within the window) belongs to the caller, which
-    persists it; this strategy records into it.
+    `failures` (scope -> times of its failures within the window) and `streaks` (scope -> its
+    CauseStreak) belong to the caller, which persists them; this strategy records into them.
     """
 
-    def __init__(self, policy: RestartPolicy, failures: dict[str, list[float]]):
+    def __init__(
+        self,
+        policy: RestartPolicy,
+        failures: dict[str, list[float]],
+        streaks: dict[str, CauseStreak] | None = None,
+    ):
         self.policy = policy
         self.failures = failures
+        self.streaks = {} if streaks is None else streaks
 
     def notify_failure(self, scope: str, now: float, cause: str = "") -> None:
         """Record a failure of `scope` at `now`, forgetting those now out of the window.
-        `cause` says what failed; it is there for rules on causes (this one counts failures)."""
+        `cause`: the one line the failed replica reported about its failure ("" when it
+        reported none)."""
         window_start = now - self.policy.failure_window_s
         recent = [t for t in self.failures.get(scope, []) if t > window_start]
         self.failures[scope] = [*recent, now]
+        streak = self.streaks.get(scope)
+        if not cause:
+            self.streaks.pop(scope, None)
+        elif streak is not None and streak.cause == cause:
+            self.streaks[scope] = CauseStreak(cause, streak.count + 1)
+        else:
+            self.streaks[scope] = CauseStreak(cause, 1)
+
+    def notify_success(self, scope: str) -> None:
+        """A replica of `scope` finished a batch: a failure after this starts a new streak."""
+        self.streaks.pop(scope, None)
+
+    def repeated_cause(self, scope: str) -> CauseStreak | None:
+        """The streak of `scope` once it reached same_cause_failures_limit (else None)."""
+        streak = self.streaks.get(scope)
+        if streak is not None and streak.count >= self.policy.same_cause_failures_limit:
+            return streak
+        return None
 
     def can_restart(self, scope: str) -> bool:
-        """False once `scope` has failed max_failures times within the window."""
+        """False once `scope` has failed max_failures times within the window, or
+        same_cause_failures_limit times in a row with the same cause."""
+        if self.repeated_cause(scope) is not None:
+            return False
         return len(self.failures.get(scope, ())) < self.policy.max_failures
 
     def backoff_s(self, failures_in_a_row: int) -> float:

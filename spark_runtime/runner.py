@@ -25,8 +25,10 @@ from spark_runtime.supervision import (
     HeartbeatSeen,
     ProcessExited,
     ReplicaSpec,
+    RestartPolicy,
     Supervisor,
     execute,
+    reported_cause,
 )
 from spark_runtime.topology import compile_stages
 
@@ -170,18 +172,31 @@ class SubprocessLauncher:
 
 
 def observe(supervisor: Supervisor, launcher, client, job: str, now: float) -> list:
-    """Poll the live replicas once and return the events to feed the supervisor."""
+    """Poll the live replicas once and return the events to feed the supervisor. A replica
+    gone or silent comes with the cause it reported of its failure, if it wrote one (a stage
+    whose query failed writes it, then exits)."""
     events = []
     watched = supervisor.live()
     pipe = client.pipeline(transaction=False)
     for replica in watched:
         pipe.get(keys.heartbeat(job, replica.id))
     beats = pipe.execute()
+    gone = {r.id for r in watched if not launcher.alive(r.id)}
+    silent = [r for r, beat in zip(watched, beats, strict=True) if r.id in gone or beat is None]
+    entries = client.hmget(keys.replicas(job), [r.id for r in silent]) if silent else []
+    causes = {
+        r.id: reported_cause(json.loads(raw) if raw else None, r.launched_at)
+        for r, raw in zip(silent, entries, strict=True)
+    }
     for replica, beat in zip(watched, beats, strict=True):
-        if not launcher.alive(replica.id):
-            events.append(ProcessExited(replica.id, now, launcher.exit_code(replica.id)))
+        if replica.id in gone:
+            code = launcher.exit_code(replica.id)
+            events.append(ProcessExited(replica.id, now, code, cause=causes[replica.id]))
         elif beat is None:
-            events.append(HeartbeatMissed(replica.id, now, busy=launcher.busy(replica.id)))
+            cause = causes[replica.id]
+            # Whether it is busy only matters to a replica that said nothing (slow, not dead).
+            busy = not cause and launcher.busy(replica.id)
+            events.append(HeartbeatMissed(replica.id, now, busy=busy, cause=cause))
         else:
             events.append(HeartbeatSeen(replica.id, now, json.loads(beat)))
     return events
@@ -281,15 +296,24 @@ def build_runner(
     params: tuple[str, ...] = (),
     chaining: str | None = None,
     active_operators: frozenset[str] = frozenset(),
+    restart_policy: RestartPolicy | None = None,
 ) -> LocalRunner:
     """Assemble a runner for `topology` under `strategy`, cut into stages by the strategy's
     chaining rule (or `chaining`); `active_operators` are the ones the policy would protect.
-    `trigger_seconds`: the stages' trigger, by default the topology's."""
+    `trigger_seconds`: the stages' trigger, by default the topology's. `restart_policy`: when
+    to back off and give up (the defaults of RestartPolicy if None)."""
     rule = chaining or get_strategy(strategy).chaining
     spec = resolve_topology(topology)
     stages = {s.name: s.operators for s in compile_stages(spec, rule, active=active_operators)}
     supervisor = Supervisor(
-        job, topology, stages, strategy, list(nodes), active_stages, params=params
+        job,
+        topology,
+        stages,
+        strategy,
+        list(nodes),
+        active_stages,
+        params=params,
+        restart_policy=restart_policy,
     )
     launcher = SubprocessLauncher(
         redis_url,

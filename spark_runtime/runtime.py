@@ -9,8 +9,10 @@ idempotent sinks; a hot standby keeps its outputs in an `OutputBuffer` until it 
 from __future__ import annotations
 
 import contextlib
+import glob
 import logging
 import os
+import subprocess
 import threading
 import time
 
@@ -277,6 +279,51 @@ class OutputGate:
 # fresh interpreter importing PySpark can take longer, and the query fails before its first batch.
 CONNECT_BACK_FAILURE = "Python worker failed to connect back"
 START_RETRIES = 3  # per process: a worker that never connects back is a real failure
+
+# What the Python process of the streaming source imports as it starts: Spark's runner of a
+# streaming Python data source (it imports pyarrow), and the source itself (unpickled in it).
+WORKER_IMPORTS = (
+    "pyspark.sql.streaming.python_streaming_source_runner",
+    "spark_runtime.redis_source",
+)
+# A probe that takes longer than this says nothing (a starved machine, not a broken interpreter).
+WORKER_PROBE_TIMEOUT_S = 60.0
+
+
+def spark_python_path() -> list[str]:
+    """The zips Spark puts first on its Python workers' path ($SPARK_HOME/python/lib/*.zip; a
+    pip-installed PySpark is its own Spark home)."""
+    import pyspark
+
+    spark_home = os.environ.get("SPARK_HOME") or os.path.dirname(pyspark.__file__)
+    return sorted(glob.glob(os.path.join(spark_home, "python", "lib", "*.zip")))
+
+
+def worker_start_failure(python: str, timeout_s: float = WORKER_PROBE_TIMEOUT_S) -> str | None:
+    """Why Spark's Python workers cannot start with the interpreter `python`: what it prints
+    when it imports what a streaming source's worker imports first (WORKER_IMPORTS), with the
+    path Spark gives it; None when it can (or the probe took too long to tell).
+
+    Spark reports such a worker only as one that did not connect back within 10 s (its
+    traceback goes to the log, not into the query's exception), like a worker that was merely
+    slow to start on a busy machine; this tells the two apart. The probe runs only after that
+    failure: it costs an interpreter start (about a second of CPU), and a start that failed is
+    not the time recovery is measured on.
+    """
+    pythonpath = [*spark_python_path(), os.environ.get("PYTHONPATH", "")]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in pythonpath if p)}
+    command = [python, "-c", "import " + ", ".join(WORKER_IMPORTS)]
+    try:
+        done = subprocess.run(
+            command, env=env, capture_output=True, text=True, timeout=timeout_s, check=False
+        )
+    except subprocess.TimeoutExpired:
+        return None
+    except OSError as exc:  # no such interpreter, or not executable
+        return f"{type(exc).__name__}: {exc}"
+    if done.returncode == 0:
+        return None
+    return done.stderr.strip() or f"{python} exited with code {done.returncode}"
 
 
 class StageRuntime:

@@ -34,6 +34,7 @@ import socket
 import sys
 import threading
 import time
+from typing import NoReturn
 
 from spark_runtime import keys
 from spark_runtime.config import (
@@ -270,8 +271,9 @@ def watch_for_taker(
         warm.wait(WATCH_INTERVAL_S)
 
 
-def become(argv: list[str], spark) -> int:
-    """Run the stage described by `argv` (stage CLI arguments) in this process and session.
+def become(argv: list[str], spark) -> NoReturn:
+    """Run the stage described by `argv` (stage CLI arguments) in this process and session,
+    then end the process with the stage's exit code.
     The replica's command line and the normal priority come first: the stage's imports take a
     while for a spare idling at nice 19 on busy cores, and a kill must find the replica."""
     take_stage_title(argv)
@@ -280,7 +282,8 @@ def become(argv: list[str], spark) -> int:
 
     args = stage.build_parser().parse_args(argv)
     log.info("spare becomes %s (%s of %s)", args.replica_id, args.role, args.stage)
-    return stage.run(args, spark=spark)
+    # Ends as a stage process ends (at once: stage.exit_now), so its exit follows its report.
+    stage.exit_now(stage.run(args, spark=spark))
 
 
 def main(argv: list[str] | None = None) -> int:

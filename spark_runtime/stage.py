@@ -25,7 +25,12 @@ JSON commands pushed to the list `backstop:{job}:control:{replica}`:
   raised in the N-th next batch (the query fails, the process exits 1).
 
 Exit codes: 0 stopped on request, 1 query failure, 3 fenced (another replica is primary),
-4 promotion impossible.
+4 promotion impossible. A replica that fails (a query failed, or the stage could not start its
+queries) writes a one-line cause into its entry (`state: failed`, `error`) and exits at once: its
+supervisor reads the cause with the exit (spark_runtime.supervision.reported_cause). When a query
+failed because Spark's Python worker did not connect back, the stage asks the workers'
+interpreter why (runtime.worker_start_failure): an interpreter that cannot import what a worker
+needs (pyarrow, say) fails every start the same way, and its ImportError is the cause.
 """
 
 from __future__ import annotations
@@ -39,6 +44,8 @@ import socket
 import sys
 import threading
 import time
+import traceback
+from typing import NoReturn
 
 from spark_runtime import keys
 from spark_runtime.config import DEFAULT_REDIS_URL, configure_logging, ensure_python_env
@@ -191,6 +198,17 @@ def failure_cause(error: str, limit: int = 300) -> str:
     return cause[:limit]
 
 
+def report_failure(state: ReplicaState, cause: str, fenced: bool = False) -> None:
+    """Write the replica's failure and its one-line cause into its entry, for the supervisor
+    (best effort: Redis may be what failed)."""
+    import redis
+
+    try:
+        state.update(state="fenced" if fenced else "failed", error=cause, failed_at=time.time())
+    except redis.exceptions.RedisError as exc:
+        log.warning("could not report the failure (%s): %s", cause, exc)
+
+
 def heartbeat_loop(state: ReplicaState, stop: threading.Event) -> None:
     """Refresh the heartbeat until `stop` is set; a Redis hiccup only skips a beat."""
     import redis
@@ -312,7 +330,7 @@ def handle_command(command: dict, runtime, state: ReplicaState) -> int | None:
             result = runtime.gate.promote()
         except PromotionError as exc:
             log.error("promotion failed: %s", exc)
-            state.update(state="promote_failed", error=str(exc))
+            state.update(state="promote_failed", error=str(exc), failed_at=time.time())
             return EXIT_PROMOTION
         state.update(
             role="primary",
@@ -348,19 +366,32 @@ def handle_command(command: dict, runtime, state: ReplicaState) -> int | None:
 def run(args, spark=None) -> int:
     """Run the replica until stopped, fenced or failed; returns the exit code. `spark` is the
     session of a warm spare taking this replica over (else one is built here)."""
-    from spark_runtime.checkpoint_seed import seed_checkpoint
-    from spark_runtime.config import build_session
-    from spark_runtime.jobdef import resolve_topology
-    from spark_runtime.runtime import StageRuntime
-    from spark_runtime.sink import FencedError
-    from spark_runtime.topology import stage_spec, with_params
-
     client = connect(args.redis_url)
     state = ReplicaState(client, args)
     state.update(nice=set_group_nice(0))  # the normal priority until its first batch
     stop_beats = threading.Event()
     beats = threading.Thread(target=heartbeat_loop, args=(state, stop_beats), daemon=True)
     beats.start()
+    try:
+        runtime = start_runtime(args, client, state, spark)
+    except Exception as exc:
+        # A job module that does not import, a query that does not start: it will fail the same
+        # way at the next start, so say why (the traceback goes to the log).
+        log.exception("stage %s could not start its queries", args.stage)
+        stop_beats.set()
+        report_failure(state, failure_cause("".join(traceback.format_exception_only(exc))))
+        client.delete(keys.heartbeat(args.job, args.replica_id))
+        return EXIT_FAILED
+    return supervise_queries(args, client, state, runtime, stop_beats)
+
+
+def start_runtime(args, client, state: ReplicaState, spark=None):
+    """Build the stage's queries and start them (a StageRuntime); `spark` as for run()."""
+    from spark_runtime.checkpoint_seed import seed_checkpoint
+    from spark_runtime.config import build_session
+    from spark_runtime.jobdef import resolve_topology
+    from spark_runtime.runtime import StageRuntime
+    from spark_runtime.topology import stage_spec, with_params
 
     topology = with_params(resolve_topology(args.topology), parse_params(args.param))
     operators = [o for o in args.operators.split(",") if o]
@@ -404,6 +435,15 @@ def run(args, spark=None) -> int:
         # Names the executors of this replica on a cluster (kill-executor, kill-worker).
         spark_app=spark.sparkContext.applicationId,
     )
+    return runtime
+
+
+def supervise_queries(args, client, state: ReplicaState, runtime, stop_beats) -> int:
+    """Serve the control commands and watch the queries of `runtime` until the replica is
+    stopped, fenced or failed; returns the exit code."""
+    from spark_runtime.runtime import CONNECT_BACK_FAILURE, worker_start_failure
+    from spark_runtime.sink import FencedError
+
     nice = 0  # the level last asked for (set_group_nice reports the one in force)
     code = EXIT_FAILED
     try:
@@ -429,15 +469,22 @@ def run(args, spark=None) -> int:
                     code = result
                     break
             failure = runtime.failure()
-            if failure is not None and runtime.retry_failed_start(failure):
+            if failure is None:
                 continue
-            if failure is not None:
-                message = str(failure)
-                fenced = FencedError.__name__ in message or "FENCED" in message
-                code = EXIT_FENCED if fenced else EXIT_FAILED
-                log.error("query failed (%s): %s", "fenced" if fenced else "error", message)
-                state.update(state="fenced" if fenced else "failed", error=failure_cause(message))
-                break
+            message = str(failure)
+            broken = None
+            if CONNECT_BACK_FAILURE in message:
+                # Slow to start (start the queries again) or unable to (fail now, saying why)?
+                broken = worker_start_failure(runtime.spark.sparkContext.pythonExec)
+            if broken is None and runtime.retry_failed_start(failure):
+                continue
+            fenced = FencedError.__name__ in message or "FENCED" in message
+            code = EXIT_FENCED if fenced else EXIT_FAILED
+            log.error("query failed (%s): %s", "fenced" if fenced else "error", message)
+            if broken is not None:
+                log.error("the Python workers' interpreter cannot start:\n%s", broken)
+            report_failure(state, failure_cause(broken or message), fenced)
+            break
     finally:
         stop_beats.set()
         runtime.stop()
@@ -445,6 +492,17 @@ def run(args, spark=None) -> int:
             keys.heartbeat(args.job, args.replica_id), keys.batch_pace(args.job, args.replica_id)
         )
     return code
+
+
+def exit_now(code: int) -> NoReturn:
+    """End the process with `code` now, once its output is flushed. After its queries ended a
+    stage has nothing left to do, but a normal interpreter exit waits for Spark's threads and
+    the JVM: the replica stayed alive, silent, for a second or more, and its supervisor saw a
+    missed heartbeat before the exit. The JVM ends on its own when its parent is gone."""
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -456,4 +514,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_now(main())

@@ -28,12 +28,19 @@ whether and when. A replica that fails after it finished a batch since its launc
 at once (a fault: recovery time matters). One that fails again before it ever finished a batch
 is crash-looping: its restart waits (`BACKOFF`, carried out by `tick(now)`), twice as long after
 each further such failure, up to a cap. When a stage's primaries fail `max_failures` times within
-`failure_window_s`, the supervisor gives up on the job (`GiveUp`, the driver marks it failed);
-when its standbys do, the stage runs unprotected instead. `relaunch(now)` starts a given-up job
-again, each stage from its last primary's checkpoint.
+`failure_window_s`, or `same_cause_failures_limit` times in a row with the same cause (a
+deterministic failure: see failover.ExponentialDelayRestartBackoff), the supervisor gives up on
+the job (`GiveUp`, the driver marks it failed); when its standbys do, the stage runs unprotected
+instead. `relaunch(now)` starts a given-up job again, each stage from its last primary's
+checkpoint.
 
 Persistence: `to_dict()` snapshots the fields of `SupervisorState` (the driver keeps it in Redis
 between ticks) and `Supervisor.from_dict` rebuilds the machine, also from an older version's.
+
+Causes: a replica whose query failed writes a one-line cause into its replicas-hash entry
+before it exits; the driver reads it (`reported_cause`) into the event (`cause`), and it reaches
+the history, the GiveUp reason and the restart-backoff strategy. A replica that reported its own
+failure is failed at once, whatever its heartbeat, start-up grace or CPU say.
 
 Dead versus slow: a process exit is a failure at once. A missing heartbeat from a process that
 its agent sees alive and using CPU (`HeartbeatMissed(busy=True)`) is "slow": the replica is
@@ -63,6 +70,7 @@ from spark_runtime.failover import (
     RUNNING,
     STANDBY,
     STARTING,
+    CauseStreak,
     ExponentialDelayRestartBackoff,
     FailoverStrategy,
     Restart,
@@ -128,20 +136,49 @@ class HeartbeatSeen:
 @dataclass(frozen=True)
 class HeartbeatMissed:
     """The replica's heartbeat key has expired; `busy` when its agent sees the process alive
-    and using CPU (slow, not dead)."""
+    and using CPU (slow, not dead). `cause`: the failure the replica reported ("" if none)."""
 
     replica_id: str
     at: float
     busy: bool = False
+    cause: str = ""
 
 
 @dataclass(frozen=True)
 class ProcessExited:
-    """The replica's process is gone (exit code if known)."""
+    """The replica's process is gone (exit code if known). `cause`: the failure the replica
+    reported before it exited ("" if none: killed, or it died without a word)."""
 
     replica_id: str
     at: float
     code: int | None = None
+    cause: str = ""
+
+
+# The states in which a replica's own entry may carry the cause of its failure (`error`): it
+# wrote `failed`, `fenced` or `promote_failed`; a driver marks an entry `lost` (keeping its error)
+# once it saw the process gone or silent.
+REPORTED_FAILURE_STATES = ("failed", "fenced", "promote_failed", "lost")
+
+
+def reported_cause(entry: Mapping | None, launched_at: float) -> str:
+    """The one-line cause a replica reported about its failure in its replicas-hash `entry`
+    (its `error`), if the entry says the replica failed and is of the process asked for at
+    `launched_at`; "" otherwise.
+
+    An earlier run of the same replica id leaves its entry until the new process overwrites it:
+    that process started before the relaunch (`started_at`, within the clock slack), and one
+    that failed within the slack of its start failed before the relaunch (`failed_at`): the
+    supervisor relaunches a replica after seeing it fail. Taken as news, its cause failed the
+    new process at once."""
+    if not entry or entry.get("state") not in REPORTED_FAILURE_STATES:
+        return ""
+    started_at, failed_at = entry.get("started_at"), entry.get("failed_at")
+    if started_at is None or started_at < launched_at - CLOCK_SLACK_S:
+        return ""
+    if failed_at is None or failed_at < launched_at:
+        return ""
+    return str(entry.get("error") or "")
 
 
 # --- actions ---------------------------------------------------------------------------------
@@ -328,6 +365,10 @@ class SupervisorState:
     retiring: dict[str, str] = field(default_factory=dict)
     # "stage/role" -> times of its replicas' failures within the policy's window.
     failures: dict[str, list[float]] = field(default_factory=dict)
+    # "stage/role" -> its last failures in a row with the same reported cause.
+    cause_streaks: dict[str, CauseStreak] = _persisted(
+        default_factory=dict, load=lambda raw: {k: CauseStreak(**v) for k, v in raw.items()}
+    )
     # Stages whose standbys crash-looped: no standby is started for them any more.
     unprotectable: set[str] = _persisted(default_factory=set, load=set)
     # Why the job was given up on (None while it is supervised).
@@ -601,13 +642,16 @@ class Supervisor(SupervisorState):
         if isinstance(event, HeartbeatSeen):
             return self._on_heartbeat(replica, event)
         if isinstance(event, HeartbeatMissed):
+            if event.cause:  # it said it failed: no grace, not slow
+                return self._on_failure(replica, event.at, "heartbeat missed", event.cause)
             if replica.state == STARTING and event.at - replica.since < self.startup_grace:
                 return []  # a replica has no heartbeat until its interpreter is up
             if event.busy:
                 return self._on_silent_but_busy(replica, event.at)
             return self._on_failure(replica, event.at, "heartbeat missed")
         if isinstance(event, ProcessExited):
-            return self._on_failure(replica, event.at, f"process exited ({event.code})")
+            reason = f"process exited ({event.code})"
+            return self._on_failure(replica, event.at, reason, event.cause)
         raise TypeError(f"unknown event {event!r}")
 
     def _on_silent_but_busy(self, replica: Replica, now: float) -> list:
@@ -649,6 +693,7 @@ class Supervisor(SupervisorState):
             primary.failures_in_a_row = 0
             actions.append(StartReplica(primary.spec))
         self.failures.clear()
+        self.cause_streaks.clear()
         self.unprotectable.clear()
         self.restarting.clear()
         self.retiring.clear()
@@ -675,6 +720,7 @@ class Supervisor(SupervisorState):
             self.history.append((event.at, f"{replica.id} answers again"))
         if reported.get("batches") and started_at is not None and not replica.healthy:
             replica.healthy, replica.failures_in_a_row = True, 0
+            self._backoff().notify_success(f"{stage}/{replica.role}")
         restarted_at = self.restarting.get(stage)
         if (
             replica.role == PRIMARY
@@ -711,22 +757,37 @@ class Supervisor(SupervisorState):
 
     def _backoff(self) -> ExponentialDelayRestartBackoff:
         """The restart-backoff strategy: the policy in force over this machine's failures."""
-        return ExponentialDelayRestartBackoff(self.restart_policy, self.failures)
+        return ExponentialDelayRestartBackoff(
+            self.restart_policy, self.failures, self.cause_streaks
+        )
 
-    def _on_failure(self, replica: Replica, now: float, reason: str) -> list:
+    def _on_failure(self, replica: Replica, now: float, reason: str, cause: str = "") -> list:
         """The failure handler: the restart-backoff strategy says whether to restart and when,
-        the failover strategy which replicas restart or which standby takes over."""
+        the failover strategy which replicas restart or which standby takes over. `reason`: how
+        the supervisor saw the failure; `cause`: what the replica reported about it ("" if
+        nothing)."""
         stage = replica.spec.stage
         replica.slow_since = None
+        if cause:
+            reason = f"{reason}: {cause}"
         self.history.append((now, f"{replica.id} ({replica.role} of {stage}) failed: {reason}"))
         replica.failures_in_a_row = 1 if replica.healthy else replica.failures_in_a_row + 1
         backoff, scope = self._backoff(), f"{stage}/{replica.role}"
-        backoff.notify_failure(scope, now, cause=reason)
+        backoff.notify_failure(scope, now, cause=cause)
         if not backoff.can_restart(scope):
-            why = (
-                f"{stage}: {len(self.failures[scope])} {replica.role} failures within "
-                f"{self.restart_policy.failure_window_s:g} s (last: {replica.id}, {reason})"
-            )
+            streak = backoff.repeated_cause(scope)
+            if streak is not None:
+                limit = self.restart_policy.same_cause_failures_limit
+                why = (
+                    f"{stage}: {replica.role} failed {streak.count} times in a row with the same "
+                    f"cause: {streak.cause}; not restarting (policy "
+                    f"same_cause_failures_limit={limit})"
+                )
+            else:
+                why = (
+                    f"{stage}: {len(self.failures[scope])} {replica.role} failures within "
+                    f"{self.restart_policy.failure_window_s:g} s (last: {replica.id}, {reason})"
+                )
             if replica.role == STANDBY and replica.state != PROMOTING and self.failover.promotes:
                 return self._give_up_standby(stage, now, why)
             return self._give_up_job(stage, now, why)

@@ -115,6 +115,10 @@ BOUNDS: dict[str, Bound] = {
                             "3 s heartbeat TTL, at most ten minutes of a stuck stage"),
     "restart_failure_window_s": Bound(10.0, 86_400.0, "the window failures are counted in: ten "
                                       "seconds to a day"),
+    "same_cause_failures_limit": Bound(1, 1000, "this many failures in a row of a stage's "
+                                       "primaries with the same reported cause (however far "
+                                       "apart) fail the job, saying the cause (of its standbys: "
+                                       "the stage runs unprotected); at least one"),
     "prediction_window_s": Bound(1.0, 3600.0, "fr is the chance of a failure within this window; "
                                  "agents sample every second, so at least one sample per "
                                  "window; an hour at most"),
@@ -194,6 +198,10 @@ class PolicyConfig:
     restart_max_delay_s: float = 60.0
     restart_max_failures: int = 8
     restart_failure_window_s: float = 600.0
+    # A deterministic failure (the same one-line cause every start, e.g. a Python worker that
+    # cannot import pyarrow) is given up on after this many failures in a row, however far
+    # apart the backoff spaces them: see spark_runtime.failover.ExponentialDelayRestartBackoff.
+    same_cause_failures_limit: int = 3
     # A replica without heartbeat whose process is busy is slow, and hung after this long.
     hung_timeout_s: float = 30.0
     # Fault prediction (console/policy/prediction.py): fr is the chance that a stage fails within

@@ -76,6 +76,7 @@ def restart_policy_of(config) -> RestartPolicy:
         max_delay_s=config.restart_max_delay_s,
         max_failures=config.restart_max_failures,
         failure_window_s=config.restart_failure_window_s,
+        same_cause_failures_limit=config.same_cause_failures_limit,
     )
 
 

@@ -36,6 +36,12 @@ def _detail(response) -> dict:
         ({"foo": 1}, "foo", "foo: unknown policy field"),
         ({"recovery_cost_s": 0}, "recovery_cost_s", "must be between 0.1 and 3600"),
         ({"checkpoint_min_s": 0.01}, "checkpoint_min_s", "must be between 0.1 and 600"),
+        (
+            {"same_cause_failures_limit": 0},
+            "same_cause_failures_limit",
+            "same_cause_failures_limit: must be between 1 and 1000",
+        ),
+        ({"same_cause_failures_limit": 2.5}, "same_cause_failures_limit", "integer"),
     ],
 )
 def test_patch_refuses_values_that_break_the_controller(api_as, baseline, body, field, words):

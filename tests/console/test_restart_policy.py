@@ -11,10 +11,11 @@ import time
 import pytest
 import redis
 from django.conf import settings
+from django.core import mail
 
-from console.models import ControlDecision, Job, MetricSample, Policy
+from console.models import ControlDecision, Job, MetricSample, Policy, SentAlert
 from console.roles import OPERATOR
-from console.services import controller
+from console.services import alerts, controller
 from console.services.control import act, observe
 from console.services.fleet import JobSlot, read_fleet_view
 from infra import keys as control_keys
@@ -23,7 +24,7 @@ from spark_runtime import keys as data_keys
 from spark_runtime.generators import generator_replica_id
 from spark_runtime.supervision import RestartPolicy, Supervisor, execute
 from tests.agent_edge import publish_usage, queued
-from tests.factories import NodeFactory, make_job
+from tests.factories import NodeFactory, ReportSubscriptionFactory, make_job
 
 pytestmark = pytest.mark.django_db
 
@@ -118,6 +119,77 @@ def test_a_crash_loop_backs_off_then_fails_the_job_with_its_cause_and_alerts(red
     assert observe.load_supervisor(redis_conn, job).gave_up.startswith("wc: 3 primary failures")
 
 
+def report_failure(client, job: Job, sup: Supervisor, replica_id: str, cause: str) -> None:
+    """What a stage whose query failed writes into its own entry before it exits (its process
+    started when it was asked for)."""
+    started_at, now = sup.replicas[replica_id].launched_at, time.time()
+    entry = {"replica": replica_id, "state": "failed", "error": cause, "started_at": started_at,
+             "failed_at": now, "updated": now}  # fmt: skip
+    client.hset(data_keys.replicas(job.key), replica_id, json.dumps(entry))
+
+
+def test_a_stage_failing_with_the_same_cause_fails_the_job_saying_why_and_alerts(redis_conn):
+    """The issue's case: a stage whose Python workers cannot import pyarrow fails each start
+    the same way. The policy's same_cause_failures_limit (3) ends it at the third failure in
+    a row, long before the failure rate (8 within 600 s) would, with the cause on the job."""
+    Policy(reason="fast backoff for the test", restart_initial_delay_s=0.1).save()
+    config = Policy.current().to_config()
+    assert (config.same_cause_failures_limit, config.restart_max_failures) == (3, 8)
+    job = make_job(name="wc", status=Job.Status.RUNNING, strategy="local-restart")
+    sup = launch(redis_conn, job, controller.restart_policy_of(config))
+    subscription = ReportSubscriptionFactory(alert_on_job_failure=True)
+    cause = "ModuleNotFoundError: No module named 'pyarrow'"
+    tail = (
+        "Traceback (most recent call last):\n  ...\nModuleNotFoundError: No module named 'pyarrow'"
+    )
+
+    # First failure: the stage wrote its cause and deleted its heartbeat, its exit is not
+    # reported yet. Within its start-up grace, but it said it failed: restarted at once.
+    report_failure(redis_conn, job, sup, "wc-1", cause)
+    controller.supervise_tick(job, sup, redis_conn)
+    assert started_replicas(redis_conn) == ["wc-1"]
+    redis_conn.delete(*NODE_QUEUES)
+    # Second: it exits with code 1 (the agent's report) after writing the same cause: backoff.
+    report_failure(redis_conn, job, sup, "wc-1", cause)
+    fail(redis_conn, job, "wc-1", tail)
+    controller.supervise_tick(job, sup, redis_conn)
+    assert started_replicas(redis_conn) == []
+    time.sleep(0.2)
+    controller.supervise_tick(job, sup, redis_conn)
+    assert started_replicas(redis_conn) == ["wc-1"]
+    redis_conn.delete(*NODE_QUEUES)
+
+    alert = ("backstop.alert_job_failed", [job.pk])
+    alerts_before = queued(redis_conn, CONTROL_QUEUE).count(alert)
+    report_failure(redis_conn, job, sup, "wc-1", cause)
+    fail(redis_conn, job, "wc-1", tail)
+    controller.supervise_tick(job, sup, redis_conn)  # the third in a row: failed for good
+    job.refresh_from_db()
+    assert job.status == Job.Status.FAILED
+    verdict, _, log_lines = job.status_reason.partition("\n")
+    assert verdict == (
+        "gave up: wc: primary failed 3 times in a row with the same cause: ModuleNotFoundError: "
+        "No module named 'pyarrow'; not restarting (policy same_cause_failures_limit=3)"
+    )
+    assert "last log lines of wc-1:" in log_lines
+    assert log_lines.strip().endswith(cause)
+    failures = job.decisions.filter(kind=ControlDecision.Kind.FAILURE).order_by("at")
+    assert [d.reason for d in failures] == [
+        f"wc-1: query failed: {cause}",
+        f"wc-1: exited with code 1 (query failed): {cause}",
+        f"wc-1: exited with code 1 (query failed): {cause}",
+    ]
+    assert job.decisions.filter(kind=ControlDecision.Kind.GIVE_UP).count() == 1
+    assert set(job.replicas.values_list("state", flat=True)) == {"failed"}
+    # The alert is asked for, and what the alert task sends names the cause.
+    assert queued(redis_conn, CONTROL_QUEUE).count(alert) == alerts_before + 1
+    assert alerts.alert_job_failed(job) == 1
+    (email,) = mail.outbox
+    assert email.subject == "[Backstop] Job failed: wc"
+    assert "failed 3 times in a row with the same cause: ModuleNotFoundError" in email.body
+    assert SentAlert.objects.filter(subscription=subscription).count() == 1
+
+
 def test_restarting_a_failed_job_resumes_its_replicas_checkpoints(redis_conn, api_as):
     job = make_job(status=Job.Status.RUNNING, strategy="local-restart")
     sup = launch(redis_conn, job, RestartPolicy(max_failures=2, failure_window_s=60))
@@ -156,6 +228,7 @@ def test_the_restart_policy_in_force_comes_from_the_audited_policy():
         max_delay_s=config.restart_max_delay_s,
         max_failures=config.restart_max_failures,
         failure_window_s=config.restart_failure_window_s,
+        same_cause_failures_limit=config.same_cause_failures_limit,
     )
 
 

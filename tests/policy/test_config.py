@@ -35,7 +35,7 @@ def test_defaults_are_valid_and_match_the_brief():
         "warm_spares_per_node", "heartbeat_timeout_s", "cycle_interval_s",
         "recovery_band", "recovery_stable_window_s", "reference_window_s", "warmup_s",
         "restart_initial_delay_s", "restart_max_delay_s", "restart_max_failures",
-        "restart_failure_window_s", "hung_timeout_s",
+        "restart_failure_window_s", "same_cause_failures_limit", "hung_timeout_s",
         "prediction_window_s", "prediction_history_s", "prediction_min_samples",
         "interval_apply_gap_s",
     ]  # fmt: skip
@@ -91,6 +91,8 @@ def test_integer_fields_refuse_floats_and_bools():
         ({"heartbeat_timeout_s": 0.0}, "heartbeat_timeout_s"),
         ({"recovery_band": 0.0}, "recovery_band"),
         ({"reference_window_s": 0.0}, "reference_window_s"),
+        ({"same_cause_failures_limit": 0}, "same_cause_failures_limit"),
+        ({"same_cause_failures_limit": 3.0}, "same_cause_failures_limit"),
     ],
 )
 def test_ranges(changes, field):
@@ -107,7 +109,15 @@ def test_boundaries_that_are_allowed():
         q_samples=1000,
         warmup_s=0.0,
         q_decay_lambda=0.0,
+        same_cause_failures_limit=1,
     ).validate()
+
+
+def test_same_cause_failures_limit_is_named_in_its_message():
+    errors = errors_of(replace(PolicyConfig(), same_cause_failures_limit=0))
+    assert errors == {
+        "same_cause_failures_limit": "same_cause_failures_limit: must be between 1 and 1000"
+    }
 
 
 def test_dict_round_trip_through_json():

@@ -186,8 +186,14 @@ def test_the_failure_cause_reaches_the_restart_backoff_strategy(monkeypatch):
     sup = Supervisor("j", "wordcount", {"count": ("count",)}, "local-restart", NODES)
     sup.start(0.0)
     running(sup, at=1.0)
+    # The cause is what the replica reported about its failure; a killed one reported nothing.
     sup.handle(ProcessExited("count-1", 5.0, -9))
-    assert notified == [("count/primary", 5.0, "process exited (-9)")]
+    sup.handle(ProcessExited("count-1", 6.0, 1, cause="ValueError: bad input"))
+    assert notified == [("count/primary", 5.0, ""), ("count/primary", 6.0, "ValueError: bad input")]
+    # The history says both how the supervisor saw the failure and what the replica said.
+    assert sup.history[-2][1] == (
+        "count-1 (primary of count) failed: process exited (1): ValueError: bad input"
+    )
 
 
 # --- the restart-backoff strategy -----------------------------------------------------------
