@@ -42,7 +42,7 @@ def data_age(computed_at: datetime):
     return html.Span(
         f"data as of {stamp:%H:%M:%S} UTC",
         className="data-age",
-        title=f"computed once for every viewer, at most {REFRESH_S:g} s old",
+        title=f"computed once every {REFRESH_S:g} s for every viewer of this page",
         **{"data-as-of": stamp.isoformat(timespec="milliseconds")},
     )
 

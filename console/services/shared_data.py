@@ -2,10 +2,11 @@
 
 During an incident many people watch the same job; each browser refreshes every 2 seconds, and
 without sharing each refresh would run the same queries and build the same figures again. Here
-the first request after the data went stale computes it and puts it in the cache (Redis, shared
-by every web worker process); requests that arrive while it computes wait for that result instead
-of computing their own; the rest read it. So a page's data is at most its refresh interval old,
-and 50 viewers cost about what one does.
+the first request after the data went stale computes it and puts it in Redis (shared by every
+web worker process); requests that arrive while it computes get the previous value (or, for the
+very first one, wait for the result) instead of computing their own; the rest read it. So a
+page's data is its refresh interval old, plus one computation while a new one runs, and 50
+viewers cost about what one does.
 
 Entries carry the time their computation started (`Shared.computed_at`), which pages show as the
 data's age. Any write through the console or the API (`invalidate_all`) starts a new generation
@@ -32,9 +33,12 @@ from django.conf import settings
 from console.redis import redis_client
 from infra import keys
 
-# How long a request waits for another one's computation before computing on its own; a page's
-# heaviest refresh takes well under a second.
-WAIT_S = 5.0
+# How long a request with nothing to show waits for another one's computation before computing
+# on its own (a page's heaviest refresh takes about a second on a loaded 2-core machine).
+WAIT_S = 10.0
+# How long an entry stays readable after its computation: the stale value others get while the
+# next one is computed, and the page's age tells them how old it is.
+STALE_KEPT_S = 60
 POLL_S = 0.02
 # A computing request that died leaves its mark for at most this long.
 COMPUTING_MARK_S = 30
@@ -56,7 +60,8 @@ def _redis() -> redis.Redis:
 
 @dataclass(frozen=True)
 class Shared:
-    """A shared value and when its computation started (seconds since the epoch)."""
+    """A shared value and when its computation started (seconds since the epoch): the time the
+    data it shows was read."""
 
     value: Any
     computed_at: float
@@ -83,18 +88,25 @@ def invalidate_all() -> None:
     _redis().incr(keys.shared_data_generation())
 
 
-def _read(key: EntryKey, fresh_s: float) -> tuple[int, tuple | None]:
-    """The current generation and the entry when it is of that generation and fresh."""
+def _read(key: EntryKey) -> tuple[int, tuple | None]:
+    """The current generation and the entry (computed_at, value, stored_at) when it is of that
+    generation, however old."""
     generation, raw = _redis().mget(
         keys.shared_data_generation(), keys.shared_data(key.namespace, key.digest)
     )
     generation = int(generation or 0)
     if raw is None:
         return generation, None
-    entry_generation, computed_at, value = pickle.loads(raw)
-    if entry_generation != generation or time.time() - computed_at >= fresh_s:
+    entry_generation, computed_at, value, stored_at = pickle.loads(raw)
+    if entry_generation != generation:
         return generation, None
-    return generation, (computed_at, value)
+    return generation, (computed_at, value, stored_at)
+
+
+def _fresh(entry, fresh_s: float) -> bool:
+    # Counted from when the value was stored, so a computation slower than the interval (a loaded
+    # machine) is not followed at once by the next one.
+    return entry is not None and time.time() - entry[2] < fresh_s
 
 
 def shared(
@@ -103,37 +115,46 @@ def shared(
     compute: Callable[[], Any],
     keep: Callable[[Any], bool] = lambda value: True,
 ) -> Shared:
-    """The value of `compute()` under `key`, computed at most once per `fresh_s` seconds.
+    """The value of `compute()` under `key`, computed at most once per `fresh_s` seconds (counted
+    from the end of the last computation).
 
-    `keep(value)` says whether a computed value may be shared (an error response is not): when it
-    says no, the value goes to this request only and the next one computes again.
+    While one request computes a new value, the others get the previous one (its age says how
+    old), or, when there is none yet, wait for it: a slow computation on a loaded machine never
+    makes every waiting viewer compute too. `keep(value)` says whether a computed value may be
+    shared (an error response is not): when it says no, the value goes to this request only and
+    the next one computes again.
     """
     client = _redis()
-    generation, entry = _read(key, fresh_s)
-    if entry is not None:
+    generation, entry = _read(key)
+    if _fresh(entry, fresh_s):
         return Shared(entry[1], entry[0], computed_here=False)
     computing = keys.shared_data_computing(key.namespace, key.digest)
     owns_mark = bool(client.set(computing, b"1", nx=True, ex=COMPUTING_MARK_S))
     if not owns_mark:
+        if entry is not None:
+            return Shared(entry[1], entry[0], computed_here=False)
         deadline = time.monotonic() + WAIT_S
         while time.monotonic() < deadline:
             time.sleep(POLL_S)
-            generation, entry = _read(key, fresh_s)
+            generation, entry = _read(key)
             if entry is not None:
                 return Shared(entry[1], entry[0], computed_here=False)
             if not client.exists(computing):
                 break  # the other request finished without a value to share, or died
-        # Waited long enough: compute for this request (and share it, if it is still missing).
+        # Nothing to share after waiting: compute for this request (and share it if possible).
+        owns_mark = bool(client.set(computing, b"1", nx=True, ex=COMPUTING_MARK_S))
     started = time.time()
     try:
         value = compute()
         if keep(value):
-            # Kept a few intervals so a request arriving just after expiry still finds the key
-            # (and its age tells it to compute again).
+            # Kept a while after it goes stale: while the next value is computed, the other
+            # viewers get this one instead of waiting.
             client.set(
                 keys.shared_data(key.namespace, key.digest),
-                pickle.dumps((generation, started, value), protocol=pickle.HIGHEST_PROTOCOL),
-                ex=max(1, math.ceil(fresh_s * 3)),
+                pickle.dumps(
+                    (generation, started, value, time.time()), protocol=pickle.HIGHEST_PROTOCOL
+                ),
+                ex=max(STALE_KEPT_S, math.ceil(fresh_s * 3)),
             )
     finally:
         if owns_mark:

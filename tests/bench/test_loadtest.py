@@ -98,6 +98,7 @@ def _report(*runs) -> dict:
         "url": "http://127.0.0.1:8000",
         "pace_s": 2.0,
         "server_processes": 4,
+        "targets": ["job list", command.DASH_TARGET],
         "runs": list(runs),
         "job_p99_ms_before": {"median": 1000.0, "samples": 30},
     }

@@ -77,6 +77,29 @@ def test_a_value_older_than_its_interval_is_computed_again(db):
     assert shared(key, 0.2, lambda: next(values)).value == 1
 
 
+def test_while_one_request_computes_the_others_get_the_previous_value_at_once(db):
+    key = entry_key("test", ["stale-while-computing"])
+    assert shared(key, 0.1, lambda: "old").value == "old"
+    time.sleep(0.15)  # stale now
+    computing = threading.Event()
+
+    def slow():
+        computing.set()
+        time.sleep(0.6)
+        return "new"
+
+    worker = threading.Thread(target=lambda: shared(key, 0.1, slow))
+    worker.start()
+    computing.wait(5)
+    started = time.monotonic()
+    answer = shared(key, 0.1, lambda: pytest.fail("a second computation"))
+    waited = time.monotonic() - started
+    worker.join()
+    assert answer.value == "old" and not answer.computed_here
+    assert waited < 0.3, f"waited {waited:.2f} s for the other computation"
+    assert shared(key, 5.0, lambda: pytest.fail("computed again")).value == "new"
+
+
 def test_an_answer_that_may_not_be_shared_is_computed_for_each_request(db):
     values = iter(range(10))
     key = entry_key("test", ["errors"])

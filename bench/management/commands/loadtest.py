@@ -4,11 +4,12 @@ the server's CPU, and the job's own latency before and during the load.
 The clients log in once (a session for the Dash callback, a token for the API). Each then acts
 like a browser with the job page open beside a script polling the API: every `--pace` seconds
 (the page's 2 s refresh) it sends the job list, job detail, recoveries and the job page's
-refresh callback; `--pace 0` sends them back to back instead (a closed loop: what the server
-answers at most). `--clients 1,10,50` runs each count in turn for `--duration` seconds. The
-server's CPU is read from the processes listening on the URL's port (gunicorn's master and
-workers), and the job's own p99 latency (the controller's stored samples) in the same length of
-time before the first run and during each run.
+refresh callback (`--page-only`: the page's refresh alone, a browser watching the job);
+`--pace 0` sends them back to back instead (a closed loop: what the server answers at most).
+`--clients 1,10,50` runs each count in turn for `--duration` seconds. The server's CPU is read
+from the processes listening on the URL's port (gunicorn's master and workers), and the job's
+own p99 latency (the controller's stored samples) in the same length of time before the first
+run and during each run.
 """
 
 from __future__ import annotations
@@ -66,6 +67,11 @@ class Command(BaseCommand):
             default=2.0,
             help="seconds between a client's rounds (the page's refresh); 0: closed loop",
         )
+        parser.add_argument(
+            "--page-only",
+            action="store_true",
+            help="clients send only the job page's refresh (browsers watching the job)",
+        )
         parser.add_argument("--json", action="store_true", help="print the report as JSON")
         parser.add_argument(
             "--write-results", action="store_true", help=f"put the figures in {RESULTS_MD.name}"
@@ -78,11 +84,19 @@ class Command(BaseCommand):
         try:
             credentials = log_in(url, username, password)
             targets = console_targets(job, credentials)
+            if options["page_only"]:
+                targets = [t for t in targets if t.name == DASH_TARGET]
             port = urlsplit(url).port or 80
             server = server_processes(port)
         except (ValueError, OSError) as exc:
             raise CommandError(str(exc)) from exc
-        report = {"url": url, "pace_s": pace, "server_processes": len(server), "runs": []}
+        report = {
+            "url": url,
+            "pace_s": pace,
+            "targets": [t.name for t in targets],
+            "server_processes": len(server),
+            "runs": [],
+        }
         windows = []
         for number, clients in enumerate(counts, 1):
             self.stderr.write(
@@ -219,8 +233,8 @@ def format_report(report: dict) -> str:
     mode = f"every {report['pace_s']:g} s" if report["pace_s"] > 0 else "closed loop"
     before = report["job_p99_ms_before"]
     lines = [
-        f"Each client sends its round of requests {mode}; server: {report['server_processes']} "
-        f"processes on {report['url']}.",
+        f"Each client sends its round ({', '.join(report['targets'])}) {mode}; server: "
+        f"{report['server_processes']} processes on {report['url']}.",
         "",
         f"Job p99 latency before the load (median of the controller's samples): "
         f"{before['median']} ms ({before['samples']} samples).",
