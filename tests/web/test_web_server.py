@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import gzip
 import http.client
+import io
 import os
 import re
 import signal
@@ -28,6 +29,7 @@ from django.contrib.auth.hashers import PBKDF2PasswordHasher
 
 from bench.loadtest import log_in
 from bench.management.commands.loadtest import DASH_TARGET, console_targets
+from console.management.commands.demo import Command as Demo
 from console.roles import VIEWER
 from tests.cluster import database_url
 from tests.factories import UserFactory, make_job
@@ -149,6 +151,20 @@ def test_viewers_on_different_workers_share_one_computation(server):
     # 12 refreshes by two viewers, well within 2 s of each other: one computation (at most two
     # if the interval ran out in between), not one per worker or per viewer.
     assert 1 <= len(stamps) <= 2
+
+
+def test_the_demo_serves_with_gunicorn_and_with_runserver_only_under_debug(settings, tmp_path):
+    settings.STATIC_ROOT = tmp_path / "static"
+    command = Demo(stdout=io.StringIO())
+    settings.DEBUG = False
+    argv = command.web_server_argv("127.0.0.1", 8123)
+    assert Path(argv[0]).name == "gunicorn"
+    assert argv[1:] == ["-c", str(ROOT / "web" / "gunicorn.conf.py"), "--bind", "127.0.0.1:8123",
+                        "web.wsgi:application"]  # fmt: skip
+    assert (tmp_path / "static" / "backstop.css").exists()  # collected first
+    settings.DEBUG = True
+    argv = command.web_server_argv("127.0.0.1", 8123)
+    assert argv[1:] == ["manage.py", "runserver", "127.0.0.1:8123", "--noreload"]
 
 
 def test_a_dead_worker_is_replaced(server):
