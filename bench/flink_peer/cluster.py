@@ -28,15 +28,41 @@ from bench.flink_peer.env import PROJECT_ROOT, FlinkEnv
 JOB_SCRIPT = PROJECT_ROOT / "bench" / "flink_peer" / "job.py"
 
 
+# Integer.MAX_VALUE: the attempts Flink itself gave its fixed-delay strategy when it was the default
+# with checkpointing (Flink's docs, "Task Failure Recovery", up to 1.18). Flink's own default for
+# the key is 1, which would fail the job at its second restart: a killed TaskManager costs
+# several attempts (deployments to its slot fail until it is declared lost).
+FIXED_DELAY_ATTEMPTS = 2_147_483_647
+RESTART_STRATEGIES = ("exponential-delay", "fixed-delay")
+
+
 @dataclass(frozen=True)
 class FlinkSettings:
-    """How the peer runs: what a Flink user tuning for latency would set, the rest defaults."""
+    """How the peer runs: the settings that decide Flink's recovery and latency (each one an
+    option of `manage.py bench`, `OPTIONS`), the rest Flink's defaults. The field defaults are
+    the `default` profile: what the peer ran with before the profiles existed (issue 46)."""
 
     parallelism: int = 1
     spare_taskmanagers: int = 1
+    # The profile the values came from (`PROFILES`), recorded with the run.
+    profile: str = "default"
     # Flink's docs leave the interval to the user; 10 s is a common production choice (and what
     # a recovery replays at most). Exactly-once mode, Flink's default checkpoint mode.
     checkpoint_ms: int = 10_000
+    # How soon a lost TaskManager is noticed: Flink's defaults (configuration page, heartbeat
+    # options: a target is unreachable after rpc-failure-threshold failed heartbeat RPCs, i.e.
+    # interval x threshold, or after the timeout without an answer).
+    heartbeat_interval_ms: int = 10_000
+    heartbeat_timeout_ms: int = 50_000
+    heartbeat_rpc_failure_threshold: int = 2
+    # Flink's default with checkpointing (since 1.19): exponential delay from 1 s ("Task Failure
+    # Recovery"). The delay is the fixed delay of fixed-delay, the initial backoff of
+    # exponential-delay; the other exponential-delay keys keep Flink's defaults.
+    restart_strategy: str = "exponential-delay"
+    restart_delay_ms: int = 1000
+    # How often the job's FileSource looks for the bridge's new files (bench/flink_peer/job.py;
+    # a job argument, not a cluster setting).
+    discovery_ms: int = 100
     # PyFlink sends records to its Python workers in bundles, finished at most every
     # bundle.time (default 1000 ms, tuned for throughput): 100 ms is a latency-minded setting.
     bundle_time_ms: int = 100
@@ -44,13 +70,113 @@ class FlinkSettings:
     buffer_timeout_ms: int = 100
     taskmanager_memory: str = "1024m"
     jobmanager_memory: str = "1024m"
-    # Further configuration (key, value), e.g. the heartbeat settings that decide how soon a
-    # killed TaskManager is noticed (`manage.py bench --flink-conf KEY=VALUE`).
+    # Further configuration (key, value), applied last: it overrides every setting above
+    # (`manage.py bench --flink-conf KEY=VALUE`).
     extra: tuple[tuple[str, str], ...] = ()
+
+    def __post_init__(self):
+        problems = []
+        if self.profile not in PROFILES:
+            problems.append(f"--flink-profile: one of {', '.join(PROFILES)}")
+        if self.restart_strategy not in RESTART_STRATEGIES:
+            problems.append(f"--flink-restart-strategy: one of {', '.join(RESTART_STRATEGIES)}")
+        # Flink's own lower bound for the checkpoint interval is 10 ms.
+        for name, least in (("checkpoint_ms", 10), ("heartbeat_interval_ms", 1),
+                            ("heartbeat_timeout_ms", 1), ("restart_delay_ms", 0),
+                            ("discovery_ms", 1), ("bundle_time_ms", 1),
+                            ("buffer_timeout_ms", 0)):  # fmt: skip
+            if getattr(self, name) < least:
+                problems.append(f"{OPTIONS[name]}: at least {least}")
+        threshold = self.heartbeat_rpc_failure_threshold
+        if threshold != -1 and threshold < 1:
+            problems.append(f"{OPTIONS['heartbeat_rpc_failure_threshold']}: -1 (off) or at least 1")
+        interval = dict(self.extra).get("execution.checkpointing.interval")
+        if interval is not None:
+            try:
+                duration_ms(interval)
+            except ValueError as exc:
+                problems.append(f"--flink-conf execution.checkpointing.interval: {exc}")
+        if self.heartbeat_timeout_ms < self.heartbeat_interval_ms:
+            problems.append(
+                f"{OPTIONS['heartbeat_timeout_ms']}: at least {OPTIONS['heartbeat_interval_ms']}"
+            )
+        if problems:
+            raise ValueError("; ".join(problems))
 
     @property
     def taskmanagers(self) -> int:
         return self.parallelism + self.spare_taskmanagers
+
+
+# The settings `manage.py bench` takes as options: field -> option.
+OPTIONS = {
+    name: "--flink-" + name.replace("_", "-")
+    for name in (
+        "checkpoint_ms",
+        "heartbeat_interval_ms",
+        "heartbeat_timeout_ms",
+        "heartbeat_rpc_failure_threshold",
+        "restart_strategy",
+        "restart_delay_ms",
+        "discovery_ms",
+        "bundle_time_ms",
+        "buffer_timeout_ms",
+    )
+}
+
+# What a Flink user who cares about recovery would set, from Flink's documentation (2.x key
+# names; docs/RESULTS.md, "Backstop vs Flink", and README, "Results and the strategy benchmark"):
+TUNED = {
+    # "Checkpointing" (execution.checkpointing.interval): the interval bounds what a restore
+    # replays, and the replayed records' latency is the peak after a fault. 1 s, the low end of
+    # 1-2 s: Backstop's runs commit every micro-batch (0.5 s trigger), and the state here (a few
+    # hundred keys, hashmap backend, local files) makes a checkpoint cheap.
+    "checkpoint_ms": 1000,
+    # Configuration page, heartbeat options: detection after interval x rpc-failure-threshold
+    # failed heartbeat RPCs (a killed process's RPCs fail at once), 1 s here instead of 20 s;
+    # the timeout, for a target that stops answering, 5 s instead of 50 s. The docs warn that a
+    # threshold this low can produce false positives on a flaky network: this is loopback.
+    "heartbeat_interval_ms": 1000,
+    "heartbeat_timeout_ms": 5000,
+    "heartbeat_rpc_failure_threshold": 1,
+    # "Task Failure Recovery", Fixed Delay Restart Strategy: every restart waits the same 500 ms
+    # (with FIXED_DELAY_ATTEMPTS attempts). Flink's default exponential delay grows with every
+    # failed attempt and only resets after reset-backoff-threshold (1 h) without a failure, so
+    # successive faults 50 s apart wait longer and longer; the docs recommend it to spare
+    # external systems an avalanche of restarts, which this single job does not have.
+    "restart_strategy": "fixed-delay",
+    "restart_delay_ms": 500,
+    # The FileSource's continuous discovery (DataStream FileSource, monitorContinuously): new
+    # bridge files are looked for every 50 ms, the bridge's own roll (bridge.ROLL_S).
+    "discovery_ms": 50,
+    # Not set (left as in the default profile), each for a reason:
+    # - execution.checkpointing.unaligned.enabled ("Unaligned Checkpoints"): it lets checkpoints
+    #   pass backpressure; it does not shorten a recovery, and at 50 events/s there is none.
+    # - execution.checkpointing.local-backup.enabled / execution.state-recovery.from-local
+    #   (state.backend.local-recovery before Flink 2; "Large State Tuning", Task-Local
+    #   Recovery): a local copy of the state helps a task restored on the same TaskManager; a
+    #   killed TaskManager takes its copy with it (the job moves to the spare), and the state
+    #   here is kilobytes on local disk already.
+    # - bundle time and buffer timeout: latency settings, already latency-minded (100 ms).
+}
+PROFILES = {"default": {}, "tuned": TUNED}
+
+
+def flink_settings(
+    profile: str = "default",
+    options: tuple[tuple[str, object], ...] = (),
+    extra: tuple[tuple[str, str], ...] = (),
+) -> FlinkSettings:
+    """The settings of `profile`, with the explicitly given `options` (field, value) over its
+    values and `extra` (--flink-conf) over everything in the configuration."""
+    if profile not in PROFILES:
+        raise ValueError(f"--flink-profile: one of {', '.join(PROFILES)}")
+    unknown = [name for name, _ in options if name not in OPTIONS]
+    if unknown:
+        raise ValueError(f"not a Flink option: {', '.join(unknown)}")
+    return FlinkSettings(
+        profile=profile, **{**PROFILES[profile], **dict(options)}, extra=tuple(extra)
+    )
 
 
 def free_port() -> int:
@@ -92,8 +218,56 @@ def flink_config(
         "python.fn-execution.bundle.time": str(settings.bundle_time_ms),
         "execution.buffer-timeout.interval": f"{settings.buffer_timeout_ms} ms",
         "io.tmp.dirs": str(data_dir / "tmp"),
+        **recovery_config(settings),
         **dict(settings.extra),
     }
+
+
+def recovery_config(settings: FlinkSettings) -> dict[str, str]:
+    """The keys of the settings that decide recovery (Flink 2.x names: `restart-strategy.type`
+    was `restart-strategy` before 1.17). The checkpoint interval is also the job's own
+    (`job.py --checkpoint-ms`, taken from the configuration: `checkpoint_interval_ms`)."""
+    config = {
+        "execution.checkpointing.interval": f"{settings.checkpoint_ms} ms",
+        "heartbeat.interval": f"{settings.heartbeat_interval_ms} ms",
+        "heartbeat.timeout": f"{settings.heartbeat_timeout_ms} ms",
+        "heartbeat.rpc-failure-threshold": str(settings.heartbeat_rpc_failure_threshold),
+        "restart-strategy.type": settings.restart_strategy,
+    }
+    if settings.restart_strategy == "fixed-delay":
+        config["restart-strategy.fixed-delay.delay"] = f"{settings.restart_delay_ms} ms"
+        config["restart-strategy.fixed-delay.attempts"] = str(FIXED_DELAY_ATTEMPTS)
+    else:
+        config["restart-strategy.exponential-delay.initial-backoff"] = (
+            f"{settings.restart_delay_ms} ms"
+        )
+    return config
+
+
+DURATION_UNITS_MS = {
+    "": 1, "ms": 1, "milli": 1, "millis": 1, "millisecond": 1, "milliseconds": 1,
+    "s": 1000, "sec": 1000, "secs": 1000, "second": 1000, "seconds": 1000,
+    "m": 60_000, "min": 60_000, "minute": 60_000, "minutes": 60_000,
+    "h": 3_600_000, "hour": 3_600_000, "hours": 3_600_000,
+    "d": 86_400_000, "day": 86_400_000, "days": 86_400_000,
+}  # fmt: skip
+
+
+def duration_ms(text: str) -> int:
+    """A Flink duration ("1000 ms", "2 s", "1min", a bare number of ms) in milliseconds."""
+    match = re.fullmatch(r"\s*(\d+)\s*([a-z]*)\s*", text.lower())
+    if not match or match.group(2) not in DURATION_UNITS_MS:
+        raise ValueError(f"not a Flink duration: {text!r}")
+    return int(match.group(1)) * DURATION_UNITS_MS[match.group(2)]
+
+
+def checkpoint_interval_ms(config: dict[str, str]) -> int:
+    """The checkpoint interval of a cluster configuration, in ms (a --flink-conf value of
+    execution.checkpointing.interval included)."""
+    try:
+        return duration_ms(config["execution.checkpointing.interval"])
+    except ValueError as exc:
+        raise ValueError(f"--flink-conf execution.checkpointing.interval: {exc}") from None
 
 
 def replacement_name(name: str, taken: list[str]) -> str:
@@ -114,6 +288,8 @@ class FlinkCluster:
     say: object = print
     processes: dict[str, subprocess.Popen] = field(default_factory=dict)
     rest_port: int = 0
+    # The configuration the cluster got (config.yaml), once written.
+    config: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self):
         # Flink takes paths as URIs and its processes may run elsewhere than the caller's cwd.
@@ -144,9 +320,11 @@ class FlinkCluster:
             directory.mkdir(parents=True, exist_ok=True)
         for shipped in (self.env.flink_home / "conf").glob("log4j*.properties"):
             shutil.copy(shipped, self.conf_dir / shipped.name)
-        config = flink_config(self.env, self.settings, self.rest_port, free_port(), self.run_dir)
+        self.config = flink_config(
+            self.env, self.settings, self.rest_port, free_port(), self.run_dir
+        )
         (self.conf_dir / "config.yaml").write_text(
-            "".join(f"{key}: {json.dumps(value)}\n" for key, value in config.items())
+            "".join(f"{key}: {json.dumps(value)}\n" for key, value in self.config.items())
         )
 
     def _start(self, name: str, command: list[str]) -> None:

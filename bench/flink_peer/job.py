@@ -36,7 +36,9 @@ from pyflink.datastream.state import MapStateDescriptor, ValueStateDescriptor
 
 from bench.flink_peer.functions import FLUSH_S, ResultWriter, split_line, window_item
 
-DISCOVERY_MS = 100  # how often the FileSource looks for the bridge's new files
+# How often the FileSource looks for the bridge's new files, unless --discovery-ms says
+# (`manage.py bench --flink-discovery-ms`; FlinkSettings.discovery_ms in cluster.py).
+DISCOVERY_MS = 100
 
 
 class FlushingFunction(KeyedProcessFunction):
@@ -134,7 +136,7 @@ def build(env: StreamExecutionEnvironment, args: argparse.Namespace) -> None:
     """The job graph: bridge files -> parse -> keyed counts -> result writer."""
     source = (
         FileSource.for_record_stream_format(StreamFormat.text_line_format(), args.input_dir)
-        .monitor_continuously(Duration.of_millis(DISCOVERY_MS))
+        .monitor_continuously(Duration.of_millis(args.discovery_ms))
         .build()
     )
     lines = env.from_source(source, WatermarkStrategy.no_watermarks(), "redis-bridge")
@@ -173,6 +175,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--input-dir", required=True, help="the bridge's directory")
     parser.add_argument("--redis-url", required=True)
     parser.add_argument("--checkpoint-ms", type=int, required=True)
+    parser.add_argument("--discovery-ms", type=int, default=DISCOVERY_MS)
     parser.add_argument("--parallelism", type=int, default=1)
     parser.add_argument("--window-seconds", type=int, default=10)
     parser.add_argument("--n", type=int, default=5)

@@ -22,12 +22,14 @@ import subprocess
 import sys
 import threading
 import time
+from dataclasses import asdict
+from pathlib import Path
 
 import psutil
 from django.conf import settings as django_settings
 
 from bench.flink_peer.bridge import bridge_delays, run_bridge
-from bench.flink_peer.cluster import FlinkCluster, FlinkSettings
+from bench.flink_peer.cluster import FlinkCluster, FlinkSettings, checkpoint_interval_ms
 from bench.flink_peer.env import FLINK_VERSION, ensure_flink_env
 from bench.flink_peer.functions import PROGRESS_STAGE
 from bench.strategy.harness import (
@@ -83,15 +85,13 @@ def run_flink_peer(bench: BenchSettings, say, flink: FlinkSettings | None = None
     (run_dir / "in").mkdir(parents=True, exist_ok=True)
     with FlinkCluster(env, flink, run_dir, say=say) as cluster:
         job_id = cluster.submit(
-            ["--topology", bench.topology, "--job", job_key, "--input-dir", str(run_dir / "in"),
-             "--redis-url", redis_url, "--checkpoint-ms", str(flink.checkpoint_ms),
-             "--parallelism", str(flink.parallelism),
-             "--window-seconds", str(params.get("window_seconds", 10)),
-             "--n", str(params.get("n", 5))]
+            job_arguments(bench.topology, job_key, run_dir / "in", redis_url, params, flink,
+                          cluster.config)
         )  # fmt: skip
         say(
             f"      Flink job {job_id} running ({flink.taskmanagers} TaskManagers, parallelism "
-            f"{flink.parallelism}, checkpoints every {flink.checkpoint_ms} ms)"
+            f"{flink.parallelism}, {flink.profile} profile, checkpoints every "
+            f"{checkpoint_interval_ms(cluster.config)} ms)"
         )
         bridge = threading.Thread(
             target=run_bridge,
@@ -163,23 +163,8 @@ def run_flink_peer(bench: BenchSettings, say, flink: FlinkSettings | None = None
         ],
         "steady": steady,
         "series": series,
-        "peer": {
-            "flink_version": FLINK_VERSION,
-            "job_id": job_id,
-            # Flink's exception history: one entry per failure it restarted from.
-            "failures": status["failures"],
-            "state_at_end": status["state"],
-            "taskmanagers": flink.taskmanagers,
-            "parallelism": flink.parallelism,
-            "checkpoint_ms": flink.checkpoint_ms,
-            "bundle_time_ms": flink.bundle_time_ms,
-            "buffer_timeout_ms": flink.buffer_timeout_ms,
-            "extra_conf": dict(flink.extra),
-            # The bridge's share of the latency (file complete - event time), in ms.
-            "bridge_p50_ms": _ms(delays["p50"]),
-            "bridge_p99_ms": _ms(delays["p99"]),
-            "logs": str(cluster.log_dir),
-        },
+        "flink_profile": flink.profile,
+        "peer": peer_record(flink, cluster.config, job_id, status, delays, cluster.log_dir),
     }
     client.close()
     say(f"      lost {run['lost']}, duplicates {run['duplicates']} over {comparison.cells} result "
@@ -188,6 +173,63 @@ def run_flink_peer(bench: BenchSettings, say, flink: FlinkSettings | None = None
         "recovery "
         + ", ".join(str(f["recovery_time_s"]) for f in run["faults"]))  # fmt: skip
     return run
+
+
+def job_arguments(
+    topology: str,
+    job_key: str,
+    input_dir: Path,
+    redis_url: str,
+    params: dict,
+    flink: FlinkSettings,
+    config: dict[str, str],
+) -> list[str]:
+    """The arguments of bench/flink_peer/job.py: the checkpoint interval is the configuration's
+    (so that a --flink-conf execution.checkpointing.interval holds for the job too)."""
+    return [
+        "--topology", topology, "--job", job_key, "--input-dir", str(input_dir),
+        "--redis-url", redis_url, "--checkpoint-ms", str(checkpoint_interval_ms(config)),
+        "--discovery-ms", str(flink.discovery_ms),
+        "--parallelism", str(flink.parallelism),
+        "--window-seconds", str(params.get("window_seconds", 10)),
+        "--n", str(params.get("n", 5)),
+    ]  # fmt: skip
+
+
+def peer_record(
+    flink: FlinkSettings,
+    config: dict[str, str],
+    job_id: str,
+    status: dict,
+    delays: dict,
+    log_dir: Path,
+) -> dict:
+    """The `peer` part of the Flink run in bench.json: how Flink ran, enough to run it again
+    (the profile, every setting, the whole configuration the cluster got), and what it did."""
+    return {
+        "flink_version": FLINK_VERSION,
+        "flink_profile": flink.profile,
+        # The profile's values with the options given over them (FlinkSettings' fields).
+        "flink_settings": {key: value for key, value in asdict(flink).items() if key != "extra"},
+        # config.yaml as written: Flink's defaults hold for every key not in it.
+        "flink_config": dict(config),
+        "job_id": job_id,
+        # Flink's exception history: one entry per failure it restarted from.
+        "failures": status["failures"],
+        "state_at_end": status["state"],
+        "taskmanagers": flink.taskmanagers,
+        "parallelism": flink.parallelism,
+        # The interval in force (a --flink-conf value over the option's).
+        "checkpoint_ms": checkpoint_interval_ms(config),
+        "file_discovery_ms": flink.discovery_ms,
+        "bundle_time_ms": flink.bundle_time_ms,
+        "buffer_timeout_ms": flink.buffer_timeout_ms,
+        "extra_conf": dict(flink.extra),
+        # The bridge's share of the latency (file complete - event time), in ms.
+        "bridge_p50_ms": _ms(delays["p50"]),
+        "bridge_p99_ms": _ms(delays["p99"]),
+        "logs": str(log_dir),
+    }
 
 
 def _ms(seconds: float | None) -> float | None:

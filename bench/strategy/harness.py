@@ -14,6 +14,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from bench.flink_peer.cluster import OPTIONS as FLINK_OPTIONS
+from bench.flink_peer.cluster import FlinkSettings, flink_settings
 from bench.strategy import measure
 from console.models import Policy, RegisteredTopology
 from console.policy import truth
@@ -50,8 +52,12 @@ class BenchSettings:
     target: str | None = None
     drain_timeout_s: float = 300.0
     peer: str | None = None
-    # The peer's configuration beyond its defaults (Flink: (key, value) pairs).
+    # The peer's configuration beyond its defaults (Flink: (key, value) pairs, over everything).
     peer_conf: tuple[tuple[str, str], ...] = ()
+    # The Flink peer's profile (bench/flink_peer/cluster.py PROFILES) and the settings given as
+    # options over it, (FlinkSettings field, value) pairs: recorded in bench.json's settings.
+    flink_profile: str = "default"
+    flink_options: tuple[tuple[str, object], ...] = ()
     # Policy settings for the runs, (field, value as given) pairs (`policy_for_runs`).
     policy: tuple[tuple[str, str], ...] = ()
 
@@ -61,6 +67,15 @@ class BenchSettings:
             problems.append(f"--peer: one of {', '.join(PEERS)}")
         if self.peer_conf and self.peer != "flink":
             problems.append("--flink-conf: only with --peer flink")
+        if self.flink_profile != "default" and self.peer != "flink":
+            problems.append("--flink-profile: only with --peer flink")
+        for name, _ in self.flink_options:
+            if self.peer != "flink":
+                problems.append(f"{FLINK_OPTIONS.get(name, name)}: only with --peer flink")
+        try:
+            flink_settings(self.flink_profile, self.flink_options, self.peer_conf)
+        except ValueError as exc:
+            problems.append(str(exc))
         if self.peer is not None and self.topology not in truth.CHECKED_TOPOLOGIES:
             problems.append(f"--peer runs {', '.join(truth.CHECKED_TOPOLOGIES)} only")
         if self.topology not in truth.CHECKED_TOPOLOGIES and not has_reference(self.topology):
@@ -94,6 +109,11 @@ class BenchSettings:
             )
         if problems:
             raise ValueError("; ".join(problems))
+
+    @property
+    def flink(self) -> FlinkSettings:
+        """The Flink peer's settings: the profile's, the options over them, --flink-conf last."""
+        return flink_settings(self.flink_profile, self.flink_options, self.peer_conf)
 
     @property
     def input_s(self) -> float:

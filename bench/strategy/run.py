@@ -25,7 +25,6 @@ import psutil
 from django.conf import settings as django_settings
 from django.contrib.auth.models import Group, User
 
-from bench.flink_peer.cluster import FlinkSettings
 from bench.flink_peer.peer import run_flink_peer
 from bench.results import RESULTS_MD, write_subsection
 from bench.strategy import report
@@ -412,7 +411,7 @@ def run_bench(bench: BenchSettings, say) -> dict:
         if bench.peer == "flink":
             say(f"[peer] flink: {bench.topology} at {bench.rate:g} events/s, {bench.faults} x "
                 f"{bench.fault_kind} (Flink's nearest fault)")  # fmt: skip
-            runs.append(run_flink_peer(bench, say, FlinkSettings(extra=bench.peer_conf)))
+            runs.append(run_flink_peer(bench, say, bench.flink))
             write_outputs(result(), bench.out)
     return result()
 

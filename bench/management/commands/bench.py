@@ -10,6 +10,8 @@ from pathlib import Path
 from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError
 
+from bench.flink_peer.cluster import OPTIONS as FLINK_OPTIONS
+from bench.flink_peer.cluster import PROFILES, RESTART_STRATEGIES, flink_settings
 from bench.strategy.harness import FAULT_KINDS, PEERS, BenchSettings
 from bench.strategy.run import remeasure, run_bench, write_outputs, write_results
 from spark_runtime.strategies import STRATEGIES
@@ -25,6 +27,32 @@ def flink_conf(item: str) -> tuple[str, str]:
     if not sep or not key.strip() or not value.strip():
         raise CommandError(f"--flink-conf: KEY=VALUE, not {item!r}")
     return key.strip(), value.strip()
+
+
+# What each Flink setting option sets (bench/flink_peer/cluster.py FlinkSettings; the values of
+# both profiles are added to the help).
+FLINK_HELP = {
+    "checkpoint_ms": "checkpoint interval, ms (execution.checkpointing.interval)",
+    "heartbeat_interval_ms": "heartbeat.interval, ms",
+    "heartbeat_timeout_ms": "heartbeat.timeout, ms",
+    "heartbeat_rpc_failure_threshold": "heartbeat.rpc-failure-threshold (-1: off)",
+    "restart_strategy": "restart-strategy.type",
+    "restart_delay_ms": "restart delay, ms (restart-strategy.fixed-delay.delay, or "
+    "restart-strategy.exponential-delay.initial-backoff)",
+    "discovery_ms": "how often the job's FileSource looks for the bridge's new files, ms",
+    "bundle_time_ms": "python.fn-execution.bundle.time, ms",
+    "buffer_timeout_ms": "execution.buffer-timeout.interval, ms",
+}
+
+
+def flink_options(opts: dict) -> tuple[tuple[str, object], ...]:
+    """The Flink settings given as options, (FlinkSettings field, value) pairs: they override
+    the profile's values."""
+    return tuple(
+        (name, opts[f"flink_{name}"])
+        for name in FLINK_OPTIONS
+        if opts.get(f"flink_{name}") is not None
+    )
 
 
 def policy_change(item: str) -> tuple[str, str]:
@@ -96,11 +124,35 @@ class Command(BaseCommand):
             "use; docs/RESULTS.md 'Backstop vs Flink')",
         )
         parser.add_argument(
+            "--flink-profile",
+            choices=tuple(PROFILES),
+            default="default",
+            help="the Flink peer's settings: default (Flink's defaults and the peer's latency "
+            "settings, as before issue 46) or tuned (what Flink's docs suggest for a fast "
+            "recovery: checkpoints every 1 s, heartbeats 1 s / 5 s, a 500 ms fixed restart "
+            "delay, 50 ms file discovery); the --flink-* options below override its values",
+        )
+        default, tuned = flink_settings("default"), flink_settings("tuned")
+        for name, option in FLINK_OPTIONS.items():
+            parser.add_argument(
+                option,
+                dest=f"flink_{name}",
+                default=None,
+                **(
+                    {"choices": RESTART_STRATEGIES}
+                    if name == "restart_strategy"
+                    else {"type": int, "metavar": "N"}
+                ),
+                help=f"{FLINK_HELP[name]} (default profile: {getattr(default, name)}, "
+                f"tuned: {getattr(tuned, name)})",
+            )
+        parser.add_argument(
             "--flink-conf",
             action="append",
             default=[],
             metavar="KEY=VALUE",
-            help="Flink configuration beyond the peer's defaults, e.g. heartbeat.timeout=5000",
+            help="any Flink configuration key, over the profile and the options above, e.g. "
+            "restart-strategy.exponential-delay.max-backoff=2s",
         )
         parser.add_argument(
             "--policy",
@@ -150,6 +202,8 @@ class Command(BaseCommand):
                 target=opts["target"],
                 peer=opts["peer"],
                 peer_conf=tuple(flink_conf(item) for item in opts["flink_conf"]),
+                flink_profile=opts["flink_profile"],
+                flink_options=flink_options(opts),
                 policy=tuple(policy_change(item) for item in opts["policy"]),
             )
         except ValueError as exc:
