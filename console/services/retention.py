@@ -18,7 +18,9 @@ What grows without end while jobs run, and how long it is kept (settings, web/se
 - The data plane's progress streams in Redis (`spark_runtime.keys.progress`): capped at
   PROGRESS_MAXLEN entries each by the stages, and trimmed here to PROGRESS_RETENTION_HOURS
   (48) by entry id (a stream id is the time it was added); the empty stream of a job that no
-  longer runs is deleted.
+  longer runs is deleted, with its ingest cursor.
+- The run keys of a job that no longer runs (its stages' entries, exits and log tails, where its
+  generator ran: `run_keys`), once none of its replicas runs.
 
 Rows go in batches of RETENTION_BATCH_ROWS, each its own short transaction (a purge of millions
 of rows never holds a lock for minutes), and a run stops starting batches after
@@ -39,7 +41,15 @@ from django.db import transaction
 from django.db.models import Count, Max, QuerySet, Sum
 from django.utils import timezone
 
-from console.models import ControlDecision, FaultInjection, Job, MetricSample, RecoveryEpisode
+from console.models import (
+    ControlDecision,
+    FaultInjection,
+    Job,
+    MetricSample,
+    RecoveryEpisode,
+    Replica,
+)
+from infra import keys as control_keys
 from spark_runtime import keys as data_keys
 
 logger = logging.getLogger(__name__)
@@ -175,8 +185,38 @@ def trim_progress(client, hours: float, now_s: float | None = None) -> int:
         if length == 0 and status not in Job.LIVE_STATUSES
     ]
     if ended:
-        client.delete(*ended)
+        # The ingest cursor goes with its stream: a restarted job's new stream is read from its
+        # start, so nothing is stored twice.
+        client.delete(*ended, *(control_keys.ingest_cursor(stream) for stream in ended))
     return sum(trimmed)
+
+
+def run_keys(job_key: str) -> list[str]:
+    """The Redis keys that describe one run of a job and nothing after it: the stages' entries,
+    their exits and log tails, and where its generator ran. A restart starts a new run, which
+    writes them again."""
+    return [
+        data_keys.replicas(job_key),
+        control_keys.exits(job_key),
+        control_keys.exit_tails(job_key),
+        control_keys.generator_node(job_key),
+    ]
+
+
+def forget_ended_runs(client) -> int:
+    """Delete the run keys of jobs that are no longer live and have no replica left running;
+    returns how many keys went. The data a stopped job keeps on purpose (its input, results,
+    fencing epochs, watermarks: it can be restarted and audited) stays, and so does its cursor
+    on the agents' events stream, so a restart does not read its old runs' events again."""
+    running = Replica.objects.exclude(state__in=(Replica.State.STOPPED, Replica.State.FAILED))
+    ended = Job.objects.exclude(status__in=Job.LIVE_STATUSES).exclude(
+        pk__in=running.values("job_id")
+    )
+    doomed = [key for job_key in ended.values_list("key", flat=True) for key in run_keys(job_key)]
+    removed = 0
+    for start in range(0, len(doomed), 500):
+        removed += client.delete(*doomed[start : start + 500])
+    return removed
 
 
 def purge_old_records(client=None, retention: Retention | None = None, now=None) -> dict:
@@ -195,6 +235,7 @@ def purge_old_records(client=None, retention: Retention | None = None, now=None)
             else 0
         ),
         "metrics": purge_metrics(retention.metric_hours, batch, deadline, now),
+        "run_keys": forget_ended_runs(client) if client is not None else 0,
     }
     purged["finished"] = time.monotonic() < deadline
     logger.info("retention purge: %s", purged)

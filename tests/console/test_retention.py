@@ -13,13 +13,28 @@ from celery import current_app
 from django.db.models import Sum
 from django.utils import timezone
 
-from console.models import ControlDecision, FaultInjection, Job, MetricSample, RecoveryEpisode
+from console.models import (
+    ControlDecision,
+    FaultInjection,
+    Job,
+    MetricSample,
+    RecoveryEpisode,
+    Replica,
+)
 from console.redis import redis_client
 from console.services import retention
 from console.services.schedules import PERIODIC_TASKS, ensure_periodic_tasks
+from infra import keys as control_keys
 from infra import tasks
 from spark_runtime import keys as data_keys
-from tests.factories import EpisodeFactory, FaultFactory, MetricFactory, make_job
+from tests.factories import (
+    EpisodeFactory,
+    FaultFactory,
+    MetricFactory,
+    NodeFactory,
+    ReplicaFactory,
+    make_job,
+)
 
 pytestmark = pytest.mark.django_db
 
@@ -118,6 +133,7 @@ def test_a_purge_removes_exactly_the_old_rows_of_every_kind(now, redis):
         "faults": 3,  # the refused one and the two whose episodes were folded away
         "progress_entries": 0,
         "metrics": 4,
+        "run_keys": 0,
         "finished": True,
     }
     # The audits of the two folded episodes live on in the one kept.
@@ -134,7 +150,7 @@ def test_a_purge_removes_exactly_the_old_rows_of_every_kind(now, redis):
     # A second run finds nothing more, and a later fold adds to the carried count.
     again = retention.purge_old_records(None, POLICY, now=now)
     assert {k: v for k, v in again.items() if k != "finished"} == dict.fromkeys(
-        ("decisions", "episodes", "faults", "progress_entries", "metrics"), 0
+        ("decisions", "episodes", "faults", "progress_entries", "metrics", "run_keys"), 0
     )
     later = EpisodeFactory(job=job, detected_at=ago(now, days=30, hours=1), watched_s=3.0,
                            lost=1, duplicates=1)  # fmt: skip
@@ -167,6 +183,33 @@ def test_progress_streams_keep_the_last_hours_and_ended_jobs_lose_theirs(now, re
     finally:
         for job in (running, ended):
             redis.delete(data_keys.progress(job.key))
+
+
+def test_an_ended_runs_keys_go_and_its_kept_data_stays(redis):
+    running = make_job(Job.Status.RUNNING, name="running")
+    stopped = make_job(Job.Status.STOPPED, name="stopped")
+    stopping = make_job(Job.Status.FAILED, name="failed-but-a-replica-still-runs")
+    ReplicaFactory(job=stopping, node=NodeFactory(), state=Replica.State.RUNNING)
+    kept = {data_keys.results(stopped.key), control_keys.agent_events_cursor(stopped.key)}
+    for job in (running, stopped, stopping):
+        for key in retention.run_keys(job.key):
+            redis.set(key, "x")
+    for key in kept:
+        redis.set(key, "x")
+    redis.set(control_keys.ingest_cursor(data_keys.progress(stopped.key)), "1-0")
+    try:
+        assert retention.forget_ended_runs(redis) == len(retention.run_keys(stopped.key))
+        assert not any(redis.exists(key) for key in retention.run_keys(stopped.key))
+        for job in (running, stopping):
+            assert all(redis.exists(key) for key in retention.run_keys(job.key)), job.name
+        assert all(redis.exists(key) for key in kept)
+        # The ingest cursor goes with the progress stream (empty: the job ended).
+        retention.trim_progress(redis, 48)
+        assert not redis.exists(control_keys.ingest_cursor(data_keys.progress(stopped.key)))
+    finally:
+        for job in (running, stopped, stopping):
+            redis.delete(*retention.run_keys(job.key))
+        redis.delete(*kept)
 
 
 def test_a_purge_goes_in_batches_and_stops_at_its_deadline(now):

@@ -1,0 +1,144 @@
+"""Which kind of Backstop process a process is, from its command line (pure: no psutil, no
+Django; the soak reads the process table and hands the rows in).
+
+Kinds: controller, beat, agent (Celery workers of `celery -A web`, told apart by their queue),
+primary and standby (stage processes, `spark_runtime.stage --role ...`; the role a replica has
+now, from the job's replicas hash, wins over the one it was started with: a promoted standby
+keeps its command line), spare (a warm spare with no replica yet), generator, cpu-hog (a
+stress-node fault's), python-worker (Spark's Python workers: `-m pyspark.daemon`, a streaming
+source's runner), redis, postgres. A JVM counts as the kind of the stage or spare that started
+it. A JVM or Python worker with no stage or spare above it is an orphan.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from infra.processes import CPU_HOG_MODULE, SPARE_MODULE, STAGE_MODULE, argv_of, cmdline_arg
+from infra.queues import CONTROL_QUEUE
+
+ORPHAN = "orphan"
+# Kinds that own the JVMs and Python workers below them.
+OWNERS = ("primary", "standby", "spare", "generator")
+# Kinds a job owns (the rest belong to the cluster).
+JOB_KINDS = ("primary", "standby", "generator")
+
+
+@dataclass(frozen=True)
+class ProcRow:
+    """One process as the soak read it."""
+
+    pid: int
+    ppid: int
+    argv: tuple[str, ...]
+    rss_mb: float = 0.0
+    fds: int = 0
+
+
+def base_kind(cmdline: Iterable[str]) -> str | None:
+    """The kind of a process from its own command line alone (a JVM: "jvm"); None for a
+    process that is not Backstop's."""
+    # A Celery worker renames itself: `[celeryd: name:MainProcess] -active- (-A web worker ...)`.
+    args = [arg.strip("()") for arg in argv_of(list(cmdline))]
+    if not args:
+        return None
+    if any("celery" in arg for arg in args[:3]) and cmdline_arg(args, "-A") == "web":
+        if "beat" in args:
+            return "beat"
+        queue = cmdline_arg(args, "-Q") or ""
+        if queue == CONTROL_QUEUE:
+            return "controller"
+        return "agent" if queue.startswith("node.") else None
+    if STAGE_MODULE in args:
+        return "standby" if cmdline_arg(args, "--role") == "standby" else "primary"
+    if SPARE_MODULE in args:
+        return "spare"
+    if CPU_HOG_MODULE in args:
+        return "cpu-hog"
+    if "spark_runtime" in args and "generate" in args:
+        return "generator"
+    if any(arg.startswith("pyspark.") for arg in args):
+        return "python-worker"
+    program = args[0].rsplit("/", 1)[-1]
+    if program == "java":
+        return "jvm"
+    if program.startswith("redis-server"):
+        return "redis"
+    if program.startswith("postgres"):
+        return "postgres"
+    return None
+
+
+def classify(rows: Iterable[ProcRow], roles_by_pid: dict[int, str] | None = None) -> dict[int, str]:
+    """Kind per pid of `rows` (processes not Backstop's are left out). A JVM takes the kind of
+    the nearest stage, spare or generator above it, an orphan without one; a Python worker stays
+    a python-worker under one and is an orphan without one. `roles_by_pid`: the current role
+    (primary or standby) of stage processes."""
+    rows = {row.pid: row for row in rows}
+    roles_by_pid = roles_by_pid or {}
+    own = {pid: base_kind(row.argv) for pid, row in rows.items()}
+    for pid, kind in own.items():
+        if kind in ("primary", "standby") and roles_by_pid.get(pid) in ("primary", "standby"):
+            own[pid] = roles_by_pid[pid]
+
+    def owner(pid: int) -> str | None:
+        seen = set()
+        parent = rows[pid].ppid
+        while parent in rows and parent not in seen:
+            seen.add(parent)
+            if own[parent] in OWNERS:
+                return own[parent]
+            parent = rows[parent].ppid
+        return None
+
+    kinds = {}
+    for pid, kind in own.items():
+        if kind == "jvm":
+            kinds[pid] = owner(pid) or ORPHAN
+        elif kind == "python-worker":
+            kinds[pid] = kind if owner(pid) else ORPHAN
+        elif kind is not None:
+            kinds[pid] = kind
+    return kinds
+
+
+def totals(rows: Iterable[ProcRow], kinds: dict[int, str]) -> dict[str, dict]:
+    """Per kind: processes, summed RSS (MiB, one decimal) and open file descriptors."""
+    out: dict[str, dict] = {}
+    for row in rows:
+        kind = kinds.get(row.pid)
+        if kind is None:
+            continue
+        entry = out.setdefault(kind, {"processes": 0, "rss_mb": 0.0, "fds": 0})
+        entry["processes"] += 1
+        entry["rss_mb"] += row.rss_mb
+        entry["fds"] += row.fds
+    for entry in out.values():
+        entry["rss_mb"] = round(entry["rss_mb"], 1)
+    return dict(sorted(out.items()))
+
+
+def unowned(
+    rows: Iterable[ProcRow], kinds: dict[int, str], live_jobs: set[str], ended_replicas: set[str]
+) -> list[dict]:
+    """Processes no live job owns: orphaned JVMs and Python workers, and stage and generator
+    processes of a job that is not live or of a replica that ended (`ended_replicas`: the
+    `{job key}/{replica id}` of replicas recorded failed or stopped a while ago)."""
+    found = []
+    for row in rows:
+        kind = kinds.get(row.pid)
+        args = argv_of(list(row.argv))
+        job = cmdline_arg(args, "--job")
+        replica = cmdline_arg(args, "--replica-id")
+        root = base_kind(row.argv) in JOB_KINDS  # the stage or generator itself, not its JVM
+        if kind == ORPHAN:
+            why = "no stage or spare above it"
+        elif root and job not in live_jobs:
+            why = f"its job {job} is not live"
+        elif root and f"{job}/{replica}" in ended_replicas:
+            why = f"its replica {replica} ended"
+        else:
+            continue
+        found.append({"pid": row.pid, "kind": kind, "why": why, "cmdline": " ".join(args)[:160]})
+    return found

@@ -1,0 +1,849 @@
+"""`manage.py soak`: three jobs under a seeded schedule of faults and control-plane restarts on a
+cluster of the run's own, measured as it goes.
+
+Services: a redis-server of the run's own with append-only persistence (infra/redis_server.py),
+which the run crashes and starts again; a PostgreSQL of the run's own (bench/fleet/services.py)
+when the machine has its binaries, else the database this process uses (PostgreSQL restarts are
+then skipped, and the report says so); the controller, beat and three node agents through
+infra.launcher.LocalCluster, in a ProcessGroup that starts again whatever exits (so a controller
+or agent the schedule kills comes back as it would under a process manager).
+
+Jobs: wordcount and topn under adaptive, the example user job (examples.clickstream:activity,
+registered as the demo registers it) under local-restart, all at `rate` lines/s.
+
+Every event of the schedule (bench/soak/schedule.py) is measured until it is judged:
+- a fault of a job (through console.services.faults.request_fault, as an operator asks for one):
+  by the recovery episodes the console records for it (recovered when every one closed with a
+  recovery time); a fault that opens no episode (kill-standby, stress-node, a short pause) by its
+  output: the first batch the job's final stage wrote after the fault (kill-standby: and a
+  standby of that stage running again);
+- a restart of the controller, Redis or PostgreSQL: the time from when the service was back (the
+  kill, for the controller: its restart is part of what is measured) until every job's policy
+  cycle ran again (`controller_cycle`, written at the end of each cycle, every 5 s, by the lease
+  holder: supervision resumed, database and Redis used);
+- a restart of a node agent: the time until the agent's heartbeat comes again.
+
+Every `audit_every_s` and at the end each job's output so far is audited against the plain-Python
+reference of its input (console.services.recovery.audit_output, the console's audit of a running
+job: console/policy/truth.py). Every `sample_every_s` the processes of the run (its servers, the
+cluster's processes, and every process started with `--redis-url` or an environment naming the
+run's Redis: stages, spares, generators, their JVMs and Python workers) are classified
+(bench/soak/processes.py) and their RSS and descriptors summed per kind; the database's rows per
+table, Redis's memory and keys and the checkpoint directory's bytes are read too. At the end the
+jobs are stopped, housekeeping (console.services.retention.purge_old_records) runs, and what is
+left of them (processes, Redis keys) is reported.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
+
+import psutil
+import redis
+from django.contrib.auth.models import Group, User
+from django.db import DatabaseError, close_old_connections, connection, connections
+from django.utils import timezone
+
+from bench.fleet.services import (
+    PrivatePostgres,
+    Services,
+    database_url_of_default,
+    django_pointed_at,
+    postgres_available,
+    postgres_bin_dir,
+    worker_env,
+)
+from bench.soak import processes as soak_processes
+from bench.soak import report as soak_report
+from bench.soak.schedule import (
+    AGENT_RESTART,
+    CONTROLLER_RESTART,
+    DEFAULT_SPACING_S,
+    JOB_FAULTS,
+    REDIS_RESTART,
+    Event,
+    event_rng,
+    pick,
+    plan_schedule,
+)
+from bench.strategy.run import machine_description
+from console.models import FaultInjection, Job, Node, Replica
+from console.redis import redis_client
+from console.roles import OPERATOR
+from console.services.demo_setup import DEMO_NODES, ensure_demo_nodes
+from console.services.faults import FaultRefused, request_fault
+from console.services.jobs import create_job, kill_job_processes, kill_warm_spares, stop_job
+from console.services.recovery import GIVE_UP_AFTER_S, audit_output
+from console.services.retention import purge_old_records
+from console.services.schedules import ensure_periodic_tasks
+from console.services.topologies import RegistrationRefused
+from console.services.topologies import register as register_topology
+from infra import keys as control_keys
+from infra.launcher import LocalCluster, ProcessGroup, wait_for
+from infra.processes import argv_of, cmdline_arg, safe_read
+from infra.redis_server import PrivateRedis
+from spark_runtime import keys as data_keys
+from spark_runtime.progress import read_progress
+from spark_runtime.topology import SINK, SOURCE
+
+USER_JOB = "examples.clickstream:activity"  # as `manage.py demo` registers it
+# (name, topology, strategy) of the three jobs.
+JOBS = (
+    ("soak-wordcount", "wordcount", Job.Strategy.ADAPTIVE),
+    ("soak-topn", "topn", Job.Strategy.ADAPTIVE),
+    ("soak-activity", "activity", Job.Strategy.LOCAL_RESTART),
+)
+SOAK_USER = "soak"
+DOWN_S = 3.0  # how long Redis and PostgreSQL stay down (docs/RELIABILITY.md's outage tests)
+INJECT_TIMEOUT_S = 60.0  # for the controller to carry a requested fault out
+EPISODE_GRACE_S = 30.0  # a fault with no episode this long after it opened none
+# A fault's episode is judged by the console within its give-up time; a restart within 240 s.
+EPISODE_TIMEOUT_S = GIVE_UP_AFTER_S + 60.0
+JUDGE_TIMEOUT_S = 240.0
+LIVE_REPLICA_STATES = (Replica.State.RUNNING, Replica.State.CATCHING_UP, Replica.State.SLOW)
+
+
+@dataclass(frozen=True)
+class SoakSettings:
+    minutes: float
+    seed: int
+    out: Path
+    spacing_s: tuple[float, float] = DEFAULT_SPACING_S
+    rate: float = 20.0
+    audit_every_s: float = 300.0
+    sample_every_s: float = 60.0
+    settle_s: float = 240.0  # after the schedule: how long its last events may take to be judged
+    start_timeout_s: float = 900.0
+
+    def __post_init__(self):
+        problems = []
+        if not 1 <= self.minutes <= 24 * 60:
+            problems.append("--minutes: 1 to 1440")
+        if not 1 <= self.rate <= 1000:
+            problems.append("--rate: 1 to 1000 lines/s")
+        if self.audit_every_s < 30 or self.sample_every_s < 10:
+            problems.append("--audit-every: at least 30 s; --sample-every: at least 10 s")
+        if problems:
+            raise ValueError("; ".join(problems))
+
+    @property
+    def duration_s(self) -> float:
+        return self.minutes * 60
+
+
+@dataclass
+class Pending:
+    """What judging an event still needs."""
+
+    row: dict
+    since: float  # epoch s: the fault's injection, or when the service was back
+    job: Job | None = None
+    fault: FaultInjection | None = None
+    stage: str = ""  # kill-standby: the stage whose standby was killed
+    node: str = ""  # agent-restart: the node whose agent was killed
+    output_at: float | None = None
+    standby_at: float | None = None
+
+
+def soak_user() -> User:
+    """The operator the run's jobs and faults are recorded under."""
+    user, created = User.objects.get_or_create(username=SOAK_USER)
+    if created:
+        user.set_unusable_password()
+        user.save()
+    user.groups.add(Group.objects.get_or_create(name=OPERATOR)[0])
+    return user
+
+
+@contextlib.contextmanager
+def soak_services(out: Path, say):
+    """The run's Redis and (where the machine can run one) PostgreSQL, with this process's
+    Django and Celery pointed at them; yields (redis server, postgres server or None, services,
+    a note saying which database is used)."""
+    with contextlib.ExitStack() as stack:
+        server = PrivateRedis(out / "redis")
+        server.start()
+        stack.callback(server.stop)
+        say(f"[soak] Redis of the run's own at {server.url} (append-only file in {out / 'redis'})")
+        why_not = postgres_available()
+        postgres = None
+        if why_not is None:
+            postgres = PrivatePostgres(postgres_bin_dir())
+            stack.callback(postgres.destroy)
+            postgres.create()
+            database_url = postgres.url
+            note = f"PostgreSQL of the run's own (port {postgres.port}), restarted by the schedule."
+        else:
+            database_url = database_url_of_default()
+            note = (
+                f"No PostgreSQL of its own ({why_not}): the database at {database_url}; "
+                "PostgreSQL restarts skipped."
+            )
+        say(f"[soak] {note}")
+        services = Services(server.url, database_url, postgres is not None, True)
+        stack.enter_context(django_pointed_at(services, use_database=postgres is not None))
+        yield server, postgres, services, note
+
+
+def clock(elapsed_s: float, total_s: float) -> str:
+    def mmss(seconds: float) -> str:
+        seconds = max(0, int(seconds))
+        return f"{seconds // 60}:{seconds % 60:02d}"
+
+    return f"[soak {mmss(elapsed_s)}/{mmss(total_s)}]"
+
+
+class Soak:
+    """One run: start the cluster and the jobs, play the schedule, measure, stop everything."""
+
+    def __init__(self, settings: SoakSettings, say: Callable[[str], None], command: str):
+        self.settings = settings
+        self.say_raw = say
+        self.command = command
+        self.out = settings.out
+        self.group = ProcessGroup(self.out / "logs", say=lambda m: say(f"[soak] launcher: {m}"))
+        self.t0: float | None = None
+        self.jobs: list[Job] = []
+        self.faults: list[dict] = []
+        self.audits: list[dict] = []
+        self.samples: list[dict] = []
+        self.pending: list[Pending] = []
+        self.report: dict = {}
+
+    # --- output -----------------------------------------------------------------------------
+
+    def elapsed(self) -> float:
+        return time.time() - self.t0 if self.t0 else 0.0
+
+    def say(self, message: str) -> None:
+        self.say_raw(f"{clock(self.elapsed(), self.settings.duration_s)} {message}")
+
+    def write(self, complete: bool = False) -> Path:
+        """soak.json as it stands (again after every event, audit and sample)."""
+        self.report.update(
+            complete=complete,
+            faults=self.faults,
+            audits=self.audits,
+            samples=self.samples,
+        )
+        path = self.out / "soak.json"
+        path.write_text(json.dumps(self.report, indent=1, default=str))
+        return path
+
+    # --- the run ----------------------------------------------------------------------------
+
+    def run(self) -> dict:
+        s = self.settings
+        self.out.mkdir(parents=True, exist_ok=True)
+        started = time.time()
+        with soak_services(self.out, self.say_raw) as (server, postgres, services, note):
+            self.redis_server, self.postgres, self.redis_url = server, postgres, services.redis_url
+            self.report = {
+                "command": self.command,
+                "machine": machine_description(),
+                "date": time.strftime("%Y-%m-%d %H:%M"),
+                "minutes": s.minutes,
+                "seed": s.seed,
+                "spacing_s": list(s.spacing_s),
+                "rate": s.rate,
+                "services": {
+                    "redis": services.redis_url,
+                    "note": note,
+                    "postgres_restarts": postgres is not None,
+                },  # fmt: skip
+                "schedule": [e.__dict__ for e in plan_schedule(s.seed, s.duration_s, s.spacing_s)],
+            }
+            finished = False
+            try:
+                self.start_cluster(services)
+                self.start_jobs()
+                self.report["startup_s"] = round(time.time() - started, 1)
+                self.play()
+                self.finish()
+                finished = True
+            finally:
+                self.teardown()
+                # Also after an error or Ctrl-C: soak.json says what was measured until then.
+                self.report.update(soak_report_figures(self.report, self.faults, self.audits,
+                                                       self.samples, s.duration_s))  # fmt: skip
+                self.write(complete=finished)
+        return self.report
+
+    def start_cluster(self, services: Services) -> None:
+        var_dir = self.out / "var"
+        self.checkpoints = var_dir / "checkpoints"
+        env = {
+            **worker_env(services, var_dir),
+            "BACKSTOP_CHECKPOINT_ROOT": str(self.checkpoints),
+        }
+        nodes = ensure_demo_nodes()
+        ensure_periodic_tasks()
+        LocalCluster(
+            self.group,
+            DEMO_NODES,
+            node_mem_mb=nodes[0].mem_total_mb,
+            beat_schedule=self.out / "logs" / "beat",
+            worker_prefix="soak-",
+            env=env,
+        ).start(self.redis_url)
+        self.say_raw(f"[soak] controller, beat and agents {', '.join(DEMO_NODES)} up "
+                     f"(logs: {self.out / 'logs'})")  # fmt: skip
+
+    def start_jobs(self) -> None:
+        s = self.settings
+        try:
+            version, _ = register_topology(USER_JOB)
+        except RegistrationRefused as exc:
+            raise RuntimeError(f"{USER_JOB} not registered: {'; '.join(exc.errors)}") from None
+        self.say_raw(f"[soak] registered {USER_JOB} as {version.ident}")
+        user = soak_user()
+        stamp = time.strftime("%H%M%S")
+        self.jobs = [
+            create_job(
+                name=f"{name}-{stamp}",
+                topology=topology,
+                strategy=strategy,
+                params={"rate": s.rate, "seed": s.seed},
+                user=user,
+            )
+            for name, topology, strategy in JOBS
+        ]
+
+        def all_running() -> bool:
+            for job in self.jobs:
+                job.refresh_from_db(fields=["status", "status_reason"])
+                if job.status == Job.Status.FAILED:
+                    raise RuntimeError(f"job {job.name} failed to start: {job.status_reason}")
+            return all(job.status == Job.Status.RUNNING for job in self.jobs)
+
+        wait_for(all_running, s.start_timeout_s, "the three jobs to run", poll_s=2)
+        self.t0 = time.time()
+        self.report["jobs"] = [
+            {"name": j.name, "key": j.key, "topology": j.topology, "strategy": j.strategy}
+            for j in self.jobs
+        ]
+        self.say("jobs running: " + ", ".join(f"{j.name} ({j.strategy})" for j in self.jobs))
+
+    def play(self) -> None:
+        """The schedule, with audits and samples between its events, then the settling time
+        its last events may need to be judged."""
+        s = self.settings
+        events = plan_schedule(s.seed, s.duration_s, s.spacing_s)
+        self.say(f"{len(events)} events planned, one every {s.spacing_s[0]:g}-{s.spacing_s[1]:g} s")
+        next_sample, next_audit = 0.0, s.audit_every_s
+        while self.elapsed() < s.duration_s or (
+            self.pending and self.elapsed() < s.duration_s + s.settle_s
+        ):
+            now = self.elapsed()
+            close_old_connections()
+            try:
+                if events and now >= events[0].at_s and now < s.duration_s:
+                    self.fire(events.pop(0))
+                    self.write()
+                if now >= next_sample:
+                    self.sample()
+                    next_sample += s.sample_every_s
+                    self.write()
+                if now >= next_audit and now < s.duration_s:
+                    self.audit()
+                    next_audit += s.audit_every_s
+                    self.write()
+                self.judge_pending()
+            except (DatabaseError, redis.RedisError) as exc:
+                self.say(f"(retrying after a database or Redis error: {str(exc)[:120]})")
+                connections.close_all()
+            time.sleep(0.5)
+        for pending in self.pending:
+            self.give_up(pending, f"not judged within {s.settle_s:g} s of the end")
+        self.pending = []
+
+    def finish(self) -> None:
+        """The final audit and sample (jobs running), then the jobs stopped, housekeeping, and
+        what is left of them."""
+        self.retry(self.audit)
+        self.retry(self.sample)
+        self.write()
+        for job in self.jobs:
+            stop_job(job, "soak over")
+
+        def stopped() -> bool:
+            for job in self.jobs:
+                job.refresh_from_db(fields=["status"])
+            return all(not job.is_live for job in self.jobs)
+
+        wait_for(stopped, 120, "the jobs to stop", poll_s=1)
+        client = redis_client()
+        purged = purge_old_records(client)
+        self.say(f"jobs stopped; housekeeping: {purged}; waiting 15 s for expiring keys")
+        time.sleep(15)
+        rows = self.read_processes()
+        kinds = soak_processes.classify(rows)
+        self.report["leaked_processes"] = soak_processes.unowned(rows, kinds, set(), set()) + [
+            {"pid": r.pid, "kind": "cpu-hog", "why": "a stress fault's hog still running",
+             "cmdline": " ".join(r.argv)[:160]}
+            for r in rows if kinds.get(r.pid) == "cpu-hog"
+        ]  # fmt: skip
+        leaked, by_job = [], {}
+        for job in self.jobs:
+            keys = sorted(client.scan_iter(match=f"{data_keys.job_prefix(job.key)}*", count=1000))
+            with client.pipeline(transaction=False) as pipe:
+                for key in keys:
+                    pipe.ttl(key)
+                ttls = pipe.execute()
+            sorted_keys = soak_report.sort_job_keys(list(zip(keys, ttls, strict=True)), job.key)
+            leaked += sorted_keys["leaked"]
+            by_job[job.name] = {name: len(found) for name, found in sorted_keys.items()}
+        client.close()
+        self.report["leaked_keys"] = leaked
+        self.report["stopped_job_keys"] = by_job
+        self.report["job_outcomes"] = self.job_outcomes()
+        self.say(f"leaked: {len(self.report['leaked_processes'])} processes, {len(leaked)} keys")
+
+    def retry(self, step, attempts: int = 10) -> None:
+        for attempt in range(attempts):
+            try:
+                step()
+                return
+            except (DatabaseError, redis.RedisError) as exc:
+                self.say(f"({step.__name__} failed: {str(exc)[:100]}; again in 3 s)")
+                connections.close_all()
+                if attempt == attempts - 1:
+                    raise
+                time.sleep(3)
+
+    def job_outcomes(self) -> list[dict]:
+        """Per job: its status, and its recovery episodes (with no fault of the schedule: what
+        the control-plane restarts or the load caused)."""
+        out = []
+        for job in self.jobs:
+            job.refresh_from_db()
+            episodes = job.recoveries.all()
+            out.append({
+                "job": job.name,
+                "status": job.status,
+                "status_reason": job.status_reason,
+                "episodes": episodes.count(),
+                "episodes_without_fault": episodes.filter(fault__isnull=True).count(),
+            })  # fmt: skip
+        return out
+
+    def teardown(self) -> None:
+        """Stop everything the run started, by pid: the cluster's processes (its ProcessGroup),
+        the jobs' stage and generator processes and the warm spares (they run in sessions of
+        their own), then anything else whose environment names the run's Redis. The Redis and
+        PostgreSQL servers are stopped by soak_services afterwards."""
+        self.group.stop()
+        ended = kill_job_processes({job.key for job in self.jobs})
+        ended += kill_warm_spares(self.redis_url)
+        server_pids = self.server_pids()
+        for row in self.read_processes():
+            if row.pid in server_pids or row.pid == os.getpid():
+                continue
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(row.pid, signal.SIGKILL)
+                ended += 1
+        self.report["killed_at_teardown"] = ended
+        self.say_raw(f"[soak] stopped the cluster; {ended} job, spare or leftover processes killed")
+
+    # --- events -----------------------------------------------------------------------------
+
+    def fire(self, event: Event) -> None:
+        rng = event_rng(self.settings.seed, event.number)
+        row = {
+            "number": event.number,
+            "kind": event.kind,
+            "scheduled_at_s": event.at_s,
+            "at_s": round(self.elapsed(), 1),
+            "target": "",
+            "injected": False,
+            "detail": "",
+            "recovered": None,
+            "recovery_s": None,
+            "how": "",
+        }
+        self.faults.append(row)
+        if event.kind in JOB_FAULTS:
+            pending = self.fire_job_fault(row, rng)
+        elif event.kind == CONTROLLER_RESTART:
+            pending = self.restart_child(row, "controller")
+        elif event.kind == AGENT_RESTART:
+            node = pick(rng, DEMO_NODES)
+            pending = self.restart_child(row, f"agent-{node}")
+            pending.node = node
+        elif event.kind == REDIS_RESTART:
+            pending = self.restart_redis(row)
+        else:
+            pending = self.restart_postgres(row)
+        self.say(f"{event.kind} on {row['target'] or '-'}: {row['detail']}")
+        if pending is not None:
+            self.pending.append(pending)
+
+    def fire_job_fault(self, row: dict, rng) -> Pending | None:
+        kind = row["kind"]
+        candidates = {}
+        for job in self.jobs:
+            stages = dict(
+                job.operators.exclude(kind__in=(SOURCE, SINK)).values_list("name", "stage")
+            )
+            live = Replica.objects.filter(job=job, state__in=LIVE_REPLICA_STATES)
+            roles = set(live.values_list("stage", "role"))
+            if kind in ("kill-driver", "operator-exception", "kill-standby"):
+                role = "standby" if kind == "kill-standby" else "primary"
+                for operator, stage in stages.items():
+                    if (stage, role) in roles:
+                        candidates[(job.name, operator)] = (job, operator, None, stage)
+            else:
+                for node in set(live.values_list("node__name", flat=True)):
+                    candidates[(job.name, node)] = (job, "", node, "")
+        choice = pick(rng, candidates)
+        if choice is None:
+            row["detail"] = "not injected: no target (no live replica it could hit)"
+            return None
+        job, operator, node_name, stage = candidates[choice]
+        row["target"] = f"{job.name.rsplit('-', 1)[0]}/{operator or node_name}"
+        params = {}
+        if kind == "pause-node":
+            params = {"duration_s": rng.choice((2, 5, 8))}
+        elif kind == "stress-node":
+            params = {"duration_s": 10, "workers": rng.choice((1, 2))}
+        try:
+            fault = request_fault(
+                job,
+                kind,
+                target_operator=operator,
+                target_node=Node.objects.get(name=node_name) if node_name else None,
+                params=params,
+                requested_by=soak_user(),
+            )
+        except FaultRefused as exc:
+            row["detail"] = f"not injected: refused: {exc}"
+            return None
+        # The controller carries it out; judge_job_fault waits for that (the loop goes on).
+        row["detail"] = f"requested (params {params})" if params else "requested"
+        return Pending(row, time.time(), job=job, fault=fault, stage=stage)
+
+    def restart_child(self, row: dict, name: str) -> Pending:
+        """SIGKILL a process of the cluster (its process group); the ProcessGroup starts it
+        again, as a process manager would."""
+        child = self.group.children[name]
+        row["target"] = name
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(child.proc.pid, signal.SIGKILL)
+        row["injected"] = True
+        row["detail"] = f"SIGKILL to pid {child.proc.pid}; the launcher starts it again"
+        return Pending(row, time.time())
+
+    def restart_redis(self, row: dict) -> Pending:
+        row["target"] = "redis"
+        self.redis_server.crash()
+        time.sleep(DOWN_S)
+        self.redis_server.start()
+        back = time.time()
+        row["injected"] = True
+        row["detail"] = f"SIGKILL, started again on its append-only file after {DOWN_S:g} s"
+        return Pending(row, back)
+
+    def restart_postgres(self, row: dict) -> Pending | None:
+        row["target"] = "postgres"
+        if self.postgres is None:
+            row["detail"] = "skipped: no PostgreSQL of the run's own"
+            return None
+        self.postgres.crash()
+        time.sleep(DOWN_S)
+        self.postgres.start()
+        back = time.time()
+        connections.close_all()
+        row["injected"] = True
+        row["detail"] = f"pg_ctl stop -m immediate, started again after {DOWN_S:g} s"
+        return Pending(row, back)
+
+    # --- judging events ---------------------------------------------------------------------
+
+    def conclude(self, pending: Pending, recovered: bool, recovery_s, how: str) -> None:
+        row = pending.row
+        row["recovered"] = recovered
+        row["recovery_s"] = None if recovery_s is None else round(recovery_s, 1)
+        row["how"] = how
+        verdict = f"recovered in {row['recovery_s']} s" if recovered else "NOT recovered"
+        self.say(f"#{row['number']} {row['kind']} on {row['target']}: {verdict} ({how})")
+        self.write()
+
+    def give_up(self, pending: Pending, why: str) -> None:
+        """Conclude an event not judged in time as not recovered, saying whether the job's
+        output had come back meanwhile (a fault whose episode is still open)."""
+        if pending.fault is not None and pending.row["injected"]:
+            episodes = pending.fault.episodes.count()
+            why += f"; {episodes} episode(s) still open" if episodes else "; no episode"
+            if pending.output_at is None:
+                with contextlib.suppress(redis.RedisError):
+                    pending.output_at = self.first_output(pending.job, pending.since)
+            if pending.output_at is not None:
+                why += f"; output came back {pending.output_at - pending.since:.1f} s after it"
+            else:
+                why += "; no output since"
+        self.conclude(pending, False, None, why)
+
+    def first_output(self, job: Job, since: float) -> float | None:
+        """When the job's final stage first wrote results after `since` (epoch s), or None."""
+        client = redis_client()
+        try:
+            records = read_progress(client, job.key, since, count=2000)
+        finally:
+            client.close()
+        outputs = [r.at for r in records if r.is_output and r.at > since]
+        return outputs[0] if outputs else None
+
+    def judge_pending(self) -> None:
+        still = []
+        for pending in self.pending:
+            if not self.judge(pending):
+                limit = EPISODE_TIMEOUT_S if pending.fault else JUDGE_TIMEOUT_S
+                if time.time() - pending.since > limit:
+                    self.give_up(pending, f"not judged within {limit:g} s")
+                else:
+                    still.append(pending)
+        self.pending = still
+
+    def judge(self, pending: Pending) -> bool:
+        """Whether the event is judged now (and if so, concluded)."""
+        kind = pending.row["kind"]
+        if kind in JOB_FAULTS:
+            return self.judge_job_fault(pending)
+        client = redis_client()
+        try:
+            if kind == AGENT_RESTART:
+                raw = client.get(control_keys.node_heartbeat(pending.node))
+                at = json.loads(raw)["at"] if raw else 0.0
+                if at >= pending.since:
+                    self.conclude(pending, True, at - pending.since, "the agent heartbeats again")
+                    return True
+                return False
+            # Supervision resumed: every job's policy cycle ran again after the service was back.
+            cycles = client.mget([control_keys.controller_cycle(j.key) for j in self.jobs])
+        finally:
+            client.close()
+        ats = [json.loads(raw)["at"] if raw else 0.0 for raw in cycles]
+        if all(at > pending.since for at in ats):
+            self.conclude(
+                pending, True, max(ats) - pending.since, "every job's policy cycle ran again"
+            )
+            return True
+        return False
+
+    def judge_job_fault(self, pending: Pending) -> bool:
+        fault, job, row = pending.fault, pending.job, pending.row
+        if not row["injected"]:
+            fault.refresh_from_db()
+            if fault.outcome == FaultInjection.Outcome.PENDING:
+                if time.time() - pending.since < INJECT_TIMEOUT_S:
+                    return False
+                row["detail"] += f"; not injected within {INJECT_TIMEOUT_S:g} s"
+                self.say(f"#{row['number']} {row['kind']} on {row['target']}: {row['detail']}")
+                return True
+            row["detail"] = f"{fault.outcome}: {fault.outcome_detail}" + (
+                f" (params {fault.params})" if fault.params else ""
+            )
+            self.say(f"#{row['number']} {row['kind']} on {row['target']}: {row['detail']}")
+            if fault.outcome != FaultInjection.Outcome.INJECTED:
+                return True  # refused or failed: not judged (recovered stays None)
+            row["injected"] = True
+            pending.since = fault.injected_at.timestamp()
+            self.write()
+        episodes = list(fault.episodes.all())
+        if episodes:
+            if any(e.watched_s is None for e in episodes):
+                return False  # still being measured
+            actions = "+".join(sorted({e.action for e in episodes}))
+            recovered = all(e.recovered_at is not None for e in episodes)
+            times = [e.recovery_time_s for e in episodes if e.recovery_time_s is not None]
+            self.conclude(
+                pending,
+                recovered,
+                max(times) if times and recovered else None,
+                f"{len(episodes)} episode(s), {actions}, closed"
+                + (
+                    ""
+                    if recovered
+                    else f" unrecovered after {max(e.watched_s for e in episodes)} s"
+                ),
+            )
+            return True
+        now = time.time()
+        if pending.output_at is None:
+            pending.output_at = self.first_output(job, pending.since)
+        if pending.row["kind"] == "kill-standby" and pending.standby_at is None:
+            back = Replica.objects.filter(
+                job=job,
+                stage=pending.stage,
+                role=Replica.Role.STANDBY,
+                state=Replica.State.RUNNING,
+                started_at__gt=pending.fault.injected_at,
+            )
+            if back.exists():
+                pending.standby_at = now
+        if now - pending.since < EPISODE_GRACE_S:
+            return False  # an episode may still be opened
+        if pending.output_at is None:
+            return False
+        if pending.row["kind"] == "kill-standby":
+            if pending.standby_at is None:
+                return False
+            self.conclude(
+                pending,
+                True,
+                max(pending.output_at, pending.standby_at) - pending.since,
+                "no episode; output went on and a new standby runs (seen then)",
+            )
+            return True
+        self.conclude(
+            pending,
+            True,
+            pending.output_at - pending.since,
+            "no episode; the first output after the fault",
+        )
+        return True
+
+    # --- audits and samples -----------------------------------------------------------------
+
+    def audit(self) -> None:
+        client = redis_client()
+        try:
+            for job in self.jobs:
+                comparison = audit_output(job, client)
+                row = {
+                    "at_s": round(self.elapsed(), 1),
+                    "job": job.name,
+                    "lost": comparison.lost if comparison else None,
+                    "duplicates": comparison.duplicates if comparison else None,
+                    "cells": comparison.cells if comparison else None,
+                }
+                self.audits.append(row)
+                self.say(f"audit {job.name}: {row['lost']} lost, {row['duplicates']} duplicated "
+                         f"of {row['cells']} results")  # fmt: skip
+        finally:
+            client.close()
+
+    def server_pids(self) -> set[int]:
+        """The run's Redis server and PostgreSQL's processes (the postmaster and its children)."""
+        pids = set()
+        if self.redis_server.proc is not None and self.redis_server.proc.poll() is None:
+            pids.add(self.redis_server.proc.pid)
+        if self.postgres is not None:
+            pid_file = self.postgres.data_dir / "postmaster.pid"
+            with contextlib.suppress(OSError, ValueError, psutil.Error):
+                postmaster = psutil.Process(int(pid_file.read_text().split()[0]))
+                pids |= {postmaster.pid, *(c.pid for c in postmaster.children(recursive=True))}
+        return pids
+
+    def read_processes(self) -> list[soak_processes.ProcRow]:
+        """The run's processes: its servers, the cluster's processes (its ProcessGroup's
+        children), processes started with `--redis-url` naming the run's Redis (stages, spares,
+        generators) and every one whose environment names it (their JVMs, Python workers and
+        CPU hogs inherit it). A process that renamed itself (Celery, a spare that took a
+        replica: setproctitle) shows a clobbered environment, hence the first three."""
+        known = self.server_pids() | {c.proc.pid for c in list(self.group.children.values())}
+        rows = []
+        for proc in psutil.process_iter(["pid", "ppid", "cmdline", "status"]):
+            if proc.info["status"] == psutil.STATUS_ZOMBIE or proc.pid == os.getpid():
+                continue
+            ours = proc.pid in known or (
+                cmdline_arg(argv_of(proc.info["cmdline"]), "--redis-url") == self.redis_url
+            )
+            if not ours and safe_read(proc.environ, {}).get("REDIS_URL") != self.redis_url:
+                continue
+            memory = safe_read(proc.memory_info, None)
+            rows.append(soak_processes.ProcRow(
+                pid=proc.pid,
+                ppid=proc.info["ppid"] or 0,
+                argv=tuple(proc.info["cmdline"] or ()),
+                rss_mb=memory.rss / 2**20 if memory else 0.0,
+                fds=safe_read(proc.num_fds, 0),
+            ))  # fmt: skip
+        return rows
+
+    def sample(self) -> None:
+        at_s = round(self.elapsed(), 1)
+        rows = self.read_processes()
+        live = Replica.objects.filter(job__in=self.jobs, state__in=LIVE_REPLICA_STATES)
+        roles = {pid: role for pid, role in live.values_list("pid", "role") if pid}
+        kinds = soak_processes.classify(rows, roles)
+        cutoff = timezone.now() - timedelta(seconds=30)
+        ended = {
+            f"{r.job.key}/{r.local_id}"
+            for r in Replica.objects.filter(
+                job__in=self.jobs,
+                state__in=(Replica.State.FAILED, Replica.State.STOPPED),
+                ended_at__lt=cutoff,
+            ).select_related("job")
+        }
+        live_jobs = set(
+            Job.objects.filter(pk__in=[j.pk for j in self.jobs], status__in=Job.LIVE_STATUSES)
+            .values_list("key", flat=True)
+        )  # fmt: skip
+        db_rows = {}
+        with connection.cursor() as cursor:
+            for table in sorted(connection.introspection.table_names()):
+                cursor.execute(f'SELECT COUNT(*) FROM "{table}"')  # noqa: S608 (our table names)
+                db_rows[table] = cursor.fetchone()[0]
+        client = redis_client()
+        try:
+            memory = client.info("memory")["used_memory"]
+            keys_by_job = {
+                job.name: sum(1 for _ in client.scan_iter(
+                    match=f"{data_keys.job_prefix(job.key)}*", count=1000
+                ))
+                for job in self.jobs
+            }  # fmt: skip
+            sample = {
+                "at_s": at_s,
+                "processes": soak_processes.totals(rows, kinds),
+                "unowned": soak_processes.unowned(rows, kinds, live_jobs, ended),
+                "db_rows": db_rows,
+                "redis": {
+                    "used_memory_mb": round(memory / 2**20, 2),
+                    "keys": client.dbsize(),
+                    "keys_by_job": keys_by_job,
+                },
+                "checkpoint_bytes": directory_bytes(self.checkpoints),
+            }
+        finally:
+            client.close()
+        self.samples.append(sample)
+        rss = ", ".join(f"{k} {v['rss_mb']:.0f}" for k, v in sample["processes"].items())
+        self.say(f"sample: RSS MB {rss}; {sum(db_rows.values())} rows; Redis "
+                 f"{sample['redis']['used_memory_mb']} MB, {sample['redis']['keys']} keys; "
+                 f"checkpoints {sample['checkpoint_bytes'] / 2**20:.1f} MB; "
+                 f"{len(sample['unowned'])} unowned processes")  # fmt: skip
+
+
+def directory_bytes(root: Path) -> int:
+    """Bytes of the files under `root` (files that vanish while it is walked count 0)."""
+    total = 0
+    for folder, _, files in os.walk(root):
+        for name in files:
+            with contextlib.suppress(OSError):
+                total += os.lstat(os.path.join(folder, name)).st_size
+    return total
+
+
+def soak_report_figures(
+    report: dict, faults: list, audits: list, samples: list, duration_s: float
+) -> dict:
+    """The derived parts of soak.json: RSS at the reference point and the end, per hour, goals."""
+    report.setdefault("leaked_processes", [])
+    report.setdefault("leaked_keys", [])
+    figures = {
+        "rss_mb": soak_report.rss_summary(samples, duration_s),
+        "per_hour": soak_report.per_hour(faults, audits, samples, duration_s),
+    }
+    figures["goals"] = soak_report.judge_goals({**report, **figures, "faults": faults,
+                                                "audits": audits})  # fmt: skip
+    return figures

@@ -1,0 +1,322 @@
+"""The pure parts of `manage.py soak` (bench/soak/): its seeded schedule, the process classifier,
+the goals judged on a report, and the report's keys. No Spark, no cluster, no database."""
+
+import json
+from collections import Counter
+
+import pytest
+
+from bench.soak import report
+from bench.soak.processes import ProcRow, base_kind, classify, totals, unowned
+from bench.soak.schedule import (
+    CONTROL_PLANE,
+    EVENT_KINDS,
+    JOB_FAULTS,
+    event_rng,
+    parse_spacing,
+    pick,
+    plan_schedule,
+)
+
+# --- schedule ---------------------------------------------------------------------------------
+
+
+def test_same_seed_same_schedule_and_another_seed_another():
+    first = plan_schedule(11, 3600)
+    assert first == plan_schedule(11, 3600)
+    assert [(e.at_s, e.kind) for e in first] != [(e.at_s, e.kind) for e in plan_schedule(12, 3600)]
+
+
+def test_events_are_spaced_within_the_bounds_and_inside_the_run():
+    for seed in range(20):
+        events = plan_schedule(seed, 3600, (60, 120))
+        times = [0.0] + [e.at_s for e in events]
+        gaps = [b - a for a, b in zip(times, times[1:], strict=False)]
+        # at_s is rounded to a tenth: allow that much either side.
+        assert all(59.9 <= gap <= 120.1 for gap in gaps), gaps
+        assert times[-1] < 3600
+        # The last event is the last one that fits: one more gap would pass the end.
+        assert 3600 - times[-1] <= 120.1
+        assert [e.number for e in events] == list(range(1, len(events) + 1))
+
+
+def test_a_long_schedule_holds_every_kind_and_any_ten_events_hold_each_once():
+    assert set(EVENT_KINDS) == set(JOB_FAULTS) | set(CONTROL_PLANE)
+    assert len(EVENT_KINDS) == 10
+    assert set(JOB_FAULTS) == {
+        "kill-driver",
+        "kill-standby",
+        "kill-node",
+        "pause-node",
+        "stress-node",
+        "operator-exception",
+    }
+    for seed in range(10):
+        kinds = [e.kind for e in plan_schedule(seed, 3600)]
+        assert len(kinds) >= 30  # 3600 s at most 120 s apart
+        assert set(kinds) == set(EVENT_KINDS)
+        # Dealt from a shuffled deck: each block of ten is every kind once.
+        for start in range(0, len(kinds) - 9, 10):
+            assert Counter(kinds[start : start + 10]) == Counter(EVENT_KINDS)
+
+
+def test_spacing_option_is_checked():
+    assert parse_spacing("40,60") == (40.0, 60.0)
+    for bad in ("60", "a,b", "60,40", "5,20"):
+        with pytest.raises(ValueError, match="--spacing"):
+            parse_spacing(bad)
+
+
+def test_target_pick_depends_on_the_seed_and_event_not_on_the_order_read():
+    candidates = [("topn", "node-2"), ("wordcount", "count"), ("activity", "per_window")]
+    picked = pick(event_rng(7, 3), candidates)
+    assert picked == pick(event_rng(7, 3), list(reversed(candidates)))
+    assert picked in candidates
+    assert pick(event_rng(7, 3), []) is None
+    # Over events, every candidate comes up.
+    assert {pick(event_rng(7, n), candidates) for n in range(1, 40)} == set(candidates)
+
+
+# --- process classifier -----------------------------------------------------------------------
+
+JAVA = "/usr/lib/jvm/java-17-openjdk-amd64/bin/java -cp /x org.apache.spark.deploy.SparkSubmit"
+PY = "/work/main/.venv/bin/python"
+
+
+@pytest.mark.parametrize(
+    ("cmdline", "kind"),
+    [
+        (
+            [
+                "[celeryd: soak-controller@vm:MainProcess] -active- (-A web worker -Q control -n "
+                "soak-controller@%h --pool threads --concurrency 4 --loglevel INFO)"
+            ],
+            "controller",
+        ),  # fmt: skip
+        ([PY, "-m", "celery", "-A", "web", "worker", "-Q", "control"], "controller"),
+        (
+            [PY, "-m", "celery", "-A", "web", "worker", "-Q", "node.node-2", "--pool", "solo"],
+            "agent",
+        ),
+        (["[celery beat] -A web beat --loglevel INFO --schedule /tmp/beat"], "beat"),
+        ([PY, "-m", "spark_runtime.stage", "--job", "job-1", "--role", "primary"], "primary"),
+        ([PY, "-m", "spark_runtime.stage", "--job", "job-1", "--role", "standby"], "standby"),
+        ([PY, "-m", "spark_runtime.spare", "--spare-id", "s1", "--node", "node-1"], "spare"),
+        ([PY, "-m", "spark_runtime", "generate", "--job", "job-1", "--rate", "20"], "generator"),
+        ([PY, "-m", "workers.cpu_hog", "10", "node-1"], "cpu-hog"),
+        ([PY, "-m", "pyspark.daemon", "pyspark.worker"], "python-worker"),
+        (JAVA.split(), "jvm"),
+        (["/usr/bin/redis-server", "127.0.0.1:6379"], "redis"),
+        (["redis-server 127.0.0.1:38281"], "redis"),
+        (["/usr/lib/postgresql/15/bin/postgres", "-D", "/tmp/data"], "postgres"),
+        (["postgres: checkpointer "], "postgres"),
+        (["/bin/bash", "-c", "sleep 1"], None),
+        ([PY, "-m", "celery", "-A", "other", "worker", "-Q", "control"], None),
+        ([], None),
+    ],
+)
+def test_base_kind_from_the_command_line(cmdline, kind):
+    assert base_kind(cmdline) == kind
+
+
+def stage(pid, ppid, role="primary", job="job-1", replica="count-1"):
+    argv = (PY, "-m", "spark_runtime.stage", "--job", job, "--role", role, "--replica-id", replica)
+    return ProcRow(pid, ppid, argv, rss_mb=100.0, fds=20)
+
+
+def test_jvms_count_as_their_stage_or_spare_and_orphans_are_found():
+    rows = [
+        ProcRow(10, 1, (PY, "-m", "celery", "-A", "web", "worker", "-Q", "node.node-1"), 300, 50),
+        stage(20, 10),
+        ProcRow(21, 20, tuple(JAVA.split()), rss_mb=500.0, fds=200),
+        ProcRow(22, 21, (PY, "-m", "pyspark.daemon"), rss_mb=80.0, fds=10),
+        ProcRow(23, 22, (PY, "-m", "pyspark.daemon"), rss_mb=60.0, fds=10),
+        stage(30, 10, role="standby", replica="count-2"),
+        ProcRow(31, 30, tuple(JAVA.split()), rss_mb=400.0, fds=150),
+        ProcRow(40, 10, (PY, "-m", "spark_runtime.spare", "--spare-id", "s1"), 90, 10),
+        ProcRow(41, 40, tuple(JAVA.split()), rss_mb=300.0, fds=100),
+        # A JVM and a Python worker whose stage is gone (reparented to init).
+        ProcRow(50, 1, tuple(JAVA.split()), rss_mb=200.0, fds=80),
+        ProcRow(51, 1, (PY, "-m", "pyspark.daemon"), rss_mb=50.0, fds=5),
+        ProcRow(60, 1, ("/bin/bash",), rss_mb=5.0, fds=3),
+    ]
+    kinds = classify(rows)
+    assert kinds == {
+        10: "agent",
+        20: "primary",
+        21: "primary",
+        22: "python-worker",
+        23: "python-worker",
+        30: "standby",
+        31: "standby",
+        40: "spare",
+        41: "spare",
+        50: "orphan",
+        51: "orphan",
+    }
+    assert totals(rows, kinds) == {
+        "agent": {"processes": 1, "rss_mb": 300.0, "fds": 50},
+        "orphan": {"processes": 2, "rss_mb": 250.0, "fds": 85},
+        "primary": {"processes": 2, "rss_mb": 600.0, "fds": 220},
+        "python-worker": {"processes": 2, "rss_mb": 140.0, "fds": 20},
+        "spare": {"processes": 2, "rss_mb": 390.0, "fds": 110},
+        "standby": {"processes": 2, "rss_mb": 500.0, "fds": 170},
+    }
+    # A promoted standby keeps its command line; its current role wins.
+    assert classify(rows, roles_by_pid={30: "primary"})[31] == "primary"
+
+
+def test_unowned_processes_are_orphans_and_those_of_stopped_jobs_or_ended_replicas():
+    rows = [
+        stage(20, 10, job="job-live", replica="count-1"),
+        stage(30, 10, job="job-live", replica="count-2"),
+        stage(40, 10, job="job-stopped", replica="count-1"),
+        ProcRow(50, 1, tuple(JAVA.split())),
+        ProcRow(60, 10, (PY, "-m", "spark_runtime", "generate", "--job", "job-stopped")),
+    ]
+    kinds = classify(rows)
+    found = unowned(rows, kinds, live_jobs={"job-live"}, ended_replicas={"job-live/count-2"})
+    assert [(p["pid"], p["kind"]) for p in found] == [
+        (30, "primary"),
+        (40, "primary"),
+        (50, "orphan"),
+        (60, "generator"),
+    ]
+    assert "ended" in found[0]["why"] and "not live" in found[1]["why"]
+
+
+# --- goals and the report ---------------------------------------------------------------------
+
+
+def sample(at_s, rss, rows=100, memory=10.0, keys=50):
+    return {
+        "at_s": at_s,
+        "processes": {k: {"processes": 1, "rss_mb": v, "fds": 10} for k, v in rss.items()},
+        "unowned": [],
+        "db_rows": {"console_job": 3, "console_metricsample": rows},
+        "redis": {"used_memory_mb": memory, "keys": keys, "keys_by_job": {}},
+        "checkpoint_bytes": 2**20,
+    }
+
+
+def fault(number, kind, recovered=True, recovery_s=2.0, injected=True, at_s=100.0):
+    return {
+        "number": number, "kind": kind, "target": "x", "at_s": at_s, "injected": injected,
+        "recovered": recovered if injected else None, "recovery_s": recovery_s, "how": "",
+    }  # fmt: skip
+
+
+def a_report(faults, audits, samples, leaked_processes=(), leaked_keys=(), duration_s=3600):
+    base = {
+        "minutes": duration_s / 60,
+        "seed": 7,
+        "faults": faults,
+        "audits": audits,
+        "leaked_processes": list(leaked_processes),
+        "leaked_keys": list(leaked_keys),
+        "rss_mb": report.rss_summary(samples, duration_s),
+        "per_hour": report.per_hour(faults, audits, samples, duration_s),
+    }
+    base["goals"] = report.judge_goals(base)
+    return base
+
+
+def test_a_clean_run_meets_every_goal():
+    samples = [
+        sample(t, {"controller": 300, "primary": 1000 + t / 600}, rows=100 + t, keys=50)
+        for t in range(0, 3601, 600)
+    ]
+    faults = [fault(1, "kill-driver"), fault(2, "controller-restart", recovery_s=9.5)]
+    faults.append(fault(3, "postgres-restart", injected=False))  # skipped: no target
+    audits = [{"at_s": 300.0, "job": "wc", "lost": 0, "duplicates": 0, "cells": 10}]
+    goals = a_report(faults, audits, samples)["goals"]
+    assert {name: g["met"] for name, g in goals.items()} == {
+        "every_fault_recovered": True,
+        "exact_output": True,
+        "no_leaks": True,
+        "rss_stable": True,
+        "growth_bounded": True,
+    }
+    assert "1 not injected" in goals["every_fault_recovered"]["detail"]
+
+
+def test_each_goal_is_missed_on_its_own_evidence():
+    samples = [sample(0, {"primary": 1000}), sample(600, {"primary": 1000})]
+    samples += [
+        sample(t, {"primary": 1200}, rows=100 + (t - 600) ** 2, memory=10 + (t - 600) ** 2 / 1e4)
+        for t in (1200, 1800, 2400, 3000, 3600)
+    ]
+    faults = [
+        fault(1, "kill-driver", recovered=False, recovery_s=None),
+        fault(2, "redis-restart", recovery_s=12.0),  # resumed, but later than 10 s
+        fault(3, "kill-node"),
+    ]
+    audits = [
+        {"at_s": 300.0, "job": "wc", "lost": 0, "duplicates": 0, "cells": 10},
+        {"at_s": 600.0, "job": "topn", "lost": 0, "duplicates": 2, "cells": 10},
+    ]
+    goals = a_report(faults, audits, samples, leaked_keys=["backstop:job-1:hb:x"])["goals"]
+    assert {name: g["met"] for name, g in goals.items()} == {
+        "every_fault_recovered": False,
+        "exact_output": False,
+        "no_leaks": False,
+        "rss_stable": False,
+        "growth_bounded": False,
+    }
+    assert "#1 kill-driver" in goals["every_fault_recovered"]["detail"]
+    assert "#2 redis-restart: 12.0 s" in goals["every_fault_recovered"]["detail"]
+    assert "primary 1000 -> 1200 MB (+20%)" in goals["rss_stable"]["detail"]
+    assert "db_rows" in goals["growth_bounded"]["detail"]
+
+
+def test_rss_reference_is_at_ten_minutes_or_the_first_fifth_of_a_short_run():
+    assert report.reference_at_s(3600) == 600
+    assert report.reference_at_s(360) == 72
+    samples = [sample(t, {"primary": 100 + t}) for t in (0, 60, 120, 180, 240, 300, 360)]
+    rss = report.rss_summary(samples, 360)
+    assert rss["reference_at_s"] == 120 and rss["at_10_min"] == {"primary": 220}
+    assert rss["at_end"] == {"primary": 460}
+    assert "first fifth" in rss["reference"]
+    assert report.rss_summary(samples, 3600)["reference"] == "at 10 min"
+
+
+def test_stopped_job_keys_sorted_into_kept_expiring_and_leaked():
+    job = "job-abc"
+    keys = [
+        (f"backstop:{job}:in", -1),
+        (f"backstop:{job}:results", -1),
+        (f"backstop:{job}:results:ver", -1),
+        (f"backstop:{job}:fence:count", -1),
+        (f"backstop:{job}:progress", -1),
+        (f"backstop:{job}:progress:ingest-cursor", -1),
+        (f"backstop:{job}:controller-cycle", 3500),
+        (f"backstop:{job}:events", -1),
+    ]
+    out = report.sort_job_keys(keys, job)
+    assert len(out["kept"]) == 5
+    assert out["expiring"] == [f"backstop:{job}:controller-cycle"]
+    assert out["leaked"] == [f"backstop:{job}:events", f"backstop:{job}:progress:ingest-cursor"]
+
+
+def test_report_has_the_keys_the_issue_asks_for_and_is_json():
+    samples = [sample(t, {"controller": 300}) for t in (0, 60, 120, 180, 240, 300, 360)]
+    faults = [fault(1, "kill-standby"), fault(2, "agent-restart")]
+    audits = [{"at_s": 360.0, "job": "wc", "lost": 0, "duplicates": 0, "cells": 10}]
+    built = a_report(faults, audits, samples, duration_s=360)
+    assert set(report.REPORT_KEYS) <= set(built)
+    assert set(built["rss_mb"]) >= {"at_10_min", "at_end", "reference"}
+    hour = built["per_hour"]["hours"][0]
+    assert hour["faults"] == {
+        "agent-restart": {"events": 1, "recovered": 1},
+        "kill-standby": {"events": 1, "recovered": 1},
+    }
+    assert hour["audits_worst"] == {"wc": {"lost": 0, "duplicates": 0}}
+    assert hour["db_rows"] == 103 and hour["db_rows_by_table"]["console_metricsample"] == 100
+    assert {"rss_mb", "fds", "redis_used_memory_mb", "redis_keys", "checkpoint_mb"} <= set(hour)
+    assert json.loads(json.dumps(built)) == built
+    text = report.to_markdown({
+        **built, "command": "python manage.py soak --minutes 6", "date": "2026-11-27",
+        "machine": "2 cores", "spacing_s": [40, 60], "rate": 20, "services": {"note": "PG."},
+    })  # fmt: skip
+    assert "| 1 | 100 s | kill-standby | x | yes | 2.0 |" in text
+    assert "| every_fault_recovered | yes |" in text
