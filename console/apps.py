@@ -10,8 +10,9 @@ class ConsoleConfig(AppConfig):
     def ready(self):
         from django.db.models.signals import post_migrate
 
-        # Connects the audit log's receivers for logins, failed logins and logouts.
-        from console import audit  # noqa: F401
+        # audit: connects the audit log's receivers for logins, failed logins and logouts;
+        # checks: registers the system check of the Redis in use (`manage.py check`).
+        from console import audit, checks  # noqa: F401
 
         post_migrate.connect(_ensure_schedules, sender=self)
         post_migrate.connect(_register_dash_apps, sender=self)

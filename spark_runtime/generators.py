@@ -45,6 +45,26 @@ def wait_for_redis(client, stream: str, error: Exception, poll_s: float = 1.0) -
             time.sleep(poll_s)
 
 
+class InputLost(RuntimeError):
+    """Redis came back without the input stream: it lost its data. Writing the input again from
+    the start would give it new entry ids, which a stage resumed from its checkpoint would count
+    a second time, so the generator stops (docs/RELIABILITY.md, "Redis without its data")."""
+
+
+# Within this long of its first write, a stream the append-only file lost whole (up to a second
+# of writes with `appendfsync everysec`) is written again, not taken for a Redis without data.
+YOUNG_STREAM_S = 2.0
+
+
+def stream_lost(length_after: int, length_at_start: int, first_write_at, now: float) -> bool:
+    """Whether a stream found empty after a Redis outage was lost with Redis's data: it held
+    entries when the generator started, or held them for longer than a crash can lose."""
+    if length_after > 0:
+        return False
+    held_long = first_write_at is not None and now - first_write_at > YOUNG_STREAM_S
+    return length_at_start > 0 or held_long
+
+
 VOCABULARY = [f"w{i:03d}" for i in range(200)]
 WORD_WEIGHTS = [1.0 / (i + 1) ** 0.8 for i in range(len(VOCABULARY))]
 ITEMS = [f"item{i:02d}" for i in range(50)]
@@ -144,7 +164,8 @@ def generate(
     until Redis answers and counts what the stream holds as written, so entries the outage lost
     are written again (with the same ids) and none is written twice. `client` should not retry
     writes on its own (spark_runtime.redis_client.connect(url, ride_out_outages=False)): a
-    retried pipeline whose first run reached Redis would add its entries twice."""
+    retried pipeline whose first run reached Redis would add its entries twice. A Redis that
+    comes back without the stream at all lost its data: InputLost is raised (`stream_lost`)."""
     rng = random.Random(seed)
     payload = make_payload_factory(topology, rng, rate)
     stream = keys.input_stream(job)
@@ -155,6 +176,7 @@ def generate(
     resumed_at = sent
     # Entries in the stream that this run did not write (none with `resume`).
     not_ours = length - sent
+    first_write_at = None
     while True:
         now = time.time()
         elapsed = now - started
@@ -180,8 +202,15 @@ def generate(
             sent += 1
         try:
             pipe.execute()
+            first_write_at = first_write_at or now
         except redis.ConnectionError as exc:
-            written = wait_for_redis(client, stream, exc) - not_ours
+            length_after = wait_for_redis(client, stream, exc)
+            if stream_lost(length_after, length, first_write_at, time.time()):
+                raise InputLost(
+                    f"Redis came back without the input stream of {job} ({sent} entries "
+                    "written): it lost its data; not writing the input again"
+                ) from exc
+            written = length_after - not_ours
             log.warning("generator %s: %s of %s entries reached the stream", job, written, sent)
             sent = written
         if now - last_log >= 5:

@@ -24,6 +24,10 @@ from spark_runtime import keys
 
 CHUNK = 2000  # records per script call: bounds how long Redis is blocked by one call
 
+# The epoch of a stage whose job lost its data in Redis (console/policy/redis_loss.py): no
+# writer holds it, so every write is refused, and INCR fails on it, so no replica can take over.
+FENCE_LOST = "lost"
+
 FENCE_CHECK = """
 local current = redis.call('GET', KEYS[1]) or '0'
 if current ~= ARGV[1] then

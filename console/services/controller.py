@@ -15,6 +15,7 @@ import time
 from dataclasses import dataclass
 
 from console.models import ControlDecision, Job, Policy, Replica
+from console.policy import redis_loss
 from console.policy.spares import standby_node_preference
 from console.redis import redis_client
 from console.services import metrics, recovery
@@ -25,6 +26,7 @@ from console.services.control.act import (
     ensure_generator,
     keep_warm_spares,
     stop_everything,
+    stop_generator,
 )
 from console.services.control.cycle import policy_cycle, record_standby_verdict
 from console.services.control.observe import (
@@ -49,8 +51,10 @@ from console.services.control.record import (
     store_assessment,
 )
 from console.services.planning import JobPlan, plan_job
+from spark_runtime import keys as data_keys
 from spark_runtime.jobdef import resolve_topology
 from spark_runtime.runner import observe
+from spark_runtime.sink import FENCE_LOST
 from spark_runtime.supervision import (
     BACKOFF,
     FAILED,
@@ -88,6 +92,11 @@ def launch_job(job: Job) -> JobPlan | None:
     primary's checkpoint, so the results continue where they stopped.
     """
     client = redis_client()
+    if any(epoch == FENCE_LOST for epoch in what_remains(client, job).fences.values()):
+        raise LaunchError(
+            "Redis lost this job's data (its stages are fenced off); it cannot continue "
+            "exactly-once: create it again as a new job"
+        )
     config = Policy.current().to_config()
     saved = load_supervisor(client, job)
     if saved is not None and job.status == Job.Status.FAILED:
@@ -211,12 +220,57 @@ def supervise_tick(job: Job, supervisor: Supervisor, client) -> TickReport:
 def without_state(job: Job, client) -> None:
     """A job held for supervision whose supervision state is gone. Stopping: stop_everything
     deletes the state last, so a controller killed after it and before marking the job
-    stopped left nothing to stop. Live: the state was lost (Redis lost its data), say so."""
+    stopped left nothing to stop. Live: the state was lost (Redis lost it), see `lost_state`."""
     if job.status == Job.Status.STOPPING:
         job.mark_stopped(job.status_reason or "stopped")
         close_measurements(job, client)
     elif job.is_live:
-        job.mark_failed("supervision state lost: relaunch the job")
+        lost_state(job, client)
+
+
+def what_remains(client, job: Job) -> redis_loss.Remains:
+    """What Redis holds of the job's data: the fencing epoch and sink watermarks of every stage
+    it ran (its replica rows), its input stream and its results, in one round trip."""
+    stages = sorted(set(job.replicas.values_list("stage", flat=True)))
+    pipe = client.pipeline(transaction=False)
+    pipe.exists(data_keys.input_stream(job.key))
+    pipe.exists(data_keys.results(job.key), data_keys.output_stream(job.key))
+    for stage in stages:
+        pipe.get(data_keys.fence(job.key, stage))
+    for stage in stages:
+        pipe.exists(data_keys.watermarks(job.key, stage))
+    found = pipe.execute()
+    epochs, marks = found[2 : 2 + len(stages)], found[2 + len(stages) :]
+    return redis_loss.Remains(
+        fences={
+            s: (e.decode() if isinstance(e, bytes) else e)
+            for s, e in zip(stages, epochs, strict=True)
+        },
+        input_stream=bool(found[0]),
+        results=bool(found[1]),
+        watermarks={s: bool(m) for s, m in zip(stages, marks, strict=True)},
+    )
+
+
+def lost_state(job: Job, client) -> None:
+    """A live job's supervision state is gone (console/policy/redis_loss.py). Its data gone too:
+    every stage is fenced off first (no running writer can write again, no replica can take
+    over), then its processes are stopped and it fails with what was lost. Only the state
+    gone: its processes are stopped and it fails, to be restarted from its checkpoints."""
+    remains = what_remains(client, job)
+    verdict = redis_loss.judge(remains)
+    if verdict.data_lost:
+        pipe = client.pipeline(transaction=False)
+        for stage in remains.fences:
+            pipe.set(data_keys.fence(job.key, stage), FENCE_LOST)
+        pipe.execute()
+    launcher = AgentLauncher(job, client)
+    running = job.replicas.exclude(state__in=(Replica.State.STOPPED, Replica.State.FAILED))
+    for row in running:
+        launcher.kill(row.local_id)
+    stop_generator(job)
+    decide(job, ControlDecision.Kind.GIVE_UP, verdict.reason)
+    if job.mark_failed(verdict.reason):
         alert_failed_job(job)
 
 

@@ -310,6 +310,12 @@ class FleetController:
         job = slot.job
         if slot.db_status != job.status:
             job.refresh_from_db(fields=["status", "status_reason"])
+        if not self.leases.holds(key):
+            # Gone (taken over, or gone with Redis's data): act on nothing, not even from the
+            # supervisor kept in memory, whose view of a Redis that lost its data would restart
+            # every replica (docs/RELIABILITY.md, "Redis without its data").
+            self._drop(key)
+            return None
         if slot.supervisor is None:
             controller.without_state(job, self.client)
             return self._end(key)

@@ -1,4 +1,8 @@
-"""`manage.py check --deploy` with the production settings reports nothing, and HTTPS is on."""
+"""`manage.py check --deploy` with the production settings reports nothing, and HTTPS is on.
+
+The checks include the one of the Redis in use (console/checks.py), so the commands run against
+a Redis configured as production needs it (append-only, noeviction), a server of the module's
+own: the machine's Redis persists nothing and would be reported, rightly."""
 
 import os
 import secrets
@@ -6,7 +10,25 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+from tests.configured_redis import ConfiguredRedis
+
 REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def production_redis(tmp_path_factory):
+    server = ConfiguredRedis(
+        tmp_path_factory.mktemp("redis"), args=["--maxmemory-policy", "noeviction"]
+    )
+    server.start()
+    os.environ["BACKSTOP_DEPLOY_CHECK_REDIS"] = server.url
+    try:
+        yield server
+    finally:
+        del os.environ["BACKSTOP_DEPLOY_CHECK_REDIS"]
+        server.stop()
 
 
 def run_production(*args: str, **environ: str) -> subprocess.CompletedProcess:
@@ -20,6 +42,7 @@ def run_production(*args: str, **environ: str) -> subprocess.CompletedProcess:
     env_vars.update(
         DJANGO_SETTINGS_MODULE="web.settings.production",
         SECRET_KEY=secrets.token_urlsafe(64),
+        REDIS_URL=os.environ["BACKSTOP_DEPLOY_CHECK_REDIS"],
         **environ,
     )
     return subprocess.run(
