@@ -16,6 +16,8 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
 
+from spark_runtime.disk_space import is_disk_full
+
 if TYPE_CHECKING:
     from spark_runtime.supervision import Replica, Supervisor
 
@@ -136,6 +138,13 @@ class CauseStreak:
     count: int
 
 
+def waits_for_space(cause: str) -> bool:
+    """True for a failure that waits for an operator to free disk space (a replica's reported
+    cause saying its checkpoint directory, or another of its disks, is full): retried with the
+    backoff for as long as it lasts, never given up on (spark_runtime.disk_space)."""
+    return bool(cause) and is_disk_full(cause)
+
+
 class ExponentialDelayRestartBackoff:
     """Whether a failed replica may restart, and after how long: Flink's exponential-delay
     strategy with the give-up rule of its failure-rate strategy, and a give-up rule on causes.
@@ -153,6 +162,13 @@ class ExponentialDelayRestartBackoff:
       about its own failure (`cause` of notify_failure); a failure without one (a kill, a
       missed heartbeat: nothing says it will happen again), a failure with another cause, and a
       success (notify_success: a replica of the scope finished a batch) end the streak.
+    - A full disk waits (`waits_for_space`): a failure whose cause says the replica's checkpoint
+      directory (or another disk of it) is full counts toward neither give-up rule, and ends a
+      streak. It is the same cause at every start until an operator frees space, then it is
+      gone: giving up on it failed a job that only had to wait (three starts in 74 s on a full
+      tmpfs, before this rule). The replica is restarted with the same exponential delay (its
+      starts come max_delay_s apart once the delay reached it, each refused within a second or
+      two before any JVM) and resumes its checkpoint at the first start after space is back.
 
     `failures` (scope -> times of its failures within the window) and `streaks` (scope -> its
     CauseStreak) belong to the caller, which persists them; this strategy records into them.
@@ -174,9 +190,9 @@ class ExponentialDelayRestartBackoff:
         reported none)."""
         window_start = now - self.policy.failure_window_s
         recent = [t for t in self.failures.get(scope, []) if t > window_start]
-        self.failures[scope] = [*recent, now]
+        self.failures[scope] = recent if waits_for_space(cause) else [*recent, now]
         streak = self.streaks.get(scope)
-        if not cause:
+        if not cause or waits_for_space(cause):
             self.streaks.pop(scope, None)
         elif streak is not None and streak.cause == cause:
             self.streaks[scope] = CauseStreak(cause, streak.count + 1)

@@ -31,6 +31,10 @@ supervisor reads the cause with the exit (spark_runtime.supervision.reported_cau
 failed because Spark's Python worker did not connect back, the stage asks the workers'
 interpreter why (runtime.worker_start_failure): an interpreter that cannot import what a worker
 needs (pyarrow, say) fails every start the same way, and its ImportError is the cause.
+A stage whose checkpoint directory is full says so, with the path and the space left
+(spark_runtime.disk_space): when a query fails saying "No space left on device" or with less
+than the minimum free there, and before it starts its queries (then it exits within a second,
+without a JVM); its supervisor restarts it with the backoff until space is back.
 """
 
 from __future__ import annotations
@@ -50,6 +54,7 @@ from typing import NoReturn
 from spark_runtime import keys
 from spark_runtime.config import DEFAULT_REDIS_URL, configure_logging, ensure_python_env
 from spark_runtime.cpu_priority import set_group_nice
+from spark_runtime.disk_space import DiskFull, disk_full_cause
 from spark_runtime.progress import ProgressRecord, publish_progress
 from spark_runtime.redis_client import connect
 from spark_runtime.strategies import (
@@ -374,19 +379,35 @@ def run(args, spark=None) -> int:
     beats.start()
     try:
         runtime = start_runtime(args, client, state, spark)
+    except DiskFull as exc:
+        log.error("stage %s does not start its queries: %s", args.stage, exc)
+        stop_beats.set()
+        report_failure(state, str(exc))
+        client.delete(keys.heartbeat(args.job, args.replica_id))
+        return EXIT_FAILED
     except Exception as exc:
         # A job module that does not import, a query that does not start: it will fail the same
         # way at the next start, so say why (the traceback goes to the log).
         log.exception("stage %s could not start its queries", args.stage)
         stop_beats.set()
-        report_failure(state, failure_cause("".join(traceback.format_exception_only(exc))))
+        error = "".join(traceback.format_exception_only(exc))
+        full = disk_full_cause(checkpoint_path(args), error)
+        report_failure(state, full or failure_cause(error))
         client.delete(keys.heartbeat(args.job, args.replica_id))
         return EXIT_FAILED
     return supervise_queries(args, client, state, runtime, stop_beats)
 
 
+def checkpoint_path(args) -> str:
+    """The replica's checkpoint directory (`--checkpoint-dir`, else under var/checkpoints)."""
+    return args.checkpoint_dir or os.path.join(
+        "var", "checkpoints", args.job, args.stage, args.replica_id
+    )
+
+
 def start_runtime(args, client, state: ReplicaState, spark=None):
-    """Build the stage's queries and start them (a StageRuntime); `spark` as for run()."""
+    """Build the stage's queries and start them (a StageRuntime); `spark` as for run(). Raises
+    DiskFull, before anything is built, when the checkpoint directory has no room."""
     from spark_runtime.checkpoint_seed import seed_checkpoint
     from spark_runtime.config import build_session
     from spark_runtime.jobdef import resolve_topology
@@ -396,9 +417,10 @@ def start_runtime(args, client, state: ReplicaState, spark=None):
     topology = with_params(resolve_topology(args.topology), parse_params(args.param))
     operators = [o for o in args.operators.split(",") if o]
     stage = stage_spec(topology, args.stage, operators, job=args.job)
-    checkpoint = args.checkpoint_dir or os.path.join(
-        "var", "checkpoints", args.job, args.stage, args.replica_id
-    )
+    checkpoint = checkpoint_path(args)
+    full = disk_full_cause(checkpoint)
+    if full is not None:
+        raise DiskFull(full)
     if args.seed_from:
         seeded = seed_checkpoint(args.seed_from, checkpoint, len(stage.segments))
         state.update(seeded_batches=seeded)
@@ -476,14 +498,18 @@ def supervise_queries(args, client, state: ReplicaState, runtime, stop_beats) ->
             if CONNECT_BACK_FAILURE in message:
                 # Slow to start (start the queries again) or unable to (fail now, saying why)?
                 broken = worker_start_failure(runtime.spark.sparkContext.pythonExec)
-            if broken is None and runtime.retry_failed_start(failure):
-                continue
             fenced = FencedError.__name__ in message or "FENCED" in message
+            # A full checkpoint disk (the error says so, or there is no room left): say which.
+            full = None if fenced else disk_full_cause(runtime.checkpoint_dir, message)
+            if broken is None and full is None and runtime.retry_failed_start(failure):
+                continue
             code = EXIT_FENCED if fenced else EXIT_FAILED
             log.error("query failed (%s): %s", "fenced" if fenced else "error", message)
             if broken is not None:
                 log.error("the Python workers' interpreter cannot start:\n%s", broken)
-            report_failure(state, failure_cause(broken or message), fenced)
+            if full is not None:
+                log.error("the stage's disk is full: %s", full)
+            report_failure(state, full or failure_cause(broken or message), fenced)
             break
     finally:
         stop_beats.set()

@@ -31,8 +31,9 @@ each further such failure, up to a cap. When a stage's primaries fail `max_failu
 `failure_window_s`, or `same_cause_failures_limit` times in a row with the same cause (a
 deterministic failure: see failover.ExponentialDelayRestartBackoff), the supervisor gives up on
 the job (`GiveUp`, the driver marks it failed); when its standbys do, the stage runs unprotected
-instead. `relaunch(now)` starts a given-up job again, each stage from its last primary's
-checkpoint.
+instead. A failure whose cause is a full disk (failover.waits_for_space) counts toward neither:
+the replica is restarted with the backoff until space is back. `relaunch(now)` starts a
+given-up job again, each stage from its last primary's checkpoint.
 
 Persistence: `to_dict()` snapshots the fields of `SupervisorState` (the driver keeps it in Redis
 between ticks) and `Supervisor.from_dict` rebuilds the machine, also from an older version's.
@@ -76,6 +77,7 @@ from spark_runtime.failover import (
     Restart,
     RestartPolicy,
     TakeOver,
+    waits_for_space,
 )
 from spark_runtime.strategies import Strategy, get_strategy
 
@@ -774,6 +776,11 @@ class Supervisor(SupervisorState):
         replica.failures_in_a_row = 1 if replica.healthy else replica.failures_in_a_row + 1
         backoff, scope = self._backoff(), f"{stage}/{replica.role}"
         backoff.notify_failure(scope, now, cause=cause)
+        if waits_for_space(cause):
+            self.history.append(
+                (now, f"{replica.id} waits for disk space: restarted with the backoff until "
+                 "space is back, not counted toward giving up")
+            )  # fmt: skip
         if not backoff.can_restart(scope):
             streak = backoff.repeated_cause(scope)
             if streak is not None:
