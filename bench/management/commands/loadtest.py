@@ -223,7 +223,8 @@ def judge(report: dict) -> dict:
         "cpu_ratio": (None if cpu_ratio is None else round(cpu_ratio, 2), GOALS["cpu_ratio"]),
     }
     return {
-        name: {"value": value, "bound": bound, "met": value is not None and value <= bound}
+        # None: not measured in this run (e.g. no API request with --page-only).
+        name: {"value": value, "bound": bound, "met": None if value is None else value <= bound}
         for name, (value, bound) in figures.items()
     } | {"clients": largest["clients"], "cpu_ratio_against_clients": smallest["clients"]}
 
@@ -268,7 +269,7 @@ def format_report(report: dict) -> str:
             if name == "cpu_ratio"
             else ""
         )
-        verdict = "met" if goal["met"] else "MISSED"
+        verdict = {True: "met", False: "MISSED", None: "not measured"}[goal["met"]]
         lines.append(f"- {name}: {goal['value']} (bound {goal['bound']}){against}: {verdict}")
     return "\n".join(lines) + "\n"
 
