@@ -48,7 +48,7 @@ from pathlib import Path
 
 import psutil
 import redis
-from django.contrib.auth.models import Group, User
+from django.contrib.auth.models import User
 from django.db import DatabaseError, close_old_connections, connection, connections
 from django.utils import timezone
 
@@ -74,10 +74,9 @@ from bench.soak.schedule import (
     pick,
     plan_schedule,
 )
-from bench.strategy.run import machine_description
+from bench.strategy.run import bench_user, machine_description
 from console.models import FaultInjection, Job, Node, Replica
 from console.redis import redis_client
-from console.roles import OPERATOR
 from console.services.demo_setup import DEMO_NODES, ensure_demo_nodes
 from console.services.faults import FaultRefused, request_fault
 from console.services.jobs import create_job, kill_job_processes, kill_warm_spares, stop_job
@@ -155,12 +154,7 @@ class Pending:
 
 def soak_user() -> User:
     """The operator the run's jobs and faults are recorded under."""
-    user, created = User.objects.get_or_create(username=SOAK_USER)
-    if created:
-        user.set_unusable_password()
-        user.save()
-    user.groups.add(Group.objects.get_or_create(name=OPERATOR)[0])
-    return user
+    return bench_user(SOAK_USER)
 
 
 @contextlib.contextmanager

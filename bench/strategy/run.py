@@ -151,9 +151,9 @@ def end_abandoned_bench_jobs() -> int:
     return len(abandoned)
 
 
-def bench_user() -> User:
-    """The operator the benchmark's jobs and faults are recorded under."""
-    user, created = User.objects.get_or_create(username=BENCH_USER)
+def bench_user(username: str = BENCH_USER) -> User:
+    """The operator a benchmark's jobs and faults are recorded under (the soak has its own)."""
+    user, created = User.objects.get_or_create(username=username)
     if created:
         user.set_unusable_password()
         user.save()
