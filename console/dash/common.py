@@ -84,6 +84,11 @@ def cpu_priority_label(nice: int | None, batch_every_s: float | None) -> str:
     return f"nice {nice}{paced}"
 
 
+def count_of(n: int, singular: str, plural: str | None = None) -> str:
+    """ "1 job", "2 jobs", "1 primary", "3 primaries"."""
+    return f"{n} {singular if n == 1 else (plural or singular + 's')}"
+
+
 def fmt_pct(value) -> str:
     """A 0..1 fraction as a percentage."""
     return "—" if value is None else f"{value * 100:.0f}%"

@@ -5,7 +5,7 @@ from datetime import UTC, datetime, timedelta
 import pandas as pd
 import pytest
 
-from console.dash.common import ACTIVE, FAULT, PASSIVE, RECOVERY
+from console.dash.common import ACTIVE, FAULT, PASSIVE, RECOVERY, count_of
 from console.dash.job import figures as job_figures
 from console.dash.overview import figures as overview_figures
 from console.dash.placement import figures as placement_figures
@@ -309,3 +309,10 @@ def test_resources_figure_has_four_panels_with_one_line_per_node_in_percent():
     assert list(net_a.y) == [pytest.approx(10.0)]
     # A node keeps its colour in every panel.
     assert len({t.line.color for t in fig.data if t.name == "node-a"}) == 1
+
+
+def test_counts_are_said_in_the_singular_for_one():
+    assert count_of(1, "job") == "1 job"
+    assert count_of(0, "job") == "0 jobs"
+    assert count_of(1, "primary", "primaries") == "1 primary"
+    assert count_of(3, "primary", "primaries") == "3 primaries"

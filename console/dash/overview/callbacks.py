@@ -18,6 +18,7 @@ from console.dash.common import (
     badge,
     can_view,
     choice_values,
+    count_of,
     fmt_num,
     fmt_pct,
     fmt_time,
@@ -158,7 +159,9 @@ def _node_table(nodes: list[dict]):
 
 def _position(page: data.JobPage, flt: data.JobFilter, total: int) -> str:
     filtered = flt != data.JobFilter()
-    matching = f"{page.matching} of {total} jobs match" if filtered else f"{total} jobs"
+    matching = (
+        f"{page.matching} of {count_of(total, 'job')} match" if filtered else count_of(total, "job")
+    )
     first = (page.page - 1) * PAGE_SIZE + 1 if page.rows else 0
     shown = f"{first}-{first + len(page.rows) - 1}" if page.rows else "none"
     return f"{matching}; showing {shown} (page {page.page} of {page.pages})"
@@ -174,7 +177,8 @@ def _kpis(totals: dict, utilisation) -> list:
         _kpi("running jobs", str(by_status["running"]), "kpi-running",
              f"{jobs['live']} live, {by_status['failed']} failed"),
         _kpi("replicas", str(replicas["total"]), "kpi-replicas",
-             f"{replicas['primary']} primaries, {replicas['standby']} standbys"),
+             f"{count_of(replicas['primary'], 'primary', 'primaries')}, "
+             f"{count_of(replicas['standby'], 'standby', 'standbys')}"),
         _kpi("nodes up", f"{nodes['up']}/{nodes['total']}", "kpi-nodes",
              f"{nodes['down']} not up" if nodes["down"] else "all up"),
         _kpi("open episodes", str(totals["open_recoveries"]), "kpi-open",
