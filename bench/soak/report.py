@@ -38,12 +38,21 @@ REPORT_KEYS = (
 
 def sort_job_keys(keys: list[tuple[str, int]], job_key: str) -> dict[str, list[str]]:
     """A stopped job's Redis keys as (key, TTL in s; -1 none) in three lists: `kept` (its data,
-    KEPT_DATA), `expiring` (a TTL: they go by themselves) and `leaked` (the rest)."""
+    KEPT_DATA and KEPT_CONTROL, and a progress stream's ingest cursor while the stream is
+    there), `expiring` (a TTL: they go by themselves) and `leaked` (the rest)."""
     prefix = f"backstop:{job_key}:"
+    present = {key for key, _ in keys}
     out: dict[str, list[str]] = {"kept": [], "expiring": [], "leaked": []}
     for key, ttl in sorted(keys):
         part = key[len(prefix) :].split(":", 1)[0] if key.startswith(prefix) else ""
-        if (part in KEPT_DATA and not key.endswith(":ingest-cursor")) or part in KEPT_CONTROL:
+        cursor = key.endswith(":ingest-cursor")
+        # A progress stream's ingest cursor lives as long as the stream (retention deletes both).
+        kept = (
+            part in KEPT_CONTROL
+            or (part in KEPT_DATA and not cursor)
+            or (cursor and key.removesuffix(":ingest-cursor") in present)
+        )
+        if kept:
             out["kept"].append(key)
         elif ttl is not None and ttl >= 0:
             out["expiring"].append(key)
