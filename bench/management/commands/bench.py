@@ -12,6 +12,7 @@ from django.core.management.base import BaseCommand, CommandError
 
 from bench.flink_peer.cluster import OPTIONS as FLINK_OPTIONS
 from bench.flink_peer.cluster import PROFILES, RESTART_STRATEGIES, flink_settings
+from bench.signals import exit_on_first_sigterm
 from bench.strategy.harness import FAULT_KINDS, PEERS, BenchSettings
 from bench.strategy.run import remeasure, run_bench, write_outputs, write_results
 from spark_runtime.strategies import STRATEGIES
@@ -62,12 +63,6 @@ def policy_change(item: str) -> tuple[str, str]:
     if not sep or not key.strip() or not value.strip():
         raise CommandError(f"--policy: KEY=VALUE, not {item!r}")
     return key.strip(), value.strip()
-
-
-def _exit_on_sigterm(*_args) -> None:
-    """Unwind on the first SIGTERM; a second one during the clean-up must not cut it short."""
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    sys.exit(1)
 
 
 class Command(BaseCommand):
@@ -211,7 +206,7 @@ class Command(BaseCommand):
         command = "python manage.py " + " ".join(sys.argv[1:])
         # A SIGTERM unwinds like an error: the runs' `finally` blocks stop the job, its
         # processes, the controller and the agents (else they outlive the benchmark).
-        signal.signal(signal.SIGTERM, _exit_on_sigterm)
+        signal.signal(signal.SIGTERM, exit_on_first_sigterm)
         call_command("migrate", interactive=False, verbosity=0)
         if opts["remeasure"]:
             out = Path(opts["remeasure"])

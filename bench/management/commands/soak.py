@@ -11,17 +11,12 @@ from pathlib import Path
 from django.core.management.base import BaseCommand, CommandError
 
 from bench.results import RESULTS_MD, write_section
+from bench.signals import exit_on_first_sigterm
 from bench.soak.report import to_markdown
 from bench.soak.run import Soak, SoakSettings
 from bench.soak.schedule import parse_spacing
 
 RESULTS_SECTION = "## Soak (manage.py soak)"
-
-
-def _exit_on_sigterm(*_args) -> None:
-    """Unwind on the first SIGTERM (the run's `finally` stops what it started)."""
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    sys.exit(1)
 
 
 class Command(BaseCommand):
@@ -70,7 +65,7 @@ class Command(BaseCommand):
         except ValueError as exc:
             raise CommandError(str(exc)) from None
         command = "python manage.py soak " + " ".join(shlex.quote(a) for a in sys.argv[2:])
-        signal.signal(signal.SIGTERM, _exit_on_sigterm)
+        signal.signal(signal.SIGTERM, exit_on_first_sigterm)
         try:
             report = Soak(settings, self._say, command).run()
         except RuntimeError as exc:
