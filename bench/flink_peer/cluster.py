@@ -448,8 +448,10 @@ class FlinkCluster:
         self.start_taskmanager(new_name)
         return new_name
 
-    def pids(self) -> list[int]:
-        """Every live process of the cluster (JobManager, TaskManagers, Python workers)."""
+    def live_processes(self) -> list:
+        """Every live process of the cluster (JobManager, TaskManagers, Python workers), as the
+        psutil processes found: looking a pid up again raced with a TaskManager's kill (the
+        benchmark's resource sampler died on a pid gone in between)."""
         import psutil
 
         leaders = {p.pid for p in self.processes.values() if p.poll() is None}
@@ -457,7 +459,7 @@ class FlinkCluster:
         for proc in psutil.process_iter():
             try:
                 if os.getsid(proc.pid) in leaders:
-                    found.append(proc.pid)
+                    found.append(proc)
             except (psutil.NoSuchProcess, ProcessLookupError, PermissionError):
                 continue
         return found

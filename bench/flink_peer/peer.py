@@ -25,7 +25,6 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
-import psutil
 from django.conf import settings as django_settings
 
 from bench.flink_peer.bridge import bridge_delays, run_bridge
@@ -112,7 +111,7 @@ def run_flink_peer(bench: BenchSettings, say, flink: FlinkSettings | None = None
         )  # fmt: skip
         wait_for(lambda: client.xlen(data_keys.input_stream(job_key)) > 0, 60, "the first input")
         t0 = input_started_at(client, job_key)
-        sampler = ResourceSampler(lambda: [psutil.Process(pid) for pid in cluster.pids()])
+        sampler = ResourceSampler(cluster.live_processes)
         sampler.start()
         faults = []
         try:

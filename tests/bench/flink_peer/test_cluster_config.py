@@ -1,6 +1,11 @@
 """The Flink peer's cluster configuration and TaskManager naming (no Flink started here; the
 slow test tests/bench/test_bench_flink.py starts a real cluster)."""
 
+import os
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 from bench.flink_peer.cluster import (
@@ -51,3 +56,29 @@ def test_a_relative_run_directory_is_made_absolute(tmp_path, monkeypatch):
     assert cluster.run_dir == tmp_path / "var" / "bench" / "flink"
     cluster.write_config()  # the checkpoint directory is a file URI
     assert (tmp_path / "var/bench/flink/conf/config.yaml").read_text().count("file:///") == 1
+
+
+def test_the_live_processes_are_the_sessions_of_its_processes_and_skip_the_gone(tmp_path):
+    """What the resource sampler reads: each started process's session (a TaskManager and the
+    Python workers it starts), as the processes found, so one killed meanwhile is not looked up
+    again (the sampler died on a pid gone between listing and lookup)."""
+    cluster = FlinkCluster(fake_env(tmp_path), FlinkSettings(), tmp_path / "run")
+    # The leader reaps its child when it is killed, as a TaskManager does its Python workers.
+    script = "import subprocess, time; subprocess.Popen(['sleep', '60']).wait(); time.sleep(60)"
+    leader = subprocess.Popen([sys.executable, "-c", script], start_new_session=True)
+    try:
+        cluster.processes["tm-1"] = leader
+        deadline = time.time() + 10
+        while len(cluster.live_processes()) < 2 and time.time() < deadline:
+            time.sleep(0.05)
+        found = cluster.live_processes()
+        child = next(p for p in found if p.pid != leader.pid)
+        assert {p.pid for p in found} == {leader.pid, child.pid}
+        child.kill()
+        deadline = time.time() + 10
+        while len(cluster.live_processes()) > 1 and time.time() < deadline:
+            time.sleep(0.05)
+        assert [p.pid for p in cluster.live_processes()] == [leader.pid]
+    finally:
+        os.killpg(leader.pid, signal.SIGKILL)
+        leader.wait()
