@@ -10,6 +10,7 @@ from console.auth_throttle import LockoutAwareAdminAuthenticationForm
 from console.models import (
     FaultInjection,
     Job,
+    JobUpgrade,
     MetricSample,
     Node,
     Operator,
@@ -98,6 +99,25 @@ class FaultInjectionAdmin(admin.ModelAdmin):
     ]
     list_filter = ["kind", "outcome"]
     search_fields = ["job__name", "target_operator"]
+
+
+@admin.register(JobUpgrade)
+class JobUpgradeAdmin(admin.ModelAdmin):
+    """Upgrades are records of what happened: read-only here (ask for one through the API, the
+    console or `manage.py upgrade_job`)."""
+
+    list_display = [
+        "job", "from_topology", "to_topology", "case", "status", "requested_by", "requested_at",
+        "switched_at", "ended_at", "gap_s",
+    ]  # fmt: skip
+    list_filter = ["status", "case"]
+    search_fields = ["job__name", "from_topology", "to_topology"]
+
+    def has_add_permission(self, request):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False
 
 
 @admin.register(RecoveryEpisode)

@@ -22,6 +22,7 @@ def node_metrics(node: str) -> str:
 # The kinds of entries on the agent events stream.
 EVENT_EXIT = "exit"  # a stage process exited (with its log tail)
 EVENT_REFUSED = "refused"  # a fault the agent would not or could not carry out (with why)
+EVENT_UPGRADE = "upgrade"  # the console asks the job's controller to look at its upgrade
 EVENT_SPARK_KILLED = "spark-killed"  # a Spark executor or worker the agent killed for a fault
 
 
@@ -120,3 +121,9 @@ def shared_data(namespace: str, digest: str) -> str:
 def shared_data_computing(namespace: str, digest: str) -> str:
     """Set while one request computes that piece of shared data; the others wait for it."""
     return make_key("shared-data", namespace, digest, "computing")
+
+
+def upgrade_audit_asked(job_key: str, upgrade_id: int) -> str:
+    """Set (with a TTL) while the watchdog's last request for an upgrade's audit is recent
+    (console/services/upgrade_audit.py)."""
+    return make_key(job_key, "upgrade-audit-asked", upgrade_id)

@@ -26,6 +26,8 @@ import redis
 from infra.keys import node_heartbeat
 from infra.queues import CONTROL_QUEUE, node_queue
 from infra.redis_client import redis_client
+from spark_runtime.cpu_priority import set_session_nice
+from spark_runtime.strategies import CONTROL_PLANE_NICE
 
 
 def redis_answers(url: str, timeout: float = 1.0) -> bool:
@@ -69,6 +71,7 @@ class Child:
     restarts: int = 0
     quick_exits: int = 0  # consecutive exits within QUICK_EXIT_S of a start
     exited_at: float | None = None  # when the group saw it exit (None while it runs)
+    nice: int | None = None  # its session's CPU priority (None: the normal level)
 
 
 @dataclass
@@ -89,10 +92,13 @@ class ProcessGroup:
     _stopping: threading.Event = field(default_factory=threading.Event)
     _watcher: threading.Thread | None = None
 
-    def start(self, name: str, argv: list[str], env: dict | None = None) -> subprocess.Popen:
-        """Start `name` (its output in log_dir/name.log) and keep it running."""
+    def start(
+        self, name: str, argv: list[str], env: dict | None = None, nice: int | None = None
+    ) -> subprocess.Popen:
+        """Start `name` (its output in log_dir/name.log) and keep it running; `nice`: the CPU
+        priority of its session (spark_runtime.cpu_priority), given at every start."""
         with self._lock:
-            child = Child(name, argv, {**os.environ, **(env or {})}, None, 0.0)
+            child = Child(name, argv, {**os.environ, **(env or {})}, None, 0.0, nice=nice)
             self._spawn(child)
             self.children[name] = child
         self._watch()
@@ -109,6 +115,8 @@ class ProcessGroup:
             start_new_session=True,  # Ctrl-C reaches us, and we stop children in order
         )
         child.started_at = time.monotonic()
+        if child.nice is not None:
+            set_session_nice(child.proc.pid, child.nice)
 
     def restart_exited(self) -> list[str]:
         """Start again each child that has exited and waited out its delay; returns their names."""
@@ -215,13 +223,19 @@ def celery_argv(*args: str) -> list[str]:
     return [sys.executable, "-m", "celery", "-A", "web", *args]
 
 
+# Worker start-up without mingle (a second spent waiting for other workers' revoked-task lists)
+# and gossip (events between workers): Backstop uses neither, and a restarted controller or
+# agent supervises again that much sooner.
+QUICK_START = ("--without-mingle", "--without-gossip")
+
+
 def controller_argv(worker_name: str = "controller@%h", concurrency: int = 4) -> list[str]:
     """The Celery controller: consumes the control queue and supervises its share of the jobs
     in threads of its own (console/services/fleet.py)."""
     # threads: launch, fault and audit tasks side by side; no task holds a job's supervision
     return celery_argv(
         "worker", "-Q", CONTROL_QUEUE, "-n", worker_name, "--pool", "threads",
-        "--concurrency", str(concurrency), "--loglevel", "INFO",
+        "--concurrency", str(concurrency), "--loglevel", "INFO", *QUICK_START,
     )  # fmt: skip
 
 
@@ -230,7 +244,7 @@ def agent_argv(node: str, worker_name: str | None = None) -> list[str]:
     # solo pool: tasks run beside the agent's monitor thread (workers/agent.py)
     return celery_argv(
         "worker", "-Q", node_queue(node), "-n", worker_name or f"agent-{node}@%h",
-        "--pool", "solo", "--loglevel", "INFO",
+        "--pool", "solo", "--loglevel", "INFO", *QUICK_START,
     )  # fmt: skip
 
 
@@ -267,6 +281,7 @@ class LocalCluster:
             "controller",
             controller_argv(f"{self.worker_prefix}controller@%h", self.controller_concurrency),
             env=self.env,
+            nice=CONTROL_PLANE_NICE,
         )
 
     def start(self, redis_url: str, timeout_s: float = 90) -> None:
@@ -278,11 +293,13 @@ class LocalCluster:
                 f"agent-{node}",
                 agent_argv(node, f"{self.worker_prefix}agent-{node}@%h"),
                 env={**self.env, **agent_env(node, self.node_mem_mb, self.node_cpu)},
+                nice=CONTROL_PLANE_NICE,
             )
         self.group.start(
             "beat",
             celery_argv("beat", "--loglevel", "INFO", "--schedule", str(self.beat_schedule)),
             env=self.env,
+            nice=CONTROL_PLANE_NICE,
         )
         client = redis_client(redis_url, decode_responses=False)
         try:

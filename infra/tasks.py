@@ -36,6 +36,8 @@ WATCHDOG = TaskName("backstop.controller.watchdog", expires_s=10)
 AUDIT_EPISODES = TaskName("backstop.controller.audit_episodes", expires_s=600)
 INJECT_FAULT = TaskName("backstop.controller.inject_fault", expires_s=60)
 DRILL = TaskName("backstop.controller.drill", expires_s=60)
+CHECK_UPGRADE = TaskName("backstop.controller.check_upgrade", expires_s=600)
+AUDIT_UPGRADE = TaskName("backstop.controller.audit_upgrade", expires_s=600)
 
 # Reports, alerts and housekeeping.
 SEND_REPORT = TaskName("backstop.send_report", expires_s=3600)

@@ -84,18 +84,34 @@ def set_group_nice(level: int) -> int:
     return os.getpriority(os.PRIO_PROCESS, 0)
 
 
-def set_autogroup_nice(level: int) -> None:
-    """Set the nice level of this session's autogroup (nothing where the kernel has none).
+def set_session_nice(pid: int, level: int) -> int:
+    """Set the nice level of the session that process `pid` leads (its process group and its
+    autogroup), from another process: a launcher gives a child its priority before the child
+    has run a line, so a slow start-up (imports) already runs at it. As far as this process
+    may (`allowed_nice`); returns the level set."""
+    target = allowed_nice(level, os.getpriority(os.PRIO_PROCESS, pid), lowest_nice())
+    try:
+        os.setpriority(os.PRIO_PGRP, pid, target)
+    except (PermissionError, ProcessLookupError) as exc:
+        log.warning("cannot set nice %s for process %s: %s", target, pid, exc)
+        return os.getpriority(os.PRIO_PROCESS, 0)
+    set_autogroup_nice(target, f"/proc/{pid}/autogroup")
+    return target
+
+
+def set_autogroup_nice(level: int, path: str = AUTOGROUP) -> None:
+    """Set the nice level of this session's autogroup (`path`: another process's, to set that
+    one's session; nothing where the kernel has none).
     Without CAP_SYS_ADMIN the kernel takes one autogroup change per 100 ms on the whole machine
     and refuses the others with EAGAIN (kernel/sched/autogroup.c): a promotion and the spares
     renicing at the same moment would otherwise leave a level unset, so it tries again."""
     for attempt in range(AUTOGROUP_TRIES):
         try:
-            with open(AUTOGROUP, "w") as autogroup:
+            with open(path, "w") as autogroup:
                 autogroup.write(str(level))
             return
         except FileNotFoundError:
-            return  # not Linux, or a kernel built without autogroups
+            return  # not Linux, a kernel built without autogroups, or the process has ended
         except BlockingIOError:  # EAGAIN: another autogroup changed less than 100 ms ago
             if attempt + 1 < AUTOGROUP_TRIES:
                 time.sleep(AUTOGROUP_RETRY_S)

@@ -113,6 +113,9 @@ class OutputGate:
         # latest batch (0 once the query is idle: it has read all the input there is): a standby
         # far behind must not be promoted.
         self.query_lag_s: dict[str, float] = {}
+        # This primary handed the output over to an upgrade's new version (`demote`): it stays
+        # ready to write again at full pace until the upgrade ends.
+        self.handed_over = False
         if role == PRIMARY:
             self.writer.acquire()
 
@@ -272,6 +275,23 @@ class OutputGate:
                 "promoted %s: epoch %s, flushed %s buffered records", self.stage, epoch, flushed
             )
             return {"epoch": epoch, "flushed": flushed}
+
+    def demote(self) -> dict:
+        """Stop writing and buffer from now on, as a standby does: the primary of a stage being
+        upgraded hands the output over to its successor (the green replica), which takes over by
+        a newer fencing epoch once this one says it is a standby, and stays ready to take it back
+        (a rollback is this replica's ordinary promotion). Taken under the gate's lock, so it
+        lands between two batches: every batch before it was written whole, every batch after
+        it is buffered. Returns {"watermarks"}: where this replica's writes ended, per sink."""
+        with self.lock:
+            self.role = STANDBY
+            self.handed_over = True
+            marks = self.client.hgetall(keys.watermarks(self.job, self.stage))
+            # Nothing of this replica is buffered yet: it is caught up by definition (its
+            # queries' own lags replace this once they have buffered a batch).
+            self.query_lag_s = {"demoted": 0.0}
+            log.info("demoted %s: a standby from now on (watermarks %s)", self.stage, marks)
+            return {"watermarks": marks}
 
 
 # Spark (4.3) gives the Python process of a Python data source a fixed 10 s to connect back when

@@ -2,19 +2,26 @@
 
     python -m spark_runtime.stage --job ID --topology NAME --stage NAME --operators OP,OP \
         --role primary|standby --replica-id ID --node NODE [--redis-url URL] \
-        [--checkpoint-dir DIR] [--seed-from DIR] [--cpu-priorities] [--trigger-seconds S] \
-        [--checkpoint-interval S --spark-conf KEY=VALUE ...] [--param OP.KEY=VALUE ...]
+        [--checkpoint-dir DIR] [--seed-from DIR] [--cpu-priorities] [--successor] \
+        [--trigger-seconds S] [--checkpoint-interval S --spark-conf KEY=VALUE ...] \
+        [--param OP.KEY=VALUE ...]
 
 A standby started with `--seed-from` (its primary's checkpoint) begins from a copy of the
 primary's latest committed batch instead of replaying the input from the beginning. With
 `--cpu-priorities` a primary runs above the normal CPU priority (where the process may raise
 it) and a caught-up standby below it (spark_runtime/strategies.py has the levels).
+`--successor` marks the new version of an upgrade (spark_runtime/upgrade.py): a standby about
+to take the output over, which runs every batch at the normal priority instead of being paced
+down like a caught-up standby; a primary that handed over to one (`demote`) runs every batch
+too, ready for a rollback, but at a standby's low priority.
 
 It heartbeats to Redis (`backstop:{job}:hb:{replica}` with a TTL) and keeps its entry in
 `backstop:{job}:replicas` current, publishes query progress to `backstop:{job}:progress`, and obeys
 JSON commands pushed to the list `backstop:{job}:control:{replica}`:
 
 - `{"cmd": "promote"}`: a standby becomes the primary (fences the old one, flushes its buffer);
+- `{"cmd": "demote"}`: a primary becomes a standby between two batches (the blue replica of an
+  upgrade hands the output over to the green one and stays ready to take it back);
 - `{"cmd": "stop"}`: stop the queries and exit 0;
 - `{"cmd": "trigger", "seconds": S}`: restart the queries from their checkpoints with trigger S;
 - `{"cmd": "checkpoint_interval", "seconds": CI, "confs": {KEY: VALUE}}`: take the state-store
@@ -107,6 +114,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--checkpoint-dir", default=None)
     parser.add_argument("--seed-from", default=None, help="checkpoint to copy before a first start")
     parser.add_argument("--cpu-priorities", action="store_true")
+    parser.add_argument(
+        "--successor", action="store_true", help="an upgrade's new version: never paced down"
+    )
     parser.add_argument(
         "--trigger-seconds", type=float, default=None, help="default: the topology's"
     )
@@ -292,10 +302,14 @@ def readiness(gate) -> str:
     return RUNNING if gate.caught_up(CAUGHT_UP_S) else CATCHING_UP
 
 
-def wanted_nice(cpu_priorities: bool, role: str, ready: str, started: bool) -> int:
+def wanted_nice(
+    cpu_priorities: bool, role: str, ready: str, started: bool, successor: bool = False
+) -> int:
     """The nice level of this replica's processes under the strategy's CPU priorities
     (`cpu_priorities`; else the normal level): a primary runs above the normal priority, a
-    standby that is starting or catching up at it, and a caught-up standby below it.
+    standby that is starting or catching up at it, and a caught-up standby below it, unless it
+    is an upgrade's new version about to take over (`successor`): at the normal level it keeps
+    up with the primary it replaces.
 
     started: the standby has run a batch or found its input idle. Before that its query is
     starting, and Spark gives the Python worker of its source a fixed 10 s to connect back: a
@@ -305,16 +319,20 @@ def wanted_nice(cpu_priorities: bool, role: str, ready: str, started: bool) -> i
         return 0
     if role == "primary":
         return PRIMARY_NICE
-    if not started:
+    if not started or successor:
         return 0
     return CATCHING_UP_NICE if ready == CATCHING_UP else STANDBY_NICE
 
 
-def batch_every_s(nice: int) -> float | None:
+def batch_every_s(nice: int, full_pace: bool = False) -> float | None:
     """Seconds between the batches that read new input of a replica at `nice`: a caught-up
     low-priority standby (at STANDBY_NICE) reads every STANDBY_BATCH_EVERY_S; every other
-    replica on every trigger (None)."""
-    return STANDBY_BATCH_EVERY_S if nice == STANDBY_NICE else None
+    replica on every trigger (None), and so does one side of an upgrade's hand-over
+    (`full_pace`: the new version about to write, or the old one ready to write again at a
+    rollback): a paced standby is up to STANDBY_BATCH_EVERY_S behind when it takes over, and
+    that shows as an output gap. The old version keeps its low priority, so the new one it
+    stands by for is not slowed down by it."""
+    return STANDBY_BATCH_EVERY_S if nice == STANDBY_NICE and not full_pace else None
 
 
 def handle_command(command: dict, runtime, state: ReplicaState) -> int | None:
@@ -345,6 +363,10 @@ def handle_command(command: dict, runtime, state: ReplicaState) -> int | None:
         )
         # Its new CPU priority is set by the run loop right after this command, the one place
         # that decides a replica's level (`wanted_nice`).
+        return None
+    if cmd == "demote":
+        runtime.gate.demote()
+        state.update(role="standby", state="running", demoted_at=time.time())
         return None
     if cmd == "trigger":
         runtime.restart(float(command["seconds"]))
@@ -473,14 +495,19 @@ def supervise_queries(args, client, state: ReplicaState, runtime, stop_beats) ->
             if state.info["state"] in (RUNNING, CATCHING_UP):
                 ready = readiness(runtime.gate)
                 lag = runtime.gate.standby_lag_s
-                wanted = wanted_nice(args.cpu_priorities, runtime.gate.role, ready, lag is not None)
-                if ready != state.info["state"] or wanted != nice:
+                full_pace = args.successor or runtime.gate.handed_over
+                wanted = wanted_nice(
+                    args.cpu_priorities, runtime.gate.role, ready, lag is not None, args.successor
+                )
+                pace = batch_every_s(wanted, full_pace)
+                if (
+                    ready != state.info["state"]
+                    or wanted != nice
+                    or pace != state.info.get("batch_every_s")
+                ):
                     nice = wanted
                     state.update(
-                        state=ready,
-                        lag_s=lag,
-                        nice=set_group_nice(nice),
-                        batch_every_s=batch_every_s(nice),
+                        state=ready, lag_s=lag, nice=set_group_nice(nice), batch_every_s=pace
                     )
                 elif lag != state.info.get("lag_s"):
                     state.update(lag_s=lag)  # a standby's lag, current after each batch

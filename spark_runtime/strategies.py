@@ -28,6 +28,17 @@ ALL_STANDBYS = "all"  # every stage, the reserve not kept (the resource upper bo
 
 # Nice levels (0 = normal), set for the process group and its session's autogroup
 # (spark_runtime/cpu_priority.py), highest priority first:
+# - the control plane (controller, node agents, beat, started by infra/launcher.py) at
+#   CONTROL_PLANE_NICE, above the primaries: what supervises the jobs must not wait behind them,
+#   and it takes little CPU but at its start. With three jobs on 2 cores (load average 30-40), a
+#   restarted controller took 40-65 s to supervise again at the normal level (2.2 s of CPU to
+#   start), 16 s at the primaries' level (docs/RESULTS.md, "Soak");
+# - the console's web server at CONSOLE_NICE, the primaries' level, where it runs beside them
+#   (the demo): operators use it most while a job recovers, when the cores are busiest. At the
+#   normal level, on 2 cores running two test clusters' jobs, the overview showed its first
+#   numbers after 26 s (its layout request alone took 7 s) and the browser test gave up in 2
+#   runs of 3; at this level it passed 3 of 3. Its work comes in short bursts (a refresh every
+#   2 s), which at a primary's weight wait little and take little from a primary;
 # - a primary at PRIMARY_NICE, where its process may raise its priority (CAP_SYS_NICE or an
 #   RLIMIT_NICE of 25; elsewhere as high as its limit lets it). After a promotion the new
 #   primary works off the input of the failover gap while a taken spare starts the new standby
@@ -35,7 +46,7 @@ ALL_STANDBYS = "all"  # every stage, the reserve not kept (the resource upper bo
 #   with all three at the normal level, on 2 shared cores, that contention kept topn's latency
 #   out of its band for over 30 s after every fault (docs/RESULTS.md, "A primary above the
 #   rest"). Above them it is served first, and the rest share what it leaves;
-# - a standby starting or catching up at CATCHING_UP_NICE, like the control plane: a seeded
+# - a standby starting or catching up at CATCHING_UP_NICE: a seeded
 #   standby's backlog is short, and how fast it works it off is the stage's re-protect time.
 #   Measured on 2 cores with a lower level (docs/RESULTS.md, "CPU priority"): re-protection
 #   took 37-55 s instead of 16-23 s, so the second fault 30 s later found no promotable standby;
@@ -48,7 +59,9 @@ ALL_STANDBYS = "all"  # every stage, the reserve not kept (the resource upper bo
 #   a refill at the normal level after a promotion took 40% of a core from topn's primary for
 #   about a minute, and one at SPARE_NICE during every re-protection was not warm a minute later;
 # - an idle warm spare at SPARE_NICE (it uses no CPU).
+CONTROL_PLANE_NICE = -10
 PRIMARY_NICE = -5
+CONSOLE_NICE = PRIMARY_NICE
 STANDBY_NICE = 5
 CATCHING_UP_NICE = 0
 NEEDED_SPARE_HELD_NICE = 5

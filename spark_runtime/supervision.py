@@ -62,6 +62,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields, is_dataclass, replace
 from typing import Protocol
 
+from spark_runtime import upgrade as upgrades
 from spark_runtime.failover import (
     BACKOFF,
     CATCHING_UP,
@@ -80,6 +81,7 @@ from spark_runtime.failover import (
     waits_for_space,
 )
 from spark_runtime.strategies import Strategy, get_strategy
+from spark_runtime.upgrade import BlueGreen, DemoteReplica
 
 # Replica entries carry their process's start time from the node's clock; allow this much skew
 # when telling a restarted process from the one that failed.
@@ -109,6 +111,8 @@ class ReplicaSpec:
     # The strategy's CPU priorities: a primary above the normal level, a standby below it
     # (strategies.PRIMARY_NICE, STANDBY_NICE).
     cpu_priorities: bool = False
+    # The new version of an upgrade (spark_runtime/upgrade.py): run at full pace as a standby.
+    successor: bool = False
 
     def argv(self) -> list[str]:
         """Arguments of `python -m spark_runtime.stage` for this replica (the launcher adds the
@@ -118,6 +122,8 @@ class ReplicaSpec:
         args += ["--operators", ",".join(self.operators)]
         if self.cpu_priorities:
             args.append("--cpu-priorities")
+        if self.successor:
+            args.append("--successor")
         for param in self.params:
             args += ["--param", param]
         return args
@@ -163,6 +169,14 @@ class ProcessExited:
 REPORTED_FAILURE_STATES = ("failed", "fenced", "promote_failed", "lost")
 
 
+def of_an_earlier_run(started_at: float, launched_at: float) -> bool:
+    """Whether a process that became the replica at `started_at` (its node's clock) ran before
+    the replica was last asked for at `launched_at` (the controller's): news about it, such as
+    its last heartbeat or its exit reported after the relaunch, says nothing of the process now
+    starting."""
+    return started_at < launched_at - CLOCK_SLACK_S
+
+
 def reported_cause(entry: Mapping | None, launched_at: float) -> str:
     """The one-line cause a replica reported about its failure in its replicas-hash `entry`
     (its `error`), if the entry says the replica failed and is of the process asked for at
@@ -176,7 +190,7 @@ def reported_cause(entry: Mapping | None, launched_at: float) -> str:
     if not entry or entry.get("state") not in REPORTED_FAILURE_STATES:
         return ""
     started_at, failed_at = entry.get("started_at"), entry.get("failed_at")
-    if started_at is None or started_at < launched_at - CLOCK_SLACK_S:
+    if started_at is None or of_an_earlier_run(started_at, launched_at):
         return ""
     if failed_at is None or failed_at < launched_at:
         return ""
@@ -384,6 +398,10 @@ class SupervisorState:
     replicas: dict[str, Replica] = _persisted(
         default_factory=dict, dump=lambda r: list(r.values()), load=_replicas_from_json
     )
+    # The job's latest blue/green upgrade (spark_runtime/upgrade.py), under way or ended.
+    upgrade: BlueGreen | None = _persisted(
+        default=None, load=lambda raw: BlueGreen.from_dict(raw) if raw else None
+    )
 
     def to_dict(self) -> dict:
         """A JSON-serialisable snapshot, so a driver can persist the machine between ticks."""
@@ -421,11 +439,13 @@ class SupervisorState:
         return self.definition.on_failure
 
     def of_stage(self, stage: str, role: str | None = None) -> list[Replica]:
-        """Replicas of `stage` (optionally of one role) currently in the table."""
+        """Replicas of `stage` (optionally of one role) currently in the table, without the two
+        of an upgrade under way (spark_runtime/upgrade.py handles those)."""
+        apart = self.upgrade.apart() if self.upgrade is not None else set()
         return [
             r
             for r in self.replicas.values()
-            if r.spec.stage == stage and (role is None or r.role == role)
+            if r.spec.stage == stage and (role is None or r.role == role) and r.id not in apart
         ]
 
     def live(self) -> list[Replica]:
@@ -493,7 +513,7 @@ class SupervisorState:
         return self.nodes[0]
 
 
-def _relaunched(replica: Replica, now: float) -> None:
+def relaunched(replica: Replica, now: float) -> None:
     """`replica`'s process is asked for again: it is starting and not yet healthy."""
     replica.state, replica.since, replica.launched_at = STARTING, now, now
     replica.healthy, replica.retry_at = False, None
@@ -578,9 +598,15 @@ class Supervisor(SupervisorState):
                     actions.append(self._standby_for(stage, node, now))
         return actions
 
+    def _upgrading(self, stage: str) -> bool:
+        """Whether an upgrade of `stage` is under way (spark_runtime/upgrade.py)."""
+        return self.upgrade is not None and self.upgrade.under_way and stage == self.upgrade.stage
+
     def add_standby(self, stage: str, node: str, now: float) -> list:
         """Give `stage` a hot standby on `node` (the policy's decision); no-op if it has one."""
         allowed = self.failover.promotes and stage not in self.unprotectable
+        if self._upgrading(stage):
+            return []  # the upgrade's old version protects the stage until it ends
         if stage in self.stages and allowed and not self.has_standby(stage):
             self.active_stages.add(stage)
             self.history.append((now, f"add a standby for {stage} on {node}"))
@@ -594,7 +620,7 @@ class Supervisor(SupervisorState):
         throughout. Without a standby this adds one; while a move of the stage is under way (or
         the standby is on `node` already) it does nothing."""
         old = self.standby_of(stage)
-        if old is None:
+        if old is None or self._upgrading(stage):
             return self.add_standby(stage, node, now)
         if stage in self.retiring or old.spec.node == node:
             return []
@@ -691,7 +717,7 @@ class Supervisor(SupervisorState):
                 actions.append(self._add(self._new_spec(stage, PRIMARY, node), now))
                 continue
             primary = primaries[-1]
-            _relaunched(primary, now)
+            relaunched(primary, now)
             primary.failures_in_a_row = 0
             actions.append(StartReplica(primary.spec))
         self.failures.clear()
@@ -712,7 +738,7 @@ class Supervisor(SupervisorState):
         reported = event.reported or {}
         stage = replica.spec.stage
         started_at = reported.get("started_at")
-        if started_at is not None and started_at < replica.launched_at - CLOCK_SLACK_S:
+        if started_at is not None and of_an_earlier_run(started_at, replica.launched_at):
             # The previous process's last heartbeat, alive for its TTL after the relaunch: no
             # news of the process now starting. Taken as news, it marked that one running, and
             # the silence of its start-up (no startup grace once running) a failure.
@@ -731,6 +757,10 @@ class Supervisor(SupervisorState):
             and reported.get("started_at", 0) >= restarted_at - CLOCK_SLACK_S
         ):
             del self.restarting[stage]  # the restarted process has finished a batch
+        if self.upgrade is not None and self.upgrade.under_way:
+            actions = upgrades.on_heartbeat(self, replica, reported, event.at)
+            if actions is not None:
+                return actions
         if replica.state in (STARTING, CATCHING_UP) and reported.get("state") == RUNNING:
             replica.state = RUNNING
             replica.since = event.at
@@ -773,6 +803,13 @@ class Supervisor(SupervisorState):
         if cause:
             reason = f"{reason}: {cause}"
         self.history.append((now, f"{replica.id} ({replica.role} of {stage}) failed: {reason}"))
+        first, handled = upgrades.on_failure(self, replica.id, now, reason)
+        if handled:
+            return first
+        return [*first, *self._on_ordinary_failure(replica, now, reason, cause)]
+
+    def _on_ordinary_failure(self, replica: Replica, now: float, reason: str, cause: str) -> list:
+        stage = replica.spec.stage
         replica.failures_in_a_row = 1 if replica.healthy else replica.failures_in_a_row + 1
         backoff, scope = self._backoff(), f"{stage}/{replica.role}"
         backoff.notify_failure(scope, now, cause=cause)
@@ -823,7 +860,7 @@ class Supervisor(SupervisorState):
         """Restart the replicas of `restart` from their checkpoints; `note` heads the history."""
         replicas = [self.replicas[replica_id] for replica_id in restart.replica_ids]
         for replica in replicas:
-            _relaunched(replica, now)
+            relaunched(replica, now)
         if restart.whole_job:
             self.history.append((now, f"{note}restart job from checkpoints"))
             return [RestartJob(tuple(r.spec for r in replicas))]
@@ -852,6 +889,7 @@ class Supervisor(SupervisorState):
         """Stop everything and leave the replicas in the table (FAILED) for `relaunch`."""
         self.gave_up = why
         self.history.append((now, f"give up the job: {why}"))
+        upgrades.abandon(self, now, f"the job was given up on: {why}")
         actions: list = []
         for replica in self.replicas.values():
             if replica.state != FAILED:
@@ -912,7 +950,7 @@ class Supervisor(SupervisorState):
         del self.replicas[standby.id]
         primary_node = None
         for old in self.of_stage(stage, PRIMARY):
-            _relaunched(old, now)
+            relaunched(old, now)
             primary_node = old.spec.node
             actions.append(RestartStage(old.spec))
         if stage in self.active_stages:
@@ -950,6 +988,8 @@ def execute(actions: list, launcher: Launcher, send_command) -> None:
             launcher.kill(action.replica_id)
         elif isinstance(action, PromoteStandby):
             send_command(action.replica_id, {"cmd": "promote"})
+        elif isinstance(action, DemoteReplica):
+            send_command(action.replica_id, {"cmd": "demote"})
         elif isinstance(action, RestartStage):
             launcher.kill(action.replica.replica_id)
             launcher.start(action.replica)

@@ -88,6 +88,10 @@ _children_lock = threading.Lock()
 # the lock, is gone, so the lock is released when the replica's process ends (a no-op when the
 # spare released it itself).
 _taken_while_warming: dict[ChildKey, str] = {}
+# When each replica's process became that replica (started cold, or a spare handed it), by this
+# node's clock: its exit report carries it, so the controller can tell the exit of a replica's
+# previous run, reported after the replica was started again, from the run it asked for.
+_became_replica_at: dict[ChildKey, float] = {}
 _stop = threading.Event()
 
 
@@ -245,6 +249,7 @@ def start_replica(
         )
     with _children_lock:
         _children[(job_key, replica_id)] = (proc, job_key, path)
+        _became_replica_at[(job_key, replica_id)] = time.time()
     log.info("started %s of %s pid %s on %s", replica_id, job_key, proc.pid, this_node())
     return proc.pid
 
@@ -302,6 +307,7 @@ def hand_to_spare(args: list[str], replica_id: str, job_key: str) -> int | None:
             entry_proc = _children.pop(("", spare_id), None)
             if entry_proc is not None:
                 _children[(job_key, replica_id)] = (entry_proc[0], job_key, entry_proc[2])
+                _became_replica_at[(job_key, replica_id)] = time.time()
             if entry["state"] == "starting":
                 _taken_while_warming[(job_key, replica_id)] = spare_id
         state, pid = entry["state"], entry["pid"]
@@ -674,23 +680,37 @@ def _report_exits(client: redis.Redis, node: str) -> None:
     """Reap children that ended and publish each exit with the tail of its log. A child is
     forgotten once its exit is published: a Redis error leaves the rest for the next call."""
     with _children_lock:
-        ended = [(key, entry) for key, entry in _children.items() if entry[0].poll() is not None]
-    for child_key, entry in ended:
+        ended = [
+            (key, entry, _became_replica_at.get(key))
+            for key, entry in _children.items()
+            if entry[0].poll() is not None
+        ]
+    for child_key, entry, became_at in ended:
         proc, job_key, path = entry
         with _children_lock:
             warming_spare = _taken_while_warming.get(child_key)
         if warming_spare is not None:
             release_warmup_lock(client, warming_spare)  # if it died before it was warm
         if job_key:  # else a warm spare that ended before it became a replica
-            _publish_exit(client, node, child_key[1], proc, job_key, path)
+            _publish_exit(client, node, child_key[1], proc, job_key, path, became_at)
         with _children_lock:
             _taken_while_warming.pop(child_key, None)
             if _children.get(child_key) is entry:
                 del _children[child_key]
+                _became_replica_at.pop(child_key, None)
 
 
-def _publish_exit(client: redis.Redis, node: str, replica_id: str, proc, job_key: str, path):
-    """Put the exit of replica `replica_id` of job `job_key` on the agents' events stream."""
+def _publish_exit(
+    client: redis.Redis,
+    node: str,
+    replica_id: str,
+    proc,
+    job_key: str,
+    path,
+    became_at: float | None,
+):
+    """Put the exit of replica `replica_id` of job `job_key` on the agents' events stream;
+    `became_at`: when the process became that replica (`since`, "" if not known)."""
     client.xadd(
         keys.agent_events(),
         {
@@ -701,6 +721,7 @@ def _publish_exit(client: redis.Redis, node: str, replica_id: str, proc, job_key
             "returncode": str(proc.returncode),
             "log_tail": log_tail(path),
             "at": str(time.time()),
+            "since": "" if became_at is None else str(became_at),
         },
         maxlen=keys.AGENT_EVENTS_MAXLEN,
         approximate=True,

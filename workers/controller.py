@@ -15,9 +15,9 @@ from celery.signals import worker_ready, worker_shutting_down
 from django.conf import settings
 from django.db import OperationalError
 
-from console.models import FaultInjection, Job, Node
+from console.models import FaultInjection, Job, JobUpgrade, Node
 from console.redis import redis_client
-from console.services import controller, faults, recovery
+from console.services import controller, faults, recovery, upgrade_audit, upgrades
 from console.services.control import act, observe, record
 from console.services.fleet import FleetController
 from infra import tasks
@@ -67,13 +67,15 @@ def launch_job(job_id: int) -> str:
 )
 def watchdog() -> list[int]:
     """Refresh node states, metrics and Q scores, release warm spares no live job can use,
-    give the open recovery episodes of ended jobs their final figures, fail the Spark kills no
-    agent reported on, and name the live jobs
-    no controller holds (none while a controller runs: they are taken within a renewal)."""
+    give the open recovery episodes of ended jobs their final figures, ask again for the audit
+    of ended upgrades not audited yet, fail the Spark kills no agent reported on, and name the
+    live jobs no controller holds (none while a controller runs: they are taken within a
+    renewal)."""
     client = redis_client()
     observe.update_nodes(client)
     act.release_unused_spares(client)
     record.close_episodes_of_ended_jobs(client)
+    upgrade_audit.enqueue_unaudited(client)
     faults.expire_unreported_spark_kills()
     unsupervised = observe.unsupervised_jobs(client)
     if unsupervised:
@@ -97,6 +99,51 @@ def audit_episodes(job_id: int) -> int:
     client = redis_client()
     try:
         return recovery.audit_closed_episodes(Job.objects.get(pk=job_id), client)
+    finally:
+        client.close()
+
+
+@shared_task(
+    name=tasks.CHECK_UPGRADE.name,
+    acks_late=True,  # idempotent: an upgrade checked already is left alone
+    autoretry_for=(OperationalError,),
+    retry_backoff=2,
+    max_retries=3,
+    expires=tasks.CHECK_UPGRADE.expires_s,
+    # The dry run starts a SparkSession in a child process (upgrades.CHECK_TIMEOUT_S).
+    time_limit=upgrades.CHECK_TIMEOUT_S + 60,
+    soft_time_limit=upgrades.CHECK_TIMEOUT_S + 30,
+)
+def check_upgrade(upgrade_id: int) -> str:
+    """Decide a requested upgrade's case by a dry run on the running version's state; refuse
+    it or have the job's controller start the new version."""
+    client = redis_client()
+    try:
+        upgrade = upgrades.check_upgrade(
+            JobUpgrade.objects.select_related("job").get(pk=upgrade_id), client
+        )
+    finally:
+        client.close()
+    return f"upgrade {upgrade_id}: {upgrade.case} ({upgrade.reason})"
+
+
+@shared_task(
+    name=tasks.AUDIT_UPGRADE.name,
+    acks_late=True,  # idempotent: an audited upgrade is left alone
+    autoretry_for=(OperationalError,),
+    retry_backoff=2,
+    max_retries=3,
+    expires=tasks.AUDIT_UPGRADE.expires_s,
+    # It reads the job's whole input, as audit_episodes does.
+    time_limit=300,
+    soft_time_limit=280,
+)
+def audit_upgrade(upgrade_id: int) -> str:
+    """Measure an ended upgrade's output gap across its switch and audit the job's output
+    against the version in force; the figures go on the upgrade's record."""
+    client = redis_client()
+    try:
+        return upgrade_audit.audit_upgrade(upgrade_id, client)
     finally:
         client.close()
 

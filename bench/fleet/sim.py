@@ -841,6 +841,7 @@ class FleetSim:
                         "returncode": str(code),
                         "log_tail": f"(simulated) {replica.replica_id} of {replica.job} ended",
                         "at": str(time.time()),
+                        "since": str(replica.started_at - self.timing.boot_s),
                     },
                     maxlen=control_keys.AGENT_EVENTS_MAXLEN,
                     approximate=True,

@@ -187,8 +187,13 @@ class ResourceSampler:
 
 
 def has_reference(topology: str) -> bool:
-    """True for a registered user job whose newest version ships a reference function."""
-    version = RegisteredTopology.objects.filter(name=topology).order_by("-version").first()
+    """True for a registered user job (NAME: its newest version; NAME@V: that version) that
+    ships a reference function."""
+    name, _, number = topology.partition("@")
+    versions = RegisteredTopology.objects.filter(name=name)
+    if number.isdigit():
+        versions = versions.filter(version=int(number))
+    version = versions.order_by("-version").first()
     return version is not None and bool(version.shape.get("has_reference"))
 
 

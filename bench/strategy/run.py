@@ -171,7 +171,7 @@ def key_operator(job: Job) -> str:
     )
 
 
-def _wait_status(job: Job, statuses: tuple[str, ...], timeout_s: float, what: str) -> Job:
+def wait_status(job: Job, statuses: tuple[str, ...], timeout_s: float, what: str) -> Job:
     def reached() -> bool:
         job.refresh_from_db(fields=["status", "status_reason"])
         return job.status in statuses
@@ -180,7 +180,7 @@ def _wait_status(job: Job, statuses: tuple[str, ...], timeout_s: float, what: st
     return job
 
 
-def _sleep_until(when: float) -> None:
+def sleep_until(when: float) -> None:
     time.sleep(max(0.0, when - time.time()))
 
 
@@ -228,7 +228,7 @@ def run_strategy(bench: BenchSettings, strategy: str, target: str | None, say) -
     )
     client = redis_client()
     launched = time.time()
-    _wait_status(job, (Job.Status.RUNNING, Job.Status.FAILED), 300, f"job {job.pk} to run")
+    wait_status(job, (Job.Status.RUNNING, Job.Status.FAILED), 300, f"job {job.pk} to run")
     if job.status != Job.Status.RUNNING:
         raise RuntimeError(f"job {job.pk} ({strategy}) failed to start: {job.status_reason}")
     target = target or key_operator(job)
@@ -244,14 +244,14 @@ def run_strategy(bench: BenchSettings, strategy: str, target: str | None, say) -
     faults = []
     try:
         for number, at_s in enumerate(bench.schedule, start=1):
-            _sleep_until(t0 + at_s)
+            sleep_until(t0 + at_s)
             fault, detail = _inject(job, bench.fault_kind, target, user)
             say(f"      fault {number}/{bench.faults} at +{at_s:.0f} s: {bench.fault_kind} "
                 f"on {target}: {detail}")  # fmt: skip
             faults.append((at_s, fault, detail))
         end = t0 + bench.input_s
         say(f"      input ends in {max(0, end - time.time()):.0f} s")
-        _sleep_until(end)
+        sleep_until(end)
         wait_for(
             lambda: client.xlen(data_keys.input_stream(job.key)) >= bench.events,
             120, "the generator to finish",
@@ -264,7 +264,7 @@ def run_strategy(bench: BenchSettings, strategy: str, target: str | None, say) -
         spare_sampler.stop()
         stop_job(job, "benchmark run over")
         try:
-            _wait_status(job, (Job.Status.STOPPED, Job.Status.FAILED), 60, f"job {job.pk} to stop")
+            wait_status(job, (Job.Status.STOPPED, Job.Status.FAILED), 60, f"job {job.pk} to stop")
         finally:
             kill_job_processes({job.key})
     input_count = client.xlen(data_keys.input_stream(job.key))
@@ -301,19 +301,25 @@ def run_strategy(bench: BenchSettings, strategy: str, target: str | None, say) -
     return run, target
 
 
-def measure_run(job: Job, bench: BenchSettings, t0: float, faults: list, target: str) -> dict:
-    """Steady figures, per-fault figures and the plotted series of a finished run, from the
-    progress records the job left in Redis. `faults`: (scheduled at_s, FaultInjection or None,
-    what was injected) per fault; `t0`: when the input started (epoch s)."""
+def run_progress(job: Job, topology_name: str, t0: float) -> tuple[list, str]:
+    """A finished run's progress records from just before `t0` (when its input started), and
+    the stage reading its input: the first processing operator's of `topology_name` (stored
+    at launch)."""
     client = redis_client()
     try:
         records = read_progress(client, job.key, t0 - 5, count=PROGRESS_READ_LIMIT)
     finally:
         client.close()
-    # The stage reading the job's input: its first processing operator's (stored at launch).
-    topology = resolve_topology(job.topology)
+    topology = resolve_topology(topology_name)
     first = next(op for op in topology.topological_order() if op.kind not in (SOURCE, SINK))
-    input_stage = job.operators.get(name=first.name).stage
+    return records, job.operators.get(name=first.name).stage
+
+
+def measure_run(job: Job, bench: BenchSettings, t0: float, faults: list, target: str) -> dict:
+    """Steady figures, per-fault figures and the plotted series of a finished run, from the
+    progress records the job left in Redis. `faults`: (scheduled at_s, FaultInjection or None,
+    what was injected) per fault; `t0`: when the input started (epoch s)."""
+    records, input_stage = run_progress(job, job.topology, t0)
     injected_at = [
         fault.injected_at.timestamp() if fault and fault.injected_at else t0 + at_s
         for at_s, fault, _ in faults

@@ -5,6 +5,7 @@ from rest_framework import serializers
 from console.models import (
     FaultInjection,
     Job,
+    JobUpgrade,
     Node,
     Operator,
     Policy,
@@ -115,6 +116,34 @@ class JobSerializer(serializers.ModelSerializer):
             "started_at",
             "stopped_at",
         ]
+
+
+class JobUpgradeSerializer(serializers.ModelSerializer):
+    """An upgrade of a running job (console.services.upgrades), as recorded."""
+
+    requested_by = serializers.SlugRelatedField(
+        slug_field="username", read_only=True, allow_null=True
+    )
+    ended_by = serializers.SlugRelatedField(slug_field="username", read_only=True, allow_null=True)
+
+    class Meta:
+        model = JobUpgrade
+        fields = [
+            "id", "job", "requested_by", "requested_at", "stage", "from_topology", "to_topology",
+            "from_params", "to_params", "mode", "case", "reason", "status", "requested_action",
+            "blue_replica", "green_replica", "checkpoint_batch", "switched_at", "ended_at",
+            "ended_by", "outcome", "gap_s", "lost", "duplicates",
+        ]  # fmt: skip
+        read_only_fields = fields
+
+
+class UpgradeRequestSerializer(serializers.Serializer):
+    """What POST /api/jobs/{id}/upgrade/ takes: a version of the job's topology and operator
+    parameters ({"OPERATOR.KEY": value}); at least one of them changes something."""
+
+    topology = serializers.CharField(required=False, max_length=48)
+    params = serializers.JSONField(required=False)
+    mode = serializers.ChoiceField(choices=JobUpgrade.Mode.choices, required=False)
 
 
 class FaultInjectionSerializer(serializers.ModelSerializer):

@@ -11,6 +11,7 @@ router.register("jobs", views.JobViewSet, basename="job")
 router.register("nodes", views.NodeViewSet, basename="node")
 router.register("topologies", views.TopologyViewSet, basename="topology")
 router.register(r"jobs/(?P<job_pk>\d+)/faults", views.JobFaultViewSet, basename="job-fault")
+router.register(r"jobs/(?P<job_pk>\d+)/upgrades", views.JobUpgradeViewSet, basename="job-upgrade")
 router.register(
     r"jobs/(?P<job_pk>\d+)/recoveries", views.JobRecoveryViewSet, basename="job-recovery"
 )

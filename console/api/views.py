@@ -17,21 +17,32 @@ from console.api.serializers import (
     FleetRecoverySerializer,
     FleetTotalsSerializer,
     JobSerializer,
+    JobUpgradeSerializer,
     NodeSerializer,
     PolicySerializer,
     PolicyVersionSerializer,
     RecoveryEpisodeSerializer,
     RegisteredTopologySerializer,
     TopologyRegistrationSerializer,
+    UpgradeRequestSerializer,
 )
 from console.api.sharing import SharedList, SharedRetrieve, shared_read
 from console.dash.data import fleet_totals, job_queryset
-from console.models import Job, Node, Policy, RecoveryEpisode, RegisteredTopology, Replica
+from console.models import (
+    Job,
+    JobUpgrade,
+    Node,
+    Policy,
+    RecoveryEpisode,
+    RegisteredTopology,
+    Replica,
+)
 from console.policy.config import request_errors
 from console.services import faults as fault_service
 from console.services import jobs as job_service
 from console.services import policy as policy_service
 from console.services import topologies as topology_service
+from console.services import upgrades as upgrade_service
 from console.services.results import read_results
 
 
@@ -109,6 +120,66 @@ class JobViewSet(
     @action(detail=True, methods=["get"])
     def results(self, request, pk=None):
         return Response(read_results(self.get_object()))
+
+    @extend_schema(request=UpgradeRequestSerializer, responses={202: JobUpgradeSerializer})
+    @action(detail=True, methods=["post"])
+    def upgrade(self, request, pk=None):
+        """Upgrade the running job blue/green to another version of its topology or other
+        operator parameters (accepted: the state check and the switch follow; the record at
+        /api/jobs/{id}/upgrades/{upgrade id}/ says how far it is)."""
+        ask = UpgradeRequestSerializer(data=request.data)
+        ask.is_valid(raise_exception=True)
+        try:
+            upgrade = upgrade_service.request_upgrade(
+                self.get_object(),
+                topology=ask.validated_data.get("topology"),
+                params=ask.validated_data.get("params"),
+                user=request.user,
+                mode=ask.validated_data.get("mode", JobUpgrade.Mode.BLUE_GREEN),
+            )
+        except upgrade_service.UpgradeRequestError as exc:
+            raise_refusal(exc)
+        return Response(JobUpgradeSerializer(upgrade).data, status=status.HTTP_202_ACCEPTED)
+
+
+def raise_refusal(exc) -> None:
+    """An UpgradeRequestError as the API's answer: 400 naming the field, or 409."""
+    if exc.field:
+        raise ValidationError({exc.field: [str(exc)]}) from exc
+    if exc.status == 409:
+        raise Refused(str(exc), 409, "conflict") from exc
+    raise ValidationError({"non_field_errors": [str(exc)]}) from exc
+
+
+class JobUpgradeViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet):
+    """Upgrades of one job, newest first (its version history), and the `confirm` and
+    `rollback` actions on one under way (operator role)."""
+
+    serializer_class = JobUpgradeSerializer
+    queryset = JobUpgrade.objects.all()  # the schema's types; requests read get_queryset()
+
+    def get_queryset(self):
+        job = get_object_or_404(Job, pk=self.kwargs["job_pk"])
+        return job.upgrades.select_related("requested_by", "ended_by")
+
+    @extend_schema(request=None, responses={202: JobUpgradeSerializer})
+    @action(detail=True, methods=["post"])
+    def confirm(self, request, job_pk=None, pk=None):
+        """Retire the old version now (the new one writes the output)."""
+        return self._end(upgrade_service.CONFIRM)
+
+    @extend_schema(request=None, responses={202: JobUpgradeSerializer})
+    @action(detail=True, methods=["post"])
+    def rollback(self, request, job_pk=None, pk=None):
+        """Give the output back to the old version, which never stopped."""
+        return self._end(upgrade_service.ROLLBACK)
+
+    def _end(self, action_name: str):
+        try:
+            upgrade = upgrade_service.request_end(self.get_object(), action_name, self.request.user)
+        except upgrade_service.UpgradeRequestError as exc:
+            raise_refusal(exc)
+        return Response(JobUpgradeSerializer(upgrade).data, status=status.HTTP_202_ACCEPTED)
 
 
 @extend_schema_view(list=extend_schema(parameters=_params(filters.FAULT_PARAMS)))

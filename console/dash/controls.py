@@ -11,7 +11,7 @@ import functools
 
 from django.core.exceptions import PermissionDenied
 
-from console.models import FaultInjection, InvalidTransition, Job, Node, Policy
+from console.models import FaultInjection, InvalidTransition, Job, JobUpgrade, Node, Policy
 from console.policy.config import request_errors
 from console.roles import ADMIN, OPERATOR
 from console.services import jobs as job_service
@@ -19,6 +19,13 @@ from console.services.authz import RoleRequired, check_role
 from console.services.faults import FaultRefused, request_fault
 from console.services.policy import PolicyRejected, change_policy
 from console.services.shared_data import invalidate_all
+from console.services.upgrades import (
+    CONFIRM,
+    ROLLBACK,
+    UpgradeRequestError,
+    request_end,
+    request_upgrade,
+)
 
 
 class ActionRefused(Exception):
@@ -125,6 +132,77 @@ def inject_fault(
             requested_by=user,
         )
     except FaultRefused as exc:
+        raise ActionRefused(str(exc)) from exc
+
+
+# A params box holds a few lines; anything much longer is not typed by a person.
+MAX_PARAMS_TEXT = 4000
+
+
+def parse_params(text) -> dict[str, str]:
+    """The upgrade's operator parameters from `OPERATOR.KEY=value` lines (blank lines are
+    skipped): {"OPERATOR.KEY": "value"}. ActionRefused naming the field and the line otherwise;
+    whether each parameter exists is the upgrade service's check."""
+    if text is None:
+        return {}
+    if not isinstance(text, str) or len(text) > MAX_PARAMS_TEXT:
+        raise ActionRefused("params: one OPERATOR.KEY=value a line")
+    params: dict[str, str] = {}
+    for number, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        name, equals, value = (part.strip() for part in line.partition("="))
+        operator, dot, key = name.partition(".")
+        if not (equals and dot and operator and key and value):
+            raise ActionRefused(
+                f"params: line {number} ({line.strip()!r:.60}): expected OPERATOR.KEY=value"
+            )
+        if name in params:
+            raise ActionRefused(f"params: line {number}: {name} is given twice")
+        params[name] = value
+    return params
+
+
+@_writes
+def upgrade_job(user, job_id, topology, params_text) -> JobUpgrade:
+    """Ask for an upgrade of a running job to `topology` (a version of its topology; empty:
+    the one it runs) with the operator parameters of `params_text`, as POST
+    /api/jobs/{id}/upgrade/ does. The service's refusal names the field at fault."""
+    _require(user, OPERATOR)
+    job = Job.objects.filter(pk=job_id).first() if _is_id(job_id) else None
+    if job is None:
+        raise ActionRefused("no such job")
+    if not isinstance(topology, str | None):
+        raise ActionRefused("topology: choose a version from the list")
+    params = parse_params(params_text)
+    try:
+        return request_upgrade(job, topology=topology or None, params=params, user=user)
+    except UpgradeRequestError as exc:
+        raise ActionRefused(str(exc)) from exc
+
+
+@_writes
+def confirm_upgrade(user, upgrade_id) -> JobUpgrade:
+    """Ask the job's controller to confirm an upgrade now (the old version retires), as POST
+    /api/jobs/{id}/upgrades/{uid}/confirm/ does."""
+    return _end_upgrade(user, upgrade_id, CONFIRM)
+
+
+@_writes
+def roll_back_upgrade(user, upgrade_id) -> JobUpgrade:
+    """Ask the job's controller to roll an upgrade back now (the old version writes again), as
+    POST /api/jobs/{id}/upgrades/{uid}/rollback/ does."""
+    return _end_upgrade(user, upgrade_id, ROLLBACK)
+
+
+def _end_upgrade(user, upgrade_id, action: str) -> JobUpgrade:
+    _require(user, OPERATOR)
+    upgrade = JobUpgrade.objects.filter(pk=upgrade_id).first() if _is_id(upgrade_id) else None
+    if upgrade is None:
+        raise ActionRefused("no such upgrade")
+    try:
+        return request_end(upgrade, action, user)
+    except UpgradeRequestError as exc:
         raise ActionRefused(str(exc)) from exc
 
 

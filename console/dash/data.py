@@ -38,14 +38,17 @@ from django.utils import timezone
 from console.models import (
     FaultInjection,
     Job,
+    JobUpgrade,
     MetricSample,
     Node,
     Operator,
     Policy,
     PredictorTraining,
+    RegisteredTopology,
     Replica,
 )
 from console.models import RecoveryEpisode as Episode
+from console.services.upgrades import current_upgrade_params
 
 # Job-level samples (throughput, latency of the whole job) carry no stage; per-operator history
 # carries the operator's name in `stage`.
@@ -813,3 +816,64 @@ def stage_placement(job_id: int) -> list[dict]:
             "batch_every_s",
         )
     )
+
+
+def _upgrade_dict(upgrade: JobUpgrade) -> dict:
+    return {
+        "id": upgrade.pk,
+        "requested_at": upgrade.requested_at,
+        "requested_by": upgrade.requested_by.username if upgrade.requested_by else "",
+        "from_topology": upgrade.from_topology,
+        "to_topology": upgrade.to_topology,
+        "from_params": dict(upgrade.from_params or {}),
+        "to_params": dict(upgrade.to_params or {}),
+        "mode": upgrade.mode,
+        "case": upgrade.case,
+        "reason": upgrade.reason,
+        "status": upgrade.status,
+        "status_label": JobUpgrade.Status(upgrade.status).label,
+        "under_way": upgrade.under_way,
+        "requested_action": upgrade.requested_action,
+        "stage": upgrade.stage,
+        "blue_replica": upgrade.blue_replica,
+        "green_replica": upgrade.green_replica,
+        "checkpoint_batch": upgrade.checkpoint_batch,
+        "switched_at": upgrade.switched_at,
+        "ended_at": upgrade.ended_at,
+        "ended_by": upgrade.ended_by.username if upgrade.ended_by else "",
+        "outcome": upgrade.outcome,
+        "gap_s": upgrade.gap_s,
+        "lost": upgrade.lost,
+        "duplicates": upgrade.duplicates,
+    }
+
+
+def upgrade_rows(job_id: int, limit: int = 30) -> list[dict]:
+    """A job's upgrades, newest first, with who asked and who ended them, in one query.
+
+    A job has at most one upgrade under way and it is its newest, so the rows also hold the
+    one the job page's "upgrade in progress" panel shows.
+    """
+    upgrades = (
+        JobUpgrade.objects.filter(job_id=job_id)
+        .select_related("requested_by", "ended_by")
+        .order_by("-requested_at", "-id")[:limit]
+    )
+    return [_upgrade_dict(upgrade) for upgrade in upgrades]
+
+
+def topology_versions(topology: str) -> list[str]:
+    """What a job running `topology` can be upgraded to: every registered version of its user
+    job (`NAME@VERSION`, oldest first), or a built-in topology itself (only its operators'
+    parameters change)."""
+    name, separator, _ = topology.partition("@")
+    if not separator:
+        return [topology]
+    versions = RegisteredTopology.objects.filter(name=name).order_by("version")
+    return [f"{name}@{version}" for version in versions.values_list("version", flat=True)]
+
+
+def upgrade_params_in_force(job_id: int) -> dict[str, str]:
+    """The operator parameters a job runs with (those of its last confirmed upgrade)."""
+    job = Job.objects.filter(pk=job_id).first()
+    return current_upgrade_params(job) if job is not None else {}

@@ -11,9 +11,10 @@ re-exported here, so `from console.models import X` works for all of them:
 - policy: Policy, PredictorTraining
 - decisions: ControlDecision
 - reports: ReportSubscription, SentAlert
+- upgrades: JobUpgrade
 
-Imports run one way (jobs <- replicas <- faults, metrics; jobs <- decisions, reports; policy
-alone), and none of these modules imports console.services or workers.
+Imports run one way (jobs <- replicas <- faults, metrics; jobs <- decisions, reports,
+upgrades; policy alone), and none of these modules imports console.services or workers.
 """
 
 from console.models.decisions import ControlDecision
@@ -29,12 +30,14 @@ from console.models.reports import (
     split_recipients,
     validate_recipients,
 )
+from console.models.upgrades import JobUpgrade
 
 __all__ = [
     "ControlDecision",
     "FaultInjection",
     "InvalidTransition",
     "Job",
+    "JobUpgrade",
     "MetricSample",
     "MetricSampleQuerySet",
     "Node",

@@ -26,6 +26,7 @@ class ControlDecision(models.Model):
         FAILURE = "failure", "failure"
         FAULT = "fault", "fault injected"
         GIVE_UP = "give-up", "gave up"
+        UPGRADE = "upgrade", "upgrade"
 
     job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="decisions")
     at = models.DateTimeField(default=timezone.now, db_index=True)

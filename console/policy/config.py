@@ -119,6 +119,9 @@ BOUNDS: dict[str, Bound] = {
                                        "primaries with the same reported cause (however far "
                                        "apart) fail the job, saying the cause (of its standbys: "
                                        "the stage runs unprotected); at least one"),
+    "upgrade_validation_s": Bound(5.0, 86_400.0, "an upgraded stage is watched this long before "
+                                  "its old version retires: at least a few batches, a day at "
+                                  "most"),
     "prediction_window_s": Bound(1.0, 3600.0, "fr is the chance of a failure within this window; "
                                  "agents sample every second, so at least one sample per "
                                  "window; an hour at most"),
@@ -204,6 +207,9 @@ class PolicyConfig:
     same_cause_failures_limit: int = 3
     # A replica without heartbeat whose process is busy is slow, and hung after this long.
     hung_timeout_s: float = 30.0
+    # A blue/green upgrade (spark_runtime/upgrade.py) watches the new version this long after
+    # the switch, the old one standing by, before it is confirmed (or rolled back).
+    upgrade_validation_s: float = 60.0
     # Fault prediction (console/policy/prediction.py): fr is the chance that a stage fails within
     # one prediction window; training reads prediction_history_s of recorded history and fits a
     # model only on at least prediction_min_samples rows (one row per stage and window).

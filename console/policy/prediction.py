@@ -21,7 +21,6 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import astuple, dataclass, field, fields
 
 import numpy as np
-from sklearn.linear_model import LinearRegression
 
 FR_MIN = 0.001
 FR_MAX = 0.999
@@ -94,6 +93,11 @@ class FaultPredictor:
         # the rate. Unconstrained, a short history can fit a negative slope (a drill that kills
         # a node every other window gave "more recent faults, fewer faults") and extrapolate it
         # to a near-zero rate for a node that keeps failing; constrained, a spurious slope is 0.
+        # Imported here, not at the top: scikit-learn is a second of CPU to import, and every
+        # controller and node agent imports this module; a controller restarted on a busy
+        # machine resumed supervision tens of seconds later for it (docs/RELIABILITY.md).
+        from sklearn.linear_model import LinearRegression
+
         model = LinearRegression(positive=True).fit(x, y)
         self.coefficients = [float(c) for c in model.coef_]
         self.intercept = float(model.intercept_)

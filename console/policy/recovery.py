@@ -30,7 +30,7 @@ from __future__ import annotations
 import bisect
 import math
 from collections.abc import Iterable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 import numpy as np
 
@@ -256,6 +256,41 @@ def _fill_outage(times: list[float], latency: list[float | None]) -> list[float]
     return filled
 
 
+def latency_limit_ms(
+    records: Iterable[ProgressRecord], start: float, end: float, settings: RecoverySettings
+) -> float | None:
+    """The p90 output latency (ms) above which output is out of the band learned on the
+    job's output in [start, end), as a fault's recovery is judged (`detect_recovery`'s latency
+    limit); None when that window holds less than MIN_REFERENCE_S of output to learn from.
+    The seconds before the job's first output in the window are left out: their zero latency
+    would narrow the band to below what the job's normal output shows."""
+    records = list(records)
+    first = min((r.at for r in records if r.is_output and start <= r.at < end), default=None)
+    if first is None or end - math.floor(first) < MIN_REFERENCE_S:
+        return None
+    series = output_series(records, math.floor(first), end)
+    try:
+        result = detect_recovery(
+            series.times,
+            series.throughput,
+            series.p90_ms,
+            warmup_s=0.0,
+            reference_window_s=end - start,
+            band=settings.band,
+            stable_window_s=settings.stable_window_s,
+            latency_floor=settings.latency_floor_ms,
+        )
+    except ValueError:
+        return None
+    return round(result.reference.latency_limit, 1)
+
+
+def p90_per_second_ms(records: Iterable[ProgressRecord], start: float, end: float) -> list[float]:
+    """The job's p90 output latency (ms) in each second of [start, end), a second without
+    output counting as the time since the last one (`output_series`)."""
+    return output_series(records, start, end).p90_ms
+
+
 # --- measuring the faults of a job: the one measurement the console and every benchmark share
 
 # The latency band is at least one stage trigger interval wide (0.5 s,
@@ -472,5 +507,42 @@ def measure_faults(
                 previous_fault_at=None if previous is None else previous.fault_at,
                 output_times=output_times,
             )
+        )
+    return measured
+
+
+def measure_switch(
+    records: list[ProgressRecord],
+    switched_at: float,
+    *,
+    input_started_at: float,
+    end: float,
+    watch_ended: bool,
+    settings: RecoverySettings,
+) -> FaultMeasurement | None:
+    """The output across an upgrade's switch at `switched_at`: the measurement of a fault there
+    (`measure_faults`; its downtime is the output gap), None while it is not final.
+
+    Records that begin after the switch (the older ones trimmed from the progress stream) cannot
+    say when the output stopped: the gap would count from the first record kept, so it is
+    unknown (None) then.
+    """
+    (measured,) = measure_faults(
+        records,
+        [switched_at],
+        input_started_at=input_started_at,
+        end=end,
+        watch_ended=watch_ended,
+        settings=settings,
+    )
+    if not measured.final:
+        return None
+    if not records or records[0].at > switched_at:
+        return replace(
+            measured,
+            downtime_s=None,
+            recovery_time_s=None,
+            recovered_at=None,
+            note="the progress records from before the switch are gone",
         )
     return measured

@@ -19,6 +19,7 @@ from console.policy import redis_loss
 from console.policy.spares import standby_node_preference
 from console.redis import redis_client
 from console.services import metrics, recovery
+from console.services import upgrades as upgrade_service
 from console.services.control.act import (
     AgentLauncher,
     apply_give_up,
@@ -115,6 +116,9 @@ def launch_job(job: Job) -> JobPlan | None:
         job.strategy,
         sorted(nodes),
         active_stages={s.name for s in plan.stages if s.standby_node},
+        # The operator parameters of the job's last confirmed upgrade: a job stopped and
+        # started again runs what it ran.
+        params=upgrade_service.as_cli_params(upgrade_service.current_upgrade_params(job)),
         placement={s.name: (s.primary_node, s.standby_node) for s in plan.stages},
         restart_policy=restart_policy_of(config),
         hung_timeout_s=config.hung_timeout_s,
@@ -163,12 +167,14 @@ class TickReport:
 
     events: int = 0
     actions: int = 0
+    upgrade_woken: bool = False  # the console asked the job's controller to look at its upgrade
 
 
 def supervise_tick(job: Job, supervisor: Supervisor, client) -> TickReport:
     """One round: observe replicas, let the state machine decide, act, record the decisions."""
     report = TickReport()
-    read_agent_events(client, job)
+    launched_at = {r.id: r.launched_at for r in supervisor.replicas.values()}
+    report.upgrade_woken = read_agent_events(client, job, launched_at)
     launcher = AgentLauncher(job, client)
     now = time.time()
     due = supervisor.tick(now)
@@ -181,12 +187,17 @@ def supervise_tick(job: Job, supervisor: Supervisor, client) -> TickReport:
         # Which run of the replica the event is about (handle() may relaunch it).
         watched = supervisor.replicas.get(event.replica_id)
         launched_at = watched.launched_at if watched else now
+        phase_before = upgrade_phase(supervisor)
         actions = supervisor.handle(event)
         if not actions:
             continue
         report.events += 1
         report.actions += len(actions)
-        if isinstance(event, HeartbeatSeen) and any(isinstance(a, PromoteStandby) for a in actions):
+        if isinstance(event, HeartbeatSeen) and upgrade_phase(supervisor) != phase_before:
+            pass  # a step of an upgrade: its record says so (console.services.upgrades)
+        elif isinstance(event, HeartbeatSeen) and any(
+            isinstance(a, PromoteStandby) for a in actions
+        ):
             record_promotion_over_restart(job, event, actions)
         elif isinstance(event, HeartbeatSeen):
             # Not a failure: a promotion completed and the machine asks for a new standby.
@@ -217,13 +228,25 @@ def supervise_tick(job: Job, supervisor: Supervisor, client) -> TickReport:
     return report
 
 
+def job_ended(job: Job, client) -> None:
+    """The job stopped or failed: its open measurements and its upgrade under way end."""
+    close_measurements(job, client)
+    upgrade_service.end_open_upgrades(job, f"the job is {job.status}: {job.status_reason}")
+
+
+def upgrade_phase(supervisor: Supervisor) -> tuple | None:
+    """(upgrade id, phase) of the supervisor's upgrade, None without one."""
+    machine = supervisor.upgrade
+    return (machine.upgrade_id, machine.phase) if machine else None
+
+
 def without_state(job: Job, client) -> None:
     """A job held for supervision whose supervision state is gone. Stopping: stop_everything
     deletes the state last, so a controller killed after it and before marking the job
     stopped left nothing to stop. Live: the state was lost (Redis lost it), see `lost_state`."""
     if job.status == Job.Status.STOPPING:
         job.mark_stopped(job.status_reason or "stopped")
-        close_measurements(job, client)
+        job_ended(job, client)
     elif job.is_live:
         lost_state(job, client)
 
@@ -272,6 +295,7 @@ def lost_state(job: Job, client) -> None:
     decide(job, ControlDecision.Kind.GIVE_UP, verdict.reason)
     if job.mark_failed(verdict.reason):
         alert_failed_job(job)
+    upgrade_service.end_open_upgrades(job, verdict.reason)
 
 
 def reconcile_job(job: Job, supervisor: Supervisor, client, view, slot) -> bool:
@@ -282,19 +306,21 @@ def reconcile_job(job: Job, supervisor: Supervisor, client, view, slot) -> bool:
     if job.status == Job.Status.STOPPING:
         stop_everything(job, supervisor, client)
         job.mark_stopped(job.status_reason or "stopped")
-        close_measurements(job, client)
+        job_ended(job, client)
         return False
     if not job.is_live:
-        close_measurements(job, client)
+        job_ended(job, client)
         return False
     # A standby the supervisor starts on its own (after a promotion) goes where a warm spare is
     # ready or warming, else to the best node by Q.
     supervisor.standby_nodes = standby_node_preference(view.ranked or supervisor.nodes, view.spares)
-    supervise_tick(job, supervisor, client)
+    report = supervise_tick(job, supervisor, client)
     record_reprotections(job, supervisor)
+    if report.upgrade_woken or upgrade_moved(supervisor, slot):
+        look_at_upgrade(job, supervisor, client, slot)
     if not job.is_live:
         # The tick gave up on the job: no policy cycle may start replicas for it again.
-        close_measurements(job, client)
+        job_ended(job, client)
         return False
     if time.monotonic() >= slot.next_cycle:
         cycle_started = time.monotonic()
@@ -304,6 +330,24 @@ def reconcile_job(job: Job, supervisor: Supervisor, client, view, slot) -> bool:
         record_cycle(client, job, time.monotonic() - cycle_started)
         slot.next_cycle = time.monotonic() + view.config.cycle_interval_s
     return True
+
+
+def upgrade_moved(supervisor: Supervisor, slot) -> bool:
+    """Whether the job's upgrade needs a look: it is under way (a phase may be due, a confirm
+    or rollback asked by hand), or it moved since its record was last written."""
+    machine = supervisor.upgrade
+    if machine is None:
+        return False
+    return machine.under_way or slot.upgrade_seen != (machine.upgrade_id, machine.phase)
+
+
+def look_at_upgrade(job: Job, supervisor: Supervisor, client, slot) -> None:
+    """Act on the job's upgrade (console.services.upgrades) and record where it stands."""
+    actions = upgrade_service.reconcile_upgrade(job, supervisor, time.time(), client)
+    if actions:
+        execute(actions, AgentLauncher(job, client), command_sender(client, job))
+    machine = supervisor.upgrade
+    slot.upgrade_seen = (machine.upgrade_id, machine.phase) if machine else None
 
 
 def policy_step(job: Job, supervisor: Supervisor, client, view, operators: dict) -> None:
@@ -344,6 +388,7 @@ def next_reconcile_s(job: Job, supervisor: Supervisor, fast_s: float, steady_s: 
     changing = (
         job.status != Job.Status.RUNNING
         or bool(supervisor.unprotected_since or supervisor.restarting)
+        or (supervisor.upgrade is not None and supervisor.upgrade.under_way)
         or any(r.state not in SETTLED_STATES for r in supervisor.replicas.values())
     )
     delay = fast_s if changing else steady_s

@@ -113,6 +113,8 @@ class JobSlot:
     saved: str = ""
     db_status: str = ""  # the status the membership thread last read for it
     operators: dict | None = None  # its Operator rows by name, read at its first policy cycle
+    # (upgrade id, phase) of the job's upgrade as last recorded (console.services.upgrades).
+    upgrade_seen: tuple | None = None
 
 
 def rendezvous_rank(owner: str, job_key: str) -> str:

@@ -8,6 +8,9 @@ What a report reads:
 - MetricSample rows with a node and the names below (fractions 0..1 per node): mean and peak
   utilisation per node and over the cluster, and a chart over time.
 - Policy versions created in the period, with who made them, why and what they changed.
+- JobUpgrade rows under way at some time in the period (asked for before its end, not ended
+  before its start): versions, case, status, switch, the audited output gap, lost and
+  duplicated results (console/services/upgrade_audit.py), who ended it and why.
 
 The supervision code writes node samples as `MetricSample(node=node, name="cpu_util", value=0.42)`
 (and "mem_util"); job-level samples (`throughput_eps`, `latency_p50_ms`, `latency_p99_ms`)
@@ -32,13 +35,13 @@ from django.db.models import Avg, Count, Max, Q, Sum
 from django.template.loader import render_to_string
 from django.utils import timezone
 
-# Figure and the Agg canvas directly (never pyplot): no display is needed on servers and workers,
-# and no global state is shared between concurrent tasks.
-from matplotlib.backends.backend_agg import FigureCanvasAgg
-from matplotlib.dates import DateFormatter
-from matplotlib.figure import Figure
-
-from console.models import MetricSample, Policy, RecoveryEpisode, ReportSubscription
+from console.models import (
+    JobUpgrade,
+    MetricSample,
+    Policy,
+    RecoveryEpisode,
+    ReportSubscription,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -112,6 +115,25 @@ class PolicyChange:
 
 
 @dataclass(frozen=True)
+class UpgradeRow:
+    """One upgrade of a job in the period (figures None until audited)."""
+
+    upgrade_id: int
+    job_name: str
+    from_topology: str
+    to_topology: str
+    to_params: str  # the operator parameters asked for, "OP.KEY=value, ..."
+    case: str
+    status: str
+    switched_at: datetime | None
+    gap_s: float | None
+    lost: int | None
+    duplicates: int | None
+    ended_by: str
+    outcome: str
+
+
+@dataclass(frozen=True)
 class Chart:
     """A PNG chart and the Content-ID the HTML refers to it by (`cid:<cid>`)."""
 
@@ -132,6 +154,7 @@ class Report:
     cluster: Utilisation | None
     nodes: list[Utilisation]
     policy_changes: list[PolicyChange]
+    upgrades: list[UpgradeRow] = field(default_factory=list)
     charts: list[Chart] = field(default_factory=list)
 
     @property
@@ -149,6 +172,7 @@ def build_report(start: datetime, end: datetime, *, jobs=None, title: str = "Bac
         cluster=next(iter(_utilisation(start, end, per_node=False)), None),
         nodes=_utilisation(start, end, per_node=True),
         policy_changes=policy_changes(start, end),
+        upgrades=upgrade_rows(start, end, jobs=jobs),
     )
 
 
@@ -239,9 +263,60 @@ def policy_changes(start: datetime, end: datetime) -> list[PolicyChange]:
     return changes
 
 
-def _png(figure: Figure) -> bytes:
-    # Figure and the Agg canvas directly, never pyplot: no display is needed on servers and
-    # workers, and no global state is shared between concurrent tasks.
+def upgrade_rows(start: datetime, end: datetime, *, jobs=None) -> list[UpgradeRow]:
+    """The upgrades under way at some time in [start, end) (asked for before `end`, not ended
+    before `start`), oldest first. `ended_by`: who confirmed or rolled back by hand, "the
+    controller" for any other end, "" while under way."""
+    upgrades = (
+        JobUpgrade.objects.filter(requested_at__lt=end)
+        .exclude(ended_at__lt=start)
+        .select_related("job", "ended_by")
+        .order_by("requested_at", "pk")
+    )
+    if jobs is not None:
+        upgrades = upgrades.filter(job__in=jobs)
+    rows = []
+    for upgrade in upgrades:
+        if upgrade.ended_at is None:
+            ended_by = ""
+        elif upgrade.ended_by is not None:
+            ended_by = upgrade.ended_by.get_username()
+        else:
+            ended_by = "the controller"
+        rows.append(
+            UpgradeRow(
+                upgrade_id=upgrade.pk,
+                job_name=upgrade.job.name,
+                from_topology=upgrade.from_topology,
+                to_topology=upgrade.to_topology,
+                to_params=", ".join(f"{k}={v}" for k, v in sorted(upgrade.to_params.items())),
+                case=upgrade.case,
+                status=upgrade.get_status_display(),
+                switched_at=upgrade.switched_at,
+                gap_s=upgrade.gap_s,
+                lost=upgrade.lost,
+                duplicates=upgrade.duplicates,
+                ended_by=ended_by,
+                outcome=upgrade.outcome,
+            )
+        )
+    return rows
+
+
+def _new_figure(width: float, height: float):
+    """A matplotlib Figure: Figure and the Agg canvas directly, never pyplot (no display is
+    needed on servers and workers, and no global state is shared between concurrent tasks)."""
+    # Imported here, not at the top: matplotlib is half a second of CPU to import, and every
+    # Celery worker (controller and node agents too) imports this module; a controller
+    # restarted on a busy machine resumed supervision tens of seconds later for it.
+    from matplotlib.figure import Figure
+
+    return Figure(figsize=(width, height), dpi=100)
+
+
+def _png(figure) -> bytes:
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
     buffer = io.BytesIO()
     FigureCanvasAgg(figure).print_png(buffer)
     return buffer.getvalue()
@@ -254,7 +329,7 @@ def recovery_chart_png(rows: list[EpisodeFigures]) -> bytes | None:
         return None
     labels = [f"{row.job_name} · {row.strategy}" for row in rows]
     positions = range(len(rows))
-    figure = Figure(figsize=(7, 0.6 * len(rows) + 1.4), dpi=100)
+    figure = _new_figure(7, 0.6 * len(rows) + 1.4)
     axes = figure.add_subplot()
     axes.barh([p + 0.2 for p in positions], [r.worst_recovery_s for r in rows], 0.4, label="worst")
     axes.barh([p - 0.2 for p in positions], [r.mean_recovery_s for r in rows], 0.4, label="mean")
@@ -280,7 +355,7 @@ def utilisation_chart_png(start: datetime, end: datetime) -> bytes | None:
         cell[1] += 1
     if not buckets:
         return None
-    figure = Figure(figsize=(7, 3.2), dpi=100)
+    figure = _new_figure(7, 3.2)
     axes = figure.add_subplot()
     for (node, name), cells in sorted(buckets.items()):
         xs = [start + timedelta(seconds=(index + 0.5) * bucket_s) for index in sorted(cells)]
@@ -291,6 +366,8 @@ def utilisation_chart_png(start: datetime, end: datetime) -> bytes | None:
         label = f"{node} {name.removesuffix('_util')}"
         axes.plot(xs, ys, style, marker=marker, markersize=3, label=label)
     axes.set_xlim(start, end)
+    from matplotlib.dates import DateFormatter
+
     axes.xaxis.set_major_formatter(DateFormatter("%m-%d %H:%M"))
     axes.set_ylim(0, 100)
     axes.set_ylabel("utilisation (%)")

@@ -143,6 +143,13 @@ def shared(
                 break  # the other request finished without a value to share, or died
         # Nothing to share after waiting: compute for this request (and share it if possible).
         owns_mark = bool(client.set(computing, b"1", nx=True, ex=COMPUTING_MARK_S))
+    # Another request may have stored a value and dropped its mark between our first read and
+    # our mark (a thread delayed that long on a loaded machine): read again before computing.
+    generation, fresher = _read(key)
+    if _fresh(fresher, fresh_s):
+        if owns_mark:
+            client.delete(computing)
+        return Shared(fresher[1], fresher[0], computed_here=False)
     started = time.time()
     try:
         value = compute()

@@ -11,7 +11,7 @@ import redis
 from django.conf import settings
 from django.utils import timezone
 
-from console.models import ControlDecision, Job, RecoveryEpisode
+from console.models import ControlDecision, Job, RecoveryEpisode, Replica
 from console.services.control.record import (
     OWN_REPORT_FRESH_S,
     record_failure,
@@ -28,7 +28,7 @@ from spark_runtime.supervision import (
     ReplicaSpec,
     RestartStage,
 )
-from tests.factories import make_job
+from tests.factories import NodeFactory, make_job
 
 pytestmark = pytest.mark.django_db
 
@@ -43,11 +43,32 @@ def test_a_standby_overtaking_a_restart_turns_the_open_restart_episode_into_a_pr
         detected_at=timezone.now(),
         notes="count-2 on node-2: ProcessExited",
     )
+    node = NodeFactory(name="node-2")
+    restarted, standby = (
+        Replica.objects.create(
+            job=job,
+            replica_id=Replica.full_id(job.key, local_id),
+            stage="count",
+            node=node,
+            role=role,
+            state=state,
+        )
+        for local_id, role, state in (
+            ("count-2", Replica.Role.PRIMARY, Replica.State.STARTING),
+            ("count-3", Replica.Role.STANDBY, Replica.State.RUNNING),
+        )
+    )
     event = HeartbeatSeen("count-3", 15.0, {"stage": "count", "state": "running"})
     actions = [KillReplica("count-2"), PromoteStandby("count-3", "count")]
     record_promotion_over_restart(job, event, actions)
     episode.refresh_from_db()
     assert episode.action == RecoveryEpisode.Action.PROMOTE
+    # Once the episode says promote, the abandoned restart is no longer the stage's primary
+    # (a reader saw it as the one primary until the agent's kill was sent).
+    restarted.refresh_from_db()
+    assert restarted.state == Replica.State.STOPPED and restarted.ended_at is not None
+    standby.refresh_from_db()
+    assert standby.state == Replica.State.RUNNING
     assert "restart overtaken by count-3" in episode.notes
     decision = ControlDecision.objects.get(job=job, kind=ControlDecision.Kind.PROMOTE)
     assert decision.replica_id == "count-3" and decision.stage == "count"

@@ -1,5 +1,7 @@
 """Building the per-second output series the recovery detector reads (pure functions)."""
 
+import pytest
+
 from console.policy.recovery import output_series
 from tests.factories import progress_record
 
@@ -47,3 +49,20 @@ def test_latency_grows_through_an_outage():
     series = output_series([record(100.5, 10), record(103.5, 10, p99=2.0)], 100.0, 104.0)
     assert series.throughput == [10.0, 0.0, 0.0, 10.0]
     assert series.p99_ms == [800.0, 1800.0, 2800.0, 2000.0]
+
+
+def test_the_latency_limit_is_learned_on_the_output_there_is_not_the_seconds_before_it():
+    from console.policy.recovery import RecoverySettings, latency_limit_ms
+
+    settings = RecoverySettings(
+        band=0.15, stable_window_s=10, reference_window_s=60, warmup_s=0, latency_floor_ms=100
+    )
+    # Output from 130 on, in a window starting at 100: p90 alternating 0.4 and 0.6 s.
+    steady = [record(130.5 + i, 10, p90=0.4 + 0.2 * (i % 2)) for i in range(30)]
+    limit = latency_limit_ms(steady, 100.0, 160.0, settings)
+    # Computed by hand from the 5 s trailing means over [135, 160): 0.48 or 0.52 s, mean 0.5,
+    # std 0.02: limit = 500 + max(0.15 * 500, 3 * 20, 100) = 600 ms. The 30 s without output
+    # (latency 0) left in would have pulled the mean down to about 0.25 s.
+    assert limit == pytest.approx(600.0, abs=5)
+    # Less than MIN_REFERENCE_S (10 s) of output: nothing to learn from.
+    assert latency_limit_ms(steady[-5:], 100.0, 160.0, settings) is None

@@ -13,7 +13,7 @@ from django.core.exceptions import ValidationError
 from django.utils import timezone
 from django_celery_beat.models import CrontabSchedule, PeriodicTask
 
-from console.models import Job, Policy, ReportSubscription, SentAlert
+from console.models import Job, JobUpgrade, Policy, ReportSubscription, SentAlert
 from console.roles import ADMIN, OPERATOR
 from console.services import alerts, reports
 from console.services.policy import change_policy
@@ -360,3 +360,79 @@ def test_failed_send_rolls_back_the_alert_record(users, settings):
     with pytest.raises(OSError):
         alerts.check_alerts_for_episode(EpisodeFactory(job=job, recovery_time_s=5))
     assert not SentAlert.objects.exists()
+
+
+# Upgrades ------------------------------------------------------------------------------------
+
+
+def test_report_lists_the_upgrades_of_its_period(users):
+    """Upgrades under way at some time in the last 24 hours, of the subscription's jobs: one
+    confirmed by hand and audited, one refused by the state check (no switch, no figures); one
+    that ended 30 hours ago and one of a job out of scope are left out."""
+    now = timezone.now()
+    wc = make_job(name="wc", status=Job.Status.RUNNING)
+    other = make_job(name="other", status=Job.Status.RUNNING)
+
+    def upgrade(job, hours_ago, **fields):
+        requested = now - timedelta(hours=hours_ago)
+        row = JobUpgrade.objects.create(job=job, from_topology="wordcount", **fields)
+        JobUpgrade.objects.filter(pk=row.pk).update(requested_at=requested)
+        return row
+
+    switched = now - timedelta(hours=2)
+    confirmed = upgrade(
+        wc, 3, to_topology="wordcount", to_params={"count.x": "2"},
+        case=JobUpgrade.Case.SEEDED, status=JobUpgrade.Status.CONFIRMED,
+        switched_at=switched,
+        ended_at=switched + timedelta(minutes=1), ended_by=users[OPERATOR],
+        outcome="confirmed by otto", gap_s=1.25, lost=0, duplicates=2,
+    )  # fmt: skip
+    refused = upgrade(
+        wc, 1, to_topology="wordcount@2", case=JobUpgrade.Case.REFUSED,
+        status=JobUpgrade.Status.REFUSED, ended_at=now - timedelta(minutes=50),
+        outcome="Spark refuses the new version: boom",
+    )  # fmt: skip
+    upgrade(
+        wc, 31, to_topology="wordcount@2", status=JobUpgrade.Status.CONFIRMED,
+        ended_at=now - timedelta(hours=30),
+    )  # fmt: skip
+    upgrade(other, 1, to_topology="wordcount@2", status=JobUpgrade.Status.REQUESTED)
+    subscription = ReportSubscriptionFactory(
+        name="upgrades", scope=ReportSubscription.Scope.SELECTED, jobs=[wc]
+    )
+
+    report = reports.report_for_subscription(subscription, now=now + timedelta(minutes=1))
+    assert [
+        (r.upgrade_id, r.from_topology, r.to_topology, r.case, r.status, r.gap_s, r.lost,
+         r.duplicates, r.ended_by)
+        for r in report.upgrades
+    ] == [
+        (confirmed.pk, "wordcount", "wordcount", "seeded", "confirmed", 1.25, 0, 2, "otto"),
+        (refused.pk, "wordcount", "wordcount@2", "refused", "refused", None, None, None,
+         "the controller"),
+    ]  # fmt: skip
+
+    reports.send_report(subscription, now=now + timedelta(minutes=1))
+    text = mail.outbox[0].body
+    assert (
+        f"- wc: wordcount -> wordcount (count.x=2), upgrade {confirmed.pk}, seeded: confirmed\n"
+        f"  switched: {switched:%Y-%m-%d %H:%M:%S}; output gap: 1.25 s; lost: 0; duplicates: 2\n"
+        "  ended by otto: confirmed by otto\n"
+    ) in text
+    assert (
+        f"- wc: wordcount -> wordcount@2, upgrade {refused.pk}, refused: refused\n"
+        "  switched: -; output gap: -; lost: -; duplicates: -\n"
+        "  ended by the controller: Spark refuses the new version: boom\n"
+    ) in text
+    assert "other" not in text
+    html, _ = mail.outbox[0].alternatives[0]
+    assert '<td class="versions">wordcount &rarr; wordcount (count.x=2)</td>' in html
+    assert '<td class="gap">1.25</td>' in html
+    assert '<td class="ended-by">otto</td>' in html
+
+
+def test_a_period_without_upgrades_says_so():
+    subscription = ReportSubscriptionFactory()
+    reports.send_report(subscription)
+    assert "UPGRADES\nNo upgrades in this period.\n" in mail.outbox[0].body
+    assert "<p>No upgrades in this period.</p>" in mail.outbox[0].alternatives[0][0]

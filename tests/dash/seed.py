@@ -13,7 +13,16 @@ from datetime import datetime, timedelta
 
 from django.utils import timezone
 
-from console.models import ControlDecision, Job, MetricSample, Node, Operator, Replica
+from console.models import (
+    ControlDecision,
+    Job,
+    JobUpgrade,
+    MetricSample,
+    Node,
+    Operator,
+    RegisteredTopology,
+    Replica,
+)
 from tests.factories import EpisodeFactory, FaultFactory, NodeFactory, ReplicaFactory, make_job
 
 ERROR_TAIL = """pyspark.errors.exceptions.captured.StreamingQueryException: [STREAM_FAILED]
@@ -246,3 +255,111 @@ def seed_console(minutes: int = 30, step_s: int = 5, now: datetime | None = None
             duplicates=0,
         )
     return Seeded(nodes=nodes, adaptive=adaptive, baseline=baseline, now=now)
+
+
+# The user job of docs/JOBS.md (jobs/examples/clickstream.py): name: (kind, upstream, P, interval)
+ACTIVITY_OPERATORS = {
+    "clicks": ("source", [], 0.2, 10.0),
+    "real_pages": ("filter", ["clicks"], 0.3, 8.0),
+    "per_window": ("window_aggregate", ["real_pages"], 0.6, 5.0),
+    "results": ("sink", ["per_window"], 0.2, 12.0),
+}
+ACTIVITY_STAGE = "per_window"
+
+
+@dataclass
+class SeededUpgrades:
+    """What seed_upgraded_job created: the job, its confirmed and its validating upgrade."""
+
+    job: Job
+    confirmed: JobUpgrade
+    validating: JobUpgrade
+    now: datetime
+
+
+def seed_upgraded_job(
+    seeded: Seeded, requested_by=None, minutes: int = 30, step_s: int = 5
+) -> SeededUpgrades:
+    """A user job `clicks` (`activity`, three registered versions) on `seeded`'s nodes, upgraded
+    from activity@1 to activity@2 twelve minutes ago (confirmed: the version history) and now to
+    activity@3 with a parameter changed (validating: new version writes, the old one stands by).
+
+    Rows only, as the controller would have left them: no module is imported or written.
+    """
+    now = seeded.now
+    source = "# activity, version {}: the clickstream example of docs/JOBS.md\n"
+    for version in (1, 2, 3):
+        RegisteredTopology.objects.create(
+            name="activity",
+            version=version,
+            module="examples.clickstream:activity",
+            source=source.format(version),
+            source_sha256=f"{version:064x}",
+        )
+    job = Job.objects.create(
+        name="clicks",
+        topology="activity@3",  # green's version from the switch on (services.upgrades)
+        strategy=Job.Strategy.ADAPTIVE,
+        status=Job.Status.RUNNING,
+        started_at=now - timedelta(hours=1),
+    )
+    for name, (kind, upstream, priority, interval) in ACTIVITY_OPERATORS.items():
+        downstream = [n for n, spec in ACTIVITY_OPERATORS.items() if name in spec[1]]
+        in_stage = kind not in ("source", "sink")
+        Operator.objects.create(
+            job=job, name=name, kind=kind, upstream=upstream, downstream=downstream,
+            stage=ACTIVITY_STAGE if in_stage else "",
+            mode="active" if kind == "window_aggregate" else "passive",
+            priority=priority, checkpoint_interval_s=interval,
+        )  # fmt: skip
+    blue, green = f"{ACTIVITY_STAGE}-2", f"{ACTIVITY_STAGE}-3"
+    for replica_id, node, role in (
+        (blue, seeded.nodes[0], Replica.Role.STANDBY),
+        (green, seeded.nodes[1], Replica.Role.PRIMARY),
+    ):
+        ReplicaFactory(
+            job=job, stage=ACTIVITY_STAGE, node=node, role=role,
+            replica_id=Replica.full_id(job.key, replica_id),
+        )  # fmt: skip
+    steps = minutes * 60 // step_s
+    start = now - timedelta(seconds=steps * step_s)
+    rows = []
+    for i in range(0, steps, 6):  # every policy cycle
+        at = start + timedelta(seconds=i * step_s)
+        for name, (_, _, priority, interval) in ACTIVITY_OPERATORS.items():
+            for metric, value in (
+                ("priority", priority + 0.03 * math.sin(i / 40)),
+                ("checkpoint_interval_s", interval * (1 + 0.2 * math.sin(i / 30))),
+                ("predicted_fault_rate", 0.02 + 0.01 * math.sin(i / 25)),
+            ):
+                rows.append(MetricSample(at=at, job=job, stage=name, name=metric, value=value))
+    MetricSample.objects.bulk_create(rows, batch_size=2000)
+    confirmed = JobUpgrade.objects.create(
+        job=job, requested_by=requested_by, stage=ACTIVITY_STAGE,
+        from_topology="activity@1", to_topology="activity@2",
+        case=JobUpgrade.Case.REBUILD,
+        reason="operator per_window: its state is incompatible (changed watermark); the new "
+        "version rebuilds it from the job's input stream, which holds all 5210 entries ever "
+        "added to it",
+        status=JobUpgrade.Status.CONFIRMED, blue_replica=f"{ACTIVITY_STAGE}-1",
+        green_replica=blue, switched_at=now - timedelta(minutes=12),
+        ended_at=now - timedelta(minutes=11),
+        outcome="the new version wrote for 60 s without a failure",
+        gap_s=0.4, lost=0, duplicates=0,
+    )  # fmt: skip
+    validating = JobUpgrade.objects.create(
+        job=job, requested_by=requested_by, stage=ACTIVITY_STAGE,
+        from_topology="activity@2", to_topology="activity@3",
+        from_params={}, to_params={"per_window.parallelism": "2"},
+        case=JobUpgrade.Case.SEEDED,
+        reason="the new version ran a batch on a copy of the running version's state "
+        "(committed batch 342): it starts from that checkpoint",
+        status=JobUpgrade.Status.VALIDATING, blue_replica=blue, green_replica=green,
+        checkpoint_batch=342, switched_at=now - timedelta(seconds=40),
+    )  # fmt: skip
+    # requested_at is set on create; put it where the story has it.
+    JobUpgrade.objects.filter(pk=confirmed.pk).update(requested_at=now - timedelta(minutes=14))
+    JobUpgrade.objects.filter(pk=validating.pk).update(requested_at=now - timedelta(minutes=3))
+    confirmed.refresh_from_db()
+    validating.refresh_from_db()
+    return SeededUpgrades(job=job, confirmed=confirmed, validating=validating, now=now)

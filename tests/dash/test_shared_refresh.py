@@ -68,6 +68,31 @@ def test_many_requests_at_once_compute_once(db):
     assert len({r.computed_at for r in results}) == 1
 
 
+def test_a_request_delayed_between_its_read_and_its_mark_computes_nothing(db, monkeypatch):
+    """The race behind a CI failure: this request reads (nothing yet), then, before it takes the
+    computing mark, another request computes, stores and drops its mark. The value it stored is
+    fresh, so this one must return it instead of computing a second time."""
+    from console.services import shared_data
+
+    computed = []
+    key = entry_key("test", ["delayed-read"])
+    real_read = shared_data._read
+    delayed = {"first": True}
+
+    def read_then_let_another_request_finish(read_key):
+        answer = real_read(read_key)
+        if delayed.pop("first", False):
+            other = threading.Thread(target=lambda: shared(key, 5.0, lambda: computed.append(1)))
+            other.start()
+            other.join()
+        return answer
+
+    monkeypatch.setattr(shared_data, "_read", read_then_let_another_request_finish)
+    answer = shared(key, 5.0, lambda: computed.append(2))
+    assert computed == [1]
+    assert not answer.computed_here
+
+
 def test_a_value_older_than_its_interval_is_computed_again(db):
     values = iter(range(10))
     key = entry_key("test", ["again"])

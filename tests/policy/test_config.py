@@ -36,6 +36,7 @@ def test_defaults_are_valid_and_match_the_brief():
         "recovery_band", "recovery_stable_window_s", "reference_window_s", "warmup_s",
         "restart_initial_delay_s", "restart_max_delay_s", "restart_max_failures",
         "restart_failure_window_s", "same_cause_failures_limit", "hung_timeout_s",
+        "upgrade_validation_s",
         "prediction_window_s", "prediction_history_s", "prediction_min_samples",
         "interval_apply_gap_s",
     ]  # fmt: skip

@@ -43,6 +43,9 @@ def test_a_primary_runs_above_the_normal_level_and_only_a_caught_up_standby_belo
     # A strategy without CPU priorities (restart-all, local-restart): everything at 0.
     assert wanted_nice(False, "standby", RUNNING, started=True) == 0
     assert wanted_nice(False, "primary", RUNNING, started=True) == 0
+    # An upgrade's new version about to take over: at the normal level.
+    assert wanted_nice(True, "standby", RUNNING, started=True, successor=True) == 0
+    assert wanted_nice(True, "primary", RUNNING, started=True, successor=True) == -5
 
 
 def test_only_a_standby_below_its_primary_is_paced():
@@ -58,6 +61,8 @@ def test_only_a_standby_below_its_primary_is_paced():
     assert batch_every_s(0) is None  # a primary, or a standby that is starting
     assert batch_every_s(CATCHING_UP_NICE) is None
     assert batch_every_s(SPARE_NICE) is None
+    # The old version of an upgrade, standing by at low priority for a rollback: every batch.
+    assert batch_every_s(STANDBY_NICE, full_pace=True) is None
 
 
 def test_a_process_goes_up_only_as_far_as_it_may():

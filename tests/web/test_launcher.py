@@ -3,7 +3,12 @@ child processes, no Django."""
 
 from __future__ import annotations
 
+import os
+import signal
 import sys
+from pathlib import Path
+
+import pytest
 
 from infra.launcher import ProcessGroup, wait_for
 
@@ -47,6 +52,27 @@ def test_a_killed_child_stays_down_and_stop_ends_the_rest(tmp_path):
     assert kept.poll() is not None
     assert group.restart_exited() == []
     assert not (tmp_path / "launcher.log").exists()
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/autogroup"), reason="kernel without autogroups")
+def test_a_child_gets_its_sessions_priority_at_every_start(tmp_path):
+    """The launcher sets a child's session priority (its process group and its autogroup) right
+    after starting it, and again after restarting it: a control-plane process starts at its
+    priority, not at the level of whatever else the machine runs. Level 7: a lower priority,
+    which any process may give its children."""
+    group = ProcessGroup(tmp_path, say=None)
+    first = group.start("low", [sys.executable, "-c", "import time; time.sleep(60)"], nice=7)
+    try:
+        assert os.getpriority(os.PRIO_PROCESS, first.pid) == 7
+        assert Path(f"/proc/{first.pid}/autogroup").read_text().split()[-1] == "7"
+        os.killpg(first.pid, signal.SIGKILL)
+        # The group's watcher starts it again (after a second: it exited soon after its start).
+        wait_for(lambda: group.children["low"].proc.pid != first.pid, 30, "the restart")
+        second = group.children["low"].proc
+        assert os.getpriority(os.PRIO_PROCESS, second.pid) == 7
+        assert Path(f"/proc/{second.pid}/autogroup").read_text().split()[-1] == "7"
+    finally:
+        group.stop(grace_s=5)
 
 
 def test_only_a_heartbeat_taken_since_the_start_counts():

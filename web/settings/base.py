@@ -251,6 +251,11 @@ SPECTACULAR_SETTINGS = {
     "SWAGGER_UI_DIST": "SIDECAR",
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
     "REDOC_DIST": "SIDECAR",
+    # Two models have a `mode` with choices: each enum gets a name of its own.
+    "ENUM_NAME_OVERRIDES": {
+        "OperatorModeEnum": "console.models.jobs.Operator.Mode",
+        "UpgradeModeEnum": "console.models.upgrades.JobUpgrade.Mode",
+    },
     # drf-spectacular's default enum hook, then the error responses every operation can give.
     "POSTPROCESSING_HOOKS": [
         "drf_spectacular.hooks.postprocess_schema_enums",

@@ -3,6 +3,7 @@ restarts, on a cluster of the run's own (bench/soak/)."""
 
 from __future__ import annotations
 
+import json
 import shlex
 import signal
 import sys
@@ -45,12 +46,23 @@ class Command(BaseCommand):
             help="seconds after the schedule for its last events to be judged",
         )
         parser.add_argument(
+            "--report",
+            default="",
+            help="write the RESULTS.md section from this finished run's soak.json (no run)",
+        )
+        parser.add_argument(
             "--write-results",
             action="store_true",
             help=f"also write the '{RESULTS_SECTION[3:]}' section of {RESULTS_MD.name}",
         )
 
     def handle(self, *args, **opts):
+        if opts["report"]:
+            # A finished run's report, written again (or for the first time) into RESULTS.md.
+            report = json.loads(Path(opts["report"]).read_text())
+            write_section(RESULTS_SECTION, to_markdown(report))
+            self._say(f"[soak] wrote the soak section of {RESULTS_MD} from {opts['report']}")
+            return
         try:
             settings = SoakSettings(
                 minutes=opts["minutes"],

@@ -25,6 +25,10 @@ REFRESH_OUTPUTS = [
     ("decisions-table", "children"),
     ("failures-table", "children"),
     ("faults-table", "children"),
+    ("upgrade-card", "hidden"),
+    ("upgrade-panel", "children"),
+    ("upgrade-under-way", "data"),
+    ("upgrades-table", "children"),
 ]
 
 share_refresh(
@@ -87,3 +91,56 @@ app.callback(
     State("url", "pathname"),
     prevent_initial_call=True,
 )(callbacks.restart_confirmed)
+app.callback(
+    Output("upgrade-confirm", "displayed"),
+    Output("upgrade-confirm", "message"),
+    Input("upgrade-button", "n_clicks"),
+    State("upgrade-version", "value"),
+    State("upgrade-params", "value"),
+    State("url", "pathname"),
+    prevent_initial_call=True,
+)(callbacks.ask_upgrade)
+app.callback(
+    Output("upgrade-result", "children"),
+    Input("upgrade-confirm", "submit_n_clicks"),
+    State("upgrade-version", "value"),
+    State("upgrade-params", "value"),
+    State("url", "pathname"),
+    prevent_initial_call=True,
+)(callbacks.upgrade_confirmed)
+# Confirm and Roll back exist for operators only; for a viewer these callbacks have no outputs
+# on the page, and Dash does not call them.
+app.callback(Output("upgrade-actions", "children"), Input("url", "pathname"))(
+    callbacks.render_upgrade_actions
+)
+app.callback(
+    Output("upgrade-confirm-button", "disabled"),
+    Output("upgrade-rollback-button", "disabled"),
+    Input("upgrade-under-way", "data"),
+)(callbacks.end_buttons)
+app.callback(
+    Output("upgrade-confirm-dialog", "displayed"),
+    Output("upgrade-confirm-dialog", "message"),
+    Input("upgrade-confirm-button", "n_clicks"),
+    State("upgrade-under-way", "data"),
+    prevent_initial_call=True,
+)(callbacks.ask_confirm_upgrade)
+app.callback(
+    Output("upgrade-confirm-result", "children"),
+    Input("upgrade-confirm-dialog", "submit_n_clicks"),
+    State("upgrade-under-way", "data"),
+    prevent_initial_call=True,
+)(callbacks.confirm_upgrade_confirmed)
+app.callback(
+    Output("upgrade-rollback-dialog", "displayed"),
+    Output("upgrade-rollback-dialog", "message"),
+    Input("upgrade-rollback-button", "n_clicks"),
+    State("upgrade-under-way", "data"),
+    prevent_initial_call=True,
+)(callbacks.ask_roll_back_upgrade)
+app.callback(
+    Output("upgrade-rollback-result", "children"),
+    Input("upgrade-rollback-dialog", "submit_n_clicks"),
+    State("upgrade-under-way", "data"),
+    prevent_initial_call=True,
+)(callbacks.roll_back_confirmed)

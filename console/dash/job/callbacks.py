@@ -1,4 +1,5 @@
-"""Job page callbacks: thin glue from data queries to tables and figures, plus fault controls.
+"""Job page callbacks: thin glue from data queries to tables and figures, plus the fault, stop,
+restart and upgrade controls.
 
 Each function is a Dash callback (wired in job/app.py) and can be called directly in tests;
 `user` is the Django user django-plotly-dash passes in.
@@ -7,9 +8,11 @@ Each function is a Dash callback (wired in job/app.py) and can be called directl
 from __future__ import annotations
 
 import re
+from datetime import timedelta
 
 from dash import html
 from dash.exceptions import PreventUpdate
+from django.utils import timezone
 
 from console.dash import controls, data
 from console.dash.common import (
@@ -23,12 +26,15 @@ from console.dash.common import (
     message,
     table,
 )
-from console.dash.job import figures
+from console.dash.job import figures, upgrades
 from console.dash.job.layout import controls as controls_layout
-from console.models import FaultInjection, Policy
+from console.dash.job.layout import upgrade_actions
+from console.models import FaultInjection, JobUpgrade, Policy
 from console.roles import OPERATOR, has_role
 
 JOB_PATH = re.compile(r"/console/jobs/(\d+)/?$")
+# The decision, failure, fault and upgrade tables show this many rows at most.
+TABLE_ROWS = 30
 
 
 def job_id_from_path(pathname: str | None) -> int | None:
@@ -212,38 +218,66 @@ def _fault_table(faults: list[dict]):
 
 
 def refresh(n_intervals, window_s, pathname, user=None):
-    """Every 2 s: summary tiles, DAG, replicas, operators, history, decisions, failures, faults."""
+    """Every 2 s: summary tiles, DAG, replicas, operators, history (with upgrade markers),
+    decisions, failures, faults, then the upgrade under way and the upgrade history."""
     job_id = job_id_from_path(pathname)
     if not can_view(user) or job_id is None:
         raise PreventUpdate
     job = data.job_detail(job_id)
     if job is None:
         raise PreventUpdate
+    now = timezone.now()
+    window_s = window_s or DEFAULT_WINDOW_S
     operators = data.operator_rows(job_id)
     replicas = data.stage_placement(job_id)
     current = data.latest(("throughput_eps", "latency_p99_ms"), job_id=job_id, stage=data.JOB_SCOPE)
     threshold = Policy.current().priority_threshold
-    history = data.operator_history(job_id, window_s or DEFAULT_WINDOW_S, MAX_POINTS)
+    history = data.operator_history(job_id, window_s, MAX_POINTS, end=now)
+    job_upgrades = data.upgrade_rows(job_id, limit=TABLE_ROWS)
+    markers = figures.upgrade_markers(job_upgrades, since=now - timedelta(seconds=window_s))
+    in_progress = upgrades.under_way(job_upgrades)
     return (
         _summary(job, current, replicas),
         _failure_reason(job),
         figures.dag_figure(operators, threshold),
         _replica_table(replicas, figures.stage_chains(operators)),
         _operator_table(operators),
-        figures.history_figure(history, [op["name"] for op in operators], threshold),
-        _decision_table(data.recent_decisions(job_id, limit=30)),
-        _failure_table(data.failure_history(job_id, limit=30)),
-        _fault_table(data.fault_rows(job_ids=[job_id], limit=30)),
+        figures.history_figure(history, [op["name"] for op in operators], threshold, markers),
+        _decision_table(data.recent_decisions(job_id, limit=TABLE_ROWS)),
+        _failure_table(data.failure_history(job_id, limit=TABLE_ROWS)),
+        _fault_table(data.fault_rows(job_ids=[job_id], limit=TABLE_ROWS)),
+        in_progress is None,
+        upgrades.upgrade_panel(in_progress, now),
+        upgrades.store_value(in_progress),
+        upgrades.upgrade_table(job_upgrades, now),
     )
 
 
 def render_controls(pathname, user=None):
-    """Fault and stop controls for operators and admins; nothing at all for viewers."""
+    """Fault, stop, restart and upgrade controls for operators and admins; nothing at all for
+    viewers."""
     job_id = job_id_from_path(pathname)
     if job_id is None or not has_role(user, OPERATOR):
         return None
+    job = data.job_detail(job_id)
+    if job is None:
+        return None
     operators = [op["name"] for op in data.operator_rows(job_id)]
-    return controls_layout(operators, data.node_choices())
+    params = data.upgrade_params_in_force(job_id)
+    return controls_layout(
+        operators,
+        data.node_choices(),
+        data.topology_versions(job["topology"]),
+        job["topology"],
+        "\n".join(f"{name}={value}" for name, value in sorted(params.items())),
+    )
+
+
+def render_upgrade_actions(pathname, user=None):
+    """Confirm and Roll back under the upgrade in progress, for operators and admins only."""
+    if job_id_from_path(pathname) is None or not has_role(user, OPERATOR):
+        return None
+    return upgrade_actions()
 
 
 def target_fields(kind):
@@ -319,3 +353,89 @@ def restart_confirmed(submit_n_clicks, pathname, user=None):
     except controls.ActionRefused as exc:
         return message(f"Not restarted: {exc}", ok=False)
     return message(f"Job {job.name}: restart requested; the controller starts it.", ok=True)
+
+
+def ask_upgrade(n_clicks, version, params_text, pathname):
+    """First step of upgrading: the confirm dialog names the version and the parameters."""
+    if not n_clicks:
+        raise PreventUpdate
+    lines = [line.strip() for line in str(params_text or "").splitlines() if line.strip()]
+    params = f" with {', '.join(lines)}" if lines else " with the version's own parameters"
+    return True, (
+        f"Upgrade job #{job_id_from_path(pathname)} to {version}{params}? The new version starts "
+        "beside the running one and takes the output over once it has caught up."
+    )
+
+
+def upgrade_confirmed(submit_n_clicks, version, params_text, pathname, user=None):
+    """Second step: ask for the upgrade through the upgrade service, which checks the version
+    and the parameters and says which field is wrong."""
+    if not submit_n_clicks:
+        raise PreventUpdate
+    try:
+        upgrade = controls.upgrade_job(user, job_id_from_path(pathname), version, params_text)
+    except controls.ActionRefused as exc:
+        return message(f"Not upgraded: {exc}", ok=False)
+    return message(
+        f"Upgrade #{upgrade.pk} requested: {upgrade.from_topology} -> {upgrade.to_topology}; "
+        "the state check runs first.",
+        ok=True,
+    )
+
+
+def _upgrade_id(current):
+    """The id of the upgrade under way from the page's store (a forged one is checked again
+    by the controls)."""
+    return current.get("id") if isinstance(current, dict) else None
+
+
+def end_buttons(current):
+    """(Confirm disabled, Roll back disabled): confirm once the new version writes (validating),
+    roll back while the upgrade is under way."""
+    if not isinstance(current, dict):
+        return True, True
+    return current.get("status") != JobUpgrade.Status.VALIDATING, False
+
+
+def ask_confirm_upgrade(n_clicks, current):
+    """First step of confirming the upgrade under way: the confirm dialog."""
+    if not n_clicks or _upgrade_id(current) is None:
+        raise PreventUpdate
+    return True, (
+        f"Confirm upgrade #{current['id']} ({current.get('from')} -> {current.get('to')})? "
+        "The old version retires; a rollback is no longer possible."
+    )
+
+
+def confirm_upgrade_confirmed(submit_n_clicks, current, user=None):
+    """Second step: the job's controller confirms the upgrade at its next reconcile."""
+    if not submit_n_clicks:
+        raise PreventUpdate
+    try:
+        upgrade = controls.confirm_upgrade(user, _upgrade_id(current))
+    except controls.ActionRefused as exc:
+        return message(f"Not confirmed: {exc}", ok=False)
+    return message(f"Upgrade #{upgrade.pk}: confirm asked; the controller confirms it.", ok=True)
+
+
+def ask_roll_back_upgrade(n_clicks, current):
+    """First step of rolling the upgrade under way back: the confirm dialog."""
+    if not n_clicks or _upgrade_id(current) is None:
+        raise PreventUpdate
+    return True, (
+        f"Roll upgrade #{current['id']} back to {current.get('from')}? The old version "
+        "writes the output again and the new one stops."
+    )
+
+
+def roll_back_confirmed(submit_n_clicks, current, user=None):
+    """Second step: the job's controller rolls the upgrade back at its next reconcile."""
+    if not submit_n_clicks:
+        raise PreventUpdate
+    try:
+        upgrade = controls.roll_back_upgrade(user, _upgrade_id(current))
+    except controls.ActionRefused as exc:
+        return message(f"Not rolled back: {exc}", ok=False)
+    if upgrade.status == JobUpgrade.Status.ABANDONED:
+        return message(f"Upgrade #{upgrade.pk} cancelled before it started.", ok=True)
+    return message(f"Upgrade #{upgrade.pk}: rollback asked; the controller rolls it back.", ok=True)

@@ -1,18 +1,33 @@
-"""Job page charts: the operator DAG and the history of each operator's scores."""
+"""Job page charts: the operator DAG and the history of each operator's scores, with the job's
+upgrades marked on it."""
 
 from __future__ import annotations
+
+from datetime import datetime
 
 import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from console.dash.common import BASE_LAYOUT, GRID, MODE_COLOURS, PASSIVE, series_colour
+from console.dash.common import (
+    BASE_LAYOUT,
+    FAULT,
+    GRID,
+    MODE_COLOURS,
+    OK,
+    PASSIVE,
+    series_colour,
+)
+from console.models import JobUpgrade
 
 HISTORY_ROWS = (
     ("priority", "Priority P"),
     ("checkpoint_interval_s", "Checkpoint interval (s)"),
     ("predicted_fault_rate", "Predicted fault rate"),
 )
+# Marker colours: the new version took the output over; the old version took it back.
+SWITCH, ROLLBACK = "switch", "rollback"
+MARKER_COLOURS = {SWITCH: OK, ROLLBACK: FAULT}
 
 
 def dag_positions(operators: list[dict]) -> dict[str, tuple[float, float]]:
@@ -98,11 +113,39 @@ def dag_figure(operators: list[dict], threshold: float | None = None) -> go.Figu
     return fig
 
 
-def history_figure(frame: pd.DataFrame, operator_names: list[str], threshold: float | None):
+def upgrade_markers(upgrades: list[dict], since: datetime) -> list[dict]:
+    """Where the job's upgrades changed its output since `since`, oldest first: each switch to
+    the new version ("upgrade N") and each rollback to the old one ("upgrade N rolled back"),
+    as {"at", "label", "kind"} from upgrade rows (console.dash.data.upgrade_rows)."""
+    markers = []
+    for upgrade in upgrades:
+        if upgrade["switched_at"] is not None:
+            markers.append(
+                {"at": upgrade["switched_at"], "label": f"upgrade {upgrade['id']}", "kind": SWITCH}
+            )
+        if upgrade["status"] == JobUpgrade.Status.ROLLED_BACK and upgrade["ended_at"] is not None:
+            markers.append(
+                {
+                    "at": upgrade["ended_at"],
+                    "label": f"upgrade {upgrade['id']} rolled back",
+                    "kind": ROLLBACK,
+                }
+            )
+    # Only what falls in the window: a marker before it would stretch the time axis.
+    return sorted((m for m in markers if m["at"] >= since), key=lambda m: m["at"])
+
+
+def history_figure(
+    frame: pd.DataFrame,
+    operator_names: list[str],
+    threshold: float | None,
+    markers: list[dict] | tuple = (),
+):
     """Priority, checkpoint interval and predicted fault rate of each operator over time.
 
     `frame` has at, stage (operator name), name (metric) and value; the priority panel shows the
-    active/passive threshold as a dashed line.
+    active/passive threshold as a dashed line. `markers` (upgrade_markers) are vertical lines
+    across the panels, labelled at the top.
     """
     fig = make_subplots(
         rows=len(HISTORY_ROWS),
@@ -135,6 +178,30 @@ def history_figure(frame: pd.DataFrame, operator_names: list[str], threshold: fl
             line={"dash": "dash", "color": PASSIVE, "width": 1},
             annotation_text="active threshold",
             annotation_position="top left",
+        )
+    for marker in markers:
+        colour = MARKER_COLOURS[marker["kind"]]
+        # One line through every panel (they share the time axis), labelled once above them.
+        fig.add_shape(
+            type="line",
+            x0=marker["at"],
+            x1=marker["at"],
+            xref="x",
+            y0=0,
+            y1=1,
+            yref="paper",
+            line={"color": colour, "width": 1.5, "dash": "dot"},
+            name=marker["label"],
+        )
+        fig.add_annotation(
+            x=marker["at"],
+            y=1,
+            xref="x",
+            yref="paper",
+            yanchor="bottom",
+            text=marker["label"],
+            showarrow=False,
+            font={"color": colour, "size": 11},
         )
     fig.update_layout(
         **{**BASE_LAYOUT, "legend": {"orientation": "h", "y": -0.08}},

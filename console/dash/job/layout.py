@@ -1,4 +1,5 @@
-"""Job page layout: summary, DAG, operator table and history, decisions, failures. Layout only."""
+"""Job page layout: summary, upgrade in progress, DAG, operator table and history, upgrades,
+decisions, failures, and the operators' controls. Layout only."""
 
 from __future__ import annotations
 
@@ -19,6 +20,19 @@ def layout():
             html.Div(id="summary", className="kpis"),
             html.Div(id="job-failure"),
             html.Div(id="controls"),
+            # What the refresh knows of the upgrade under way, for the Confirm and Roll back
+            # buttons (rendered for operators only, so not part of the shared refresh).
+            dcc.Store(id="upgrade-under-way"),
+            html.Section(
+                [
+                    html.H2("Upgrade in progress"),
+                    html.Div(id="upgrade-panel"),
+                    html.Div(id="upgrade-actions"),
+                ],
+                id="upgrade-card",
+                className="card upgrade-card",
+                hidden=True,
+            ),
             html.Div(
                 [
                     html.Div(dcc.Graph(id="dag", config=GRAPH_CONFIG), className="card"),
@@ -32,6 +46,7 @@ def layout():
                 className="toolbar",
             ),
             html.Div(dcc.Graph(id="history", config=GRAPH_CONFIG), className="card"),
+            card("Upgrades", html.Div(id="upgrades-table")),
             card("Controller decisions", html.Div(id="decisions-table")),
             card("Failure history", html.Div(id="failures-table")),
             card("Fault requests", html.Div(id="faults-table")),
@@ -39,8 +54,16 @@ def layout():
     )
 
 
-def controls(operator_options: list[str], node_options: list[dict]):
-    """Fault injection (with a confirm step) and stop; only rendered for operators."""
+def controls(
+    operator_options: list[str],
+    node_options: list[dict],
+    versions: list[str],
+    current_version: str,
+    params_in_force: str,
+):
+    """Fault injection, stop and restart, and upgrade (each with a confirm step); only rendered
+    for operators. The upgrade offers the registered `versions` of the job's topology, the
+    `current_version` chosen, and its operator parameters (`OP.KEY=value` lines) prefilled."""
     return card(
         "Controls",
         html.Div(
@@ -104,8 +127,53 @@ def controls(operator_options: list[str], node_options: list[dict]):
                     ],
                     className="control-group",
                 ),
+                html.Div(
+                    [
+                        html.H3("Upgrade this job (blue/green)"),
+                        dcc.Dropdown(
+                            id="upgrade-version",
+                            options=[
+                                {
+                                    "label": f"{v} (running)" if v == current_version else v,
+                                    "value": v,
+                                }
+                                for v in versions
+                            ],
+                            value=current_version,
+                            clearable=False,
+                            className="ctl",
+                        ),
+                        dcc.Textarea(
+                            id="upgrade-params",
+                            value=params_in_force,
+                            placeholder="operator parameters, one OP.KEY=value a line "
+                            "(empty: the version's own)",
+                            className="ctl-wide upgrade-params",
+                        ),
+                        html.Button("Upgrade", id="upgrade-button", className="btn"),
+                        dcc.ConfirmDialog(id="upgrade-confirm"),
+                        result_slot("upgrade-result"),
+                    ],
+                    className="control-group",
+                ),
             ],
             className="grid-2",
         ),
         extra_class="controls",
+    )
+
+
+def upgrade_actions():
+    """Confirm (enabled once the new version writes) and Roll back, each with a confirm step;
+    only rendered for operators, under the upgrade in progress."""
+    return html.Div(
+        [
+            html.Button("Confirm", id="upgrade-confirm-button", className="btn", disabled=True),
+            dcc.ConfirmDialog(id="upgrade-confirm-dialog"),
+            html.Button("Roll back", id="upgrade-rollback-button", className="btn btn-danger"),
+            dcc.ConfirmDialog(id="upgrade-rollback-dialog"),
+            result_slot("upgrade-confirm-result"),
+            result_slot("upgrade-rollback-result"),
+        ],
+        className="control-group upgrade-actions",
     )

@@ -18,6 +18,7 @@ from console.services.topologies import RegistrationRefused
 from console.services.topologies import register as register_topology
 from infra.launcher import LocalCluster, ProcessGroup, http_ok, start_redis_if_needed, wait_for
 from infra.web_server import thread_count, worker_count
+from spark_runtime.strategies import CONSOLE_NICE
 
 
 def stop_demo_jobs() -> int:
@@ -129,7 +130,7 @@ class Command(BaseCommand):
             ).start(settings.REDIS_URL)
 
             self.step(5, total, f"web server on http://{host}:{port}/")
-            group.start("web", self.web_server_argv(host, port))
+            group.start("web", self.web_server_argv(host, port), nice=CONSOLE_NICE)
             base_url = f"http://{host}:{port}"
             wait_for(
                 lambda: http_ok(f"{base_url}/healthz"),

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import time
 from collections import Counter
+from collections.abc import Mapping
 from datetime import UTC, datetime
 
 from django.utils import timezone
@@ -18,7 +19,7 @@ from console.services import metrics
 from infra import keys as control_keys
 from infra import leases
 from spark_runtime import keys as data_keys
-from spark_runtime.supervision import PRIMARY, RUNNING, Supervisor
+from spark_runtime.supervision import PRIMARY, RUNNING, Supervisor, of_an_earlier_run
 
 NODE_HISTORY_SAMPLES = 20
 # An agent publishes replica activity every second: older figures are not the replica's now.
@@ -99,22 +100,34 @@ def spares_by_state(client, nodes: list[str]) -> dict[str, Counter]:
     }
 
 
-def read_agent_events(client, job: Job) -> None:
+def read_agent_events(client, job: Job, launched_at: Mapping[str, float] | None = None) -> bool:
     """Read the job's new entries on the agents' events stream: copy process exits into the
     job's exits hash, mark the faults an agent refused, and open an episode for each Spark
     executor or worker an agent killed (the policy cycle fails such faults no agent reported
-    on: `expire_unreported_spark_kills`)."""
+    on: `expire_unreported_spark_kills`). Returns whether an entry asks the job's controller
+    to look at its upgrade (console.services.upgrades.wake).
+
+    `launched_at`: when the supervisor last asked for each replica. The exit of a replica's
+    earlier run read after its relaunch (a failed stage takes seconds to exit, and the restart
+    does not wait for it) is left out: in the exits hash it said the new process had ended,
+    and the supervisor counted a second failure and restarted the replica again."""
     from console.services.faults import record_refusal, record_spark_kill
 
     cursor_key = control_keys.agent_events_cursor(job.key)
     cursor = client.get(cursor_key) or "0-0"
     entries = client.xrange(control_keys.agent_events(), min=f"({cursor}", count=1000)
+    upgrade = False
     for _, fields in entries:
         if fields.get("job") != job.key:
             continue
         kind, fault_id = fields.get("kind"), fields.get("fault_id", "")
-        if kind == control_keys.EVENT_EXIT:
+        if kind == control_keys.EVENT_UPGRADE:
+            upgrade = True
+        elif kind == control_keys.EVENT_EXIT:
             replica_id = fields["replica_id"]
+            since, asked_at = fields.get("since"), (launched_at or {}).get(replica_id)
+            if since and asked_at is not None and of_an_earlier_run(float(since), asked_at):
+                continue
             client.hset(control_keys.exits(job.key), replica_id, json.dumps(fields))
             client.hset(control_keys.exit_tails(job.key), replica_id, fields["log_tail"])
         elif kind == control_keys.EVENT_REFUSED and fault_id.isdigit():
@@ -124,6 +137,7 @@ def read_agent_events(client, job: Job) -> None:
             record_spark_kill(job, fault_id, fields.get("detail", ""), at)
     if entries:
         client.set(cursor_key, entries[-1][0])
+    return upgrade
 
 
 def unsupervised_jobs(client) -> list[int]:

@@ -187,8 +187,16 @@ def record_failure(job: Job, client, event, actions: list, launched_at: float) -
 @transaction.atomic
 def record_promotion_over_restart(job: Job, event: HeartbeatSeen, actions: list) -> None:
     """A standby caught up while its stage's primary was still restarting and takes over: the
-    decision, and the stage's open restart episode now records a promotion."""
+    decision, and the stage's open restart episode now records a promotion. The restarted
+    primary the machine gives up (killed next) is stopped in the same transaction: nobody
+    sees the promotion while that replica's row still says it is the stage's primary."""
     stage = event.reported.get("stage", "")
+    abandoned = [
+        Replica.full_id(job.key, a.replica_id) for a in actions if isinstance(a, KillReplica)
+    ]
+    Replica.objects.filter(job=job, replica_id__in=abandoned).update(
+        state=Replica.State.STOPPED, ended_at=timezone.now()
+    )
     decide(
         job,
         ControlDecision.Kind.PROMOTE,

@@ -1,0 +1,1 @@
+"""The blue/green upgrade benchmark against stop-and-restart (manage.py bench_upgrade)."""

@@ -1,0 +1,244 @@
+"""`manage.py bench_upgrade`: a blue/green upgrade against the stop-and-restart baseline, in the
+same run, on the benchmark's own cluster (bench/strategy's BenchCluster).
+
+For each mode (blue_green, then stop_restart) a job of the first version runs under adaptive;
+after the warm-up the job is upgraded to the second version through
+console.services.upgrades (a blue/green upgrade is validated and confirmed by the controller);
+the input goes on to its end, the results are compared with the new version's reference over
+the whole input (lost and duplicated result cells), and the output gap across the switch is the
+benchmark's measurement of a fault's downtime (console.policy.recovery.measure_faults, as
+`manage.py bench` measures a fault), taken at the switch. Writes DIR/upgrade.json.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from bench.results import write_subsection
+from bench.strategy.harness import BenchSettings, drain, measure_progress
+from bench.strategy.run import (
+    BenchCluster,
+    bench_user,
+    machine_description,
+    run_progress,
+    sleep_until,
+    wait_status,
+)
+from console.models import Job, JobUpgrade
+from console.redis import redis_client
+from console.services import upgrades
+from console.services.jobs import create_job, kill_job_processes, stop_job
+from console.services.recovery import input_started_at
+from infra.launcher import wait_for
+from spark_runtime import keys as data_keys
+
+MODES = (JobUpgrade.Mode.BLUE_GREEN, JobUpgrade.Mode.STOP_RESTART)
+ENDED = (
+    JobUpgrade.Status.CONFIRMED,
+    JobUpgrade.Status.ROLLED_BACK,
+    JobUpgrade.Status.REFUSED,
+    JobUpgrade.Status.ABANDONED,
+)
+# The state check (a SparkSession, up to its 120 s timeout), green's start and catch-up, and the
+# policy's validation window (60 s by default).
+UPGRADE_TIMEOUT_S = 420.0
+
+
+@dataclass(frozen=True)
+class UpgradeBenchSettings:
+    """One invocation: from one version to another, and the shared workload (the upgrade is
+    asked for after the warm-up; the duration must cover the state check and the switch)."""
+
+    topology: str  # NAME@V, or a built-in topology's NAME
+    to: str  # NAME@W, or the same built-in NAME
+    rate: float
+    warmup_s: float
+    duration_s: float
+    out: Path
+    seed: int = 7
+    to_params: dict = field(default_factory=dict)  # {"OP.KEY": value} of the new version
+
+    def workload(self) -> BenchSettings:
+        """The strategy benchmark's settings for the same workload (one "fault": the switch),
+        for its measurement of the output gap."""
+        return BenchSettings(
+            topology=self.topology,
+            strategies=("adaptive",),
+            faults=1,
+            fault_kind="kill-driver",
+            rate=self.rate,
+            warmup_s=self.warmup_s,
+            duration_s=self.duration_s,
+            out=self.out,
+            seed=self.seed,
+        )
+
+
+def run_upgrade_bench(settings: UpgradeBenchSettings, say) -> dict:
+    """Both upgrades on one cluster; returns what upgrade.json holds."""
+    result = {
+        "command": "",
+        "machine": machine_description(),
+        "started": time.strftime("%Y-%m-%d %H:%M:%S"),
+        "settings": {
+            "topology": settings.topology, "to": settings.to, "to_params": settings.to_params,
+            "rate": settings.rate,
+            "warmup_s": settings.warmup_s, "duration_s": settings.duration_s,
+            "seed": settings.seed,
+        },
+    }  # fmt: skip
+    settings.out.mkdir(parents=True, exist_ok=True)
+    with BenchCluster(settings.out / "logs", say):
+        for number, mode in enumerate(MODES, start=1):
+            say(f"[{number}/{len(MODES)}] {mode}: {settings.topology} -> {settings.to}")
+            result[mode] = run_mode(settings, mode, say)
+            write(result, settings.out)
+    return result
+
+
+def run_mode(settings: UpgradeBenchSettings, mode: str, say) -> dict:
+    """One job of the first version, upgraded in `mode` after the warm-up; its figures."""
+    bench = settings.workload()
+    user = bench_user()
+    job = create_job(
+        name=f"bench-upgrade-{mode}-{time.strftime('%H%M%S')}",
+        topology=settings.topology,
+        strategy=Job.Strategy.ADAPTIVE,
+        params={"rate": settings.rate, "seed": settings.seed, "count": bench.events},
+        user=user,
+    )
+    client = redis_client()
+    wait_status(job, (Job.Status.RUNNING, Job.Status.FAILED), 300, f"job {job.pk} to run")
+    if job.status != Job.Status.RUNNING:
+        raise RuntimeError(f"job {job.pk} failed to start: {job.status_reason}")
+    wait_for(lambda: client.xlen(data_keys.input_stream(job.key)) > 0, 60, "the first input")
+    t0 = input_started_at(client, job.key)
+    # Asked for right after the warm-up: the state check (a SparkSession, 30-50 s here) and
+    # green's catch-up come before the switch, which then falls inside the measured duration.
+    upgrade_at = settings.warmup_s
+    try:
+        sleep_until(t0 + upgrade_at)
+        say(f"      job {job.pk} running; upgrading at +{upgrade_at:.0f} s")
+        upgrade = upgrades.request_upgrade(
+            job, topology=settings.to, params=settings.to_params, user=user, mode=mode
+        )
+        upgrade = follow(upgrade, say)
+        end = t0 + bench.input_s
+        say(f"      upgrade {upgrade.pk}: {upgrade.status}; input ends in "
+            f"{max(0, end - time.time()):.0f} s")  # fmt: skip
+        sleep_until(end)
+        wait_for(
+            lambda: client.xlen(data_keys.input_stream(job.key)) >= bench.events,
+            120, "the generator to finish",
+        )  # fmt: skip
+        job.refresh_from_db()
+        comparison, _ = drain(client, job.key, job.topology, {}, bench.drain_timeout_s, say)
+    finally:
+        client.close()
+        stop_job(job, "benchmark run over")
+        try:
+            wait_status(job, (Job.Status.STOPPED, Job.Status.FAILED), 60, f"job {job.pk} to stop")
+        finally:
+            kill_job_processes({job.key})
+    upgrade.refresh_from_db()
+    gap_s = output_gap(job, bench, t0, upgrade)
+    row = {
+        "job": job.pk,
+        "upgrade": upgrade.pk,
+        "case": upgrade.case,
+        "reason": upgrade.reason,
+        "status": upgrade.status,
+        "gap_s": gap_s,
+        "lost": comparison.lost,
+        "duplicates": comparison.duplicates,
+        "result_cells": comparison.cells,
+        "rolled_back": upgrade.status == JobUpgrade.Status.ROLLED_BACK,
+        "outcome": upgrade.outcome,
+        "switch_after_request_s": (
+            round((upgrade.switched_at - upgrade.requested_at).total_seconds(), 1)
+            if upgrade.switched_at
+            else None
+        ),
+    }
+    say(f"      {mode}: case {row['case']}, gap {gap_s} s, lost {row['lost']}, "
+        f"duplicates {row['duplicates']} over {row['result_cells']} result cells")  # fmt: skip
+    return row
+
+
+def follow(upgrade: JobUpgrade, say) -> JobUpgrade:
+    """Wait for the upgrade to end: a blue/green one is validated for the policy's window (its
+    latency and dead letters judged against the old version's) and confirmed by the controller,
+    or rolled back, as for a user."""
+    deadline, seen = time.monotonic() + UPGRADE_TIMEOUT_S, None
+    while time.monotonic() < deadline:
+        upgrade.refresh_from_db()
+        if upgrade.status != seen:
+            seen = upgrade.status
+            say(f"      upgrade {upgrade.pk}: {upgrade.status}"
+                + (f" ({upgrade.case}: {upgrade.reason})" if upgrade.case else ""))  # fmt: skip
+        if upgrade.status in ENDED:
+            return upgrade
+        time.sleep(0.5)
+    raise RuntimeError(f"upgrade {upgrade.pk} still {upgrade.status} after {UPGRADE_TIMEOUT_S} s")
+
+
+def output_gap(job: Job, bench: BenchSettings, t0: float, upgrade: JobUpgrade) -> float | None:
+    """The output gap across the switch: the downtime of a fault at the switch, measured as
+    `manage.py bench` measures a fault's (None: the upgrade never switched)."""
+    if upgrade.switched_at is None:
+        return None
+    records, input_stage = run_progress(job, upgrade.from_topology, t0)
+    _, measured, _ = measure_progress(
+        records, bench, t0, [upgrade.switched_at.timestamp()], input_stage
+    )
+    gap = measured[0].downtime_s
+    return None if gap is None else round(gap, 2)
+
+
+def write(result: dict, out: Path) -> None:
+    (out / "upgrade.json").write_text(json.dumps(result, indent=2, default=str) + "\n")
+
+
+RESULTS_SECTION = "## Upgrades (manage.py bench_upgrade)"
+
+
+def to_markdown(result: dict) -> str:
+    """The run's table: blue/green against stop-and-restart."""
+    rows = [
+        "| upgrade | case | status | output gap s | lost | duplicated | result cells |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for mode in MODES:
+        run = result.get(mode)
+        if run is None:
+            continue
+        gap = "-" if run["gap_s"] is None else f"{run['gap_s']:.2f}"
+        rows.append(
+            f"| {mode} | {run['case']} | {run['status']} | {gap} | {run['lost']} | "
+            f"{run['duplicates']} | {run['result_cells']} |"
+        )
+    blue, base = result.get(MODES[0]), result.get(MODES[1])
+    if blue and base and blue["gap_s"] is not None and base["gap_s"]:
+        rows.append("")
+        rows.append(
+            f"Blue/green's output gap is {100 * blue['gap_s'] / base['gap_s']:.0f}% of "
+            "stop-and-restart's, measured in the same run."
+        )
+    return "\n".join(rows)
+
+
+def write_results(result: dict, command: str) -> str:
+    """Put the run's table into docs/RESULTS.md under its versions."""
+    settings = result["settings"]
+    params = "".join(f" {k}={v}" for k, v in sorted((settings.get("to_params") or {}).items()))
+    subsection = (
+        f"{settings['topology']} -> {settings['to']}{params}, {settings['rate']:g} events/s"
+    )
+    body = f"`{command}` on {time.strftime('%Y-%m-%d')} ({result['machine']}).\n\n" + to_markdown(
+        result
+    )
+    write_subsection(RESULTS_SECTION, subsection, body)
+    return f"docs/RESULTS.md / {subsection}"

@@ -1,0 +1,88 @@
+"""Upgrades of running jobs: one record per blue/green upgrade (spark_runtime/upgrade.py)."""
+
+from __future__ import annotations
+
+from django.conf import settings
+from django.db import models
+
+from console.models.jobs import Job
+
+
+class JobUpgrade(models.Model):
+    """One upgrade of a running job to another registered version or other operator parameters.
+
+    Its `status` is what was asked and what happened: an operator asks (requested), the job's
+    controller starts the new version beside the running one (starting), switches the output
+    over (validating), and ends it: confirmed (the old version retires) or rolled back (the old
+    version writes again), or refused before anything started (the state check said no).
+    `gap_s`, `lost` and `duplicates` are measured from the job's output across the switch.
+    """
+
+    class Status(models.TextChoices):
+        REQUESTED = "requested", "requested"
+        STARTING = "starting", "new version starting and catching up"
+        SWITCHING = "switching", "switching the output over"
+        VALIDATING = "validating", "new version writes; the old one stands by"
+        CONFIRMED = "confirmed", "confirmed"
+        ROLLED_BACK = "rolled_back", "rolled back"
+        REFUSED = "refused", "refused"
+        ABANDONED = "abandoned", "abandoned (the job stopped or failed meanwhile)"
+
+    class Case(models.TextChoices):
+        SEEDED = "seeded", "compatible state: seeded from the running version's checkpoint"
+        REBUILD = "rebuild", "incompatible state: rebuilt from the input the job retains"
+        REFUSED = "refused", "refused"
+
+    class Mode(models.TextChoices):
+        BLUE_GREEN = "blue_green", "blue/green: the new version beside the running one"
+        STOP_RESTART = "stop_restart", "stop and restart from the checkpoint (an output gap)"
+
+    # Statuses in which the job's controller still has something to do.
+    UNDER_WAY = (Status.REQUESTED, Status.STARTING, Status.SWITCHING, Status.VALIDATING)
+
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="upgrades")
+    requested_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL
+    )
+    requested_at = models.DateTimeField(auto_now_add=True)
+    stage = models.CharField(max_length=64, blank=True, help_text="The stage upgraded.")
+    from_topology = models.CharField(max_length=48)
+    to_topology = models.CharField(max_length=48)
+    from_params = models.JSONField(default=dict, blank=True)
+    to_params = models.JSONField(default=dict, blank=True)
+    mode = models.CharField(max_length=16, choices=Mode.choices, default=Mode.BLUE_GREEN)
+    case = models.CharField(max_length=16, choices=Case.choices, blank=True)
+    reason = models.TextField(blank=True, help_text="Why this case, in plain words.")
+    status = models.CharField(max_length=16, choices=Status.choices, default=Status.REQUESTED)
+    # What the operator asked for last while the upgrade runs: "" (let it run), "confirm" or
+    # "rollback". The controller carries it out at its next reconcile.
+    requested_action = models.CharField(max_length=16, blank=True)
+    blue_replica = models.CharField(max_length=100, blank=True)
+    green_replica = models.CharField(max_length=100, blank=True)
+    checkpoint_batch = models.IntegerField(
+        null=True, blank=True, help_text="The running version's committed batch green started from."
+    )
+    switched_at = models.DateTimeField(null=True, blank=True)
+    ended_at = models.DateTimeField(null=True, blank=True)
+    ended_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL,
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        related_name="+",
+        help_text="Who confirmed or rolled back by hand (empty: the controller did).",
+    )
+    outcome = models.TextField(blank=True, help_text="Why it ended the way it did.")
+    gap_s = models.FloatField(null=True, blank=True, help_text="Output gap across the switch.")
+    lost = models.IntegerField(null=True, blank=True)
+    duplicates = models.IntegerField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-requested_at"]
+
+    def __str__(self):
+        return f"{self.job.name}: {self.from_topology} -> {self.to_topology} ({self.status})"
+
+    @property
+    def under_way(self) -> bool:
+        return self.status in self.UNDER_WAY

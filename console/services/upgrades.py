@@ -1,0 +1,610 @@
+"""Upgrading a running job blue/green: the request, the state check, and the controller's part.
+
+The switching itself is spark_runtime/upgrade.py's (events -> actions in the job's supervisor);
+this module is what is around it:
+
+1. `request_upgrade` (API, console, `manage.py upgrade_job`): checks what can be checked at once
+   (the job runs, one upgrade at a time, the target is a version of the job's topology with the
+   same operators, something changes) and records a JobUpgrade, `requested`; a controller task
+   runs `check_upgrade`.
+2. `check_upgrade`: the dry run of the new version on a copy of the running primary's checkpoint
+   (spark_runtime/upgrade_check.py, in a child process: it needs a SparkSession) decides the
+   case: `seeded` (the state is compatible), `rebuild` (it is not, and the job's input stream
+   still holds everything since the job started, so the new version rebuilds its state from it),
+   or `refused` (the state is incompatible and the input before some time is gone, or Spark
+   refuses the new version whatever the state), with the reason in plain words. Nothing has
+   started yet; a refused upgrade ends there. Else the job's controller is woken.
+3. `reconcile_upgrade`, in the job's reconcile (console.services.controller): starts green once
+   the case is known, carries out a confirm or rollback asked by hand, confirms by itself once
+   green has written for the policy's `upgrade_validation_s`, and copies the supervisor's phase
+   to the record (and the job's version to the Job row at the switch and back at a rollback).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import subprocess
+import sys
+from datetime import UTC, datetime
+
+from django.conf import settings
+from django.db import transaction
+from django.utils import timezone
+
+from console.models import ControlDecision, Job, JobUpgrade, Policy, Replica
+from console.policy.recovery import latency_limit_ms, p90_per_second_ms
+from console.services.control.act import checkpoint_root
+from console.services.control.observe import load_supervisor
+from console.services.control.record import decide
+from console.services.jobs import dispatch
+from console.services.recovery import PROGRESS_READ_LIMIT, recovery_settings
+from console.services.topologies import job_topology
+from infra import keys as control_keys
+from infra import tasks
+from spark_runtime import keys as data_keys
+from spark_runtime import upgrade as upgrades
+from spark_runtime import upgrade_check
+from spark_runtime.progress import read_progress
+from spark_runtime.supervision import FAILED, PRIMARY, RUNNING, KillReplica, Supervisor
+
+log = logging.getLogger(__name__)
+
+CHECK_TIMEOUT_S = 120.0  # the dry run's own wait for a batch, plus a SparkSession's start
+# What the record says in each phase of the supervisor's upgrade.
+STATUS_OF_PHASE = {
+    upgrades.STARTING: JobUpgrade.Status.STARTING,
+    upgrades.HANDING_OVER: JobUpgrade.Status.SWITCHING,
+    upgrades.SWITCHING: JobUpgrade.Status.SWITCHING,
+    upgrades.VALIDATING: JobUpgrade.Status.VALIDATING,
+    upgrades.CONFIRMED: JobUpgrade.Status.CONFIRMED,
+    upgrades.ROLLED_BACK: JobUpgrade.Status.ROLLED_BACK,
+    upgrades.ABANDONED: JobUpgrade.Status.ABANDONED,
+}
+CONFIRM, ROLLBACK = "confirm", "rollback"
+
+
+class UpgradeRequestError(Exception):
+    """The upgrade cannot be asked for; `field` names the input at fault, `status` the HTTP
+    status the API answers with."""
+
+    def __init__(self, message: str, field: str | None = None, status: int = 400):
+        super().__init__(message)
+        self.field = field
+        self.status = status
+
+
+def base_name(topology: str) -> str:
+    """`activity@2` -> `activity`; a built-in topology's name is its own."""
+    return topology.split("@", 1)[0]
+
+
+def validate_params(topology_spec, params: dict | None) -> dict[str, str]:
+    """Operator parameters `{"OP.KEY": value}` of an upgrade, checked against the operators'
+    parameters (spark_runtime/topology.py: each operator's `params`)."""
+    if params is None:
+        return {}
+    if not isinstance(params, dict):
+        raise UpgradeRequestError('params: must be an object {"OPERATOR.KEY": value}', "params")
+    known = {f"{op.name}.{key}" for op in topology_spec.operators for key in op.params}
+    cleaned = {}
+    for name, value in params.items():
+        if name not in known:
+            choices = ", ".join(sorted(known)) or "none"
+            raise UpgradeRequestError(
+                f"params: {name!r} is not a parameter of this job's operators (they have: "
+                f"{choices})",
+                "params",
+            )
+        if not isinstance(value, str | int | float) or isinstance(value, bool):
+            raise UpgradeRequestError(f"params: {name!r} must be a number or a string", "params")
+        cleaned[name] = str(value)
+    return cleaned
+
+
+def as_cli_params(params: dict[str, str]) -> tuple[str, ...]:
+    """{"OP.KEY": "V"} -> ("OP.KEY=V", ...), the stage CLI's form."""
+    return tuple(f"{name}={value}" for name, value in sorted(params.items()))
+
+
+@transaction.atomic
+def request_upgrade(
+    job: Job,
+    *,
+    topology: str | None = None,
+    params: dict | None = None,
+    user=None,
+    mode: str = JobUpgrade.Mode.BLUE_GREEN,
+) -> JobUpgrade:
+    """Ask for an upgrade of the running `job` to `topology` (a version of its topology, default
+    its own) with operator parameters `params`, blue/green or (`mode` stop_restart, the
+    baseline) stopped and restarted; raises UpgradeRequestError naming the field."""
+    if mode not in JobUpgrade.Mode.values:
+        raise UpgradeRequestError(
+            f"mode: must be one of {', '.join(JobUpgrade.Mode.values)}", "mode"
+        )
+    job = Job.objects.select_for_update().get(pk=job.pk)
+    if job.status != Job.Status.RUNNING:
+        raise UpgradeRequestError(
+            f"job {job.name!r} is {job.status}: only a running job is upgraded", status=409
+        )
+    if job.upgrades.filter(status__in=JobUpgrade.UNDER_WAY).exists():
+        raise UpgradeRequestError(
+            f"job {job.name!r} has an upgrade under way; confirm or roll it back first",
+            status=409,
+        )
+    target = topology or job.topology
+    if base_name(target) != base_name(job.topology):
+        raise UpgradeRequestError(
+            f"topology: {target!r} is not a version of the job's topology "
+            f"{base_name(job.topology)!r}",
+            "topology",
+        )
+    try:
+        target, target_spec = job_topology(target)
+        _, current_spec = job_topology(job.topology)
+    except KeyError as exc:
+        raise UpgradeRequestError(f"topology: {exc.args[0]}", "topology") from None
+    current_ops = [(op.name, op.kind) for op in current_spec.operators]
+    target_ops = [(op.name, op.kind) for op in target_spec.operators]
+    if current_ops != target_ops:
+        raise UpgradeRequestError(
+            f"topology: {target} has other operators than {job.topology} "
+            f"({target_ops} against {current_ops}); an upgrade keeps the operators (a new "
+            "job runs a changed chain)",
+            "topology",
+        )
+    cleaned = validate_params(target_spec, params)
+    current_params = current_upgrade_params(job)
+    if target == job.topology and cleaned == current_params:
+        raise UpgradeRequestError(
+            "nothing to change: give another version (topology) or other params"
+        )
+    upgrade = JobUpgrade.objects.create(
+        job=job,
+        requested_by=user if getattr(user, "is_authenticated", False) else None,
+        from_topology=job.topology,
+        to_topology=target,
+        from_params=current_params,
+        to_params=cleaned,
+        mode=mode,
+    )
+    who = upgrade.requested_by.get_username() if upgrade.requested_by else "the system"
+    decide(
+        job,
+        ControlDecision.Kind.UPGRADE,
+        f"upgrade {upgrade.pk} requested by {who}: {upgrade.from_topology} -> {target}"
+        + (f" with {', '.join(as_cli_params(cleaned))}" if cleaned else "")
+        + f" ({mode.replace('_', '/')})",
+    )
+    dispatch(lambda: tasks.send(tasks.CHECK_UPGRADE, upgrade.pk))
+    return upgrade
+
+
+def current_upgrade_params(job: Job) -> dict[str, str]:
+    """The operator parameters the job runs with: those of its last confirmed upgrade."""
+    last = job.upgrades.filter(status=JobUpgrade.Status.CONFIRMED).order_by("-ended_at").first()
+    return dict(last.to_params) if last else {}
+
+
+@transaction.atomic
+def request_end(upgrade: JobUpgrade, action: str, user=None) -> JobUpgrade:
+    """Ask the job's controller to confirm or roll back `upgrade` now (a rollback until the
+    upgrade is confirmed, a confirm once the new version writes)."""
+    upgrade = JobUpgrade.objects.select_for_update().get(pk=upgrade.pk)
+    if action not in (CONFIRM, ROLLBACK):
+        raise UpgradeRequestError("action: must be confirm or rollback", "action")
+    if not upgrade.under_way:
+        raise UpgradeRequestError(f"upgrade {upgrade.pk} has ended ({upgrade.status})", status=409)
+    if action == CONFIRM and upgrade.status != JobUpgrade.Status.VALIDATING:
+        raise UpgradeRequestError(
+            f"upgrade {upgrade.pk} is {upgrade.status}: it can be confirmed once the new "
+            "version writes the output",
+            status=409,
+        )
+    upgrade.requested_action = action
+    upgrade.ended_by = user if getattr(user, "is_authenticated", False) else None
+    if action == ROLLBACK and upgrade.status == JobUpgrade.Status.REQUESTED:
+        # Nothing has started (the state check may still run): cancelled here and now.
+        upgrade.status, upgrade.ended_at = JobUpgrade.Status.ABANDONED, timezone.now()
+        upgrade.outcome = ended_by_whom(upgrade, "cancelled before it started")
+        upgrade.requested_action = ""
+        upgrade.save()
+        return upgrade
+    upgrade.save(update_fields=["requested_action", "ended_by"])
+    transaction.on_commit(lambda: wake(upgrade.job))
+    return upgrade
+
+
+def wake(job: Job, client=None) -> None:
+    """Have the job's controller reconcile it at once (it reads the agent events stream)."""
+    from console.redis import redis_client
+
+    own = client is None
+    client = client or redis_client()
+    try:
+        client.xadd(
+            control_keys.agent_events(),
+            {"job": job.key, "kind": control_keys.EVENT_UPGRADE},
+            maxlen=control_keys.AGENT_EVENTS_MAXLEN,
+            approximate=True,
+        )
+    finally:
+        if own:
+            client.close()
+
+
+# --- the state check (a controller task) -------------------------------------------------------
+
+
+def check_upgrade(upgrade: JobUpgrade, client) -> JobUpgrade:
+    """Decide the upgrade's case by a dry run; refuse it, or wake the job's controller."""
+    if upgrade.status != JobUpgrade.Status.REQUESTED:
+        return upgrade  # started, ended or cancelled meanwhile
+    if upgrade.case:
+        wake(upgrade.job, client)  # checked already (a task run twice): wake again, harmless
+        return upgrade
+    job = upgrade.job
+    supervisor = load_supervisor(client, job)
+    changed = {name.split(".", 1)[0] for name in upgrade.to_params}
+    try:
+        stage, blue = stage_to_upgrade(supervisor, changed)
+    except UpgradeRequestError as exc:
+        return refuse(upgrade, "", str(exc))
+    if blue is None:
+        return refuse(upgrade, stage or "", "the job has no running primary to upgrade from")
+    verdict = dry_run(upgrade, supervisor, stage, blue)
+    case, reason = decide_case(job, upgrade, stage, verdict, client)
+    upgrade.stage, upgrade.case, upgrade.reason = stage, case, reason
+    upgrade.checkpoint_batch = verdict.get("batch")
+    if case == JobUpgrade.Case.REBUILD and upgrade.mode == JobUpgrade.Mode.STOP_RESTART:
+        case, reason = (
+            JobUpgrade.Case.REFUSED,
+            (
+                f"{reason}; a stop-and-restart upgrade restarts from the checkpoint, which this "
+                "state rules out"
+            ),
+        )
+    if case == JobUpgrade.Case.REFUSED:
+        return refuse(upgrade, stage, reason)
+    upgrade.save(update_fields=["stage", "case", "reason", "checkpoint_batch"])
+    wake(job, client)
+    return upgrade
+
+
+def stage_to_upgrade(
+    supervisor: Supervisor | None, changed: set[str] | None = None
+) -> tuple[str | None, str | None]:
+    """(stage, its running primary's replica id) of the stage an upgrade replaces: the stage of
+    the operators whose parameters change (`changed`), else the last stage (a user job has one,
+    holding all its processing operators). UpgradeRequestError when `changed` spans stages."""
+    if supervisor is None or not supervisor.stages:
+        return None, None
+    stages = [s for s, ops in supervisor.stage_operators.items() if set(ops) & (changed or set())]
+    if len(stages) > 1:
+        raise UpgradeRequestError(
+            f"params: the operators changed run in stages {', '.join(stages)}; an upgrade "
+            "changes one stage"
+        )
+    stage = stages[0] if stages else supervisor.stages[-1]
+    primaries = [r.id for r in supervisor.of_stage(stage, PRIMARY) if r.state == RUNNING]
+    return stage, (primaries[0] if primaries else None)
+
+
+def dry_run(upgrade: JobUpgrade, supervisor: Supervisor, stage: str, blue: str) -> dict:
+    """spark_runtime/upgrade_check.py in a child process: {"verdict", "batch", "detail"}."""
+    source = os.path.join(checkpoint_root(), upgrade.job.key, stage, blue)
+    command = [
+        sys.executable, "-m", "spark_runtime.upgrade_check",
+        "--job", upgrade.job.key, "--topology", upgrade.to_topology, "--stage", stage,
+        "--operators", ",".join(supervisor.stage_operators[stage]),
+        "--from-checkpoint", source, "--redis-url", settings.REDIS_URL,
+        "--timeout", str(CHECK_TIMEOUT_S - 30),
+    ]  # fmt: skip
+    for param in as_cli_params(upgrade.to_params):
+        command += ["--param", param]
+    try:
+        # A session of its own: it starts at the normal CPU priority (spark_runtime.cpu_priority:
+        # autogroups), not at the controller's, above the primaries it would slow down.
+        done = subprocess.run(
+            command,
+            capture_output=True,
+            text=True,
+            timeout=CHECK_TIMEOUT_S,
+            check=False,
+            start_new_session=True,
+        )
+    except subprocess.TimeoutExpired:
+        return {"verdict": upgrade_check.UNTESTED, "batch": None, "detail": "the check timed out"}
+    lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
+    if done.returncode != 0 or not lines:
+        tail = (done.stderr.strip().splitlines() or ["no output"])[-1]
+        return {"verdict": upgrade_check.SPARK_REFUSES, "batch": None, "detail": tail}
+    return json.loads(lines[-1])
+
+
+def decide_case(job: Job, upgrade: JobUpgrade, stage: str, verdict: dict, client):
+    """(case, reason in plain words) from the dry run's verdict."""
+    operator = stateful_operator(upgrade.to_topology) or stage
+    kind, detail = verdict["verdict"], verdict["detail"]
+    if kind == upgrade_check.COMPATIBLE:
+        batch = verdict.get("batch")
+        return JobUpgrade.Case.SEEDED, (
+            f"the new version ran a batch on a copy of the running version's state (committed "
+            f"batch {batch}): it starts from that checkpoint"
+        )
+    if kind == upgrade_check.UNTESTED:
+        return JobUpgrade.Case.SEEDED, (
+            f"{detail}; it starts from the running version's checkpoint, and Spark checks the "
+            "state at its first batch (a failure there rolls the upgrade back)"
+        )
+    if kind == upgrade_check.SPARK_REFUSES:
+        return JobUpgrade.Case.REFUSED, f"Spark refuses the new version: {detail}"
+    covered, why = input_retained_since_start(job, client)
+    if not covered:
+        return JobUpgrade.Case.REFUSED, (
+            f"operator {operator}: its state is incompatible ({detail}) and cannot be rebuilt: "
+            f"{why}"
+        )
+    return JobUpgrade.Case.REBUILD, (
+        f"operator {operator}: its state is incompatible ({detail}); the new version rebuilds "
+        f"it from the job's input stream, which {why}"
+    )
+
+
+def stateful_operator(topology: str) -> str | None:
+    """The name of the topology's stateful operator (a user job has at most one)."""
+    _, spec = job_topology(topology)
+    return next((op.name for op in spec.operators if op.stateful), None)
+
+
+def input_retained_since_start(job: Job, client) -> tuple[bool, str]:
+    """Whether the job's input stream still holds every entry ever added to it (its state can
+    depend on any of them), with what was found, in words. Redis (7.0 and later) counts the
+    entries ever added and remembers the highest id ever deleted; Backstop never trims an input
+    stream, so only a user's XTRIM or XDEL can have removed any."""
+    import redis
+
+    try:
+        info = client.xinfo_stream(data_keys.input_stream(job.key))
+    except redis.ResponseError:
+        return False, "the job's input stream is gone"
+    added, length = info.get("entries-added"), info.get("length")
+    deleted = info.get("max-deleted-entry-id")
+    if added is None:
+        return False, "this Redis does not say whether entries were deleted (Redis 7 does)"
+    deleted = deleted.decode() if isinstance(deleted, bytes) else deleted
+    if added != length or deleted not in (None, "0-0"):
+        return False, (
+            f"the input stream holds {length} of the {added} entries ever added to it (up to "
+            f"{deleted} deleted): the input before is gone"
+        )
+    return True, f"holds all {added} entries ever added to it"
+
+
+def refuse(upgrade: JobUpgrade, stage: str, reason: str) -> JobUpgrade:
+    upgrade.stage, upgrade.case, upgrade.reason = stage, JobUpgrade.Case.REFUSED, reason
+    upgrade.status, upgrade.ended_at, upgrade.outcome = (
+        JobUpgrade.Status.REFUSED, timezone.now(), reason,
+    )  # fmt: skip
+    upgrade.save()
+    decide(upgrade.job, ControlDecision.Kind.UPGRADE, f"upgrade {upgrade.pk} refused: {reason}")
+    return upgrade
+
+
+# --- the controller's part ---------------------------------------------------------------------
+
+
+def reconcile_upgrade(job: Job, supervisor: Supervisor, now: float, client=None) -> list:
+    """Bring the job's upgrade record and its supervisor's upgrade together, and act on what an
+    operator asked: the supervisor actions to carry out. The record is written before the
+    supervisor's state is saved (console.services.fleet), so after a controller died between
+    the two each may be ahead of the other; the record's end wins, and a record whose upgrade
+    the saved state never started is abandoned (its green, if started, is stopped).
+
+    With `client` (the data plane's Redis) green is also watched while validating: its output
+    latency and dead letters against blue's before the upgrade (upgrade.validation_failure)
+    roll it back."""
+
+    machine = supervisor.upgrade
+    upgrade = job.upgrades.filter(status__in=JobUpgrade.UNDER_WAY).first()
+    if upgrade is None and machine is not None and machine.under_way:
+        upgrade = JobUpgrade.objects.filter(pk=machine.upgrade_id).first()
+        if upgrade is not None and not upgrade.under_way:
+            return replay_end(upgrade, supervisor, now)
+        return []
+    if upgrade is None:
+        return []
+    ours = machine is not None and machine.upgrade_id == upgrade.pk
+    actions: list = []
+    try:
+        if not ours and upgrade.status != JobUpgrade.Status.REQUESTED:
+            abandon(upgrade, "the controller restarted before the upgrade's state was saved")
+            if upgrade.green_replica and upgrade.green_replica not in supervisor.replicas:
+                return [KillReplica(upgrade.green_replica)]
+            return []
+        if not ours:
+            if upgrade.case:
+                normal = blue_normal(job, upgrade.stage, client, now) if client else None
+                actions = begin(upgrade, supervisor, now, normal)
+        elif upgrade.requested_action == ROLLBACK and machine.under_way:
+            actions = upgrades.roll_back(supervisor, now, ended_by_whom(upgrade, "rolled back"))
+        elif upgrade.requested_action == CONFIRM and machine.phase == upgrades.VALIDATING:
+            actions = upgrades.confirm(supervisor, now, ended_by_whom(upgrade, "confirmed"))
+        elif machine.phase == upgrades.VALIDATING:
+            policy = Policy.current()  # one read per reconcile: this runs every 0.25 s
+            validation_s = policy.upgrade_validation_s
+            failure = (
+                upgrades.validation_failure(
+                    machine, green_seen(job, machine, client, now, policy.recovery_band), now
+                )
+                if client is not None
+                else None
+            )
+            if failure is not None:
+                actions = upgrades.roll_back(supervisor, now, failure)
+            elif now - machine.switched_at >= validation_s and machine.green_ran_since_switch:
+                why = f"the new version wrote for {validation_s:g} s without a failure"
+                actions = upgrades.confirm(supervisor, now, why)
+    except upgrades.UpgradeRefused as exc:
+        if not ours:  # it could not start (the primary is restarting, say): nothing started
+            abandon(upgrade, f"could not start: {exc}")
+            return []
+        # Not carried out: whoever asked did not end it.
+        upgrade.requested_action, upgrade.ended_by = "", None
+        upgrade.save(update_fields=["requested_action", "ended_by"])
+        decide(job, ControlDecision.Kind.UPGRADE, f"upgrade {upgrade.pk}: {exc}")
+        return []
+    record_phase(job, upgrade, supervisor)
+    return actions
+
+
+def replay_end(upgrade: JobUpgrade, supervisor: Supervisor, now: float) -> list:
+    """The record ended but the saved supervisor state did not: end it there the same way."""
+    try:
+        if upgrade.status == JobUpgrade.Status.CONFIRMED:
+            return upgrades.confirm(supervisor, now, upgrade.outcome)
+        return upgrades.roll_back(supervisor, now, upgrade.outcome)
+    except upgrades.UpgradeRefused:
+        upgrades.abandon(supervisor, now, upgrade.outcome)
+        return []
+
+
+def abandon(upgrade: JobUpgrade, why: str) -> None:
+    """End a record whose upgrade cannot go on, saying why."""
+    upgrade.status, upgrade.ended_at, upgrade.outcome = (
+        JobUpgrade.Status.ABANDONED, timezone.now(), why,
+    )  # fmt: skip
+    upgrade.requested_action = ""
+    upgrade.save()
+    decide(upgrade.job, ControlDecision.Kind.UPGRADE, f"upgrade {upgrade.pk} abandoned: {why}")
+
+
+def end_open_upgrades(job: Job, why: str) -> None:
+    """The job stopped or failed: its upgrade under way, if any, ends there."""
+    for upgrade in job.upgrades.filter(status__in=JobUpgrade.UNDER_WAY):
+        abandon(upgrade, why)
+
+
+def blue_normal(job: Job, stage: str, client, now: float) -> upgrades.BlueNormal:
+    """Blue's output before the upgrade: the p90 latency band learned on the policy's reference
+    window, as a fault's recovery is judged, and the stage's dead letter counter."""
+    settings = recovery_settings(Policy.current().to_config())
+    start = now - settings.reference_window_s
+    records = read_progress(client, job.key, start - 5, count=PROGRESS_READ_LIMIT)
+    return upgrades.BlueNormal(
+        latency_limit_ms=latency_limit_ms(records, start, now, settings),
+        dead_letters=dead_letters(client, job, stage),
+    )
+
+
+def green_seen(
+    job: Job, machine: upgrades.BlueGreen, client, now: float, band: float
+) -> upgrades.GreenSeen:
+    """Green's output now: its p90 latency in each whole second of the latency window, and the
+    stage's dead letter counter; `band`: the policy's recovery band."""
+    end = float(int(now))  # whole seconds: the current one is not over
+    start = end - upgrades.LATENCY_WINDOW_S
+    records = read_progress(client, job.key, start - 5, count=PROGRESS_READ_LIMIT)
+    return upgrades.GreenSeen(
+        p90_ms=tuple(p90_per_second_ms(records, start, end)),
+        dead_letters=dead_letters(client, job, machine.stage),
+        band=band,
+    )
+
+
+def dead_letters(client, job: Job, stage: str) -> int:
+    """Malformed input entries the stage has dead-lettered since the job started."""
+    return int(client.hget(data_keys.stats(job.key), f"dead:{stage}") or 0)
+
+
+def begin(
+    upgrade: JobUpgrade,
+    supervisor: Supervisor,
+    now: float,
+    normal: upgrades.BlueNormal | None = None,
+) -> list:
+    if upgrade.mode == JobUpgrade.Mode.STOP_RESTART:
+        actions = upgrades.restart_in_place(
+            supervisor, upgrade.pk, upgrade.stage, upgrade.to_topology,
+            as_cli_params(upgrade.to_params), now,
+        )  # fmt: skip
+        upgrade.blue_replica = upgrade.green_replica = supervisor.upgrade.blue
+        upgrade.save(update_fields=["blue_replica", "green_replica"])
+        decide(
+            upgrade.job,
+            ControlDecision.Kind.UPGRADE,
+            f"upgrade {upgrade.pk}: restart {upgrade.stage} from its checkpoint as "
+            f"{upgrade.to_topology}",
+            stage=upgrade.stage,
+        )
+        return actions
+    seeded = upgrade.case == JobUpgrade.Case.SEEDED
+    actions = upgrades.begin(
+        supervisor, upgrade.pk, upgrade.stage, upgrade.to_topology,
+        as_cli_params(upgrade.to_params), seeded, now, normal or upgrades.BlueNormal(),
+    )  # fmt: skip
+    upgrade.blue_replica = supervisor.upgrade.blue
+    upgrade.green_replica = supervisor.upgrade.green
+    upgrade.save(update_fields=["blue_replica", "green_replica"])
+    decide(
+        upgrade.job,
+        ControlDecision.Kind.UPGRADE,
+        f"upgrade {upgrade.pk}: {upgrade.to_topology} starts as {upgrade.green_replica} beside "
+        f"{upgrade.blue_replica} ({upgrade.case})",
+        stage=upgrade.stage,
+        replica_id=upgrade.green_replica,
+    )
+    return actions
+
+
+def ended_by_whom(upgrade: JobUpgrade, what: str) -> str:
+    who = upgrade.ended_by.get_username() if upgrade.ended_by else "an operator"
+    return f"{what} by {who}"
+
+
+def record_phase(job: Job, upgrade: JobUpgrade, supervisor: Supervisor) -> None:
+    """Copy the supervisor's phase of the upgrade to its record (and the version in force to
+    the Job row)."""
+    machine = supervisor.upgrade
+    if machine is None or machine.upgrade_id != upgrade.pk:
+        return
+    status = STATUS_OF_PHASE[machine.phase]
+    if status == upgrade.status and not (machine.ended_at and not upgrade.ended_at):
+        return
+    upgrade.status = status
+    if machine.switched_at and not upgrade.switched_at:
+        upgrade.switched_at = _at(machine.switched_at)
+    if machine.ended_at:
+        upgrade.ended_at, upgrade.outcome = _at(machine.ended_at), machine.outcome
+        upgrade.requested_action = ""
+    upgrade.save()
+    job.topology = supervisor.topology
+    job.save(update_fields=["topology"])
+    sync_roles(job, supervisor, machine)
+    decide(
+        job,
+        ControlDecision.Kind.UPGRADE,
+        f"upgrade {upgrade.pk}: {status.label}"
+        + (f" ({machine.outcome})" if machine.outcome else ""),
+        stage=upgrade.stage,
+    )
+    if upgrade.switched_at and machine.phase in (upgrades.CONFIRMED, upgrades.ROLLED_BACK):
+        # Ended across a switch: its output is audited (console/services/upgrade_audit.py).
+        dispatch(lambda: tasks.send(tasks.AUDIT_UPGRADE, upgrade.pk))
+
+
+def sync_roles(job: Job, supervisor: Supervisor, machine) -> None:
+    """The replica rows of blue and green say their roles now, not at the next policy cycle:
+    a fault aimed at the stage's primary (the console, the API) reads the rows."""
+    for replica_id in (machine.blue, machine.green):
+        replica = supervisor.replicas.get(replica_id)
+        if replica is not None and replica.state != FAILED:
+            Replica.objects.filter(replica_id=Replica.full_id(job.key, replica_id)).update(
+                role=replica.role
+            )
+
+
+def _at(epoch_s: float) -> datetime:
+    return datetime.fromtimestamp(epoch_s, tz=UTC)
