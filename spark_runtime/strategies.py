@@ -10,7 +10,7 @@ failure leads to is new. No Django, no Spark: both sides import it.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from spark_runtime.failover import (
@@ -19,7 +19,7 @@ from spark_runtime.failover import (
     RestartJobFailover,
     RestartStageFailover,
 )
-from spark_runtime.topology import CHAINED, FUSED, PER_STATEFUL
+from spark_runtime.topology import CHAINED, FUSED, PER_STATEFUL, Topology, compile_stages
 
 # What a stage gets a hot standby for.
 NO_STANDBYS = "none"
@@ -182,3 +182,36 @@ def get_strategy(name: str) -> Strategy:
         return STRATEGY_TABLE[name]
     except KeyError:
         raise ValueError(f"unknown strategy {name!r}; known: {', '.join(STRATEGIES)}") from None
+
+
+def in_place_refusal(
+    topology: Topology,
+    stages: Mapping[str, Sequence[str]],
+    active_stages: Iterable[str],
+    to: str,
+) -> str | None:
+    """Why a job of `topology` running as `stages` (stage -> operators, those in `active_stages`
+    with a standby) cannot be protected by strategy `to` without stopping, in plain words; None
+    when it can: `to` cuts the job into the same stages, so every running replica and its
+    checkpoint go on. Each stage has a checkpoint of its own, which a stage cut otherwise
+    (other operators together, one fused query) cannot resume."""
+    new = get_strategy(to)
+    if new.standbys == ALL_STANDBYS:
+        protected = {op.name for op in topology.operators}
+    elif new.standbys == POLICY_STANDBYS:
+        protected = {op for stage in active_stages for op in stages.get(stage, ())}
+    else:
+        protected = set()
+    cut = {s.name: tuple(s.operators) for s in compile_stages(topology, new.chaining, protected)}
+    running = {name: tuple(ops) for name, ops in stages.items()}
+    if cut == running:
+        return None
+
+    def described(by_stage: Mapping[str, Sequence[str]]) -> str:
+        return "; ".join(f"{name}: {', '.join(ops)}" for name, ops in by_stage.items())
+
+    return (
+        f"{to} cuts this job into other stages ({described(cut)}) than it runs as "
+        f"({described(running)}): each stage resumes its own checkpoint, so the job cannot "
+        f"change to {to} without stopping; start a new job with it"
+    )

@@ -656,6 +656,36 @@ class Supervisor(SupervisorState):
                 actions.append(KillReplica(replica.id))
         return actions
 
+    def change_strategy(self, strategy: str, now: float) -> list:
+        """Protect the job by `strategy` from now on, with the same stages and the same running
+        replicas (the caller checked that the strategy cuts the job into these stages:
+        `same_stages`). What a failure leads to follows the new strategy at once; stages it
+        protects get a standby now, those it does not lose theirs; a strategy whose standbys
+        the policy chooses keeps the ones there are (the next policy cycle adds, drops or moves
+        them). New replicas start with the new strategy's options (seeded standbys, warm
+        spares, CPU priorities); running ones keep theirs until they restart. Idempotent: the
+        same strategy again changes nothing."""
+        if strategy == self.strategy:
+            return []
+        new = get_strategy(strategy)
+        self.history.append((now, f"strategy {self.strategy} -> {strategy}"))
+        self.strategy = strategy
+        wanted = new.standby_stages(self.stages, self.active_stages)
+        if not new.on_failure.promotes:
+            wanted = set()  # a standby nobody promotes only costs resources
+        actions = []
+        for stage in self.stages:
+            if self._upgrading(stage):
+                continue  # its upgrade's two versions protect it until the upgrade ends
+            if stage not in wanted:
+                actions += self.drop_standby(stage)
+            elif not self.has_standby(stage):
+                self.active_stages.add(stage)
+                primaries = self.of_stage(stage, PRIMARY)
+                node = primaries[0].spec.node if primaries else self.nodes[0]
+                actions.append(self._standby_for(stage, node, now))
+        return actions
+
     def stop(self) -> list:
         """The actions that take the whole job down."""
         actions = [KillReplica(r.id) for r in self.replicas.values()]

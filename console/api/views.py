@@ -125,8 +125,9 @@ class JobViewSet(
     @action(detail=True, methods=["post"])
     def upgrade(self, request, pk=None):
         """Upgrade the running job blue/green to another version of its topology or other
-        operator parameters (accepted: the state check and the switch follow; the record at
-        /api/jobs/{id}/upgrades/{upgrade id}/ says how far it is)."""
+        operator parameters, or change its strategy in place (accepted: the state check and
+        the switch follow; the record at /api/jobs/{id}/upgrades/{upgrade id}/ says how far it
+        is)."""
         ask = UpgradeRequestSerializer(data=request.data)
         ask.is_valid(raise_exception=True)
         try:
@@ -136,6 +137,7 @@ class JobViewSet(
                 params=ask.validated_data.get("params"),
                 user=request.user,
                 mode=ask.validated_data.get("mode", JobUpgrade.Mode.BLUE_GREEN),
+                strategy=ask.validated_data.get("strategy"),
             )
         except upgrade_service.UpgradeRequestError as exc:
             raise_refusal(exc)

@@ -182,6 +182,22 @@ def upgrade_job(user, job_id, topology, params_text) -> JobUpgrade:
 
 
 @_writes
+def change_strategy(user, job_id, strategy) -> JobUpgrade:
+    """Ask for a change of a running job's strategy, as POST /api/jobs/{id}/upgrade/ with
+    {"strategy": ...} does; the service refuses a strategy that cuts the job otherwise."""
+    _require(user, OPERATOR)
+    job = Job.objects.filter(pk=job_id).first() if _is_id(job_id) else None
+    if job is None:
+        raise ActionRefused("no such job")
+    if not isinstance(strategy, str) or not strategy:
+        raise ActionRefused("strategy: choose a strategy from the list")
+    try:
+        return request_upgrade(job, strategy=strategy, user=user)
+    except UpgradeRequestError as exc:
+        raise ActionRefused(str(exc)) from exc
+
+
+@_writes
 def confirm_upgrade(user, upgrade_id) -> JobUpgrade:
     """Ask the job's controller to confirm an upgrade now (the old version retires), as POST
     /api/jobs/{id}/upgrades/{uid}/confirm/ does."""

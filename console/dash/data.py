@@ -827,6 +827,8 @@ def _upgrade_dict(upgrade: JobUpgrade) -> dict:
         "to_topology": upgrade.to_topology,
         "from_params": dict(upgrade.from_params or {}),
         "to_params": dict(upgrade.to_params or {}),
+        "from_strategy": upgrade.from_strategy,
+        "to_strategy": upgrade.to_strategy,
         "mode": upgrade.mode,
         "case": upgrade.case,
         "reason": upgrade.reason,

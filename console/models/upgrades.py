@@ -1,4 +1,5 @@
-"""Upgrades of running jobs: one record per blue/green upgrade (spark_runtime/upgrade.py)."""
+"""Upgrades of running jobs: one record per upgrade (blue/green: spark_runtime/upgrade.py; a
+change of strategy in place: Supervisor.change_strategy)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,8 @@ from console.models.jobs import Job
 
 
 class JobUpgrade(models.Model):
-    """One upgrade of a running job to another registered version or other operator parameters.
+    """One upgrade of a running job to another registered version, other operator parameters or
+    another fault-tolerance strategy.
 
     Its `status` is what was asked and what happened: an operator asks (requested), the job's
     controller starts the new version beside the running one (starting), switches the output
@@ -32,6 +34,7 @@ class JobUpgrade(models.Model):
         SEEDED = "seeded", "compatible state: seeded from the running version's checkpoint"
         REBUILD = "rebuild", "incompatible state: rebuilt from the input the job retains"
         REFUSED = "refused", "refused"
+        IN_PLACE = "in_place", "strategy only: the running replicas go on, the protection changes"
 
     class Mode(models.TextChoices):
         BLUE_GREEN = "blue_green", "blue/green: the new version beside the running one"
@@ -50,6 +53,10 @@ class JobUpgrade(models.Model):
     to_topology = models.CharField(max_length=48)
     from_params = models.JSONField(default=dict, blank=True)
     to_params = models.JSONField(default=dict, blank=True)
+    # The strategy (spark_runtime/strategies.py) before and after; equal unless the upgrade
+    # changes it. A strategy change is an upgrade of its own (no version or parameter change).
+    from_strategy = models.CharField(max_length=20, blank=True)
+    to_strategy = models.CharField(max_length=20, blank=True)
     mode = models.CharField(max_length=16, choices=Mode.choices, default=Mode.BLUE_GREEN)
     case = models.CharField(max_length=16, choices=Case.choices, blank=True)
     reason = models.TextField(blank=True, help_text="Why this case, in plain words.")

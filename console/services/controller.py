@@ -62,6 +62,7 @@ from spark_runtime.supervision import (
     RUNNING,
     GiveUp,
     HeartbeatSeen,
+    KillReplica,
     PromoteStandby,
     RestartPolicy,
     ScheduleRestart,
@@ -318,6 +319,8 @@ def reconcile_job(job: Job, supervisor: Supervisor, client, view, slot) -> bool:
     record_reprotections(job, supervisor)
     if report.upgrade_woken or upgrade_moved(supervisor, slot):
         look_at_upgrade(job, supervisor, client, slot)
+    if supervisor.strategy != job.strategy:
+        reconcile_strategy(job, supervisor, client)
     if not job.is_live:
         # The tick gave up on the job: no policy cycle may start replicas for it again.
         job_ended(job, client)
@@ -348,6 +351,24 @@ def look_at_upgrade(job: Job, supervisor: Supervisor, client, slot) -> None:
         execute(actions, AgentLauncher(job, client), command_sender(client, job))
     machine = supervisor.upgrade
     slot.upgrade_seen = (machine.upgrade_id, machine.phase) if machine else None
+
+
+def reconcile_strategy(job: Job, supervisor: Supervisor, client) -> None:
+    """Bring the supervisor to the job's strategy, which an upgrade changed (console.services.
+    upgrades.change_strategy records it first): standbys started or stopped for it. Run by
+    every reconcile that finds the two apart, so a controller killed after the change was
+    recorded makes it at its next one."""
+    before = supervisor.strategy
+    actions = supervisor.change_strategy(job.strategy, time.time())
+    decide(
+        job,
+        ControlDecision.Kind.DROP_STANDBY
+        if any(isinstance(a, KillReplica) for a in actions)
+        else ControlDecision.Kind.ADD_STANDBY,
+        f"strategy {before} -> {job.strategy}: "
+        + (describe_actions(actions) if actions else "the standbys there are stay"),
+    )
+    execute(actions, AgentLauncher(job, client), command_sender(client, job))
 
 
 def policy_step(job: Job, supervisor: Supervisor, client, view, operators: dict) -> None:

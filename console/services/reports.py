@@ -123,6 +123,7 @@ class UpgradeRow:
     from_topology: str
     to_topology: str
     to_params: str  # the operator parameters asked for, "OP.KEY=value, ..."
+    strategy_change: str  # "adaptive -> active-all" for a strategy change, else ""
     case: str
     status: str
     switched_at: datetime | None
@@ -290,6 +291,11 @@ def upgrade_rows(start: datetime, end: datetime, *, jobs=None) -> list[UpgradeRo
                 from_topology=upgrade.from_topology,
                 to_topology=upgrade.to_topology,
                 to_params=", ".join(f"{k}={v}" for k, v in sorted(upgrade.to_params.items())),
+                strategy_change=(
+                    f"{upgrade.from_strategy} -> {upgrade.to_strategy}"
+                    if upgrade.to_strategy and upgrade.to_strategy != upgrade.from_strategy
+                    else ""
+                ),
                 case=upgrade.case,
                 status=upgrade.get_status_display(),
                 switched_at=upgrade.switched_at,

@@ -47,6 +47,7 @@ from spark_runtime import keys as data_keys
 from spark_runtime import upgrade as upgrades
 from spark_runtime import upgrade_check
 from spark_runtime.progress import read_progress
+from spark_runtime.strategies import STRATEGIES, get_strategy, in_place_refusal
 from spark_runtime.supervision import FAILED, PRIMARY, RUNNING, KillReplica, Supervisor
 
 log = logging.getLogger(__name__)
@@ -116,10 +117,15 @@ def request_upgrade(
     params: dict | None = None,
     user=None,
     mode: str = JobUpgrade.Mode.BLUE_GREEN,
+    strategy: str | None = None,
 ) -> JobUpgrade:
     """Ask for an upgrade of the running `job` to `topology` (a version of its topology, default
     its own) with operator parameters `params`, blue/green or (`mode` stop_restart, the
-    baseline) stopped and restarted; raises UpgradeRequestError naming the field."""
+    baseline) stopped and restarted; or, on its own, to another fault-tolerance `strategy`
+    (changed in place where it cuts the job into the same stages). Raises UpgradeRequestError
+    naming the field."""
+    if strategy is not None and strategy not in STRATEGIES:
+        raise UpgradeRequestError(f"strategy: must be one of {', '.join(STRATEGIES)}", "strategy")
     if mode not in JobUpgrade.Mode.values:
         raise UpgradeRequestError(
             f"mode: must be one of {', '.join(JobUpgrade.Mode.values)}", "mode"
@@ -155,11 +161,22 @@ def request_upgrade(
             "job runs a changed chain)",
             "topology",
         )
-    cleaned = validate_params(target_spec, params)
     current_params = current_upgrade_params(job)
-    if target == job.topology and cleaned == current_params:
+    new_strategy = strategy or job.strategy
+    # A strategy change alone keeps the parameters in force (given none, a new version runs
+    # with its own).
+    strategy_only = new_strategy != job.strategy and params is None and target == job.topology
+    cleaned = current_params if strategy_only else validate_params(target_spec, params)
+    version_changes = target != job.topology or cleaned != current_params
+    if new_strategy != job.strategy and version_changes:
         raise UpgradeRequestError(
-            "nothing to change: give another version (topology) or other params"
+            "strategy: change the strategy in an upgrade of its own (this one also changes "
+            "the version or the params)",
+            "strategy",
+        )
+    if not version_changes and new_strategy == job.strategy:
+        raise UpgradeRequestError(
+            "nothing to change: give another version (topology), other params or another strategy"
         )
     upgrade = JobUpgrade.objects.create(
         job=job,
@@ -168,16 +185,19 @@ def request_upgrade(
         to_topology=target,
         from_params=current_params,
         to_params=cleaned,
+        from_strategy=job.strategy,
+        to_strategy=new_strategy,
         mode=mode,
     )
     who = upgrade.requested_by.get_username() if upgrade.requested_by else "the system"
-    decide(
-        job,
-        ControlDecision.Kind.UPGRADE,
-        f"upgrade {upgrade.pk} requested by {who}: {upgrade.from_topology} -> {target}"
+    change = (
+        f"strategy {job.strategy} -> {new_strategy}"
+        if not version_changes
+        else f"{upgrade.from_topology} -> {target}"
         + (f" with {', '.join(as_cli_params(cleaned))}" if cleaned else "")
-        + f" ({mode.replace('_', '/')})",
+        + f" ({mode.replace('_', '/')})"
     )
+    decide(job, ControlDecision.Kind.UPGRADE, f"upgrade {upgrade.pk} requested by {who}: {change}")
     dispatch(lambda: tasks.send(tasks.CHECK_UPGRADE, upgrade.pk))
     return upgrade
 
@@ -247,6 +267,8 @@ def check_upgrade(upgrade: JobUpgrade, client) -> JobUpgrade:
         return upgrade
     job = upgrade.job
     supervisor = load_supervisor(client, job)
+    if changes_strategy(upgrade):
+        return check_strategy_change(upgrade, supervisor, client)
     changed = {name.split(".", 1)[0] for name in upgrade.to_params}
     try:
         stage, blue = stage_to_upgrade(supervisor, changed)
@@ -271,6 +293,53 @@ def check_upgrade(upgrade: JobUpgrade, client) -> JobUpgrade:
     upgrade.save(update_fields=["stage", "case", "reason", "checkpoint_batch"])
     wake(job, client)
     return upgrade
+
+
+def changes_strategy(upgrade: JobUpgrade) -> bool:
+    """Whether the upgrade changes the job's strategy (and nothing else: request_upgrade)."""
+    return bool(upgrade.to_strategy) and upgrade.to_strategy != upgrade.from_strategy
+
+
+def check_strategy_change(upgrade: JobUpgrade, supervisor: Supervisor | None, client):
+    """A strategy change is made in place where the new strategy cuts the job into the stages
+    it runs as (spark_runtime.strategies.in_place_refusal), else refused with the two cuts."""
+    if supervisor is None:
+        return refuse(upgrade, "", "the job has no supervision state to change")
+    _, spec = job_topology(upgrade.job.topology)
+    refusal = in_place_refusal(
+        spec, supervisor.stage_operators, supervisor.active_stages, upgrade.to_strategy
+    )
+    if refusal is not None:
+        return refuse(upgrade, "", refusal)
+    upgrade.case = JobUpgrade.Case.IN_PLACE
+    upgrade.reason = (
+        f"{upgrade.from_strategy} and {upgrade.to_strategy} cut this job into the same stages "
+        f"({', '.join(supervisor.stages)}): every replica and its checkpoint go on, and the "
+        f"job is protected as {get_strategy(upgrade.to_strategy).label} from now on"
+    )
+    upgrade.save(update_fields=["case", "reason"])
+    wake(upgrade.job, client)
+    return upgrade
+
+
+def change_strategy(job: Job, upgrade: JobUpgrade, now: float) -> None:
+    """Record a checked strategy change as made: the Job row's strategy (what the controller
+    reconciles the supervisor to, console.services.controller.reconcile_strategy) and the
+    upgrade, confirmed, in one transaction; its output is audited across the change."""
+    with transaction.atomic():
+        job.strategy = upgrade.to_strategy
+        job.save(update_fields=["strategy"])
+        upgrade.status = JobUpgrade.Status.CONFIRMED
+        upgrade.switched_at = upgrade.ended_at = _at(now)
+        upgrade.outcome = f"strategy changed in place: {upgrade.reason}"
+        upgrade.save()
+        decide(
+            job,
+            ControlDecision.Kind.UPGRADE,
+            f"upgrade {upgrade.pk}: strategy {upgrade.from_strategy} -> {upgrade.to_strategy}, "
+            "in place",
+        )
+    dispatch(lambda: tasks.send(tasks.AUDIT_UPGRADE, upgrade.pk))
 
 
 def stage_to_upgrade(
@@ -424,6 +493,9 @@ def reconcile_upgrade(job: Job, supervisor: Supervisor, now: float, client=None)
             if upgrade.green_replica and upgrade.green_replica not in supervisor.replicas:
                 return [KillReplica(upgrade.green_replica)]
             return []
+        if not ours and upgrade.case == JobUpgrade.Case.IN_PLACE:
+            change_strategy(job, upgrade, now)
+            return []  # the job's reconcile brings the supervisor to the new strategy
         if not ours:
             if upgrade.case:
                 normal = blue_normal(job, upgrade.stage, client, now) if client else None

@@ -115,6 +115,17 @@ def test_the_panel_shows_the_upgrade_under_way():
     assert "not decided yet" in text_of(early)
 
 
+def test_a_strategy_change_reads_as_one_in_place():
+    change = _ended(
+        from_topology="activity@2", to_topology="activity@2", from_strategy="adaptive",
+        to_strategy="active-all", case="in_place", reason="same stages",
+    )  # fmt: skip
+    (row,) = upgrades.upgrade_table_rows([change], NOW)
+    assert [text_of(cell) for cell in row][2:4] == ["strategy adaptive → active-all", "in place"]
+    panel = text_of(upgrades.upgrade_panel({**change, "under_way": True}, NOW))
+    assert "strategy adaptive → active-all · in place" in " ".join(panel.split())
+
+
 def test_confirm_is_enabled_once_the_new_version_writes():
     assert callbacks.end_buttons({"id": 7, "status": "validating"}) == (False, False)
     assert callbacks.end_buttons({"id": 7, "status": "starting"}) == (True, False)
@@ -347,6 +358,31 @@ def test_operators_get_the_controls_and_viewers_nothing(upgraded, users):
     ]
     ids = _all_ids(tree)
     assert len(ids) == len(set(ids)), sorted(i for i in ids if ids.count(i) > 1)
+
+
+@pytest.mark.django_db
+def test_an_operator_changes_the_strategy_from_the_controls(users):
+    job = _running_topn()
+    rendered = callbacks.render_controls(_path(job), user=users[OPERATOR])
+    choice = _find(rendered, "strategy-choice")
+    assert choice.value == "adaptive" and "adaptive (running)" in [o["label"] for o in
+                                                                   choice.options]  # fmt: skip
+    shown, text = callbacks.ask_strategy(1, "active-all", _path(job))
+    assert shown and text.startswith(f"Protect job #{job.pk} by active-all from now on?")
+    with pytest.raises(RoleRefused):
+        callbacks.strategy_confirmed(1, "active-all", _path(job), user=users[VIEWER])
+    refused = callbacks.strategy_confirmed(1, "adaptive", _path(job), user=users[OPERATOR])
+    assert text_of(refused).startswith("Not changed: nothing to change")
+    assert "strategy: choose" in text_of(
+        callbacks.strategy_confirmed(1, ["x"], _path(job), user=users[OPERATOR])
+    )
+    assert not JobUpgrade.objects.exists()
+    result = callbacks.strategy_confirmed(1, "active-all", _path(job), user=users[OPERATOR])
+    upgrade = JobUpgrade.objects.get(job=job)
+    assert f"Upgrade #{upgrade.pk} requested: strategy adaptive -> active-all" in text_of(result)
+    assert (upgrade.from_strategy, upgrade.to_strategy, upgrade.requested_by) == (
+        "adaptive", "active-all", users[OPERATOR],
+    )  # fmt: skip
 
 
 @pytest.mark.django_db

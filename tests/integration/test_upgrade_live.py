@@ -104,10 +104,10 @@ def register(admin_api, jobs_dir: Path, edit: tuple[str, str] | None = None) -> 
     return f"{body['name']}@{body['version']}"
 
 
-def running_activity(clicks: int = CLICKS) -> Job:
+def running_activity(clicks: int = CLICKS, strategy: str = "adaptive") -> Job:
     response = api().post(
         "/api/jobs/",
-        {"name": "it-upgrade", "topology": "activity@1", "strategy": "adaptive",
+        {"name": "it-upgrade", "topology": "activity@1", "strategy": strategy,
          "params": {"rate": RATE, "count": clicks, "seed": 5}},
         format="json",
     )  # fmt: skip
@@ -116,7 +116,8 @@ def running_activity(clicks: int = CLICKS) -> Job:
     wait_for(lambda: Job.objects.get(pk=job.pk).status == Job.Status.RUNNING, 180, "job running")
     client = redis_client()
     wait_for(lambda: client.hlen(keys.results(job.key)) > 0, 180, "first results")
-    wait_for_caught_up_standby(job, "per_window")
+    if strategy == "adaptive":
+        wait_for_caught_up_standby(job, "per_window")
     return job
 
 
@@ -288,3 +289,25 @@ def test_incompatible_state_without_the_input_to_rebuild_it_is_refused(cluster, 
     assert set(Replica.objects.filter(job=job).values_list("replica_id", flat=True)) == (
         replicas_before
     )
+
+
+@pytest.mark.slow
+def test_a_strategy_change_protects_the_running_job_without_restarting_it(cluster, admin, jobs_dir):
+    """local-restart -> active-all: the primary goes on, a standby starts beside it and takes
+    over when the primary is killed (under local-restart the stage would have restarted)."""
+    register(admin, jobs_dir)
+    job = running_activity(LONG_CLICKS, strategy="local-restart")
+    primary = primary_of(job)
+    assert not Replica.objects.filter(job=job, role="standby", state="running").exists()
+    response = api().post(f"/api/jobs/{job.pk}/upgrade/", {"strategy": "active-all"}, format="json")
+    assert response.status_code == 202, response.content
+    upgrade = wait_status(JobUpgrade.objects.get(pk=response.json()["id"]), "confirmed", 120)
+    assert upgrade.case == JobUpgrade.Case.IN_PLACE, upgrade.reason
+    job.refresh_from_db()
+    assert job.strategy == "active-all"
+    standby = wait_for_caught_up_standby(job, "per_window")
+    # Nothing restarted: the primary is the one that ran before the change.
+    assert primary_of(job).replica_id == primary.replica_id
+    inject(job, {"kind": "kill-driver", "target_operator": "per_window"})
+    wait_primary(job, standby.local_id)
+    assert_exact(job, LONG_CLICKS)

@@ -108,6 +108,21 @@ app.callback(
     State("url", "pathname"),
     prevent_initial_call=True,
 )(callbacks.upgrade_confirmed)
+app.callback(
+    Output("strategy-confirm", "displayed"),
+    Output("strategy-confirm", "message"),
+    Input("strategy-button", "n_clicks"),
+    State("strategy-choice", "value"),
+    State("url", "pathname"),
+    prevent_initial_call=True,
+)(callbacks.ask_strategy)
+app.callback(
+    Output("strategy-result", "children"),
+    Input("strategy-confirm", "submit_n_clicks"),
+    State("strategy-choice", "value"),
+    State("url", "pathname"),
+    prevent_initial_call=True,
+)(callbacks.strategy_confirmed)
 # Confirm and Roll back exist for operators only; for a viewer these callbacks have no outputs
 # on the page, and Dash does not call them.
 app.callback(Output("upgrade-actions", "children"), Input("url", "pathname"))(

@@ -31,6 +31,7 @@ from console.dash.job.layout import controls as controls_layout
 from console.dash.job.layout import upgrade_actions
 from console.models import FaultInjection, JobUpgrade, Policy
 from console.roles import OPERATOR, has_role
+from spark_runtime.strategies import STRATEGIES
 
 JOB_PATH = re.compile(r"/console/jobs/(\d+)/?$")
 # The decision, failure, fault and upgrade tables show this many rows at most.
@@ -270,6 +271,8 @@ def render_controls(pathname, user=None):
         data.topology_versions(job["topology"]),
         job["topology"],
         "\n".join(f"{name}={value}" for name, value in sorted(params.items())),
+        list(STRATEGIES),
+        job["strategy"],
     )
 
 
@@ -379,6 +382,32 @@ def upgrade_confirmed(submit_n_clicks, version, params_text, pathname, user=None
     return message(
         f"Upgrade #{upgrade.pk} requested: {upgrade.from_topology} -> {upgrade.to_topology}; "
         "the state check runs first.",
+        ok=True,
+    )
+
+
+def ask_strategy(n_clicks, strategy, pathname):
+    """First step of changing the strategy: the confirm dialog names it."""
+    if not n_clicks:
+        raise PreventUpdate
+    return True, (
+        f"Protect job #{job_id_from_path(pathname)} by {strategy} from now on? Its replicas go "
+        "on running; standbys start or stop for the new strategy."
+    )
+
+
+def strategy_confirmed(submit_n_clicks, strategy, pathname, user=None):
+    """Second step: ask for the change through the upgrade service, which refuses a strategy
+    that would cut the job into other stages, saying how."""
+    if not submit_n_clicks:
+        raise PreventUpdate
+    try:
+        upgrade = controls.change_strategy(user, job_id_from_path(pathname), strategy)
+    except controls.ActionRefused as exc:
+        return message(f"Not changed: {exc}", ok=False)
+    return message(
+        f"Upgrade #{upgrade.pk} requested: strategy {upgrade.from_strategy} -> "
+        f"{upgrade.to_strategy}; the Upgrades card says when it is made or why it is refused.",
         ok=True,
     )
 

@@ -60,10 +60,13 @@ def controls(
     versions: list[str],
     current_version: str,
     params_in_force: str,
+    strategies: list[str],
+    current_strategy: str,
 ):
-    """Fault injection, stop and restart, and upgrade (each with a confirm step); only rendered
-    for operators. The upgrade offers the registered `versions` of the job's topology, the
-    `current_version` chosen, and its operator parameters (`OP.KEY=value` lines) prefilled."""
+    """Fault injection, stop and restart, upgrade and strategy change (each with a confirm
+    step); only rendered for operators. The upgrade offers the registered `versions` of the
+    job's topology, the `current_version` chosen, and its operator parameters (`OP.KEY=value`
+    lines) prefilled; the strategy change offers `strategies`, `current_strategy` chosen."""
     return card(
         "Controls",
         html.Div(
@@ -153,6 +156,28 @@ def controls(
                         html.Button("Upgrade", id="upgrade-button", className="btn"),
                         dcc.ConfirmDialog(id="upgrade-confirm"),
                         result_slot("upgrade-result"),
+                    ],
+                    className="control-group",
+                ),
+                html.Div(
+                    [
+                        html.H3("Change the strategy (in place)"),
+                        dcc.Dropdown(
+                            id="strategy-choice",
+                            options=[
+                                {
+                                    "label": f"{s} (running)" if s == current_strategy else s,
+                                    "value": s,
+                                }
+                                for s in strategies
+                            ],
+                            value=current_strategy,
+                            clearable=False,
+                            className="ctl",
+                        ),
+                        html.Button("Change strategy", id="strategy-button", className="btn"),
+                        dcc.ConfirmDialog(id="strategy-confirm"),
+                        result_slot("strategy-result"),
                     ],
                     className="control-group",
                 ),

@@ -40,8 +40,23 @@ def version_label(topology: str, params: dict) -> str:
     return f"{topology} ({shown})" if shown else topology
 
 
+def changes_strategy(upgrade: dict) -> bool:
+    """Whether the upgrade changes the job's strategy (its versions stay)."""
+    return bool(upgrade.get("to_strategy")) and upgrade["to_strategy"] != upgrade["from_strategy"]
+
+
+def how(upgrade: dict) -> str:
+    """`blue/green`, `stop and restart`, or `in place` for a strategy change."""
+    if changes_strategy(upgrade):
+        return "in place"
+    return MODE_LABELS.get(upgrade["mode"], upgrade["mode"])
+
+
 def from_to(upgrade: dict) -> str:
-    """`activity@1 → activity@2`, each side with its parameters."""
+    """`activity@1 → activity@2`, each side with its parameters; `strategy adaptive →
+    active-all` for a strategy change."""
+    if changes_strategy(upgrade):
+        return f"strategy {upgrade['from_strategy']} → {upgrade['to_strategy']}"
     return (
         f"{version_label(upgrade['from_topology'], upgrade['from_params'])} → "
         f"{version_label(upgrade['to_topology'], upgrade['to_params'])}"
@@ -51,6 +66,8 @@ def from_to(upgrade: dict) -> str:
 def _from_to_cell(upgrade: dict):
     """The versions on one line and, when parameters are involved, the parameters under them
     (the table stays narrow enough to read without scrolling)."""
+    if changes_strategy(upgrade):
+        return from_to(upgrade)
     versions = f"{upgrade['from_topology']} → {upgrade['to_topology']}"
     if not (upgrade["from_params"] or upgrade["to_params"]):
         return versions
@@ -113,7 +130,7 @@ def upgrade_panel(upgrade: dict | None, now: datetime):
             html.Div(
                 [
                     html.Span(from_to(upgrade), id="upgrade-from-to"),
-                    html.Span(f" · {MODE_LABELS.get(upgrade['mode'], upgrade['mode'])}"),
+                    html.Span(f" · {how(upgrade)}"),
                 ],
                 className="upgrade-versions",
             ),
@@ -169,7 +186,7 @@ def upgrade_table_rows(upgrades: list[dict], now: datetime | None = None) -> lis
             fmt_time(u["requested_at"], now),
             u["requested_by"] or "—",
             _from_to_cell(u),
-            MODE_LABELS.get(u["mode"], u["mode"]),
+            how(u),
             _case_cell(u),
             badge(u["status"], u["status"]),
             fmt_num(u["checkpoint_batch"], 0),

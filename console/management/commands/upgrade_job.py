@@ -1,6 +1,8 @@
 """`manage.py upgrade_job JOB [--to NAME@V] [--param OP.KEY=VALUE ...] --as USER [--wait S]`,
+`manage.py upgrade_job JOB --strategy NAME --as USER`,
 `manage.py upgrade_job JOB --confirm | --rollback --as USER`: upgrade a running job blue/green
-(console.services.upgrades), or end its upgrade under way by hand."""
+or change its strategy in place (console.services.upgrades), or end its upgrade under way by
+hand."""
 
 import time
 
@@ -13,13 +15,21 @@ from console.services import upgrades
 
 
 class Command(BaseCommand):
-    help = "Upgrade a running job to another version or other operator parameters, blue/green."
+    help = (
+        "Upgrade a running job to another version or other operator parameters, blue/green, "
+        "or change its strategy in place."
+    )
 
     def add_arguments(self, parser):
         parser.add_argument("job", help="job id or name")
         parser.add_argument("--to", default=None, help="the version to run, e.g. activity@2")
         parser.add_argument(
             "--param", action="append", default=[], help="OPERATOR.KEY=VALUE (repeatable)"
+        )
+        parser.add_argument(
+            "--strategy",
+            default=None,
+            help="another fault-tolerance strategy (an upgrade of its own, made in place)",
         )
         parser.add_argument(
             "--mode",
@@ -38,7 +48,9 @@ class Command(BaseCommand):
             help="wait up to this many seconds for the upgrade to end, printing each step",
         )
 
-    def handle(self, *args, job, to, param, mode, username, confirm, rollback, wait, **options):
+    def handle(
+        self, *args, job, to, param, strategy, mode, username, confirm, rollback, wait, **options
+    ):
         user = get_user_model().objects.filter(username=username).first()
         if user is None or not has_role(user, OPERATOR):
             raise CommandError(f"--as {username}: only operators and admins may upgrade jobs")
@@ -58,13 +70,17 @@ class Command(BaseCommand):
                 upgrade = upgrades.request_end(upgrade, action, user)
                 self.stdout.write(f"upgrade {upgrade.pk}: {action} asked")
             else:
-                params = dict(self.split(item) for item in param)
+                params = dict(self.split(item) for item in param) if param else None
                 upgrade = upgrades.request_upgrade(
-                    target, topology=to, params=params, user=user, mode=mode
+                    target, topology=to, params=params, user=user, mode=mode, strategy=strategy
+                )
+                change = (
+                    f"strategy {upgrade.from_strategy} -> {upgrade.to_strategy}"
+                    if upgrades.changes_strategy(upgrade)
+                    else f"{upgrade.from_topology} -> {upgrade.to_topology}"
                 )
                 self.stdout.write(
-                    f"upgrade {upgrade.pk}: {upgrade.from_topology} -> {upgrade.to_topology} "
-                    "requested; the state check runs first"
+                    f"upgrade {upgrade.pk}: {change} requested; the state check runs first"
                 )
         except upgrades.UpgradeRequestError as exc:
             raise CommandError(str(exc)) from exc
