@@ -23,6 +23,7 @@ from spark_runtime.pipelines import segment_plans
 from spark_runtime.progress import percentiles
 from spark_runtime.redis_source import FORMAT_NAME, SEQ_FACTOR
 from spark_runtime.sink import FencedWriter
+from spark_runtime.state_partitions import match_partitions
 from spark_runtime.topology import (
     OUT_CHANNEL,
     RESULTS_CHANNEL,
@@ -380,6 +381,8 @@ class StageRuntime:
         self.gate = OutputGate(client, job, stage.name, role, buffer_max, topology.job)
         self.queries: list = []
         self.start_retries = 0
+        # A user job's state partitions per query, as found or changed at the last start.
+        self.state_partitions: dict[str, str] = {}
 
     def query_name(self, index: int) -> str:
         """The Spark query name of segment `index` (reported in progress events)."""
@@ -464,8 +467,15 @@ class StageRuntime:
     def start(self) -> None:
         """Start (or resume from the checkpoints) every segment's query."""
         for index, segment in enumerate(self.stage.segments):
+            query_dir = os.path.join(self.checkpoint_dir, str(index))
             # A predecessor killed mid-write may have left temp files Spark would refuse.
-            remove_orphan_temp_files(os.path.join(self.checkpoint_dir, str(index)))
+            remove_orphan_temp_files(query_dir)
+            if self.topology.job is not None:
+                # A new version with another parallelism, on a checkpoint of the version
+                # before (spark_runtime/state_partitions.py).
+                found = match_partitions(self.spark, query_dir, self.topology.job.parallelism)
+                if found is not None:
+                    self.state_partitions[str(index)] = found
             with session_settings(self.spark, self.start_settings(segment)):
                 self.queries.append(self._build(index, segment).start())
             log.info("stage %s: query %s started", self.stage.name, self.query_name(index))

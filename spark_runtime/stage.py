@@ -476,6 +476,7 @@ def start_runtime(args, client, state: ReplicaState, spark=None):
         state=readiness(runtime.gate),
         epoch=runtime.gate.writer.epoch,
         checkpoint=checkpoint,
+        state_partitions=runtime.state_partitions,
         # Names the executors of this replica on a cluster (kill-executor, kill-worker).
         spark_app=spark.sparkContext.applicationId,
     )

@@ -103,7 +103,11 @@ def dry_run(args) -> dict:
         )  # fmt: skip
         runtime.start()
         try:
-            return watch(runtime, seeded, batch, args.timeout)
+            verdict = watch(runtime, seeded, batch, args.timeout)
+            repartitioned = [p for p in runtime.state_partitions.values() if "from" in p]
+            if repartitioned:  # a new parallelism: the state was checked on the new number
+                verdict["detail"] += f" (state {', '.join(repartitioned)})"
+            return verdict
         finally:
             runtime.stop()
     finally:

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from spark_runtime import generators, keys, user_plan
+from spark_runtime.checkpoint_seed import seed_checkpoint
 from spark_runtime.jobdef import (
     Append,
     JobDefinition,
@@ -275,10 +276,9 @@ def test_a_stateful_operators_parallelism_is_its_number_of_state_partitions(
 ):
     """activity with `parallelism=3` on per_window: its state is kept in 3 partitions (the
     checkpoint's state store has one directory per partition) and the results are unchanged.
-    The session's own setting is left as it was, and a query resumed from the checkpoint keeps
-    its 3 partitions even when started with another parallelism."""
-    import json
-
+    The session's own setting is left as it was. A version with another parallelism started on
+    a copy of that checkpoint (an upgrade's new version) runs on its own number: the copy's
+    state is repartitioned first, and the results stay exact."""
     example = topology_of("activity", jobs_dir)
     operators = tuple(
         dataclasses.replace(op, parallelism=3) if op.name == "per_window" else op
@@ -297,16 +297,41 @@ def test_a_stateful_operators_parallelism_is_its_number_of_state_partitions(
     (aggregation_state,) = (tmp_path / "p3" / "0" / "state").iterdir()
     partitions = sorted(p.name for p in aggregation_state.iterdir() if p.name.isdigit())
     assert partitions == ["0", "1", "2"]
+    assert recorded_partitions_of(tmp_path / "p3") == "3"
 
+    seed_checkpoint(str(tmp_path / "p3"), str(tmp_path / "new"), 1)
     generators.generate(redis_conn, job, "activity@1", count=300, rate=3000, seed=7, id_prefix="g")
-    resumed = runtime(spark, redis_conn, redis_url, job, example, tmp_path / "p3", PRIMARY, 300)
+    resumed = runtime(spark, redis_conn, redis_url, job, example, tmp_path / "new", PRIMARY, 300)
     try:
         resumed.process_all_available()
     finally:
         resumed.stop()
+    assert resumed.state_partitions == {"0": "repartitioned from 3 to 1 partitions"}
     assert written_activity(redis_conn, job) == expected_activity(input_clicks(redis_conn, job))
-    offsets = tmp_path / "p3" / "0" / "offsets"
+    assert recorded_partitions_of(tmp_path / "new") == "1"
+
+    # Its own checkpoint after a crash before the last commit: Spark repartitions only a
+    # committed batch, so the query keeps its 3 partitions (and replays the batch exactly).
+    shutil.copytree(tmp_path / "p3", tmp_path / "crashed")
+    forget_last_commits(tmp_path / "crashed" / "0", count=1)
+    restarted = runtime(spark, redis_conn, redis_url, job, example, tmp_path / "crashed",
+                        PRIMARY, 300)  # fmt: skip
+    try:
+        restarted.process_all_available()
+    finally:
+        restarted.stop()
+    assert restarted.state_partitions == {
+        "0": "kept 3 partitions, not 1: its last batch is not committed"
+    }
+    assert written_activity(redis_conn, job) == expected_activity(input_clicks(redis_conn, job))
+    assert recorded_partitions_of(tmp_path / "crashed") == "3"
+
+
+def recorded_partitions_of(checkpoint: Path) -> str:
+    """The state partitions the newest offsets entry of query 0 records (read here, not with
+    Backstop's reader)."""
+    import json
+
+    offsets = checkpoint / "0" / "offsets"
     newest = max((p for p in offsets.iterdir() if p.name.isdigit()), key=lambda p: int(p.name))
-    metadata = json.loads(newest.read_text().splitlines()[1])
-    assert metadata["conf"]["spark.sql.shuffle.partitions"] == "3"
-    assert sorted(p.name for p in aggregation_state.iterdir() if p.name.isdigit()) == partitions
+    return json.loads(newest.read_text().splitlines()[1])["conf"]["spark.sql.shuffle.partitions"]
