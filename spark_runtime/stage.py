@@ -367,6 +367,10 @@ def handle_command(command: dict, runtime, state: ReplicaState) -> int | None:
     if cmd == "demote":
         runtime.gate.demote()
         state.update(role="standby", state="running", demoted_at=time.time())
+        if command.get("successor"):
+            # Pass the promotion on at once (spark_runtime.upgrade.DemoteReplica).
+            promote = json.dumps({"cmd": "promote", "from": state.replica})
+            runtime.gate.client.rpush(keys.control(runtime.job, command["successor"]), promote)
         return None
     if cmd == "trigger":
         runtime.restart(float(command["seconds"]))

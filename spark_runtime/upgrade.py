@@ -71,10 +71,14 @@ class UpgradeRefused(ValueError):
 
 @dataclass(frozen=True)
 class DemoteReplica:
-    """Tell a primary to become a standby between two batches (blue handing over)."""
+    """Tell a primary to become a standby between two batches (blue handing over), and then its
+    `successor` (green) to take over: the replica itself passes the promotion on as soon as it
+    has demoted itself, a controller round trip (0.5 s measured) sooner than the controller
+    would. The controller's own promotion follows and finds green promoted already."""
 
     replica_id: str
     stage: str
+    successor: str = ""
 
 
 @dataclass
@@ -311,11 +315,21 @@ def on_heartbeat(sup: Supervisor, replica, reported: dict, now: float) -> list |
                 f"upgrade {upgrade.upgrade_id}: {replica.id} caught up; {upgrade.blue} hands over",
             )
         )
-        return [DemoteReplica(upgrade.blue, upgrade.stage)]
+        return [DemoteReplica(upgrade.blue, upgrade.stage, upgrade.green)]
     if replica.id == upgrade.blue and upgrade.phase == HANDING_OVER:
         if reported.get("role") != STANDBY:
             return []
         return _promote_green(sup, now)
+    if replica.id == upgrade.green and upgrade.phase == HANDING_OVER:
+        if reported.get("role") != PRIMARY or reported.get("state") != RUNNING:
+            return []
+        # Blue passed the promotion on (DemoteReplica.successor) before its own report that it
+        # is a standby was seen: green has taken over, no promote command is due.
+        from spark_runtime.supervision import PromoteStandby
+
+        actions = [a for a in _promote_green(sup, now) if not isinstance(a, PromoteStandby)]
+        _switched(upgrade, reported)
+        return actions + _on_green_promoted(sup, replica, now)
     if replica.id == upgrade.green and upgrade.phase == SWITCHING and replica.state == PROMOTING:
         if reported.get("state") == "promote_failed":
             why = f"{replica.id} could not take over: {reported.get('error')}"
@@ -329,13 +343,18 @@ def on_heartbeat(sup: Supervisor, replica, reported: dict, now: float) -> list |
             _end(sup, ABANDONED, now, f"{why}; the version before was gone: restarted")
             return [RestartStage(replica.spec)]
         if reported.get("role") == PRIMARY and reported.get("state") == RUNNING:
-            upgrade.green_batches_at_switch = int(reported.get("batches") or 0)
-            upgrade.green_batches = upgrade.green_batches_at_switch
+            _switched(upgrade, reported)
             return _on_green_promoted(sup, replica, now)
         return []
     if replica.id == upgrade.green and upgrade.phase == VALIDATING:
         upgrade.green_batches = int(reported.get("batches") or 0)
     return None
+
+
+def _switched(upgrade: BlueGreen, reported: dict) -> None:
+    """Note green's batch count at the switch (from its report as the primary)."""
+    upgrade.green_batches_at_switch = int(reported.get("batches") or 0)
+    upgrade.green_batches = upgrade.green_batches_at_switch
 
 
 def _promote_green(sup: Supervisor, now: float) -> list:

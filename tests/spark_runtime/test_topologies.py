@@ -287,6 +287,61 @@ def test_a_promotion_lifts_the_standbys_batch_pace_before_it_fences(
     assert got == truth.wordcount(entries)
 
 
+def test_a_demoted_primary_passes_the_promotion_on_to_its_successor(
+    spark, redis_conn, redis_url, job, tmp_path
+):
+    """An upgrade's hand-over (spark_runtime.upgrade.DemoteReplica): the old version demotes
+    itself between two batches and puts the promote command on its successor's control list
+    itself; the successor takes it from there, flushes what the old one had not written, and
+    the counts stay exact."""
+    import json
+
+    from spark_runtime.stage import ReplicaState, handle_command
+
+    topology = get_topology("wordcount")
+    (stage,) = compile_stages(topology, FUSED, job=job)
+    generators.generate(redis_conn, job, "wordcount", count=600, rate=1e6, seed=9)
+    blue = StageRuntime(spark, redis_conn, job, topology, stage, PRIMARY, redis_url,
+                        str(tmp_path / "blue"))  # fmt: skip
+    green = StageRuntime(spark, redis_conn, job, topology, stage, STANDBY, redis_url,
+                         str(tmp_path / "green"))  # fmt: skip
+    blue_state = ReplicaState(
+        redis_conn,
+        argparse.Namespace(job=job, replica_id="wc-1", stage="job", role="primary", node="n1"),
+    )
+    green_state = ReplicaState(
+        redis_conn,
+        argparse.Namespace(job=job, replica_id="wc-2", stage="job", role="standby", node="n2"),
+    )
+    blue.start()
+    green.start()
+    try:
+        blue.process_all_available()
+        generators.generate(
+            redis_conn, job, "wordcount", count=300, rate=1e6, seed=10, id_prefix="g"
+        )
+        green.process_all_available()  # ahead of blue: output blue has not written
+        assert len(green.gate.buffer) > 0
+        demote = {"cmd": "demote", "successor": "wc-2"}
+        assert handle_command(demote, blue, blue_state) is None
+        assert blue_state.info["role"] == "standby"
+        _, passed_on = redis_conn.blpop([keys.control(job, "wc-2")], timeout=1)
+        assert json.loads(passed_on) == {"cmd": "promote", "from": "wc-1"}
+        assert handle_command(json.loads(passed_on), green, green_state) is None
+        assert green_state.info["role"] == "primary"
+        generators.generate(
+            redis_conn, job, "wordcount", count=300, rate=1e6, seed=11, id_prefix="h"
+        )
+        blue.process_all_available()  # a standby now: it writes nothing
+        green.process_all_available()
+    finally:
+        green.stop()
+        blue.stop()
+    entries = truth.valid_entries(redis_conn, keys.input_stream(job), ["text"])
+    got = {w: int(c) for w, c in redis_conn.hgetall(keys.results(job)).items()}
+    assert got == truth.wordcount(entries)
+
+
 def test_a_spare_taken_during_its_warm_up_stops_it_there(spark, redis_conn, redis_url, job):
     """A warm spare's warm-up (spark_runtime.spare.warm_up) ends as soon as an agent has taken
     the spare (`taken`): taken before, nothing runs; taken once the warm-up query has started,

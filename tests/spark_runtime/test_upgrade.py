@@ -44,6 +44,21 @@ def begin(sup, seeded=True, at=10.0):
     return upgrades.begin(sup, 7, "count", "wordcount", ("count.window_s=20",), seeded, at)
 
 
+def test_a_green_that_reports_it_took_over_before_blue_reports_its_demotion_has_switched():
+    """Blue passes the promotion on itself (DemoteReplica.successor): green's report as the
+    primary may be seen first."""
+    sup = protected_job()
+    begin(sup)
+    beat(sup, "count-3", 12.0, "standby")
+    assert sup.upgrade.phase == upgrades.HANDING_OVER
+    # The stage's ordinary standby goes; no promote command: green is the primary already.
+    assert beat(sup, "count-3", 12.3, "primary", batches=5) == [KillReplica("count-2")]
+    assert sup.upgrade.phase == upgrades.VALIDATING and sup.upgrade.switched_at == 12.3
+    assert sup.upgrade.green_batches_at_switch == 5
+    assert beat(sup, "count-1", 12.5, "standby") == []  # its report comes later: nothing to do
+    assert sup.topology == "wordcount" and sup.params == ("count.window_s=20",)
+
+
 def switched(sup) -> Supervisor:
     """Run an upgrade of `count` up to VALIDATING: green is count-3."""
     begin(sup)
@@ -70,7 +85,9 @@ def test_green_starts_seeded_takes_over_at_a_batch_boundary_and_blue_retires_on_
     assert beat(sup, "count-3", 11.5, "standby", lag_s=upgrades.SWITCH_LAG_S + 1) == []
     assert sup.standby_of("count").id == "count-2"
     # Caught up: blue hands over.
-    assert beat(sup, "count-3", 12.0, "standby") == [DemoteReplica("count-1", "count")]
+    assert beat(sup, "count-3", 12.0, "standby") == [
+        DemoteReplica("count-1", "count", successor="count-3")
+    ]
     # Until blue says it is a standby, green is not promoted.
     assert beat(sup, "count-1", 12.2, "primary") == []
     actions = beat(sup, "count-1", 12.5, "standby")
