@@ -13,7 +13,9 @@ run a batch past the copied one, one fails, or `--timeout` passes. Spark checks 
 operator's state against the checkpoint when the first batch loads it, so a batch that ran is
 the proof; a failure is classified (`classify_failure`): incompatible state (changed keys,
 aggregates or state schema, another stateful operator), or an error Spark raises whatever the
-state. Prints one JSON line: {"verdict", "batch", "detail"}, and exits 0.
+state. Prints one JSON line: {"verdict", "batch", "detail"} (and "repartitioned" when the new
+version's parallelism had the copy's state repartitioned: spark_runtime/state_partitions.py),
+and exits 0.
 """
 
 from __future__ import annotations
@@ -106,7 +108,7 @@ def dry_run(args) -> dict:
             verdict = watch(runtime, seeded, batch, args.timeout)
             repartitioned = [p for p in runtime.state_partitions.values() if "from" in p]
             if repartitioned:  # a new parallelism: the state was checked on the new number
-                verdict["detail"] += f" (state {', '.join(repartitioned)})"
+                verdict["repartitioned"] = ", ".join(repartitioned)
             return verdict
         finally:
             runtime.stop()

@@ -397,16 +397,22 @@ def decide_case(job: Job, upgrade: JobUpgrade, stage: str, verdict: dict, client
     """(case, reason in plain words) from the dry run's verdict."""
     operator = stateful_operator(upgrade.to_topology) or stage
     kind, detail = verdict["verdict"], verdict["detail"]
+    # Another parallelism: the copy's state was repartitioned, as green's will be.
+    repartitioned = (
+        f", its state {verdict['repartitioned']} first (another parallelism)"
+        if verdict.get("repartitioned")
+        else ""
+    )
     if kind == upgrade_check.COMPATIBLE:
         batch = verdict.get("batch")
         return JobUpgrade.Case.SEEDED, (
             f"the new version ran a batch on a copy of the running version's state (committed "
-            f"batch {batch}): it starts from that checkpoint"
+            f"batch {batch}): it starts from that checkpoint{repartitioned}"
         )
     if kind == upgrade_check.UNTESTED:
         return JobUpgrade.Case.SEEDED, (
-            f"{detail}; it starts from the running version's checkpoint, and Spark checks the "
-            "state at its first batch (a failure there rolls the upgrade back)"
+            f"{detail}; it starts from the running version's checkpoint{repartitioned}, and "
+            "Spark checks the state at its first batch (a failure there rolls the upgrade back)"
         )
     if kind == upgrade_check.SPARK_REFUSES:
         return JobUpgrade.Case.REFUSED, f"Spark refuses the new version: {detail}"

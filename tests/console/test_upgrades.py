@@ -154,6 +154,12 @@ def test_the_case_follows_the_dry_run_and_the_input_the_job_still_has(users):
     assert case(upgrade_check.COMPATIBLE)[0] == JobUpgrade.Case.SEEDED
     assert "committed batch 7" in case(upgrade_check.COMPATIBLE)[1]
     assert case(upgrade_check.UNTESTED)[0] == JobUpgrade.Case.SEEDED
+    found = {"verdict": upgrade_check.COMPATIBLE, "batch": 7, "detail": "x",
+             "repartitioned": "repartitioned from 1 to 3 partitions"}  # fmt: skip
+    assert upgrades.decide_case(job, upgrade, "topn", found, client)[1].endswith(
+        "it starts from that checkpoint, its state repartitioned from 1 to 3 partitions first "
+        "(another parallelism)"
+    )
     refused, why = case(upgrade_check.SPARK_REFUSES, "AnalysisException: no column q")
     assert refused == JobUpgrade.Case.REFUSED and why.endswith("no column q")
     # Incompatible state, with every entry ever added still in the stream: rebuilt from it.

@@ -18,7 +18,7 @@ from console.roles import ADMIN, OPERATOR
 from infra.launcher import wait_for
 from spark_runtime import keys
 from tests.factories import UserFactory
-from tests.integration.live import api, inject, wait_for_caught_up_standby
+from tests.integration.live import api, inject, replica_entry, wait_for_caught_up_standby
 from tests.integration.test_user_job_live import expected_activity, written
 
 pytestmark = [pytest.mark.spark, pytest.mark.django_db(transaction=True)]
@@ -35,6 +35,11 @@ LONG_CLICKS = 15000
 SAME_STATE = (
     'return clicks.where((F.col("page") != "") & (F.col("dwell_ms") > 0))',
     'return clicks.where((F.length("page") > 0) & (F.col("dwell_ms") >= 1))',
+)
+# The stateful operator's state in 3 partitions instead of 1 (the results do not change).
+MORE_PARTITIONS = (
+    "            cpu=0.5,\n            mem=512,\n        ),",
+    "            cpu=0.5,\n            mem=512,\n            parallelism=3,\n        ),",
 )
 # The grouping keys in another order: the state's key schema changes (Spark refuses the old
 # state), the results do not.
@@ -208,6 +213,22 @@ def test_an_upgrade_with_incompatible_state_rebuilds_it_from_the_retained_input(
     assert upgrade.case == JobUpgrade.Case.REBUILD, upgrade.reason
     assert "per_window" in upgrade.reason and "KEY_SCHEMA" in upgrade.reason
     assert "without a failure" in upgrade.outcome
+    assert_exact(job)
+
+
+@pytest.mark.slow
+def test_a_new_parallelism_is_seeded_on_repartitioned_state_with_exact_results(
+    cluster, admin, jobs_dir
+):
+    validation_window(20)  # confirmed by the controller
+    register(admin, jobs_dir)
+    job = running_activity()
+    assert register(admin, jobs_dir, MORE_PARTITIONS) == "activity@2"
+    upgrade = wait_status(ask_upgrade(job, "activity@2"), JobUpgrade.Status.CONFIRMED, 360)
+    assert upgrade.case == JobUpgrade.Case.SEEDED, upgrade.reason
+    assert "its state repartitioned from 1 to 3 partitions first" in upgrade.reason, upgrade.reason
+    green = replica_entry(redis_client(), job, upgrade.green_replica)
+    assert green["state_partitions"] == {"0": "repartitioned from 1 to 3 partitions"}
     assert_exact(job)
 
 
