@@ -191,6 +191,29 @@ def node_stage_processes(job_key: str | None = None) -> list[psutil.Process]:
     return procs
 
 
+# A SIGKILLed stage is gone within this long. The kill waits for it: a restart of a live
+# replica is a kill, then a start, of the same replica id on its node, and a start that found
+# the process still dying took it for the replica (start_replica is idempotent). It then never
+# reported, and the restart waited for the supervisor's start-up grace: 94 s of output gap in
+# a stop-and-restart upgrade of the benchmark, where a JVM's teardown took longer than the
+# ~50 ms between the two tasks.
+KILLED_GONE_WITHIN_S = 10.0
+
+
+def wait_gone(proc: psutil.Process, timeout_s: float) -> bool:
+    """Wait until `proc` has exited (a zombie waiting to be reaped counts as gone: its reaper
+    reports its exit); False if it still runs after `timeout_s`."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            if proc.status() == psutil.STATUS_ZOMBIE:
+                return True
+        except psutil.NoSuchProcess:
+            return True
+        time.sleep(0.02)
+    return False
+
+
 def _signal_group(proc: psutil.Process, sig: int) -> None:
     """Signal the process group of a stage (its Python driver and the JVM it launched)."""
     try:
@@ -428,8 +451,12 @@ def kill_replica(replica_id: str, signal_name: str = "SIGKILL", job_key: str | N
     proc = running_replica(replica_id, job_key)
     if proc is None:
         return False
-    _signal_group(proc, signal.Signals[signal_name])
+    sig = signal.Signals[signal_name]
+    _signal_group(proc, sig)
     log.info("sent %s to %s of %s (pid %s)", signal_name, replica_id, job_key, proc.pid)
+    if sig == signal.SIGKILL and not wait_gone(proc, KILLED_GONE_WITHIN_S):
+        log.warning("%s of %s (pid %s) still runs %s s after SIGKILL", replica_id, job_key,
+                    proc.pid, KILLED_GONE_WITHIN_S)  # fmt: skip
     return True
 
 

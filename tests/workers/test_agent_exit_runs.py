@@ -125,3 +125,20 @@ def test_an_exit_without_its_start_time_still_counts(stage_agent, redis_conn, jo
     )  # fmt: skip
     read_agent_events(redis_conn, job, {REPLICA: time.time()})
     assert not AgentLauncher(job, redis_conn).alive(REPLICA)
+
+
+def test_a_start_right_after_a_kill_starts_a_new_process(stage_agent, redis_conn, job):
+    """A restart of a live replica is a kill, then a start, of the same replica id on its node.
+    The start must not find the process being killed and take it for the replica: it then
+    never reported, and the restart waited for the supervisor's start-up grace (90 s, seen in
+    a stop-and-restart upgrade of the benchmark). The kill returns once the process is gone."""
+    argv = ["--job", job.key, "--stage", "count", "--role", "primary", "--replica-id", REPLICA,
+            "--node", NODE, "--hold-mb", "1500"]  # fmt: skip
+    pid = agent.start_replica(FAKE_STAGE, argv, REPLICA, job.key)
+    for _ in range(3):
+        time.sleep(2)  # its memory filled
+        assert agent.kill_replica(REPLICA, "SIGKILL", job.key)
+        assert agent.running_replica(REPLICA, job.key) is None
+        restarted = agent.start_replica(FAKE_STAGE, argv, REPLICA, job.key)
+        assert restarted != pid
+        pid = restarted
