@@ -92,6 +92,9 @@ _taken_while_warming: dict[ChildKey, str] = {}
 # node's clock: its exit report carries it, so the controller can tell the exit of a replica's
 # previous run, reported after the replica was started again, from the run it asked for.
 _became_replica_at: dict[ChildKey, float] = {}
+# The pid of each replica's process this agent last sent SIGKILL: a start of that replica that
+# follows (a restart is a kill, then a start) must not take that process for the replica.
+_killed: dict[ChildKey, int] = {}
 _stop = threading.Event()
 
 
@@ -252,7 +255,14 @@ def start_replica(
             "args must carry this replica's --job and --replica-id and this node's --node"
         )
     existing = running_replica(replica_id, job_key)
-    if existing is not None:
+    with _children_lock:
+        killed = _killed.pop((job_key, replica_id), None)
+    if existing is not None and existing.pid == killed:
+        # The process this agent was just told to kill, found while it dies: a restart.
+        log.info("%s of %s: pid %s was killed; starting it anew", replica_id, job_key, killed)
+        if not wait_gone(existing, KILLED_GONE_WITHIN_S):
+            raise RuntimeError(f"{replica_id} of {job_key} (pid {killed}) survived its SIGKILL")
+    elif existing is not None:
         return existing.pid
     if warm and module == STAGE_MODULE:
         pid = hand_to_spare(args, replica_id, job_key)
@@ -452,6 +462,9 @@ def kill_replica(replica_id: str, signal_name: str = "SIGKILL", job_key: str | N
     if proc is None:
         return False
     sig = signal.Signals[signal_name]
+    if sig == signal.SIGKILL and job_key:
+        with _children_lock:
+            _killed[(job_key, replica_id)] = proc.pid
     _signal_group(proc, sig)
     log.info("sent %s to %s of %s (pid %s)", signal_name, replica_id, job_key, proc.pid)
     if sig == signal.SIGKILL and not wait_gone(proc, KILLED_GONE_WITHIN_S):
@@ -722,6 +735,8 @@ def _report_exits(client: redis.Redis, node: str) -> None:
             _publish_exit(client, node, child_key[1], proc, job_key, path, became_at)
         with _children_lock:
             _taken_while_warming.pop(child_key, None)
+            if _killed.get(child_key) == proc.pid:
+                del _killed[child_key]  # gone: a start finds nothing to take for the replica
             if _children.get(child_key) is entry:
                 del _children[child_key]
                 _became_replica_at.pop(child_key, None)

@@ -142,3 +142,22 @@ def test_a_start_right_after_a_kill_starts_a_new_process(stage_agent, redis_conn
         restarted = agent.start_replica(FAKE_STAGE, argv, REPLICA, job.key)
         assert restarted != pid
         pid = restarted
+
+
+def test_a_start_that_finds_the_killed_process_still_dying_starts_anew(
+    stage_agent, redis_conn, job, monkeypatch
+):
+    """The start also knows which process the kill was for: found while it dies (its command
+    line already unreadable, or the agent's own child not yet reaped), it is waited for and a
+    new one started, even when the kill returned without waiting for it."""
+    argv = ["--job", job.key, "--stage", "count", "--role", "primary", "--replica-id", REPLICA,
+            "--node", NODE, "--hold-mb", "1500"]  # fmt: skip
+    pid = agent.start_replica(FAKE_STAGE, argv, REPLICA, job.key)
+    time.sleep(2)  # its memory filled
+    real_wait_gone = agent.wait_gone
+    monkeypatch.setattr(agent, "wait_gone", lambda proc, timeout_s: True)
+    assert agent.kill_replica(REPLICA, "SIGKILL", job.key)
+    monkeypatch.setattr(agent, "wait_gone", real_wait_gone)
+    restarted = agent.start_replica(FAKE_STAGE, argv, REPLICA, job.key)
+    assert restarted != pid
+    assert agent.running_replica(REPLICA, job.key).pid == restarted
