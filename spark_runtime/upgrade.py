@@ -273,7 +273,8 @@ def restart_in_place(
 ) -> list:
     """The upgrade other consoles do (stop with a checkpoint, start the new version from it), as
     the baseline blue/green is measured against: every replica of `stage` restarts from its own
-    checkpoint running the new version; the stage writes nothing until its primary is back."""
+    checkpoint running the new version, in a new process as theirs do (a warm spare's JVM,
+    Backstop's own, is not taken); the stage writes nothing until its primary is back."""
     from spark_runtime.supervision import RestartStage, relaunched
 
     if sup.upgrade is not None and sup.upgrade.under_way:
@@ -286,7 +287,7 @@ def restart_in_place(
     for replica in replicas:
         replica.spec = replace(replica.spec, topology=to_topology, params=tuple(to_params))
         relaunched(replica, now)
-        actions.append(RestartStage(replica.spec))
+        actions.append(RestartStage(replace(replica.spec, warm=False)))
     sup.upgrade = BlueGreen(
         upgrade_id=upgrade_id, stage=stage, blue=primary.id, green=primary.id,
         from_topology=sup.topology, to_topology=to_topology, from_params=tuple(sup.params),

@@ -214,6 +214,18 @@ def test_the_stop_and_restart_baseline_restarts_every_replica_of_the_stage_in_pl
     assert sup.params == ("count.window_s=20",)
 
 
+def test_the_baseline_restarts_in_new_processes_and_later_restarts_take_spares_again():
+    """Other consoles start a new JVM: the baseline takes no warm spare, whatever the strategy;
+    the replicas' own restarts afterwards do again (adaptive's warm spares)."""
+    sup = Supervisor("j", "wordcount", {"count": ("split", "count")}, "adaptive", NODES)
+    sup.start(0.0)
+    beat(sup, "count-1", 1.0, "primary")
+    assert sup.replicas["count-1"].spec.warm
+    (restart,) = upgrades.restart_in_place(sup, 8, "count", "wordcount", (), 10.0)
+    assert restart.replica.replica_id == "count-1" and not restart.replica.warm
+    assert sup.replicas["count-1"].spec.warm
+
+
 def test_the_policy_adds_no_standby_to_a_stage_being_upgraded():
     sup = protected_job()
     begin(sup)
