@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from bench.results import write_subsection
-from bench.strategy.harness import BenchSettings, drain, measure_progress
+from bench.strategy.harness import BenchSettings, drain, measure_progress, topology_params
 from bench.strategy.run import (
     BenchCluster,
     bench_user,
@@ -135,7 +135,10 @@ def run_mode(settings: UpgradeBenchSettings, mode: str, say) -> dict:
             120, "the generator to finish",
         )  # fmt: skip
         job.refresh_from_db()
-        comparison, _ = drain(client, job.key, job.topology, {}, bench.drain_timeout_s, say)
+        comparison, _ = drain(
+            client, job.key, job.topology, reference_params(job.topology, settings.to_params),
+            bench.drain_timeout_s, say,
+        )  # fmt: skip
     finally:
         client.close()
         stop_job(job, "benchmark run over")
@@ -183,6 +186,13 @@ def follow(upgrade: JobUpgrade, say) -> JobUpgrade:
             return upgrade
         time.sleep(0.5)
     raise RuntimeError(f"upgrade {upgrade.pk} still {upgrade.status} after {UPGRADE_TIMEOUT_S} s")
+
+
+def reference_params(topology: str, to_params: dict) -> dict:
+    """The operator params the new version's reference is computed with (a built-in's, e.g.
+    topn's window_seconds and n): the topology's own, with those the upgrade sets."""
+    changed = {name.split(".", 1)[1]: value for name, value in (to_params or {}).items()}
+    return {**topology_params(topology), **changed}
 
 
 def output_gap(job: Job, bench: BenchSettings, t0: float, upgrade: JobUpgrade) -> float | None:

@@ -5,7 +5,7 @@ run with `pytest -m slow tests/bench/test_bench_upgrade.py`)."""
 import pytest
 from django.core.management import CommandError, call_command
 
-from bench.upgrade.run import to_markdown
+from bench.upgrade.run import reference_params, to_markdown
 from tests.bench.command import run_bench_command
 
 
@@ -30,6 +30,15 @@ def test_the_table_sets_blue_green_against_stop_and_restart():
     assert "| blue_green | seeded | confirmed | 0.80 | 0 | 0 | 9 |" in table
     assert "| stop_restart | seeded | confirmed | 8.00 | 0 | 0 | 9 |" in table
     assert "10% of stop-and-restart's" in table
+
+
+@pytest.mark.django_db
+def test_a_built_in_topologys_reference_takes_its_params_and_the_upgrades():
+    """topn's reference needs its window and n (the run crashed with KeyError without them)."""
+    assert reference_params("topn", {"topn.watermark_seconds": "31"}) == {
+        "window_seconds": 10, "n": 5, "watermark_seconds": "31",
+    }  # fmt: skip
+    assert reference_params("topn", {"topn.n": "3"})["n"] == "3"
 
 
 @pytest.mark.slow
