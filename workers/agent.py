@@ -194,12 +194,13 @@ def node_stage_processes(job_key: str | None = None) -> list[psutil.Process]:
     return procs
 
 
-# A SIGKILLed stage is gone within this long. The kill waits for it: a restart of a live
-# replica is a kill, then a start, of the same replica id on its node, and a start that found
-# the process still dying took it for the replica (start_replica is idempotent). It then never
-# reported, and the restart waited for the supervisor's start-up grace: 94 s of output gap in
-# a stop-and-restart upgrade of the benchmark, where a JVM's teardown took longer than the
-# ~50 ms between the two tasks.
+# A SIGKILLed stage is gone within this long. The kill waits for it, and a start never takes
+# a pid the kill was for (`_killed`): a restart of a live replica is a kill, then a start, of
+# the same replica id on its node, ~50 ms apart, and a start that found the process still
+# dying (this agent's own child not reaped yet, its command line already unreadable) took it
+# for the replica (start_replica is idempotent). Nothing started, and the restart waited for
+# the supervisor's start-up grace: 91-94 s of output gap in the benchmark's stop-and-restart
+# upgrades.
 KILLED_GONE_WITHIN_S = 10.0
 
 
