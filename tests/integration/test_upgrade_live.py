@@ -220,16 +220,16 @@ def test_an_upgrade_with_incompatible_state_rebuilds_it_from_the_retained_input(
 def test_a_new_parallelism_is_seeded_on_repartitioned_state_with_exact_results(
     cluster, admin, jobs_dir
 ):
-    validation_window(20)  # confirmed by the controller
+    validation_window(20)  # confirmed by the controller, once green ran a batch after it
     register(admin, jobs_dir)
-    job = running_activity()
+    job = running_activity(LONG_CLICKS)
     assert register(admin, jobs_dir, MORE_PARTITIONS) == "activity@2"
     upgrade = wait_status(ask_upgrade(job, "activity@2"), JobUpgrade.Status.CONFIRMED, 360)
     assert upgrade.case == JobUpgrade.Case.SEEDED, upgrade.reason
     assert "its state repartitioned from 1 to 3 partitions first" in upgrade.reason, upgrade.reason
     green = replica_entry(redis_client(), job, upgrade.green_replica)
     assert green["state_partitions"] == {"0": "repartitioned from 1 to 3 partitions"}
-    assert_exact(job)
+    assert_exact(job, LONG_CLICKS)
 
 
 @pytest.mark.slow
