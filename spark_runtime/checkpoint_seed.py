@@ -67,14 +67,20 @@ def remove_orphan_temp_files(query_dir: str) -> list[str]:
     return sorted(removed)
 
 
-def committed_batch(query_dir: str) -> int | None:
-    """The latest batch with a commit file in a query checkpoint, or None."""
+def latest_batch(query_dir: str, log_name: str) -> int | None:
+    """The latest batch with an entry in a query checkpoint's `log_name` log (`offsets`,
+    `commits`), or None."""
     try:
-        names = os.listdir(os.path.join(query_dir, "commits"))
+        names = os.listdir(os.path.join(query_dir, log_name))
     except FileNotFoundError:
         return None
     batches = [int(n) for n in names if n.isdigit()]
     return max(batches) if batches else None
+
+
+def committed_batch(query_dir: str) -> int | None:
+    """The latest batch with a commit file in a query checkpoint, or None."""
+    return latest_batch(query_dir, "commits")
 
 
 def _version(name: str) -> int | None:

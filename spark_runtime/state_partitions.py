@@ -21,28 +21,18 @@ import json
 import logging
 import os
 
-from spark_runtime.checkpoint_seed import committed_batch
+from spark_runtime.checkpoint_seed import committed_batch, latest_batch
 
 log = logging.getLogger(__name__)
 
 SHUFFLE_PARTITIONS = "spark.sql.shuffle.partitions"
 
 
-def latest_offsets(query_dir: str) -> int | None:
-    """The newest batch with an offsets entry in a query checkpoint, or None."""
-    try:
-        names = os.listdir(os.path.join(query_dir, "offsets"))
-    except FileNotFoundError:
-        return None
-    batches = [int(n) for n in names if n.isdigit()]
-    return max(batches) if batches else None
-
-
 def recorded_partitions(query_dir: str) -> int | None:
     """The state partitions the query runs with, as its newest offsets entry records them
     (None: no batch yet, or not recorded). An entry is `v1`, then the batch's metadata as JSON
     (with the session settings Spark keeps for the query), then one line per source."""
-    batch = latest_offsets(query_dir)
+    batch = latest_batch(query_dir, "offsets")
     if batch is None:
         return None
     with open(os.path.join(query_dir, "offsets", str(batch))) as entry:
@@ -65,7 +55,7 @@ def match_partitions(spark, query_dir: str, wanted: int) -> str | None:
     if recorded is None or recorded == wanted:
         return f"{recorded} partitions"
     committed = committed_batch(query_dir)
-    if committed is None or committed != latest_offsets(query_dir):
+    if committed is None or committed != latest_batch(query_dir, "offsets"):
         why = f"kept {recorded} partitions, not {wanted}: its last batch is not committed"
         log.warning("%s: %s", query_dir, why)
         return why

@@ -90,9 +90,7 @@ def stop_job(user, job_id) -> Job:
 def restart_job(user, job_id) -> Job:
     """Ask for a failed or stopped job to run again, as POST /api/jobs/{id}/restart/ does."""
     _require(user, OPERATOR)
-    job = Job.objects.filter(pk=job_id).first() if _is_id(job_id) else None
-    if job is None:
-        raise ActionRefused("no such job")
+    job = _job(job_id)
     try:
         return job_service.restart_job(job)
     except InvalidTransition as exc:
@@ -109,9 +107,7 @@ def inject_fault(
     refuses wrong types and out-of-bound values with the same message as the API.
     """
     _require(user, OPERATOR)
-    job = Job.objects.filter(pk=job_id).first() if _is_id(job_id) else None
-    if job is None:
-        raise ActionRefused("no such job")
+    job = _job(job_id)
     if not isinstance(kind, str) or not isinstance(operator, str | None):
         raise ActionRefused("kind, target_operator: choose them from the lists")
     if node_id not in (None, "") and not _is_id(node_id):
@@ -169,9 +165,7 @@ def upgrade_job(user, job_id, topology, params_text) -> JobUpgrade:
     the one it runs) with the operator parameters of `params_text`, as POST
     /api/jobs/{id}/upgrade/ does. The service's refusal names the field at fault."""
     _require(user, OPERATOR)
-    job = Job.objects.filter(pk=job_id).first() if _is_id(job_id) else None
-    if job is None:
-        raise ActionRefused("no such job")
+    job = _job(job_id)
     if not isinstance(topology, str | None):
         raise ActionRefused("topology: choose a version from the list")
     params = parse_params(params_text)
@@ -186,9 +180,7 @@ def change_strategy(user, job_id, strategy) -> JobUpgrade:
     """Ask for a change of a running job's strategy, as POST /api/jobs/{id}/upgrade/ with
     {"strategy": ...} does; the service refuses a strategy that cuts the job otherwise."""
     _require(user, OPERATOR)
-    job = Job.objects.filter(pk=job_id).first() if _is_id(job_id) else None
-    if job is None:
-        raise ActionRefused("no such job")
+    job = _job(job_id)
     if not isinstance(strategy, str) or not strategy:
         raise ActionRefused("strategy: choose a strategy from the list")
     try:
@@ -220,6 +212,14 @@ def _end_upgrade(user, upgrade_id, action: str) -> JobUpgrade:
         return request_end(upgrade, action, user)
     except UpgradeRequestError as exc:
         raise ActionRefused(str(exc)) from exc
+
+
+def _job(job_id) -> Job:
+    """The job `job_id` names (a forged or stale id: ActionRefused)."""
+    job = Job.objects.filter(pk=job_id).first() if _is_id(job_id) else None
+    if job is None:
+        raise ActionRefused("no such job")
+    return job
 
 
 def _is_id(value) -> bool:

@@ -93,3 +93,9 @@ class JobUpgrade(models.Model):
     @property
     def under_way(self) -> bool:
         return self.status in self.UNDER_WAY
+
+    @property
+    def changes_strategy(self) -> bool:
+        """Whether the upgrade changes the job's strategy (and nothing else: a strategy change
+        is an upgrade of its own). Records from before strategies changed leave both empty."""
+        return bool(self.to_strategy) and self.to_strategy != self.from_strategy

@@ -293,7 +293,7 @@ def upgrade_rows(start: datetime, end: datetime, *, jobs=None) -> list[UpgradeRo
                 to_params=", ".join(f"{k}={v}" for k, v in sorted(upgrade.to_params.items())),
                 strategy_change=(
                     f"{upgrade.from_strategy} -> {upgrade.to_strategy}"
-                    if upgrade.to_strategy and upgrade.to_strategy != upgrade.from_strategy
+                    if upgrade.changes_strategy
                     else ""
                 ),
                 case=upgrade.case,

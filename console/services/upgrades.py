@@ -267,7 +267,7 @@ def check_upgrade(upgrade: JobUpgrade, client) -> JobUpgrade:
         return upgrade
     job = upgrade.job
     supervisor = load_supervisor(client, job)
-    if changes_strategy(upgrade):
+    if upgrade.changes_strategy:
         return check_strategy_change(upgrade, supervisor, client)
     changed = {name.split(".", 1)[0] for name in upgrade.to_params}
     try:
@@ -293,11 +293,6 @@ def check_upgrade(upgrade: JobUpgrade, client) -> JobUpgrade:
     upgrade.save(update_fields=["stage", "case", "reason", "checkpoint_batch"])
     wake(job, client)
     return upgrade
-
-
-def changes_strategy(upgrade: JobUpgrade) -> bool:
-    """Whether the upgrade changes the job's strategy (and nothing else: request_upgrade)."""
-    return bool(upgrade.to_strategy) and upgrade.to_strategy != upgrade.from_strategy
 
 
 def check_strategy_change(upgrade: JobUpgrade, supervisor: Supervisor | None, client):

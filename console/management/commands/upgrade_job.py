@@ -76,7 +76,7 @@ class Command(BaseCommand):
                 )
                 change = (
                     f"strategy {upgrade.from_strategy} -> {upgrade.to_strategy}"
-                    if upgrades.changes_strategy(upgrade)
+                    if upgrade.changes_strategy
                     else f"{upgrade.from_topology} -> {upgrade.to_topology}"
                 )
                 self.stdout.write(
