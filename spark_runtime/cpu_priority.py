@@ -16,6 +16,7 @@ import logging
 import os
 import resource
 import time
+from pathlib import Path
 
 log = logging.getLogger(__name__)
 
@@ -97,6 +98,17 @@ def set_session_nice(pid: int, level: int) -> int:
         return os.getpriority(os.PRIO_PROCESS, 0)
     set_autogroup_nice(target, f"/proc/{pid}/autogroup")
     return target
+
+
+def autogroup_nice(path: str = AUTOGROUP) -> int | None:
+    """The nice level of this session's autogroup (`path`: another process's), or None where
+    there is none to set: a kernel without autogroups, or a session that never left init's
+    root group (a service's process tree: the file reads empty there, sched(7))."""
+    try:
+        fields = Path(path).read_text().split()  # "/autogroup-123 nice 0"
+    except FileNotFoundError:
+        return None
+    return int(fields[-1]) if fields else None
 
 
 def set_autogroup_nice(level: int, path: str = AUTOGROUP) -> None:

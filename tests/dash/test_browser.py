@@ -12,6 +12,7 @@ needs no running job and uses seeded rows.
 
 from __future__ import annotations
 
+import contextlib
 import os
 from pathlib import Path
 
@@ -23,7 +24,7 @@ from console.models import FaultInjection, Job, MetricSample
 from console.roles import OPERATOR, VIEWER
 from console.services.jobs import create_job
 from infra.launcher import wait_for
-from spark_runtime.cpu_priority import set_autogroup_nice, set_session_nice
+from spark_runtime.cpu_priority import autogroup_nice, set_autogroup_nice, set_session_nice
 from spark_runtime.strategies import CONSOLE_NICE
 from tests.dash.seed import seed_console
 from tests.factories import UserFactory
@@ -76,20 +77,39 @@ def console_priority(browser):
     the demo gives its web server (strategies.CONSOLE_NICE) while the cluster's processes run
     at theirs, and Chromium too, which stands for a browser on the operator's own machine (it
     runs in a session of its own). Set on the sessions' autogroups, which is what counts between
-    sessions; this session's level before is put back."""
-    path = Path("/proc/self/autogroup")
-    if not path.exists():
-        yield
-        return
-    before = int(path.read_text().split()[-1])  # "/autogroup-123 nice 0"
-    set_autogroup_nice(CONSOLE_NICE)
+    sessions; this session's level before is put back. A test run started by a service (CI) may
+    sit in init's root group, which has no autogroup level: there each of this process's
+    threads (the live server's, whose request threads inherit it) gets the level instead."""
     for process in psutil.Process().children(recursive=True):
         if "chrom" in process.name() and os.getsid(process.pid) == process.pid:
             set_session_nice(process.pid, CONSOLE_NICE)
-    try:
+    before = autogroup_nice()
+    if before is not None:
+        set_autogroup_nice(CONSOLE_NICE)
         yield
-    finally:
         set_autogroup_nice(before)
+        return
+    threads = {tid: os.getpriority(os.PRIO_PROCESS, tid) for tid in _thread_ids()}
+    for tid in threads:
+        _set_thread_nice(tid, CONSOLE_NICE)
+    yield
+    for tid, level in threads.items():
+        _set_thread_nice(tid, level)
+
+
+def _thread_ids() -> list[int]:
+    return (
+        [int(tid) for tid in os.listdir("/proc/self/task")]
+        if os.path.isdir("/proc/self/task")
+        else []
+    )
+
+
+def _set_thread_nice(tid: int, level: int) -> None:
+    """On Linux a nice level is a thread's (setpriority(2) with a thread id); a thread that
+    has ended since, or a level this process may not take, leaves it as it was."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.setpriority(os.PRIO_PROCESS, tid, level)
 
 
 @pytest.fixture

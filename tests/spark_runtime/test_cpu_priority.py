@@ -30,6 +30,20 @@ def test_a_process_sharing_its_session_leaves_the_autogroup_alone():
     assert os.waitstatus_to_exitcode(status) == 0
 
 
+def test_the_autogroup_level_is_read_and_a_root_group_has_none(tmp_path):
+    # A session of its own reads "/autogroup-N nice L"; init's root group reads empty (a
+    # service's processes, CI's), and has no level to set or put back.
+    own = tmp_path / "own"
+    own.write_text("/autogroup-85 nice -5\n")
+    root = tmp_path / "root"
+    root.write_text("")
+    assert cpu_priority.autogroup_nice(str(own)) == -5
+    assert cpu_priority.autogroup_nice(str(root)) is None
+    assert cpu_priority.autogroup_nice(str(tmp_path / "absent")) is None
+    if os.path.exists("/proc/1/autogroup"):
+        assert cpu_priority.autogroup_nice("/proc/1/autogroup") is None
+
+
 def test_a_primary_runs_above_the_normal_level_and_only_a_caught_up_standby_below_it():
     from spark_runtime.stage import CATCHING_UP, RUNNING, wanted_nice
 
