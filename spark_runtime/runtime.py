@@ -22,6 +22,7 @@ from spark_runtime.checkpoint_seed import remove_orphan_temp_files
 from spark_runtime.pipelines import segment_plans
 from spark_runtime.progress import percentiles
 from spark_runtime.redis_source import FORMAT_NAME, SEQ_FACTOR
+from spark_runtime.result_check import ResultCheck
 from spark_runtime.sink import FencedWriter
 from spark_runtime.state_partitions import match_partitions
 from spark_runtime.topology import (
@@ -117,6 +118,10 @@ class OutputGate:
         # This primary handed the output over to an upgrade's new version (`demote`): it stays
         # ready to write again at full pace until the upgrade ends.
         self.handed_over = False
+        # An upgrade declared result-preserving: this demoted primary compares what it computes
+        # with what its successor writes (spark_runtime/result_check.py); None otherwise.
+        self.result_check: ResultCheck | None = None
+        self._appended_since = "0-0"  # the output stream's entries read by the check so far
         if role == PRIMARY:
             self.writer.acquire()
 
@@ -189,6 +194,8 @@ class OutputGate:
                 for sink, records in per_sink.items():
                     self.buffer.add(sink, records)
                 per_sink = {sink: records for sink, records in per_sink.items() if records}
+                if self.result_check is not None:
+                    self._note_own_results(per_sink, batch)
                 lag = lag_behind(self._trim_buffer(), per_sink)
                 if lag is not None:
                     self.query_lag_s[query] = lag
@@ -207,6 +214,8 @@ class OutputGate:
     def _trim_buffer(self) -> dict[str, str]:
         """Forget what the primary has written; returns its watermarks per sink."""
         marks = self.client.hgetall(keys.watermarks(self.job, self.stage))
+        if self.result_check is not None:
+            self._compare_with_primary(marks)
         for sink in self.buffer.sinks():
             if self._keyed(sink):
                 # A user job's appended record may come later from the primary than from its
@@ -222,6 +231,47 @@ class OutputGate:
             elif sink in marks:
                 self.buffer.trim(sink, marks[sink])
         return marks
+
+    def _note_own_results(self, per_sink: dict[str, list], batch: str | None) -> None:
+        """The result check notes what this replica computed in a batch (its hash values, and
+        its records appended once per key)."""
+        check = self.result_check
+        for sink, records in per_sink.items():
+            if sink == RESULTS_CHANNEL:
+                check.note_blue_values(sink, records, batch or max(r.version for r in records))
+            elif self._keyed(sink):
+                for record in records:
+                    key = record.fields[user_plan.KEY_FIELD]
+                    check.note_appended(sink, key, record.fields, by_blue=True)
+        if batch is not None:
+            check.blue_through = max(check.blue_through, batch)
+
+    def _compare_with_primary(self, marks: dict[str, str]) -> None:
+        """Compare the values waiting in the result check with what the primary wrote: the
+        results hash's values and versions, and the output stream's records since the last look
+        (all written by the primary since this replica demoted itself)."""
+        check = self.result_check
+        waiting = check.keys_to_look_up(RESULTS_CHANNEL, COMPARE_CHUNK)
+        if waiting:
+            values = self.client.hmget(keys.results(self.job), waiting)
+            versions = self.client.hmget(keys.result_versions(self.job), waiting)
+            stored = {
+                key: (value, version) if value is not None and version is not None else None
+                for key, value, version in zip(waiting, values, versions, strict=True)
+            }
+            check.compare_values(RESULTS_CHANNEL, stored)
+        if self.user_job is None or OUT_CHANNEL not in marks:
+            return
+        stream = keys.output_stream(self.job)
+        while True:
+            entries = self.client.xrange(stream, f"({self._appended_since}", "+", COMPARE_CHUNK)
+            for entry_id, fields in entries:
+                self._appended_since = entry_id
+                key = fields.get(user_plan.KEY_FIELD)
+                if key is not None:
+                    check.note_appended(OUT_CHANNEL, key, fields, by_blue=False)
+            if len(entries) < COMPARE_CHUNK:
+                return
 
     def _keyed(self, sink: str) -> bool:
         """True for a user job's output stream: written once per key, not in version order."""
@@ -277,16 +327,23 @@ class OutputGate:
             )
             return {"epoch": epoch, "flushed": flushed}
 
-    def demote(self) -> dict:
+    def demote(self, compare: bool = False) -> dict:
         """Stop writing and buffer from now on, as a standby does: the primary of a stage being
         upgraded hands the output over to its successor (the green replica), which takes over by
         a newer fencing epoch once this one says it is a standby, and stays ready to take it back
         (a rollback is this replica's ordinary promotion). Taken under the gate's lock, so it
         lands between two batches: every batch before it was written whole, every batch after
-        it is buffered. Returns {"watermarks"}: where this replica's writes ended, per sink."""
+        it is buffered. With `compare` (an upgrade declared result-preserving) it checks its
+        successor's results against its own from then on (`result_check`).
+        Returns {"watermarks"}: where this replica's writes ended, per sink."""
         with self.lock:
             self.role = STANDBY
             self.handed_over = True
+            self.result_check = ResultCheck() if compare else None
+            if compare:
+                # The successor's appended records are those after this replica's last one.
+                last = self.client.xrevrange(keys.output_stream(self.job), "+", "-", 1)
+                self._appended_since = last[0][0] if last else "0-0"
             marks = self.client.hgetall(keys.watermarks(self.job, self.stage))
             # Nothing of this replica is buffered yet: it is caught up by definition (its
             # queries' own lags replace this once they have buffered a batch).
@@ -294,6 +351,9 @@ class OutputGate:
             log.info("demoted %s: a standby from now on (watermarks %s)", self.stage, marks)
             return {"watermarks": marks}
 
+
+# Keys compared per batch by the result check (a Redis round trip each), entries read per call.
+COMPARE_CHUNK = 5000
 
 # Spark (4.3) gives the Python process of a Python data source a fixed 10 s to connect back when
 # a query starts (PythonWorkerFactory.createSimpleWorker, not a setting). On a saturated machine a

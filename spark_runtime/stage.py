@@ -20,8 +20,10 @@ It heartbeats to Redis (`backstop:{job}:hb:{replica}` with a TTL) and keeps its 
 JSON commands pushed to the list `backstop:{job}:control:{replica}`:
 
 - `{"cmd": "promote"}`: a standby becomes the primary (fences the old one, flushes its buffer);
-- `{"cmd": "demote"}`: a primary becomes a standby between two batches (the blue replica of an
-  upgrade hands the output over to the green one and stays ready to take it back);
+- `{"cmd": "demote", "successor": ID, "compare": BOOL}`: a primary becomes a standby between two
+  batches (the blue replica of an upgrade hands the output over to the green one, `successor`,
+  and stays ready to take it back); with `compare` it checks green's results against its own
+  and reports `result_check` (spark_runtime/result_check.py);
 - `{"cmd": "stop"}`: stop the queries and exit 0;
 - `{"cmd": "trigger", "seconds": S}`: restart the queries from their checkpoints with trigger S;
 - `{"cmd": "checkpoint_interval", "seconds": CI, "confs": {KEY: VALUE}}`: take the state-store
@@ -174,6 +176,11 @@ class ReplicaState:
             self.info["batches"] = self.info.get("batches", 0) + 1
             return self.info["batches"]
 
+    def note(self, **fields) -> None:
+        """Change fields, published with the next heartbeat."""
+        with self.lock:
+            self.info.update(fields)
+
     def update(self, **fields) -> None:
         """Change fields and publish the entry right away."""
         with self.lock:
@@ -293,6 +300,9 @@ def make_listener(client, job: str, state: ReplicaState, runtime):
                 latency_p99=latency.get("p99"),
             )
             publish_progress(client, job, record)
+            check = runtime.gate.result_check
+            if check is not None:  # an upgrade's old version checking the new one's results
+                state.note(result_check=check.report())
 
     return ProgressPublisher()
 
@@ -365,7 +375,7 @@ def handle_command(command: dict, runtime, state: ReplicaState) -> int | None:
         # that decides a replica's level (`wanted_nice`).
         return None
     if cmd == "demote":
-        runtime.gate.demote()
+        runtime.gate.demote(compare=bool(command.get("compare")))
         state.update(role="standby", state="running", demoted_at=time.time())
         if command.get("successor"):
             # Pass the promotion on at once (spark_runtime.upgrade.DemoteReplica).

@@ -1019,7 +1019,10 @@ def execute(actions: list, launcher: Launcher, send_command) -> None:
         elif isinstance(action, PromoteStandby):
             send_command(action.replica_id, {"cmd": "promote"})
         elif isinstance(action, DemoteReplica):
-            send_command(action.replica_id, {"cmd": "demote", "successor": action.successor})
+            send_command(
+                action.replica_id,
+                {"cmd": "demote", "successor": action.successor, "compare": action.compare},
+            )
         elif isinstance(action, RestartStage):
             launcher.kill(action.replica.replica_id)
             launcher.start(action.replica)

@@ -14,8 +14,10 @@ operator parameters ("green") without a gap in its output:
    not write any more even if it tried), then green writes what blue had not, from its buffer.
    Each result is written once: the sinks are idempotent by version (docs/JOBS.md).
 4. VALIDATING: green writes; blue keeps running as green's standby, at full pace. For the
-   validation window green is watched: a crash, or its output latency or dead letters against
-   blue's before the upgrade (`validation_failure`, on what the controller measured), rolls it
+   validation window green is watched: a crash, its output latency or dead letters against
+   blue's before the upgrade (`validation_failure`, on what the controller measured), or, for
+   a change declared result-preserving, results that differ from those blue computes beside it
+   on the same keys (spark_runtime/result_check.py), rolls it
    back (ROLLED_BACK: blue is promoted again, the ordinary promotion of a standby, and green
    goes); else the upgrade is CONFIRMED and blue retires.
 
@@ -79,6 +81,7 @@ class DemoteReplica:
     replica_id: str
     stage: str
     successor: str = ""
+    compare: bool = False  # check green's results against its own (BlueGreen.compare_results)
 
 
 @dataclass
@@ -111,6 +114,13 @@ class BlueGreen:
     # batch since (idle input) has not shown that its state loads, and is not confirmed by time.
     green_batches_at_switch: int | None = None
     green_batches: int = 0
+    # Declared result-preserving: blue, standing by, compares green's results with its own on
+    # the keys both computed (spark_runtime/result_check.py; its heartbeats report the counts)
+    # and a difference rolls the upgrade back.
+    compare_results: bool = False
+    results_compared: int = 0
+    results_differing: int = 0
+    results_examples: tuple[str, ...] = ()
 
     @property
     def green_ran_since_switch(self) -> bool:
@@ -118,6 +128,11 @@ class BlueGreen:
         return self.green_batches_at_switch is not None and (
             self.green_batches > self.green_batches_at_switch
         )
+
+    @property
+    def results_checked(self) -> bool:
+        """Nothing to check, or blue has compared at least one key of green's results."""
+        return not self.compare_results or self.results_compared > 0
 
     @property
     def under_way(self) -> bool:
@@ -139,7 +154,11 @@ class BlueGreen:
 
     @classmethod
     def from_dict(cls, data: dict) -> BlueGreen:
-        as_tuples = {name: tuple(data[name]) for name in ("from_params", "to_params")}
+        as_tuples = {
+            name: tuple(data[name])
+            for name in ("from_params", "to_params", "results_examples")
+            if name in data
+        }
         return cls(**{**data, **as_tuples})
 
 
@@ -166,6 +185,8 @@ class GreenSeen:
 def validation_failure(upgrade: BlueGreen, seen: GreenSeen, now: float) -> str | None:
     """Why green fails its validation now (the reason a rollback gives), or None.
 
+    - results: declared result-preserving, and blue found green's results different from its
+      own on a key both computed (noted from blue's heartbeats, `on_heartbeat`);
     - latency: the mean of green's p90 output latency over the last LATENCY_WINDOW_S, all of it
       at least SWITCH_GRACE_S after the switch, above blue's limit (its recovery band);
     - dead letters: more since the switch than blue's rate from the upgrade's start to the
@@ -173,6 +194,12 @@ def validation_failure(upgrade: BlueGreen, seen: GreenSeen, now: float) -> str |
     The first call after the switch notes the dead letter counter there (state kept)."""
     if upgrade.phase != VALIDATING or upgrade.switched_at is None:
         return None
+    if upgrade.compare_results and upgrade.results_differing:
+        return (
+            f"the new version's results differ from the old version's on "
+            f"{upgrade.results_differing} of {upgrade.results_compared} keys both computed "
+            f"(declared result-preserving): {'; '.join(upgrade.results_examples)}"
+        )
     since_switch = now - upgrade.switched_at
     if seen.dead_letters is not None and upgrade.dead_letters_at_switch is None:
         upgrade.dead_letters_at_switch = seen.dead_letters
@@ -217,10 +244,11 @@ def begin(
     seeded: bool,
     now: float,
     blue_normal: BlueNormal = BlueNormal(),
+    compare_results: bool = False,
 ) -> list:
     """Start green beside the running primary of `stage`; raises UpgradeRefused when the stage
     has no running primary or an upgrade is under way. `blue_normal`: what green is judged
-    against while validating."""
+    against while validating; `compare_results`: the change is declared result-preserving."""
     if sup.upgrade is not None and sup.upgrade.under_way:
         raise UpgradeRefused(f"upgrade {sup.upgrade.upgrade_id} of this job is under way")
     if sup.gave_up:
@@ -255,6 +283,7 @@ def begin(
         started_at=now,
         latency_limit_ms=blue_normal.latency_limit_ms,
         dead_letters_at_start=blue_normal.dead_letters,
+        compare_results=compare_results,
     )
     how = f"seeded from {blue.id}'s checkpoint" if seeded else "rebuilding its state from input"
     sup.history.append(
@@ -316,7 +345,7 @@ def on_heartbeat(sup: Supervisor, replica, reported: dict, now: float) -> list |
                 f"upgrade {upgrade.upgrade_id}: {replica.id} caught up; {upgrade.blue} hands over",
             )
         )
-        return [DemoteReplica(upgrade.blue, upgrade.stage, upgrade.green)]
+        return [DemoteReplica(upgrade.blue, upgrade.stage, upgrade.green, upgrade.compare_results)]
     if replica.id == upgrade.blue and upgrade.phase == HANDING_OVER:
         if reported.get("role") != STANDBY:
             return []
@@ -349,6 +378,11 @@ def on_heartbeat(sup: Supervisor, replica, reported: dict, now: float) -> list |
         return []
     if replica.id == upgrade.green and upgrade.phase == VALIDATING:
         upgrade.green_batches = int(reported.get("batches") or 0)
+    if replica.id == upgrade.blue and upgrade.phase == VALIDATING:
+        check = reported.get("result_check") or {}
+        upgrade.results_compared = int(check.get("compared") or 0)
+        upgrade.results_differing = int(check.get("differing") or 0)
+        upgrade.results_examples = tuple(check.get("examples") or ())
     return None
 
 

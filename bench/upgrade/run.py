@@ -60,6 +60,9 @@ class UpgradeBenchSettings:
     out: Path
     seed: int = 7
     to_params: dict = field(default_factory=dict)  # {"OP.KEY": value} of the new version
+    # Declare the blue/green upgrade result-preserving: the old version checks the new one's
+    # results while validating (the baseline has no old version running beside it).
+    result_preserving: bool = False
 
     def workload(self) -> BenchSettings:
         """The strategy benchmark's settings for the same workload (one "fault": the switch),
@@ -123,7 +126,12 @@ def run_mode(settings: UpgradeBenchSettings, mode: str, say) -> dict:
         sleep_until(t0 + upgrade_at)
         say(f"      job {job.pk} running; upgrading at +{upgrade_at:.0f} s")
         upgrade = upgrades.request_upgrade(
-            job, topology=settings.to, params=settings.to_params, user=user, mode=mode
+            job,
+            topology=settings.to,
+            params=settings.to_params,
+            user=user,
+            mode=mode,
+            result_preserving=settings.result_preserving and mode == JobUpgrade.Mode.BLUE_GREEN,
         )
         upgrade = follow(upgrade, say)
         end = t0 + bench.input_s

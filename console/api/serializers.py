@@ -130,7 +130,8 @@ class JobUpgradeSerializer(serializers.ModelSerializer):
         model = JobUpgrade
         fields = [
             "id", "job", "requested_by", "requested_at", "stage", "from_topology", "to_topology",
-            "from_params", "to_params", "from_strategy", "to_strategy", "mode", "case",
+            "from_params", "to_params", "from_strategy", "to_strategy", "mode",
+            "result_preserving", "results_compared", "results_differing", "case",
             "reason", "status", "requested_action",
             "blue_replica", "green_replica", "checkpoint_batch", "switched_at", "ended_at",
             "ended_by", "outcome", "gap_s", "lost", "duplicates",
@@ -141,12 +142,14 @@ class JobUpgradeSerializer(serializers.ModelSerializer):
 class UpgradeRequestSerializer(serializers.Serializer):
     """What POST /api/jobs/{id}/upgrade/ takes: a version of the job's topology and operator
     parameters ({"OPERATOR.KEY": value}), or on its own another strategy; at least one of them
-    changes something."""
+    changes something. `result_preserving`: the new version computes the same results (checked
+    while validating)."""
 
     topology = serializers.CharField(required=False, max_length=48)
     params = serializers.JSONField(required=False)
     strategy = serializers.CharField(required=False, max_length=20)
     mode = serializers.ChoiceField(choices=JobUpgrade.Mode.choices, required=False)
+    result_preserving = serializers.BooleanField(required=False, default=False)
 
 
 class FaultInjectionSerializer(serializers.ModelSerializer):

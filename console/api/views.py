@@ -138,6 +138,7 @@ class JobViewSet(
                 user=request.user,
                 mode=ask.validated_data.get("mode", JobUpgrade.Mode.BLUE_GREEN),
                 strategy=ask.validated_data.get("strategy"),
+                result_preserving=ask.validated_data["result_preserving"],
             )
         except upgrade_service.UpgradeRequestError as exc:
             raise_refusal(exc)

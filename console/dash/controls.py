@@ -160,17 +160,24 @@ def parse_params(text) -> dict[str, str]:
 
 
 @_writes
-def upgrade_job(user, job_id, topology, params_text) -> JobUpgrade:
+def upgrade_job(user, job_id, topology, params_text, result_preserving=False) -> JobUpgrade:
     """Ask for an upgrade of a running job to `topology` (a version of its topology; empty:
-    the one it runs) with the operator parameters of `params_text`, as POST
-    /api/jobs/{id}/upgrade/ does. The service's refusal names the field at fault."""
+    the one it runs) with the operator parameters of `params_text`, declared
+    `result_preserving` or not, as POST /api/jobs/{id}/upgrade/ does. The service's refusal
+    names the field at fault."""
     _require(user, OPERATOR)
     job = _job(job_id)
     if not isinstance(topology, str | None):
         raise ActionRefused("topology: choose a version from the list")
     params = parse_params(params_text)
     try:
-        return request_upgrade(job, topology=topology or None, params=params, user=user)
+        return request_upgrade(
+            job,
+            topology=topology or None,
+            params=params,
+            user=user,
+            result_preserving=result_preserving,
+        )
     except UpgradeRequestError as exc:
         raise ActionRefused(str(exc)) from exc
 

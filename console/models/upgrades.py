@@ -58,6 +58,19 @@ class JobUpgrade(models.Model):
     from_strategy = models.CharField(max_length=20, blank=True)
     to_strategy = models.CharField(max_length=20, blank=True)
     mode = models.CharField(max_length=16, choices=Mode.choices, default=Mode.BLUE_GREEN)
+    result_preserving = models.BooleanField(
+        default=False,
+        help_text="Declared by whoever asked: the new version computes the same results. The "
+        "old version then checks the new one's results against its own while validating, and "
+        "a difference rolls the upgrade back.",
+    )
+    # What the old version has found so far, checking a result-preserving upgrade.
+    results_compared = models.IntegerField(
+        null=True, blank=True, help_text="Keys whose results the old version compared."
+    )
+    results_differing = models.IntegerField(
+        null=True, blank=True, help_text="Of those, keys whose results differ."
+    )
     case = models.CharField(max_length=16, choices=Case.choices, blank=True)
     reason = models.TextField(blank=True, help_text="Why this case, in plain words.")
     status = models.CharField(max_length=16, choices=Status.choices, default=Status.REQUESTED)

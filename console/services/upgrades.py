@@ -118,12 +118,14 @@ def request_upgrade(
     user=None,
     mode: str = JobUpgrade.Mode.BLUE_GREEN,
     strategy: str | None = None,
+    result_preserving: bool = False,
 ) -> JobUpgrade:
     """Ask for an upgrade of the running `job` to `topology` (a version of its topology, default
     its own) with operator parameters `params`, blue/green or (`mode` stop_restart, the
     baseline) stopped and restarted; or, on its own, to another fault-tolerance `strategy`
-    (changed in place where it cuts the job into the same stages). Raises UpgradeRequestError
-    naming the field."""
+    (changed in place where it cuts the job into the same stages). `result_preserving`: the
+    new version computes the same results, checked against the old one's while validating (a
+    blue/green upgrade's). Raises UpgradeRequestError naming the field."""
     if strategy is not None and strategy not in STRATEGIES:
         raise UpgradeRequestError(f"strategy: must be one of {', '.join(STRATEGIES)}", "strategy")
     if mode not in JobUpgrade.Mode.values:
@@ -178,6 +180,12 @@ def request_upgrade(
         raise UpgradeRequestError(
             "nothing to change: give another version (topology), other params or another strategy"
         )
+    if result_preserving and (not version_changes or mode != JobUpgrade.Mode.BLUE_GREEN):
+        raise UpgradeRequestError(
+            "result_preserving: only a blue/green upgrade to another version or other params "
+            "has results to check (the old version computes beside the new one)",
+            "result_preserving",
+        )
     upgrade = JobUpgrade.objects.create(
         job=job,
         requested_by=user if getattr(user, "is_authenticated", False) else None,
@@ -188,6 +196,7 @@ def request_upgrade(
         from_strategy=job.strategy,
         to_strategy=new_strategy,
         mode=mode,
+        result_preserving=result_preserving,
     )
     who = upgrade.requested_by.get_username() if upgrade.requested_by else "the system"
     change = (
@@ -196,6 +205,7 @@ def request_upgrade(
         else f"{upgrade.from_topology} -> {target}"
         + (f" with {', '.join(as_cli_params(cleaned))}" if cleaned else "")
         + f" ({mode.replace('_', '/')})"
+        + (", declared result-preserving" if result_preserving else "")
     )
     decide(job, ControlDecision.Kind.UPGRADE, f"upgrade {upgrade.pk} requested by {who}: {change}")
     dispatch(lambda: tasks.send(tasks.CHECK_UPGRADE, upgrade.pk))
@@ -517,8 +527,17 @@ def reconcile_upgrade(job: Job, supervisor: Supervisor, now: float, client=None)
             )
             if failure is not None:
                 actions = upgrades.roll_back(supervisor, now, failure)
-            elif now - machine.switched_at >= validation_s and machine.green_ran_since_switch:
+            elif (
+                now - machine.switched_at >= validation_s
+                and machine.green_ran_since_switch
+                and machine.results_checked
+            ):
                 why = f"the new version wrote for {validation_s:g} s without a failure"
+                if machine.compare_results:
+                    why += (
+                        f", its results equal to the old version's on the "
+                        f"{machine.results_compared} keys both computed"
+                    )
                 actions = upgrades.confirm(supervisor, now, why)
     except upgrades.UpgradeRefused as exc:
         if not ours:  # it could not start (the primary is restarting, say): nothing started
@@ -617,6 +636,7 @@ def begin(
     actions = upgrades.begin(
         supervisor, upgrade.pk, upgrade.stage, upgrade.to_topology,
         as_cli_params(upgrade.to_params), seeded, now, normal or upgrades.BlueNormal(),
+        compare_results=upgrade.result_preserving,
     )  # fmt: skip
     upgrade.blue_replica = supervisor.upgrade.blue
     upgrade.green_replica = supervisor.upgrade.green
@@ -643,6 +663,17 @@ def record_phase(job: Job, upgrade: JobUpgrade, supervisor: Supervisor) -> None:
     machine = supervisor.upgrade
     if machine is None or machine.upgrade_id != upgrade.pk:
         return
+    if (
+        machine.compare_results
+        and machine.switched
+        and (
+            (upgrade.results_compared, upgrade.results_differing)
+            != (machine.results_compared, machine.results_differing)
+        )
+    ):
+        upgrade.results_compared = machine.results_compared
+        upgrade.results_differing = machine.results_differing
+        upgrade.save(update_fields=["results_compared", "results_differing"])
     status = STATUS_OF_PHASE[machine.phase]
     if status == upgrade.status and not (machine.ended_at and not upgrade.ended_at):
         return

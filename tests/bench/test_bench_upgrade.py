@@ -48,10 +48,11 @@ def test_a_built_in_job_upgraded_with_a_result_preserving_parameter(tmp_path):
     # results, so both upgrades are audited against topn's own reference. The input lasts long
     # enough that the switch (after a state check of up to 2 minutes and the catch-up) comes
     # while it flows: a new version that ran no batch since the switch is not confirmed.
+    # Declared result-preserving: the old version checks the new one's top-N per window.
     upgrade = run_bench_command(
         tmp_path,
         "--topology", "topn", "--to", "topn", "--param", "topn.watermark_seconds=31",
-        "--rate", "50", "--warmup", "30", "--duration", "300",
+        "--rate", "50", "--warmup", "30", "--duration", "300", "--result-preserving",
         timeout_s=2400, command="bench_upgrade", result="upgrade.json",
     )  # fmt: skip
     assert upgrade["settings"]["to_params"] == {"topn.watermark_seconds": "31"}
@@ -63,3 +64,4 @@ def test_a_built_in_job_upgraded_with_a_result_preserving_parameter(tmp_path):
         assert run["result_cells"] > 0
         assert run["gap_s"] is not None, run  # the output came back after the switch
     assert upgrade["blue_green"]["gap_s"] < upgrade["stop_restart"]["gap_s"]
+    assert "its results equal to the old version's on the" in upgrade["blue_green"]["outcome"]

@@ -82,6 +82,17 @@ def test_a_viewer_may_not_upgrade(api_as):
         ({"params": {"topn.n": True}}, "params", "must be a number or a string"),
         ({"params": [1]}, "params", "must be an object"),
         ({}, "non_field_errors", "nothing to change"),
+        (
+            {"strategy": "active-all", "result_preserving": True},
+            "result_preserving",
+            "only a blue/green upgrade",
+        ),
+        (
+            {"params": {"topn.n": 3}, "mode": "stop_restart", "result_preserving": True},
+            "result_preserving",
+            "only a blue/green upgrade",
+        ),
+        ({"params": {"topn.n": 3}, "result_preserving": "maybe"}, "result_preserving", "valid"),
     ],
 )
 def test_bad_upgrade_requests_are_refused_naming_the_field(api_as, body, field, words):
@@ -231,12 +242,16 @@ def test_the_record_follows_the_supervisor_from_the_start_to_a_rollback(users):
     assert kinds == {"upgrade"}
 
 
-def switched_upgrade(user, validation_s: float) -> tuple[Job, JobUpgrade, Supervisor]:
+def switched_upgrade(
+    user, validation_s: float, result_preserving: bool = False
+) -> tuple[Job, JobUpgrade, Supervisor]:
     """A topn job whose upgrade (topn.n=3, seeded) has switched at 11.0: green topn-2 writes,
     blue topn-1 stands by; the policy validates for `validation_s`."""
     job = running_topn()
     Policy.objects.create(upgrade_validation_s=validation_s, reason="test")
-    upgrade = upgrades.request_upgrade(job, params={"topn.n": 3}, user=user)
+    upgrade = upgrades.request_upgrade(
+        job, params={"topn.n": 3}, user=user, result_preserving=result_preserving
+    )
     JobUpgrade.objects.filter(pk=upgrade.pk).update(case="seeded", stage="topn")
     sup = running_supervisor(job)
     upgrades.reconcile_upgrade(job, sup, 10.0)
@@ -262,6 +277,45 @@ def test_the_controller_confirms_once_green_wrote_for_the_validation_window(user
     assert upgrade.outcome == "the new version wrote for 30 s without a failure"
 
 
+def test_a_result_preserving_upgrade_is_confirmed_once_blue_compared_results(users, api_as):
+    job, upgrade, sup = switched_upgrade(users[OPERATOR], validation_s=30, result_preserving=True)
+    assert sup.upgrade.compare_results
+    assert (
+        api_as(VIEWER)
+        .get(f"/api/jobs/{job.pk}/upgrades/")
+        .json()["results"][0]["result_preserving"]
+    )
+    switched = sup.upgrade.switched_at
+    green = {"role": "primary", "state": "running", "batches": 2}
+    sup.handle(HeartbeatSeen("topn-2", switched + 32, green))
+    # Green ran, the window is over, but blue has compared nothing yet: not confirmed by time.
+    assert upgrades.reconcile_upgrade(job, sup, switched + 33) == []
+    check = {"compared": 12, "differing": 0, "examples": []}
+    blue = {"role": "standby", "state": "running", "batches": 9, "result_check": check}
+    sup.handle(HeartbeatSeen("topn-1", switched + 34, blue))
+    assert upgrades.reconcile_upgrade(job, sup, switched + 35) == [KillReplica("topn-1")]
+    upgrade.refresh_from_db()
+    assert upgrade.status == "confirmed"
+    assert (upgrade.results_compared, upgrade.results_differing) == (12, 0)
+    assert upgrade.outcome.endswith("its results equal to the old version's on the 12 keys both "
+                                    "computed")  # fmt: skip
+
+
+def test_a_result_preserving_upgrade_whose_results_differ_is_rolled_back(users):
+    job, upgrade, sup = switched_upgrade(users[OPERATOR], validation_s=3600, result_preserving=True)
+    check = {"compared": 30, "differing": 1, "examples": ["results 'w1': old 7, new 8"]}
+    blue = {"role": "standby", "state": "running", "batches": 9, "result_check": check}
+    sup.handle(HeartbeatSeen("topn-1", sup.upgrade.switched_at + 3, blue))
+    actions = upgrades.reconcile_upgrade(
+        job, sup, sup.upgrade.switched_at + 4, client=redis_client()
+    )
+    assert PromoteStandby("topn-1", "topn") in actions
+    upgrade.refresh_from_db()
+    assert upgrade.status == "rolled_back"
+    assert "differ from the old version's on 1 of 30 keys" in upgrade.outcome
+    assert "'w1': old 7, new 8" in upgrade.outcome
+
+
 def test_the_command_asks_and_refuses_like_the_api(users):
     job = running_topn()
     out = io.StringIO()
@@ -273,6 +327,9 @@ def test_the_command_asks_and_refuses_like_the_api(users):
         call_command("upgrade_job", "tn", "--param", "topn.n=4", "--as", "vera")
     call_command("upgrade_job", "tn", "--rollback", "--as", "otto", stdout=out)
     assert "rollback asked" in out.getvalue()
+    with pytest.raises(CommandError, match="result_preserving: only a blue/green upgrade"):
+        call_command("upgrade_job", "tn", "--strategy", "active-all", "--result-preserving",
+                     "--as", "otto")  # fmt: skip
 
 
 def test_record_and_saved_state_are_brought_together_after_a_controller_died_between(users):

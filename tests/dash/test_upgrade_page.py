@@ -106,6 +106,13 @@ def test_the_panel_shows_the_upgrade_under_way():
         "requested 3 min ago by otto", "switched 40 s ago",
     ):  # fmt: skip
         assert words in text, words
+    assert "results not checked (not declared result-preserving)" in text
+    checked = {**current, "result_preserving": True, "results_compared": None}
+    assert "no key compared yet" in text_of(upgrades.upgrade_panel(checked, NOW))
+    checked.update(results_compared=212, results_differing=0)
+    assert "equal to the old version's on 212 keys" in text_of(upgrades.upgrade_panel(checked, NOW))
+    checked.update(results_differing=3)
+    assert "3 of 212 keys differ" in text_of(upgrades.upgrade_panel(checked, NOW))
     assert upgrades.upgrade_panel(None, NOW) is None
     assert upgrades.store_value(current) == {
         "id": 7, "status": "validating", "from": "activity@2", "to": "activity@3",
@@ -192,10 +199,11 @@ def test_params_lines_are_parsed_or_refused_naming_the_field_and_line():
 
 
 def test_the_confirm_step_names_the_version_and_parameters():
-    shown, text = callbacks.ask_upgrade(1, "topn", "topn.n=3\n", "/console/jobs/4/")
+    shown, text = callbacks.ask_upgrade(1, "topn", "topn.n=3\n", [], "/console/jobs/4/")
     assert shown is True and text.startswith("Upgrade job #4 to topn with topn.n=3?")
-    _, text = callbacks.ask_upgrade(1, "activity@3", "", "/console/jobs/4/")
+    _, text = callbacks.ask_upgrade(1, "activity@3", "", ["yes"], "/console/jobs/4/")
     assert "to activity@3 with the version's own parameters" in text
+    assert "checked against the running version's" in text
     store = {"id": 7, "status": "validating", "from": "activity@2", "to": "activity@3"}
     _, text = callbacks.ask_roll_back_upgrade(1, store)
     assert text.startswith("Roll upgrade #7 back to activity@2?")
@@ -217,19 +225,22 @@ def _path(job) -> str:
 @pytest.mark.django_db
 def test_an_operator_asks_for_an_upgrade_and_it_is_recorded(users):
     job = _running_topn()
-    result = callbacks.upgrade_confirmed(1, "topn", "topn.n=3", _path(job), user=users[OPERATOR])
+    result = callbacks.upgrade_confirmed(
+        1, "topn", "topn.n=3", ["yes"], _path(job), user=users[OPERATOR]
+    )
     upgrade = JobUpgrade.objects.get(job=job)
     assert f"Upgrade #{upgrade.pk} requested: topn -> topn" in text_of(result)
     assert (upgrade.status, upgrade.to_topology, upgrade.to_params, upgrade.requested_by) == (
         "requested", "topn", {"topn.n": "3"}, users[OPERATOR],
     )  # fmt: skip
+    assert upgrade.result_preserving
 
 
 @pytest.mark.django_db
 def test_a_viewer_may_not_upgrade_confirm_or_roll_back(users):
     job = _running_topn()
     with pytest.raises(RoleRefused, match="needs the operator role"):
-        callbacks.upgrade_confirmed(1, "topn", "topn.n=3", _path(job), user=users[VIEWER])
+        callbacks.upgrade_confirmed(1, "topn", "topn.n=3", [], _path(job), user=users[VIEWER])
     assert not JobUpgrade.objects.exists()
     upgrade = request_upgrade(job, params={"topn.n": 3}, user=users[OPERATOR])
     JobUpgrade.objects.filter(pk=upgrade.pk).update(status=JobUpgrade.Status.VALIDATING)
@@ -255,7 +266,9 @@ def test_a_viewer_may_not_upgrade_confirm_or_roll_back(users):
 )
 def test_refused_upgrades_say_which_field_and_create_nothing(users, version, params_text, words):
     job = _running_topn()
-    result = callbacks.upgrade_confirmed(1, version, params_text, _path(job), user=users[OPERATOR])
+    result = callbacks.upgrade_confirmed(
+        1, version, params_text, [], _path(job), user=users[OPERATOR]
+    )
     assert text_of(result).startswith("Not upgraded: ") and words in text_of(result)
     assert not JobUpgrade.objects.exists()
 
@@ -448,6 +461,7 @@ def test_the_dash_endpoint_refuses_a_viewer_and_shows_refusals_as_messages(clien
         [
             {"id": "upgrade-version", "property": "value", "value": "activity@3"},
             {"id": "upgrade-params", "property": "value", "value": "no equals sign"},
+            {"id": "upgrade-result-preserving", "property": "value", "value": []},
             {"id": "url", "property": "pathname", "value": _path(upgraded.job)},
         ],
     )

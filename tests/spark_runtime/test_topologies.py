@@ -676,3 +676,68 @@ def test_the_sessions_jvm_runs_with_c1_only_and_the_serial_collector(spark):
         jvm.java.lang.Class.forName("com.sun.management.HotSpotDiagnosticMXBean")
     ).getVMOption("TieredStopAtLevel")
     assert flag.getValue() == "1"
+
+
+@pytest.mark.parametrize("green_keys", [20, 19], ids=["same-results", "other-results"])
+def test_an_old_version_checks_its_successors_results_on_the_keys_both_computed(
+    spark, redis_conn, redis_url, job, tmp_path, green_keys
+):
+    """An upgrade declared result-preserving (spark_runtime/result_check.py): after handing
+    over with `compare`, the old version compares what it computes with what the new one
+    writes. The same plan (20 keys) matches on every key compared; a plan that assigns records
+    to 19 keys instead gives other sums for the same key names, which the old version finds."""
+    from spark_runtime.stage import ReplicaState, handle_command
+
+    blue_topology = with_params(
+        get_topology("shuffle"), {"assign_keys": {"keys": 20}, "aggregate": {"selectivity": 0.05}}
+    )
+    green_topology = with_params(blue_topology, {"assign_keys": {"keys": green_keys}})
+    (blue_stage,) = compile_stages(blue_topology, FUSED, job=job)
+    (green_stage,) = compile_stages(green_topology, FUSED, job=job)
+    generators.generate(redis_conn, job, "shuffle", count=600, rate=1e6, seed=9)
+    blue = StageRuntime(spark, redis_conn, job, blue_topology, blue_stage, PRIMARY, redis_url,
+                        str(tmp_path / "blue"))  # fmt: skip
+    green = StageRuntime(spark, redis_conn, job, green_topology, green_stage, STANDBY, redis_url,
+                         str(tmp_path / "green"))  # fmt: skip
+    blue_state, green_state = (
+        ReplicaState(
+            redis_conn,
+            argparse.Namespace(job=job, replica_id=rid, stage="job", role=role, node="n1"),
+        )
+        for rid, role in (("sh-1", "primary"), ("sh-2", "standby"))
+    )
+    blue.start()
+    green.start()
+    try:
+        blue.process_all_available()
+        green.process_all_available()
+        demote = {"cmd": "demote", "successor": "sh-2", "compare": True}
+        assert handle_command(demote, blue, blue_state) is None
+        _, passed_on = redis_conn.blpop([keys.control(job, "sh-2")], timeout=1)
+        assert handle_command(json.loads(passed_on), green, green_state) is None
+        for seed in (10, 11):  # two rounds: each side sees the other's writes of the first
+            generators.generate(
+                redis_conn, job, "shuffle", count=400, rate=1e6, seed=seed, id_prefix=f"s{seed}"
+            )
+            green.process_all_available()  # the primary now: it writes
+            blue.process_all_available()  # a standby: it computes and compares
+    finally:
+        green.stop()
+        blue.stop()
+    report = blue.gate.result_check.report()
+    entries = truth.valid_entries(redis_conn, keys.input_stream(job), ["value"])
+    green_state_truth, _ = truth.shuffle(entries, keys=green_keys, selectivity=0.05)
+    blue_state_truth, _ = truth.shuffle(entries, keys=20, selectivity=0.05)
+    got = {k: json.loads(v) for k, v in redis_conn.hgetall(keys.results(job)).items()}
+    # The new version wrote every key it computes (k19 of the old plan stays as it was).
+    assert {k: got[k] for k in green_state_truth} == green_state_truth
+    assert report["compared"] > 0, report
+    differing_keys = {
+        k for k in blue_state_truth if blue_state_truth[k] != green_state_truth.get(k)
+    }
+    if green_keys == 20:
+        assert report["differing"] == 0, report
+    else:
+        assert differing_keys and 0 < report["differing"] <= report["compared"], report
+        named = {example.split("'")[1] for example in report["examples"]}
+        assert named <= differing_keys, (named, differing_keys)

@@ -320,3 +320,40 @@ def test_green_counts_as_having_run_once_it_ran_a_batch_as_the_primary():
     assert not machine.green_ran_since_switch
     beat(sup, "count-3", 15.0, "primary", batches=1)
     assert machine.green_ran_since_switch
+
+
+def test_a_result_preserving_upgrade_rolls_back_on_a_difference_blue_reports():
+    """Declared result-preserving: blue is told to compare as it hands over, its heartbeats
+    carry what it found (spark_runtime/result_check.py), and a difference fails validation."""
+    sup = protected_job()
+    upgrades.begin(
+        sup, 7, "count", "wordcount", ("count.window_s=20",), True, 10.0, compare_results=True
+    )
+    assert beat(sup, "count-3", 12.0, "standby") == [
+        DemoteReplica("count-1", "count", successor="count-3", compare=True)
+    ]
+    beat(sup, "count-1", 12.5, "standby")
+    beat(sup, "count-3", 13.0, "primary")
+    machine = sup.upgrade
+    assert machine.phase == upgrades.VALIDATING and not machine.results_checked
+    equal = {"compared": 40, "differing": 0, "examples": []}
+    beat(sup, "count-1", 14.0, "standby", result_check=equal)
+    assert machine.results_checked
+    assert upgrades.validation_failure(machine, seen([100.0]), 15.0) is None
+    example = "results 'spark': old 4, new 5"
+    found = {"compared": 52, "differing": 2, "examples": [example]}
+    beat(sup, "count-1", 16.0, "standby", result_check=found)
+    again = Supervisor.from_dict(json.loads(json.dumps(sup.to_dict())))
+    assert again.upgrade.results_examples == (example,)
+    why = upgrades.validation_failure(machine, seen([100.0]), 16.5)
+    assert why is not None and "on 2 of 52 keys both computed" in why and example in why
+    actions = upgrades.roll_back(sup, 16.5, why)
+    assert PromoteStandby("count-1", "count") in actions
+    assert sup.upgrade.phase == upgrades.ROLLED_BACK and sup.params == ("count.window_s=10",)
+
+
+def test_an_upgrade_not_declared_result_preserving_ignores_what_blue_compares():
+    machine = validating().upgrade
+    machine.results_differing, machine.results_compared = 3, 10
+    assert machine.results_checked
+    assert upgrades.validation_failure(machine, seen([100.0]), 31.0) is None

@@ -50,6 +50,12 @@ class Command(BaseCommand):
         )
         parser.add_argument("--seed", type=int, default=7)
         parser.add_argument(
+            "--result-preserving",
+            action="store_true",
+            help="declare the blue/green upgrade result-preserving: the old version checks the "
+            "new one's results while validating",
+        )
+        parser.add_argument(
             "--write-results", action="store_true", help="put the table into docs/RESULTS.md"
         )
 
@@ -87,6 +93,7 @@ class Command(BaseCommand):
                 duration_s=opts["duration"],
                 out=Path(opts["out"]),
                 seed=opts["seed"],
+                result_preserving=opts["result_preserving"],
             )
             settings.workload()  # checks the workload's settings
         except ValueError as exc:

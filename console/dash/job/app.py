@@ -97,6 +97,7 @@ app.callback(
     Input("upgrade-button", "n_clicks"),
     State("upgrade-version", "value"),
     State("upgrade-params", "value"),
+    State("upgrade-result-preserving", "value"),
     State("url", "pathname"),
     prevent_initial_call=True,
 )(callbacks.ask_upgrade)
@@ -105,6 +106,7 @@ app.callback(
     Input("upgrade-confirm", "submit_n_clicks"),
     State("upgrade-version", "value"),
     State("upgrade-params", "value"),
+    State("upgrade-result-preserving", "value"),
     State("url", "pathname"),
     prevent_initial_call=True,
 )(callbacks.upgrade_confirmed)

@@ -358,25 +358,33 @@ def restart_confirmed(submit_n_clicks, pathname, user=None):
     return message(f"Job {job.name}: restart requested; the controller starts it.", ok=True)
 
 
-def ask_upgrade(n_clicks, version, params_text, pathname):
-    """First step of upgrading: the confirm dialog names the version and the parameters."""
+def ask_upgrade(n_clicks, version, params_text, preserving, pathname):
+    """First step of upgrading: the confirm dialog names the version, the parameters and
+    whether the results are to be checked (`preserving`: the checklist's values)."""
     if not n_clicks:
         raise PreventUpdate
     lines = [line.strip() for line in str(params_text or "").splitlines() if line.strip()]
     params = f" with {', '.join(lines)}" if lines else " with the version's own parameters"
+    check = (
+        " Its results are checked against the running version's: a difference rolls it back."
+        if preserving
+        else ""
+    )
     return True, (
         f"Upgrade job #{job_id_from_path(pathname)} to {version}{params}? The new version starts "
-        "beside the running one and takes the output over once it has caught up."
+        f"beside the running one and takes the output over once it has caught up.{check}"
     )
 
 
-def upgrade_confirmed(submit_n_clicks, version, params_text, pathname, user=None):
+def upgrade_confirmed(submit_n_clicks, version, params_text, preserving, pathname, user=None):
     """Second step: ask for the upgrade through the upgrade service, which checks the version
     and the parameters and says which field is wrong."""
     if not submit_n_clicks:
         raise PreventUpdate
     try:
-        upgrade = controls.upgrade_job(user, job_id_from_path(pathname), version, params_text)
+        upgrade = controls.upgrade_job(
+            user, job_id_from_path(pathname), version, params_text, bool(preserving)
+        )
     except controls.ActionRefused as exc:
         return message(f"Not upgraded: {exc}", ok=False)
     return message(

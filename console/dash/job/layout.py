@@ -9,6 +9,9 @@ from console.dash.common import card, refresh_timer, result_slot, window_picker
 from console.models import FaultInjection
 
 GRAPH_CONFIG = {"displaylogo": False}
+PRESERVING_LABEL = (
+    " Results do not change: check them against the running version's, roll back if they differ"
+)
 
 
 def layout():
@@ -152,6 +155,12 @@ def controls(
                             placeholder="operator parameters, one OP.KEY=value a line "
                             "(empty: the version's own)",
                             className="ctl-wide upgrade-params",
+                        ),
+                        dcc.Checklist(
+                            id="upgrade-result-preserving",
+                            options=[{"label": PRESERVING_LABEL, "value": "yes"}],
+                            value=[],
+                            className="ctl-wide",
                         ),
                         html.Button("Upgrade", id="upgrade-button", className="btn"),
                         dcc.ConfirmDialog(id="upgrade-confirm"),

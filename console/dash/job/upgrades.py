@@ -146,12 +146,26 @@ def upgrade_panel(upgrade: dict | None, now: datetime):
                     _field("checkpoint batch", fmt_num(upgrade["checkpoint_batch"], 0)),
                     _field("requested", _requested(upgrade, now)),
                     _field("switched", ago(upgrade["switched_at"], now)),
+                    _field("results", results_check(upgrade)),
                 ],
                 className="kv-grid",
             ),
             html.P(asked, className="control-ok", id="upgrade-asked") if asked else None,
         ]
     )
+
+
+def results_check(upgrade: dict) -> str:
+    """What the old version found checking the new one's results (declared result-preserving),
+    or that they are not checked."""
+    if not upgrade.get("result_preserving"):
+        return "not checked (not declared result-preserving)"
+    compared, differing = upgrade.get("results_compared"), upgrade.get("results_differing")
+    if not compared:
+        return "checked against the old version's: no key compared yet"
+    if differing:
+        return f"{differing} of {compared} keys differ from the old version's"
+    return f"equal to the old version's on {compared} keys"
 
 
 def _case_cell(upgrade: dict):

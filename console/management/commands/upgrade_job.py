@@ -37,6 +37,12 @@ class Command(BaseCommand):
             default=JobUpgrade.Mode.BLUE_GREEN,
             help="blue_green (default) or stop_restart (stop, restart from the checkpoint)",
         )
+        parser.add_argument(
+            "--result-preserving",
+            action="store_true",
+            help="the new version computes the same results: the old one checks them while "
+            "validating, and a difference rolls the upgrade back",
+        )
         parser.add_argument("--as", dest="username", required=True, help="who asks (audited)")
         ends = parser.add_mutually_exclusive_group()
         ends.add_argument("--confirm", action="store_true", help="retire the old version now")
@@ -49,7 +55,19 @@ class Command(BaseCommand):
         )
 
     def handle(
-        self, *args, job, to, param, strategy, mode, username, confirm, rollback, wait, **options
+        self,
+        *args,
+        job,
+        to,
+        param,
+        strategy,
+        mode,
+        result_preserving,
+        username,
+        confirm,
+        rollback,
+        wait,
+        **options,
     ):
         user = get_user_model().objects.filter(username=username).first()
         if user is None or not has_role(user, OPERATOR):
@@ -72,7 +90,13 @@ class Command(BaseCommand):
             else:
                 params = dict(self.split(item) for item in param) if param else None
                 upgrade = upgrades.request_upgrade(
-                    target, topology=to, params=params, user=user, mode=mode, strategy=strategy
+                    target,
+                    topology=to,
+                    params=params,
+                    user=user,
+                    mode=mode,
+                    strategy=strategy,
+                    result_preserving=result_preserving,
                 )
                 change = (
                     f"strategy {upgrade.from_strategy} -> {upgrade.to_strategy}"
