@@ -56,6 +56,9 @@ class BlueValue:
 class ResultCheck:
     """Blue's running comparison of its results with green's (what its heartbeat reports)."""
 
+    # False: the stage writes nothing to compare (a channel to another stage, a stream without
+    # keys); the upgrade is then confirmed without a check, and says so.
+    comparable: bool = True
     compared: int = 0
     differing: int = 0
     examples: list[str] = field(default_factory=list)
@@ -143,6 +146,7 @@ class ResultCheck:
     def report(self) -> dict:
         """What blue's heartbeat carries (`result_check`)."""
         return {
+            "comparable": self.comparable,
             "compared": self.compared,
             "differing": self.differing,
             "examples": list(self.examples),

@@ -327,19 +327,20 @@ class OutputGate:
             )
             return {"epoch": epoch, "flushed": flushed}
 
-    def demote(self, compare: bool = False) -> dict:
+    def demote(self, compare: bool = False, comparable: bool = True) -> dict:
         """Stop writing and buffer from now on, as a standby does: the primary of a stage being
         upgraded hands the output over to its successor (the green replica), which takes over by
         a newer fencing epoch once this one says it is a standby, and stays ready to take it back
         (a rollback is this replica's ordinary promotion). Taken under the gate's lock, so it
         lands between two batches: every batch before it was written whole, every batch after
         it is buffered. With `compare` (an upgrade declared result-preserving) it checks its
-        successor's results against its own from then on (`result_check`).
+        successor's results against its own from then on (`result_check`), where the stage
+        writes results it can compare (`comparable`; else the check says it has none).
         Returns {"watermarks"}: where this replica's writes ended, per sink."""
         with self.lock:
             self.role = STANDBY
             self.handed_over = True
-            self.result_check = ResultCheck() if compare else None
+            self.result_check = ResultCheck(comparable=comparable) if compare else None
             if compare:
                 # The successor's appended records are those after this replica's last one.
                 last = self.client.xrevrange(keys.output_stream(self.job), "+", "-", 1)
@@ -443,6 +444,16 @@ class StageRuntime:
         self.start_retries = 0
         # A user job's state partitions per query, as found or changed at the last start.
         self.state_partitions: dict[str, str] = {}
+
+    def writes_comparable_results(self) -> bool:
+        """Whether this stage writes results an upgrade's old version can compare with its
+        successor's (spark_runtime/result_check.py): a results hash, or a user job's records
+        appended once per key; not a channel to another stage or a stream without keys."""
+        return any(
+            segment.outputs[0] == RESULTS_CHANNEL
+            or (segment.outputs[0] == OUT_CHANNEL and self.topology.job is not None)
+            for segment in self.stage.segments
+        )
 
     def query_name(self, index: int) -> str:
         """The Spark query name of segment `index` (reported in progress events)."""

@@ -375,7 +375,10 @@ def handle_command(command: dict, runtime, state: ReplicaState) -> int | None:
         # that decides a replica's level (`wanted_nice`).
         return None
     if cmd == "demote":
-        runtime.gate.demote(compare=bool(command.get("compare")))
+        runtime.gate.demote(
+            compare=bool(command.get("compare")),
+            comparable=runtime.writes_comparable_results(),
+        )
         state.update(role="standby", state="running", demoted_at=time.time())
         if command.get("successor"):
             # Pass the promotion on at once (spark_runtime.upgrade.DemoteReplica).

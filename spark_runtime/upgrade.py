@@ -118,6 +118,7 @@ class BlueGreen:
     # the keys both computed (spark_runtime/result_check.py; its heartbeats report the counts)
     # and a difference rolls the upgrade back.
     compare_results: bool = False
+    results_comparable: bool = True  # False: the stage writes nothing blue can compare
     results_compared: int = 0
     results_differing: int = 0
     results_examples: tuple[str, ...] = ()
@@ -131,8 +132,9 @@ class BlueGreen:
 
     @property
     def results_checked(self) -> bool:
-        """Nothing to check, or blue has compared at least one key of green's results."""
-        return not self.compare_results or self.results_compared > 0
+        """Nothing to check (not declared result-preserving, or nothing the stage writes can be
+        compared), or blue has compared at least one key of green's results."""
+        return not self.compare_results or not self.results_comparable or self.results_compared > 0
 
     @property
     def under_way(self) -> bool:
@@ -380,6 +382,7 @@ def on_heartbeat(sup: Supervisor, replica, reported: dict, now: float) -> list |
         upgrade.green_batches = int(reported.get("batches") or 0)
     if replica.id == upgrade.blue and upgrade.phase == VALIDATING:
         check = reported.get("result_check") or {}
+        upgrade.results_comparable = bool(check.get("comparable", True))
         upgrade.results_compared = int(check.get("compared") or 0)
         upgrade.results_differing = int(check.get("differing") or 0)
         upgrade.results_examples = tuple(check.get("examples") or ())

@@ -533,7 +533,9 @@ def reconcile_upgrade(job: Job, supervisor: Supervisor, now: float, client=None)
                 and machine.results_checked
             ):
                 why = f"the new version wrote for {validation_s:g} s without a failure"
-                if machine.compare_results:
+                if machine.compare_results and not machine.results_comparable:
+                    why += ", its results not compared (the stage writes none with keys)"
+                elif machine.compare_results:
                     why += (
                         f", its results equal to the old version's on the "
                         f"{machine.results_compared} keys both computed"

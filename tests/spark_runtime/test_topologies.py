@@ -741,3 +741,15 @@ def test_an_old_version_checks_its_successors_results_on_the_keys_both_computed(
         assert differing_keys and 0 < report["differing"] <= report["compared"], report
         named = {example.split("'")[1] for example in report["examples"]}
         assert named <= differing_keys, (named, differing_keys)
+
+
+def test_only_a_stage_writing_keyed_results_has_results_to_compare(spark, redis_conn, job):
+    topology = get_topology("wordcount")
+    split, count = compile_stages(topology, PER_OPERATOR, job=job)
+    runtimes = {
+        stage.name: StageRuntime(spark, redis_conn, job, topology, stage, STANDBY, "", "")
+        for stage in (split, count)
+    }
+    # split writes a channel to count; count the results hash.
+    assert not runtimes[split.name].writes_comparable_results()
+    assert runtimes[count.name].writes_comparable_results()

@@ -357,3 +357,17 @@ def test_an_upgrade_not_declared_result_preserving_ignores_what_blue_compares():
     machine.results_differing, machine.results_compared = 3, 10
     assert machine.results_checked
     assert upgrades.validation_failure(machine, seen([100.0]), 31.0) is None
+
+
+def test_a_stage_without_results_to_compare_is_confirmed_without_the_check():
+    sup = protected_job()
+    upgrades.begin(
+        sup, 7, "count", "wordcount", ("count.window_s=20",), True, 10.0, compare_results=True
+    )
+    beat(sup, "count-3", 12.0, "standby")
+    beat(sup, "count-1", 12.5, "standby")
+    beat(sup, "count-3", 13.0, "primary")
+    assert not sup.upgrade.results_checked
+    nothing = {"comparable": False, "compared": 0, "differing": 0, "examples": []}
+    beat(sup, "count-1", 14.0, "standby", result_check=nothing)
+    assert sup.upgrade.results_checked
