@@ -15,6 +15,8 @@ import os
 import subprocess
 import threading
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 
 from spark_runtime import keys, user_plan
 from spark_runtime.buffer import OutputBuffer
@@ -85,6 +87,17 @@ class PromotionError(RuntimeError):
     """The standby cannot take over without losing output (its buffer dropped unwritten data)."""
 
 
+@dataclass(frozen=True)
+class PendingDemotion:
+    """A demotion asked for, carried out after the replica's next batch: `then(result)` runs
+    once it is done; `asked_at` is time.monotonic() when it was asked for."""
+
+    then: Callable[[dict], None]
+    compare: bool
+    comparable: bool
+    asked_at: float
+
+
 class OutputGate:
     """Receives every micro-batch of a stage's queries and writes or buffers its outputs."""
 
@@ -122,6 +135,8 @@ class OutputGate:
         # with what its successor writes (spark_runtime/result_check.py); None otherwise.
         self.result_check: ResultCheck | None = None
         self._appended_since = "0-0"  # the output stream's entries read by the check so far
+        # A demotion asked for and not carried out yet (`demote_after_batch`).
+        self._pending_demotion: PendingDemotion | None = None
         if role == PRIMARY:
             self.writer.acquire()
 
@@ -183,13 +198,18 @@ class OutputGate:
             per_sink = self._records(segment, topology, rows)
             latencies = [(now_ms - row["ts"]) / 1000 for row in rows]
         written = 0
+        demoted = None
         with self.lock:
+            handled_as = self.role  # what its progress record says (a demotion may follow)
             if self.role == PRIMARY:
                 for sink, records in per_sink.items():
                     if records or self.user_job is not None:
                         written += self._write(sink, records, batch)
                 if written:
                     self.last_write_at = time.time()
+                pending = self._pending_demotion
+                if pending is not None:
+                    demoted = pending, self._demote(pending.compare, pending.comparable)
             else:
                 for sink, records in per_sink.items():
                     self.buffer.add(sink, records)
@@ -199,8 +219,12 @@ class OutputGate:
                 lag = lag_behind(self._trim_buffer(), per_sink)
                 if lag is not None:
                     self.query_lag_s[query] = lag
+        if demoted is not None:
+            pending, result = demoted
+            pending.then(result)
         final = segment.outputs[0] in (RESULTS_CHANNEL, OUT_CHANNEL)
         self.batch_stats[f"{query}:{batch_id}"] = {
+            "role": handled_as,
             "rows_out": len(rows),
             "written": written,
             "final": final,
@@ -309,6 +333,8 @@ class OutputGate:
         output that the primary had not written.
         """
         with self.lock:
+            # A rollback before the hand-over: the demotion asked for is not carried out.
+            self._pending_demotion = None
             if self.role == PRIMARY:
                 return {"epoch": self.writer.epoch, "flushed": 0}
             epoch = self.writer.acquire()  # from here on the old primary's writes are refused
@@ -338,19 +364,44 @@ class OutputGate:
         writes results it can compare (`comparable`; else the check says it has none).
         Returns {"watermarks"}: where this replica's writes ended, per sink."""
         with self.lock:
-            self.role = STANDBY
-            self.handed_over = True
-            self.result_check = ResultCheck(comparable=comparable) if compare else None
-            if compare:
-                # The successor's appended records are those after this replica's last one.
-                last = self.client.xrevrange(keys.output_stream(self.job), "+", "-", 1)
-                self._appended_since = last[0][0] if last else "0-0"
-            marks = self.client.hgetall(keys.watermarks(self.job, self.stage))
-            # Nothing of this replica is buffered yet: it is caught up by definition (its
-            # queries' own lags replace this once they have buffered a batch).
-            self.query_lag_s = {"demoted": 0.0}
-            log.info("demoted %s: a standby from now on (watermarks %s)", self.stage, marks)
-            return {"watermarks": marks}
+            return self._demote(compare, comparable)
+
+    def demote_after_batch(self, then, compare: bool = False, comparable: bool = True) -> None:
+        """Demote (`demote`) right after this replica's next batch is written, so that its last
+        write is the moment it hands over: the successor's first write follows it by the rest of
+        one batch of the successor's, where a demotion at a random point between two writes
+        added up to a trigger interval more to the output gap. `then(result)` runs once it is
+        done (it tells the successor); `demote_if_overdue` demotes a replica that runs no batch
+        (idle input) without waiting for one."""
+        with self.lock:
+            self._pending_demotion = PendingDemotion(then, compare, comparable, time.monotonic())
+
+    def demote_if_overdue(self, wait_s: float) -> None:
+        """Carry out a demotion asked for `wait_s` ago or longer that no batch has carried out."""
+        pending = self._pending_demotion
+        if pending is None or time.monotonic() - pending.asked_at < wait_s:
+            return
+        with self.lock:
+            if self._pending_demotion is not pending:
+                return  # a batch or a promotion got there first
+            result = self._demote(pending.compare, pending.comparable)
+        pending.then(result)
+
+    def _demote(self, compare: bool, comparable: bool) -> dict:
+        self._pending_demotion = None
+        self.role = STANDBY
+        self.handed_over = True
+        self.result_check = ResultCheck(comparable=comparable) if compare else None
+        if compare:
+            # The successor's appended records are those after this replica's last one.
+            last = self.client.xrevrange(keys.output_stream(self.job), "+", "-", 1)
+            self._appended_since = last[0][0] if last else "0-0"
+        marks = self.client.hgetall(keys.watermarks(self.job, self.stage))
+        # Nothing of this replica is buffered yet: it is caught up by definition (its
+        # queries' own lags replace this once they have buffered a batch).
+        self.query_lag_s = {"demoted": 0.0}
+        log.info("demoted %s: a standby from now on (watermarks %s)", self.stage, marks)
+        return {"watermarks": marks}
 
 
 # Keys compared per batch by the result check (a Redis round trip each), entries read per call.

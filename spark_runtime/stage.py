@@ -20,10 +20,11 @@ It heartbeats to Redis (`backstop:{job}:hb:{replica}` with a TTL) and keeps its 
 JSON commands pushed to the list `backstop:{job}:control:{replica}`:
 
 - `{"cmd": "promote"}`: a standby becomes the primary (fences the old one, flushes its buffer);
-- `{"cmd": "demote", "successor": ID, "compare": BOOL}`: a primary becomes a standby between two
-  batches (the blue replica of an upgrade hands the output over to the green one, `successor`,
-  and stays ready to take it back); with `compare` it checks green's results against its own
-  and reports `result_check` (spark_runtime/result_check.py);
+- `{"cmd": "demote", "successor": ID, "compare": BOOL}`: a primary becomes a standby right after
+  its next batch is written (or after DEMOTE_WAIT_S without one): the blue replica of an
+  upgrade hands the output over to the green one, `successor`, and stays ready to take it back;
+  with `compare` it checks green's results against its own and reports `result_check`
+  (spark_runtime/result_check.py);
 - `{"cmd": "stop"}`: stop the queries and exit 0;
 - `{"cmd": "trigger", "seconds": S}`: restart the queries from their checkpoints with trigger S;
 - `{"cmd": "checkpoint_interval", "seconds": CI, "confs": {KEY: VALUE}}`: take the state-store
@@ -84,6 +85,9 @@ RUNNING, CATCHING_UP = "running", "catching_up"
 # the replay since its last commit): a standby nearer than that is the faster way back, even a
 # low-priority one that fell a few batches behind while the CPU was busy.
 CAUGHT_UP_S = 15.0
+# A demotion waits for the replica's next batch (its last write is then the moment it hands
+# over) at most this long: a trigger interval and a slow batch; with idle input none comes.
+DEMOTE_WAIT_S = 2.0
 HEARTBEAT_TTL_MS = 3000
 EXIT_STOPPED, EXIT_FAILED, EXIT_FENCED, EXIT_PROMOTION = 0, 1, 3, 4
 
@@ -279,7 +283,9 @@ def make_listener(client, job: str, state: ReplicaState, runtime):
             record = ProgressRecord(
                 replica=state.replica,
                 stage=state.info["stage"],
-                role=runtime.gate.role,
+                # The role the batch was written or buffered as, not the one now: a primary
+                # demoted right after its batch was written reports that batch as written.
+                role=stats.get("role", runtime.gate.role),
                 node=state.info["node"],
                 query=progress.name or "",
                 segment=segment,
@@ -375,15 +381,19 @@ def handle_command(command: dict, runtime, state: ReplicaState) -> int | None:
         # that decides a replica's level (`wanted_nice`).
         return None
     if cmd == "demote":
-        runtime.gate.demote(
+
+        def demoted(_result: dict) -> None:
+            state.update(role="standby", state="running", demoted_at=time.time())
+            if command.get("successor"):
+                # Pass the promotion on at once (spark_runtime.upgrade.DemoteReplica).
+                promote = json.dumps({"cmd": "promote", "from": state.replica})
+                runtime.gate.client.rpush(keys.control(runtime.job, command["successor"]), promote)
+
+        runtime.gate.demote_after_batch(
+            demoted,
             compare=bool(command.get("compare")),
             comparable=runtime.writes_comparable_results(),
         )
-        state.update(role="standby", state="running", demoted_at=time.time())
-        if command.get("successor"):
-            # Pass the promotion on at once (spark_runtime.upgrade.DemoteReplica).
-            promote = json.dumps({"cmd": "promote", "from": state.replica})
-            runtime.gate.client.rpush(keys.control(runtime.job, command["successor"]), promote)
         return None
     if cmd == "trigger":
         runtime.restart(float(command["seconds"]))
@@ -529,6 +539,7 @@ def supervise_queries(args, client, state: ReplicaState, runtime, stop_beats) ->
                     )
                 elif lag != state.info.get("lag_s"):
                     state.update(lag_s=lag)  # a standby's lag, current after each batch
+            runtime.gate.demote_if_overdue(DEMOTE_WAIT_S)
             popped = client.blpop([keys.control(args.job, args.replica_id)], timeout=0.5)
             if popped:
                 result = handle_command(json.loads(popped[1]), runtime, state)

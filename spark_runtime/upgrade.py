@@ -9,7 +9,8 @@ operator parameters ("green") without a gap in its output:
    Like any standby it buffers its output and trims what blue has written; unlike one it runs
    every batch at the normal priority (`successor`).
 2. HANDING_OVER: green reports a measured lag of at most SWITCH_LAG_S behind blue; blue is told
-   to demote itself (between two batches it stops writing and buffers, as a standby).
+   to demote itself (right after its next batch is written it stops writing and buffers, as a
+   standby: its last write is the moment it hands over).
 3. SWITCHING: blue reports it is a standby; green is promoted: a new fencing epoch (blue could
    not write any more even if it tried), then green writes what blue had not, from its buffer.
    Each result is written once: the sinks are idempotent by version (docs/JOBS.md).
@@ -73,7 +74,7 @@ class UpgradeRefused(ValueError):
 
 @dataclass(frozen=True)
 class DemoteReplica:
-    """Tell a primary to become a standby between two batches (blue handing over), and then its
+    """Tell a primary to become a standby after its next batch (blue handing over), and then its
     `successor` (green) to take over: the replica itself passes the promotion on as soon as it
     has demoted itself, a controller round trip (0.5 s measured) sooner than the controller
     would. The controller's own promotion follows and finds green promoted already."""

@@ -291,9 +291,10 @@ def test_a_demoted_primary_passes_the_promotion_on_to_its_successor(
     spark, redis_conn, redis_url, job, tmp_path
 ):
     """An upgrade's hand-over (spark_runtime.upgrade.DemoteReplica): the old version demotes
-    itself between two batches and puts the promote command on its successor's control list
-    itself; the successor takes it from there, flushes what the old one had not written, and
-    the counts stay exact."""
+    itself right after its next batch is written (that batch's progress says it was written as
+    the primary) and puts the promote command on its successor's control list itself; the
+    successor takes it from there, flushes what the old one had not written, and the counts
+    stay exact."""
     import json
 
     from spark_runtime.stage import ReplicaState, handle_command
@@ -317,14 +318,22 @@ def test_a_demoted_primary_passes_the_promotion_on_to_its_successor(
     green.start()
     try:
         blue.process_all_available()
+        demote = {"cmd": "demote", "successor": "wc-2"}
+        assert handle_command(demote, blue, blue_state) is None
+        assert blue.gate.role == "primary" and not redis_conn.exists(keys.control(job, "wc-2"))
         generators.generate(
             redis_conn, job, "wordcount", count=300, rate=1e6, seed=10, id_prefix="g"
         )
+        before = len(blue.gate.batch_stats)
+        blue.process_all_available()  # its next batch is written, then it demotes itself
+        assert blue_state.info["role"] == "standby"
+        first = list(blue.gate.batch_stats.values())[before]
+        assert first["role"] == "primary" and first["written"] > 0, first
+        generators.generate(
+            redis_conn, job, "wordcount", count=300, rate=1e6, seed=12, id_prefix="i"
+        )
         green.process_all_available()  # ahead of blue: output blue has not written
         assert len(green.gate.buffer) > 0
-        demote = {"cmd": "demote", "successor": "wc-2"}
-        assert handle_command(demote, blue, blue_state) is None
-        assert blue_state.info["role"] == "standby"
         _, passed_on = redis_conn.blpop([keys.control(job, "wc-2")], timeout=1)
         assert json.loads(passed_on) == {"cmd": "promote", "from": "wc-1"}
         assert handle_command(json.loads(passed_on), green, green_state) is None
@@ -713,6 +722,8 @@ def test_an_old_version_checks_its_successors_results_on_the_keys_both_computed(
         green.process_all_available()
         demote = {"cmd": "demote", "successor": "sh-2", "compare": True}
         assert handle_command(demote, blue, blue_state) is None
+        blue.gate.demote_if_overdue(0.0)  # no batch of blue's comes: it demotes itself now
+        assert blue_state.info["role"] == "standby"
         _, passed_on = redis_conn.blpop([keys.control(job, "sh-2")], timeout=1)
         assert handle_command(json.loads(passed_on), green, green_state) is None
         for seed in (10, 11):  # two rounds: each side sees the other's writes of the first
