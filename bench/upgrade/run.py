@@ -90,7 +90,7 @@ def run_upgrade_bench(settings: UpgradeBenchSettings, say) -> dict:
             "topology": settings.topology, "to": settings.to, "to_params": settings.to_params,
             "rate": settings.rate,
             "warmup_s": settings.warmup_s, "duration_s": settings.duration_s,
-            "seed": settings.seed,
+            "seed": settings.seed, "result_preserving": settings.result_preserving,
         },
     }  # fmt: skip
     settings.out.mkdir(parents=True, exist_ok=True)

@@ -56,6 +56,7 @@ def test_a_built_in_job_upgraded_with_a_result_preserving_parameter(tmp_path):
         timeout_s=2400, command="bench_upgrade", result="upgrade.json",
     )  # fmt: skip
     assert upgrade["settings"]["to_params"] == {"topn.watermark_seconds": "31"}
+    assert upgrade["settings"]["result_preserving"]
     for mode in ("blue_green", "stop_restart"):
         run = upgrade[mode]
         assert run["case"] == "seeded", run
