@@ -356,6 +356,7 @@ def seed_upgraded_job(
         "(committed batch 342): it starts from that checkpoint",
         status=JobUpgrade.Status.VALIDATING, blue_replica=blue, green_replica=green,
         checkpoint_batch=342, switched_at=now - timedelta(seconds=40),
+        result_preserving=True, results_compared=212, results_differing=0,
     )  # fmt: skip
     # requested_at is set on create; put it where the story has it.
     JobUpgrade.objects.filter(pk=confirmed.pk).update(requested_at=now - timedelta(minutes=14))

@@ -50,3 +50,23 @@ def test_a_seeded_standby_with_no_new_input_is_caught_up_once_idle(redis_conn, j
     assert not gate.caught_up(5.0)
     gate.note_idle("count.standby.0")
     assert gate.caught_up(5.0)
+
+
+def test_a_demotion_waits_for_a_batch_or_its_time_and_a_promotion_cancels_it(redis_conn, job):
+    # An upgrade's old version: the demotion asked for is carried out after its next batch
+    # (tests/spark_runtime/test_topologies.py), or here, without one, once overdue.
+    gate = OutputGate(redis_conn, job, "count", "primary")
+    done = []
+    gate.demote_after_batch(done.append)
+    gate.demote_if_overdue(60.0)
+    assert gate.role == "primary" and done == []
+    gate.demote_if_overdue(0.0)
+    assert gate.role == "standby" and gate.handed_over and len(done) == 1
+    assert "watermarks" in done[0]
+    # A rollback before the hand-over: the promotion cancels a demotion not yet carried out.
+    other = OutputGate(redis_conn, job, "count", "primary")
+    cancelled = []
+    other.demote_after_batch(cancelled.append)
+    other.promote()
+    other.demote_if_overdue(0.0)
+    assert other.role == "primary" and cancelled == []

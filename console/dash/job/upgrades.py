@@ -156,16 +156,16 @@ def upgrade_panel(upgrade: dict | None, now: datetime):
 
 
 def results_check(upgrade: dict) -> str:
-    """What the old version found checking the new one's results (declared result-preserving),
-    or that they are not checked."""
+    """What the old version found checking the new one's results (an upgrade declared
+    result-preserving), in a few words."""
     if not upgrade.get("result_preserving"):
-        return "not checked (not declared result-preserving)"
+        return "not checked"
     compared, differing = upgrade.get("results_compared"), upgrade.get("results_differing")
     if not compared:
-        return "checked against the old version's: no key compared yet"
+        return "no key compared yet"
     if differing:
-        return f"{differing} of {compared} keys differ from the old version's"
-    return f"equal to the old version's on {compared} keys"
+        return f"{differing} of {compared} keys differ"
+    return f"equal on {compared} keys"
 
 
 def _case_cell(upgrade: dict):
