@@ -277,8 +277,10 @@ class OutputGate:
         check = self.result_check
         waiting = check.keys_to_look_up(RESULTS_CHANNEL, COMPARE_CHUNK)
         if waiting:
-            values = self.client.hmget(keys.results(self.job), waiting)
-            versions = self.client.hmget(keys.result_versions(self.job), waiting)
+            pipe = self.client.pipeline(transaction=False)
+            pipe.hmget(keys.results(self.job), waiting)
+            pipe.hmget(keys.result_versions(self.job), waiting)
+            values, versions = pipe.execute()  # one round trip on the standby's batch path
             stored = {
                 key: (value, version) if value is not None and version is not None else None
                 for key, value, version in zip(waiting, values, versions, strict=True)
@@ -353,21 +355,8 @@ class OutputGate:
             )
             return {"epoch": epoch, "flushed": flushed}
 
-    def demote(self, compare: bool = False, comparable: bool = True) -> dict:
-        """Stop writing and buffer from now on, as a standby does: the primary of a stage being
-        upgraded hands the output over to its successor (the green replica), which takes over by
-        a newer fencing epoch once this one says it is a standby, and stays ready to take it back
-        (a rollback is this replica's ordinary promotion). Taken under the gate's lock, so it
-        lands between two batches: every batch before it was written whole, every batch after
-        it is buffered. With `compare` (an upgrade declared result-preserving) it checks its
-        successor's results against its own from then on (`result_check`), where the stage
-        writes results it can compare (`comparable`; else the check says it has none).
-        Returns {"watermarks"}: where this replica's writes ended, per sink."""
-        with self.lock:
-            return self._demote(compare, comparable)
-
     def demote_after_batch(self, then, compare: bool = False, comparable: bool = True) -> None:
-        """Demote (`demote`) right after this replica's next batch is written, so that its last
+        """Demote (`_demote`) right after this replica's next batch is written, so that its last
         write is the moment it hands over: the successor's first write follows it by the rest of
         one batch of the successor's, where a demotion at a random point between two writes
         added up to a trigger interval more to the output gap. `then(result)` runs once it is
@@ -388,6 +377,15 @@ class OutputGate:
         pending.then(result)
 
     def _demote(self, compare: bool, comparable: bool) -> dict:
+        """Stop writing and buffer from now on, as a standby does: the primary of a stage being
+        upgraded hands the output over to its successor (the green replica), which takes over by
+        a newer fencing epoch once this one says it is a standby, and stays ready to take it back
+        (a rollback is this replica's ordinary promotion). Called under the gate's lock, so it
+        lands between two batches: every batch before it was written whole, every batch after
+        it is buffered. With `compare` (an upgrade declared result-preserving) it checks its
+        successor's results against its own from then on (`result_check`), where the stage
+        writes results it can compare (`comparable`; else the check says it has none).
+        Returns {"watermarks"}: where this replica's writes ended, per sink."""
         self._pending_demotion = None
         self.role = STANDBY
         self.handed_over = True

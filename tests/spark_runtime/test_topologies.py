@@ -60,6 +60,15 @@ def run_stages(
     return runtimes
 
 
+def replica_state(redis_conn, job: str, replica_id: str, role: str, node: str):
+    """What a replica of stage `job` reports about itself (spark_runtime.stage.ReplicaState),
+    for driving control commands against a StageRuntime in this process."""
+    from spark_runtime.stage import ReplicaState
+
+    args = argparse.Namespace(job=job, replica_id=replica_id, stage="job", role=role, node=node)
+    return ReplicaState(redis_conn, args)
+
+
 def drain(runtimes, rounds=2):
     for _ in range(rounds):
         for rt in runtimes:
@@ -143,7 +152,7 @@ def test_a_stage_killed_while_writing_its_first_offsets_starts_again(
 def test_a_running_stage_takes_a_new_checkpoint_interval_by_restarting_its_queries(
     spark, redis_conn, redis_url, job, tmp_path
 ):
-    from spark_runtime.stage import ReplicaState, handle_command
+    from spark_runtime.stage import handle_command
 
     snapshots = "spark.sql.streaming.stateStore.minDeltasForSnapshot"
     maintenance = "spark.sql.streaming.stateStore.maintenanceInterval"
@@ -153,8 +162,7 @@ def test_a_running_stage_takes_a_new_checkpoint_interval_by_restarting_its_queri
     topology = get_topology("wordcount")
     generators.generate(redis_conn, job, "wordcount", count=600, rate=1e6, seed=5)
     (rt,) = run_stages(spark, redis_conn, redis_url, job, topology, tmp_path, chaining=FUSED)
-    args = argparse.Namespace(job=job, replica_id="wc-1", stage="job", role="primary", node="n1")
-    state = ReplicaState(redis_conn, args)
+    state = replica_state(redis_conn, job, "wc-1", "primary", "n1")
 
     def run_ids():
         return [str(q.runId) for q in rt.queries]
@@ -246,7 +254,7 @@ def test_a_promotion_lifts_the_standbys_batch_pace_before_it_fences(
     """A caught-up standby reads new input every few seconds (keys.batch_pace); the promote
     command lifts that pace before the gate fences the old primary, so no trigger of the new
     primary waits for it, and the counts stay exact."""
-    from spark_runtime.stage import ReplicaState, handle_command
+    from spark_runtime.stage import handle_command
 
     topology = get_topology("wordcount")
     (stage,) = compile_stages(topology, FUSED, job=job)
@@ -256,8 +264,7 @@ def test_a_promotion_lifts_the_standbys_batch_pace_before_it_fences(
         spark, redis_conn, job, topology, stage, STANDBY, redis_url, str(tmp_path / "standby"),
         pace_key=pace,
     )  # fmt: skip
-    args = argparse.Namespace(job=job, replica_id="wc-2", stage="job", role="standby", node="n1")
-    state = ReplicaState(redis_conn, args)
+    state = replica_state(redis_conn, job, "wc-2", "standby", "n1")
     state.update(batch_every_s=3.0)
     assert redis_conn.get(pace) == "3.0"
     paced_at_promotion = []
@@ -297,7 +304,7 @@ def test_a_demoted_primary_passes_the_promotion_on_to_its_successor(
     stay exact."""
     import json
 
-    from spark_runtime.stage import ReplicaState, handle_command
+    from spark_runtime.stage import handle_command
 
     topology = get_topology("wordcount")
     (stage,) = compile_stages(topology, FUSED, job=job)
@@ -306,14 +313,8 @@ def test_a_demoted_primary_passes_the_promotion_on_to_its_successor(
                         str(tmp_path / "blue"))  # fmt: skip
     green = StageRuntime(spark, redis_conn, job, topology, stage, STANDBY, redis_url,
                          str(tmp_path / "green"))  # fmt: skip
-    blue_state = ReplicaState(
-        redis_conn,
-        argparse.Namespace(job=job, replica_id="wc-1", stage="job", role="primary", node="n1"),
-    )
-    green_state = ReplicaState(
-        redis_conn,
-        argparse.Namespace(job=job, replica_id="wc-2", stage="job", role="standby", node="n2"),
-    )
+    blue_state = replica_state(redis_conn, job, "wc-1", "primary", "n1")
+    green_state = replica_state(redis_conn, job, "wc-2", "standby", "n2")
     blue.start()
     green.start()
     try:
@@ -695,7 +696,7 @@ def test_an_old_version_checks_its_successors_results_on_the_keys_both_computed(
     over with `compare`, the old version compares what it computes with what the new one
     writes. The same plan (20 keys) matches on every key compared; a plan that assigns records
     to 19 keys instead gives other sums for the same key names, which the old version finds."""
-    from spark_runtime.stage import ReplicaState, handle_command
+    from spark_runtime.stage import handle_command
 
     blue_topology = with_params(
         get_topology("shuffle"), {"assign_keys": {"keys": 20}, "aggregate": {"selectivity": 0.05}}
@@ -708,13 +709,8 @@ def test_an_old_version_checks_its_successors_results_on_the_keys_both_computed(
                         str(tmp_path / "blue"))  # fmt: skip
     green = StageRuntime(spark, redis_conn, job, green_topology, green_stage, STANDBY, redis_url,
                          str(tmp_path / "green"))  # fmt: skip
-    blue_state, green_state = (
-        ReplicaState(
-            redis_conn,
-            argparse.Namespace(job=job, replica_id=rid, stage="job", role=role, node="n1"),
-        )
-        for rid, role in (("sh-1", "primary"), ("sh-2", "standby"))
-    )
+    blue_state = replica_state(redis_conn, job, "sh-1", "primary", "n1")
+    green_state = replica_state(redis_conn, job, "sh-2", "standby", "n2")
     blue.start()
     green.start()
     try:
