@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from datetime import datetime, timedelta
+
 from django.conf import settings
 from django.db import models
 
@@ -53,6 +55,23 @@ class FaultInjection(models.Model):
     def __str__(self):
         target = self.target_operator or (self.target_node and self.target_node.name) or "?"
         return f"{self.kind} on {target} ({self.outcome})"
+
+    @classmethod
+    def behind_failure(cls, job: Job, seen_at: datetime, window_s: float = 60.0):
+        """The fault most likely behind a failure of `job` seen at `seen_at`: the latest one
+        injected or still pending within `window_s`, or None. A pending one counts because the
+        controller sends a kill before it marks the fault injected, and the failure the kill
+        causes can be recorded in between (faults.inject)."""
+        since = seen_at - timedelta(seconds=window_s)
+        return (
+            cls.objects.filter(job=job)
+            .filter(
+                models.Q(outcome=cls.Outcome.INJECTED, injected_at__gte=since)
+                | models.Q(outcome=cls.Outcome.PENDING, requested_at__gte=since)
+            )
+            .order_by("-requested_at")
+            .first()
+        )
 
 
 class RecoveryEpisode(models.Model):

@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import json
 import time
+from datetime import timedelta
 
 import pytest
 import redis
 from django.conf import settings
 from django.utils import timezone
 
-from console.models import ControlDecision, Job, RecoveryEpisode, Replica
+from console.models import ControlDecision, FaultInjection, Job, RecoveryEpisode, Replica
 from console.services.control.record import (
     OWN_REPORT_FRESH_S,
     record_failure,
@@ -132,3 +133,41 @@ def test_an_old_report_is_ignored_and_the_agents_exit_comes_first(redis_conn):
     assert fail_count_1(redis_conn, job, fresh).reason == (
         "count-1: exited with code 1 (query failed): ValueError: new"
     )
+
+
+def test_the_episode_names_the_fault_whose_kill_was_sent_before_its_row_said_injected(
+    redis_conn,
+):
+    # faults.inject sends the kill, then marks the fault injected; the controller can see the
+    # kill's failure in between.
+    job = make_job(status=Job.Status.RUNNING, strategy="local-restart")
+    being_injected = FaultInjection.objects.create(
+        job=job, kind=FaultInjection.Kind.KILL_DRIVER, target_operator="count"
+    )
+    fail_count_1(redis_conn, job, {"state": "running", "updated": time.time()})
+    assert RecoveryEpisode.objects.get(job=job).fault == being_injected
+
+
+def test_the_episode_names_a_recent_injected_fault_and_not_an_old_or_refused_one(redis_conn):
+    job = make_job(status=Job.Status.RUNNING, strategy="local-restart")
+    now = timezone.now()
+    old, refused, recent = (
+        FaultInjection.objects.create(
+            job=job, kind=FaultInjection.Kind.KILL_DRIVER, target_operator="count", outcome=outcome
+        )
+        for outcome in (
+            FaultInjection.Outcome.INJECTED,
+            FaultInjection.Outcome.REFUSED,
+            FaultInjection.Outcome.INJECTED,
+        )
+    )
+    FaultInjection.objects.filter(pk=old.pk).update(
+        requested_at=now - timedelta(seconds=90), injected_at=now - timedelta(seconds=89)
+    )
+    FaultInjection.objects.filter(pk=recent.pk).update(
+        requested_at=now - timedelta(seconds=5), injected_at=now - timedelta(seconds=4)
+    )
+    assert FaultInjection.behind_failure(job, now) == recent
+    FaultInjection.objects.filter(pk=recent.pk).delete()
+    assert FaultInjection.behind_failure(job, now) is None
+    assert FaultInjection.behind_failure(job, now - timedelta(seconds=60)) == old

@@ -164,18 +164,9 @@ def record_failure(job: Job, client, event, actions: list, launched_at: float) -
     )
     if row is not None and row.role == Replica.Role.STANDBY and episode_action == "restart-stage":
         return  # a lost standby costs no output: nothing to recover from
-    fault = (
-        FaultInjection.objects.filter(
-            job=job,
-            outcome=FaultInjection.Outcome.INJECTED,
-            injected_at__gte=timezone.now() - timezone.timedelta(seconds=60),
-        )
-        .order_by("-injected_at")
-        .first()
-    )
     RecoveryEpisode.objects.create(
         job=job,
-        fault=fault,
+        fault=FaultInjection.behind_failure(job, timezone.now()),
         strategy=job.strategy,
         stage=stage,
         action=episode_action,
