@@ -248,8 +248,12 @@ def agent_argv(node: str, worker_name: str | None = None) -> list[str]:
     )  # fmt: skip
 
 
-def agent_env(node: str, mem_mb: float, cpu: float | None = None) -> dict[str, str]:
-    """Environment of a node agent sharing this machine with the other nodes' agents."""
+def agent_env(
+    node: str, mem_mb: float, cpu: float | None = None, own_host: bool = False
+) -> dict[str, str]:
+    """Environment of a node agent sharing this machine with the other nodes' agents. They
+    report this machine as their host, so they share its warm spares (console.policy.spares),
+    unless `own_host`: then the node stands for a host of its own, with spares of its own."""
     env = {
         "BACKSTOP_NODE": node,
         # several agents share this machine: each measures its own stage processes
@@ -258,6 +262,8 @@ def agent_env(node: str, mem_mb: float, cpu: float | None = None) -> dict[str, s
     }
     if cpu is not None:
         env["BACKSTOP_NODE_CPU"] = str(cpu)
+    if own_host:
+        env["BACKSTOP_NODE_HOST"] = node
     return env
 
 
@@ -275,6 +281,8 @@ class LocalCluster:
     worker_prefix: str = ""  # Celery worker names, e.g. "bench-" gives bench-controller@host
     controller_concurrency: int = 4
     env: dict = field(default_factory=dict)  # added to every process's environment
+    # Each node stands for a host of its own (spares of its own) rather than sharing this one.
+    own_hosts: bool = False
 
     def start_controller(self) -> None:
         self.group.start(
@@ -292,7 +300,10 @@ class LocalCluster:
             self.group.start(
                 f"agent-{node}",
                 agent_argv(node, f"{self.worker_prefix}agent-{node}@%h"),
-                env={**self.env, **agent_env(node, self.node_mem_mb, self.node_cpu)},
+                env={
+                    **self.env,
+                    **agent_env(node, self.node_mem_mb, self.node_cpu, self.own_hosts),
+                },
                 nice=CONTROL_PLANE_NICE,
             )
         self.group.start(

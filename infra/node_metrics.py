@@ -12,8 +12,11 @@ on one machine the demo's nodes really do share one network interface.
 
 from __future__ import annotations
 
+import os
+import socket
 import time
 from dataclasses import asdict, dataclass, fields
+from pathlib import Path
 
 import psutil
 
@@ -28,6 +31,22 @@ from infra.processes import with_children as with_children
 
 HOST = "host"
 PROCESSES = "processes"
+# One id per running kernel: agents on one machine share it, in containers too.
+BOOT_ID = "/proc/sys/kernel/random/boot_id"
+
+
+def host_identity() -> str:
+    """The machine a node agent runs on, so the policy sees which nodes share one
+    (console.policy.spares): BACKSTOP_NODE_HOST if set, else the kernel's boot id, else the
+    host name. Agents in containers on one machine have host names of their own but share the
+    boot id, and they do share that machine's memory."""
+    named = os.environ.get("BACKSTOP_NODE_HOST", "").strip()
+    if named:
+        return named
+    try:
+        return f"boot:{Path(BOOT_ID).read_text().strip()}"
+    except OSError:
+        return socket.gethostname()
 
 
 @dataclass(frozen=True)

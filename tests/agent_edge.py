@@ -17,10 +17,11 @@ def publish_usage(
     cpu_used: dict[str, float] | None = None,
     ttl_s=5,
     idle_spares: dict[str, int] | None = None,
+    hosts: dict[str, str] | None = None,
 ) -> None:
     """What each node agent publishes every second: a heartbeat and a usage sample (2 cores,
     4 GB; CPU used 0.2 cores unless `cpu_used` says otherwise; no idle spare unless
-    `idle_spares` says otherwise)."""
+    `idle_spares` says otherwise; each node a host of its own unless `hosts` says otherwise)."""
     for name in nodes:
         usage = {
             "at": time.time(),
@@ -34,6 +35,7 @@ def publish_usage(
             "bw_total": 1000.0,
             "processes": 1,
             "spares": (idle_spares or {}).get(name, 0),
+            "host": (hosts or {}).get(name, f"host-of-{name}"),
         }
         payload = json.dumps(usage)
         client.set(control_keys.node_heartbeat(name), payload, ex=ttl_s)

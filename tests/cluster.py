@@ -36,10 +36,17 @@ class Cluster:
     process that exits on its own is started again), logs under `log_dir`.
 
     redis_url: the Redis the workers use (default: the test Redis); env: added to every
-    process's environment (e.g. SPARK_MASTER, which the stage processes inherit).
+    process's environment (e.g. SPARK_MASTER, which the stage processes inherit); own_hosts:
+    each node stands for a host of its own (LocalCluster.own_hosts).
     """
 
-    def __init__(self, log_dir, redis_url: str | None = None, env: dict | None = None):
+    def __init__(
+        self,
+        log_dir,
+        redis_url: str | None = None,
+        env: dict | None = None,
+        own_hosts: bool = False,
+    ):
         self.log_dir = log_dir
         self.redis_url = redis_url or settings.REDIS_URL
         self.group = ProcessGroup(log_dir, say=None)  # restarts go to log_dir/launcher.log
@@ -51,6 +58,7 @@ class Cluster:
             beat_schedule=log_dir / "beat",
             worker_prefix="it-",
             controller_concurrency=6,
+            own_hosts=own_hosts,
             env={
                 "DJANGO_SETTINGS_MODULE": "web.settings.test",
                 "DATABASE_URL": database_url(),

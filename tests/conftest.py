@@ -41,13 +41,15 @@ def api_as(users):
 
 
 @pytest.fixture
-def cluster(transactional_db, tmp_path, settings):
-    """A real controller, beat and three node agents (see tests/cluster.py)."""
+def cluster(request, transactional_db, tmp_path, settings):
+    """A real controller, beat and three node agents (see tests/cluster.py). The agents share
+    this machine as their host (one host's warm spares), unless the test is marked
+    `own_hosts`: then each node stands for a host of its own."""
     from tests.cluster import Cluster, prepare
 
     settings.CONTROLLER_DISPATCH = True  # the API sends real tasks to the real controller
     prepare()
-    running = Cluster(tmp_path)
+    running = Cluster(tmp_path, own_hosts=request.node.get_closest_marker("own_hosts") is not None)
     try:
         running.start_all()
         yield running

@@ -39,7 +39,7 @@ from console.policy.fault_params import (
 from console.redis import redis_client
 from infra import keys, tasks
 from infra.env import env
-from infra.node_metrics import PROCESSES, Capacity, NodeSampler
+from infra.node_metrics import PROCESSES, Capacity, NodeSampler, host_identity
 from infra.processes import (
     CPU_HOG_MODULE,
     SPARE_MODULE,
@@ -807,13 +807,19 @@ def publish_activity(client: redis.Redis) -> None:
 
 
 def publish_forever(node: str, sampler: NodeSampler) -> None:
-    """Heartbeat and metrics every second until the worker shuts down; survives Redis outages."""
+    """Heartbeat and metrics every second until the worker shuts down; survives Redis outages.
+    The heartbeat names the agent's host: nodes on one host share its warm spares."""
     client = redis_client()
+    host = host_identity()
     while not _stop.wait(PUBLISH_INTERVAL_S):
         try:
             resume_due(client, node)
             reconcile_spares(client, node)
-            usage = {**sampler.sample().to_dict(), "spares": idle_spares(client, node)}
+            usage = {
+                **sampler.sample().to_dict(),
+                "spares": idle_spares(client, node),
+                "host": host,
+            }
             payload = json.dumps(usage)
             pipe = client.pipeline()
             pipe.set(keys.node_heartbeat(node), payload, ex=HEARTBEAT_TTL_S)

@@ -111,6 +111,7 @@ def to_markdown(bench: dict) -> str:
             f"{_fmt(steady.get('spares_cpu_pct'), 0)} | {_fmt(steady.get('spares_rss_mb'), 0)} | "
             f"{_fmt(steady.get('spares_pss_mb'), 0)} |"
         )
+    lines += memory_lines(runs, baseline)
     lines += [
         "",
         "| strategy | fault | at s | action | downtime s | recovery s | peak p99 ms "
@@ -164,6 +165,29 @@ def peer_lines(runs: list[dict], peer: dict) -> list[str]:
             f"{_fmt(with_spares(run['steady'], 'pss_mb'), 0)} |"
         )
     return lines
+
+
+def memory_lines(runs: list[dict], baseline: dict | None) -> list[str]:
+    """Each Backstop strategy's memory with its idle warm spares as a multiple of restart-all's
+    (which keeps none), RSS and PSS; nothing without a baseline or for runs not sampled."""
+    if baseline is None:
+        return []
+    base_rss, base_pss = baseline["steady"].get("rss_mb"), baseline["steady"].get("pss_mb")
+    parts = []
+    for run in runs:
+        if run is baseline or run["strategy"] == PEER:
+            continue
+        rss, pss = with_spares(run["steady"], "rss_mb"), with_spares(run["steady"], "pss_mb")
+        figures = [
+            f"{name} {mine / base:.2f}x"
+            for name, mine, base in (("RSS", rss, base_rss), ("PSS", pss, base_pss))
+            if mine is not None and base
+        ]
+        if figures:
+            parts.append(f"{run['strategy']} {', '.join(figures)}")
+    if not parts:
+        return []
+    return ["", f"Memory with idle warm spares, against {BASELINE}'s: {'; '.join(parts)}."]
 
 
 def with_spares(steady: dict, figure: str) -> float | None:

@@ -5,12 +5,16 @@ restart or a new standby takes over instead of starting cold. Spares cost memory
 against the same resource reserve as standbys (see placement.py): nodes are filled by Q
 (best first), one spare at a time, up to the policy's `warm_spares_per_node`, while the
 cluster's free memory and cpu stay above the reserve. Spares already running are part of the
-measured usage, so only spares beyond the current ones are charged.
+measured usage, so only spares beyond the current ones are charged. Nodes that share a host
+(several agents on one machine, as in the demo and the benchmarks) share that host's
+`warm_spares_per_node`: their spares draw on one machine's memory, and the supervisor puts a
+new standby where an idle spare is (`standby_node_preference`), so one spare serves them all.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections import Counter
+from collections.abc import Collection, Mapping, Sequence
 
 from console.policy.config import PolicyConfig
 from console.policy.resources import NodeCapacity
@@ -25,9 +29,16 @@ def spares_wanted(
     capacities: Mapping[str, NodeCapacity],
     current: Mapping[str, int],
     config: PolicyConfig,
+    hosts: Mapping[str, str] | None = None,
+    covering: Collection[str] | None = None,
 ) -> dict[str, int]:
-    """Spares wanted per alive node. `current`: idle spares each node reports now. (While a
-    stage is re-protected the agents start none of them: spark_runtime.spare.hold_spare_refills.)"""
+    """Spares wanted per alive node. `current`: idle spares each node reports now. `hosts`: the
+    host each node's agent runs on (a node missing from it is a host of its own); nodes on one
+    host share its `warm_spares_per_node`. A host's running spares are kept on its best-Q
+    nodes first, so a spare is not moved between nodes of one host as their Q changes. A new
+    spare goes to a node in `covering` (`covering_nodes`: where it covers the job's next
+    fault) before one of the host's other nodes. (While a stage is re-protected the agents
+    start none of them: spark_runtime.spare.hold_spare_refills.)"""
     alive = sorted((c for c in capacities.values() if c.alive), key=lambda c: (-c.score, c.name))
     cpu_total = sum(c.cpu_total for c in alive)
     mem_total = sum(c.mem_total for c in alive)
@@ -35,7 +46,13 @@ def spares_wanted(
         return {}
     cpu_free = sum(c.cpu_free for c in alive)
     mem_free = sum(c.mem_free for c in alive)
-    wanted = {c.name: min(current.get(c.name, 0), config.warm_spares_per_node) for c in alive}
+    limit = config.warm_spares_per_node
+    host_of = {c.name: (hosts or {}).get(c.name) or c.name for c in alive}
+    on_host: Counter[str] = Counter()
+    wanted = {}
+    for c in alive:
+        wanted[c.name] = min(current.get(c.name, 0), limit - on_host[host_of[c.name]])
+        on_host[host_of[c.name]] += wanted[c.name]
 
     def keeps_reserve(extra: int) -> bool:
         return (cpu_free - extra * SPARE_CPU) / cpu_total >= config.resource_reserve and (
@@ -44,12 +61,23 @@ def spares_wanted(
 
     added = 0
     while True:
-        short = [c for c in alive if wanted[c.name] < config.warm_spares_per_node]
+        short = [c for c in alive if on_host[host_of[c.name]] < limit]
         if not short or not keeps_reserve(added + 1):
             break
-        # Round robin by Q: the node with the fewest spares first, the best Q breaking ties.
-        node = min(short, key=lambda c: (wanted[c.name], -c.score, c.name))
+        # Round robin: the host, then the node, with the fewest spares first, a covering node
+        # before the others, the best Q breaking ties.
+        node = min(
+            short,
+            key=lambda c: (
+                on_host[host_of[c.name]],
+                wanted[c.name],
+                covering is not None and c.name not in covering,
+                -c.score,
+                c.name,
+            ),
+        )
         wanted[node.name] += 1
+        on_host[host_of[node.name]] += 1
         if wanted[node.name] > current.get(node.name, 0):
             added += 1
     return wanted
@@ -84,6 +112,15 @@ def spare_needed(
         return idle_on(idle_spares)
 
     return not all(covered(*nodes) for nodes in placements.values())
+
+
+def covering_nodes(
+    placements: Mapping[str, tuple[str | None, str | None]], nodes: Collection[str]
+) -> set[str]:
+    """The nodes among `nodes` where one idle spare would cover every stage of `placements`
+    (as `spare_needed` counts cover): off both replicas of a stage with a standby, on the
+    primary's node of a stage without one."""
+    return {node for node in nodes if not spare_needed(placements, {node: 1})}
 
 
 def standby_node_preference(

@@ -79,6 +79,10 @@ def test_markdown_has_a_row_per_strategy_and_per_fault():
     assert restart_all + " n/a |  |" in text
     assert "| adaptive | 1: kill-driver | 50.0 | promote | 1.00 | 2.00 | 2000 | 7.5 |  |" in text
     assert "| x | n/a | n/a | n/a |" in text
+    # restart-all keeps no spares; adaptive's memory counts its spares': 1500 + 912.5 MB RSS
+    # against 1500 MB; restart-all's PSS was not sampled, so no PSS multiple.
+    assert "Memory with idle warm spares, against restart-all's: adaptive RSS 1.61x" in text
+    assert "PSS" not in text.split("Memory with idle warm spares")[1].splitlines()[0]
 
 
 def test_output_still_catching_up_is_not_reported_as_plain_loss():

@@ -77,6 +77,33 @@ def test_a_re_protecting_job_holds_refills_without_lowering_targets(redis_conn):
     assert redis_conn.ttl(data_keys.spare_refill_hold()) <= 1
 
 
+def test_nodes_whose_agents_share_a_host_share_its_spares(redis_conn):
+    for name in NODES:
+        NodeFactory(name=name, cpu_total=2.0, mem_total_mb=4096.0)
+    config = PolicyConfig(warm_spares_per_node=1)
+    # The agents' heartbeats name their host (workers/agent.py: infra.node_metrics.host_identity).
+    publish_usage(redis_conn, NODES, hosts={n: "one-machine" for n in NODES})
+    assert sum(keep_warm_spares(redis_conn, config, {}).values()) == 1
+    assert sum(targets(redis_conn).values()) == 1
+    publish_usage(redis_conn, NODES)  # a host each
+    keep_warm_spares(redis_conn, config, {})
+    assert targets(redis_conn) == {"wt-node-1": 1, "wt-node-2": 1}
+
+
+def test_a_hosts_spare_warming_up_keeps_its_node_when_another_looks_better(redis_conn):
+    for name in NODES:
+        NodeFactory(name=name, cpu_total=2.0, mem_total_mb=4096.0)
+    config = PolicyConfig(warm_spares_per_node=1)
+    entry = {"pid": os.getpid(), "state": "starting", "since": time.time()}
+    redis_conn.hset(data_keys.spares("wt-node-2"), "spare-w", json.dumps(entry))
+    # Its JVM start loads wt-node-2: wt-node-1 has the better Q now.
+    publish_usage(
+        redis_conn, NODES, cpu_used={"wt-node-2": 1.5}, hosts={n: "one-machine" for n in NODES}
+    )
+    keep_warm_spares(redis_conn, config, {})
+    assert targets(redis_conn) == {"wt-node-1": 0, "wt-node-2": 1}
+
+
 def test_the_cycle_asks_for_a_spare_until_one_is_idle_off_the_stage_s_nodes(redis_conn):
     """Warming spares take the normal priority only while a job lacks an idle spare where its
     next fault would start a process (the agents report their idle spares with their

@@ -6,6 +6,7 @@ from console.policy.config import PolicyConfig
 from console.policy.resources import NodeCapacity
 from console.policy.spares import (
     SPARE_MEM_MB,
+    covering_nodes,
     spare_needed,
     spares_wanted,
     standby_node_preference,
@@ -86,3 +87,59 @@ def test_a_stage_without_a_standby_is_covered_by_an_idle_spare_on_its_primary_s_
     # Every stage, protected or not, needs its cover.
     assert spare_needed({"a": ("n1", None), "b": ("n1", "n2")}, {"n1": 1})
     assert not spare_needed({"a": ("n1", None), "b": ("n1", "n2")}, {"n1": 1, "n3": 1})
+
+
+def test_nodes_on_one_host_share_its_spares_on_their_best_q_node():
+    nodes = {n.name: n for n in (node("n1", 1.0), node("n2", 3.0), node("n3", 2.0))}
+    one_host = {"n1": "m", "n2": "m", "n3": "m"}
+    config = PolicyConfig(warm_spares_per_node=1)
+    assert spares_wanted(nodes, {}, config, one_host) == {"n1": 0, "n2": 1, "n3": 0}
+    # Two per host: the second goes to another node of the host, the next best Q.
+    assert spares_wanted(nodes, {}, PolicyConfig(warm_spares_per_node=2), one_host) == {
+        "n1": 0,
+        "n2": 1,
+        "n3": 1,
+    }
+    # Without hosts every node is a host of its own, as before.
+    assert spares_wanted(nodes, {}, config) == {"n1": 1, "n2": 1, "n3": 1}
+
+
+def test_a_hosts_running_spare_stays_where_it_is_and_extra_ones_are_trimmed():
+    nodes = {n.name: n for n in (node("n1", 3.0), node("n2", 2.0), node("n3", 1.0))}
+    one_host = {"n1": "m", "n2": "m", "n3": "m"}
+    config = PolicyConfig(warm_spares_per_node=1)
+    # n3 has the worst Q now, but its spare is warm: kept, none started on n1.
+    assert spares_wanted(nodes, {"n3": 1}, config, one_host) == {"n1": 0, "n2": 0, "n3": 1}
+    # Three running (one per node, before they were seen to share a host): the best Q keeps its.
+    assert spares_wanted(nodes, {"n1": 1, "n2": 1, "n3": 1}, config, one_host) == {
+        "n1": 1,
+        "n2": 0,
+        "n3": 0,
+    }
+
+
+def test_hosts_fill_round_robin_and_a_node_without_a_host_is_its_own():
+    nodes = {n.name: n for n in (node("a1", 4.0), node("a2", 3.0), node("b1", 2.0), node("c", 1.0))}
+    hosts = {"a1": "A", "a2": "A", "b1": "B"}
+    config = PolicyConfig(warm_spares_per_node=1)
+    assert spares_wanted(nodes, {}, config, hosts) == {"a1": 1, "a2": 0, "b1": 1, "c": 1}
+
+
+def test_a_hosts_new_spare_goes_where_it_covers_the_next_fault():
+    nodes = {n.name: n for n in (node("n1", 3.0), node("n2", 2.0), node("n3", 1.0))}
+    one_host = {"n1": "m", "n2": "m", "n3": "m"}
+    # count's primary on n2, its standby on n1 (the best Q): a promotion's new standby goes to
+    # n3, so n3 is where the one spare helps.
+    placements = {"count": ("n2", "n1")}
+    assert covering_nodes(placements, nodes) == {"n3"}
+    config = PolicyConfig(warm_spares_per_node=1)
+    assert spares_wanted(nodes, {}, config, one_host, covering_nodes(placements, nodes)) == {
+        "n1": 0,
+        "n2": 0,
+        "n3": 1,
+    }
+    # A stage without a standby restarts in place: its primary's node covers it.
+    assert covering_nodes({"count": ("n2", None)}, nodes) == {"n2"}
+    # No stage: every node covers, and Q decides.
+    assert covering_nodes({}, nodes) == {"n1", "n2", "n3"}
+    assert spares_wanted(nodes, {}, config, one_host, covering_nodes({}, nodes))["n1"] == 1

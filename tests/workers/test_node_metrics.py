@@ -131,3 +131,20 @@ def test_pss_counts_an_ended_process_as_gone_and_is_none_without_pss():
             return namedtuple("pmem", "rss vms")(rss=2**20, vms=2**21)
 
     assert pss_mb([NoPss()]) is None
+
+
+def agent_host(env: dict) -> str:
+    """What a node agent started with `env` reports as its host."""
+    code = "from infra.node_metrics import host_identity; print(host_identity())"
+    return subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
+    ).stdout.strip()
+
+
+def test_agents_on_one_machine_report_one_host_unless_told_otherwise():
+    import os
+
+    base = {k: v for k, v in os.environ.items() if k != "BACKSTOP_NODE_HOST"}
+    first, second = agent_host(base), agent_host({**base, "HOSTNAME": "another-container"})
+    assert first == second != ""
+    assert agent_host({**base, "BACKSTOP_NODE_HOST": "rack-2-host-7"}) == "rack-2-host-7"
