@@ -59,17 +59,16 @@ class FaultInjection(models.Model):
     @classmethod
     def behind_failure(cls, job: Job, seen_at: datetime, window_s: float = 60.0):
         """The fault most likely behind a failure of `job` seen at `seen_at`: the latest one
-        injected or still pending within `window_s`, or None. A pending one counts because the
-        controller sends a kill before it marks the fault injected, and the failure the kill
-        causes can be recorded in between (faults.inject)."""
-        since = seen_at - timedelta(seconds=window_s)
+        injected within `window_s` before it, or None. A fault counts as injected from just
+        before it is sent (services/faults.inject), so the failure it causes finds it."""
         return (
-            cls.objects.filter(job=job)
-            .filter(
-                models.Q(outcome=cls.Outcome.INJECTED, injected_at__gte=since)
-                | models.Q(outcome=cls.Outcome.PENDING, requested_at__gte=since)
+            cls.objects.filter(
+                job=job,
+                outcome=cls.Outcome.INJECTED,
+                injected_at__gte=seen_at - timedelta(seconds=window_s),
+                injected_at__lte=seen_at,
             )
-            .order_by("-requested_at")
+            .order_by("-injected_at")
             .first()
         )
 

@@ -9,6 +9,7 @@ import redis
 from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
+from kombu.exceptions import OperationalError
 
 from console.models import ControlDecision, FaultInjection, Job, Node, RecoveryEpisode, Replica
 from console.policy.fault_params import (
@@ -139,13 +140,15 @@ def _replica_of(job: Job, operator: str, role: str):
 def inject(fault: FaultInjection) -> FaultInjection:
     """Carry out a pending fault through the node agents or the replica's control channel.
 
-    Idempotent: a fault that is no longer pending is left as it is.
+    Idempotent: a fault that is no longer pending is left as it is. The fault is recorded as
+    injected, with its time, just before it is sent: the controller may see the failure it
+    causes at once, and the episode it records then finds the fault and measures from its time
+    (FaultInjection.behind_failure). A send that fails marks it failed.
     """
     if fault.outcome != FaultInjection.Outcome.PENDING:
         return fault
     job = fault.job
     duration = float(fault.params.get("duration_s", DEFAULT_DURATION_S))
-    detail = ""
     if fault.kind in (FaultInjection.Kind.KILL_DRIVER, FaultInjection.Kind.KILL_STANDBY):
         role = "primary" if fault.kind == FaultInjection.Kind.KILL_DRIVER else "standby"
         replica = _replica_of(job, fault.target_operator, role)
@@ -156,10 +159,13 @@ def inject(fault: FaultInjection) -> FaultInjection:
                 f"no running {role} for operator {fault.target_operator!r}",
             )
         local_id = replica.local_id
-        tasks.send(
-            tasks.KILL_REPLICA, local_id, job_key=job.key, queue=node_queue(replica.node.name)
-        )
         detail = f"SIGKILL to {local_id} (pid {replica.pid}) on {replica.node.name}"
+
+        def send():
+            tasks.send(
+                tasks.KILL_REPLICA, local_id, job_key=job.key, queue=node_queue(replica.node.name)
+            )
+
     elif fault.kind == FaultInjection.Kind.OPERATOR_EXCEPTION:
         replica = _replica_of(job, fault.target_operator, "primary")
         if replica is None:
@@ -169,13 +175,16 @@ def inject(fault: FaultInjection) -> FaultInjection:
                 f"no running primary for operator {fault.target_operator!r}",
             )
         local_id = replica.local_id
-        send_command(
-            redis_client(),
-            job,
-            local_id,
-            {"cmd": "fault", "kind": "operator_exception", "after_batches": 1},
-        )
         detail = f"armed an exception in the next batch of {local_id}"
+
+        def send():
+            send_command(
+                redis_client(),
+                job,
+                local_id,
+                {"cmd": "fault", "kind": "operator_exception", "after_batches": 1},
+            )
+
     elif fault.kind in (FaultInjection.Kind.KILL_EXECUTOR, FaultInjection.Kind.KILL_WORKER):
         replica = _replica_of(job, fault.target_operator, "primary")
         app = spark_app_of(job, replica)
@@ -188,43 +197,58 @@ def inject(fault: FaultInjection) -> FaultInjection:
             )
         what = "worker" if fault.kind == FaultInjection.Kind.KILL_WORKER else "executor"
         detail = f"SIGKILL to a Spark {what} of application {app} (asked {replica.node.name})"
-        # Recorded before it is sent: the agent's report may be read by the next tick at once,
-        # and a redelivered inject task then finds the fault no longer pending. A task that is
-        # never carried out is failed by `expire_unreported_spark_kills`.
-        fault = _finish(fault, FaultInjection.Outcome.INJECTED, detail)
-        tasks.send(
-            tasks.KILL_SPARK_PROCESS,
-            app,
-            fault.kind,
-            fault_id=fault.pk,
-            job_key=job.key,
-            queue=node_queue(replica.node.name),
-        )
-        return fault
+
+        # A kill the agent never carries out is failed by `expire_unreported_spark_kills`.
+        def send():
+            tasks.send(
+                tasks.KILL_SPARK_PROCESS,
+                app,
+                fault.kind,
+                fault_id=fault.pk,
+                job_key=job.key,
+                queue=node_queue(replica.node.name),
+            )
+
     elif fault.kind == FaultInjection.Kind.KILL_NODE:
-        tasks.send(tasks.KILL_NODE, job.key, queue=node_queue(fault.target_node.name))
         detail = f"SIGKILL to every replica of the job on {fault.target_node.name}"
+
+        def send():
+            tasks.send(tasks.KILL_NODE, job.key, queue=node_queue(fault.target_node.name))
+
     elif fault.kind == FaultInjection.Kind.PAUSE_NODE:
-        tasks.send(
-            tasks.PAUSE_NODE,
-            duration,
-            job.key,
-            fault_id=fault.pk,
-            queue=node_queue(fault.target_node.name),
-        )
         detail = f"SIGSTOP for {duration:g} s on {fault.target_node.name}"
+
+        def send():
+            tasks.send(
+                tasks.PAUSE_NODE,
+                duration,
+                job.key,
+                fault_id=fault.pk,
+                queue=node_queue(fault.target_node.name),
+            )
+
     elif fault.kind == FaultInjection.Kind.STRESS_NODE:
         workers = int(fault.params.get("workers", DEFAULT_STRESS_WORKERS))
-        tasks.send(
-            tasks.STRESS_NODE,
-            duration,
-            workers,
-            fault_id=fault.pk,
-            job_key=job.key,
-            queue=node_queue(fault.target_node.name),
-        )
         detail = f"{workers} CPU hogs for {duration:g} s on {fault.target_node.name}"
-    return _finish(fault, FaultInjection.Outcome.INJECTED, detail)
+
+        def send():
+            tasks.send(
+                tasks.STRESS_NODE,
+                duration,
+                workers,
+                fault_id=fault.pk,
+                job_key=job.key,
+                queue=node_queue(fault.target_node.name),
+            )
+
+    else:
+        return _finish(fault, FaultInjection.Outcome.FAILED, f"unknown fault kind {fault.kind!r}")
+    fault = _finish(fault, FaultInjection.Outcome.INJECTED, detail)
+    try:
+        send()
+    except (redis.RedisError, OperationalError) as exc:
+        return _finish(fault, FaultInjection.Outcome.FAILED, f"{detail}: not sent ({exc})")
+    return fault
 
 
 def spark_app_of(job: Job, replica) -> str | None:

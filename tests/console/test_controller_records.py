@@ -11,14 +11,17 @@ import pytest
 import redis
 from django.conf import settings
 from django.utils import timezone
+from kombu.exceptions import OperationalError
 
 from console.models import ControlDecision, FaultInjection, Job, RecoveryEpisode, Replica
+from console.services import faults
 from console.services.control.record import (
     OWN_REPORT_FRESH_S,
     record_failure,
     record_promotion_over_restart,
 )
 from infra import keys as control_keys
+from infra import tasks
 from spark_runtime import keys as data_keys
 from spark_runtime.stage import failure_cause
 from spark_runtime.supervision import (
@@ -29,7 +32,7 @@ from spark_runtime.supervision import (
     ReplicaSpec,
     RestartStage,
 )
-from tests.factories import NodeFactory, make_job
+from tests.factories import FaultFactory, NodeFactory, ReplicaFactory, make_job
 
 pytestmark = pytest.mark.django_db
 
@@ -135,17 +138,48 @@ def test_an_old_report_is_ignored_and_the_agents_exit_comes_first(redis_conn):
     )
 
 
-def test_the_episode_names_the_fault_whose_kill_was_sent_before_its_row_said_injected(
-    redis_conn,
+def count_primary(job: Job) -> Replica:
+    """A running primary of stage count, which runs operator count."""
+    job.operators.filter(name="count").update(stage="count")
+    return ReplicaFactory(job=job, node=NodeFactory(name="node-1"), replica_id=f"{job.key}/count-1")
+
+
+def test_a_kill_is_recorded_injected_before_it_is_sent_so_its_failure_finds_it(
+    redis_conn, monkeypatch
 ):
-    # faults.inject sends the kill, then marks the fault injected; the controller can see the
-    # kill's failure in between.
+    # The controller can see the failure a kill causes before faults.inject returns: here the
+    # failure is recorded while the kill is being sent (CI saw an episode name no fault).
     job = make_job(status=Job.Status.RUNNING, strategy="local-restart")
-    being_injected = FaultInjection.objects.create(
-        job=job, kind=FaultInjection.Kind.KILL_DRIVER, target_operator="count"
-    )
-    fail_count_1(redis_conn, job, {"state": "running", "updated": time.time()})
-    assert RecoveryEpisode.objects.get(job=job).fault == being_injected
+    count_primary(job)
+    fault = FaultFactory(job=job, kind=FaultInjection.Kind.KILL_DRIVER, target_operator="count")
+    seen_when_sent = []
+
+    def send_and_fail(task, *args, **kwargs):
+        seen_when_sent.append(FaultInjection.objects.get(pk=fault.pk).outcome)
+        fail_count_1(redis_conn, job, {"state": "running", "updated": time.time()})
+
+    monkeypatch.setattr(tasks, "send", send_and_fail)
+    injected = faults.inject(fault)
+    assert seen_when_sent == [FaultInjection.Outcome.INJECTED]
+    assert injected.outcome == FaultInjection.Outcome.INJECTED
+    episode = RecoveryEpisode.objects.get(job=job)
+    assert episode.fault == fault
+    assert injected.injected_at <= episode.detected_at
+
+
+def test_a_kill_that_cannot_be_sent_is_recorded_failed(monkeypatch):
+    job = make_job(status=Job.Status.RUNNING, strategy="local-restart")
+    count_primary(job)
+    fault = FaultFactory(job=job, kind=FaultInjection.Kind.KILL_DRIVER, target_operator="count")
+
+    def broker_down(task, *args, **kwargs):
+        raise OperationalError("Error 111 connecting to 127.0.0.1:6379")
+
+    monkeypatch.setattr(tasks, "send", broker_down)
+    failed = faults.inject(fault)
+    assert failed.outcome == FaultInjection.Outcome.FAILED
+    assert "not sent (Error 111" in failed.outcome_detail
+    assert failed.injected_at is None
 
 
 def test_the_episode_names_a_recent_injected_fault_and_not_an_old_or_refused_one(redis_conn):
@@ -168,6 +202,8 @@ def test_the_episode_names_a_recent_injected_fault_and_not_an_old_or_refused_one
         requested_at=now - timedelta(seconds=5), injected_at=now - timedelta(seconds=4)
     )
     assert FaultInjection.behind_failure(job, now) == recent
+    # One injected after the failure was seen did not cause it.
+    assert FaultInjection.behind_failure(job, now - timedelta(seconds=4.5)) is None
     FaultInjection.objects.filter(pk=recent.pk).delete()
     assert FaultInjection.behind_failure(job, now) is None
     assert FaultInjection.behind_failure(job, now - timedelta(seconds=60)) == old
