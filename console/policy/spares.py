@@ -5,10 +5,11 @@ restart or a new standby takes over instead of starting cold. Spares cost memory
 against the same resource reserve as standbys (see placement.py): nodes are filled by Q
 (best first), one spare at a time, up to the policy's `warm_spares_per_node`, while the
 cluster's free memory and cpu stay above the reserve. Spares already running are part of the
-measured usage, so only spares beyond the current ones are charged. Nodes that share a host
+measured usage, so only spares beyond the idle ones are charged. Nodes that share a host
 (several agents on one machine, as in the demo and the benchmarks) share that host's
 `warm_spares_per_node`: their spares draw on one machine's memory, and the supervisor puts a
-new standby where an idle spare is (`standby_node_preference`), so one spare serves them all.
+new standby where an idle spare is (`standby_node_preference`), so one spare placed where it
+covers the next fault serves them all.
 """
 
 from __future__ import annotations
@@ -30,16 +31,22 @@ def spares_wanted(
     current: Mapping[str, int],
     config: PolicyConfig,
     hosts: Mapping[str, str] | None = None,
-    covering: Collection[str] | None = None,
+    cover: Mapping[str, int] | None = None,
+    measured: Mapping[str, int] | None = None,
 ) -> dict[str, int]:
-    """Spares wanted per alive node. `current`: idle spares each node reports now. `hosts`: the
-    host each node's agent runs on (a node missing from it is a host of its own); nodes on one
-    host share its `warm_spares_per_node`. A host's running spares are kept on its best-Q
-    nodes first, so a spare is not moved between nodes of one host as their Q changes. A new
-    spare goes to a node in `covering` (`covering_nodes`: where it covers the job's next
-    fault) before one of the host's other nodes. (While a stage is re-protected the agents
-    start none of them: spark_runtime.spare.hold_spare_refills.)"""
-    alive = sorted((c for c in capacities.values() if c.alive), key=lambda c: (-c.score, c.name))
+    """Spares wanted per alive node.
+
+    `current`: the spares each node holds now (idle or warming up), kept where they are so
+    that a spare does not move between nodes as Q or the job whose cycle runs changes.
+    `measured`: those of them whose memory the measured usage already
+    includes, the idle ones (default: all of `current`); the others are charged against the
+    reserve. `hosts`: the host each node's agent runs on (a node missing from it is a host of
+    its own); the nodes of one host share its `warm_spares_per_node`. `cover`: how many of the
+    job's stages a spare on each node would cover (`stages_covered`). A host over its limit
+    keeps the spares that cover most, then those on the best Q; a new spare goes to the host
+    and node with the fewest, then where it covers most, then by Q. (While a stage is
+    re-protected the agents start none of them: spark_runtime.spare.hold_spare_refills.)"""
+    alive = [c for c in capacities.values() if c.alive]
     cpu_total = sum(c.cpu_total for c in alive)
     mem_total = sum(c.mem_total for c in alive)
     if cpu_total <= 0 or mem_total <= 0:
@@ -47,10 +54,15 @@ def spares_wanted(
     cpu_free = sum(c.cpu_free for c in alive)
     mem_free = sum(c.mem_free for c in alive)
     limit = config.warm_spares_per_node
-    host_of = {c.name: (hosts or {}).get(c.name) or c.name for c in alive}
+    measured = current if measured is None else measured
+    host_of = {c.name: (hosts or {}).get(c.name) or f"node:{c.name}" for c in alive}
+
+    def preference(c: NodeCapacity) -> tuple:
+        return -(cover or {}).get(c.name, 0), -c.score, c.name
+
     on_host: Counter[str] = Counter()
     wanted = {}
-    for c in alive:
+    for c in sorted(alive, key=preference):
         wanted[c.name] = min(current.get(c.name, 0), limit - on_host[host_of[c.name]])
         on_host[host_of[c.name]] += wanted[c.name]
 
@@ -59,26 +71,17 @@ def spares_wanted(
             mem_free - extra * SPARE_MEM_MB
         ) / mem_total >= config.resource_reserve
 
-    added = 0
+    # Spares kept but not idle yet (warming up, or asked for) are not in the measured usage.
+    added = sum(max(0, wanted[c.name] - measured.get(c.name, 0)) for c in alive)
     while True:
         short = [c for c in alive if on_host[host_of[c.name]] < limit]
         if not short or not keeps_reserve(added + 1):
             break
-        # Round robin: the host, then the node, with the fewest spares first, a covering node
-        # before the others, the best Q breaking ties.
-        node = min(
-            short,
-            key=lambda c: (
-                on_host[host_of[c.name]],
-                wanted[c.name],
-                covering is not None and c.name not in covering,
-                -c.score,
-                c.name,
-            ),
-        )
+        # Round robin: the host, then the node, with the fewest spares first.
+        node = min(short, key=lambda c: (on_host[host_of[c.name]], wanted[c.name], preference(c)))
         wanted[node.name] += 1
         on_host[host_of[node.name]] += 1
-        if wanted[node.name] > current.get(node.name, 0):
+        if wanted[node.name] > measured.get(node.name, 0):
             added += 1
     return wanted
 
@@ -114,13 +117,16 @@ def spare_needed(
     return not all(covered(*nodes) for nodes in placements.values())
 
 
-def covering_nodes(
+def stages_covered(
     placements: Mapping[str, tuple[str | None, str | None]], nodes: Collection[str]
-) -> set[str]:
-    """The nodes among `nodes` where one idle spare would cover every stage of `placements`
-    (as `spare_needed` counts cover): off both replicas of a stage with a standby, on the
-    primary's node of a stage without one."""
-    return {node for node in nodes if not spare_needed(placements, {node: 1})}
+) -> dict[str, int]:
+    """For each of `nodes`, how many stages of `placements` one idle spare there would cover
+    (as `spare_needed` counts cover): those with a standby it is off both replicas of, those
+    without one whose primary's node it is on, and those being restarted."""
+    return {
+        node: sum(not spare_needed({stage: at}, {node: 1}) for stage, at in placements.items())
+        for node in nodes
+    }
 
 
 def standby_node_preference(

@@ -42,7 +42,7 @@ from tests.integration.live import (
 )
 
 # Each node a host of its own, so each keeps a warm spare: the scenario follows spares on the
-# standby's node (nodes sharing a host share one: tests/console/test_restart_policy.py).
+# standby's node (nodes sharing a host share one: tests/policy/test_spares.py).
 pytestmark = [pytest.mark.spark, pytest.mark.django_db(transaction=True), pytest.mark.own_hosts]
 
 LINES = 1500  # input entries per job (about 11,000 words)

@@ -6,9 +6,9 @@ from console.policy.config import PolicyConfig
 from console.policy.resources import NodeCapacity
 from console.policy.spares import (
     SPARE_MEM_MB,
-    covering_nodes,
     spare_needed,
     spares_wanted,
+    stages_covered,
     standby_node_preference,
 )
 
@@ -131,15 +131,45 @@ def test_a_hosts_new_spare_goes_where_it_covers_the_next_fault():
     # count's primary on n2, its standby on n1 (the best Q): a promotion's new standby goes to
     # n3, so n3 is where the one spare helps.
     placements = {"count": ("n2", "n1")}
-    assert covering_nodes(placements, nodes) == {"n3"}
+    assert stages_covered(placements, nodes) == {"n1": 0, "n2": 0, "n3": 1}
     config = PolicyConfig(warm_spares_per_node=1)
-    assert spares_wanted(nodes, {}, config, one_host, covering_nodes(placements, nodes)) == {
-        "n1": 0,
-        "n2": 0,
-        "n3": 1,
-    }
+    cover = stages_covered(placements, nodes)
+    assert spares_wanted(nodes, {}, config, one_host, cover) == {"n1": 0, "n2": 0, "n3": 1}
     # A stage without a standby restarts in place: its primary's node covers it.
-    assert covering_nodes({"count": ("n2", None)}, nodes) == {"n2"}
-    # No stage: every node covers, and Q decides.
-    assert covering_nodes({}, nodes) == {"n1", "n2", "n3"}
-    assert spares_wanted(nodes, {}, config, one_host, covering_nodes({}, nodes))["n1"] == 1
+    assert stages_covered({"count": ("n2", None)}, nodes) == {"n1": 0, "n2": 1, "n3": 0}
+    # No stage: nothing to cover, and Q decides.
+    assert spares_wanted(nodes, {}, config, one_host, stages_covered({}, nodes))["n1"] == 1
+
+
+def test_where_no_node_covers_every_stage_the_one_covering_most_gets_the_spare():
+    nodes = {
+        n.name: n for n in (node("n1", 4.0), node("n2", 3.0), node("n3", 9.0), node("n4", 1.0))
+    }
+    one_host = {name: "m" for name in nodes}
+    placements = {"a": ("n1", "n2"), "b": ("n2", "n3"), "c": ("n1", None)}
+    cover = stages_covered(placements, nodes)
+    assert cover == {"n1": 2, "n2": 0, "n3": 1, "n4": 2}
+    config = PolicyConfig(warm_spares_per_node=1)
+    # n3 has the best Q but covers one stage; of the two covering two, n1 has the better Q.
+    assert spares_wanted(nodes, {}, config, one_host, cover) == {"n1": 1, "n2": 0, "n3": 0, "n4": 0}
+
+
+def test_a_host_over_its_limit_keeps_the_spare_that_covers():
+    # Three spares, one per node (before the nodes were seen to share a host): the one kept is
+    # off the stage's replicas, not the best Q's, which holds the standby.
+    nodes = {n.name: n for n in (node("n1", 3.0), node("n2", 2.0), node("n3", 1.0))}
+    one_host = {"n1": "m", "n2": "m", "n3": "m"}
+    cover = stages_covered({"count": ("n2", "n1")}, nodes)
+    config = PolicyConfig(warm_spares_per_node=1)
+    running = {"n1": 1, "n2": 1, "n3": 1}
+    assert spares_wanted(nodes, running, config, one_host, cover) == {"n1": 0, "n2": 0, "n3": 1}
+
+
+def test_spares_still_warming_are_kept_but_charged_against_the_reserve():
+    # 16,000 MB in all, reserve 20%: 4,400 MB free leaves room for two spares of 600 MB. One
+    # warms up on b (not in the measured usage yet): one more fits, not two.
+    nodes = {"a": node("a", 2.0, 2200.0), "b": node("b", 1.0, 2200.0)}
+    config = PolicyConfig(warm_spares_per_node=2, resource_reserve=0.2)
+    assert spares_wanted(nodes, {"b": 1}, config, measured={}) == {"a": 1, "b": 1}
+    # Idle (measured), it costs nothing more: two more fit.
+    assert spares_wanted(nodes, {"b": 1}, config, measured={"b": 1}) == {"a": 2, "b": 1}

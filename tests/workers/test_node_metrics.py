@@ -6,6 +6,7 @@ import time
 
 import pytest
 
+from infra import node_metrics
 from infra.node_metrics import HOST, PROCESSES, Capacity, NodeSampler
 from infra.processes import node_processes
 
@@ -133,18 +134,20 @@ def test_pss_counts_an_ended_process_as_gone_and_is_none_without_pss():
     assert pss_mb([NoPss()]) is None
 
 
-def agent_host(env: dict) -> str:
-    """What a node agent started with `env` reports as its host."""
-    code = "from infra.node_metrics import host_identity; print(host_identity())"
-    return subprocess.run(
-        [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
-    ).stdout.strip()
-
-
-def test_agents_on_one_machine_report_one_host_unless_told_otherwise():
-    import os
-
-    base = {k: v for k, v in os.environ.items() if k != "BACKSTOP_NODE_HOST"}
-    first, second = agent_host(base), agent_host({**base, "HOSTNAME": "another-container"})
-    assert first == second != ""
-    assert agent_host({**base, "BACKSTOP_NODE_HOST": "rack-2-host-7"}) == "rack-2-host-7"
+def test_agents_on_one_machine_report_one_host_unless_told_otherwise(monkeypatch, tmp_path):
+    # Two containers on one machine: host names of their own, one kernel (one boot id).
+    boot_id = tmp_path / "boot_id"
+    boot_id.write_text("0f1e2d3c-aaaa-bbbb-cccc-000000000001\n")
+    monkeypatch.setattr(node_metrics, "BOOT_ID", str(boot_id))
+    monkeypatch.delenv("BACKSTOP_NODE_HOST", raising=False)
+    seen = set()
+    for container in ("agent-1-container", "agent-2-container"):
+        monkeypatch.setattr(node_metrics.socket, "gethostname", lambda name=container: name)
+        seen.add(node_metrics.host_identity())
+    assert seen == {"boot:0f1e2d3c-aaaa-bbbb-cccc-000000000001"}
+    # Without a boot id (not Linux): the host name.
+    monkeypatch.setattr(node_metrics, "BOOT_ID", str(tmp_path / "missing"))
+    assert node_metrics.host_identity() == "agent-2-container"
+    # Named explicitly: a simulated node that stands for a host of its own.
+    monkeypatch.setenv("BACKSTOP_NODE_HOST", "rack-2-host-7")
+    assert node_metrics.host_identity() == "rack-2-host-7"

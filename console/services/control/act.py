@@ -13,7 +13,7 @@ from django.utils import timezone
 from console.models import ControlDecision, Job, Node, Operator, Replica
 from console.policy.checkpoint import stage_interval, state_store_confs
 from console.policy.resources import node_capacities
-from console.policy.spares import covering_nodes, spare_needed, spares_wanted
+from console.policy.spares import spare_needed, spares_wanted, stages_covered
 from console.services.control.observe import alive_nodes, node_history, spares_by_state
 from console.services.control.record import (
     FAILURE_TAIL_LINES,
@@ -212,11 +212,19 @@ def keep_warm_spares(
         client.set(data_keys.spare_needed(), "1", ex=round(ttl_s))
     history = node_history(client, beats) if view is None else view.history
     hosts = {name: beat.get("host", "") for name, beat in beats.items()}
-    # Spares warming up count as running too: kept where they are, not started again elsewhere.
-    by_state = spares_by_state(client, list(beats)) if view is None else view.spares
-    running = {name: sum(by_state.get(name, {}).values()) for name in beats}
-    covering = covering_nodes(placements, beats)
-    wanted = spares_wanted(node_capacities(history, config), running, config, hosts, covering)
+    # Spares warming up are kept where they are too: one host's spare is not stopped on one
+    # node and started on another as Q changes.
+    names = list(beats)
+    by_state = spares_by_state(client, names) if view is None else view.spares
+    running = {name: sum(by_state.get(name, {}).values()) for name in names}
+    wanted = spares_wanted(
+        node_capacities(history, config),
+        running,
+        config,
+        hosts,
+        stages_covered(placements, names),
+        measured=idle,
+    )
     for name, count in wanted.items():
         client.set(data_keys.spares_wanted(name), count)
     return wanted
