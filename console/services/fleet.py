@@ -115,6 +115,9 @@ class JobSlot:
     operators: dict | None = None  # its Operator rows by name, read at its first policy cycle
     # (upgrade id, phase) of the job's upgrade as last recorded (console.services.upgrades).
     upgrade_seen: tuple | None = None
+    # A reconcile failed part-way: the supervisor in memory may be past what was carried out
+    # and recorded, so the next one starts again from the state last saved.
+    reload: bool = False
 
 
 def rendezvous_rank(owner: str, job_key: str) -> str:
@@ -292,14 +295,26 @@ class FleetController:
                 self.errors += 1
                 log.warning("controller %s: reconcile of %s failed: %s", self.owner, key, exc)
                 _drop_broken_connection()
+                self._reload_next_time(key)
                 delay = ERROR_RETRY_S
             except Exception:
                 # One job's bug must not end this worker (the others would go unsupervised).
                 self.errors += 1
                 log.exception("controller %s: reconcile of %s raised", self.owner, key)
+                self._reload_next_time(key)
                 delay = ERROR_RETRY_S
             finally:
                 self.queue.done(key, delay)
+
+    def _reload_next_time(self, key: str) -> None:
+        """After a reconcile that failed part-way (a failure handled in memory whose record the
+        database refused, and whose promotion was then never sent): the next reconcile reads
+        the state last saved, as a controller taking the job over would, and sees the failure
+        again. Every side effect is idempotent, so what the failed one did is safe to redo."""
+        with self.slots_lock:
+            slot = self.slots.get(key)
+        if slot is not None:
+            slot.reload = True
 
     def reconcile(self, key: str) -> float | None:
         """One reconcile of the job `key`: returns when to reconcile it again (None: it ended,
@@ -318,6 +333,10 @@ class FleetController:
             # every replica (docs/RELIABILITY.md, "Redis without its data").
             self._drop(key)
             return None
+        if slot.reload:
+            slot.supervisor = load_supervisor(self.client, job)
+            slot.saved = ""
+            slot.reload = False
         if slot.supervisor is None:
             controller.without_state(job, self.client)
             return self._end(key)

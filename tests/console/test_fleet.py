@@ -174,3 +174,47 @@ def test_fair_share_splits_rounding_up():
     assert leases.fair_share(5, 2) == 3
     assert leases.fair_share(3, 0) == 3  # no controller seen yet: take what there is
     assert leases.fair_share(0, 3) == 0
+
+
+def test_a_failure_whose_record_the_database_refused_is_handled_again(redis_conn, monkeypatch):
+    # Seen in CI (2026-11-27): a primary killed while the database was coming back. The
+    # reconcile handled the exit in memory, the database refused its record, and the
+    # promotion was never sent nor the failure recorded: the job stayed unsupervised.
+    from django.db import DatabaseError
+
+    from console.services import controller as controller_service
+
+    [job] = live_jobs(redis_conn, 1)
+    refused = []
+    real_record_failure = controller_service.record_failure
+
+    def database_coming_back(*args, **kwargs):
+        if not refused:
+            refused.append(True)
+            raise DatabaseError("server closed the connection unexpectedly")
+        return real_record_failure(*args, **kwargs)
+
+    monkeypatch.setattr(controller_service, "record_failure", database_coming_back)
+    ctl = fleet.FleetController(2, client=redis_client(), owner="ctl-a")
+    ctl.start()
+    try:
+        wait_until(lambda: ctl.held() == [job.key], 10, "the job held")
+        wait_until(lambda: ctl.reconciles >= 1, 10, "its first reconcile")
+        redis_conn.xadd(
+            keys.agent_events(),
+            {"kind": keys.EVENT_EXIT, "job": job.key, "replica_id": "wc-1", "returncode": "-9",
+             "log_tail": "killed", "at": str(time.time())},
+        )  # fmt: skip
+        failures = job.decisions.filter(kind=ControlDecision.Kind.FAILURE, replica_id="wc-1")
+        wait_until(failures.exists, 15, "the exit handled again and recorded")
+        assert refused == [True] and ctl.errors == 1
+        assert [f.reason for f in failures] == ["wc-1: killed by SIGKILL"]
+        # Handled once from the state last saved: the restart policy counts one failure, not
+        # the one the failed reconcile handled in memory as well.
+        wait_until(lambda: ctl.reconciles >= 4, 15, "more reconciles")
+        supervisor = observe.load_supervisor(redis_conn, job)
+        assert {stage: len(times) for stage, times in supervisor.failures.items()} == {
+            "wc/primary": 1
+        }
+    finally:
+        ctl.stop()
