@@ -149,13 +149,7 @@ def measure(client, redis_url: str, topology: str, args, strategy: str | None = 
             log.info("%s: steady after %.0f s of warm-up", topology, waited)
         except TimeoutError:
             log.error("%s: never steady at the lowest rate", topology)
-            return {
-                "topology": topology,
-                "strategy": strategy,
-                "best": None,
-                "steps": steps,
-                "input_bound": False,
-            }
+            rates = []  # no ramp: reported as below the lowest rate
         finally:
             warm.set()
             feeder.join()
@@ -203,6 +197,7 @@ def measure(client, redis_url: str, topology: str, args, strategy: str | None = 
     return {
         "topology": topology,
         "strategy": strategy,
+        "standbys": sorted(active),
         "best": best,
         "steps": steps,
         "input_bound": input_bound,
@@ -316,10 +311,8 @@ def main(argv: list[str] | None = None) -> int:
             "|---|---|---|---|---|",
         ]
         for r in results:
-            protected = protected_operators(r["topology"], r["strategy"])
             lines.append(
-                f"| {r['topology']} | {r['strategy']} | "
-                f"{', '.join(sorted(protected)) or 'none'} | "
+                f"| {r['topology']} | {r['strategy']} | {', '.join(r['standbys']) or 'none'} | "
                 f"{best_text(r, (args.rates or RATES[r['topology']])[0])} | "
                 f"{steps_text(r['steps'])} |"
             )

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from datetime import UTC, datetime, timedelta
+from functools import partial
 
 import redis
 from django.conf import settings
@@ -160,12 +161,13 @@ def inject(fault: FaultInjection) -> FaultInjection:
             )
         local_id = replica.local_id
         detail = f"SIGKILL to {local_id} (pid {replica.pid}) on {replica.node.name}"
-
-        def send():
-            tasks.send(
-                tasks.KILL_REPLICA, local_id, job_key=job.key, queue=node_queue(replica.node.name)
-            )
-
+        send = partial(
+            tasks.send,
+            tasks.KILL_REPLICA,
+            local_id,
+            job_key=job.key,
+            queue=node_queue(replica.node.name),
+        )
     elif fault.kind == FaultInjection.Kind.OPERATOR_EXCEPTION:
         replica = _replica_of(job, fault.target_operator, "primary")
         if replica is None:
@@ -176,15 +178,13 @@ def inject(fault: FaultInjection) -> FaultInjection:
             )
         local_id = replica.local_id
         detail = f"armed an exception in the next batch of {local_id}"
-
-        def send():
-            send_command(
-                redis_client(),
-                job,
-                local_id,
-                {"cmd": "fault", "kind": "operator_exception", "after_batches": 1},
-            )
-
+        send = partial(
+            send_command,
+            redis_client(),
+            job,
+            local_id,
+            {"cmd": "fault", "kind": "operator_exception", "after_batches": 1},
+        )
     elif fault.kind in (FaultInjection.Kind.KILL_EXECUTOR, FaultInjection.Kind.KILL_WORKER):
         replica = _replica_of(job, fault.target_operator, "primary")
         app = spark_app_of(job, replica)
@@ -197,50 +197,43 @@ def inject(fault: FaultInjection) -> FaultInjection:
             )
         what = "worker" if fault.kind == FaultInjection.Kind.KILL_WORKER else "executor"
         detail = f"SIGKILL to a Spark {what} of application {app} (asked {replica.node.name})"
-
         # A kill the agent never carries out is failed by `expire_unreported_spark_kills`.
-        def send():
-            tasks.send(
-                tasks.KILL_SPARK_PROCESS,
-                app,
-                fault.kind,
-                fault_id=fault.pk,
-                job_key=job.key,
-                queue=node_queue(replica.node.name),
-            )
-
+        send = partial(
+            tasks.send,
+            tasks.KILL_SPARK_PROCESS,
+            app,
+            fault.kind,
+            fault_id=fault.pk,
+            job_key=job.key,
+            queue=node_queue(replica.node.name),
+        )
     elif fault.kind == FaultInjection.Kind.KILL_NODE:
         detail = f"SIGKILL to every replica of the job on {fault.target_node.name}"
-
-        def send():
-            tasks.send(tasks.KILL_NODE, job.key, queue=node_queue(fault.target_node.name))
-
+        send = partial(
+            tasks.send, tasks.KILL_NODE, job.key, queue=node_queue(fault.target_node.name)
+        )
     elif fault.kind == FaultInjection.Kind.PAUSE_NODE:
         detail = f"SIGSTOP for {duration:g} s on {fault.target_node.name}"
-
-        def send():
-            tasks.send(
-                tasks.PAUSE_NODE,
-                duration,
-                job.key,
-                fault_id=fault.pk,
-                queue=node_queue(fault.target_node.name),
-            )
-
+        send = partial(
+            tasks.send,
+            tasks.PAUSE_NODE,
+            duration,
+            job.key,
+            fault_id=fault.pk,
+            queue=node_queue(fault.target_node.name),
+        )
     elif fault.kind == FaultInjection.Kind.STRESS_NODE:
         workers = int(fault.params.get("workers", DEFAULT_STRESS_WORKERS))
         detail = f"{workers} CPU hogs for {duration:g} s on {fault.target_node.name}"
-
-        def send():
-            tasks.send(
-                tasks.STRESS_NODE,
-                duration,
-                workers,
-                fault_id=fault.pk,
-                job_key=job.key,
-                queue=node_queue(fault.target_node.name),
-            )
-
+        send = partial(
+            tasks.send,
+            tasks.STRESS_NODE,
+            duration,
+            workers,
+            fault_id=fault.pk,
+            job_key=job.key,
+            queue=node_queue(fault.target_node.name),
+        )
     else:
         return _finish(fault, FaultInjection.Outcome.FAILED, f"unknown fault kind {fault.kind!r}")
     fault = _finish(fault, FaultInjection.Outcome.INJECTED, detail)

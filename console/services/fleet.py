@@ -334,8 +334,7 @@ class FleetController:
             self._drop(key)
             return None
         if slot.reload:
-            slot.supervisor = load_supervisor(self.client, job)
-            slot.saved = ""
+            slot.supervisor = load_supervisor(self.client, job)  # `slot.saved` is that state
             slot.reload = False
         if slot.supervisor is None:
             controller.without_state(job, self.client)

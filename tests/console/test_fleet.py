@@ -69,6 +69,15 @@ def wait_until(condition, timeout_s: float, what: str) -> float:
     raise AssertionError(f"not within {timeout_s} s: {what}")
 
 
+def report_exit(redis_conn, job: Job, replica_id: str) -> None:
+    """What a node agent reports when a replica's process was killed (SIGKILL)."""
+    redis_conn.xadd(
+        keys.agent_events(),
+        {"kind": keys.EVENT_EXIT, "job": job.key, "replica_id": replica_id, "returncode": "-9",
+         "log_tail": "killed", "at": str(time.time())},
+    )  # fmt: skip
+
+
 def crash(controller: fleet.FleetController) -> None:
     """As a SIGKILL would: the threads end, the leases are not given up."""
     controller.stopping.set()
@@ -125,11 +134,7 @@ def test_an_agent_report_wakes_its_job_at_once(redis_conn, controllers, monkeypa
     wait_until(lambda: controller.held() == [job.key], 10, "the job held")
     wait_until(lambda: controller.reconciles >= 1, 10, "its first reconcile")
     time.sleep(0.5)
-    redis_conn.xadd(
-        keys.agent_events(),
-        {"kind": keys.EVENT_EXIT, "job": job.key, "replica_id": "wc-1", "returncode": "-9",
-         "log_tail": "killed", "at": str(time.time())},
-    )  # fmt: skip
+    report_exit(redis_conn, job, "wc-1")
     failures = job.decisions.filter(kind=ControlDecision.Kind.FAILURE, replica_id="wc-1")
     seen_s = wait_until(failures.exists, 10, "the exit handled by a reconcile")
     assert seen_s < 5, "woken by the report, not by its 60 s period"
@@ -200,11 +205,7 @@ def test_a_failure_whose_record_the_database_refused_is_handled_again(redis_conn
     try:
         wait_until(lambda: ctl.held() == [job.key], 10, "the job held")
         wait_until(lambda: ctl.reconciles >= 1, 10, "its first reconcile")
-        redis_conn.xadd(
-            keys.agent_events(),
-            {"kind": keys.EVENT_EXIT, "job": job.key, "replica_id": "wc-1", "returncode": "-9",
-             "log_tail": "killed", "at": str(time.time())},
-        )  # fmt: skip
+        report_exit(redis_conn, job, "wc-1")
         failures = job.decisions.filter(kind=ControlDecision.Kind.FAILURE, replica_id="wc-1")
         wait_until(failures.exists, 15, "the exit handled again and recorded")
         assert refused == [True] and ctl.errors == 1
