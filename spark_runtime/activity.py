@@ -18,9 +18,15 @@ BUSY_CPU_SHARE = 0.05
 AVERAGE_S = 30.0
 
 
+def process_cpu_s(times) -> float:
+    """CPU seconds in psutil `cpu_times()`: the process's own and its reaped children's."""
+    return times.user + times.system + times.children_user + times.children_system
+
+
 def tree_cpu_seconds(pid: int) -> tuple[float, bool] | None:
     """(user + system CPU seconds of the process and its descendants, stopped by a signal), or
-    None when the process is gone."""
+    None when the process is gone. Descendants that ended count too (their time is in their
+    parent's children times once reaped): a JVM that runs short-lived commands pays for them."""
     try:
         root = psutil.Process(pid)
         stopped = root.status() == psutil.STATUS_STOPPED
@@ -30,7 +36,7 @@ def tree_cpu_seconds(pid: int) -> tuple[float, bool] | None:
                 times = proc.cpu_times()
             except (psutil.NoSuchProcess, psutil.ZombieProcess):
                 continue  # a child that just ended
-            total += times.user + times.system
+            total += process_cpu_s(times)
         return total, stopped
     except (psutil.NoSuchProcess, psutil.ZombieProcess, psutil.AccessDenied):
         return None

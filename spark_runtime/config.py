@@ -28,6 +28,16 @@ SPARK_CONF = {
     "spark.sql.streaming.numRecentProgressUpdates": "10",
     # Keep fewer old batches in the checkpoint: stages run long and checkpoints are local.
     "spark.sql.streaming.minBatchesToRetain": "20",
+    # Checkpoint files (offset and commit logs, state-store files) through Hadoop's FileSystem
+    # API rather than its FileContext API, Spark's default. Without Hadoop's native library
+    # (PySpark ships none), FileContext's rename looks up symbolic links by running `readlink`
+    # as a child process of the JVM: about 78 processes per micro-batch of a wordcount stage,
+    # and the offset and commit logs' writes took 29 ms each instead of 9. A local file's
+    # rename through FileSystem is one rename(2), as atomic as the checkpoint needs
+    # (docs/RESULTS.md, "Batch cost: where it goes").
+    "spark.sql.streaming.checkpointFileManagerClass": (
+        "org.apache.spark.sql.execution.streaming.checkpointing.FileSystemBasedCheckpointFileManager"
+    ),
 }
 
 # The JVM options of every driver and executor (`BACKSTOP_JVM_OPTIONS` replaces them; empty:

@@ -124,6 +124,19 @@ def validate(entry_id: str, raw: dict, fields: list[tuple[str, str]]):
     return tuple(row), None
 
 
+# Clients of this Python process by URL. Spark reuses its Python workers between tasks
+# (spark.python.worker.reuse), and a client per read meant a new connection every micro-batch.
+_worker_clients: dict[str, object] = {}
+
+
+def worker_client(url: str):
+    """This process's client for `url`, created on first use."""
+    client = _worker_clients.get(url)
+    if client is None:
+        client = _worker_clients[url] = connect(url)
+    return client
+
+
 class RangePartition(InputPartition):
     """Entries with ids in (start, end]."""
 
@@ -206,7 +219,7 @@ class RedisStreamReader(DataSourceStreamReader):
         return parts
 
     def read(self, partition: RangePartition):
-        client = connect(self.redis_url)
+        client = worker_client(self.redis_url)
         dead = client.register_script(DEAD_LUA)
         dead_keys = [keys.dead_letters(self.job), keys.dead_seen(self.job), keys.stats(self.job)]
         cursor = partition.start

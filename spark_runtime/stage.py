@@ -248,10 +248,11 @@ def heartbeat_loop(state: ReplicaState, stop: threading.Event) -> None:
 
 def make_listener(client, job: str, state: ReplicaState, runtime):
     """A StreamingQueryListener that publishes every progress event of this process to Redis and
-    tells the output gate when a query is idle (it has read all the input there is)."""
-    from pyspark.sql.streaming import StreamingQueryListener
+    tells the output gate when a query is idle (it has read all the input there is). Its events
+    cross from the JVM as JSON (spark_runtime/listener.py says why)."""
+    from spark_runtime.listener import JsonProgressListener
 
-    class ProgressPublisher(StreamingQueryListener):
+    class ProgressPublisher(JsonProgressListener):
         def onQueryStarted(self, event):
             return None
 

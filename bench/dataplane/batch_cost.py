@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import statistics
 import time
 
 from bench.dataplane.util import fused_stage, tree_cpu_s, write_result
@@ -40,10 +41,20 @@ def measure(client, redis_url: str, topology: str, every_s: float, args) -> dict
         log.info("%s every %g s: measuring for %g s", topology, every_s, args.measure)
         time.sleep(args.measure)
         used, elapsed = tree_cpu_s(pid) - before, time.time() - started
-        batches = len(read_progress(client, job, started, started + elapsed))
+        records = read_progress(client, job, started, started + elapsed)
     cpu = 100.0 * used / elapsed
-    log.info("%s every %g s: %.1f%% of a core, %d progress events", topology, every_s, cpu, batches)
-    return {"every_s": every_s, "cpu_pct": cpu, "batches": batches, "seconds": elapsed}
+    latencies = [r.latency_p50 for r in records if r.final and r.latency_p50 is not None]
+    latency = statistics.median(latencies) if latencies else None
+    log.info(
+        "%s every %g s: %.1f%% of a core, %d progress events", topology, every_s, cpu, len(records)
+    )
+    return {
+        "every_s": every_s,
+        "cpu_pct": cpu,
+        "batches": len(records),
+        "seconds": elapsed,
+        "latency_p50_s": latency,
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -56,6 +67,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--settle", type=float, default=40, help="seconds before measuring")
     parser.add_argument("--measure", type=float, default=60, help="seconds measured")
     parser.add_argument("--no-write", action="store_true", help="do not update docs/RESULTS.md")
+    parser.add_argument(
+        "--section", default="Batch cost", help="the subsection of docs/RESULTS.md to replace"
+    )
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     client = connect(args.redis_url)
@@ -68,19 +82,21 @@ def main(argv: list[str] | None = None) -> int:
         "query (one fused stage, restart-all's) under the local runner, one batch interval "
         "after the other; CPU is the stage's process tree (driver, JVM, Python workers) over "
         "the measured seconds, in percent of one core; progress events count the batches "
-        "of the stage's queries.",
+        "of the stage's queries; latency is the median of the final batches' event-time p50.",
         "",
-        "| batch every | CPU % of a core | progress events | seconds measured |",
-        "|---|---|---|---|",
+        "| batch every | CPU % of a core | progress events | seconds measured | latency p50 ms |",
+        "|---|---|---|---|---|",
     ]
     for r in results:
+        latency = "-" if r["latency_p50_s"] is None else f"{1000 * r['latency_p50_s']:.0f}"
         lines.append(
-            f"| {r['every_s']:g} s | {r['cpu_pct']:.1f} | {r['batches']} | {r['seconds']:.0f} |"
+            f"| {r['every_s']:g} s | {r['cpu_pct']:.1f} | {r['batches']} | {r['seconds']:.0f} "
+            f"| {latency} |"
         )
     body = "\n".join(lines)
     print(body)
     if not args.no_write:
-        write_result("Batch cost", body)
+        write_result(args.section, body)
     return 0
 
 

@@ -84,8 +84,8 @@ def launched(client, job):
     return supervisor, stage.name, primary, standby
 
 
-# Every built-in topology runs the default trigger; topn is given another here to show that the
-# replica gets its own topology's.
+# Each topology is given a trigger other than its own here, to show that the replica gets its
+# topology's.
 @pytest.mark.parametrize("topology, trigger_s", [("wordcount", 0.5), ("topn", 2.0)])
 def test_a_replica_starts_with_its_stages_interval_and_its_topology_s_trigger(
     redis_conn, monkeypatch, topology, trigger_s
@@ -134,7 +134,11 @@ def test_a_new_interval_goes_to_the_standby_then_the_primary_and_is_recorded(red
     (first,) = cycle.roll_out_intervals(job, supervisor, redis_conn, config)
     assert first.replica_id == standby
     assert commands(redis_conn, job, standby) == [
-        {"cmd": "checkpoint_interval", "seconds": 8.0, "confs": state_store_confs(8.0, 0.5)}
+        {
+            "cmd": "checkpoint_interval",
+            "seconds": 8.0,
+            "confs": state_store_confs(8.0, data_topology.get_topology(job.topology).trigger_s),
+        }
     ]
     assert commands(redis_conn, job, primary) == []
     # Until the standby reports it, the primary waits (and the request is not repeated).

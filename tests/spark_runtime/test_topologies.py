@@ -760,3 +760,72 @@ def test_only_a_stage_writing_keyed_results_has_results_to_compare(spark, redis_
     # split writes a channel to count; count the results hash.
     assert not runtimes[split.name].writes_comparable_results()
     assert runtimes[count.name].writes_comparable_results()
+
+
+def test_progress_events_read_as_json_match_pysparks_own(
+    spark, redis_conn, redis_url, job, tmp_path
+):
+    """spark_runtime/listener.py builds each progress event from its JSON: the same batches,
+    input rows, durations and state as PySpark's own bridge reports, and together they count
+    every well-formed input entry once."""
+    from pyspark.sql.streaming import StreamingQueryListener
+
+    from spark_runtime.listener import JsonProgressListener
+
+    def summary(progress):
+        return (
+            progress.batchId,
+            progress.numInputRows,
+            sorted(progress.durationMs),
+            [op.numRowsTotal for op in progress.stateOperators],
+            [source.endOffset for source in progress.sources],
+        )
+
+    seen = {"json": [], "pyspark": []}
+
+    def recorder(base, name):
+        class Recorder(base):
+            def onQueryStarted(self, event):
+                pass
+
+            def onQueryProgress(self, event):
+                seen[name].append(summary(event.progress))
+
+            def onQueryIdle(self, event):
+                pass
+
+            def onQueryTerminated(self, event):
+                pass
+
+        return Recorder()
+
+    listeners = [
+        recorder(JsonProgressListener, "json"),
+        recorder(StreamingQueryListener, "pyspark"),
+    ]
+    for listener in listeners:
+        spark.streams.addListener(listener)
+    topology = get_topology("wordcount")
+    (stage,) = compile_stages(topology, FUSED, job=job)
+    generators.generate(
+        redis_conn, job, "wordcount", count=300, rate=1e6, seed=5, malformed_every=20
+    )
+    runtime = StageRuntime(
+        spark, redis_conn, job, topology, stage, PRIMARY, redis_url, str(tmp_path), max_records=80
+    )
+    try:
+        runtime.start()
+        runtime.process_all_available()
+        deadline = time.time() + 20  # listener events arrive asynchronously
+        while time.time() < deadline and (
+            not seen["json"] or len(seen["json"]) != len(seen["pyspark"])
+        ):
+            time.sleep(0.2)
+    finally:
+        runtime.stop()
+        for listener in listeners:
+            spark.streams.removeListener(listener)
+    assert seen["json"] == seen["pyspark"]
+    assert all("addBatch" in durations for _, _, durations, _, _ in seen["json"])
+    entries = truth.valid_entries(redis_conn, keys.input_stream(job), ["text"])
+    assert sum(rows for _, rows, _, _, _ in seen["json"]) == len(entries)
