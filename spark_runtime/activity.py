@@ -96,6 +96,11 @@ class ActivityMeter:
             return None
         cpu_s, stopped = sample
         previous = self._seen.get(pid)
+        if previous is not None:
+            # A child reaped between the reads of its parent and of itself is in neither: the
+            # reading dips, and the child's time comes back in its parent's at the next look.
+            # Keeping the higher total makes that look count only what is new.
+            cpu_s = max(cpu_s, previous[1])
         self._seen[pid] = (now, cpu_s)
         if previous is None or now <= previous[0]:
             return None

@@ -32,9 +32,9 @@ SPARK_CONF = {
     # API rather than its FileContext API, Spark's default. Without Hadoop's native library
     # (PySpark ships none), FileContext's rename looks up symbolic links by running `readlink`
     # as a child process of the JVM: about 78 processes per micro-batch of a wordcount stage,
-    # and the offset and commit logs' writes took 29 ms each instead of 9. A local file's
-    # rename through FileSystem is one rename(2), as atomic as the checkpoint needs
-    # (docs/RESULTS.md, "Batch cost: where it goes").
+    # and the offset and commit logs' writes took 29 ms each instead of 9. Through FileSystem a
+    # local file's rename is a rename(2) of the file and one of its checksum file, as atomic as
+    # the checkpoint needs (docs/RESULTS.md, "Batch cost: where it goes").
     "spark.sql.streaming.checkpointFileManagerClass": (
         "org.apache.spark.sql.execution.streaming.checkpointing.FileSystemBasedCheckpointFileManager"
     ),

@@ -18,6 +18,7 @@ No Django imports: stage processes import this module.
 from __future__ import annotations
 
 import json
+import math
 
 from pyspark.sql.streaming import StreamingQueryListener
 from pyspark.sql.streaming.listener import (
@@ -26,10 +27,19 @@ from pyspark.sql.streaming.listener import (
     StreamingQueryProgress,
 )
 
+# A source's rates that Spark leaves out of the JSON when they are not finite (NaN after two
+# triggers in the same millisecond) and PySpark's SourceProgress.fromJson requires.
+SOURCE_RATES = ("inputRowsPerSecond", "processedRowsPerSecond")
+
 
 def progress_event(jevent) -> QueryProgressEvent:
-    """The Python QueryProgressEvent of a JVM one, read from its progress's JSON."""
-    return QueryProgressEvent(StreamingQueryProgress.fromJson(json.loads(jevent.progress().json())))
+    """The Python QueryProgressEvent of a JVM one, read from its progress's JSON (a rate left
+    out reads as NaN, as PySpark's own bridge gives it)."""
+    progress = json.loads(jevent.progress().json())
+    for source in progress.get("sources", []):
+        for rate in SOURCE_RATES:
+            source.setdefault(rate, math.nan)
+    return QueryProgressEvent(StreamingQueryProgress.fromJson(progress))
 
 
 class _JsonProgressBridge(JStreamingQueryListener):

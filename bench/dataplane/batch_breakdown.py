@@ -217,10 +217,10 @@ def table(args, results: list[dict]) -> str:
         f"({time.strftime('%Y-%m-%d %H:%M')}, {os.cpu_count()} cores). The topology as one "
         "fused stage (restart-all's queries, output gate and sinks) in a child process per "
         "row, one after the other; CPU in percent of one core over the measured seconds, by "
-        "process: the JVM, the driver's Python, Spark's Python workers (the source's planner "
-        "and readers, a state function's); durations are medians of Spark's per-batch "
-        "`durationMs` (ms); latency is the median of the batches' event-time p50. Each row "
-        "adds one change to the row above.",
+        "process: the JVM, the driver's Python (with the input generator's thread), Spark's "
+        "Python workers (the source's planner and readers, a state function's); durations "
+        "are medians of Spark's per-batch `durationMs` (ms); latency is the median of the "
+        "batches' event-time p50. Each row adds one change to the row above.",
         "",
         "| change | CPU % (JVM / driver / workers) | CPU s per batch | batches "
         "| planning / walCommit / addBatch / commitOffsets / trigger ms | latency p50 ms |",

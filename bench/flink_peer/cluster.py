@@ -129,8 +129,8 @@ OPTIONS = {
 TUNED = {
     # "Checkpointing" (execution.checkpointing.interval): the interval bounds what a restore
     # replays, and the replayed records' latency is the peak after a fault. 1 s, the low end of
-    # 1-2 s: Backstop's runs commit every micro-batch (0.5 s trigger), and the state here (a few
-    # hundred keys, hashmap backend, local files) makes a checkpoint cheap.
+    # 1-2 s: Backstop's runs commit every micro-batch (0.3-0.5 s triggers), and the state here (a
+    # few hundred keys, hashmap backend, local files) makes a checkpoint cheap.
     "checkpoint_ms": 1000,
     # Configuration page, heartbeat options: detection after interval x rpc-failure-threshold
     # failed heartbeat RPCs (a killed process's RPCs fail at once), 1 s here instead of 20 s;

@@ -42,10 +42,10 @@ process and its JVM stay). Hence (`interval_rollout`): a replica starts with its
 (the shortest of its operators'); later, a change of more than INTERVAL_CHANGE_FACTOR reaches it
 at most every `interval_apply_gap_s`, only at a quiet moment, one replica of a stage at a time,
 the standby before the primary. The trigger does not change (it is the topology's,
-spark_runtime.topology: 0.5 s, topn 1 s): with the default checkpoint_min_s (1 s) no interval is
-shorter than it; an interval an admin sets below a stage's trigger takes effect as a snapshot
-every batch. Spark runs the state store's maintenance thread once per JVM; whether it
-picks up a new maintenanceInterval without a new process is not verified here.
+spark_runtime.topology: wordcount 0.3 s, the others 0.5 s): with the default checkpoint_min_s
+(1 s) no interval is shorter than it; an interval an admin sets below a stage's trigger takes
+effect as a snapshot every batch. Spark runs the state store's maintenance thread once per JVM;
+whether it picks up a new maintenanceInterval without a new process is not verified here.
 """
 
 from __future__ import annotations

@@ -293,9 +293,9 @@ def p90_per_second_ms(records: Iterable[ProgressRecord], start: float, end: floa
 
 # --- measuring the faults of a job: the one measurement the console and every benchmark share
 
-# The latency band is at least one stage trigger interval wide (0.5 s,
-# spark_runtime.topology.DEFAULT_TRIGGER_S): 15% of a sub-second latency is finer than a
-# micro-batch's granularity.
+# The latency band is at least about a trigger interval and a batch wide (0.5 s; triggers are
+# 0.3-0.5 s, spark_runtime.topology): 15% of a sub-second latency is finer than a micro-batch's
+# granularity.
 LATENCY_FLOOR_MS = 500.0
 # Output before the fault counts for its downtime only this far back: a job that had produced
 # nothing for longer was already down when the fault came, and the downtime counts from the fault.

@@ -26,6 +26,13 @@ SPINNING_CHILD = (
     "subprocess.Popen([sys.executable, '-c', 'while True: pass']); time.sleep(60)"
 )
 IDLE = "import time; time.sleep(60)"
+# A parent that does its work in short-lived children, one after the other (like a JVM running
+# commands): each spins 0.2 s and ends.
+SHORT_LIVED_CHILDREN = (
+    "import subprocess, sys\n"
+    "spin = 'import time\\nt = time.time()\\nwhile time.time() - t < 0.2: pass'\n"
+    "while True: subprocess.run([sys.executable, '-c', spin])"
+)
 
 
 def proc_tree_rss_mb(pid: int) -> float:
@@ -74,6 +81,16 @@ def test_busy_is_the_cpu_of_the_whole_tree_and_a_stopped_tree_is_not_busy(proces
     os.killpg(idle.pid, signal.SIGKILL)
     idle.wait()
     assert meter.cpu_share(idle.pid) is None  # gone
+
+
+def test_the_cpu_of_children_that_ended_counts_for_their_tree(processes):
+    """Children that ran and ended in the window are charged to the tree (their time is in
+    their parent's children times once reaped): the tree of a parent that does its work in
+    short-lived children is busy (about one core on an idle machine)."""
+    parent = processes(SHORT_LIVED_CHILDREN)
+    time.sleep(0.5)
+    # Without the ended children it read 0.02 here.
+    assert cpu_share_over(parent.pid, 2.0) > 0.25
 
 
 @pytest.mark.django_db
