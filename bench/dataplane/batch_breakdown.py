@@ -96,7 +96,6 @@ def cpu_by_kind() -> dict[str, float]:
 
 def run_variant(args) -> dict:
     """Run the fused stage under `args.variant` in this process and measure it."""
-
     _, json_progress, conf = VARIANTS[args.variant]
     client = connect(args.redis_url)
     job = f"bench-bd-{args.variant}-{int(time.time())}"

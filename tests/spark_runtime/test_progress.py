@@ -3,9 +3,12 @@ stream back from a real Redis."""
 
 from __future__ import annotations
 
+import json
+import math
 import time
 
 from spark_runtime import keys
+from spark_runtime.listener import progress_event
 from spark_runtime.progress import ProgressRecord, publish_progress, read_progress
 
 
@@ -127,3 +130,42 @@ def test_read_progress_keeps_to_the_time_window(redis_conn, job):
     assert [r.batch for r in read_progress(redis_conn, job, start_s=1.5)] == [2, 3]
     assert [r.batch for r in read_progress(redis_conn, job, end_s=2.0)] == [1, 2]
     assert [r.batch for r in read_progress(redis_conn, job, 1.0, 3.0, count=2)] == [1, 2]
+
+
+class _JsonOnly:
+    """A JVM progress event as spark_runtime.listener reads it: only `progress().json()`."""
+
+    def __init__(self, progress: dict):
+        self._text = json.dumps(progress)
+
+    def progress(self):
+        return self
+
+    def json(self):
+        return self._text
+
+
+def test_a_progress_event_read_from_json_takes_a_left_out_rate_as_nan():
+    """Spark leaves a source's non-finite rates out of the JSON; the event still arrives, with
+    NaN there (as PySpark's own bridge gives it) and every other figure as sent."""
+    source = {"description": "redis_stream", "startOffset": None, "endOffset": {"id": "5-0"},
+              "latestOffset": {"id": "5-0"}, "numInputRows": 3, "metrics": {}}  # fmt: skip
+    sent = {
+        "id": "8f9a7c8e-0000-4000-8000-000000000001",
+        "runId": "8f9a7c8e-0000-4000-8000-000000000002",
+        "name": "t1.all.primary.0",
+        "timestamp": "2026-11-27T19:00:00.000Z",
+        "batchId": 4,
+        "batchDuration": 173,
+        "numInputRows": 3,
+        "durationMs": {"addBatch": 147, "walCommit": 8},
+        "stateOperators": [],
+        "sources": [source],
+        "sink": {"description": "ForeachBatchSink", "numOutputRows": -1, "metrics": {}},
+    }
+    progress = progress_event(_JsonOnly(sent)).progress
+    assert (progress.batchId, progress.numInputRows, progress.batchDuration) == (4, 3, 173)
+    assert progress.durationMs == {"addBatch": 147, "walCommit": 8}
+    (read,) = progress.sources
+    assert read.numInputRows == 3
+    assert math.isnan(read.inputRowsPerSecond) and math.isnan(read.processedRowsPerSecond)
