@@ -184,7 +184,7 @@ def sleep_until(when: float) -> None:
     time.sleep(max(0.0, when - time.time()))
 
 
-def _inject(job: Job, kind: str, target: str, user: User) -> tuple[FaultInjection | None, str]:
+def inject_fault(job: Job, kind: str, target: str, user: User) -> tuple[FaultInjection | None, str]:
     """Request one fault like an operator would and wait for the controller to inject it."""
     client = redis_client()
     try:
@@ -245,7 +245,7 @@ def run_strategy(bench: BenchSettings, strategy: str, target: str | None, say) -
     try:
         for number, at_s in enumerate(bench.schedule, start=1):
             sleep_until(t0 + at_s)
-            fault, detail = _inject(job, bench.fault_kind, target, user)
+            fault, detail = inject_fault(job, bench.fault_kind, target, user)
             say(f"      fault {number}/{bench.faults} at +{at_s:.0f} s: {bench.fault_kind} "
                 f"on {target}: {detail}")  # fmt: skip
             faults.append((at_s, fault, detail))

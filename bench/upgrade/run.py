@@ -7,7 +7,9 @@ console.services.upgrades (a blue/green upgrade is validated and confirmed by th
 the input goes on to its end, the results are compared with the new version's reference over
 the whole input (lost and duplicated result cells), and the output gap across the switch is the
 benchmark's measurement of a fault's downtime (console.policy.recovery.measure_faults, as
-`manage.py bench` measures a fault), taken at the switch. Writes DIR/upgrade.json.
+`manage.py bench` measures a fault), taken at the switch. With `rollback`, the blue/green
+upgrade is rolled back a while after its switch (the new version killed, or a rollback by hand)
+and the output gap at the rollback is measured the same way. Writes DIR/upgrade.json.
 """
 
 from __future__ import annotations
@@ -17,11 +19,15 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from django.db import transaction
+
 from bench.results import write_subsection
 from bench.strategy.harness import BenchSettings, drain, measure_progress, topology_params
 from bench.strategy.run import (
     BenchCluster,
     bench_user,
+    inject_fault,
+    key_operator,
     machine_description,
     run_progress,
     sleep_until,
@@ -45,6 +51,14 @@ ENDED = (
 # The state check (a SparkSession, up to its 120 s timeout), green's start and catch-up, and the
 # policy's validation window (60 s by default).
 UPGRADE_TIMEOUT_S = 420.0
+# How the blue/green upgrade is rolled back with `--rollback`: its new version's primary killed
+# (the controller hands the output back to the old version, its standby), or by hand (the
+# operator's rollback, which also takes the path of a rollback for latency or results: the new
+# version demotes itself and the old one is promoted).
+ROLLBACKS = ("crash", "by-hand")
+# The rollback comes this long after the switch: the new version writes steadily by then and
+# the rollback's gap is not the switch's; well inside the policy's validation window (60 s).
+ROLLBACK_AFTER_SWITCH_S = 15.0
 
 
 @dataclass(frozen=True)
@@ -63,6 +77,7 @@ class UpgradeBenchSettings:
     # Declare the blue/green upgrade result-preserving: the old version checks the new one's
     # results while validating (the baseline has no old version running beside it).
     result_preserving: bool = False
+    rollback: str = ""  # "", or one of ROLLBACKS: roll the blue/green upgrade back
 
     def workload(self) -> BenchSettings:
         """The strategy benchmark's settings for the same workload (one "fault": the switch),
@@ -91,6 +106,7 @@ def run_upgrade_bench(settings: UpgradeBenchSettings, say) -> dict:
             "rate": settings.rate,
             "warmup_s": settings.warmup_s, "duration_s": settings.duration_s,
             "seed": settings.seed, "result_preserving": settings.result_preserving,
+            "rollback": settings.rollback,
         },
     }  # fmt: skip
     settings.out.mkdir(parents=True, exist_ok=True)
@@ -133,6 +149,9 @@ def run_mode(settings: UpgradeBenchSettings, mode: str, say) -> dict:
             mode=mode,
             result_preserving=settings.result_preserving and mode == JobUpgrade.Mode.BLUE_GREEN,
         )
+        rollback_at = None
+        if settings.rollback and mode == JobUpgrade.Mode.BLUE_GREEN:
+            rollback_at = roll_back(job, upgrade, settings.rollback, user, say)
         upgrade = follow(upgrade, say)
         end = t0 + bench.input_s
         say(f"      upgrade {upgrade.pk}: {upgrade.status}; input ends in "
@@ -156,6 +175,7 @@ def run_mode(settings: UpgradeBenchSettings, mode: str, say) -> dict:
             kill_job_processes({job.key})
     upgrade.refresh_from_db()
     gap_s = output_gap(job, bench, t0, upgrade)
+    records, _ = run_progress(job, upgrade.from_topology, t0)
     row = {
         "job": job.pk,
         "upgrade": upgrade.pk,
@@ -173,7 +193,17 @@ def run_mode(settings: UpgradeBenchSettings, mode: str, say) -> dict:
             if upgrade.switched_at
             else None
         ),
-    }
+        "longest_gap_before_switch_s": longest_gap(
+            records, upgrade.requested_at.timestamp(),
+            upgrade.switched_at.timestamp() if upgrade.switched_at else None,
+        ),
+        "rollback": settings.rollback if rollback_at else "",
+        "rollback_gap_s": (
+            None if rollback_at is None else output_gap_at(job, bench, t0, upgrade, rollback_at)
+        ),
+    }  # fmt: skip
+    if rollback_at is not None:
+        say(f"      rollback ({settings.rollback}): gap {row['rollback_gap_s']} s")
     say(f"      {mode}: case {row['case']}, gap {gap_s} s, lost {row['lost']}, "
         f"duplicates {row['duplicates']} over {row['result_cells']} result cells")  # fmt: skip
     return row
@@ -196,6 +226,33 @@ def follow(upgrade: JobUpgrade, say) -> JobUpgrade:
     raise RuntimeError(f"upgrade {upgrade.pk} still {upgrade.status} after {UPGRADE_TIMEOUT_S} s")
 
 
+def roll_back(job: Job, upgrade: JobUpgrade, how: str, user, say) -> float:
+    """Once the new version has written for ROLLBACK_AFTER_SWITCH_S after its switch, roll the
+    upgrade back `how` (one of ROLLBACKS); returns when (epoch s): the fault's injection or the
+    operator's request, the moment the rollback's output gap is measured at."""
+
+    def switched() -> bool:
+        upgrade.refresh_from_db()
+        if upgrade.status in ENDED:
+            raise RuntimeError(f"upgrade {upgrade.pk} {upgrade.status} before its rollback: "
+                               f"{upgrade.reason} {upgrade.outcome}")  # fmt: skip
+        return upgrade.switched_at is not None
+
+    wait_for(switched, UPGRADE_TIMEOUT_S, f"upgrade {upgrade.pk} to switch", poll_s=0.5)
+    sleep_until(upgrade.switched_at.timestamp() + ROLLBACK_AFTER_SWITCH_S)
+    if how == "crash":
+        fault, detail = inject_fault(job, "kill-driver", key_operator(job), user)
+        if fault is None or fault.injected_at is None:
+            raise RuntimeError(f"the new version was not killed: {detail}")
+        say(f"      killed the new version: {detail}")
+        return fault.injected_at.timestamp()
+    at = time.time()
+    with transaction.atomic():
+        upgrades.request_end(upgrade, upgrades.ROLLBACK, user)
+    say(f"      rollback asked by {user.username}")
+    return at
+
+
 def reference_params(topology: str, to_params: dict) -> dict:
     """The operator params the new version's reference is computed with (a built-in's, e.g.
     topn's window_seconds and n): the topology's own, with those the upgrade sets."""
@@ -208,12 +265,26 @@ def output_gap(job: Job, bench: BenchSettings, t0: float, upgrade: JobUpgrade) -
     `manage.py bench` measures a fault's (None: the upgrade never switched)."""
     if upgrade.switched_at is None:
         return None
+    return output_gap_at(job, bench, t0, upgrade, upgrade.switched_at.timestamp())
+
+
+def output_gap_at(
+    job: Job, bench: BenchSettings, t0: float, upgrade: JobUpgrade, at: float
+) -> float | None:
+    """The output gap around `at` (the switch, a rollback): the downtime of a fault at `at`."""
     records, input_stage = run_progress(job, upgrade.from_topology, t0)
-    _, measured, _ = measure_progress(
-        records, bench, t0, [upgrade.switched_at.timestamp()], input_stage
-    )
+    _, measured, _ = measure_progress(records, bench, t0, [at], input_stage)
     gap = measured[0].downtime_s
     return None if gap is None else round(gap, 2)
+
+
+def longest_gap(records, start: float, end: float | None) -> float | None:
+    """The longest time without output in [start, end): the old version's output while the
+    new one is checked, started, seeded or rebuilt (None: no switch)."""
+    if end is None:
+        return None
+    times = [start] + sorted(r.at for r in records if r.is_output and start <= r.at < end) + [end]
+    return round(max(b - a for a, b in zip(times, times[1:], strict=False)), 2)
 
 
 def write(result: dict, out: Path) -> None:
@@ -224,18 +295,23 @@ RESULTS_SECTION = "## Upgrades (manage.py bench_upgrade)"
 
 
 def to_markdown(result: dict) -> str:
-    """The run's table: blue/green against stop-and-restart."""
+    """The run's table: blue/green against stop-and-restart (and a rollback's gap, if any)."""
     rows = [
-        "| upgrade | case | status | output gap s | lost | duplicated | result cells |",
-        "|---|---|---|---|---|---|---|",
+        "| upgrade | case | status | output gap s | longest gap before the switch s | "
+        "rollback gap s | lost | duplicated | result cells |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for mode in MODES:
         run = result.get(mode)
         if run is None:
             continue
-        gap = "-" if run["gap_s"] is None else f"{run['gap_s']:.2f}"
+        rollback = "-"
+        if run.get("rollback"):
+            gap = run.get("rollback_gap_s")
+            rollback = f"{'-' if gap is None else f'{gap:.2f}'} ({run['rollback']})"
         rows.append(
-            f"| {mode} | {run['case']} | {run['status']} | {gap} | {run['lost']} | "
+            f"| {mode} | {run['case']} | {run['status']} | {seconds(run['gap_s'])} | "
+            f"{seconds(run.get('longest_gap_before_switch_s'))} | {rollback} | {run['lost']} | "
             f"{run['duplicates']} | {run['result_cells']} |"
         )
     blue, base = result.get(MODES[0]), result.get(MODES[1])
@@ -248,12 +324,18 @@ def to_markdown(result: dict) -> str:
     return "\n".join(rows)
 
 
+def seconds(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}"
+
+
 def write_results(result: dict, command: str) -> str:
     """Put the run's table into docs/RESULTS.md under its versions."""
     settings = result["settings"]
     params = "".join(f" {k}={v}" for k, v in sorted((settings.get("to_params") or {}).items()))
+    rollback = f", rolled back ({settings['rollback']})" if settings.get("rollback") else ""
     subsection = (
         f"{settings['topology']} -> {settings['to']}{params}, {settings['rate']:g} events/s"
+        f"{rollback}"
     )
     body = f"`{command}` on {time.strftime('%Y-%m-%d')} ({result['machine']}).\n\n" + to_markdown(
         result

@@ -2,10 +2,12 @@
 topology (slow: real Redis, controller, node agents and Spark jobs, about 15 minutes on 2 cores;
 run with `pytest -m slow tests/bench/test_bench_upgrade.py`)."""
 
+from types import SimpleNamespace
+
 import pytest
 from django.core.management import CommandError, call_command
 
-from bench.upgrade.run import reference_params, to_markdown
+from bench.upgrade.run import longest_gap, reference_params, to_markdown
 from tests.bench.command import run_bench_command
 
 
@@ -25,11 +27,34 @@ def test_bad_options_are_refused_naming_the_option(options, message):
 
 def test_the_table_sets_blue_green_against_stop_and_restart():
     row = {"case": "seeded", "status": "confirmed", "lost": 0, "duplicates": 0, "result_cells": 9}
-    result = {"blue_green": {**row, "gap_s": 0.8}, "stop_restart": {**row, "gap_s": 8.0}}
+    result = {
+        "blue_green": {**row, "gap_s": 0.8, "longest_gap_before_switch_s": 0.61},
+        "stop_restart": {**row, "gap_s": 8.0, "longest_gap_before_switch_s": None},
+    }
     table = to_markdown(result)
-    assert "| blue_green | seeded | confirmed | 0.80 | 0 | 0 | 9 |" in table
-    assert "| stop_restart | seeded | confirmed | 8.00 | 0 | 0 | 9 |" in table
+    assert "| blue_green | seeded | confirmed | 0.80 | 0.61 | - | 0 | 0 | 9 |" in table
+    assert "| stop_restart | seeded | confirmed | 8.00 | - | - | 0 | 0 | 9 |" in table
     assert "10% of stop-and-restart's" in table
+
+
+def test_the_table_gives_a_rollbacks_gap_and_how_it_was_rolled_back():
+    row = {"case": "seeded", "lost": 0, "duplicates": 0, "result_cells": 9, "gap_s": 0.8}
+    result = {
+        "blue_green": {**row, "status": "rolled_back", "rollback": "crash", "rollback_gap_s": 1.2},
+        "stop_restart": {**row, "status": "confirmed", "gap_s": 8.0},
+    }
+    assert "| blue_green | seeded | rolled_back | 0.80 | - | 1.20 (crash) | 0 | 0 | 9 |" in (
+        to_markdown(result)
+    )
+
+
+def test_the_longest_gap_before_the_switch_counts_from_the_request_to_the_switch():
+    out = [SimpleNamespace(at=t, is_output=True) for t in (9.0, 10.5, 11.0, 13.0, 13.4, 20.0)]
+    idle = SimpleNamespace(at=12.0, is_output=False)
+    # Output at 10.5, 11.0, 13.0 and 13.4 within [10, 14): the gaps 0.5, 0.5, 2.0, 0.4, 0.6.
+    assert longest_gap([*out, idle], 10.0, 14.0) == 2.0
+    assert longest_gap(out, 10.0, None) is None
+    assert longest_gap([], 10.0, 12.5) == 2.5
 
 
 @pytest.mark.django_db

@@ -11,7 +11,13 @@ from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError
 
 from bench.signals import exit_on_first_sigterm
-from bench.upgrade.run import UpgradeBenchSettings, run_upgrade_bench, write, write_results
+from bench.upgrade.run import (
+    ROLLBACKS,
+    UpgradeBenchSettings,
+    run_upgrade_bench,
+    write,
+    write_results,
+)
 from console.models import RegisteredTopology
 from spark_runtime.topology import TOPOLOGIES
 
@@ -56,6 +62,14 @@ class Command(BaseCommand):
             "new one's results while validating",
         )
         parser.add_argument(
+            "--rollback",
+            choices=ROLLBACKS,
+            default="",
+            help="roll the blue/green upgrade back 15 s after its switch: its new version "
+            "killed (crash), or an operator's rollback (by-hand); rollback_gap_s is the output "
+            "gap there",
+        )
+        parser.add_argument(
             "--write-results", action="store_true", help="put the table into docs/RESULTS.md"
         )
 
@@ -94,6 +108,7 @@ class Command(BaseCommand):
                 out=Path(opts["out"]),
                 seed=opts["seed"],
                 result_preserving=opts["result_preserving"],
+                rollback=opts["rollback"],
             )
             settings.workload()  # checks the workload's settings
         except ValueError as exc:
