@@ -141,6 +141,14 @@ def spares_wanted(node: str) -> str:
     return make_key("node", node, "spares", "wanted")
 
 
+def spare_asked(node: str) -> str:
+    """How many spares the controller last asked a node for, set for a few seconds when it
+    raised the node's target above the spares the node holds (console.services.control.act):
+    another job's cycle meanwhile counts them as held, so the host's next spare is not asked
+    for on two nodes before the first agent has started it."""
+    return make_key("node", node, "spares", "asked")
+
+
 def spare_refill_hold() -> str:
     """Set (with a short expiry) when a warm spare takes over a replica, and renewed every
     policy cycle while any job re-protects a stage: no node starts a new warm spare until it

@@ -15,6 +15,7 @@ import pytest
 
 from console.policy.config import PolicyConfig
 from console.redis import redis_client
+from console.services.control import act
 from console.services.control.act import keep_warm_spares
 from infra import keys as control_keys
 from infra.launcher import wait_for
@@ -43,7 +44,8 @@ def redis_conn():
         data_keys.spare_refill_hold(),
         data_keys.spare_needed(),
         *(k for n in NODES for k in (control_keys.node_heartbeat(n), control_keys.node_metrics(n),
-                                     data_keys.spares_wanted(n), data_keys.spares(n))),
+                                     data_keys.spares_wanted(n), data_keys.spares(n),
+                                     data_keys.spare_asked(n))),
     )  # fmt: skip
 
 
@@ -104,6 +106,39 @@ def test_a_hosts_spare_warming_up_keeps_its_node_when_another_looks_better(redis
     )
     keep_warm_spares(redis_conn, config, {})
     assert targets(redis_conn) == {"wt-node-1": 0, "wt-node-2": 1}
+
+
+def test_two_jobs_cycles_a_moment_apart_ask_for_the_hosts_spare_on_one_node(redis_conn):
+    """Each job's cycle puts the host's one spare where it covers that job's stages. Two cycles
+    before the agent has started the first one's spare asked for it on two nodes, and one JVM
+    start was wasted: the spare asked for now counts as held for a few seconds."""
+    for name in NODES + ["wt-node-3"]:
+        NodeFactory(name=name, cpu_total=2.0, mem_total_mb=4096.0)
+    nodes = NODES + ["wt-node-3"]
+    config = PolicyConfig(warm_spares_per_node=1)
+    publish_usage(redis_conn, nodes, hosts={n: "one-machine" for n in nodes})
+    try:
+        # Job A's stage runs on nodes 1 and 2: its spare belongs on node 3.
+        keep_warm_spares(redis_conn, config, {"count": ("wt-node-1", "wt-node-2")})
+        assert {n: int(redis_conn.get(data_keys.spares_wanted(n))) for n in nodes} == {
+            "wt-node-1": 0, "wt-node-2": 0, "wt-node-3": 1,
+        }  # fmt: skip
+        # Job B's (nodes 3 and 1) would rather have it on node 2; node 3's agent has not
+        # started it yet.
+        keep_warm_spares(redis_conn, config, {"split": ("wt-node-3", "wt-node-1")})
+        assert int(redis_conn.get(data_keys.spares_wanted("wt-node-3"))) == 1
+        assert int(redis_conn.get(data_keys.spares_wanted("wt-node-2"))) == 0
+        # Once the ask has expired with nothing started, job B's cycle may move it.
+        redis_conn.delete(data_keys.spare_asked("wt-node-3"))
+        keep_warm_spares(redis_conn, config, {"split": ("wt-node-3", "wt-node-1")})
+        assert int(redis_conn.get(data_keys.spares_wanted("wt-node-2"))) == 1
+        assert int(redis_conn.get(data_keys.spares_wanted("wt-node-3"))) == 0
+        assert 0 < redis_conn.ttl(data_keys.spare_asked("wt-node-2")) <= act.SPARE_ASK_S
+    finally:
+        redis_conn.delete(
+            *(k for n in nodes for k in (data_keys.spare_asked(n), data_keys.spares_wanted(n),
+                                         control_keys.node_heartbeat(n)))
+        )  # fmt: skip
 
 
 def test_the_cycle_asks_for_a_spare_until_one_is_idle_off_the_stage_s_nodes(redis_conn):

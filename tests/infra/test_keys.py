@@ -42,6 +42,7 @@ def test_data_plane_keys_are_unchanged():
     )
     assert data_keys.spare_warmup_lock("host-a") == "backstop:host:host-a:spare-warming"
     assert data_keys.spares_wanted("node-1") == "backstop:node:node-1:spares:wanted"
+    assert data_keys.spare_asked("node-1") == "backstop:node:node-1:spares:asked"
     assert data_keys.spare_refill_hold() == "backstop:spares:refill-hold"
     assert data_keys.spare_needed() == "backstop:spares:needed"
 

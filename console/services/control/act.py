@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections import Counter
 
 from django.conf import settings
 from django.utils import timezone
@@ -189,6 +190,11 @@ def ensure_generator(job: Job, supervisor: Supervisor, client, alive=None) -> No
     )
 
 
+# How long a spare a cycle asked a node for counts as held there (`keep_warm_spares`): a few of
+# the agents' 1 s reconciliations, in which the agent registers it as starting.
+SPARE_ASK_S = 5
+
+
 def keep_warm_spares(
     client, config, placements: dict, reprotecting: bool = False, view=None
 ) -> dict[str, int]:
@@ -213,20 +219,32 @@ def keep_warm_spares(
     history = node_history(client, beats) if view is None else view.history
     hosts = {name: beat.get("host", "") for name, beat in beats.items()}
     # Spares warming up are kept where they are too: one host's spare is not stopped on one
-    # node and started on another as Q changes.
+    # node and started on another as Q changes. So are those a cycle asked for in the last
+    # seconds and no agent has started yet: else another job's cycle, seeing none, may ask for
+    # the host's spare on the node that covers its own stages, and one start is wasted.
     names = list(beats)
     by_state = spares_by_state(client, names) if view is None else view.spares
-    running = {name: sum(by_state.get(name, {}).values()) for name in names}
+    counts = {name: Counter(by_state.get(name, {})) for name in names}
+    running = {name: c["idle"] + c["starting"] for name, c in counts.items()}
+    held = {name: max(running[name], c["asked"]) for name, c in counts.items()}
     wanted = spares_wanted(
         node_capacities(history, config),
-        running,
+        held,
         config,
         hosts,
         stages_covered(placements, names),
         measured=idle,
     )
-    for name, count in wanted.items():
-        client.set(data_keys.spares_wanted(name), count)
+    with client.pipeline(transaction=False) as pipe:
+        for name, count in wanted.items():
+            pipe.set(data_keys.spares_wanted(name), count)
+            if count > running.get(name, 0):
+                # Not renewed while it waits: an ask the agent cannot fulfil soon (another
+                # warm-up holds the machine's lock, or refills are held) stops binding.
+                pipe.set(data_keys.spare_asked(name), count, ex=SPARE_ASK_S, nx=True)
+            else:
+                pipe.delete(data_keys.spare_asked(name))
+        pipe.execute()
     return wanted
 
 
