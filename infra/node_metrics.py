@@ -36,13 +36,18 @@ BOOT_ID = "/proc/sys/kernel/random/boot_id"
 
 
 def host_identity() -> str:
-    """The machine a node agent runs on, so the policy sees which nodes share one
-    (console.policy.spares): BACKSTOP_NODE_HOST if set, else the kernel's boot id, else the
-    host name. Agents in containers on one machine have host names of their own but share the
-    boot id, and they do share that machine's memory."""
+    """The host a node agent stands for, so the policy sees which nodes share one
+    (console.policy.spares): BACKSTOP_NODE_HOST if set (a simulated node that stands for a host
+    of its own), else the machine it runs on (`machine_identity`)."""
     named = os.environ.get("BACKSTOP_NODE_HOST", "").strip()
-    if named:
-        return named
+    return named or machine_identity()
+
+
+def machine_identity() -> str:
+    """The machine this process runs on: the kernel's boot id, else the host name. Agents in
+    containers on one machine have host names of their own but share the boot id, and they do
+    share that machine's memory and cores (simulated hosts included: one warm-up at a time per
+    machine, spark_runtime.spare.take_warmup_lock)."""
     try:
         return f"boot:{Path(BOOT_ID).read_text().strip()}"
     except OSError:

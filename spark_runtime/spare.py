@@ -1,6 +1,6 @@
 """A warm spare: a stage process started ahead of need, waiting to become a replica.
 
-    python -m spark_runtime.spare --node NODE --spare-id ID [--redis-url URL]
+    python -m spark_runtime.spare --node NODE --machine MACHINE --spare-id ID [--redis-url URL]
 
 A cold start of a stage costs a Python interpreter, a JVM and a SparkSession (about 10 s here)
 before its query even starts. A node agent keeps a few spares per node (a policy setting): it
@@ -103,28 +103,28 @@ return 1
 YIELDING_REFRESH_S = 5.0
 
 
-def mark_yielding(client, node: str, spare_id: str, host: str) -> bool:
-    """Restart the start-up clock of `spare_id` (see YIELDING_LUA) and of `host`'s warm-up
+def mark_yielding(client, machine: str, node: str, spare_id: str) -> bool:
+    """Restart the start-up clock of `spare_id` (see YIELDING_LUA) and of `machine`'s warm-up
     lock, if it is still registered and warming up; False once taken or idle."""
-    lock = keys.spare_warmup_lock(host)
+    lock = keys.spare_warmup_lock(machine)
     timeout_ms = SPARE_START_TIMEOUT_S * 1000
     return bool(
         client.eval(YIELDING_LUA, 2, keys.spares(node), lock, spare_id, time.time(), timeout_ms)
     )
 
 
-def take_warmup_lock(client, host: str, spare_id: str, ttl_s: float) -> bool:
-    """Let `spare_id` warm up on machine `host` if no other spare there is (True); the lock
-    expires after `ttl_s` in case the spare dies before it is warm. `host` is the node agent's
-    host identity (infra.node_metrics.host_identity): agents in containers on one machine have
-    host names of their own but share its cores."""
-    lock = keys.spare_warmup_lock(host)
+def take_warmup_lock(client, machine: str, spare_id: str, ttl_s: float) -> bool:
+    """Let `spare_id` warm up on `machine` if no other spare there is (True); the lock expires
+    after `ttl_s` in case the spare dies before it is warm. `machine`: the node agent's
+    infra.node_metrics.machine_identity (agents in containers on one machine have host names of
+    their own, and simulated nodes hosts of their own, but they share its cores)."""
+    lock = keys.spare_warmup_lock(machine)
     return bool(client.set(lock, spare_id, nx=True, px=int(ttl_s * 1000)))
 
 
-def release_warmup_lock(client, host: str, spare_id: str) -> None:
-    """Let the next spare on machine `host` warm up, if `spare_id` holds the lock."""
-    client.eval(RELEASE_LUA, 1, keys.spare_warmup_lock(host), spare_id)
+def release_warmup_lock(client, machine: str, spare_id: str) -> None:
+    """Let the next spare on `machine` warm up, if `spare_id` holds the lock."""
+    client.eval(RELEASE_LUA, 1, keys.spare_warmup_lock(machine), spare_id)
 
 
 def mark_idle(client, node: str, spare_id: str) -> bool:
@@ -138,10 +138,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m spark_runtime.spare", description=__doc__)
     parser.add_argument("--node", default=socket.gethostname())
     parser.add_argument(
-        "--host",
-        default=socket.gethostname(),
-        help="the machine's identity, as its node agent knows it (one warm-up at a time per "
-        "machine)",
+        "--machine",
+        required=True,
+        help="the machine's identity as its node agent knows it (one warm-up at a time per "
+        "machine: the lock it releases once warm)",
     )
     parser.add_argument("--spare-id", required=True)
     parser.add_argument("--redis-url", default=os.environ.get("REDIS_URL", DEFAULT_REDIS_URL))
@@ -229,8 +229,8 @@ def warming_nice(held: bool, needed: bool, can_raise: bool) -> int:
 
 def watch_for_taker(
     client,
+    machine: str,
     node: str,
-    host: str,
     spare_id: str,
     warm: threading.Event,
     can_raise: bool,
@@ -275,7 +275,7 @@ def watch_for_taker(
             )
         if nice > 0 and time.monotonic() - clock_restarted >= YIELDING_REFRESH_S:
             with contextlib.suppress(redis.exceptions.RedisError):
-                mark_yielding(client, node, spare_id, host)
+                mark_yielding(client, machine, node, spare_id)
                 clock_restarted = time.monotonic()
         warm.wait(WATCH_INTERVAL_S)
 
@@ -312,7 +312,7 @@ def main(argv: list[str] | None = None) -> int:
     can_raise = can_raise_priority()
     watcher = threading.Thread(
         target=watch_for_taker,
-        args=(client, args.node, args.host, args.spare_id, warm, can_raise, taken),
+        args=(client, args.machine, args.node, args.spare_id, warm, can_raise, taken),
         daemon=True,
     )
     watcher.start()
@@ -335,7 +335,7 @@ def main(argv: list[str] | None = None) -> int:
             args.node,
             how,
         )
-    release_warmup_lock(client, args.host, args.spare_id)
+    release_warmup_lock(client, args.machine, args.spare_id)
     while True:
         try:
             # A short block: redis-py's default socket timeout (5 s) must not fire first.

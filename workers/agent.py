@@ -39,7 +39,13 @@ from console.policy.fault_params import (
 from console.redis import redis_client
 from infra import keys, tasks
 from infra.env import env
-from infra.node_metrics import PROCESSES, Capacity, NodeSampler, host_identity
+from infra.node_metrics import (
+    PROCESSES,
+    Capacity,
+    NodeSampler,
+    host_identity,
+    machine_identity,
+)
 from infra.processes import (
     CPU_HOG_MODULE,
     SPARE_MODULE,
@@ -367,7 +373,7 @@ def reconcile_spares(client, node: str) -> None:
             # (and the process taken its replica's command line) since the entries were read.
             if not client.hdel(data_keys.spares(node), spare_id):
                 continue
-            release_warmup_lock(client, host_identity(), spare_id)
+            release_warmup_lock(client, machine_identity(), spare_id)
             if stuck:
                 with contextlib.suppress(psutil.NoSuchProcess):
                     _signal_group(psutil.Process(entry["pid"]), signal.SIGKILL)
@@ -378,7 +384,7 @@ def reconcile_spares(client, node: str) -> None:
             return
         spare_id = f"spare-{node}-{int(time.time() * 1000)}"
         # One warm-up at a time per machine (spark_runtime/spare.py): else try next time.
-        if take_warmup_lock(client, host_identity(), spare_id, SPARE_START_TIMEOUT_S):
+        if take_warmup_lock(client, machine_identity(), spare_id, SPARE_START_TIMEOUT_S):
             start_spare(client, node, spare_id)
     elif len(live) > wanted:
         extra = sorted(live)[-1]
@@ -392,7 +398,7 @@ def start_spare(client, node: str, spare_id: str) -> int:
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "ab") as log_file:
         proc = subprocess.Popen(
-            [sys.executable, "-m", SPARE_MODULE, "--node", node, "--host", host_identity(),
+            [sys.executable, "-m", SPARE_MODULE, "--node", node, "--machine", machine_identity(),
              "--spare-id", spare_id, "--redis-url", settings.REDIS_URL],
             stdout=log_file,
             stderr=subprocess.STDOUT,
@@ -731,7 +737,7 @@ def _report_exits(client: redis.Redis, node: str) -> None:
         with _children_lock:
             warming_spare = _taken_while_warming.get(child_key)
         if warming_spare is not None:  # it died before it was warm
-            release_warmup_lock(client, host_identity(), warming_spare)
+            release_warmup_lock(client, machine_identity(), warming_spare)
         if job_key:  # else a warm spare that ended before it became a replica
             _publish_exit(client, node, child_key[1], proc, job_key, path, became_at)
         with _children_lock:

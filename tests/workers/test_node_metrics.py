@@ -151,3 +151,5 @@ def test_agents_on_one_machine_report_one_host_unless_told_otherwise(monkeypatch
     # Named explicitly: a simulated node that stands for a host of its own.
     monkeypatch.setenv("BACKSTOP_NODE_HOST", "rack-2-host-7")
     assert node_metrics.host_identity() == "rack-2-host-7"
+    # The machine stays the machine (one spare warm-up at a time on its cores).
+    assert node_metrics.machine_identity() == "agent-2-container"

@@ -89,19 +89,15 @@ def update_nodes(client) -> dict[str, dict]:
 
 def spares_by_state(client, nodes: list[str]) -> dict[str, Counter]:
     """Warm spares per node and state (`idle`, `starting`: warming up), as the node agents
-    report them now, and `asked`: how many a recent cycle asked the node for (its agent may
-    not have started them yet; data_keys.spare_asked)."""
+    report them now."""
     with client.pipeline(transaction=False) as pipe:
         for node in nodes:
             pipe.hvals(data_keys.spares(node))
-            pipe.get(data_keys.spare_asked(node))
         reported = pipe.execute()
-    counts = {}
-    for node, entries, asked in zip(nodes, reported[::2], reported[1::2], strict=True):
-        counts[node] = Counter(json.loads(raw).get("state") for raw in entries)
-        if asked:
-            counts[node]["asked"] = int(asked)
-    return counts
+    return {
+        node: Counter(json.loads(raw).get("state") for raw in entries)
+        for node, entries in zip(nodes, reported, strict=True)
+    }
 
 
 def read_agent_events(client, job: Job, launched_at: Mapping[str, float] | None = None) -> bool:
