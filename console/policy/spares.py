@@ -33,11 +33,14 @@ def spares_wanted(
     hosts: Mapping[str, str] | None = None,
     cover: Mapping[str, int] | None = None,
     measured: Mapping[str, int] | None = None,
+    asked: Mapping[str, int] | None = None,
 ) -> dict[str, int]:
     """Spares wanted per alive node.
 
     `current`: the spares each node holds now (idle or warming up), kept where they are so
     that a spare does not move between nodes as Q or the job whose cycle runs changes.
+    `asked`: spares a recent cycle asked nodes for that their agents have not started yet,
+    kept where they are after `current` (a host over its limit keeps its started spares first).
     `measured`: those of them whose memory the measured usage already
     includes, the idle ones (default: all of `current`); the others are charged against the
     reserve. `hosts`: the host each node's agent runs on (a node missing from it is a host of
@@ -65,6 +68,11 @@ def spares_wanted(
     for c in sorted(alive, key=preference):
         wanted[c.name] = min(current.get(c.name, 0), limit - on_host[host_of[c.name]])
         on_host[host_of[c.name]] += wanted[c.name]
+    for c in sorted(alive, key=preference):
+        pending = max(0, (asked or {}).get(c.name, 0) - wanted[c.name])
+        kept = min(pending, limit - on_host[host_of[c.name]])
+        wanted[c.name] += kept
+        on_host[host_of[c.name]] += kept
 
     def keeps_reserve(extra: int) -> bool:
         return (cpu_free - extra * SPARE_CPU) / cpu_total >= config.resource_reserve and (

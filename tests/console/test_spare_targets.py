@@ -19,7 +19,7 @@ from console.services.control import act
 from console.services.control.act import keep_warm_spares
 from infra import keys as control_keys
 from infra.launcher import wait_for
-from infra.node_metrics import host_identity
+from infra.node_metrics import machine_identity
 from spark_runtime import keys as data_keys
 from spark_runtime import spare
 from spark_runtime.cpu_priority import can_raise_priority
@@ -31,8 +31,8 @@ from workers import agent
 pytestmark = pytest.mark.django_db
 
 NODES = ["wt-node-1", "wt-node-2"]
-# The machine as the agents here know it (BACKSTOP_NODE_HOST, the boot id or the host name).
-HOST = host_identity()
+# The machine as the agents here know it (the boot id, else the host name).
+MACHINE = machine_identity()
 
 
 @pytest.fixture
@@ -227,7 +227,7 @@ def test_a_spare_taken_while_its_jvm_starts_is_found_and_killed_as_that_replica(
     node = NODES[0]
     monkeypatch.setenv("BACKSTOP_NODE", node)
     spare_id = "spare-w"
-    assert agent.take_warmup_lock(redis_conn, HOST, spare_id, agent.SPARE_START_TIMEOUT_S)
+    assert agent.take_warmup_lock(redis_conn, MACHINE, spare_id, agent.SPARE_START_TIMEOUT_S)
     pid = agent.start_spare(redis_conn, node, spare_id)
     args = ["--job", "job-w", "--stage", "count", "--replica-id", "count-9", "--node", node]
     try:
@@ -242,12 +242,12 @@ def test_a_spare_taken_while_its_jvm_starts_is_found_and_killed_as_that_replica(
         assert agent.kill_replica("count-9", job_key="job-w")
         wait_for(lambda: not psutil.pid_exists(pid) or is_zombie(pid), 20, "the spare killed")
         agent._report_exits(redis_conn, node)
-        assert agent.take_warmup_lock(redis_conn, HOST, "spare-next", 5), "the lock was released"
+        assert agent.take_warmup_lock(redis_conn, MACHINE, "spare-next", 5), "the lock was released"
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(pid, signal.SIGKILL)
-        agent.release_warmup_lock(redis_conn, HOST, "spare-next")
-        agent.release_warmup_lock(redis_conn, HOST, spare_id)
+        agent.release_warmup_lock(redis_conn, MACHINE, "spare-next")
+        agent.release_warmup_lock(redis_conn, MACHINE, spare_id)
         with agent._children_lock:
             agent._children.pop(("job-w", "count-9"), None)
             agent._taken_while_warming.pop(("job-w", "count-9"), None)
@@ -281,7 +281,7 @@ def test_a_spare_warming_up_yields_while_a_stage_is_re_protected_but_not_once_ta
     node = NODES[0]
     monkeypatch.setenv("BACKSTOP_NODE", node)
     spare_id = "spare-v"
-    assert agent.take_warmup_lock(redis_conn, HOST, spare_id, agent.SPARE_START_TIMEOUT_S)
+    assert agent.take_warmup_lock(redis_conn, MACHINE, spare_id, agent.SPARE_START_TIMEOUT_S)
     # Held for as long as the test may take (the agent's hold lasts 10 s unless renewed).
     hold, needed = data_keys.spare_refill_hold(), data_keys.spare_needed()
     # The spare's log is appended to: an earlier run's "is warm" must not count below.
@@ -307,7 +307,7 @@ def test_a_spare_warming_up_yields_while_a_stage_is_re_protected_but_not_once_ta
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(pid, signal.SIGKILL)
-        agent.release_warmup_lock(redis_conn, HOST, spare_id)
+        agent.release_warmup_lock(redis_conn, MACHINE, spare_id)
         redis_conn.delete(needed)
         with agent._children_lock:
             agent._children.pop(("job-v", "count-8"), None)
@@ -375,44 +375,44 @@ def test_a_yielding_spare_restarts_its_start_up_clock_and_keeps_the_warm_up_lock
     long_ago = time.time() - agent.SPARE_START_TIMEOUT_S - 60
     entry = {"pid": 4242, "state": "starting", "since": long_ago}
     redis_conn.hset(data_keys.spares(node), "spare-y", json.dumps(entry))
-    assert agent.take_warmup_lock(redis_conn, HOST, "spare-y", 5)
+    assert agent.take_warmup_lock(redis_conn, MACHINE, "spare-y", 5)
     try:
-        assert spare.mark_yielding(redis_conn, node, "spare-y", HOST)
+        assert spare.mark_yielding(redis_conn, MACHINE, node, "spare-y")
         renewed = json.loads(redis_conn.hget(data_keys.spares(node), "spare-y"))
         assert renewed["pid"] == 4242 and renewed["state"] == "starting"
         assert time.time() - renewed["since"] < 5
         assert agent.spares_to_take({"spare-y": renewed}, time.time()) == ["spare-y"]
-        lock_ttl_ms = redis_conn.pttl(data_keys.spare_warmup_lock(HOST))
+        lock_ttl_ms = redis_conn.pttl(data_keys.spare_warmup_lock(MACHINE))
         assert lock_ttl_ms > (agent.SPARE_START_TIMEOUT_S - 5) * 1000
         # Idle, or taken (its entry deleted): no clock to restart.
         redis_conn.hset(data_keys.spares(node), "spare-y", json.dumps({**entry, "state": "idle"}))
-        assert not spare.mark_yielding(redis_conn, node, "spare-y", HOST)
+        assert not spare.mark_yielding(redis_conn, MACHINE, node, "spare-y")
         assert json.loads(redis_conn.hget(data_keys.spares(node), "spare-y"))["since"] == long_ago
         redis_conn.hdel(data_keys.spares(node), "spare-y")
-        assert not spare.mark_yielding(redis_conn, node, "spare-y", HOST)
+        assert not spare.mark_yielding(redis_conn, MACHINE, node, "spare-y")
     finally:
-        agent.release_warmup_lock(redis_conn, HOST, "spare-y")
+        agent.release_warmup_lock(redis_conn, MACHINE, "spare-y")
 
 
-def test_agents_with_host_names_of_their_own_on_one_machine_warm_up_one_spare_at_a_time(
+def test_agents_with_hosts_of_their_own_on_one_machine_warm_up_one_spare_at_a_time(
     redis_conn, monkeypatch
 ):
-    """Agents in containers on one machine have host names of their own but one host identity
-    (infra.node_metrics.host_identity, here BACKSTOP_NODE_HOST): while a spare of one of them
-    warms up, the other starts none, since the two JVM starts would share the machine's cores;
-    once that warm-up is over, it starts its own."""
+    """Simulated nodes stand for hosts of their own (BACKSTOP_NODE_HOST), as agents in
+    containers have host names of their own, but they share the machine's cores: while a spare
+    of one of them warms up, another starts none, since the two JVM starts would slow each
+    other down; once that warm-up is over, it starts its own."""
     node = NODES[1]
-    monkeypatch.setenv("BACKSTOP_NODE_HOST", "wt-machine")
+    monkeypatch.setenv("BACKSTOP_NODE_HOST", node)
     started = []
     monkeypatch.setattr(agent, "start_spare", lambda client, node, spare_id: started.append(node))
     redis_conn.set(data_keys.spares_wanted(node), 1)
-    # A spare of the other container's agent holds the machine's lock.
-    assert agent.take_warmup_lock(redis_conn, "wt-machine", "spare-of-container-a", 30)
+    # A spare of another agent of this machine holds its lock.
+    assert agent.take_warmup_lock(redis_conn, MACHINE, "spare-of-container-a", 30)
     try:
         agent.reconcile_spares(redis_conn, node)
         assert started == [], "a second warm-up on the machine"
-        agent.release_warmup_lock(redis_conn, "wt-machine", "spare-of-container-a")
+        agent.release_warmup_lock(redis_conn, MACHINE, "spare-of-container-a")
         agent.reconcile_spares(redis_conn, node)
         assert started == [node]
     finally:
-        redis_conn.delete(data_keys.spare_warmup_lock("wt-machine"))
+        redis_conn.delete(data_keys.spare_warmup_lock(MACHINE))

@@ -173,3 +173,22 @@ def test_spares_still_warming_are_kept_but_charged_against_the_reserve():
     assert spares_wanted(nodes, {"b": 1}, config, measured={}) == {"a": 1, "b": 1}
     # Idle (measured), it costs nothing more: two more fit.
     assert spares_wanted(nodes, {"b": 1}, config, measured={"b": 1}) == {"a": 2, "b": 1}
+
+
+def test_a_spare_asked_for_stays_on_its_node_after_the_hosts_started_ones():
+    nodes = {n.name: n for n in (node("n1", 3.0), node("n2", 2.0), node("n3", 1.0))}
+    one_host = {"n1": "m", "n2": "m", "n3": "m"}
+    config = PolicyConfig(warm_spares_per_node=1)
+    # Another job's cycle asked n1 for the host's spare a moment ago; this job's stages would
+    # rather have it on n3. Its agent has not started it yet: it stays asked on n1.
+    cover = stages_covered({"count": ("n2", "n1")}, nodes)
+    assert spares_wanted(nodes, {}, config, one_host, cover) == {"n1": 0, "n2": 0, "n3": 1}
+    wanted = spares_wanted(nodes, {}, config, one_host, cover, asked={"n1": 1})
+    assert wanted == {"n1": 1, "n2": 0, "n3": 0}
+    # A spare already started on the host wins over an ask elsewhere.
+    wanted = spares_wanted(nodes, {"n2": 1}, config, one_host, cover, asked={"n1": 1})
+    assert wanted == {"n1": 0, "n2": 1, "n3": 0}
+    # An ask is charged against the reserve like a spare warming up: not measured yet.
+    tight = {"a": node("a", 2.0, 2200.0), "b": node("b", 1.0, 2200.0)}
+    reserve = PolicyConfig(warm_spares_per_node=2, resource_reserve=0.2)
+    assert spares_wanted(tight, {}, reserve, measured={}, asked={"b": 1}) == {"a": 1, "b": 1}

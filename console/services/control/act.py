@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import time
-from collections import Counter
 
 from django.conf import settings
 from django.utils import timezone
@@ -221,19 +220,22 @@ def keep_warm_spares(
     # Spares warming up are kept where they are too: one host's spare is not stopped on one
     # node and started on another as Q changes. So are those a cycle asked for in the last
     # seconds and no agent has started yet: else another job's cycle, seeing none, may ask for
-    # the host's spare on the node that covers its own stages, and one start is wasted.
+    # the host's spare on the node that covers its own stages, and one start is wasted. (Read
+    # here, not with `view`: the fleet's view is a second old, and so is another job's ask.)
     names = list(beats)
     by_state = spares_by_state(client, names) if view is None else view.spares
-    counts = {name: Counter(by_state.get(name, {})) for name in names}
-    running = {name: c["idle"] + c["starting"] for name, c in counts.items()}
-    held = {name: max(running[name], c["asked"]) for name, c in counts.items()}
+    running = {name: sum(by_state.get(name, {}).values()) for name in names}
+    ask_keys = [data_keys.spare_asked(name) for name in names]
+    asks = client.mget(ask_keys) if ask_keys else []
+    asked = {name: int(n) for name, n in zip(names, asks, strict=True) if n}
     wanted = spares_wanted(
         node_capacities(history, config),
-        held,
+        running,
         config,
         hosts,
         stages_covered(placements, names),
         measured=idle,
+        asked=asked,
     )
     with client.pipeline(transaction=False) as pipe:
         for name, count in wanted.items():
@@ -242,7 +244,7 @@ def keep_warm_spares(
                 # Not renewed while it waits: an ask the agent cannot fulfil soon (another
                 # warm-up holds the machine's lock, or refills are held) stops binding.
                 pipe.set(data_keys.spare_asked(name), count, ex=SPARE_ASK_S, nx=True)
-            else:
+            else:  # started, or given up for a host's started spares: nothing is pending
                 pipe.delete(data_keys.spare_asked(name))
         pipe.execute()
     return wanted
