@@ -161,10 +161,12 @@ def bench_user(username: str = BENCH_USER) -> User:
     return user
 
 
-def key_operator(job: Job) -> str:
-    """The processing operator with the highest fault-tolerance priority (the key stage)."""
+def key_operator(job: Job, stage: str | None = None) -> str:
+    """The processing operator with the highest fault-tolerance priority (the key stage), or
+    the highest of `stage`'s."""
+    operators = job.operators.filter(stage=stage) if stage else job.operators.all()
     return (
-        job.operators.exclude(kind__in=(SOURCE, SINK))
+        operators.exclude(kind__in=(SOURCE, SINK))
         .order_by("-priority", "name")
         .values_list("name", flat=True)
         .first()

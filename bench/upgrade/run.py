@@ -33,7 +33,7 @@ from bench.strategy.run import (
     sleep_until,
     wait_status,
 )
-from console.models import Job, JobUpgrade
+from console.models import Job, JobUpgrade, Policy
 from console.redis import redis_client
 from console.services import upgrades
 from console.services.jobs import create_job, kill_job_processes, stop_job
@@ -162,8 +162,10 @@ def run_mode(settings: UpgradeBenchSettings, mode: str, say) -> dict:
             120, "the generator to finish",
         )  # fmt: skip
         job.refresh_from_db()
+        # The new version's params only if it stayed (rolled back or refused: the old one's).
+        in_force = settings.to_params if upgrade.status == JobUpgrade.Status.CONFIRMED else {}
         comparison, _ = drain(
-            client, job.key, job.topology, reference_params(job.topology, settings.to_params),
+            client, job.key, job.topology, reference_params(job.topology, in_force),
             bench.drain_timeout_s, say,
         )  # fmt: skip
     finally:
@@ -174,8 +176,8 @@ def run_mode(settings: UpgradeBenchSettings, mode: str, say) -> dict:
         finally:
             kill_job_processes({job.key})
     upgrade.refresh_from_db()
-    gap_s = output_gap(job, bench, t0, upgrade)
-    records, _ = run_progress(job, upgrade.from_topology, t0)
+    records, input_stage = run_progress(job, upgrade.from_topology, t0)
+    gap_s, rollback_gap_s = output_gaps(records, input_stage, bench, t0, upgrade, rollback_at)
     row = {
         "job": job.pk,
         "upgrade": upgrade.pk,
@@ -198,9 +200,7 @@ def run_mode(settings: UpgradeBenchSettings, mode: str, say) -> dict:
             upgrade.switched_at.timestamp() if upgrade.switched_at else None,
         ),
         "rollback": settings.rollback if rollback_at else "",
-        "rollback_gap_s": (
-            None if rollback_at is None else output_gap_at(job, bench, t0, upgrade, rollback_at)
-        ),
+        "rollback_gap_s": rollback_gap_s,
     }  # fmt: skip
     if rollback_at is not None:
         say(f"      rollback ({settings.rollback}): gap {row['rollback_gap_s']} s")
@@ -226,22 +226,28 @@ def follow(upgrade: JobUpgrade, say) -> JobUpgrade:
     raise RuntimeError(f"upgrade {upgrade.pk} still {upgrade.status} after {UPGRADE_TIMEOUT_S} s")
 
 
-def roll_back(job: Job, upgrade: JobUpgrade, how: str, user, say) -> float:
-    """Once the new version has written for ROLLBACK_AFTER_SWITCH_S after its switch, roll the
-    upgrade back `how` (one of ROLLBACKS); returns when (epoch s): the fault's injection or the
-    operator's request, the moment the rollback's output gap is measured at."""
+def roll_back(job: Job, upgrade: JobUpgrade, how: str, user, say) -> float | None:
+    """Once the new version has written for a while after its switch (ROLLBACK_AFTER_SWITCH_S,
+    or half the policy's validation window if that is shorter), roll the upgrade back `how`
+    (one of ROLLBACKS); returns when (epoch s): the fault's injection or the operator's request,
+    the moment the rollback's output gap is measured at. None: the upgrade ended on its own
+    first (the controller rolled it back or confirmed it), nothing was done."""
 
     def switched() -> bool:
         upgrade.refresh_from_db()
-        if upgrade.status in ENDED:
-            raise RuntimeError(f"upgrade {upgrade.pk} {upgrade.status} before its rollback: "
-                               f"{upgrade.reason} {upgrade.outcome}")  # fmt: skip
-        return upgrade.switched_at is not None
+        return upgrade.switched_at is not None or upgrade.status in ENDED
 
     wait_for(switched, UPGRADE_TIMEOUT_S, f"upgrade {upgrade.pk} to switch", poll_s=0.5)
-    sleep_until(upgrade.switched_at.timestamp() + ROLLBACK_AFTER_SWITCH_S)
+    after_s = min(ROLLBACK_AFTER_SWITCH_S, Policy.current().upgrade_validation_s / 2)
+    if upgrade.switched_at is not None:
+        sleep_until(upgrade.switched_at.timestamp() + after_s)
+    upgrade.refresh_from_db()
+    if upgrade.status != JobUpgrade.Status.VALIDATING:
+        say(f"      no rollback: upgrade {upgrade.pk} is {upgrade.status} ({upgrade.outcome})")
+        return None
     if how == "crash":
-        fault, detail = inject_fault(job, "kill-driver", key_operator(job), user)
+        # The new version is the upgraded stage's primary now.
+        fault, detail = inject_fault(job, "kill-driver", key_operator(job, upgrade.stage), user)
         if fault is None or fault.injected_at is None:
             raise RuntimeError(f"the new version was not killed: {detail}")
         say(f"      killed the new version: {detail}")
@@ -260,22 +266,24 @@ def reference_params(topology: str, to_params: dict) -> dict:
     return {**topology_params(topology), **changed}
 
 
-def output_gap(job: Job, bench: BenchSettings, t0: float, upgrade: JobUpgrade) -> float | None:
-    """The output gap across the switch: the downtime of a fault at the switch, measured as
-    `manage.py bench` measures a fault's (None: the upgrade never switched)."""
+def output_gaps(
+    records,
+    input_stage: str,
+    bench: BenchSettings,
+    t0: float,
+    upgrade: JobUpgrade,
+    rollback_at: float | None,
+) -> tuple[float | None, float | None]:
+    """The output gaps across the switch and across the rollback (if any): each the downtime
+    of a fault at that moment, measured as `manage.py bench` measures a fault's, both in one
+    measurement so that the switch's is not stretched over the rollback's (None: it never
+    switched, no rollback, or no output after it)."""
     if upgrade.switched_at is None:
-        return None
-    return output_gap_at(job, bench, t0, upgrade, upgrade.switched_at.timestamp())
-
-
-def output_gap_at(
-    job: Job, bench: BenchSettings, t0: float, upgrade: JobUpgrade, at: float
-) -> float | None:
-    """The output gap around `at` (the switch, a rollback): the downtime of a fault at `at`."""
-    records, input_stage = run_progress(job, upgrade.from_topology, t0)
-    _, measured, _ = measure_progress(records, bench, t0, [at], input_stage)
-    gap = measured[0].downtime_s
-    return None if gap is None else round(gap, 2)
+        return None, None
+    moments = [upgrade.switched_at.timestamp()] + ([rollback_at] if rollback_at else [])
+    _, measured, _ = measure_progress(records, bench, t0, moments, input_stage)
+    gaps = [None if m.downtime_s is None else round(m.downtime_s, 2) for m in measured]
+    return gaps[0], gaps[1] if rollback_at else None
 
 
 def longest_gap(records, start: float, end: float | None) -> float | None:
