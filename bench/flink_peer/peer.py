@@ -31,6 +31,7 @@ from bench.flink_peer.bridge import bridge_delays, run_bridge
 from bench.flink_peer.cluster import FlinkCluster, FlinkSettings, checkpoint_interval_ms
 from bench.flink_peer.env import FLINK_VERSION, ensure_flink_env
 from bench.flink_peer.functions import PROGRESS_STAGE
+from bench.flink_peer.phases import jobmanager_phases
 from bench.strategy.harness import (
     BenchSettings,
     ResourceSampler,
@@ -144,6 +145,9 @@ def run_flink_peer(bench: BenchSettings, say, flink: FlinkSettings | None = None
         t0 + steady_start, t0 + steady_end
     )
     delays = percentiles(bridge_delays(run_dir / "in"))
+    phases = jobmanager_phases(
+        cluster.log_dir, [at for at, _, _ in faults], [r.at for r in records if r.is_output]
+    )
     run = {
         "strategy": "flink",
         "topology": bench.topology,
@@ -158,7 +162,8 @@ def run_flink_peer(bench: BenchSettings, say, flink: FlinkSettings | None = None
         "input_started_at": t0,
         "faults": [
             fault_row(figures, t0, kind, "flink job", detail, "flink restart from checkpoint")
-            for (_, kind, detail), figures in zip(faults, measured, strict=True)
+            | {"phases": steps}
+            for (_, kind, detail), figures, steps in zip(faults, measured, phases, strict=True)
         ],
         "steady": steady,
         "series": series,

@@ -164,6 +164,35 @@ def peer_lines(runs: list[dict], peer: dict) -> list[str]:
             f"{_fmt(with_spares(run['steady'], 'rss_mb'), 0)} | "
             f"{_fmt(with_spares(run['steady'], 'pss_mb'), 0)} |"
         )
+    return lines + phase_lines(peer)
+
+
+PHASES = ("detection_s", "restart_delay_s", "deployment_s", "initialization_s", "first_output_s")
+
+
+def phase_lines(peer: dict) -> list[str]:
+    """Where the Flink run's gap went after each fault (bench/flink_peer/phases.py)."""
+    faults = [f for f in peer["faults"] if f.get("phases")]
+    if not faults:
+        return []
+    lines = [
+        "",
+        "Where Flink's gap went, from its JobManager's log (detection: the fault to the job "
+        "RESTARTING; restart delay: to RUNNING again; deployment: to the last task deployed; "
+        "initialization: to the last task running, its state restored and its Python worker "
+        "up; first output: to the next output, the replay's start):",
+        "",
+        "| fault | at s | detection s | restart delay s | deployment s | initialization s "
+        "| first output s |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for number, fault in enumerate(peer["faults"], start=1):
+        steps = fault.get("phases") or {}
+        lines.append(
+            f"| {number}: {fault['kind']} | {_fmt(fault['at_s'])} | "
+            + " | ".join(_fmt(steps.get(name), 2) for name in PHASES)
+            + " |"
+        )
     return lines
 
 

@@ -120,6 +120,21 @@ def test_a_flink_run_gets_the_backstop_vs_flink_table():
     assert "| flink | 10.00 | 100% | 200 | 1.00x | 0 | 0 | 1500 | n/a |" in text
 
 
+def test_the_flink_table_says_where_each_faults_gap_went():
+    flink = {**run("flink", [8.0, 12.0]), "peer": {"flink_version": "2.3.0"}}
+    flink["faults"][0]["phases"] = {
+        "detection_s": 0.27, "restart_delay_s": 0.5, "deployment_s": 1.4,
+        "initialization_s": 9.9, "first_output_s": 0.61,
+    }  # fmt: skip
+    flink["faults"][1]["phases"] = {"detection_s": 0.8, "restart_delay_s": 0.51}
+    text = report.to_markdown({"settings": {}, "runs": [run("adaptive", [2.0]), flink]})
+    assert "| 1: kill-driver | 50.0 | 0.27 | 0.50 | 1.40 | 9.90 | 0.61 |" in text
+    assert "| 2: kill-driver | 100.0 | 0.80 | 0.51 | n/a | n/a | n/a |" in text
+    # Runs made before the phases were read have none: no table.
+    del flink["faults"][0]["phases"], flink["faults"][1]["phases"]
+    assert "Where Flink's gap went" not in report.to_markdown({"settings": {}, "runs": [flink]})
+
+
 def test_without_a_flink_run_there_is_no_peer_table():
     assert "Backstop vs Flink" not in report.to_markdown(BENCH)
 
