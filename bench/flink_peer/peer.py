@@ -162,7 +162,7 @@ def run_flink_peer(bench: BenchSettings, say, flink: FlinkSettings | None = None
         "input_started_at": t0,
         "faults": [
             fault_row(figures, t0, kind, "flink job", detail, "flink restart from checkpoint")
-            | {"phases": steps}
+            | {"phases": steps, "detected_after_s": steps["detection_s"]}
             for (_, kind, detail), figures, steps in zip(faults, measured, phases, strict=True)
         ],
         "steady": steady,

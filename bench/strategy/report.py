@@ -114,15 +114,16 @@ def to_markdown(bench: dict) -> str:
     lines += memory_lines(runs, baseline)
     lines += [
         "",
-        "| strategy | fault | at s | action | downtime s | recovery s | peak p99 ms "
-        "| re-protect s | note |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| strategy | fault | at s | action | detected after s | downtime s | recovery s "
+        "| peak p99 ms | re-protect s | note |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for run in runs:
         for number, fault in enumerate(run["faults"], start=1):
             lines.append(
                 f"| {run['strategy']} | {number}: {fault['kind']} | {_fmt(fault['at_s'])} | "
-                f"{fault.get('action') or 'n/a'} | {_fmt(fault['downtime_s'], 2)} | "
+                f"{fault.get('action') or 'n/a'} | {_fmt(fault.get('detected_after_s'), 2)} | "
+                f"{_fmt(fault['downtime_s'], 2)} | "
                 f"{_recovery_cell(fault)} | {_fmt(fault['peak_p99_ms'], 0)} | "
                 f"{_fmt(fault.get('reprotect_s'), 1)} | {fault.get('note', '')} |"
             )

@@ -336,6 +336,14 @@ def measure_run(job: Job, bench: BenchSettings, t0: float, faults: list, target:
                         "+".join(actions) or "none recorded")  # fmt: skip
         # After a promotion: seconds until the stage had a promotable standby again.
         row["reprotect_s"] = max(reprotect) if reprotect else None
+        # The first part of the gap: until the controller knew of the failure (the agent's
+        # exit report, a stage's own report, or missed heartbeats).
+        detected = min((e.detected_at for e in episodes), default=None)
+        row["detected_after_s"] = (
+            round(detected.timestamp() - fault.injected_at.timestamp(), 2)
+            if detected and fault.injected_at
+            else None
+        )
         # What the console recorded for the same fault while the job ran (measured with the
         # policy's settings, which may differ from the benchmark's).
         row["console"] = [episode_measurement(e) for e in episodes]

@@ -55,12 +55,13 @@ def test_an_unrecovered_fault_makes_the_mean_a_bound():
     assert report.ratio_text(restart_all, adaptive) == "> 1000%"  # a bound over an exact value
     text = report.to_markdown({"settings": {}, "runs": [restart_all, adaptive]})
     assert "| restart-all | n/a | > 55.00 | n/a |" in text
-    assert "| restart-all | 1: kill-driver | 50.0 | promote | n/a | > 55.0 |" in text
+    assert "| restart-all | 1: kill-driver | 50.0 | promote | n/a | n/a | > 55.0 |" in text
 
 
 def test_markdown_has_a_row_per_strategy_and_per_fault():
     adaptive = run("adaptive", [2.0, 3.0])
     adaptive["faults"][0]["reprotect_s"] = 7.5  # a new standby caught up 7.5 s after promotion
+    adaptive["faults"][0]["detected_after_s"] = 0.12  # the agent's exit report
     adaptive["steady"].update(
         pss_mb=1100.4, spares_cpu_pct=3.4, spares_rss_mb=912.5, spares_pss_mb=640.6
     )
@@ -75,9 +76,10 @@ def test_markdown_has_a_row_per_strategy_and_per_fault():
     # A bench.json written before the spares and PSS were sampled has no such figures.
     summary = [line for line in text.splitlines() if line.startswith("| restart-all | 12.50 |")]
     assert len(summary) == 1 and summary[0].endswith("| 120 | 1500 | n/a | n/a | n/a | n/a |")
-    restart_all = "| restart-all | 2: kill-driver | 100.0 | promote | 15.00 | 30.00 | 30000 |"
+    restart_all = "| restart-all | 2: kill-driver | 100.0 | promote | n/a | 15.00 | 30.00 | 30000 |"
     assert restart_all + " n/a |  |" in text
-    assert "| adaptive | 1: kill-driver | 50.0 | promote | 1.00 | 2.00 | 2000 | 7.5 |  |" in text
+    adaptive_row = "| adaptive | 1: kill-driver | 50.0 | promote | 0.12 | 1.00 | 2.00 | 2000 |"
+    assert adaptive_row + " 7.5 |  |" in text
     assert "| x | n/a | n/a | n/a |" in text
     # restart-all keeps no spares; adaptive's memory counts its spares': 1500 + 912.5 MB RSS
     # against 1500 MB; restart-all's PSS was not sampled, so no PSS multiple.
