@@ -56,6 +56,7 @@ def fault_phases(
     """Per fault (epoch s, in order): the seconds of each phase (module doc), None where the
     log shows no such step before the next fault (or the end)."""
     phases = []
+    outputs = sorted(output_times)
     bounds = list(faults_at[1:]) + [float("inf")]
     for fault_at, until in zip(faults_at, bounds, strict=True):
         window = [c for c in changes if fault_at <= c[0] < until]
@@ -63,9 +64,10 @@ def fault_phases(
         running = _first(window, "job", "RUNNING", after=restarting)
         deployed = _last(window, "INITIALIZING", after=running)
         tasks_running = _last(window, "RUNNING", after=deployed, kind="task")
-        first_output = next(
-            (t for t in sorted(output_times) if tasks_running is not None and t >= tasks_running),
-            None,
+        first_output = (
+            None
+            if tasks_running is None
+            else next((t for t in outputs if t >= tasks_running), None)
         )
         marks = [fault_at, restarting, running, deployed, tasks_running, first_output]
         names = ["detection_s", "restart_delay_s", "deployment_s", "initialization_s",

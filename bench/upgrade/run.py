@@ -315,8 +315,7 @@ def to_markdown(result: dict) -> str:
             continue
         rollback = "-"
         if run.get("rollback"):
-            gap = run.get("rollback_gap_s")
-            rollback = f"{'-' if gap is None else f'{gap:.2f}'} ({run['rollback']})"
+            rollback = f"{seconds(run.get('rollback_gap_s'))} ({run['rollback']})"
         rows.append(
             f"| {mode} | {run['case']} | {run['status']} | {seconds(run['gap_s'])} | "
             f"{seconds(run.get('longest_gap_before_switch_s'))} | {rollback} | {run['lost']} | "

@@ -65,10 +65,11 @@ def spares_wanted(
 
     on_host: Counter[str] = Counter()
     wanted = {}
-    for c in sorted(alive, key=preference):
+    ranked = sorted(alive, key=preference)
+    for c in ranked:
         wanted[c.name] = min(current.get(c.name, 0), limit - on_host[host_of[c.name]])
         on_host[host_of[c.name]] += wanted[c.name]
-    for c in sorted(alive, key=preference):
+    for c in ranked:
         pending = max(0, (asked or {}).get(c.name, 0) - wanted[c.name])
         kept = min(pending, limit - on_host[host_of[c.name]])
         wanted[c.name] += kept
