@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from itertools import combinations
 
 from spark_runtime.failover import (
     FailoverStrategy,
@@ -110,10 +111,6 @@ class Strategy:
     warm_spares: bool
     cpu_priorities: bool
 
-    @property
-    def fused(self) -> bool:
-        return self.chaining == FUSED
-
     def standby_stages(self, stages: Iterable[str], chosen: Iterable[str] = ()) -> set[str]:
         """The stages that get a hot standby at launch: all of `stages`, those the policy
         `chosen`, or none."""
@@ -192,26 +189,53 @@ def in_place_refusal(
 ) -> str | None:
     """Why a job of `topology` running as `stages` (stage -> operators, those in `active_stages`
     with a standby) cannot be protected by strategy `to` without stopping, in plain words; None
-    when it can: `to` cuts the job into the same stages, so every running replica and its
-    checkpoint go on. Each stage has a checkpoint of its own, which a stage cut otherwise
-    (other operators together, one fused query) cannot resume."""
+    when it can: `to` groups the job's operators into the stages it runs as, so every running
+    replica and its checkpoint go on, under the names they run as (restart-all calls its one
+    stage `job` where the others name a stage after its stateful operator: the same queries).
+    A strategy whose standbys the policy chooses runs every cut its policy can lead to (two
+    stateful operators protected differently go to stages of their own). Each stage has a
+    checkpoint of its own, which a stage cut otherwise (other operators together) cannot
+    resume."""
     new = get_strategy(to)
-    if new.standbys == ALL_STANDBYS:
-        protected = {op.name for op in topology.operators}
-    elif new.standbys == POLICY_STANDBYS:
-        protected = {op for stage in active_stages for op in stages.get(stage, ())}
-    else:
-        protected = set()
-    cut = {s.name: tuple(s.operators) for s in compile_stages(topology, new.chaining, protected)}
     running = {name: tuple(ops) for name, ops in stages.items()}
-    if cut == running:
+    cuts = [
+        {s.name: tuple(s.operators) for s in compile_stages(topology, new.chaining, protected)}
+        for protected in _protections(topology, new, stages, active_stages)
+    ]
+    if any(sorted(cut.values()) == sorted(running.values()) for cut in cuts):
         return None
 
     def described(by_stage: Mapping[str, Sequence[str]]) -> str:
         return "; ".join(f"{name}: {', '.join(ops)}" for name, ops in by_stage.items())
 
     return (
-        f"{to} cuts this job into other stages ({described(cut)}) than it runs as "
+        f"{to} cuts this job into other stages ({described(cuts[0])}) than it runs as "
         f"({described(running)}): each stage resumes its own checkpoint, so the job cannot "
         f"change to {to} without stopping; start a new job with it"
     )
+
+
+# The policy's choices tried for a strategy whose standbys it chooses: every subset of the
+# stateful operators (what the chaining rule looks at) up to this many of them.
+MAX_STATEFUL_TRIED = 10
+
+
+def _protections(
+    topology: Topology,
+    strategy: Strategy,
+    stages: Mapping[str, Sequence[str]],
+    active_stages: Iterable[str],
+) -> list[set[str]]:
+    """The sets of operators `strategy` may protect on `topology`, the one it would protect
+    now first (what a refusal describes): every operator, none, or, where the policy chooses,
+    the operators it protects now and then every other choice of stateful operators."""
+    if strategy.standbys == ALL_STANDBYS:
+        return [{op.name for op in topology.operators}]
+    if strategy.standbys != POLICY_STANDBYS:
+        return [set()]
+    now = {op for stage in active_stages for op in stages.get(stage, ())}
+    stateful = [op.name for op in topology.operators if op.stateful]
+    if len(stateful) > MAX_STATEFUL_TRIED:
+        return [now]
+    choices = (set(c) for n in range(len(stateful) + 1) for c in combinations(stateful, n))
+    return [now, *choices]

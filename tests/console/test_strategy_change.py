@@ -23,19 +23,31 @@ from tests.factories import NodeFactory, make_job
 pytestmark = pytest.mark.django_db
 
 
-def running_wordcount(strategy: str = "local-restart") -> tuple[Job, Supervisor]:
-    """A running wordcount job under `strategy` (its stage `count` runs split and count, its
-    primary count-1 running) and its supervisor, saved where the controller keeps it."""
+def running_job(
+    strategy: str = "local-restart",
+    topology: str = "wordcount",
+    stages: dict | None = None,
+) -> tuple[Job, Supervisor]:
+    """A running job of `topology` under `strategy` and its supervisor, saved where the
+    controller keeps it: by default wordcount, its stage `count` running split and count; each
+    stage's first replica running as its primary."""
     for name in ("node-1", "node-2"):
         NodeFactory(name=name)
-    job = make_job(Job.Status.RUNNING, topology="wordcount", strategy=strategy)
-    sup = Supervisor(job.key, "wordcount", {"count": ("split", "count")}, strategy,
-                     ["node-1", "node-2"])  # fmt: skip
+    stages = stages or {"count": ("split", "count")}
+    job = make_job(Job.Status.RUNNING, topology=topology, strategy=strategy)
+    sup = Supervisor(job.key, topology, stages, strategy, ["node-1", "node-2"])
     sup.start(0.0)
-    sup.handle(HeartbeatSeen("count-1", 1.0, {"role": "primary", "state": "running",
-                                              "lag_s": 0.1, "batches": 1}))  # fmt: skip
+    for stage in stages:
+        sup.handle(HeartbeatSeen(f"{stage}-1", 1.0, {"role": "primary", "state": "running",
+                                                     "lag_s": 0.1, "batches": 1}))  # fmt: skip
     save_supervisor(redis_client(), job, sup)
     return job, sup
+
+
+def running_wordcount(strategy: str = "local-restart") -> tuple[Job, Supervisor]:
+    """A running wordcount job under `strategy` (its stage `count` runs split and count, its
+    primary count-1 running) and its supervisor."""
+    return running_job(strategy)
 
 
 def test_a_strategy_change_is_checked_recorded_and_made_in_place(api_as):
@@ -109,14 +121,46 @@ def test_a_strategy_change_is_an_upgrade_of_its_own(users):
 
 
 def test_a_strategy_that_cuts_the_job_otherwise_is_refused_and_nothing_changes(users):
-    job, sup = running_wordcount("local-restart")
-    upgrade = upgrades.request_upgrade(job, strategy="restart-all", user=users[OPERATOR])
+    # local-restart runs topn's two stateful operators apart, active-all in one stage.
+    apart = {"window_count": ("window_count",), "topn": ("topn",)}
+    job, sup = running_job("local-restart", "topn", apart)
+    upgrade = upgrades.request_upgrade(job, strategy="active-all", user=users[OPERATOR])
     upgrade = upgrades.check_upgrade(upgrade, redis_client())
     assert (upgrade.status, upgrade.case) == ("refused", "refused")
-    assert upgrade.reason.startswith("restart-all cuts this job into other stages (job: ")
-    assert "(count: split, count)" in upgrade.reason
+    assert upgrade.reason.startswith(
+        "active-all cuts this job into other stages (window_count: window_count, topn) "
+    )
+    assert "(window_count: window_count; topn: topn)" in upgrade.reason
     assert Job.objects.get(pk=job.pk).strategy == "local-restart"
     assert load_supervisor(redis_client(), job).strategy == "local-restart"
+
+
+def test_adaptive_takes_topns_operators_apart_as_local_restart_runs_them(users):
+    """adaptive cuts topn so where its policy protects one stateful operator and not the
+    other: a local-restart job changes to it in place, both stages going on."""
+    apart = {"window_count": ("window_count",), "topn": ("topn",)}
+    job, sup = running_job("local-restart", "topn", apart)
+    upgrade = upgrades.request_upgrade(job, strategy="adaptive", user=users[OPERATOR])
+    upgrade = upgrades.check_upgrade(upgrade, redis_client())
+    assert upgrade.case == JobUpgrade.Case.IN_PLACE, upgrade.reason
+    assert "cut this job into the same stages (window_count, topn)" in upgrade.reason
+
+
+def test_restart_all_changes_in_place_under_its_stages_name(users):
+    """restart-all calls wordcount's one stage `job` (the others `count`): the same operators
+    in the same query, so the change is made in place and the stage keeps its name."""
+    job, sup = running_job("restart-all", stages={"job": ("split", "count")})
+    client = redis_client()
+    upgrade = upgrades.request_upgrade(job, strategy="active-all", user=users[OPERATOR])
+    upgrade = upgrades.check_upgrade(upgrade, client)
+    assert upgrade.case == JobUpgrade.Case.IN_PLACE, upgrade.reason
+    assert "cut this job into the same stages (job)" in upgrade.reason
+    assert upgrades.reconcile_upgrade(job, sup, time.time(), client) == []
+    job.refresh_from_db()
+    controller.reconcile_strategy(job, sup, client)
+    assert sup.strategy == "active-all" and sup.stages == ["job"]
+    (standby,) = [r for r in sup.replicas.values() if r.role == "standby"]
+    assert (standby.id, standby.spec.seed_from) == ("job-2", "job-1")
 
 
 def test_the_command_changes_the_strategy(users):

@@ -160,20 +160,18 @@ def assert_exact(job: Job, clicks: int = CLICKS) -> None:
     wait_for(lambda: written(client, job.key) == expected, 240, "exact results", poll_s=2)
 
 
-def primary_of(job: Job) -> Replica | None:
+def primary_of(job: Job, stage: str = "per_window") -> Replica | None:
     """The stage's running primary as its row says (rows follow the replicas' own reports at
     the next policy cycle); None while there is not exactly one."""
     rows = list(
-        Replica.objects.filter(
-            job=job, stage="per_window", role="primary", state=Replica.State.RUNNING
-        )
+        Replica.objects.filter(job=job, stage=stage, role="primary", state=Replica.State.RUNNING)
     )
     return rows[0] if len(rows) == 1 else None
 
 
-def wait_primary(job: Job, local_id: str) -> None:
+def wait_primary(job: Job, local_id: str, stage: str = "per_window") -> None:
     wait_for(
-        lambda: getattr(primary_of(job), "local_id", None) == local_id,
+        lambda: getattr(primary_of(job, stage), "local_id", None) == local_id,
         60,
         f"{local_id} the primary",
         poll_s=1.0,
@@ -385,4 +383,27 @@ def test_a_strategy_change_protects_the_running_job_without_restarting_it(cluste
     assert primary_of(job).replica_id == primary.replica_id
     inject(job, {"kind": "kill-driver", "target_operator": "per_window"})
     wait_primary(job, standby.local_id)
+    assert_exact(job, LONG_CLICKS)
+
+
+@pytest.mark.slow
+def test_restart_all_changed_to_adaptive_keeps_its_stage_and_gains_a_standby(
+    cluster, admin, jobs_dir
+):
+    """restart-all runs the job as one stage called `job`, adaptive would call it `per_window`:
+    the same operators in the same query, so the change is made in place under the running
+    stage's name. The primary goes on, the policy gives the stage a seeded standby, and a kill
+    then promotes it (under restart-all the whole job would have restarted)."""
+    register(admin, jobs_dir)
+    job = running_activity(LONG_CLICKS, strategy="restart-all")
+    primary = primary_of(job, "job")
+    assert primary is not None
+    response = api().post(f"/api/jobs/{job.pk}/upgrade/", {"strategy": "adaptive"}, format="json")
+    assert response.status_code == 202, response.content
+    upgrade = wait_status(JobUpgrade.objects.get(pk=response.json()["id"]), "confirmed", 120)
+    assert upgrade.case == JobUpgrade.Case.IN_PLACE, upgrade.reason
+    standby = wait_for_caught_up_standby(job, "job")
+    assert primary_of(job, "job").replica_id == primary.replica_id
+    inject(job, {"kind": "kill-driver", "target_operator": "per_window"})
+    wait_primary(job, standby.local_id, "job")
     assert_exact(job, LONG_CLICKS)

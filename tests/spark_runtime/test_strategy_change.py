@@ -3,6 +3,8 @@ be made so (strategies.in_place_refusal): pure, no Django, no Spark."""
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 
 from spark_runtime.strategies import get_strategy, in_place_refusal
@@ -76,10 +78,17 @@ def test_the_policys_strategy_keeps_the_standbys_there_are_and_the_same_one_chan
     [
         ("wordcount", "adaptive", "active-all", True),
         ("wordcount", "adaptive", "local-restart", True),
-        ("wordcount", "adaptive", "restart-all", False),  # one fused query: another cut
+        # restart-all's one stage is called `job`, the same operators in the same query.
+        ("wordcount", "adaptive", "restart-all", True),
+        ("wordcount", "restart-all", "active-all", True),
         ("topn", "adaptive", "active-all", True),
-        ("topn", "adaptive", "local-restart", False),  # stateless operators apart
-        ("topn", "restart-all", "adaptive", False),
+        ("topn", "restart-all", "adaptive", True),
+        ("topn", "adaptive", "local-restart", False),  # each stateful operator apart
+        # adaptive runs topn's two stateful operators apart where the policy protects one.
+        ("topn", "local-restart", "adaptive", True),
+        ("topn", "local-restart", "active-all", False),  # protects both: one stage
+        ("traffic", "local-restart", "adaptive", True),
+        ("traffic", "restart-all", "local-restart", False),
     ],
 )
 def test_a_strategy_is_changed_in_place_only_where_it_cuts_the_job_into_the_same_stages(
@@ -87,13 +96,39 @@ def test_a_strategy_is_changed_in_place_only_where_it_cuts_the_job_into_the_same
 ):
     sup = running(running_as, topology)
     refusal = in_place_refusal(TOPOLOGIES[topology], sup.stage_operators, sup.active_stages, to)
-    # Independently: the stages `to` would compile the topology into, against those running.
+    # Independently: the stages `to` would compile the topology into (under adaptive, for
+    # any choice of protected operators), against those running.
     definition = get_strategy(to)
     spec = TOPOLOGIES[topology]
-    protected = {op.name for op in spec.operators} if definition.standbys == "all" else set()
-    cut = {s.name: tuple(s.operators) for s in compile_stages(spec, definition.chaining, protected)}
-    assert (cut == sup.stage_operators) == allowed
+    names = [op.name for op in spec.operators]
+    if definition.standbys == "all":
+        choices = [set(names)]
+    elif definition.standbys == "policy":
+        choices = [{n for n, bit in zip(names, bits, strict=True) if bit}
+                   for bits in itertools.product((0, 1), repeat=len(names))]  # fmt: skip
+    else:
+        choices = [set()]
+    running_cut = sorted(sup.stage_operators.values())
+    cuts = [sorted(s.operators for s in compile_stages(spec, definition.chaining, c))
+            for c in choices]  # fmt: skip
+    assert (running_cut in cuts) == allowed
     assert (refusal is None) == allowed
     if not allowed:
         assert f"{to} cuts this job into other stages" in refusal
         assert "cannot change to" in refusal and "start a new job" in refusal
+
+
+def test_restart_all_changed_to_a_standby_strategy_keeps_its_stage_and_promotes():
+    """restart-all runs wordcount as one stage called `job`; active-all would call it `count`.
+    The change keeps the running stage (its name, replica and checkpoint) and adds its standby,
+    and a kill then promotes it instead of restarting the job."""
+    sup = running("restart-all")
+    assert sup.stages == ["job"]
+    (start,) = sup.change_strategy("active-all", 2.0)
+    assert sup.stages == ["job"] and start.replica.replica_id == "job-2"
+    assert start.replica.role == "standby" and start.replica.seed_from == "job-1"
+    sup.handle(HeartbeatSeen("job-2", 3.0, {"role": "standby", "state": "running",
+                                            "lag_s": 0.1, "batches": 2}))  # fmt: skip
+    actions = sup.handle(ProcessExited("job-1", 4.0, code=-9))
+    assert any(isinstance(a, PromoteStandby) for a in actions)
+    assert not any(isinstance(a, RestartJob) for a in actions)
