@@ -122,6 +122,10 @@ class OutputGate:
         # never interleaves with a batch.
         self.lock = threading.Lock()
         self.fault_after: int | None = None
+        # A slow-driver fault: each batch handled before `slow_until` (epoch s) first waits
+        # `slow_delay_s`, as a batch behind a slow dependency or a GC storm would.
+        self.slow_delay_s = 0.0
+        self.slow_until = 0.0
         self.batch_stats: dict[str, dict] = {}
         self.last_write_at: float | None = None
         # A standby's distance behind its primary, in seconds of input, per query after its
@@ -170,6 +174,11 @@ class OutputGate:
                 per_sink.setdefault(segment.outputs[0], []).append(last.to_channel(row))
         return per_sink
 
+    def slow_down(self, delay_s: float, duration_s: float) -> None:
+        """Make each batch of the next `duration_s` seconds `delay_s` longer (a slow-driver
+        fault): the stage keeps its heartbeats and its output, late."""
+        self.slow_delay_s, self.slow_until = delay_s, time.time() + duration_s
+
     def handle_batch(
         self,
         segment: SegmentSpec,
@@ -186,6 +195,8 @@ class OutputGate:
             if self.fault_after <= 0:
                 self.fault_after = None
                 raise InjectedFault(f"injected operator exception in stage {self.stage}")
+        if time.time() < self.slow_until:
+            time.sleep(self.slow_delay_s)  # outside the lock: a promotion need not wait for it
         rows = df.toArrow().to_pylist()
         now_ms = time.time() * 1000
         if self.user_job is not None:

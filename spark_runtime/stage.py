@@ -32,7 +32,9 @@ JSON commands pushed to the list `backstop:{job}:control:{replica}`:
   a query reads them when it starts, so the queries restart from their checkpoints, only if a
   setting changed. The replica then reports `checkpoint_interval_s` and `interval_since`;
 - `{"cmd": "fault", "kind": "operator_exception", "after_batches": N}`: arm an operator exception
-  raised in the N-th next batch (the query fails, the process exits 1).
+  raised in the N-th next batch (the query fails, the process exits 1);
+- `{"cmd": "fault", "kind": "slow_batches", "delay_s": D, "duration_s": T}`: each batch of the
+  next T seconds takes D seconds longer (a slow-driver fault: heartbeats go on, output is late).
 
 Exit codes: 0 stopped on request, 1 query failure, 3 fenced (another replica is primary),
 4 promotion impossible. A replica that fails (a query failed, or the stage could not start its
@@ -52,6 +54,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import math
 import os
 import re
 import socket
@@ -413,6 +416,18 @@ def handle_command(command: dict, runtime, state: ReplicaState) -> int | None:
         return None
     if cmd == "fault" and command.get("kind") == "operator_exception":
         runtime.gate.fault_after = int(command.get("after_batches", 1))
+        return None
+    if cmd == "fault" and command.get("kind") == "slow_batches":
+        try:
+            delay_s, duration_s = float(command["delay_s"]), float(command["duration_s"])
+            if not (0 < delay_s < math.inf and 0 < duration_s < math.inf):
+                raise ValueError("delay_s and duration_s must be positive numbers")
+        except (KeyError, TypeError, ValueError) as exc:
+            log.error("refused %s: %s", command, exc)
+            return None
+        runtime.gate.slow_down(delay_s, duration_s)
+        state.update(slowed_until=runtime.gate.slow_until, batch_delay_s=delay_s)
+        log.info("each batch %s s longer for %s s (slow-driver fault)", delay_s, duration_s)
         return None
     log.warning("ignored unknown command %s", command)
     return None

@@ -186,12 +186,18 @@ def sleep_until(when: float) -> None:
     time.sleep(max(0.0, when - time.time()))
 
 
-def inject_fault(job: Job, kind: str, target: str, user: User) -> tuple[FaultInjection | None, str]:
-    """Request one fault like an operator would and wait for the controller to inject it."""
+def inject_fault(
+    job: Job, kind: str, target: str, user: User, params: dict | None = None
+) -> tuple[FaultInjection | None, str]:
+    """Request one fault like an operator would (with `params`, else the kind's defaults) and
+    wait for the controller to inject it. `target` is an operator; a node fault takes the node
+    of its stage's primary."""
     client = redis_client()
     try:
-        if kind in ("kill-driver", "operator-exception"):
-            fault = request_fault(job, kind, target_operator=target, requested_by=user)
+        if kind in ("kill-driver", "operator-exception", "slow-driver"):
+            fault = request_fault(
+                job, kind, target_operator=target, params=params, requested_by=user
+            )
         else:
             stage = job.operators.get(name=target).stage
             supervisor = load_supervisor(client, job)
@@ -201,7 +207,11 @@ def inject_fault(job: Job, kind: str, target: str, user: User) -> tuple[FaultInj
             if node_name is None:
                 return None, f"no primary of {stage} to take down"
             fault = request_fault(
-                job, kind, target_node=Node.objects.get(name=node_name), requested_by=user
+                job,
+                kind,
+                target_node=Node.objects.get(name=node_name),
+                params=params,
+                requested_by=user,
             )
     except FaultRefused as exc:
         return None, f"refused: {exc}"

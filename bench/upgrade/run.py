@@ -52,10 +52,13 @@ ENDED = (
 # policy's validation window (60 s by default).
 UPGRADE_TIMEOUT_S = 420.0
 # How the blue/green upgrade is rolled back with `--rollback`: its new version's primary killed
-# (the controller hands the output back to the old version, its standby), or by hand (the
-# operator's rollback, which also takes the path of a rollback for latency or results: the new
-# version demotes itself and the old one is promoted).
-ROLLBACKS = ("crash", "by-hand")
+# (the controller hands the output back to the old version, its standby); by hand (the
+# operator's rollback: the new version demotes itself and the old one is promoted); or for
+# latency (a slow-driver fault makes each of the new version's batches SLOW_BATCH_DELAY_S
+# longer until the validation sees its p90 output latency leave the old version's band and
+# rolls back the way a rollback by hand does).
+ROLLBACKS = ("crash", "by-hand", "latency")
+SLOW_BATCH_DELAY_S = 3.0
 # The rollback comes this long after the switch: the new version writes steadily by then and
 # the rollback's gap is not the switch's; well inside the policy's validation window (60 s).
 ROLLBACK_AFTER_SWITCH_S = 15.0
@@ -149,10 +152,11 @@ def run_mode(settings: UpgradeBenchSettings, mode: str, say) -> dict:
             mode=mode,
             result_preserving=settings.result_preserving and mode == JobUpgrade.Mode.BLUE_GREEN,
         )
-        rollback_at = None
+        rollback_asked_at = None
         if settings.rollback and mode == JobUpgrade.Mode.BLUE_GREEN:
-            rollback_at = roll_back(job, upgrade, settings.rollback, user, say)
+            rollback_asked_at = roll_back(job, upgrade, settings.rollback, user, say)
         upgrade = follow(upgrade, say)
+        rollback_at = rollback_moment(upgrade, settings.rollback, rollback_asked_at)
         end = t0 + bench.input_s
         say(f"      upgrade {upgrade.pk}: {upgrade.status}; input ends in "
             f"{max(0, end - time.time()):.0f} s")  # fmt: skip
@@ -201,9 +205,16 @@ def run_mode(settings: UpgradeBenchSettings, mode: str, say) -> dict:
         ),
         "rollback": settings.rollback if rollback_at else "",
         "rollback_gap_s": rollback_gap_s,
+        "rolled_back_after_s": (
+            round(upgrade.ended_at.timestamp() - rollback_asked_at, 2)
+            if rollback_at is not None else None
+        ),
+        "rollback_first_output_s": first_output_after(records, rollback_at),
     }  # fmt: skip
     if rollback_at is not None:
-        say(f"      rollback ({settings.rollback}): gap {row['rollback_gap_s']} s")
+        say(f"      rollback ({settings.rollback}): rolled back {row['rolled_back_after_s']} s "
+            f"after it was caused, gap {row['rollback_gap_s']} s, first output "
+            f"{row['rollback_first_output_s']} s after it")  # fmt: skip
     say(f"      {mode}: case {row['case']}, gap {gap_s} s, lost {row['lost']}, "
         f"duplicates {row['duplicates']} over {row['result_cells']} result cells")  # fmt: skip
     return row
@@ -229,9 +240,9 @@ def follow(upgrade: JobUpgrade, say) -> JobUpgrade:
 def roll_back(job: Job, upgrade: JobUpgrade, how: str, user, say) -> float | None:
     """Once the new version has written for a while after its switch (ROLLBACK_AFTER_SWITCH_S,
     or half the policy's validation window if that is shorter), roll the upgrade back `how`
-    (one of ROLLBACKS); returns when (epoch s): the fault's injection or the operator's request,
-    the moment the rollback's output gap is measured at. None: the upgrade ended on its own
-    first (the controller rolled it back or confirmed it), nothing was done."""
+    (one of ROLLBACKS); returns when (epoch s) the rollback was caused: the fault's injection
+    or the operator's request. None: the upgrade ended on its own first (the controller rolled
+    it back or confirmed it), nothing was done."""
 
     def switched() -> bool:
         upgrade.refresh_from_db()
@@ -245,18 +256,36 @@ def roll_back(job: Job, upgrade: JobUpgrade, how: str, user, say) -> float | Non
     if upgrade.status != JobUpgrade.Status.VALIDATING:
         say(f"      no rollback: upgrade {upgrade.pk} is {upgrade.status} ({upgrade.outcome})")
         return None
-    if how == "crash":
-        # The new version is the upgraded stage's primary now.
-        fault, detail = inject_fault(job, "kill-driver", key_operator(job, upgrade.stage), user)
+    if how in ("crash", "latency"):
+        # The new version is the upgraded stage's primary now. Slowed for the rest of the
+        # validation window: the rollback, not the fault's end, brings the latency back.
+        kind, params = "kill-driver", None
+        if how == "latency":
+            kind = "slow-driver"
+            params = {"delay_s": SLOW_BATCH_DELAY_S,
+                      "duration_s": min(Policy.current().upgrade_validation_s, 600.0)}  # fmt: skip
+        fault, detail = inject_fault(job, kind, key_operator(job, upgrade.stage), user, params)
         if fault is None or fault.injected_at is None:
-            raise RuntimeError(f"the new version was not killed: {detail}")
-        say(f"      killed the new version: {detail}")
+            raise RuntimeError(f"the new version was not {kind}: {detail}")
+        say(f"      {kind} on the new version: {detail}")
         return fault.injected_at.timestamp()
     at = time.time()
     with transaction.atomic():
         upgrades.request_end(upgrade, upgrades.ROLLBACK, user)
     say(f"      rollback asked by {user.username}")
     return at
+
+
+def rollback_moment(upgrade: JobUpgrade, how: str, asked_at: float | None) -> float | None:
+    """The moment (epoch s) the rollback's output gap is measured at: the kill or the
+    operator's request, from which the output moves back to the old version; for a latency
+    rollback the controller's decision (the new version writes, late, until then). None: no
+    rollback was caused, or a latency rollback that did not come."""
+    if asked_at is None or how != "latency":
+        return asked_at
+    if upgrade.status != JobUpgrade.Status.ROLLED_BACK or upgrade.ended_at is None:
+        return None
+    return upgrade.ended_at.timestamp()
 
 
 def reference_params(topology: str, to_params: dict) -> dict:
@@ -284,6 +313,16 @@ def output_gaps(
     _, measured, _ = measure_progress(records, bench, t0, moments, input_stage)
     gaps = [None if m.downtime_s is None else round(m.downtime_s, 2) for m in measured]
     return gaps[0], gaps[1] if rollback_at else None
+
+
+def first_output_after(records, at: float | None) -> float | None:
+    """Seconds from `at` to the first output after it (None: no moment, or no output): for a
+    rollback, how soon the old version writes again. The gap across it also counts the time
+    before `at` since the last output, which for a slowed new version is its own stall."""
+    if at is None:
+        return None
+    after = [r.at for r in records if r.is_output and r.at >= at]
+    return round(min(after) - at, 2) if after else None
 
 
 def longest_gap(records, start: float, end: float | None) -> float | None:

@@ -23,6 +23,7 @@ class FaultInjection(models.Model):
         STRESS_NODE = "stress-node", "CPU hog on a node for N seconds"
         KILL_EXECUTOR = "kill-executor", "kill one Spark executor of a stage's primary"
         KILL_WORKER = "kill-worker", "kill the Spark worker running a primary's executor"
+        SLOW_DRIVER = "slow-driver", "each batch of a stage's primary N s longer, for M seconds"
 
     class Outcome(models.TextChoices):
         PENDING = "pending", "pending"

@@ -17,6 +17,10 @@ MAX_PARAMS_BYTES = 1024
 DEFAULT_MAX_DURATION_S = 600.0
 DEFAULT_DURATION_S = 10.0
 DEFAULT_STRESS_WORKERS = 1
+# How much longer each batch of a slowed primary takes (slow-driver), and at most that: a
+# batch held longer is a hang, which pause-node injects.
+DEFAULT_BATCH_DELAY_S = 2.0
+MAX_BATCH_DELAY_S = 30.0
 
 KILL_DRIVER = "kill-driver"
 KILL_STANDBY = "kill-standby"
@@ -26,6 +30,7 @@ OPERATOR_EXCEPTION = "operator-exception"
 STRESS_NODE = "stress-node"
 KILL_EXECUTOR = "kill-executor"
 KILL_WORKER = "kill-worker"
+SLOW_DRIVER = "slow-driver"
 
 
 class FaultParamsError(ValueError):
@@ -60,6 +65,7 @@ PARAMS_BY_KIND: dict[str, tuple[str, ...]] = {
     KILL_WORKER: (),
     PAUSE_NODE: ("duration_s",),
     STRESS_NODE: ("duration_s", "workers"),
+    SLOW_DRIVER: ("duration_s", "delay_s"),
 }
 
 
@@ -88,6 +94,17 @@ def _workers(value, limits: Limits) -> int:
             f"must be between 1 and {top} (the target node's cores), got {value}",
         )
     return value
+
+
+def _delay(value) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise FaultParamsError("params.delay_s", f"must be a number of seconds, got {value!r:.40}")
+    if not 0 < value <= MAX_BATCH_DELAY_S:
+        raise FaultParamsError(
+            "params.delay_s",
+            f"must be more than 0 and at most {MAX_BATCH_DELAY_S:g} seconds, got {value:g}",
+        )
+    return float(value)
 
 
 def validate_params(kind: str, params, limits: Limits) -> dict:
@@ -121,4 +138,6 @@ def validate_params(kind: str, params, limits: Limits) -> dict:
         checked["duration_s"] = _duration(params.get("duration_s", DEFAULT_DURATION_S), limits)
     if "workers" in allowed:
         checked["workers"] = _workers(params.get("workers", DEFAULT_STRESS_WORKERS), limits)
+    if "delay_s" in allowed:
+        checked["delay_s"] = _delay(params.get("delay_s", DEFAULT_BATCH_DELAY_S))
     return checked

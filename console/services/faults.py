@@ -14,6 +14,7 @@ from kombu.exceptions import OperationalError
 
 from console.models import ControlDecision, FaultInjection, Job, Node, RecoveryEpisode, Replica
 from console.policy.fault_params import (
+    DEFAULT_BATCH_DELAY_S,
     DEFAULT_DURATION_S,
     DEFAULT_MAX_DURATION_S,
     DEFAULT_STRESS_WORKERS,
@@ -168,7 +169,7 @@ def inject(fault: FaultInjection) -> FaultInjection:
             job_key=job.key,
             queue=node_queue(replica.node.name),
         )
-    elif fault.kind == FaultInjection.Kind.OPERATOR_EXCEPTION:
+    elif fault.kind in (FaultInjection.Kind.OPERATOR_EXCEPTION, FaultInjection.Kind.SLOW_DRIVER):
         replica = _replica_of(job, fault.target_operator, "primary")
         if replica is None:
             return _finish(
@@ -177,14 +178,15 @@ def inject(fault: FaultInjection) -> FaultInjection:
                 f"no running primary for operator {fault.target_operator!r}",
             )
         local_id = replica.local_id
-        detail = f"armed an exception in the next batch of {local_id}"
-        send = partial(
-            send_command,
-            redis_client(),
-            job,
-            local_id,
-            {"cmd": "fault", "kind": "operator_exception", "after_batches": 1},
-        )
+        if fault.kind == FaultInjection.Kind.OPERATOR_EXCEPTION:
+            detail = f"armed an exception in the next batch of {local_id}"
+            command = {"cmd": "fault", "kind": "operator_exception", "after_batches": 1}
+        else:
+            delay = float(fault.params.get("delay_s", DEFAULT_BATCH_DELAY_S))
+            detail = f"each batch of {local_id} {delay:g} s longer for {duration:g} s"
+            command = {"cmd": "fault", "kind": "slow_batches", "delay_s": delay,
+                       "duration_s": duration}  # fmt: skip
+        send = partial(send_command, redis_client(), job, local_id, command)
     elif fault.kind in (FaultInjection.Kind.KILL_EXECUTOR, FaultInjection.Kind.KILL_WORKER):
         replica = _replica_of(job, fault.target_operator, "primary")
         app = spark_app_of(job, replica)

@@ -2,12 +2,19 @@
 topology (slow: real Redis, controller, node agents and Spark jobs, about 15 minutes on 2 cores;
 run with `pytest -m slow tests/bench/test_bench_upgrade.py`)."""
 
+from datetime import UTC, datetime
 from types import SimpleNamespace
 
 import pytest
 from django.core.management import CommandError, call_command
 
-from bench.upgrade.run import longest_gap, reference_params, to_markdown
+from bench.upgrade.run import (
+    first_output_after,
+    longest_gap,
+    reference_params,
+    rollback_moment,
+    to_markdown,
+)
 from tests.bench.command import run_bench_command
 
 
@@ -48,6 +55,19 @@ def test_the_table_gives_a_rollbacks_gap_and_how_it_was_rolled_back():
     )
 
 
+def test_a_latency_rollbacks_gap_is_measured_at_the_controllers_decision():
+    """A kill or an operator's request moves the output back at once; a slowed new version
+    writes, late, until the controller rolls it back, so its gap is measured there."""
+    ended = datetime.fromtimestamp(130.0, tz=UTC)
+    rolled_back = SimpleNamespace(status="rolled_back", ended_at=ended)
+    assert rollback_moment(rolled_back, "crash", 100.0) == 100.0
+    assert rollback_moment(rolled_back, "by-hand", 100.0) == 100.0
+    assert rollback_moment(rolled_back, "latency", 100.0) == 130.0
+    confirmed = SimpleNamespace(status="confirmed", ended_at=ended)
+    assert rollback_moment(confirmed, "latency", 100.0) is None  # the rollback never came
+    assert rollback_moment(rolled_back, "latency", None) is None  # nothing was caused
+
+
 def test_the_longest_gap_before_the_switch_counts_from_the_request_to_the_switch():
     out = [SimpleNamespace(at=t, is_output=True) for t in (9.0, 10.5, 11.0, 13.0, 13.4, 20.0)]
     idle = SimpleNamespace(at=12.0, is_output=False)
@@ -55,6 +75,14 @@ def test_the_longest_gap_before_the_switch_counts_from_the_request_to_the_switch
     assert longest_gap([*out, idle], 10.0, 14.0) == 2.0
     assert longest_gap(out, 10.0, None) is None
     assert longest_gap([], 10.0, 12.5) == 2.5
+
+
+def test_the_first_output_after_a_rollback_counts_from_the_rollback():
+    out = [SimpleNamespace(at=t, is_output=True) for t in (9.0, 12.0, 12.3)]
+    idle = SimpleNamespace(at=11.0, is_output=False)
+    assert first_output_after([*out, idle], 10.5) == 1.5
+    assert first_output_after(out, 13.0) is None
+    assert first_output_after(out, None) is None
 
 
 @pytest.mark.django_db

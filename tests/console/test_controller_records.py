@@ -167,6 +167,24 @@ def test_a_kill_is_recorded_injected_before_it_is_sent_so_its_failure_finds_it(
     assert injected.injected_at <= episode.detected_at
 
 
+def test_a_slow_driver_fault_tells_the_primary_its_delay_and_for_how_long(redis_conn):
+    job = make_job(status=Job.Status.RUNNING, strategy="local-restart")
+    count_primary(job)
+    fault = FaultFactory(
+        job=job,
+        kind=FaultInjection.Kind.SLOW_DRIVER,
+        target_operator="count",
+        params={"delay_s": 1.5, "duration_s": 20.0},
+    )
+    injected = faults.inject(fault)
+    assert injected.outcome == FaultInjection.Outcome.INJECTED
+    assert injected.outcome_detail == "each batch of count-1 1.5 s longer for 20 s"
+    (sent,) = redis_conn.lrange(data_keys.control(job.key, "count-1"), 0, -1)
+    assert json.loads(sent) == {
+        "cmd": "fault", "kind": "slow_batches", "delay_s": 1.5, "duration_s": 20.0,
+    }  # fmt: skip
+
+
 def test_a_kill_that_cannot_be_sent_is_recorded_failed(monkeypatch):
     job = make_job(status=Job.Status.RUNNING, strategy="local-restart")
     count_primary(job)

@@ -7,6 +7,9 @@ takes, in turn:
 - stress-node: CPU hogs on every core for 8 s. All three nodes are this one machine, so every
   replica is starved. Expected: nothing is restarted or promoted (a busy process with a late
   heartbeat is slow, not dead), and the output goes on;
+- slow-driver on count: each batch of the primary 1.5 s longer for 8 s. Expected: the primary
+  says so in its entry, nothing is restarted or promoted (its heartbeats go on), the output
+  goes on;
 - operator-exception on count: the primary's next batch raises, its process exits. Expected: the
   failure is recorded with the exception as its cause, the standby is promoted;
 - kill-node on the node of count's (new) primary, once count is protected again. Expected: every
@@ -31,13 +34,14 @@ from tests.integration.live import (
     assert_episodes_audited_exact,
     inject,
     launch,
+    replica_entry,
     results,
     wait_for_exact_results,
 )
 
 pytestmark = [pytest.mark.spark, pytest.mark.django_db(transaction=True)]
 
-LINES = 6000  # 100 s of input at 60 lines/s: the stress comes while input flows
+LINES = 7200  # 120 s of input at 60 lines/s: the stress and the slow-down come while input flows
 STRESS_S = 8.0
 RECOVERY_KINDS = ("failure", "promote", "restart-stage", "restart-job", "give-up")
 
@@ -92,6 +96,27 @@ def test_stress_operator_exception_and_kill_node_each_get_their_action(cluster):
     assert live_primary(job, "count").pid == primary.pid
     assert stress.outcome == "injected"
     wait_for(lambda: sum(results(client, job.key).values()) > during, 60, "output after the stress")
+
+    # slow-driver: late, not dead.
+    primary = live_primary(job, "count")
+    started = timezone.now()
+    slow = inject(
+        job,
+        {"kind": "slow-driver", "target_operator": "count",
+         "params": {"delay_s": 1.5, "duration_s": STRESS_S}},
+    )  # fmt: skip
+    assert slow.outcome_detail == f"each batch of {primary.local_id} 1.5 s longer for 8 s"
+    wait_for(
+        lambda: replica_entry(client, job, primary.local_id).get("batch_delay_s") == 1.5,
+        15,
+        "the primary slowed down",
+    )
+    during = sum(results(client, job.key).values())
+    time.sleep(STRESS_S + 6)
+    acted = ControlDecision.objects.filter(job=job, at__gte=started, kind__in=RECOVERY_KINDS)
+    assert not acted.exists(), [d.reason for d in acted]
+    assert live_primary(job, "count").pid == primary.pid
+    wait_for(lambda: sum(results(client, job.key).values()) > during, 60, "output after the slow")
 
     # operator-exception: the primary's process exits with the exception; the standby takes over.
     failing = live_primary(job, "count")

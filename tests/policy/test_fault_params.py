@@ -16,6 +16,11 @@ def test_defaults_are_filled_in():
     assert validate_params("pause-node", None, LIMITS) == {"duration_s": 10.0}
     assert validate_params("stress-node", {}, LIMITS) == {"duration_s": 10.0, "workers": 1}
     assert validate_params("kill-driver", {}, LIMITS) == {}
+    assert validate_params("slow-driver", {}, LIMITS) == {"duration_s": 10.0, "delay_s": 2.0}
+    assert validate_params("slow-driver", {"delay_s": 30, "duration_s": 60}, LIMITS) == {
+        "duration_s": 60.0,
+        "delay_s": 30.0,
+    }
 
 
 @pytest.mark.parametrize(
@@ -33,6 +38,12 @@ def test_defaults_are_filled_in():
         ("pause-node", 7, "params"),
         ("pause-node", {"duration_s": 1, "pad": "x" * MAX_PARAMS_BYTES}, "params"),
         ("no-such-kind", {}, "kind"),
+        ("slow-driver", {"delay_s": 0}, "params.delay_s"),
+        ("slow-driver", {"delay_s": 30.5}, "params.delay_s"),
+        ("slow-driver", {"delay_s": float("nan")}, "params.delay_s"),
+        ("slow-driver", {"delay_s": True}, "params.delay_s"),
+        ("slow-driver", {"workers": 1}, "params.workers"),
+        ("kill-driver", {"delay_s": 1}, "params.delay_s"),
     ],
 )
 def test_bad_params_name_their_field(kind, params, field):

@@ -200,6 +200,59 @@ def test_a_running_stage_takes_a_new_checkpoint_interval_by_restarting_its_queri
     assert got == truth.wordcount(entries)
 
 
+def test_a_slowed_stage_waits_before_each_batch_of_the_window_and_stays_exact(
+    spark, redis_conn, redis_url, job, tmp_path, monkeypatch
+):
+    """The slow-driver fault's command: each batch handled within its window first waits the
+    delay (recorded on the real sleep), none after it; a malformed command changes nothing;
+    the counts stay exact."""
+    import spark_runtime.runtime as runtime_module
+    from spark_runtime.stage import handle_command
+
+    slept = []
+    real_sleep = time.sleep
+
+    def recorded_sleep(seconds):
+        slept.append(seconds)
+        real_sleep(seconds)
+
+    topology = get_topology("wordcount")
+    generators.generate(redis_conn, job, "wordcount", count=300, rate=1e6, seed=8)
+    (rt,) = run_stages(spark, redis_conn, redis_url, job, topology, tmp_path, chaining=FUSED)
+    state = replica_state(redis_conn, job, "wc-1", "primary", "n1")
+    slow = {"cmd": "fault", "kind": "slow_batches"}
+    try:
+        drain([rt])
+        for bad in ({"delay_s": "x", "duration_s": 5}, {"delay_s": -1, "duration_s": 5},
+                    {"delay_s": float("nan"), "duration_s": 5}, {"delay_s": 1}):  # fmt: skip
+            assert handle_command({**slow, **bad}, rt, state) is None
+        assert rt.gate.slow_until == 0.0
+        monkeypatch.setattr(runtime_module.time, "sleep", recorded_sleep)
+        handle_command({**slow, "delay_s": 0.7, "duration_s": 120}, rt, state)
+        reported = json.loads(redis_conn.hget(keys.replicas(job), "wc-1"))
+        assert reported["batch_delay_s"] == 0.7
+        assert reported["slowed_until"] == pytest.approx(time.time() + 120, abs=10)
+        generators.generate(
+            redis_conn, job, "wordcount", count=300, rate=1e6, seed=9, id_prefix="s"
+        )
+        drain([rt], rounds=1)
+        assert 0.7 in slept
+        slept.clear()
+        handle_command({**slow, "delay_s": 0.7, "duration_s": 0.001}, rt, state)
+        real_sleep(0.01)  # the window is over
+        generators.generate(
+            redis_conn, job, "wordcount", count=300, rate=1e6, seed=10, id_prefix="t"
+        )
+        drain([rt], rounds=1)
+        assert 0.7 not in slept
+    finally:
+        monkeypatch.undo()
+        stop([rt])
+    entries = truth.valid_entries(redis_conn, keys.input_stream(job), ["text"])
+    got = {w: int(c) for w, c in redis_conn.hgetall(keys.results(job)).items()}
+    assert got == truth.wordcount(entries)
+
+
 def test_standby_promotion_emits_exactly_what_the_primary_had_not(
     spark, redis_conn, redis_url, job, tmp_path
 ):

@@ -66,8 +66,9 @@ class Command(BaseCommand):
             choices=ROLLBACKS,
             default="",
             help="roll the blue/green upgrade back 15 s after its switch: its new version "
-            "killed (crash), or an operator's rollback (by-hand); rollback_gap_s is the output "
-            "gap there",
+            "killed (crash), an operator's rollback (by-hand), or its batches slowed until the "
+            "validation rolls it back for latency (latency); rollback_gap_s is the output gap "
+            "there",
         )
         parser.add_argument(
             "--write-results", action="store_true", help="put the table into docs/RESULTS.md"

@@ -104,7 +104,7 @@ def controls(
                             type="number",
                             min=1,
                             max=600,
-                            placeholder="seconds (pause, stress)",
+                            placeholder="seconds (pause, stress, slow)",
                             className="ctl",
                         ),
                         dcc.Input(
