@@ -91,15 +91,22 @@ def spark_log_level(value: str) -> str:
 
 def session_conf(master: str, extra_conf: dict | None = None) -> dict[str, str]:
     """Every setting a data-plane session starts with on `master`: the common ones and the
-    JVM options (`jvm_options`), the cluster's on a standalone master, then `extra_conf`.
+    JVM options (`jvm_options`; the driver's also map the machine's class-data archive, see
+    spark_runtime/class_sharing.py), the cluster's on a standalone master, then `extra_conf`.
 
     On a cluster the executors' Python workers run the driver's interpreter path
     (`spark.pyspark.python`), so every worker host needs Backstop installed at the same path
     (the Docker image does this)."""
+    from spark_runtime.class_sharing import sharing_options
+
     conf = dict(SPARK_CONF)
     options = jvm_options()
+    # The class-data archive is this machine's: the driver maps it, executors (on a cluster,
+    # other hosts) do not.
+    driver = f"{options} {sharing_options()}".strip()
+    if driver:
+        conf["spark.driver.extraJavaOptions"] = driver
     if options:
-        conf["spark.driver.extraJavaOptions"] = options
         conf["spark.executor.extraJavaOptions"] = options
     if master.startswith("spark://"):
         conf.update(CLUSTER_CONF)

@@ -57,6 +57,7 @@ from infra.processes import (
 )
 from spark_runtime import keys as data_keys
 from spark_runtime.activity import ActivityMeter, is_busy, tree_rss_mb
+from spark_runtime.class_sharing import ensure_archive
 from spark_runtime.config import worker_python
 
 # SPARE_START_TIMEOUT_S: a spare not idle within it is replaced; its clock restarts while the
@@ -875,6 +876,11 @@ def start_agent_loop(sender=None, **kwargs) -> None:
         resume_due(redis_client(), node)
     except redis.RedisError as exc:
         log.warning("node %s: could not read paused groups from Redis: %s", node, exc)
+    try:
+        # Once per machine: later stage JVMs share the classes a stage loads.
+        ensure_archive(settings.REDIS_URL, stage_log_path("class-sharing"))
+    except OSError as exc:
+        log.warning("node %s: no class-data archive built: %s", node, exc)
     sampler = NodeSampler(node, capacity_from_env(), scope=scope)
     threading.Thread(
         target=publish_forever, args=(node, sampler), name=f"agent-{node}", daemon=True

@@ -1,13 +1,16 @@
 """Spare footprint: what an idle warm spare holds before it is given a replica, per process.
 
-    python -m bench.dataplane.spare_footprint [--runs 2] [--settle 15] [--jvm-options "..."]
+    python -m bench.dataplane.spare_footprint [--runs 2] [--together 1] [--settle 15]
+        [--jvm-options "..."]
 
 Why: a node keeps warm spares so that a restart or a new standby skips the JVM and session
 start (docs/POLICY.md, "Warm spares"), and each one is memory the job is charged for while it
 waits. Each run starts one spare as a node agent does (registered `starting`, then
 `python -m spark_runtime.spare`), waits until it reports itself idle, lets it settle, and reads
 the RSS and PSS of its processes: the Python driver, its JVM, and the Python workers the
-warm-up started (PySpark's daemon and its workers). Then the spare is told to stop.
+warm-up started (PySpark's daemon and its workers). Then the spare is told to stop. With
+`--together N` each run starts N spares at once and reads each of them (PSS splits the pages
+they share: the JVM's class data, with a class-data sharing archive, and the interpreters').
 `--jvm-options` runs the spares with other JVM options than Backstop's (BACKSTOP_JVM_OPTIONS,
 spark_runtime/config.py). Prints the figures and writes them to docs/RESULTS.md ("Data plane",
 "Spare footprint").
@@ -29,8 +32,10 @@ import time
 import psutil
 
 from bench.dataplane.util import write_result
+from infra.node_metrics import machine_identity
 from spark_runtime import keys
 from spark_runtime.activity import pss_mb
+from spark_runtime.class_sharing import ARCHIVE_ENV, archive_path
 from spark_runtime.config import JVM_OPTIONS_ENV, jvm_options
 from spark_runtime.redis_client import connect
 
@@ -87,41 +92,58 @@ def wait_idle(client, spare_id: str, proc: subprocess.Popen) -> float:
     raise TimeoutError(f"spare {spare_id} not idle after {IDLE_TIMEOUT_S} s")
 
 
-def measure_one(client, redis_url: str, number: int, settle_s: float, options: str) -> dict:
-    """Start a spare, wait until it is idle and has settled, read its footprint, stop it."""
-    spare_id = f"spare-{NODE}-{int(time.time() * 1000)}"
-    # Registered `starting` first, as a node agent does (workers/agent.py, start_spare).
+def start_spare(client, redis_url: str, options: str) -> tuple[str, subprocess.Popen]:
+    """Start one spare as a node agent does: registered `starting` first
+    (workers/agent.py, start_spare), then `python -m spark_runtime.spare`."""
+    spare_id = f"spare-{NODE}-{time.time_ns()}"
     entry = {"pid": 0, "state": "starting", "since": time.time()}
     client.hset(keys.spares(NODE), spare_id, json.dumps(entry))
     proc = subprocess.Popen(
         [sys.executable, "-m", "spark_runtime.spare", "--node", NODE, "--spare-id", spare_id,
-         "--redis-url", redis_url],
+         "--machine", machine_identity(), "--redis-url", redis_url],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
         env={**os.environ, JVM_OPTIONS_ENV: options},
     )  # fmt: skip
+    return spare_id, proc
+
+
+def stop_spare(client, spare_id: str, proc: subprocess.Popen) -> None:
+    """Tell the spare to stop (its JVM exits normally), else kill its process group."""
+    client.rpush(keys.spare_control(NODE, spare_id), json.dumps({"cmd": "stop"}))
     try:
-        warm_s = wait_idle(client, spare_id, proc)
-        log.info("run %d: idle after %.1f s; settling %g s", number, warm_s, settle_s)
+        proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)  # its JVM and workers, if still there
+    client.hdel(keys.spares(NODE), spare_id)
+    client.delete(keys.spare_control(NODE, spare_id))
+
+
+def measure_run(
+    client, redis_url: str, number: int, together: int, settle_s: float, options: str
+) -> list[dict]:
+    """Start `together` spares at once, wait until each is idle and they have settled, read
+    each one's footprint, stop them."""
+    spares = [start_spare(client, redis_url, options) for _ in range(together)]
+    try:
+        warm = [wait_idle(client, spare_id, proc) for spare_id, proc in spares]
+        log.info("run %d: idle after %s s; settling %g s", number,
+                 ", ".join(f"{w:.1f}" for w in warm), settle_s)  # fmt: skip
         time.sleep(settle_s)
-        figures = footprint(proc.pid)
-        log.info(
-            "run %d: RSS %.0f MB, PSS %.0f MB",
-            number,
-            figures["total"]["rss_mb"],
-            figures["total"]["pss_mb"],
-        )
-        return {"warm_s": warm_s, "parts": figures}
+        figures = [footprint(proc.pid) for _, proc in spares]
+        for each in figures:
+            log.info(
+                "run %d: RSS %.0f MB, PSS %.0f MB",
+                number,
+                each["total"]["rss_mb"],
+                each["total"]["pss_mb"],
+            )
+        return [{"warm_s": w, "parts": f} for w, f in zip(warm, figures, strict=True)]
     finally:
-        client.rpush(keys.spare_control(NODE, spare_id), json.dumps({"cmd": "stop"}))
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)  # its JVM and workers, if still there
-        client.hdel(keys.spares(NODE), spare_id)
-        client.delete(keys.spare_control(NODE, spare_id))
+        for spare_id, proc in spares:
+            stop_spare(client, spare_id, proc)
 
 
 def table(runs: list[dict]) -> list[str]:
@@ -146,7 +168,8 @@ def main(argv: list[str] | None = None) -> int:
     """Measure `--runs` spares one after the other and report."""
     parser = argparse.ArgumentParser(prog=COMMAND)
     parser.add_argument("--redis-url", default="redis://127.0.0.1:6379/3")
-    parser.add_argument("--runs", type=int, default=2, help="spares measured, one at a time")
+    parser.add_argument("--runs", type=int, default=2, help="runs, one after the other")
+    parser.add_argument("--together", type=int, default=1, help="spares started at once per run")
     parser.add_argument("--settle", type=float, default=15, help="seconds idle before reading")
     parser.add_argument(
         "--jvm-options", default=None, help="the spares' JVM options (default: Backstop's)"
@@ -158,15 +181,30 @@ def main(argv: list[str] | None = None) -> int:
     client = connect(args.redis_url)
     runs = []
     for number in range(1, args.runs + 1):
-        log.info("[%d/%d] starting a spare", number, args.runs)
-        runs.append(measure_one(client, args.redis_url, number, args.settle, options))
+        log.info("[%d/%d] starting %d spare(s)", number, args.runs, args.together)
+        runs += measure_run(client, args.redis_url, number, args.together, args.settle, options)
     warm = ", ".join(f"{r['warm_s']:.0f}" for r in runs)
+    archive = archive_path()
+    sharing = (
+        f"`{archive.name}`"
+        if archive is not None and archive.is_file()
+        else f"off (`{ARCHIVE_ENV}`)"
+        if archive is None
+        else "no archive built yet"
+    )
+    at_once = (
+        "One idle warm spare at a time"
+        if args.together == 1
+        else f"{args.together} idle warm spares at once, each a row's value"
+    )
     lines = [
-        f"Command: `{COMMAND} --runs {args.runs} --settle {args.settle:g}"
+        f"Command: `{COMMAND} --runs {args.runs}"
+        + (f" --together {args.together}" if args.together != 1 else "")
+        + f" --settle {args.settle:g}"
         + (f' --jvm-options "{args.jvm_options}"' if args.jvm_options is not None else "")
         + f"` ({time.strftime('%Y-%m-%d %H:%M')}, {psutil.cpu_count()} cores; JVM options "
-        f"`{options or 'none'}`). One idle warm spare "
-        f"at a time, read {args.settle:g} s after it reported itself idle (it turned idle "
+        f"`{options or 'none'}`; class-data sharing: {sharing}). {at_once}, "
+        f"read {args.settle:g} s after it reported itself idle (it turned idle "
         f"{warm} s after its start).",
         "",
         *table(runs),
