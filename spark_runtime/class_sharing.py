@@ -40,6 +40,8 @@ log = logging.getLogger(__name__)
 ARCHIVE_ENV = "BACKSTOP_CDS_ARCHIVE"
 # How long a build may take before the next agent start tries again (its lock file's age).
 BUILD_TIMEOUT_S = 300.0
+# A build is an optimisation that nothing waits for: below every stage process.
+BUILD_NICE = 19
 # The JVM writes the archive while it exits: a few seconds for 150 MB.
 EXIT_TIMEOUT_S = 120.0
 
@@ -88,7 +90,9 @@ def ensure_archive(redis_url: str, log_path: Path) -> subprocess.Popen | None:
     lock = archive.with_suffix(".building")
     with contextlib.suppress(FileNotFoundError):
         if time.time() - lock.stat().st_mtime > BUILD_TIMEOUT_S:
-            lock.unlink()  # a builder that died
+            lock.unlink()  # a builder that died, perhaps mid-dump: its partial file goes too
+            for partial in archive.parent.glob(f"{archive.stem}.*.tmp"):
+                partial.unlink(missing_ok=True)
     try:
         fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
     except FileExistsError:
@@ -100,7 +104,6 @@ def ensure_archive(redis_url: str, log_path: Path) -> subprocess.Popen | None:
             [sys.executable, "-m", "spark_runtime.class_sharing", "--redis-url", redis_url,
              "--archive", str(archive), "--lock", str(lock)],
             stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
-            preexec_fn=lambda: os.nice(19),
         )  # fmt: skip
     threading.Thread(target=proc.wait, name="class-sharing-build", daemon=True).start()
     log.info("building the class-data archive %s (pid %d, log %s)", archive, proc.pid, log_path)
@@ -139,9 +142,11 @@ def build(archive: Path, redis_url: str) -> bool:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point of `python -m spark_runtime.class_sharing`: build the archive now."""
+    """Entry point of `python -m spark_runtime.class_sharing`: build the archive now, at the
+    lowest CPU priority (its JVM inherits it): nothing waits for it."""
     from spark_runtime.config import DEFAULT_REDIS_URL
 
+    os.nice(BUILD_NICE)
     parser = argparse.ArgumentParser(prog="python -m spark_runtime.class_sharing")
     parser.add_argument("--redis-url", default=os.environ.get("REDIS_URL", DEFAULT_REDIS_URL))
     parser.add_argument("--archive", type=Path, default=None)

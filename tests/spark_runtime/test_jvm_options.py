@@ -73,9 +73,12 @@ def test_an_empty_setting_turns_sharing_off_and_one_build_runs_at_a_time(monkeyp
     # A build that died long ago does not hold the next one back: its lock is taken over.
     stale = time.time() - 3600
     os.utime(lock, (stale, stale))
+    left_by_it = archive.parent / "spark.4242.tmp"
+    left_by_it.write_bytes(b"half an archive")
     builder = ensure_archive("redis://127.0.0.1:1/0", tmp_path / "build.log")
     assert builder is not None
     builder.wait(timeout=120)
     # No Redis there: the build fails, says so in its log, leaves no archive and frees the lock.
     assert builder.returncode != 0 and not archive.exists() and not lock.exists()
+    assert not left_by_it.exists()
     assert "Error" in (tmp_path / "build.log").read_text()
