@@ -7,8 +7,8 @@ Why: every stage process (primary, standby, warm spare) starts a JVM that loads 
 of class metadata, Spark's and its libraries', each JVM its own copy. Dumped once into a
 dynamic archive (JDK 13+, `-XX:ArchiveClassesAtExit`), the read-only part (about 90 MB) is
 mapped from the file by every later JVM and counted once on the machine. Measured on 2 cores,
-two JVMs side by side: 324 MB PSS each with the archive against 377 MB without, RSS unchanged
-(docs/RESULTS.md, "Spare footprint").
+two idle spares side by side: each JVM 382 MB PSS with the archive against 432 MB without, RSS
+unchanged (docs/RESULTS.md, "Spare footprint").
 
 The archive is mapped at the address it was dumped for (`-XX:ArchiveRelocationMode=0`, a
 diagnostic option of JDK 17): JDK 17's default maps it elsewhere and rewrites its pointers,
@@ -33,6 +33,7 @@ import subprocess
 import sys
 import threading
 import time
+from importlib.metadata import version
 from pathlib import Path
 
 log = logging.getLogger(__name__)
@@ -48,14 +49,13 @@ EXIT_TIMEOUT_S = 120.0
 
 def default_archive() -> Path:
     """The archive for this PySpark and this JDK, under BACKSTOP_VAR_DIR (default: `var/` of
-    the project): a JVM maps only an archive dumped by its own JDK from the same jars."""
-    import pyspark
-
+    the project): a JVM maps only an archive dumped by its own JDK from the same jars. Read
+    without importing PySpark: node agents call it at their start."""
     java = shutil.which("java", path=os.path.join(os.environ.get("JAVA_HOME", ""), "bin"))
     java = java or shutil.which("java") or "java"
     jdk = hashlib.sha256(os.path.realpath(java).encode()).hexdigest()[:8]
     var = Path(os.environ.get("BACKSTOP_VAR_DIR") or Path(__file__).resolve().parents[1] / "var")
-    return var / "cds" / f"spark-{pyspark.__version__}-jdk-{jdk}.jsa"
+    return var / "cds" / f"spark-{version('pyspark')}-jdk-{jdk}.jsa"
 
 
 def archive_path() -> Path | None:
@@ -67,9 +67,9 @@ def archive_path() -> Path | None:
     return default_archive()
 
 
-def sharing_options(archive: Path | None = None) -> str:
+def sharing_options() -> str:
     """The JVM options that map the archive, where it exists ("" otherwise)."""
-    archive = archive if archive is not None else archive_path()
+    archive = archive_path()
     if archive is None or not archive.is_file():
         return ""
     return (

@@ -202,7 +202,8 @@ def in_place_refusal(
         {s.name: tuple(s.operators) for s in compile_stages(topology, new.chaining, protected)}
         for protected in _protections(topology, new, stages, active_stages)
     ]
-    if any(sorted(cut.values()) == sorted(running.values()) for cut in cuts):
+    running_groups = sorted(running.values())
+    if any(sorted(cut.values()) == running_groups for cut in cuts):
         return None
 
     def described(by_stage: Mapping[str, Sequence[str]]) -> str:

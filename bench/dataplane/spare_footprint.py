@@ -185,13 +185,12 @@ def main(argv: list[str] | None = None) -> int:
         runs += measure_run(client, args.redis_url, number, args.together, args.settle, options)
     warm = ", ".join(f"{r['warm_s']:.0f}" for r in runs)
     archive = archive_path()
-    sharing = (
-        f"`{archive.name}`"
-        if archive is not None and archive.is_file()
-        else f"off (`{ARCHIVE_ENV}`)"
-        if archive is None
-        else "no archive built yet"
-    )
+    if archive is None:
+        sharing = f"off (`{ARCHIVE_ENV}`)"
+    elif archive.is_file():
+        sharing = f"`{archive.name}`"
+    else:
+        sharing = "no archive built yet"
     at_once = (
         "One idle warm spare at a time"
         if args.together == 1

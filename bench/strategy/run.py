@@ -194,7 +194,7 @@ def inject_fault(
     of its stage's primary."""
     client = redis_client()
     try:
-        if kind in ("kill-driver", "operator-exception", "slow-driver"):
+        if kind not in FaultInjection.NODE_KINDS:
             fault = request_fault(
                 job, kind, target_operator=target, params=params, requested_by=user
             )

@@ -36,6 +36,7 @@ from bench.strategy.run import (
 from console.models import Job, JobUpgrade, Policy
 from console.redis import redis_client
 from console.services import upgrades
+from console.services.faults import fault_max_duration_s
 from console.services.jobs import create_job, kill_job_processes, stop_job
 from console.services.recovery import input_started_at
 from infra.launcher import wait_for
@@ -53,10 +54,10 @@ ENDED = (
 UPGRADE_TIMEOUT_S = 420.0
 # How the blue/green upgrade is rolled back with `--rollback`: its new version's primary killed
 # (the controller hands the output back to the old version, its standby); by hand (the
-# operator's rollback: the new version demotes itself and the old one is promoted); or for
-# latency (a slow-driver fault makes each of the new version's batches SLOW_BATCH_DELAY_S
-# longer until the validation sees its p90 output latency leave the old version's band and
-# rolls back the way a rollback by hand does).
+# operator's rollback: the new version is stopped and the old one promoted); or for latency (a
+# slow-driver fault makes each of the new version's batches SLOW_BATCH_DELAY_S longer until the
+# controller's validation sees its p90 output latency leave the old version's band and rolls
+# it back the same way).
 ROLLBACKS = ("crash", "by-hand", "latency")
 SLOW_BATCH_DELAY_S = 3.0
 # The rollback comes this long after the switch: the new version writes steadily by then and
@@ -263,7 +264,8 @@ def roll_back(job: Job, upgrade: JobUpgrade, how: str, user, say) -> float | Non
         if how == "latency":
             kind = "slow-driver"
             params = {"delay_s": SLOW_BATCH_DELAY_S,
-                      "duration_s": min(Policy.current().upgrade_validation_s, 600.0)}  # fmt: skip
+                      "duration_s": min(Policy.current().upgrade_validation_s,
+                                        fault_max_duration_s())}  # fmt: skip
         fault, detail = inject_fault(job, kind, key_operator(job, upgrade.stage), user, params)
         if fault is None or fault.injected_at is None:
             raise RuntimeError(f"the new version was not {kind}: {detail}")

@@ -69,15 +69,13 @@ PARAMS_BY_KIND: dict[str, tuple[str, ...]] = {
 }
 
 
-def _duration(value, limits: Limits) -> float:
-    top = limits.max_duration_s
+def _seconds(field: str, value, top: float) -> float:
+    """`value` as a number of seconds in (0, top], else FaultParamsError naming `field`."""
     if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-        raise FaultParamsError(
-            "params.duration_s", f"must be a number of seconds, got {value!r:.40}"
-        )
+        raise FaultParamsError(field, f"must be a number of seconds, got {value!r:.40}")
     if not 0 < value <= top:
         raise FaultParamsError(
-            "params.duration_s", f"must be more than 0 and at most {top:g} seconds, got {value:g}"
+            field, f"must be more than 0 and at most {top:g} seconds, got {value:g}"
         )
     return float(value)
 
@@ -94,17 +92,6 @@ def _workers(value, limits: Limits) -> int:
             f"must be between 1 and {top} (the target node's cores), got {value}",
         )
     return value
-
-
-def _delay(value) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-        raise FaultParamsError("params.delay_s", f"must be a number of seconds, got {value!r:.40}")
-    if not 0 < value <= MAX_BATCH_DELAY_S:
-        raise FaultParamsError(
-            "params.delay_s",
-            f"must be more than 0 and at most {MAX_BATCH_DELAY_S:g} seconds, got {value:g}",
-        )
-    return float(value)
 
 
 def validate_params(kind: str, params, limits: Limits) -> dict:
@@ -135,9 +122,13 @@ def validate_params(kind: str, params, limits: Limits) -> dict:
         )
     checked: dict = {}
     if "duration_s" in allowed:
-        checked["duration_s"] = _duration(params.get("duration_s", DEFAULT_DURATION_S), limits)
+        checked["duration_s"] = _seconds(
+            "params.duration_s", params.get("duration_s", DEFAULT_DURATION_S), limits.max_duration_s
+        )
     if "workers" in allowed:
         checked["workers"] = _workers(params.get("workers", DEFAULT_STRESS_WORKERS), limits)
     if "delay_s" in allowed:
-        checked["delay_s"] = _delay(params.get("delay_s", DEFAULT_BATCH_DELAY_S))
+        checked["delay_s"] = _seconds(
+            "params.delay_s", params.get("delay_s", DEFAULT_BATCH_DELAY_S), MAX_BATCH_DELAY_S
+        )
     return checked
