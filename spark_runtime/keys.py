@@ -165,6 +165,13 @@ def spare_needed() -> str:
     return make_key("spares", "needed")
 
 
+def spare_plans() -> str:
+    """Hash: job -> JSON {"plans": [...], "at": epoch s}, the stage plans of each live job whose
+    strategy keeps warm spares, renewed every policy cycle; a spare warming up runs a few of
+    them once (spark_runtime.spare_plans)."""
+    return make_key("spares", "plans")
+
+
 PROGRESS_MAXLEN = 10_000
 EVENTS_MAXLEN = 10_000
 

@@ -5,7 +5,8 @@
 A cold start of a stage costs a Python interpreter, a JVM and a SparkSession (about 10 s here)
 before its query even starts. A node agent keeps a few spares per node (a policy setting): it
 starts each and registers it as `starting` in `backstop:node:{node}:spares`; the spare builds its
-session, warms it up (see `warm_up`), turns `idle` and blocks on its command list. The agent
+session, warms it up (see `warm_up`, then the plans of live jobs' stages:
+spark_runtime/spare_plans.py), turns `idle` and blocks on its command list. The agent
 hands it a replica by deleting its entry and pushing `{"cmd": "become", "args": [...]}` (the
 stage CLI arguments); the spare renames its process to that stage command line, so every process
 scanner sees it as that replica, and runs the stage in its already-warm session. An agent with no
@@ -44,6 +45,7 @@ from spark_runtime.config import (
     ensure_python_env,
 )
 from spark_runtime.cpu_priority import can_raise_priority, set_group_nice
+from spark_runtime.spare_plans import warm_up_plans
 from spark_runtime.strategies import NEEDED_SPARE_HELD_NICE, SPARE_NICE
 
 # How long a hold on spare refills lasts unless renewed (the controller renews it every cycle
@@ -319,6 +321,7 @@ def main(argv: list[str] | None = None) -> int:
     spark = build_session(f"backstop-spare-{args.spare_id}")
     warmup_stream = keys.spare_warmup_stream(args.node, args.spare_id)
     warm_up(spark, client, args.redis_url, warmup_stream, taken)
+    plans = warm_up_plans(spark, client, args.redis_url, args.spare_id, taken)
     warm.set()
     watcher.join()
     if mark_idle(client, args.node, args.spare_id):
@@ -326,7 +329,12 @@ def main(argv: list[str] | None = None) -> int:
         # primaries too, which must not stay at 19.
         if can_raise:
             set_group_nice(SPARE_NICE)
-        log.info("spare %s on %s is warm", args.spare_id, args.node)
+        log.info(
+            "spare %s on %s is warm (plans: %s)",
+            args.spare_id,
+            args.node,
+            ", ".join(plans) or "none",
+        )
     else:
         how = "cut short" if taken.is_set() else "done"
         log.info(

@@ -14,7 +14,8 @@ per-batch durations (`durationMs` of the progress events: planning, the offset l
   files through Hadoop's FileContext API;
 - `json-progress`: progress events cross to Python as JSON (spark_runtime/listener.py);
 - `filesystem-checkpoints`: checkpoint files through Hadoop's FileSystem API
-  (spark_runtime/config.py), Backstop's configuration.
+  (spark_runtime/config.py);
+- `one-partition`: one shuffle (state) partition instead of two.
 
 Prints the table and writes it to docs/RESULTS.md ("Data plane", "Batch cost: where it goes
 (TOPOLOGY)").
@@ -66,6 +67,11 @@ VARIANTS = {
         {CHECKPOINT_MANAGER: FILE_CONTEXT_MANAGER},
     ),
     "filesystem-checkpoints": ("and FileSystem checkpoints (Backstop's configuration)", True, {}),
+    "one-partition": (
+        "and one state partition instead of two",
+        True,
+        {"spark.sql.shuffle.partitions": "1"},
+    ),
 }
 DURATIONS = ("queryPlanning", "walCommit", "addBatch", "commitOffsets", "triggerExecution")
 
@@ -248,6 +254,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--trigger", type=float, default=0.5, help="seconds between batches")
     parser.add_argument("--settle", type=float, default=30, help="seconds before measuring")
     parser.add_argument("--measure", type=float, default=60, help="seconds measured")
+    parser.add_argument(
+        "--variants",
+        default=",".join(VARIANTS),
+        help="comma-separated variants to run, in this order (default: all)",
+    )
     parser.add_argument("--variant", choices=sorted(VARIANTS), help=argparse.SUPPRESS)
     parser.add_argument("--no-write", action="store_true", help="do not update docs/RESULTS.md")
     args = parser.parse_args(argv)
@@ -255,9 +266,14 @@ def main(argv: list[str] | None = None) -> int:
     if args.variant:
         print(json.dumps(run_variant(args)))
         return 0
+    chosen = [v.strip() for v in args.variants.split(",") if v.strip()]
+    unknown = sorted(set(chosen) - set(VARIANTS))
+    if unknown or not chosen:
+        parser.error(f"--variants: unknown {', '.join(unknown) or 'none given'}; one of "
+                     f"{', '.join(VARIANTS)}")
     results = []
-    for index, variant in enumerate(VARIANTS, start=1):
-        log.info("[%d/%d] %s", index, len(VARIANTS), variant)
+    for index, variant in enumerate(chosen, start=1):
+        log.info("[%d/%d] %s", index, len(chosen), variant)
         results.append(measure(args, variant))
     body = table(args, results)
     print(body)

@@ -56,6 +56,7 @@ from spark_runtime import keys as data_keys
 from spark_runtime.jobdef import resolve_topology
 from spark_runtime.runner import observe
 from spark_runtime.sink import FENCE_LOST
+from spark_runtime.spare_plans import publish_plans, stage_plans
 from spark_runtime.supervision import (
     BACKOFF,
     FAILED,
@@ -393,6 +394,17 @@ def policy_step(job: Job, supervisor: Supervisor, client, view, operators: dict)
             supervisor.placement_by_stage(),
             reprotecting=bool(supervisor.unprotected_since),
             view=view,
+        )
+        # What the spares warm up: the plans of the stages they may take over.
+        publish_plans(
+            client,
+            job.key,
+            stage_plans(
+                supervisor.topology,
+                supervisor.stage_operators,
+                supervisor.params,
+                supervisor.active_stages,
+            ),
         )
     recovery.measure_open_episodes(job, client, config)
     alert_slow_recoveries(job, view.recovery_alerts)

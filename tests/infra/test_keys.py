@@ -45,6 +45,7 @@ def test_data_plane_keys_are_unchanged():
     assert data_keys.spare_asked("node-1") == "backstop:node:node-1:spares:asked"
     assert data_keys.spare_refill_hold() == "backstop:spares:refill-hold"
     assert data_keys.spare_needed() == "backstop:spares:needed"
+    assert data_keys.spare_plans() == "backstop:spares:plans"
 
 
 def key_functions(module):

@@ -882,3 +882,71 @@ def test_progress_events_read_as_json_match_pysparks_own(
     assert all("addBatch" in durations for _, _, durations, _, _ in seen["json"])
     entries = truth.valid_entries(redis_conn, keys.input_stream(job), ["text"])
     assert sum(rows for _, rows, _, _, _ in seen["json"]) == len(entries)
+
+
+def test_a_spare_warms_up_a_published_stage_plan_without_touching_the_job(
+    spark, redis_conn, redis_url, job
+):
+    """A spare runs a live job's published stage plan (spark_runtime/spare_plans.py) once, on
+    the newest WARM_INPUT_ENTRIES entries of the job's input copied under a key of its own: its
+    query processes exactly those, and afterwards no warm-up key, query or checkpoint is left
+    and the job's own keys are as they were. A job without input yet gets generated entries."""
+    import glob
+    import tempfile
+
+    from spark_runtime.spare_plans import (
+        WARM_INPUT_ENTRIES,
+        publish_plans,
+        stage_plans,
+        warm_up_plan,
+        warm_up_plans,
+        withdraw_plans,
+    )
+
+    topology = get_topology("wordcount")
+    plans = stage_plans("wordcount", {"all": [op.name for op in topology.operators]})
+    generators.generate(redis_conn, job, "wordcount", count=WARM_INPUT_ENTRIES + 15, rate=10_000)
+
+    def job_state():
+        found = sorted(redis_conn.scan_iter(match=f"{keys.job_prefix(job)}*"))
+        return found, redis_conn.xlen(keys.input_stream(job))
+
+    def leftovers(spare_id):
+        warm_keys = list(redis_conn.scan_iter(match=f"{keys.job_prefix('spare-warmup-')}*"))
+        return [k for k in warm_keys if spare_id in k], spark.streams.active
+
+    before = job_state()
+    temp = set(glob.glob(os.path.join(tempfile.gettempdir(), "backstop-spare-plan-*")))
+    publish_plans(redis_conn, job, plans)
+    try:
+        taken = threading.Event()
+        taken.set()
+        assert warm_up_plans(spark, redis_conn, redis_url, f"{job}-a", taken) == []
+        assert warm_up_plans(spark, redis_conn, redis_url, f"{job}-b", threading.Event()) == [
+            "wordcount/all"
+        ]
+        rows = warm_up_plan(
+            spark, redis_conn, redis_url, {**plans[0], "job": job}, f"{job}-c", threading.Event()
+        )
+        assert rows == WARM_INPUT_ENTRIES  # the newest entries, each read once
+        fresh = f"{job}-new"  # a job whose input is still empty: generated entries
+        assert (
+            warm_up_plan(
+                spark,
+                redis_conn,
+                redis_url,
+                {**plans[0], "job": fresh},
+                f"{job}-d",
+                threading.Event(),
+            )
+            == WARM_INPUT_ENTRIES
+        )
+        assert not redis_conn.exists(keys.input_stream(fresh))
+    finally:
+        withdraw_plans(redis_conn, job)
+    assert job_state() == before
+    assert not redis_conn.hexists(keys.spare_plans(), job)
+    for suffix in "abcd":
+        assert leftovers(f"{job}-{suffix}") == ([], [])
+    now = set(glob.glob(os.path.join(tempfile.gettempdir(), "backstop-spare-plan-*")))
+    assert now <= temp

@@ -30,6 +30,7 @@ from spark_runtime.generators import generator_replica_id
 from spark_runtime.jobdef import resolve_topology
 from spark_runtime.runner import stage_args
 from spark_runtime.spare import REFILL_HOLD_S, hold_spare_refills
+from spark_runtime.spare_plans import withdraw_plans
 from spark_runtime.strategies import get_strategy
 from spark_runtime.supervision import JOB, GiveUp, KillReplica, ReplicaSpec, Supervisor, execute
 
@@ -271,6 +272,7 @@ def stop_everything(job: Job, supervisor: Supervisor, client) -> None:
     launcher = AgentLauncher(job, client)
     execute(supervisor.stop(), launcher, command_sender(client, job))
     stop_generator(job)
+    withdraw_plans(client, job.key)
     Replica.objects.filter(job=job).exclude(
         state__in=(Replica.State.STOPPED, Replica.State.FAILED)
     ).update(state=Replica.State.STOPPED, ended_at=timezone.now())

@@ -8,7 +8,15 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[3]
-MODULES = ["batch_cost", "cpu_priority", "failover", "jvm_options", "throughput", "worker_start"]
+MODULES = [
+    "batch_cost",
+    "cpu_priority",
+    "failover",
+    "first_batch",
+    "jvm_options",
+    "throughput",
+    "worker_start",
+]
 
 
 @pytest.mark.parametrize("name", MODULES)

@@ -1,0 +1,185 @@
+"""The stage plans a warm spare runs once before it waits: the queries it will most likely serve.
+
+A spare's own warm-up (spark_runtime.spare.warm_up) loads Spark's streaming and state-store
+classes and starts the Python workers, but the first batch of a stage's real query still paid
+for everything specific to its plan: whole-stage code generation and its compilation, the
+state store of that aggregation, the Python functions of its operators. Measured with
+`python -m bench.dataplane.first_batch` (docs/RESULTS.md, "A spare's first batch
+(wordcount)"): a seeded wordcount standby's first batch in a warm spare ended 2.4-2.5 s after
+its query started, and 0.9-1.0 s after a warm-up that had run the same stage's plan once. That first
+batch is most of a stage's re-protect time after a promotion.
+
+So every policy cycle the controller publishes, per live job whose strategy keeps warm spares,
+the plans of its stages (`publish_plans`: topology, stage, operators, params; stages with a
+standby first), and a spare warming up runs up to MAX_WARM_PLANS distinct ones (`plans_to_warm`)
+under a job key of its own, on a few entries copied from the real stage's input (or generated
+for a job's input that has none yet), until each query has processed a batch (`warm_up_plans`).
+Spark caches generated classes by their source, which names no job, so the real query reuses
+them. Nothing of the real job is read beyond those entries or written: the warm-up's keys and
+checkpoint are deleted after it.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+import tempfile
+import time
+from collections.abc import Iterable, Mapping
+
+from spark_runtime import keys
+
+log = logging.getLogger("spark_runtime.spare_plans")
+
+# A job's plans older than this are ignored (its controller renews them every policy cycle, so
+# only a stopped or lost job's plans get this old).
+PLAN_TTL_S = 120.0
+# At most this many distinct plans per spare: each costs a query start and a batch of CPU
+# (about 2 s of a core on 2 cores) and keeps its generated classes in the JVM.
+MAX_WARM_PLANS = 3
+# Entries a plan's warm-up reads: enough to reach every operator of a stage.
+WARM_INPUT_ENTRIES = 20
+# A plan whose queries have not all processed a batch by then is stopped where it is.
+PLAN_TIMEOUT_S = 60.0
+POLL_S = 0.2
+
+
+def stage_plans(
+    topology: str,
+    stage_operators: Mapping[str, Iterable[str]],
+    params: Iterable[str] = (),
+    active_stages: Iterable[str] = (),
+) -> list[dict]:
+    """The plans of a job's stages, those with a hot standby (`active_stages`) first: a spare
+    becomes a new standby after every promotion, a restarted primary less often."""
+    active = set(active_stages)
+    ordered = sorted(stage_operators, key=lambda stage: stage not in active)
+    return [
+        {
+            "topology": topology,
+            "stage": stage,
+            "operators": list(stage_operators[stage]),
+            "params": list(params),
+        }
+        for stage in ordered
+    ]
+
+
+def publish_plans(client, job: str, plans: list[dict], now: float | None = None) -> None:
+    """Record `job`'s stage plans for the spares (idempotent: one hash field per job)."""
+    entry = {"plans": plans, "at": time.time() if now is None else now}
+    client.hset(keys.spare_plans(), job, json.dumps(entry))
+
+
+def withdraw_plans(client, job: str) -> None:
+    """Forget `job`'s plans (the job stopped)."""
+    client.hdel(keys.spare_plans(), job)
+
+
+def plans_to_warm(raw: Mapping, now: float, limit: int = MAX_WARM_PLANS) -> list[dict]:
+    """From the published hash (job -> JSON entry), the plans a spare should warm, with the job
+    each was published by: fresh entries only, newest job first, one plan per distinct
+    (topology, stage, operators, params), at most `limit`."""
+    entries = []
+    for job, value in raw.items():
+        try:
+            entry = json.loads(value)
+            at, plans = float(entry["at"]), list(entry["plans"])
+        except (ValueError, KeyError, TypeError):
+            continue  # not one of ours: skip it rather than fail a spare's warm-up
+        if now - at <= PLAN_TTL_S:
+            name = job.decode() if isinstance(job, bytes) else str(job)
+            entries.append((at, name, plans))
+    chosen, seen = [], set()
+    for _, job, plans in sorted(entries, key=lambda e: (-e[0], e[1])):
+        for plan in plans:
+            signature = json.dumps(plan, sort_keys=True)
+            if signature not in seen and len(chosen) < limit:
+                seen.add(signature)
+                chosen.append({**plan, "job": job})
+    return chosen
+
+
+def copy_recent_input(client, source_keys: Iterable[str], target_keys: Iterable[str]) -> int:
+    """Copy the newest WARM_INPUT_ENTRIES entries of each source stream to its target stream
+    (new ids, same fields, oldest first); returns how many were copied."""
+    copied = 0
+    for source, target in zip(source_keys, target_keys, strict=True):
+        entries = client.xrevrange(source, count=WARM_INPUT_ENTRIES)
+        for _, fields in reversed(entries):
+            client.xadd(target, fields)
+            copied += 1
+    return copied
+
+
+def warm_up_plan(spark, client, redis_url: str, plan: dict, warm_job: str, taken) -> int:
+    """Run `plan`'s stage under job key `warm_job` until each of its queries has processed a
+    batch (or PLAN_TIMEOUT_S, or `taken` is set); returns the input rows processed. Its keys and
+    checkpoint are deleted afterwards."""
+    from spark_runtime import generators
+    from spark_runtime.jobdef import resolve_topology
+    from spark_runtime.runtime import PRIMARY, StageRuntime
+    from spark_runtime.stage import parse_params
+    from spark_runtime.topology import INPUT_CHANNEL, stage_spec, with_params
+
+    topology = with_params(resolve_topology(plan["topology"]), parse_params(plan["params"]))
+    real = stage_spec(topology, plan["stage"], plan["operators"], job=plan["job"])
+    stage = stage_spec(topology, plan["stage"], plan["operators"], job=warm_job)
+    checkpoint = tempfile.mkdtemp(prefix="backstop-spare-plan-")
+    runtime = None
+    try:
+        copied = copy_recent_input(client, real.input_keys, stage.input_keys)
+        if not copied and stage.inputs == (INPUT_CHANNEL,):
+            # The job has just started: generate a few entries of its kind of input.
+            generators.generate(
+                client, warm_job, plan["topology"], count=WARM_INPUT_ENTRIES, rate=10_000
+            )
+        runtime = StageRuntime(
+            spark, client, warm_job, topology, stage, PRIMARY, redis_url, checkpoint,
+            trigger_seconds=topology.trigger_s,
+        )  # fmt: skip
+        runtime.start()
+        deadline = time.monotonic() + PLAN_TIMEOUT_S
+        rows: dict[int, int] = {}
+        while not taken.is_set() and time.monotonic() < deadline:
+            for index, query in enumerate(runtime.queries):
+                progress = query.lastProgress
+                if progress is not None and progress["numInputRows"] > 0:
+                    rows.setdefault(index, progress["numInputRows"])
+            if len(rows) == len(runtime.queries):
+                break
+            time.sleep(POLL_S)
+        return sum(rows.values())
+    finally:
+        if runtime is not None:
+            runtime.stop()
+        keys.delete_job_keys(client, warm_job)
+        shutil.rmtree(checkpoint, ignore_errors=True)
+
+
+def warm_up_plans(spark, client, redis_url: str, spare_id: str, taken) -> list[str]:
+    """Warm up the plans `plans_to_warm` picks, one after the other, until `taken` is set;
+    returns "topology/stage" of each plan warmed. A plan that fails is logged and skipped: the
+    spare stays usable, its replica's first batch just costs more."""
+    warmed = []
+    plans = plans_to_warm(client.hgetall(keys.spare_plans()), time.time())
+    for number, plan in enumerate(plans):
+        if taken.is_set():
+            break
+        name = f"{plan['topology']}/{plan['stage']}"
+        started = time.monotonic()
+        try:
+            rows = warm_up_plan(
+                spark, client, redis_url, plan, f"spare-warmup-{spare_id}-{number}", taken
+            )
+        except Exception:  # noqa: BLE001 - any failure only loses the warm-up's benefit
+            log.exception("spare %s: warm-up of plan %s failed", spare_id, name)
+            continue
+        log.info(
+            "spare %s warmed plan %s (%d rows) in %.1f s",
+            spare_id, name, rows, time.monotonic() - started,
+        )  # fmt: skip
+        if rows:
+            warmed.append(name)
+    return warmed
