@@ -129,8 +129,9 @@ def warm_up_plan(spark, client, redis_url: str, plan: dict, warm_job: str, taken
     checkpoint = tempfile.mkdtemp(prefix="backstop-spare-plan-")
     runtime = None
     try:
-        copied = copy_recent_input(client, real.input_keys, stage.input_keys)
-        if not copied and stage.inputs == (INPUT_CHANNEL,):
+        if not copy_recent_input(client, real.input_keys, stage.input_keys):
+            if stage.inputs != (INPUT_CHANNEL,):
+                return 0  # an internal stream nothing has written to yet: no batch would run
             # The job has just started: generate a few entries of its kind of input.
             generators.generate(
                 client, warm_job, plan["topology"], count=WARM_INPUT_ENTRIES, rate=10_000

@@ -950,3 +950,40 @@ def test_a_spare_warms_up_a_published_stage_plan_without_touching_the_job(
         assert leftovers(f"{job}-{suffix}") == ([], [])
     now = set(glob.glob(os.path.join(tempfile.gettempdir(), "backstop-spare-plan-*")))
     assert now <= temp
+
+
+def test_a_spare_skips_a_stage_plan_whose_internal_input_is_still_empty(
+    spark, redis_conn, redis_url, job
+):
+    """A published plan of a stage that reads another stage's stream, which nothing has written
+    to yet, is not started: no batch could run, and the spare would wait its whole timeout."""
+    from pyspark.sql.streaming import StreamingQueryListener
+
+    from spark_runtime.spare_plans import warm_up_plan
+
+    stages = compile_stages(get_topology("topn"), PER_OPERATOR, job=job)
+    downstream = next(s for s in stages if s.inputs != ("in",))
+    plan = {"topology": "topn", "stage": downstream.name, "operators": list(downstream.operators),
+            "params": [], "job": job}  # fmt: skip
+
+    class Starts(StreamingQueryListener):
+        def onQueryStarted(self, event):
+            started.append(event.id)
+
+        def onQueryProgress(self, event):
+            pass
+
+        def onQueryIdle(self, event):
+            pass
+
+        def onQueryTerminated(self, event):
+            pass
+
+    started, listener = [], Starts()
+    spark.streams.addListener(listener)
+    try:
+        assert warm_up_plan(spark, redis_conn, redis_url, plan, f"{job}-w", threading.Event()) == 0
+    finally:
+        spark.streams.removeListener(listener)
+    assert started == [] and not spark.streams.active
+    assert not list(redis_conn.scan_iter(match=f"{keys.job_prefix(job + '-w')}*"))
