@@ -77,6 +77,20 @@ def withdraw_plans(client, job: str) -> None:
     client.hdel(keys.spare_plans(), job)
 
 
+def stale_jobs(raw: Mapping, now: float) -> list:
+    """The fields of the published hash that are not a fresh entry: jobs that stopped without
+    withdrawing their plans (a controller lost mid-stop, a job given up on), or not ours."""
+    stale = []
+    for job, value in raw.items():
+        try:
+            fresh = now - float(json.loads(value)["at"]) <= PLAN_TTL_S
+        except (ValueError, KeyError, TypeError):
+            fresh = False
+        if not fresh:
+            stale.append(job)
+    return stale
+
+
 def plans_to_warm(raw: Mapping, now: float, limit: int = MAX_WARM_PLANS) -> list[dict]:
     """From the published hash (job -> JSON entry), the plans a spare should warm, with the job
     each was published by: fresh entries only, newest job first, one plan per distinct
@@ -150,6 +164,11 @@ def warm_up_plan(spark, client, redis_url: str, plan: dict, warm_job: str, taken
                     rows.setdefault(index, progress["numInputRows"])
             if len(rows) == len(runtime.queries):
                 break
+            ended = [q for q in runtime.queries if not q.isActive]
+            if ended:  # failed: waiting on would only reach the timeout
+                log.warning("warm-up %s: query %s ended: %s", warm_job, ended[0].name,
+                            ended[0].exception())  # fmt: skip
+                break
             time.sleep(POLL_S)
         return sum(rows.values())
     finally:
@@ -163,8 +182,12 @@ def warm_up_plans(spark, client, redis_url: str, spare_id: str, taken) -> list[s
     """Warm up the plans `plans_to_warm` picks, one after the other, until `taken` is set;
     returns "topology/stage" of each plan warmed. A plan that fails is logged and skipped: the
     spare stays usable, its replica's first batch just costs more."""
-    warmed = []
-    plans = plans_to_warm(client.hgetall(keys.spare_plans()), time.time())
+    warmed, now = [], time.time()
+    raw = client.hgetall(keys.spare_plans())
+    stale = stale_jobs(raw, now)
+    if stale:  # nobody else removes them; a job publishing again is back next cycle
+        client.hdel(keys.spare_plans(), *stale)
+    plans = plans_to_warm(raw, now)
     for number, plan in enumerate(plans):
         if taken.is_set():
             break

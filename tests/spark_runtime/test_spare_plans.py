@@ -12,6 +12,7 @@ from spark_runtime.spare_plans import (
     plans_to_warm,
     publish_plans,
     stage_plans,
+    stale_jobs,
     withdraw_plans,
 )
 
@@ -46,6 +47,7 @@ def test_plans_to_warm_newest_job_first_once_per_plan_and_bounded():
     }
     chosen = plans_to_warm(raw, now)
     assert [(p["job"], p["topology"]) for p in chosen] == [("new", "topn"), ("new", "wordcount")]
+    assert sorted(map(str, stale_jobs(raw, now))) == ["b'stale'", "broken", "odd"]
     # Another parameter makes another plan; the bound holds.
     many = {f"j{i}": entry([plan("topn", "topn", params=[f"topn.n={i}"])], now) for i in range(9)}
     assert len(plans_to_warm(many, now)) == MAX_WARM_PLANS
