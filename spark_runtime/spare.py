@@ -282,6 +282,40 @@ def watch_for_taker(
         warm.wait(WATCH_INTERVAL_S)
 
 
+# How often an idle spare looks for stage plans it has not warmed up yet: a job started after
+# it turned idle, or a stage whose input was still empty then.
+REWARM_EVERY_S = 10.0
+
+
+def warm_while_idle(spark, client, args, done: set[str]) -> list[str]:
+    """Warm up, while idle, the published plans not in `done` (spark_runtime.spare_plans); a
+    command queued meanwhile (an agent took the spare) stops it at once and waits for the
+    caller's next read of the command list."""
+    import redis
+
+    control = keys.spare_control(args.node, args.spare_id)
+    taken, finished = threading.Event(), threading.Event()
+
+    def watch() -> None:
+        while not finished.is_set():
+            with contextlib.suppress(redis.exceptions.RedisError):
+                if client.llen(control):
+                    taken.set()
+                    return
+            finished.wait(WATCH_INTERVAL_S)
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    try:
+        return warm_up_plans(spark, client, args.redis_url, args.spare_id, taken, done)
+    except redis.exceptions.RedisError as exc:  # the command loop waits for Redis
+        log.warning("spare %s: no plan warm-up, Redis unavailable (%s)", args.spare_id, exc)
+        return []
+    finally:
+        finished.set()
+        watcher.join()
+
+
 def become(argv: list[str], spark) -> NoReturn:
     """Run the stage described by `argv` (stage CLI arguments) in this process and session,
     then end the process with the stage's exit code.
@@ -321,10 +355,12 @@ def main(argv: list[str] | None = None) -> int:
     spark = build_session(f"backstop-spare-{args.spare_id}")
     warmup_stream = keys.spare_warmup_stream(args.node, args.spare_id)
     warm_up(spark, client, args.redis_url, warmup_stream, taken)
-    plans = warm_up_plans(spark, client, args.redis_url, args.spare_id, taken)
+    done: set[str] = set()  # the plans warmed or tried (spark_runtime.spare_plans)
+    plans = warm_up_plans(spark, client, args.redis_url, args.spare_id, taken, done)
     warm.set()
     watcher.join()
-    if mark_idle(client, args.node, args.spare_id):
+    idle = mark_idle(client, args.node, args.spare_id)
+    if idle:
         # Idle at the lowest priority only if it can come back: a spare runs restarted
         # primaries too, which must not stay at 19.
         if can_raise:
@@ -344,7 +380,11 @@ def main(argv: list[str] | None = None) -> int:
             how,
         )
     release_warmup_lock(client, args.machine, args.spare_id)
+    rewarm_at = time.monotonic() + REWARM_EVERY_S
     while True:
+        if idle and time.monotonic() >= rewarm_at:
+            warm_while_idle(spark, client, args, done)
+            rewarm_at = time.monotonic() + REWARM_EVERY_S
         try:
             # A short block: redis-py's default socket timeout (5 s) must not fire first.
             popped = client.blpop([keys.spare_control(args.node, args.spare_id)], timeout=1)

@@ -11,7 +11,8 @@ batch is most of a stage's re-protect time after a promotion.
 
 So every policy cycle the controller publishes, per live job whose strategy keeps warm spares,
 the plans of its stages (`publish_plans`: topology, stage, operators, params; stages with a
-standby first), and a spare warming up runs up to MAX_WARM_PLANS distinct ones (`plans_to_warm`)
+standby first), and a spare warming up, then every few seconds while idle
+(spark_runtime.spare.warm_while_idle), runs up to MAX_WARM_PLANS distinct ones (`plans_to_warm`)
 under a job key of its own, on a few entries copied from the real stage's input (or generated
 for a job's input that has none yet), until each query has processed a batch (`warm_up_plans`).
 Spark caches generated classes by their source, which names no job, so the real query reuses
@@ -77,6 +78,11 @@ def withdraw_plans(client, job: str) -> None:
     client.hdel(keys.spare_plans(), job)
 
 
+def plan_signature(plan: Mapping) -> str:
+    """What makes two plans the same to a spare: all but the job that published it."""
+    return json.dumps({k: v for k, v in plan.items() if k != "job"}, sort_keys=True)
+
+
 def stale_jobs(raw: Mapping, now: float) -> list:
     """The fields of the published hash that are not a fresh entry: jobs that stopped without
     withdrawing their plans (a controller lost mid-stop, a job given up on), or not ours."""
@@ -108,7 +114,7 @@ def plans_to_warm(raw: Mapping, now: float, limit: int = MAX_WARM_PLANS) -> list
     chosen, seen = [], set()
     for _, job, plans in sorted(entries, key=lambda e: (-e[0], e[1])):
         for plan in plans:
-            signature = json.dumps(plan, sort_keys=True)
+            signature = plan_signature(plan)
             if signature not in seen and len(chosen) < limit:
                 seen.add(signature)
                 chosen.append({**plan, "job": job})
@@ -178,10 +184,16 @@ def warm_up_plan(spark, client, redis_url: str, plan: dict, warm_job: str, taken
         shutil.rmtree(checkpoint, ignore_errors=True)
 
 
-def warm_up_plans(spark, client, redis_url: str, spare_id: str, taken) -> list[str]:
+def warm_up_plans(
+    spark, client, redis_url: str, spare_id: str, taken, done: set[str] | None = None
+) -> list[str]:
     """Warm up the plans `plans_to_warm` picks, one after the other, until `taken` is set;
-    returns "topology/stage" of each plan warmed. A plan that fails is logged and skipped: the
-    spare stays usable, its replica's first batch just costs more."""
+    returns "topology/stage" of each plan warmed. `done`: signatures (`plan_signature`) of the
+    plans this spare has warmed or tried, skipped and added to; a plan that ran no batch (its
+    input still empty, or cut short) is tried again by a later call. A plan that fails is
+    logged and not tried again: the spare stays usable, its replica's first batch just costs
+    more."""
+    done = set() if done is None else done
     warmed, now = [], time.time()
     raw = client.hgetall(keys.spare_plans())
     stale = stale_jobs(raw, now)
@@ -191,6 +203,9 @@ def warm_up_plans(spark, client, redis_url: str, spare_id: str, taken) -> list[s
     for number, plan in enumerate(plans):
         if taken.is_set():
             break
+        signature = plan_signature(plan)
+        if signature in done:
+            continue
         name = f"{plan['topology']}/{plan['stage']}"
         started = time.monotonic()
         try:
@@ -199,11 +214,13 @@ def warm_up_plans(spark, client, redis_url: str, spare_id: str, taken) -> list[s
             )
         except Exception:  # noqa: BLE001 - any failure only loses the warm-up's benefit
             log.exception("spare %s: warm-up of plan %s failed", spare_id, name)
+            done.add(signature)
             continue
-        log.info(
-            "spare %s warmed plan %s (%d rows) in %.1f s",
-            spare_id, name, rows, time.monotonic() - started,
-        )  # fmt: skip
         if rows:
+            log.info(
+                "spare %s warmed plan %s (%d rows) in %.1f s",
+                spare_id, name, rows, time.monotonic() - started,
+            )  # fmt: skip
+            done.add(signature)
             warmed.append(name)
     return warmed

@@ -65,6 +65,17 @@ def became_from_spare(cluster, replica_id: str, times: int = 1) -> bool:
     return said >= times
 
 
+def warmed_plan_then_became(cluster, plan: str, replica_id: str) -> bool:
+    """True when a spare's log says it warmed up `plan` ("topology/stage") and later became
+    `replica_id` (spark_runtime/spare_plans.py)."""
+    for path in (cluster.log_dir / "log" / "stages").glob("spare-*.log"):
+        text = path.read_text(errors="replace")
+        warmed, became = text.find(f"warmed plan {plan} ("), text.find(f"becomes {replica_id} ")
+        if -1 < warmed < became:
+            return True
+    return False
+
+
 def became_while_warming(cluster, replica_id: str) -> bool:
     """True when a spare's log says it was taken while warming up and then became `replica_id`."""
     for path in (cluster.log_dir / "log" / "stages").glob("spare-*.log"):
@@ -138,6 +149,14 @@ def test_adaptive_survives_controller_restart_and_kill_driver(cluster):
     standby = replica_entry(client, job, new_standby)
     assert standby["role"] == "standby" and standby["seeded_batches"]["0"] is not None
     assert became_from_spare(cluster, new_standby)
+    # The spare had run the job's count stage: the plans of every stage of the job are
+    # published while it runs, the stage with a standby first.
+    published = json.loads(client.hget(keys.spare_plans(), job.key))["plans"]
+    stages = set(Replica.objects.filter(job=job).values_list("stage", flat=True))
+    assert published[0]["stage"] == "count"
+    assert {p["stage"] for p in published} == stages
+    assert {p["topology"] for p in published} == {"wordcount"}
+    assert warmed_plan_then_became(cluster, "wordcount/count", new_standby)
     # A restart from the checkpoint takes over a warm spare too: kill the standby once its node
     # has an idle spare again.
     node = standby["node"]

@@ -987,3 +987,34 @@ def test_a_spare_skips_a_stage_plan_whose_internal_input_is_still_empty(
         spark.streams.removeListener(listener)
     assert started == [] and not spark.streams.active
     assert not list(redis_conn.scan_iter(match=f"{keys.job_prefix(job + '-w')}*"))
+
+
+def test_an_idle_spare_warms_new_plans_once_and_yields_to_a_command(
+    spark, redis_conn, redis_url, job
+):
+    """While idle, a spare warms the published plans it has not warmed yet
+    (spark_runtime.spare.warm_while_idle), each once; with a command queued for it (an agent
+    took it) it warms nothing and leaves the command for its command loop."""
+    from spark_runtime.spare import warm_while_idle
+    from spark_runtime.spare_plans import publish_plans, stage_plans, withdraw_plans
+
+    topology = get_topology("wordcount")
+    generators.generate(redis_conn, job, "wordcount", count=30, rate=10_000)
+    spare = argparse.Namespace(node="node-t", spare_id=f"{job}-spare", redis_url=redis_url)
+    control = keys.spare_control(spare.node, spare.spare_id)
+    publish_plans(
+        redis_conn, job, stage_plans("wordcount", {"all": [o.name for o in topology.operators]})
+    )
+    try:
+        command = json.dumps({"cmd": "become", "args": []})
+        redis_conn.rpush(control, command)
+        done: set[str] = set()
+        assert warm_while_idle(spark, redis_conn, spare, done) == []
+        assert redis_conn.lrange(control, 0, -1) == [command] and done == set()
+        redis_conn.delete(control)
+        assert warm_while_idle(spark, redis_conn, spare, done) == ["wordcount/all"]
+        assert warm_while_idle(spark, redis_conn, spare, done) == []  # once
+        assert len(done) == 1 and not spark.streams.active
+    finally:
+        withdraw_plans(redis_conn, job)
+        redis_conn.delete(control)
