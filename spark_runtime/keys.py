@@ -167,8 +167,8 @@ def spare_needed() -> str:
 
 def spare_plans() -> str:
     """Hash: job -> JSON {"plans": [...], "at": epoch s}, the stage plans of each live job whose
-    strategy keeps warm spares, renewed every policy cycle; a spare warming up runs a few of
-    them once (spark_runtime.spare_plans)."""
+    strategy keeps warm spares, renewed every policy cycle; each warm spare runs a few of them
+    once (spark_runtime.spare_plans)."""
     return make_key("spares", "plans")
 
 
