@@ -269,8 +269,10 @@ def main(argv: list[str] | None = None) -> int:
     chosen = [v.strip() for v in args.variants.split(",") if v.strip()]
     unknown = sorted(set(chosen) - set(VARIANTS))
     if unknown or not chosen:
-        parser.error(f"--variants: unknown {', '.join(unknown) or 'none given'}; one of "
-                     f"{', '.join(VARIANTS)}")
+        parser.error(
+            f"--variants: unknown {', '.join(unknown) or 'none given'}; one of "
+            f"{', '.join(VARIANTS)}"
+        )
     results = []
     for index, variant in enumerate(chosen, start=1):
         log.info("[%d/%d] %s", index, len(chosen), variant)
