@@ -29,6 +29,15 @@ import threading
 import time
 
 from bench.dataplane.util import write_result
+from spark_runtime import generators, keys
+from spark_runtime.checkpoint_seed import seed_checkpoint
+from spark_runtime.config import build_session
+from spark_runtime.jobdef import resolve_topology
+from spark_runtime.redis_client import connect
+from spark_runtime.runtime import StageRuntime
+from spark_runtime.spare import warm_up
+from spark_runtime.spare_plans import publish_plans, stage_plans, warm_up_plans
+from spark_runtime.topology import stage_spec
 
 log = logging.getLogger("bench.dataplane.first_batch")
 
@@ -48,11 +57,6 @@ def run_stage(spark, client, redis_url, topology_name, job, checkpoint, role, fe
     """Run the topology's fused stage as `role` until its first batch with input ended (and,
     fed for `feed_s` seconds, until then); returns that batch's end (seconds after the query
     started) and Spark's durations."""
-    from spark_runtime import generators
-    from spark_runtime.jobdef import resolve_topology
-    from spark_runtime.runtime import StageRuntime
-    from spark_runtime.topology import stage_spec
-
     topology = resolve_topology(topology_name)
     operators = [op.name for op in topology.operators]
     stage = stage_spec(topology, "all", operators, job=job)
@@ -86,13 +90,6 @@ def run_stage(spark, client, redis_url, topology_name, job, checkpoint, role, fe
 
 def run_variant(args) -> dict:
     """In this process: build a spare's session and warm-up, then measure the seeded standby."""
-    from spark_runtime import generators, keys
-    from spark_runtime.checkpoint_seed import seed_checkpoint
-    from spark_runtime.config import build_session
-    from spark_runtime.redis_client import connect
-    from spark_runtime.spare import warm_up
-    from spark_runtime.spare_plans import publish_plans, stage_plans, warm_up_plans
-
     client = connect(args.redis_url)
     spark = build_session(f"{JOB}-{args.variant}")
     if args.variant == "prepare":
@@ -108,8 +105,6 @@ def run_variant(args) -> dict:
     warm_up(spark, client, args.redis_url, keys.spare_warmup_stream("bench", JOB), never)
     warmed = []
     if args.variant == "plan":
-        from spark_runtime.jobdef import resolve_topology
-
         operators = [op.name for op in resolve_topology(args.topology).operators]
         publish_plans(client, JOB, stage_plans(args.topology, {"all": operators}))
         try:

@@ -12,7 +12,6 @@ MODULES = [
     "batch_cost",
     "cpu_priority",
     "failover",
-    "first_batch",
     "jvm_options",
     "throughput",
     "worker_start",
