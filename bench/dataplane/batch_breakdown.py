@@ -29,14 +29,12 @@ import logging
 import os
 import shutil
 import statistics
-import subprocess
-import sys
 import threading
 import time
 
 import psutil
 
-from bench.dataplane.util import write_result
+from bench.dataplane.util import run_variant_child, write_result
 from spark_runtime import generators, keys
 from spark_runtime.activity import process_cpu_s
 from spark_runtime.config import build_session
@@ -194,17 +192,11 @@ def recorder(json_progress: bool, runtime, batches: list):
 
 def measure(args, variant: str) -> dict:
     """Run one variant in a child process (its own JVM, JIT and Python workers)."""
-    command = [sys.executable, "-m", "bench.dataplane.batch_breakdown", "--variant", variant]
-    for option in ("topology", "rate", "trigger", "settle", "measure", "redis_url"):
-        command += [f"--{option.replace('_', '-')}", str(getattr(args, option))]
     log.info(
         "%s: %s for %g s, then measuring %g s", variant, args.topology, args.settle, args.measure
     )
-    done = subprocess.run(command, capture_output=True, text=True, check=False)
-    lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
-    if done.returncode != 0 or not lines:
-        raise RuntimeError(f"variant {variant} failed:\n{done.stderr[-3000:]}")
-    result = json.loads(lines[-1])
+    options = ("topology", "rate", "trigger", "settle", "measure", "redis_url")
+    result = run_variant_child("bench.dataplane.batch_breakdown", variant, args, options)
     log.info(
         "%s: %.1f%% of a core, %.3f CPU s per batch",
         variant,

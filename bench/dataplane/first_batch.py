@@ -23,12 +23,10 @@ import logging
 import os
 import shutil
 import statistics
-import subprocess
-import sys
 import threading
 import time
 
-from bench.dataplane.util import write_result
+from bench.dataplane.util import run_variant_child, write_result
 from spark_runtime import generators, keys
 from spark_runtime.checkpoint_seed import seed_checkpoint
 from spark_runtime.config import build_session
@@ -128,14 +126,8 @@ def run_variant(args) -> dict:
 
 def measure(args, variant: str) -> dict:
     """Run `variant` in a child process (its own JVM); its result."""
-    command = [sys.executable, "-m", "bench.dataplane.first_batch", "--variant", variant]
-    for option in ("topology", "prepare", "redis_url"):
-        command += [f"--{option.replace('_', '-')}", str(getattr(args, option))]
-    done = subprocess.run(command, capture_output=True, text=True, check=False)
-    lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
-    if done.returncode != 0 or not lines:
-        raise RuntimeError(f"variant {variant} failed:\n{done.stderr[-3000:]}")
-    return json.loads(lines[-1])
+    options = ("topology", "prepare", "redis_url")
+    return run_variant_child("bench.dataplane.first_batch", variant, args, options)
 
 
 def table(args, results: list[dict]) -> str:

@@ -7,6 +7,8 @@ import contextlib
 import json
 import os
 import shutil
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -117,6 +119,20 @@ def wait_steady(
             return time.time() - started
         time.sleep(1)
     raise TimeoutError(f"{job} not steady (p99 < {bound} s) after {timeout} s")
+
+
+def run_variant_child(module: str, variant: str, args, options: tuple[str, ...]) -> dict:
+    """Run `python -m module --variant VARIANT` with `args`' `options` passed on, in a child
+    process (its own JVM), and return the JSON object it printed last; RuntimeError with the
+    end of its stderr if it failed or printed none."""
+    command = [sys.executable, "-m", module, "--variant", variant]
+    for option in options:
+        command += [f"--{option.replace('_', '-')}", str(getattr(args, option))]
+    done = subprocess.run(command, capture_output=True, text=True, check=False)
+    lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
+    if done.returncode != 0 or not lines:
+        raise RuntimeError(f"variant {variant} failed:\n{done.stderr[-3000:]}")
+    return json.loads(lines[-1])
 
 
 def write_result(subsection: str, body: str) -> None:

@@ -5,6 +5,7 @@ end in the dead-letter stream, and a standby's promotion neither loses nor repea
 from __future__ import annotations
 
 import argparse
+import contextlib
 import itertools
 import json
 import os
@@ -405,12 +406,39 @@ def test_a_demoted_primary_passes_the_promotion_on_to_its_successor(
     assert got == truth.wordcount(entries)
 
 
+@contextlib.contextmanager
+def query_starts(spark, then=None):
+    """The ids of the streaming queries started on `spark` within the block, in a list that
+    grows as they start; `then()` runs after each start is recorded."""
+    from pyspark.sql.streaming import StreamingQueryListener
+
+    class Starts(StreamingQueryListener):
+        def onQueryStarted(self, event):
+            started.append(event.id)
+            if then is not None:
+                then()
+
+        def onQueryProgress(self, event):
+            pass
+
+        def onQueryIdle(self, event):
+            pass
+
+        def onQueryTerminated(self, event):
+            pass
+
+    started, listener = [], Starts()
+    spark.streams.addListener(listener)
+    try:
+        yield started
+    finally:
+        spark.streams.removeListener(listener)
+
+
 def test_a_spare_taken_during_its_warm_up_stops_it_there(spark, redis_conn, redis_url, job):
     """A warm spare's warm-up (spark_runtime.spare.warm_up) ends as soon as an agent has taken
     the spare (`taken`): taken before, nothing runs; taken once the warm-up query has started,
     the query is stopped and the call returns, its input deleted, no query left running."""
-    from pyspark.sql.streaming import StreamingQueryListener
-
     from spark_runtime.spare import warm_up
 
     stream = keys.spare_warmup_stream("node-t", job)
@@ -422,29 +450,11 @@ def test_a_spare_taken_during_its_warm_up_stops_it_there(spark, redis_conn, redi
     assert not redis_conn.exists(stream) and not spark.streams.active
     assert set(tracker.getJobIdsForGroup()) == jobs_before  # no Spark job ran
 
-    class TakenOnceStarted(StreamingQueryListener):
-        # onQueryStarted runs before DataStreamWriter.start() returns, so the spare is taken
-        # before the warm-up's wait for its query begins.
-        def onQueryStarted(self, event):
-            started.append(event.id)
-            taken_now.set()
-
-        def onQueryProgress(self, event):
-            pass
-
-        def onQueryIdle(self, event):
-            pass
-
-        def onQueryTerminated(self, event):
-            pass
-
-    started, taken_now = [], threading.Event()
-    listener = TakenOnceStarted()
-    spark.streams.addListener(listener)
-    try:
+    # onQueryStarted runs before DataStreamWriter.start() returns, so the spare is taken
+    # before the warm-up's wait for its query begins.
+    taken_now = threading.Event()
+    with query_starts(spark, then=taken_now.set) as started:
         warm_up(spark, redis_conn, redis_url, stream, taken_now)
-    finally:
-        spark.streams.removeListener(listener)
     assert len(started) == 1 and taken_now.is_set()
     assert not redis_conn.exists(stream) and not spark.streams.active
 
@@ -957,8 +967,6 @@ def test_a_spare_skips_a_stage_plan_whose_internal_input_is_still_empty(
 ):
     """A published plan of a stage that reads another stage's stream, which nothing has written
     to yet, is not started: no batch could run, and the spare would wait its whole timeout."""
-    from pyspark.sql.streaming import StreamingQueryListener
-
     from spark_runtime.spare_plans import warm_up_plan
 
     stages = compile_stages(get_topology("topn"), PER_OPERATOR, job=job)
@@ -966,25 +974,8 @@ def test_a_spare_skips_a_stage_plan_whose_internal_input_is_still_empty(
     plan = {"topology": "topn", "stage": downstream.name, "operators": list(downstream.operators),
             "params": [], "job": job}  # fmt: skip
 
-    class Starts(StreamingQueryListener):
-        def onQueryStarted(self, event):
-            started.append(event.id)
-
-        def onQueryProgress(self, event):
-            pass
-
-        def onQueryIdle(self, event):
-            pass
-
-        def onQueryTerminated(self, event):
-            pass
-
-    started, listener = [], Starts()
-    spark.streams.addListener(listener)
-    try:
+    with query_starts(spark) as started:
         assert warm_up_plan(spark, redis_conn, redis_url, plan, f"{job}-w", threading.Event()) == 0
-    finally:
-        spark.streams.removeListener(listener)
     assert started == [] and not spark.streams.active
     assert not list(redis_conn.scan_iter(match=f"{keys.job_prefix(job + '-w')}*"))
 
