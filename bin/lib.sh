@@ -26,6 +26,24 @@ ensure_venv() {
   echo "[setup 3/3] Java: $(java -version 2>&1 | head -n 1 || echo 'not found: install Java 17 (openjdk-17-jre-headless)')"
 }
 
+# ensure_kafka_jars: Apache Kafka's broker (org.apache.kafka:kafka_2.13 and its runtime jars),
+# fetched once from Maven Central with Maven (progress shown) into var/kafka/<version>/ with its
+# class-data archive; later runs find them cached. Backstop starts that broker where no
+# KAFKA_BOOTSTRAP_SERVERS is given: the tests' private brokers, the demo's (docs/KAFKA.md).
+ensure_kafka_jars() {
+  if ! command -v mvn >/dev/null 2>&1 \
+    && ! .venv/bin/python -c 'import sys; from infra.kafka import cached_jars; sys.exit(cached_jars() is None)'; then
+    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+      echo "[setup] installing Debian's maven to fetch the Kafka broker's jars"
+      apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq maven >/dev/null
+    else
+      echo "[setup] Maven (mvn) is needed once to fetch the Kafka broker's jars: apt-get install maven"
+    fi
+  fi
+  echo "[setup] Kafka broker (Apache Kafka from Maven Central, cached in var/kafka/)"
+  .venv/bin/python -m infra.kafka fetch
+}
+
 # ensure_chromium: the browser tests drive Debian's chromium; install it when missing and we may.
 ensure_chromium() {
   if command -v chromium >/dev/null 2>&1; then

@@ -1,4 +1,5 @@
-"""Start and watch the demo's processes: Redis (when none answers), Celery workers, web server.
+"""Start and watch the demo's processes: Redis (when none answers), Apache Kafka's broker (when
+no KAFKA_BOOTSTRAP_SERVERS is given), Celery workers, web server.
 
 Used by `manage.py demo` and by the integration tests; no Django imports so it can run before
 Django is configured.
@@ -23,6 +24,7 @@ from urllib.parse import urlparse
 
 import redis
 
+from infra.kafka import KafkaBroker, kafka_bootstrap_servers
 from infra.keys import node_heartbeat
 from infra.queues import CONTROL_QUEUE, node_queue
 from infra.redis_client import redis_client
@@ -217,6 +219,24 @@ def start_redis_if_needed(url: str, group: ProcessGroup, data_dir: Path) -> str:
     )
     wait_for(lambda: redis_answers(url), 15, f"Redis ({binary}) to answer at {url}")
     return f"started {binary} at {url} (append-only file in {data_dir})"
+
+
+def start_kafka_if_needed(group: ProcessGroup, data_dir: Path, timeout_s: float = 90.0) -> str:
+    """The bootstrap address of the Kafka cluster in use: `KAFKA_BOOTSTRAP_SERVERS` when set
+    (nothing is started), else Apache Kafka's broker (infra/kafka.py) started as the child
+    "kafka" of `group`, so kept running, with its data, ports and cluster id in `data_dir` (a
+    restart, by the group or a later launcher, finds them there). Its log: log_dir/kafka.log."""
+    configured = kafka_bootstrap_servers()
+    if configured:
+        return configured
+    say = group.say or (lambda _message: None)
+    broker = KafkaBroker(data_dir, say=lambda message: say(f"[kafka] {message}"))
+    broker.log_path = group.log_dir / "kafka.log"
+    broker.stop_stale()  # one an earlier launcher left running holds the log directory's lock
+    broker.prepare()  # the jars (fetched once), server.properties, a formatted log directory
+    proc = group.start("kafka", broker.argv())
+    broker.wait_ready(timeout_s, proc=proc)
+    return broker.bootstrap_servers
 
 
 def celery_argv(*args: str) -> list[str]:

@@ -44,12 +44,19 @@ def api_as(users):
 def cluster(request, transactional_db, tmp_path, settings):
     """A real controller, beat and three node agents (see tests/cluster.py). The agents share
     this machine as their host (one host's warm spares), unless the test is marked
-    `own_hosts`: then each node stands for a host of its own."""
+    `own_hosts`: then each node stands for a host of its own. Marked `kafka`: the console and
+    every process of the cluster use the session's Kafka broker (`kafka_broker`)."""
     from tests.cluster import Cluster, prepare
 
     settings.CONTROLLER_DISPATCH = True  # the API sends real tasks to the real controller
+    env = {}
+    if request.node.get_closest_marker("kafka") is not None:
+        bootstrap = request.getfixturevalue("kafka_broker").bootstrap_servers
+        settings.KAFKA_BOOTSTRAP_SERVERS = env["KAFKA_BOOTSTRAP_SERVERS"] = bootstrap
     prepare()
-    running = Cluster(tmp_path, own_hosts=request.node.get_closest_marker("own_hosts") is not None)
+    running = Cluster(
+        tmp_path, env=env, own_hosts=request.node.get_closest_marker("own_hosts") is not None
+    )
     try:
         running.start_all()
         yield running
@@ -93,3 +100,21 @@ def private_postgres():
         yield server
     finally:
         server.destroy()
+
+
+@pytest.fixture(scope="session")
+def kafka_broker(tmp_path_factory):
+    """Apache Kafka's own broker (`kafka.Kafka` in KRaft mode, infra/kafka.py) of this test
+    session, on free ports in a temporary directory: started by the first test that asks for
+    it (one per session, about 3 s once the jars are cached), stopped at the end. Always a
+    private one, whatever KAFKA_BOOTSTRAP_SERVERS says, so tests can stop, kill and start it
+    (`stop_for`); a test that stops it starts it again before it ends. Its address:
+    `kafka_broker.bootstrap_servers`."""
+    from infra.kafka import KafkaBroker
+
+    broker = KafkaBroker(tmp_path_factory.mktemp("kafka"))
+    broker.start()
+    try:
+        yield broker
+    finally:
+        broker.stop()

@@ -11,11 +11,14 @@ from pathlib import Path
 
 import pytest
 
+from infra.kafka import KAFKA_VERSION
+
 COMPOSE = Path(__file__).resolve().parents[2] / "docker" / "compose.yml"
 REQUIRED = {"SECRET_KEY": "s", "METRICS_TOKEN": "t", "GRAFANA_ADMIN_PASSWORD": "g"}
 # The console's server everywhere it runs (the demo adds only --bind).
 GUNICORN = ["gunicorn", "-c", "web/gunicorn.conf.py", "web.wsgi:application"]
 BACKSTOP_ROLES = ("web", "controller", "beat", "agent-1", "agent-2", "agent-3")
+DEFAULTED = {"KAFKA_BOOTSTRAP_SERVERS"}
 
 
 def docker_compose() -> str:
@@ -29,7 +32,8 @@ def docker_compose() -> str:
 
 
 def compose_config(env: dict) -> subprocess.CompletedProcess:
-    clean = {k: v for k, v in os.environ.items() if k not in REQUIRED}
+    # Variables the file reads with a default: the test's environment must not change them.
+    clean = {k: v for k, v in os.environ.items() if k not in {*REQUIRED, *DEFAULTED}}
     return subprocess.run(
         [docker_compose(), "-f", str(COMPOSE), "config", "--format", "json"],
         env={**clean, **env},
@@ -55,7 +59,7 @@ def test_a_missing_secret_is_named(stack):
 def test_the_whole_stack_runs_from_one_file(stack):
     services = stack["services"]
     assert set(services) >= {
-        "postgres", "redis", "migrate", *BACKSTOP_ROLES,
+        "postgres", "redis", "kafka", "migrate", *BACKSTOP_ROLES,
         "spark-master", "spark-worker", "prometheus", "grafana",
     }  # fmt: skip
     assert "--appendonly" in services["redis"]["command"]
@@ -86,3 +90,36 @@ def test_stages_executors_and_agents_share_checkpoints_jobs_and_the_spark_master
         assert agent["environment"]["BACKSTOP_NODE"] == node
         assert f"node.{node}" in agent["command"]
         assert agent["ulimits"]["nice"] == 25  # primaries at nice -5
+
+
+def test_every_role_reaches_the_single_node_kafka_and_another_cluster_replaces_it(stack):
+    kafka = stack["services"]["kafka"]
+    assert kafka["image"].startswith("apache/kafka:")  # Apache Kafka's own image
+    assert kafka["image"].endswith(f":{KAFKA_VERSION}")  # the version Backstop starts itself
+    env = kafka["environment"]
+    assert env["KAFKA_PROCESS_ROLES"] == "broker,controller"  # KRaft, one node
+    assert env["KAFKA_ADVERTISED_LISTENERS"] == "PLAINTEXT://kafka:9092"
+    listeners = dict(item.split("://") for item in env["KAFKA_LISTENERS"].split(","))
+    assert listeners["PLAINTEXT"] == ":9092"
+    (voter,) = env["KAFKA_CONTROLLER_QUORUM_VOTERS"].split(",")
+    assert voter.startswith(f"{env['KAFKA_NODE_ID']}@") and voter.endswith(listeners["CONTROLLER"])
+    # Transactions (the Kafka sink) need their internal topic's replicas on this one node.
+    for name in (
+        "KAFKA_OFFSETS_TOPIC_REPLICATION_FACTOR",
+        "KAFKA_TRANSACTION_STATE_LOG_REPLICATION_FACTOR",
+        "KAFKA_TRANSACTION_STATE_LOG_MIN_ISR",
+    ):
+        assert env[name] == "1", name
+    mounts = {m["target"]: m["source"] for m in kafka["volumes"]}
+    assert mounts[env["KAFKA_LOG_DIRS"]] == "kafka-data"
+    assert "kafka-data" in stack["volumes"]
+    for name in (*BACKSTOP_ROLES, "migrate"):
+        service = stack["services"][name]
+        assert service["environment"]["KAFKA_BOOTSTRAP_SERVERS"] == "kafka:9092", name
+        assert "kafka" in service["depends_on"], name
+    # Pointed at another cluster, every role takes it (and starts no broker of its own).
+    done = compose_config({**REQUIRED, "KAFKA_BOOTSTRAP_SERVERS": "kafka-1.example:9092"})
+    assert done.returncode == 0, done.stderr
+    other = json.loads(done.stdout)["services"]
+    for name in BACKSTOP_ROLES:
+        assert other[name]["environment"]["KAFKA_BOOTSTRAP_SERVERS"] == "kafka-1.example:9092"

@@ -20,6 +20,7 @@ import yaml
 from django.urls import resolve
 from kubernetes_validate import ValidationError, latest_version, validate
 
+from infra.kafka import KAFKA_VERSION, parse_bootstrap_servers
 from infra.launcher import agent_argv, controller_argv
 from infra.queues import CONTROL_QUEUE, node_queue
 
@@ -390,3 +391,43 @@ def test_the_roles_share_checkpoints_and_jobs_and_keep_the_images_static_files(
         for path in mounts:
             # A volume at or above STATIC_ROOT would hide the image's collected files.
             assert not static_root.is_relative_to(path), (role, path)
+
+
+def test_the_kafka_node_answers_at_the_address_backstop_is_given():
+    kafka = the("StatefulSet", "kafka")
+    service = the("Service", "kafka")
+    (broker,) = pod_spec(kafka)["containers"]
+    assert broker["image"] == f"apache/kafka:{KAFKA_VERSION}"  # the version Backstop starts
+    env = {e["name"]: e["value"] for e in broker["env"]}
+    assert env["KAFKA_PROCESS_ROLES"] == "broker,controller"  # KRaft, one node
+    assert kafka["spec"]["replicas"] == 1
+    (voter,) = env["KAFKA_CONTROLLER_QUORUM_VOTERS"].split(",")
+    assert voter.split("@")[0] == env["KAFKA_NODE_ID"]
+    for name in (
+        "KAFKA_OFFSETS_TOPIC_REPLICATION_FACTOR",
+        "KAFKA_TRANSACTION_STATE_LOG_REPLICATION_FACTOR",
+        "KAFKA_TRANSACTION_STATE_LOG_MIN_ISR",
+    ):
+        assert env[name] == "1", name
+    # Backstop's pods are given the address the broker advertises, which is the Service's.
+    bootstrap = config()["KAFKA_BOOTSTRAP_SERVERS"]
+    assert parse_bootstrap_servers(bootstrap) == bootstrap
+    assert env["KAFKA_ADVERTISED_LISTENERS"] == f"PLAINTEXT://{bootstrap}"
+    host, port = bootstrap.rsplit(":", 1)
+    assert host in {service["metadata"]["name"], f"{service['metadata']['name']}.backstop.svc"}
+    assert kafka["spec"]["serviceName"] == service["metadata"]["name"]
+    (service_port,) = service["spec"]["ports"]
+    assert service_port["port"] == int(port)
+    assert port_number(service_port["targetPort"], broker) == int(port)
+    labels = kafka["spec"]["template"]["metadata"]["labels"]
+    assert service["spec"]["selector"].items() <= labels.items()
+    assert not the("Service", "web")["spec"]["selector"].items() <= labels.items()
+    # Its log directory on a volume of its own, writable by the image's user.
+    (claim,) = kafka["spec"]["volumeClaimTemplates"]
+    mounts = {m["mountPath"]: m["name"] for m in broker["volumeMounts"]}
+    assert mounts[env["KAFKA_LOG_DIRS"]] == claim["metadata"]["name"]
+    security = pod_spec(kafka)["securityContext"]
+    assert security["fsGroup"] == security["runAsUser"] == 1000
+    for resource in ("cpu", "memory"):
+        request = quantity(broker["resources"]["requests"][resource])
+        assert 0 < request <= quantity(broker["resources"]["limits"][resource])

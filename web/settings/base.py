@@ -8,6 +8,7 @@ from pathlib import Path
 import dj_database_url
 
 from infra.env import env, parse_bool, parse_list, parse_url
+from infra.kafka import kafka_bootstrap_servers
 from spark_runtime.config import spark_log_level
 
 BASE_DIR = Path(__file__).resolve().parent.parent.parent
@@ -209,6 +210,9 @@ PLOTLY_DASH = {
 CSRF_COOKIE_NAME = "_csrf_token"
 
 REDIS_URL = env("REDIS_URL", "redis://127.0.0.1:6379/0", parse_url(("redis", "rediss", "unix")))
+# The Kafka cluster of jobs with a Kafka source or sink (None: such jobs are refused). The demo,
+# the benchmarks and the test clusters start a broker and set it for the processes they start.
+KAFKA_BOOTSTRAP_SERVERS = kafka_bootstrap_servers()
 
 
 def cache_settings(redis_url: str) -> dict:
