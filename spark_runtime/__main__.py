@@ -3,6 +3,7 @@
 python -m spark_runtime run --topology NAME --job ID [--strategy S] [--redis-url URL]
     (exits 1, saying why, when its supervisor gives up on the job: see spark_runtime.supervision)
 python -m spark_runtime generate --topology NAME --job ID [--rate R] [--count N] [--seed S]
+    (into the job's Kafka topic when it was launched with a Kafka source)
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from spark_runtime.strategies import STRATEGIES
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of `python -m spark_runtime`."""
-    from spark_runtime import generators
+    from spark_runtime import external_io, generators, keys
     from spark_runtime.redis_client import connect
     from spark_runtime.runner import DEFAULT_NODES, build_runner
 
@@ -52,10 +53,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     configure_logging()
     if args.command == "generate":
-        sent = generators.generate(
-            connect(args.redis_url, ride_out_outages=False),
-            args.job,
-            args.topology,
+        client = connect(args.redis_url, ride_out_outages=False)
+        source = external_io.load(client, args.job).source
+        run = dict(
             count=args.count,
             rate=args.rate,
             seed=args.seed,
@@ -63,6 +63,15 @@ def main(argv: list[str] | None = None) -> int:
             malformed_every=args.malformed_every,
             resume=args.resume,
         )
+        if source is not None:  # a job reading Kafka: its topic is the input
+            sent = generators.generate_to_kafka(
+                source.bootstrap, source.topic, args.topology, **run
+            )
+            # What the controller compares with the job's `count` (a topic has no XLEN).
+            total = generators.topic_record_count(source.bootstrap, source.topic)
+            client.hset(keys.stats(args.job), generators.GENERATED, total)
+        else:
+            sent = generators.generate(client, args.job, args.topology, **run)
         print(f"wrote {sent} entries to the input of {args.job}")
         return 0
     client = connect(args.redis_url)

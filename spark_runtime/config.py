@@ -137,12 +137,13 @@ def ensure_python_env() -> None:
 def build_session(app_name: str, extra_conf: dict | None = None):
     """Create (or reuse) the SparkSession of this process with the data-plane configuration.
 
-    Also registers the Redis stream data source, so `spark.readStream.format("redis_stream")`
-    works right away.
+    Also registers the Redis stream and Kafka data sources, so
+    `spark.readStream.format("redis_stream")` and `format("backstop_kafka")` work right away.
     """
     ensure_python_env()
     from pyspark.sql import SparkSession
 
+    from spark_runtime.kafka_source import KafkaPlanDataSource
     from spark_runtime.redis_source import RedisStreamDataSource
 
     master = spark_master()
@@ -162,6 +163,7 @@ def build_session(app_name: str, extra_conf: dict | None = None):
         spark.sparkContext.setLogLevel("DEBUG")
     spark.sparkContext.setLogLevel(level)
     spark.dataSource.register(RedisStreamDataSource)
+    spark.dataSource.register(KafkaPlanDataSource)
     return spark
 
 

@@ -13,18 +13,25 @@ at generation, epoch ms, so that end-to-end latency can be measured) and the top
 
 `malformed_every=N` makes every N-th entry malformed (missing id, non-integer ts, or missing
 payload field, in turn) to exercise the dead-letter path.
+
+`generate_to_kafka` writes the same records to a Kafka topic instead (a job with a Kafka
+source): JSON objects keyed by `id`, with the event time as the record's timestamp.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import random
 import time
 
 import redis
+from confluent_kafka import Producer, TopicPartition
+from confluent_kafka.admin import AdminClient, OffsetSpec
 
 from spark_runtime import keys
 from spark_runtime.jobdef import is_registered_ident, resolve_topology
+from spark_runtime.kafka_read import CLIENT_LOG
 
 
 def generator_replica_id(job_key: str) -> str:
@@ -216,4 +223,97 @@ def generate(
         if now - last_log >= 5:
             log.info("generator %s: %s entries in %.0f s", job, sent, elapsed)
             last_log = now
+    return sent - resumed_at
+
+
+# Field of keys.stats: records in a job's Kafka input topic when its generator last finished.
+GENERATED = "generated"
+
+
+def _malformed_value(fields: dict, n: int) -> bytes:
+    """Every kind of value a Kafka source must dead-letter, in turn: not JSON, not a JSON
+    object, a payload field missing."""
+    kind = n % 3
+    if kind == 0:
+        return b"\xffnot json"
+    if kind == 1:
+        return json.dumps([fields]).encode()
+    bad = dict(fields)
+    bad.pop([k for k in bad if k not in ("id", "ts")][0])
+    return json.dumps(bad).encode()
+
+
+def topic_record_count(bootstrap: str, topic: str, timeout_s: float = 10.0) -> int:
+    """Offsets in `topic` (the sum of its partitions' end offsets)."""
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    meta = admin.list_topics(topic, timeout=timeout_s).topics[topic]
+    request = {TopicPartition(topic, p): OffsetSpec.latest() for p in meta.partitions}
+    futures = admin.list_offsets(request, request_timeout=timeout_s)
+    return sum(f.result().offset for f in futures.values())
+
+
+def generate_to_kafka(
+    bootstrap: str,
+    topic: str,
+    topology: str,
+    count: int | None = None,
+    rate: float = 1000.0,
+    seed: int = 0,
+    duration: float | None = None,
+    malformed_every: int = 0,
+    id_prefix: str = "e",
+    stop=None,
+    resume: bool = False,
+) -> int:
+    """`generate`, into a Kafka topic: JSON values `{"id", "ts", payload...}` keyed by `id`
+    (so they spread over the partitions), the record's timestamp set to `ts`. With `resume`,
+    the topic's records count as written. The producer is idempotent (a retried send is not
+    written twice) and waits out a broker that is away. Returns how many records it wrote."""
+    rng = random.Random(seed)
+    payload = make_payload_factory(topology, rng, rate)
+    producer = Producer(
+        {
+            "bootstrap.servers": bootstrap,
+            "enable.idempotence": True,
+            "linger.ms": 5,
+            "logger": CLIENT_LOG,
+        }
+    )
+    sent = topic_record_count(bootstrap, topic) if resume else 0
+    resumed_at = sent
+    started = last_log = time.time()
+    while True:
+        now = time.time()
+        elapsed = now - started
+        if duration is not None and elapsed >= duration:
+            break
+        if count is not None and sent >= count:
+            break
+        if stop is not None and stop():
+            break
+        due = int(rate * elapsed) + 1 - (sent - resumed_at)
+        if count is not None:
+            due = min(due, count - sent)
+        if due <= 0:
+            producer.poll(0.01)
+            continue
+        now_ms = int(now * 1000)
+        for _ in range(min(due, 5000)):
+            fields = {"id": f"{id_prefix}{sent}", **payload(now_ms)}
+            if malformed_every and sent % malformed_every == malformed_every - 1:
+                value = _malformed_value(fields, sent // malformed_every)
+            else:
+                value = json.dumps(fields).encode()
+            while True:
+                try:
+                    producer.produce(topic, key=fields["id"], value=value, timestamp=fields["ts"])
+                    break
+                except BufferError:  # the local queue is full (a broker away): let it drain
+                    producer.poll(0.5)
+            sent += 1
+        producer.poll(0)
+        if now - last_log >= 5:
+            log.info("generator %s: %s records in %.0f s", topic, sent, elapsed)
+            last_log = now
+    producer.flush()
     return sent - resumed_at

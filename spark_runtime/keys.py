@@ -66,6 +66,24 @@ def stats(job: str) -> str:
     return make_key(job, "stats")
 
 
+def external_io(job: str) -> str:
+    """JSON of the job's Kafka source and sink, if any (spark_runtime/external_io.py); absent:
+    the job reads `input_stream` and writes its Redis results only."""
+    return make_key(job, "io")
+
+
+def kafka_plans(job: str) -> str:
+    """The plan log of the job's Kafka input: a list of JSON end-offset vectors shared by every
+    replica that reads it (spark_runtime/kafka_plan.py)."""
+    return make_key(job, "kafka", "plans")
+
+
+def kafka_lag(job: str) -> str:
+    """Hash replica id -> JSON {stage, topic, at, partitions: {p: [read, end]}}: how far each
+    replica reading the job's Kafka input is behind the topic's end (spark_runtime.kafka_source)."""
+    return make_key(job, "kafka", "lag")
+
+
 def fence(job: str, stage: str) -> str:
     """The fencing epoch of `stage`: incremented by every replica that becomes its primary."""
     return make_key(job, "fence", stage)

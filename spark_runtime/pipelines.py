@@ -23,7 +23,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from spark_runtime.sink import HashRow, StreamRecord, version
-from spark_runtime.topology import OUT_CHANNEL, RESULTS_CHANNEL, OperatorSpec, Topology
+from spark_runtime.topology import (
+    OUT_CHANNEL,
+    RESULTS_CHANNEL,
+    SOURCE,
+    OperatorSpec,
+    Topology,
+)
 
 DEFAULT_WATERMARK_S = 30  # how far behind the latest event time a window's state is kept
 
@@ -378,3 +384,13 @@ def segment_plans(topology: Topology, operators: tuple[str, ...]):
     if fused is not None:
         return [(fused, tuple(topology.operator(name) for name in operators))]
     return [(plan_for(topology.name, name), (topology.operator(name),)) for name in operators]
+
+
+def input_field_names(topology: Topology) -> tuple[str, ...]:
+    """The payload fields a job's input records carry: a user job's declared `input_fields`, or
+    those the built-in topology's first processing operator reads."""
+    if topology.job is not None:
+        return tuple(topology.job.input_fields)
+    first = next(op for op in topology.topological_order() if op.kind != SOURCE)
+    fields = segment_plans(topology, (first.name,))[0][0].input_fields
+    return tuple(part.split(":")[0].strip() for part in fields.split(",") if part.strip())

@@ -92,12 +92,33 @@ def entry_pos(entry_id: str) -> int:
     return int(ms) * SEQ_FACTOR + int(seq)
 
 
-def _convert(value: str, kind: str):
+def _convert(value, kind: str):
     if kind == "int":
+        if isinstance(value, (bool, float)):
+            raise ValueError(value)
         return int(value)
     if kind == "double":
+        if isinstance(value, bool):
+            raise ValueError(value)
         return float(value)
+    if not isinstance(value, str):
+        raise ValueError(value)
     return value
+
+
+def payload(raw: dict, fields: list[tuple[str, str]]):
+    """Return `(values, None)` with the declared fields of `raw` converted, or `(None, reason)`.
+    Shared by every source: a Redis entry's strings and a JSON object's values alike."""
+    values = []
+    for name, kind in fields:
+        value = raw.get(name)
+        if value is None:
+            return None, f"missing field {name}"
+        try:
+            values.append(_convert(value, kind))
+        except (TypeError, ValueError):
+            return None, f"field {name} is not {kind}: {str(value)[:40]!r}"
+    return values, None
 
 
 def validate(entry_id: str, raw: dict, fields: list[tuple[str, str]]):
@@ -112,16 +133,10 @@ def validate(entry_id: str, raw: dict, fields: list[tuple[str, str]]):
         ts_value = int(ts)
     except ValueError:
         return None, f"ts is not an integer: {ts[:40]!r}"
-    row = [entry_pos(entry_id), entry_id, rid, ts_value]
-    for name, kind in fields:
-        value = raw.get(name)
-        if value is None:
-            return None, f"missing field {name}"
-        try:
-            row.append(_convert(value, kind))
-        except ValueError:
-            return None, f"field {name} is not {kind}: {value[:40]!r}"
-    return tuple(row), None
+    values, reason = payload(raw, fields)
+    if values is None:
+        return None, reason
+    return (entry_pos(entry_id), entry_id, rid, ts_value, *values), None
 
 
 # Clients of this Python process by URL. Spark reuses its Python workers between tasks

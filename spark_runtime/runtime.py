@@ -18,9 +18,12 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from spark_runtime import keys, user_plan
+from spark_runtime import external_io, keys, user_plan
 from spark_runtime.buffer import OutputBuffer
 from spark_runtime.checkpoint_seed import remove_orphan_temp_files
+from spark_runtime.external_io import KafkaSink
+from spark_runtime.kafka_sink import KafkaResultWriter
+from spark_runtime.kafka_source import FORMAT_NAME as KAFKA_FORMAT
 from spark_runtime.pipelines import segment_plans
 from spark_runtime.progress import percentiles
 from spark_runtime.redis_source import FORMAT_NAME, SEQ_FACTOR
@@ -28,6 +31,7 @@ from spark_runtime.result_check import ResultCheck
 from spark_runtime.sink import FencedWriter
 from spark_runtime.state_partitions import match_partitions
 from spark_runtime.topology import (
+    INPUT_CHANNEL,
     OUT_CHANNEL,
     RESULTS_CHANNEL,
     SegmentSpec,
@@ -109,6 +113,7 @@ class OutputGate:
         role: str,
         buffer_max: int = 200_000,
         user_job=None,
+        kafka_sink: KafkaSink | None = None,
     ):
         self.client = client
         # A user job's JobDefinition: its outputs carry batch versions (spark_runtime/user_plan).
@@ -117,6 +122,8 @@ class OutputGate:
         self.stage = stage
         self.role = role
         self.writer = FencedWriter(client, job, stage)
+        # The job's Kafka sink, for a stage that writes final outputs: written before Redis.
+        self.kafka = KafkaResultWriter(client, kafka_sink, job, stage) if kafka_sink else None
         self.buffer = OutputBuffer(buffer_max)
         # Held while a batch is written or buffered, and during promotion, so that a promotion
         # never interleaves with a batch.
@@ -142,7 +149,14 @@ class OutputGate:
         # A demotion asked for and not carried out yet (`demote_after_batch`).
         self._pending_demotion: PendingDemotion | None = None
         if role == PRIMARY:
-            self.writer.acquire()
+            self._acquire()
+
+    def _acquire(self) -> int:
+        """Become the stage's writer: a new Redis epoch, then the Kafka sink's fencing."""
+        epoch = self.writer.acquire()
+        if self.kafka is not None:
+            self.kafka.acquire(epoch)
+        return epoch
 
     # -- sinks --------------------------------------------------------------------------------
 
@@ -151,6 +165,8 @@ class OutputGate:
         moves to once they are written (the newest record's version when None)."""
         if self.user_job is not None:
             batch = batch or max(r.version for r in records)
+        if self.kafka is not None and sink in (RESULTS_CHANNEL, OUT_CHANNEL):
+            self.kafka.write(sink, records)
         if sink == RESULTS_CHANNEL:
             return self.writer.upsert_hash(
                 sink, keys.results(self.job), keys.result_versions(self.job), records, batch
@@ -350,7 +366,7 @@ class OutputGate:
             self._pending_demotion = None
             if self.role == PRIMARY:
                 return {"epoch": self.writer.epoch, "flushed": 0}
-            epoch = self.writer.acquire()  # from here on the old primary's writes are refused
+            epoch = self._acquire()  # from here on the old primary's writes are refused
             marks = self.client.hgetall(keys.watermarks(self.job, self.stage))
             for sink in list(self.buffer.lost_above):
                 if self._keyed(sink) or self.buffer.gap(sink, marks.get(sink, "")):
@@ -427,6 +443,7 @@ START_RETRIES = 3  # per process: a worker that never connects back is a real fa
 WORKER_IMPORTS = (
     "pyspark.sql.streaming.python_streaming_source_runner",
     "spark_runtime.redis_source",
+    "spark_runtime.kafka_source",
 )
 # A probe that takes longer than this says nothing (a starved machine, not a broken interpreter).
 WORKER_PROBE_TIMEOUT_S = 60.0
@@ -485,8 +502,11 @@ class StageRuntime:
         max_records: int = 5000,
         buffer_max: int = 200_000,
         pace_key: str | None = None,
+        replica: str | None = None,
     ):
         self.spark = spark
+        # The replica id this runtime runs as (its Kafka lag is published under it); None: none.
+        self.replica = replica
         self.job = job
         self.topology = topology
         self.stage = stage
@@ -499,7 +519,13 @@ class StageRuntime:
         # A standby of a stage with several queries buffers what its first query would write to
         # the stage's internal channel; its later queries read that channel as the primary
         # writes it (the same records, exactly once), and after a promotion as it writes it.
-        self.gate = OutputGate(client, job, stage.name, role, buffer_max, topology.job)
+        # The job's Kafka source and sink, as recorded at launch (spark_runtime/external_io.py).
+        self.io = external_io.load(client, job)
+        final = any(out in (RESULTS_CHANNEL, OUT_CHANNEL) for out in stage.outputs)
+        self.gate = OutputGate(
+            client, job, stage.name, role, buffer_max, topology.job,
+            kafka_sink=self.io.sink if final else None,
+        )  # fmt: skip
         self.queries: list = []
         self.start_retries = 0
         # A user job's state partitions per query, as found or changed at the last start.
@@ -556,15 +582,7 @@ class StageRuntime:
             plans = segment_plans(self.topology, segment.operators)
             fields = plans[0][0].input_fields
         (channel,) = segment.inputs
-        reader = (
-            self.spark.readStream.format(FORMAT_NAME)
-            .option("stream", channel_key(self.job, channel))
-            .option("fields", fields)
-            .option("redisUrl", self.redis_url)
-            .option("job", self.job)
-            .option("stage", self.stage.name)
-            .option("maxRecordsPerBatch", str(self.max_records))
-        )
+        reader = self._reader(channel, fields)
         # Only a standby is ever paced: a primary's triggers need not ask (a query rebuilt after
         # a promotion, e.g. for new state-store settings, is built as a primary's).
         if self.pace_key is not None and self.gate.role != PRIMARY:
@@ -593,6 +611,39 @@ class StageRuntime:
             .option("checkpointLocation", checkpoint)
             .trigger(processingTime=f"{self.trigger_seconds} seconds")
             .foreachBatch(on_batch)
+        )
+
+    def _reader(self, channel: str, fields: str):
+        """The stream reader of `channel`: the job's Kafka topic for its input when it has one,
+        else the channel's Redis stream."""
+        source = self.io.source
+        if channel == INPUT_CHANNEL and source is not None:
+            bound = source.max_records_per_trigger or self.max_records
+            reader = (
+                self.spark.readStream.format(KAFKA_FORMAT)
+                .option("bootstrapServers", source.bootstrap)
+                .option("topic", source.topic)
+                .option("fields", fields)
+                .option("redisUrl", self.redis_url)
+                .option("job", self.job)
+                .option("stage", self.stage.name)
+                .option("startingOffsets", source.starting_offsets)
+                .option("eventTime", source.event_time)
+                .option("maxRecordsPerTrigger", str(bound))
+                .option("acceptLoss", str(source.accept_loss).lower())
+                .option("deadLetterTopic", source.dead_letter_topic)
+            )
+            if self.replica is not None:
+                reader = reader.option("replica", self.replica)
+            return reader
+        return (
+            self.spark.readStream.format(FORMAT_NAME)
+            .option("stream", channel_key(self.job, channel))
+            .option("fields", fields)
+            .option("redisUrl", self.redis_url)
+            .option("job", self.job)
+            .option("stage", self.stage.name)
+            .option("maxRecordsPerBatch", str(self.max_records))
         )
 
     def start(self) -> None:

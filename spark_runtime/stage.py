@@ -506,6 +506,7 @@ def start_runtime(args, client, state: ReplicaState, spark=None):
         max_records=args.max_records,
         buffer_max=args.buffer_max,
         pace_key=keys.batch_pace(args.job, args.replica_id),
+        replica=args.replica_id,
     )
     spark.streams.addListener(make_listener(client, args.job, state, runtime))
     confs = interval_confs(args.spark_conf)
