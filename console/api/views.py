@@ -100,6 +100,9 @@ class JobViewSet(
                 strategy=data.get("strategy", Job.Strategy.ADAPTIVE),
                 params=data.get("params", {}),
                 user=self.request.user,
+                source=data.get("source"),
+                sink=data.get("sink"),
+                trigger=data.get("trigger"),
             )
         except job_service.JobRequestError as exc:
             raise ValidationError({exc.field: [str(exc)]}) from exc

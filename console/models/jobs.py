@@ -64,6 +64,26 @@ class Job(models.Model):
     )
     strategy = models.CharField(max_length=20, choices=Strategy.choices, default=Strategy.ADAPTIVE)
     params = models.JSONField(default=dict, blank=True, help_text="e.g. {'rate': 500}")
+    # Where the job reads and writes outside its own Redis streams (spark_runtime/external_io):
+    # {} for its own input stream and results hash only.
+    source = models.JSONField(
+        default=dict,
+        blank=True,
+        help_text="{} (the job's own input stream) or {'kind': 'kafka', 'topic': ..., "
+        "'starting_offsets', 'event_time', 'max_records_per_trigger', 'accept_loss'}",
+    )
+    sink = models.JSONField(
+        default=dict,
+        blank=True,
+        help_text="{} (results in Redis only) or {'kind': 'kafka', 'topic': ...}: results also "
+        "go to the topic, exactly once",
+    )
+
+    class Trigger(models.TextChoices):
+        MICROBATCH = "microbatch", "micro-batch"
+        REALTIME = "realtime", "real-time mode"
+
+    trigger = models.CharField(max_length=12, choices=Trigger.choices, default=Trigger.MICROBATCH)
     status = models.CharField(max_length=16, choices=Status.choices, default=Status.CREATED)
     status_reason = models.TextField(blank=True)
     created_by = models.ForeignKey(

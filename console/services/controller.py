@@ -14,6 +14,9 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
+from confluent_kafka import KafkaException
+from django.conf import settings
+
 from console.models import ControlDecision, Job, Policy, Replica
 from console.policy import redis_loss
 from console.policy.spares import standby_node_preference
@@ -51,9 +54,12 @@ from console.services.control.record import (
     record_reprotections,
     store_assessment,
 )
+from console.services.jobs import job_external_io
 from console.services.planning import JobPlan, plan_job
+from spark_runtime import external_io
 from spark_runtime import keys as data_keys
 from spark_runtime.jobdef import resolve_topology
+from spark_runtime.kafka_admin import ensure_topics
 from spark_runtime.runner import observe
 from spark_runtime.sink import FENCE_LOST
 from spark_runtime.spare_plans import publish_plans, stage_plans
@@ -143,11 +149,29 @@ def launch_job(job: Job) -> JobPlan | None:
             stage=stage.name,
             node=stage.standby_node or stage.primary_node,
         )
+    prepare_external_io(job, client)
     execute(start_actions, AgentLauncher(job, client), command_sender(client, job))
     for stage in plan.stages:
         if stage.standby_verdict is not None:
             record_standby_verdict(job, supervisor, stage.name, stage.standby_verdict)
     return plan
+
+
+def prepare_external_io(job: Job, client) -> None:
+    """Record the job's Kafka source and sink for its replicas and create the topics it
+    writes, before any replica starts (both idempotent). A Kafka cluster that does not answer
+    fails the launch with the cause."""
+    if not job.source and not job.sink:
+        external_io.save(client, job.key, external_io.ExternalIO())
+        return
+    io = job_external_io(job, settings.KAFKA_BOOTSTRAP_SERVERS or "")
+    try:
+        ensure_topics(io, with_input=bool(job.source) and job.params.get("rate", 0) > 0)
+    except KafkaException as exc:
+        raise LaunchError(
+            f"Kafka at {settings.KAFKA_BOOTSTRAP_SERVERS} does not answer: {exc.args[0].str()}"
+        ) from exc
+    external_io.save(client, job.key, io)
 
 
 def relaunch_given_up(job: Job, supervisor: Supervisor, client, config) -> None:
@@ -160,6 +184,7 @@ def relaunch_given_up(job: Job, supervisor: Supervisor, client, config) -> None:
     save_supervisor(client, job, supervisor)
     job.mark_starting("relaunched from the checkpoints after giving up")
     decide(job, ControlDecision.Kind.RESTART_JOB, "relaunch: " + describe_actions(actions))
+    prepare_external_io(job, client)
     execute(actions, AgentLauncher(job, client), command_sender(client, job))
 
 
@@ -258,7 +283,8 @@ def what_remains(client, job: Job) -> redis_loss.Remains:
     it ran (its replica rows), its input stream and its results, in one round trip."""
     stages = sorted(set(job.replicas.values_list("stage", flat=True)))
     pipe = client.pipeline(transaction=False)
-    pipe.exists(data_keys.input_stream(job.key))
+    # A job reading Kafka keeps its input there; its order (the plan log) is what Redis holds.
+    pipe.exists(data_keys.kafka_plans(job.key) if job.source else data_keys.input_stream(job.key))
     pipe.exists(data_keys.results(job.key), data_keys.output_stream(job.key))
     for stage in stages:
         pipe.get(data_keys.fence(job.key, stage))

@@ -14,6 +14,17 @@ from console.models import InvalidTransition, Job, Operator
 from console.services.topologies import job_topology
 from infra import tasks
 from infra.processes import job_processes, spare_processes
+from spark_runtime import external_io
+from spark_runtime.pipelines import input_field_names
+from spark_runtime.topology import Topology
+
+# Why a job cannot run in Spark's real-time mode here (the launch refuses it with this).
+REALTIME_REFUSAL = (
+    "trigger: Spark's real-time mode reads Kafka only through Spark's own Kafka source "
+    "(spark-sql-kafka-0-10 at PySpark's version, 4.3.0), which Maven Central does not serve; "
+    "Backstop's Kafka source is a Python data source, which real-time mode refuses "
+    "(STREAMING_REAL_TIME_MODE.INPUT_STREAM_NOT_SUPPORTED). Use trigger 'microbatch'."
+)
 
 
 class JobRequestError(Exception):
@@ -48,10 +59,63 @@ def validate_params(params: dict) -> dict:
     return cleaned
 
 
+def validate_io(
+    spec: Topology, source: dict | None, sink: dict | None, trigger: str | None
+) -> tuple[dict, dict, str]:
+    """Check a job's Kafka source and sink and its trigger (JobRequestError naming the field);
+    return them as stored on the job ({} where the job uses its own Redis streams)."""
+    source, sink = source or {}, sink or {}
+    trigger = trigger or Job.Trigger.MICROBATCH
+    if trigger not in Job.Trigger.values:
+        raise JobRequestError(
+            f"trigger: must be one of {', '.join(Job.Trigger.values)}", field="trigger"
+        )
+    if trigger == Job.Trigger.REALTIME:
+        raise JobRequestError(REALTIME_REFUSAL, field="trigger")
+    for name, value in (("source", source), ("sink", sink)):
+        if not value:
+            continue
+        if not settings.KAFKA_BOOTSTRAP_SERVERS:
+            raise JobRequestError(
+                f"{name}: no Kafka cluster is configured (KAFKA_BOOTSTRAP_SERVERS)", field=name
+            )
+        try:
+            if name == "source":
+                external_io.parse_source(value, "-", input_field_names(spec))
+            else:
+                external_io.parse_sink(value, "-")
+        except external_io.InvalidExternalIO as exc:
+            raise JobRequestError(str(exc), field=name) from None
+    return source, sink, trigger
+
+
+def job_external_io(job: Job, bootstrap: str) -> external_io.ExternalIO:
+    """The job's Kafka source and sink on the cluster at `bootstrap`, for its replicas."""
+    _ident, spec = job_topology(job.topology)
+    return external_io.ExternalIO(
+        external_io.parse_source(job.source, bootstrap, input_field_names(spec))
+        if job.source
+        else None,
+        external_io.parse_sink(job.sink, bootstrap) if job.sink else None,
+    )
+
+
 @transaction.atomic
-def create_job(*, name: str, topology: str, strategy: str, params: dict | None, user=None) -> Job:
+def create_job(
+    *,
+    name: str,
+    topology: str,
+    strategy: str,
+    params: dict | None,
+    user=None,
+    source: dict | None = None,
+    sink: dict | None = None,
+    trigger: str | None = None,
+) -> Job:
     """Create a job and one Operator row per operator of its topology (a built-in one, or a
-    registered user job: its newest version unless `NAME@VERSION` is asked for)."""
+    registered user job: its newest version unless `NAME@VERSION` is asked for). `source` and
+    `sink`: a Kafka topic to read and to write results to (spark_runtime/external_io.py);
+    `trigger`: `microbatch` (`realtime` is refused with the reason)."""
     try:
         topology, spec = job_topology(topology)
     except KeyError as exc:
@@ -60,11 +124,15 @@ def create_job(*, name: str, topology: str, strategy: str, params: dict | None, 
         raise JobRequestError(
             f"strategy: must be one of {', '.join(Job.Strategy.values)}", field="strategy"
         )
+    source, sink, trigger = validate_io(spec, source, sink, trigger)
     job = Job.objects.create(
         name=name,
         topology=topology,
         strategy=strategy,
         params=validate_params(params or {}),
+        source=source,
+        sink=sink,
+        trigger=trigger,
         created_by=user if getattr(user, "is_authenticated", False) else None,
     )
     Operator.objects.bulk_create(

@@ -30,8 +30,8 @@ from console.policy.recovery import (
     measure_faults,
 )
 from infra import tasks
+from spark_runtime import external_io, kafka_audit, user_plan
 from spark_runtime import keys as data_keys
-from spark_runtime import user_plan
 from spark_runtime.jobdef import Upsert, is_registered_ident, resolve_topology
 from spark_runtime.progress import read_progress
 from spark_runtime.topology import (
@@ -85,8 +85,11 @@ def fault_time(episode: RecoveryEpisode, config: PolicyConfig) -> datetime:
 
 
 def input_started_at(client, job_key: str) -> float | None:
-    """When the job's first input entry was written (epoch s, from its stream id); None before
-    any input."""
+    """When the job's first input entry was written (epoch s, from its stream id; for a Kafka
+    input, when its first records were planned); None before any input."""
+    if external_io.load(client, job_key).source is not None:
+        planned_ms = kafka_audit.first_plan_ms(client, job_key)
+        return None if planned_ms is None else planned_ms / 1000.0
     first = client.xrange(data_keys.input_stream(job_key), count=1)
     if not first:
         return None
@@ -108,6 +111,22 @@ def _read_stream(client, key: str) -> list[tuple[str, dict]]:
         low = f"({page[-1][0]}"  # exclusive: after the last entry read
 
 
+def input_too_long(job: Job, client) -> bool:
+    """Whether the job's input is past what an audit reads (AUDIT_MAX_ENTRIES)."""
+    if job.source:
+        return kafka_audit.input_size(client, job.key) > AUDIT_MAX_ENTRIES
+    return client.xlen(data_keys.input_stream(job.key)) > AUDIT_MAX_ENTRIES
+
+
+def read_input(job: Job, client) -> list[tuple[str, dict]]:
+    """Every input entry of the job so far, oldest first: its Redis input stream, or for a job
+    reading Kafka the topic's records its plan log covers (spark_runtime/kafka_audit.py)."""
+    source = external_io.load(client, job.key).source
+    if source is not None:
+        return kafka_audit.input_entries(client, job.key, source)
+    return _read_stream(client, data_keys.input_stream(job.key))
+
+
 def audit_output(job: Job, client) -> truth.Comparison | None:
     """Lost and duplicated results in the job's output so far, against ground truth computed in
     plain Python from its input (console/policy/truth.py, "auditing a running job's output");
@@ -116,15 +135,14 @@ def audit_output(job: Job, client) -> truth.Comparison | None:
         return audit_user_job(job, client)
     if job.topology not in truth.CHECKED_TOPOLOGIES:
         return None
-    input_key = data_keys.input_stream(job.key)
-    if client.xlen(input_key) > AUDIT_MAX_ENTRIES:
+    if input_too_long(job, client):
         return None
     # Results first, then the input: the input only grows, so every result's origin is in it.
     with client.pipeline(transaction=True) as pipe:  # values and versions of one moment
         pipe.hgetall(data_keys.results(job.key))
         pipe.hgetall(data_keys.result_versions(job.key))
         results, versions = pipe.execute()
-    entries = truth.valid_entries(job.topology, _read_stream(client, input_key))
+    entries = truth.valid_entries(job.topology, read_input(job, client))
     topology = resolve_topology(job.topology)
     if job.topology == "topn":
         window = int(topology.operator("window_count").params["window_seconds"])
@@ -146,8 +164,7 @@ def audit_user_job(job: Job, client) -> truth.Comparison | None:
     """A user job's output so far against its reference function (console/policy/truth.py,
     "auditing a running job's output"); None without a reference or with too long an input."""
     definition = resolve_topology(job.topology).job
-    input_key = data_keys.input_stream(job.key)
-    if definition.reference is None or client.xlen(input_key) > AUDIT_MAX_ENTRIES:
+    if definition.reference is None or input_too_long(job, client):
         return None
     upsert = isinstance(definition.output, Upsert)
     sink = RESULTS_CHANNEL if upsert else OUT_CHANNEL
@@ -163,7 +180,7 @@ def audit_user_job(job: Job, client) -> truth.Comparison | None:
     else:  # appended keys are written once, so records read later only add keys
         actual = user_plan.actual_results(definition, client, job.key)
     # Read after the results: every result's origin is in the input read.
-    entries = _read_stream(client, input_key)
+    entries = read_input(job, client)
     positions = [truth.entry_position(entry_id) for entry_id, _ in entries]
     cache: dict[int, dict] = {}
 

@@ -26,7 +26,7 @@ from infra import keys as control_keys
 from infra import tasks
 from infra.queues import node_queue
 from spark_runtime import keys as data_keys
-from spark_runtime.generators import generator_replica_id
+from spark_runtime.generators import GENERATED, generator_replica_id
 from spark_runtime.jobdef import resolve_topology
 from spark_runtime.runner import stage_args
 from spark_runtime.spare import REFILL_HOLD_S, hold_spare_refills
@@ -154,6 +154,14 @@ def stop_generator(job: Job) -> None:
         )
 
 
+def input_written(job: Job, client) -> int:
+    """Input entries written so far: the input stream's length, or for a job reading Kafka what
+    its generator counted in the topic when it last finished."""
+    if job.source:
+        return int(client.hget(data_keys.stats(job.key), GENERATED) or 0)
+    return client.xlen(data_keys.input_stream(job.key))
+
+
 def ensure_generator(job: Job, supervisor: Supervisor, client, alive=None) -> None:
     """The job's input, reconciled every cycle: a running job whose params ask for generated
     input (`rate` > 0) has its seeded generator running on one node until `count` entries are in.
@@ -167,7 +175,7 @@ def ensure_generator(job: Job, supervisor: Supervisor, client, alive=None) -> No
     if rate <= 0 or job.status != Job.Status.RUNNING:
         return
     count = job.params.get("count")
-    if count is not None and client.xlen(data_keys.input_stream(job.key)) >= int(count):
+    if count is not None and input_written(job, client) >= int(count):
         return
     alive = alive_nodes(client) if alive is None else alive
     node = client.get(control_keys.generator_node(job.key))
