@@ -11,6 +11,7 @@ from collections import Counter
 import pytest
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic, OffsetSpec
+from pyspark.errors import StreamingQueryException
 
 from spark_runtime import external_io, generators, keys
 from spark_runtime.external_io import ExternalIO, KafkaSink, KafkaSource
@@ -239,3 +240,33 @@ def test_offsets_lost_to_retention_fail_the_stage_unless_loss_is_accepted(
     finally:
         rt.stop()
     assert redis_conn.hget(keys.stats(job), "kafka:skipped") == "50"
+
+
+def test_spark_refuses_real_time_mode_on_the_kafka_source(spark, redis_url, job, tmp_path, topics):
+    """What the launch's refusal of `trigger: realtime` rests on (console/services/jobs.py):
+    Spark's real-time mode does not take a Python data source, so Backstop's Kafka source
+    cannot run in it."""
+    bootstrap, source, _sink = topics
+    generators.generate_to_kafka(bootstrap, source, "wordcount", count=10, rate=1e6, seed=9)
+    df = (
+        spark.readStream.format("backstop_kafka")
+        .option("bootstrapServers", bootstrap)
+        .option("topic", source)
+        .option("fields", "text")
+        .option("redisUrl", redis_url)
+        .option("job", job)
+        .option("stage", "rtm")
+        .load()
+    )
+    query = (
+        df.writeStream.format("console")
+        .outputMode("update")
+        .option("checkpointLocation", str(tmp_path / "rtm"))
+        .trigger(realTime="5 seconds")
+        .start()
+    )
+    try:
+        with pytest.raises(StreamingQueryException, match="INPUT_STREAM_NOT_SUPPORTED"):
+            query.awaitTermination(60)
+    finally:
+        query.stop()
