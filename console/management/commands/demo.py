@@ -1,8 +1,10 @@
-"""`manage.py demo`: migrate, create demo users and nodes, start Redis (if needed), the Celery
-controller, node agents and beat, and the web server; print the URL and the logins."""
+"""`manage.py demo`: migrate, create demo users and nodes, start Redis and a Kafka broker (if
+needed), the Celery controller, node agents and beat, and the web server; run a live job on a
+Kafka topic; print the URL and the logins."""
 
 from __future__ import annotations
 
+import os
 import signal
 import sys
 import time
@@ -16,7 +18,14 @@ from console.services.demo_setup import DEMO_NODES, ensure_demo_nodes, ensure_de
 from console.services.jobs import kill_job_processes, kill_warm_spares
 from console.services.topologies import RegistrationRefused
 from console.services.topologies import register as register_topology
-from infra.launcher import LocalCluster, ProcessGroup, http_ok, start_redis_if_needed, wait_for
+from infra.launcher import (
+    LocalCluster,
+    ProcessGroup,
+    http_ok,
+    start_kafka_if_needed,
+    start_redis_if_needed,
+    wait_for,
+)
 from infra.web_server import thread_count, worker_count
 from spark_runtime.strategies import CONSOLE_NICE
 
@@ -38,6 +47,9 @@ def stop_demo_jobs() -> int:
 
 
 EXAMPLE_JOB = "examples.clickstream:activity"
+# The demo job's Kafka topics: the generator writes the lines, the counts come out exactly once.
+DEMO_SOURCE = {"kind": "kafka", "topic": "demo-lines", "starting_offsets": "latest"}
+DEMO_SINK = {"kind": "kafka", "topic": "demo-counts"}
 
 
 def debug_note(debug: bool) -> str:
@@ -64,7 +76,8 @@ class Command(BaseCommand):
         )
 
     def ensure_demo_job(self):
-        """The live demo job: a running one, else a new wordcount job under the adaptive policy."""
+        """The live demo job: a running one, else a new wordcount job under the adaptive policy
+        reading the Kafka topic `demo-lines` from its end and writing `demo-counts`."""
         from django.contrib.auth.models import User
 
         from console.models import Job
@@ -79,6 +92,8 @@ class Command(BaseCommand):
             strategy=Job.Strategy.ADAPTIVE,
             params={"rate": 50},
             user=User.objects.get(username="operator"),
+            source=DEMO_SOURCE,
+            sink=DEMO_SINK,
         )
 
     def web_server_argv(self, host: str, port: int) -> list[str]:
@@ -115,11 +130,15 @@ class Command(BaseCommand):
             nodes = ensure_demo_nodes()
             self.stdout.write(f"      nodes: {', '.join(n.name for n in nodes)}")
 
-            self.step(3, total, "Redis")
+            self.step(3, total, "Redis and Kafka")
             self.stdout.write(
                 "      "
                 + start_redis_if_needed(settings.REDIS_URL, group, settings.VAR_DIR / "redis")
             )
+            bootstrap = start_kafka_if_needed(group, settings.VAR_DIR / "kafka-broker")
+            # Every process started from here on (controller, agents, web) uses this cluster.
+            os.environ["KAFKA_BOOTSTRAP_SERVERS"] = settings.KAFKA_BOOTSTRAP_SERVERS = bootstrap
+            self.stdout.write(f"      Kafka at {bootstrap} (KAFKA_BOOTSTRAP_SERVERS)")
 
             self.step(4, total, "Celery: controller, node agents, beat")
             LocalCluster(
@@ -138,7 +157,7 @@ class Command(BaseCommand):
                 "/healthz to report database, Redis and Celery up (see var/log/)",
             )
 
-            self.step(6, total, "live demo job (wordcount, adaptive, 50 lines/s)")
+            self.step(6, total, "live demo job (wordcount on Kafka, adaptive, 50 lines/s)")
             job = self.ensure_demo_job()
             wait_for(
                 lambda: job.__class__.objects.get(pk=job.pk).status == "running",
@@ -147,6 +166,9 @@ class Command(BaseCommand):
                 poll_s=2,
             )
             self.stdout.write(f"      job {job.pk} running: {base_url}/console/jobs/{job.pk}/")
+            self.stdout.write(
+                f"      reads Kafka topic {DEMO_SOURCE['topic']}, writes {DEMO_SINK['topic']}"
+            )
 
             self.step(7, total, f"example user job {EXAMPLE_JOB} (docs/JOBS.md)")
             try:
