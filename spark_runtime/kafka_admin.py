@@ -1,15 +1,15 @@
 """Creating the Kafka topics a job writes: its input (when Backstop's generator feeds it), the
-input's dead-letter topic, and its sink with the sink's marks (spark_runtime/kafka_sink.py).
-
-Idempotent: a topic that exists is left as it is, so a launch run again changes nothing.
+input's dead-letter topic, and its sink with the sink's marks (spark_runtime/kafka_sink.py);
+idempotent: a topic that exists is left as it is, so a launch run again changes nothing. And
+where a warm-up starts reading a job's newest records (`recent_start`).
 """
 
 from __future__ import annotations
 
-from confluent_kafka import KafkaError, KafkaException
-from confluent_kafka.admin import AdminClient, NewTopic
+from confluent_kafka import IsolationLevel, KafkaError, KafkaException, TopicPartition
+from confluent_kafka.admin import AdminClient, NewTopic, OffsetSpec
 
-from spark_runtime.external_io import ExternalIO
+from spark_runtime.external_io import ExternalIO, KafkaSource
 from spark_runtime.kafka_sink import marks_topic
 
 # Partitions of the topics Backstop creates itself: enough that the shared read plan spans
@@ -52,3 +52,26 @@ def ensure_topics(io: ExternalIO, with_input: bool, timeout_s: float = 30.0) -> 
             if exc.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
                 raise
     return created
+
+
+def recent_start(source: KafkaSource, records: int, timeout_s: float = 10.0):
+    """A start vector about `records` committed offsets before the topic's end, shared among
+    its partitions (not before a partition's start), or None when the topic holds nothing yet:
+    where a warm spare's warm-up reads a few of the job's newest records
+    (spark_runtime/spare_plans.py)."""
+    admin = AdminClient({"bootstrap.servers": source.bootstrap})
+    meta = admin.list_topics(source.topic, timeout=timeout_s).topics[source.topic]
+    if meta.error is not None:
+        raise KafkaException(meta.error)
+    found = {}
+    for spec in (OffsetSpec.earliest(), OffsetSpec.latest()):
+        request = {TopicPartition(source.topic, p): spec for p in meta.partitions}
+        futures = admin.list_offsets(
+            request, isolation_level=IsolationLevel.READ_COMMITTED, request_timeout=timeout_s
+        )
+        found[spec] = {tp.partition: f.result(timeout_s).offset for tp, f in futures.items()}
+    low, high = found.values()
+    if all(high[p] <= low[p] for p in high):
+        return None
+    per_partition = max(1, records // len(high))
+    return {p: max(low[p], high[p] - per_partition) for p in high}

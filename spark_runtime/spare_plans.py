@@ -17,7 +17,9 @@ under a job key of its own, on a few entries copied from the real stage's input 
 for a job's input that has none yet), until each query has processed a batch (`warm_up_plans`).
 Spark caches generated classes by their source, which names no job, so the real query reuses
 them. Nothing of the real job is read beyond those entries or written: the warm-up's keys and
-checkpoint are deleted after it.
+checkpoint are deleted after it. A stage reading a job's Kafka input warms up on the topic's
+newest records through the Kafka source (a plan log of the warm-up's own), which warms the
+source's reader too; it writes no Kafka sink.
 """
 
 from __future__ import annotations
@@ -29,7 +31,10 @@ import tempfile
 import time
 from collections.abc import Iterable, Mapping
 
-from spark_runtime import keys
+from spark_runtime import external_io, keys
+from spark_runtime.kafka_admin import recent_start
+from spark_runtime.kafka_plan import Plan
+from spark_runtime.topology import INPUT_CHANNEL
 
 log = logging.getLogger("spark_runtime.spare_plans")
 
@@ -133,6 +138,23 @@ def copy_recent_input(client, source_keys: Iterable[str], target_keys: Iterable[
     return copied
 
 
+def kafka_recent_input(client, job: str, warm_job: str, stage) -> bool:
+    """For a stage reading a job's Kafka input: make the warm-up job read that topic (no sink)
+    from WARM_INPUT_ENTRIES records before each partition's end, through the Kafka source, so
+    its reader is warmed too; False when the job has no Kafka input, the stage does not read
+    it, or the topic holds nothing yet."""
+    source = external_io.load(client, job).source
+    if source is None or INPUT_CHANNEL not in stage.inputs:
+        return False
+    start = recent_start(source, WARM_INPUT_ENTRIES)
+    if start is None:
+        return False
+    external_io.save(client, warm_job, external_io.ExternalIO(source=source))
+    # The warm-up job's own plan log, its starting point given: its positions are its own.
+    client.rpush(keys.kafka_plans(warm_job), Plan(0, int(time.time() * 1000), start).to_json())
+    return True
+
+
 def warm_up_plan(spark, client, redis_url: str, plan: dict, warm_job: str, taken) -> int:
     """Run `plan`'s stage under job key `warm_job` until each of its queries has processed a
     batch (or PLAN_TIMEOUT_S, or `taken` is set); returns the input rows processed. Its keys and
@@ -141,7 +163,7 @@ def warm_up_plan(spark, client, redis_url: str, plan: dict, warm_job: str, taken
     from spark_runtime.jobdef import resolve_topology
     from spark_runtime.runtime import PRIMARY, StageRuntime
     from spark_runtime.stage import parse_params
-    from spark_runtime.topology import INPUT_CHANNEL, stage_spec, with_params
+    from spark_runtime.topology import stage_spec, with_params
 
     topology = with_params(resolve_topology(plan["topology"]), parse_params(plan["params"]))
     real = stage_spec(topology, plan["stage"], plan["operators"], job=plan["job"])
@@ -149,7 +171,10 @@ def warm_up_plan(spark, client, redis_url: str, plan: dict, warm_job: str, taken
     checkpoint = tempfile.mkdtemp(prefix="backstop-spare-plan-")
     runtime = None
     try:
-        if not copy_recent_input(client, real.input_keys, stage.input_keys):
+        # The job's newest records: from its Kafka topic, else copied from its Redis streams.
+        if not kafka_recent_input(client, plan["job"], warm_job, stage) and not copy_recent_input(
+            client, real.input_keys, stage.input_keys
+        ):
             if stage.inputs != (INPUT_CHANNEL,):
                 return 0  # an internal stream nothing has written to yet: no batch would run
             # The job has just started: generate a few entries of its kind of input.

@@ -5,6 +5,7 @@ offsets lost to retention. Expected results are computed in plain Python from th
 from __future__ import annotations
 
 import json
+import threading
 import uuid
 from collections import Counter
 
@@ -270,3 +271,28 @@ def test_spark_refuses_real_time_mode_on_the_kafka_source(spark, redis_url, job,
             query.awaitTermination(60)
     finally:
         query.stop()
+
+
+def test_a_spare_warms_a_kafka_jobs_plan_on_its_newest_records(
+    spark, redis_conn, redis_url, job, topics
+):
+    """A warm spare runs a Kafka job's stage plan through the Kafka source on the topic's newest
+    records (WARM_INPUT_ENTRIES shared among the partitions), under a plan log of its own; it
+    writes nothing to the job's sink and leaves no key behind."""
+    from spark_runtime.spare_plans import WARM_INPUT_ENTRIES, stage_plans, warm_up_plan
+
+    bootstrap, source, sink = topics
+    generators.generate_to_kafka(bootstrap, source, "wordcount", count=90, rate=1e6, seed=11)
+    save_io(redis_conn, job, bootstrap, source, sink)
+    topology = get_topology("wordcount")
+    (plan,) = stage_plans("wordcount", {"all": [op.name for op in topology.operators]})
+    per_partition = Counter(p for p, *_rest in committed(bootstrap, source))
+    expected = sum(min(n, WARM_INPUT_ENTRIES // 3) for n in per_partition.values())
+    before = sorted(redis_conn.scan_iter(match=f"{keys.job_prefix(job)}*"))
+    rows = warm_up_plan(
+        spark, redis_conn, redis_url, {**plan, "job": job}, f"{job}-warm", threading.Event()
+    )
+    assert rows == expected
+    assert committed(bootstrap, sink) == []
+    assert sorted(redis_conn.scan_iter(match=f"{keys.job_prefix(job)}*")) == before
+    assert not list(redis_conn.scan_iter(match=f"{keys.job_prefix(job + '-warm')}*"))
