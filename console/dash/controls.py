@@ -59,11 +59,22 @@ def _require(user, role: str) -> None:
 
 
 @_writes
-def start_job(user, *, name: str, topology: str, strategy: str, rate) -> Job:
-    """Create a job (the controller starts it), as POST /api/jobs/ does."""
+def start_job(
+    user,
+    *,
+    name: str,
+    topology: str,
+    strategy: str,
+    rate,
+    source_topic: str | None = None,
+    sink_topic: str | None = None,
+) -> Job:
+    """Create a job (the controller starts it), as POST /api/jobs/ does; `source_topic` and
+    `sink_topic`: Kafka topics to read and to write the results to (empty: none)."""
     _require(user, OPERATOR)
     if not (name or "").strip():
         raise ActionRefused("name: give the job a name")
+    source_topic, sink_topic = (source_topic or "").strip(), (sink_topic or "").strip()
     try:
         return job_service.create_job(
             name=name.strip(),
@@ -71,6 +82,8 @@ def start_job(user, *, name: str, topology: str, strategy: str, rate) -> Job:
             strategy=strategy,
             params={"rate": rate} if rate is not None else {},
             user=user,
+            source={"kind": "kafka", "topic": source_topic} if source_topic else None,
+            sink={"kind": "kafka", "topic": sink_topic} if sink_topic else None,
         )
     except job_service.JobRequestError as exc:
         raise ActionRefused(str(exc)) from exc

@@ -352,3 +352,17 @@ def test_ids_are_unique_on_every_page_once_filled_in(seeded, users):
     for page, (layout, outputs) in pages.items():
         ids = _all_ids([layout, list(outputs), controls.get(page)])
         assert len(ids) == len(set(ids)), (page, sorted(i for i in ids if ids.count(i) > 1))
+
+
+def test_start_with_kafka_topics_gives_the_job_a_kafka_source_and_sink(seeded, users, settings):
+    settings.KAFKA_BOOTSTRAP_SERVERS = "127.0.0.1:9092"
+    args = (1, "wc-kafka", "wordcount", "adaptive", 50, " lines ", "counts")
+    overview_callbacks.start_clicked(*args, user=users[OPERATOR])
+    job = Job.objects.get(name="wc-kafka")
+    assert job.source == {"kind": "kafka", "topic": "lines"}
+    assert job.sink == {"kind": "kafka", "topic": "counts"}
+    refused = overview_callbacks.start_clicked(
+        1, "wc-bad", "wordcount", "adaptive", 50, "no spaces allowed", "", user=users[OPERATOR]
+    )
+    assert "source.topic" in str(refused)
+    assert not Job.objects.filter(name="wc-bad").exists()

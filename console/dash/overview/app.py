@@ -76,5 +76,7 @@ app.callback(
     State("start-topology", "value"),
     State("start-strategy", "value"),
     State("start-rate", "value"),
+    State("start-source-topic", "value"),
+    State("start-sink-topic", "value"),
     prevent_initial_call=True,
 )(callbacks.start_clicked)

@@ -12,7 +12,7 @@ from dash import html
 from dash.exceptions import PreventUpdate
 from django.utils import timezone
 
-from console.dash import controls, data
+from console.dash import controls, data, kafka_data
 from console.dash.common import (
     MAX_POINTS,
     badge,
@@ -69,7 +69,14 @@ def job_filter(search, status, strategy, topology, node, open_only) -> data.JobF
     )
 
 
-def _job_table(jobs: list[dict]):
+def _lag_cell(job: dict, lags: dict[int, int | None]) -> str:
+    """A Kafka job's total lag (records its primaries are behind the topic; a dash before any
+    is published); blank for a job that does not read Kafka."""
+    return fmt_num(lags.get(job["id"]), 0) if job["reads_kafka"] else ""
+
+
+def _job_table(jobs: list[dict], lags: dict[int, int | None] | None = None):
+    lags = lags or {}
     rows = [
         [
             html.A(job["name"], href=f"/console/jobs/{job['id']}/"),
@@ -78,6 +85,7 @@ def _job_table(jobs: list[dict]):
             badge(job["status"], job["status"]),
             html.Span(fmt_num(job["throughput_eps"], 0), className="num"),
             html.Span(fmt_num(job["latency_p99_ms"], 0), className="num"),
+            html.Span(_lag_cell(job, lags), className="num"),
             html.Span(
                 str(job["open_episodes"]), className="num bad" if job["open_episodes"] else "num"
             ),
@@ -93,6 +101,7 @@ def _job_table(jobs: list[dict]):
             "Status",
             "Throughput (ev/s)",
             "p99 (ms)",
+            "Kafka lag",
             "Open episodes",
             "Episodes (1 h)",
         ],
@@ -229,7 +238,7 @@ def refresh(
         [
             html.P(_position(jobs, flt, totals["jobs"]["total"]), className="muted small",
                    id="jobs-position"),
-            _job_table(jobs.rows),
+            _job_table(jobs.rows, kafka_data.lag_totals(jobs.rows)),
         ],
         _episode_table(episodes),
         scroll_box(_node_table(nodes)),
@@ -312,12 +321,24 @@ def stop_confirmed(submit_n_clicks, job_id, user=None):
     return message(f"Job {job.name} is {job.status}.", ok=True)
 
 
-def start_clicked(n_clicks, name, topology, strategy, rate, user=None):
-    """Create a job through the job service; the controller picks it up and starts it."""
+def start_clicked(
+    n_clicks, name, topology, strategy, rate, source_topic=None, sink_topic=None, user=None
+):
+    """Create a job through the job service; the controller picks it up and starts it. With
+    topics given, the job reads the Kafka `source_topic` and writes its results to `sink_topic`
+    too."""
     if not n_clicks:
         raise PreventUpdate
     try:
-        job = controls.start_job(user, name=name, topology=topology, strategy=strategy, rate=rate)
+        job = controls.start_job(
+            user,
+            name=name,
+            topology=topology,
+            strategy=strategy,
+            rate=rate,
+            source_topic=source_topic,
+            sink_topic=sink_topic,
+        )
     except controls.ActionRefused as exc:
         return message(f"Not started: {exc}", ok=False)
     return message(f"Created job {job.name} (#{job.pk}); the controller starts it.", ok=True)

@@ -152,6 +152,18 @@ def controls(topologies: list[str]):
                             className="ctl-narrow",
                         ),
                         html.Span("events/s", className="muted"),
+                        dcc.Input(
+                            id="start-source-topic",
+                            placeholder="Kafka input topic (empty: its own stream)",
+                            value="",
+                            className="ctl-wide",
+                        ),
+                        dcc.Input(
+                            id="start-sink-topic",
+                            placeholder="Kafka results topic (optional)",
+                            value="",
+                            className="ctl-wide",
+                        ),
                         html.Button("Start job", id="start-button", className="btn"),
                         result_slot("start-result"),
                     ],
