@@ -14,7 +14,6 @@ import collections
 import json
 
 import pytest
-from confluent_kafka import Consumer, KafkaError, TopicPartition
 
 from console.models import Job, RecoveryEpisode
 from console.redis import redis_client
@@ -30,6 +29,7 @@ from tests.integration.live import (
     results,
     wait_for_caught_up_standby,
 )
+from tests.kafka_topics import committed
 
 pytestmark = [pytest.mark.spark, pytest.mark.django_db(transaction=True), pytest.mark.kafka]
 
@@ -41,35 +41,9 @@ def operator_user(transactional_db):
     return UserFactory(username="opal", role=OPERATOR)
 
 
-def committed(bootstrap: str, topic: str) -> list[tuple[bytes, bytes]]:
-    """(key, value) of every committed record of `topic`, read in plain Python."""
-    consumer = Consumer(
-        {
-            "bootstrap.servers": bootstrap,
-            "group.id": "it-reader",
-            "enable.partition.eof": True,
-            "enable.auto.commit": False,
-            "isolation.level": "read_committed",
-        }
-    )
-    partitions = consumer.list_topics(topic, timeout=10).topics[topic].partitions
-    consumer.assign([TopicPartition(topic, p, 0) for p in partitions])
-    done, out = set(), []
-    while len(done) < len(partitions):
-        msg = consumer.poll(10.0)  # one message or event, as soon as there is one
-        assert msg is not None, f"{topic} gave nothing for 10 s"
-        if msg.error() is not None:
-            assert msg.error().code() == KafkaError._PARTITION_EOF
-            done.add(msg.partition())
-        else:
-            out.append((msg.key(), msg.value()))
-    consumer.close()
-    return out
-
-
 def expected_counts(bootstrap: str, topic: str) -> collections.Counter:
     counts = collections.Counter()
-    for _key, value in committed(bootstrap, topic):
+    for *_where, value in committed(bootstrap, topic):
         counts.update(json.loads(value)["text"].split())
     return counts
 
@@ -78,7 +52,7 @@ def output_counts(bootstrap: str, topic: str) -> tuple[collections.Counter, int]
     """The newest count per word on the output topic and the (word, version) pairs repeated."""
     newest: dict[str, tuple[str, int]] = {}
     seen = collections.Counter()
-    for key, value in committed(bootstrap, topic):
+    for _p, _o, key, value in committed(bootstrap, topic):
         record = json.loads(value)
         seen[(key, record["version"])] += 1
         word = key.decode()

@@ -10,7 +10,7 @@ import uuid
 from collections import Counter
 
 import pytest
-from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
+from confluent_kafka import KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic, OffsetSpec
 from pyspark.errors import StreamingQueryException
 
@@ -19,6 +19,7 @@ from spark_runtime.external_io import ExternalIO, KafkaSink, KafkaSource
 from spark_runtime.runtime import PRIMARY, STANDBY, StageRuntime
 from spark_runtime.sink import FencedError, HashRow
 from spark_runtime.topology import FUSED, PER_OPERATOR, compile_stages, get_topology
+from tests.kafka_topics import committed
 from tests.spark_runtime import truth
 
 pytestmark = pytest.mark.spark
@@ -48,33 +49,6 @@ def topics(kafka_broker):
     for future in admin.create_topics(wanted).values():
         future.result(30)
     return bootstrap, f"{name}.in", f"{name}.out"
-
-
-def committed(bootstrap: str, topic: str) -> list:
-    """Every committed record of `topic` as (partition, offset, key, value bytes), read in plain
-    Python with a read_committed consumer."""
-    consumer = Consumer(
-        {
-            "bootstrap.servers": bootstrap,
-            "group.id": "test-reader",
-            "enable.partition.eof": True,
-            "enable.auto.commit": False,
-            "isolation.level": "read_committed",
-        }
-    )
-    meta = consumer.list_topics(topic, timeout=10).topics[topic]
-    consumer.assign([TopicPartition(topic, p, 0) for p in meta.partitions])
-    done, out = set(), []
-    while len(done) < len(meta.partitions):
-        msg = consumer.poll(10.0)  # one message or event, as soon as there is one
-        assert msg is not None, f"{topic} gave nothing for 10 s"
-        if msg.error() is not None:
-            assert msg.error().code() == KafkaError._PARTITION_EOF
-            done.add(msg.partition())
-        else:
-            out.append((msg.partition(), msg.offset(), msg.key(), msg.value()))
-    consumer.close()
-    return out
 
 
 def valid_input(bootstrap: str, topic: str, payload: list[str]) -> tuple[list[dict], int]:
