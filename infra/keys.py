@@ -47,6 +47,14 @@ def controller_cycle(job_key: str) -> str:
     return make_key(job_key, "controller-cycle")
 
 
+def kafka_conditions(job_key: str) -> str:
+    """Hash condition (`source`: the Kafka source cannot read; `lag`: the primaries' lag is over
+    the policy's bound) -> epoch seconds when the controller first saw it, deleted when it
+    clears (console.services.control.record.watch_kafka). Alerts name a condition by that time,
+    so one that persists is alerted once and one that comes back is alerted again."""
+    return make_key(job_key, "kafka-conditions")
+
+
 def controller_state(job_key: str) -> str:
     """The supervision state of a job as JSON, so a restarted controller picks it up."""
     return make_key(job_key, "controller-state")
@@ -127,3 +135,18 @@ def upgrade_audit_asked(job_key: str, upgrade_id: int) -> str:
     """Set (with a TTL) while the watchdog's last request for an upgrade's audit is recent
     (console/services/upgrade_audit.py)."""
     return make_key(job_key, "upgrade-audit-asked", upgrade_id)
+
+
+def kafka_broker(bootstrap: str) -> str:
+    """JSON registration of a Kafka broker Backstop started itself, by its address: its pid,
+    data directory and the token of the process that keeps it (infra/kafka_outage.py), with a
+    short TTL that process renews. Absent: no broker of Backstop's own answers there, and the
+    kafka-broker fault is refused."""
+    return make_key("kafka-broker", bootstrap)
+
+
+def kafka_broker_outage(bootstrap: str) -> str:
+    """JSON of the kafka-broker fault asked of, or carried out on, the broker at `bootstrap`:
+    the fault, the keeper's token it is meant for, its duration, and its state (asked, down
+    until a time, up again at a time, or refused with why)."""
+    return make_key("kafka-broker", bootstrap, "outage")

@@ -81,3 +81,14 @@ def alert_job_failed(job_id: int) -> int:
     if job is None:
         return 0
     return alerts.alert_job_failed(job)
+
+
+@shared_task(name=tasks.ALERT_KAFKA.name, expires=tasks.ALERT_KAFKA.expires_s, **EMAIL_TASK_OPTIONS)
+def alert_kafka(job_id: int, kind: str, since: str, detail: dict) -> int:
+    """Alert a Kafka condition of job `job_id` (console.services.alerts.alert_kafka); return
+    emails sent."""
+
+    job = Job.objects.filter(pk=job_id).first()
+    if job is None:
+        return 0
+    return alerts.alert_kafka(job, kind, since, detail)

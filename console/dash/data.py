@@ -48,6 +48,7 @@ from console.models import (
     Replica,
 )
 from console.models import RecoveryEpisode as Episode
+from console.services.kafka_status import is_kafka
 from console.services.upgrades import current_upgrade_params
 
 # Job-level samples (throughput, latency of the whole job) carry no stage; per-operator history
@@ -260,6 +261,9 @@ def _job_row(job: Job) -> dict:
         "latency_p99_ms": job.latency_p99_ms,
         "open_episodes": job.open_episodes,
         "recent_episodes": job.recent_episodes,
+        # For the lag column of jobs reading Kafka (console.dash.kafka_data.lag_totals).
+        "key": job.key,
+        "reads_kafka": is_kafka(job.source),
     }
 
 
@@ -353,6 +357,9 @@ def _job_detail_dict(job: Job) -> dict:
         "status_reason": job.status_reason,
         "is_live": job.is_live,
         "started_at": job.started_at,
+        "key": job.key,
+        "source": job.source or {},
+        "sink": job.sink or {},
     }
 
 

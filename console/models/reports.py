@@ -166,7 +166,9 @@ def _delete_report_task(sender, instance, **kwargs):
 class SentAlert(models.Model):
     """An alert already emailed to a subscription, so the same event is never alerted twice.
 
-    `key` names the event: `recovery:<episode id>` or `job-failed:<job id>:<failure time>`.
+    `key` names the event: `recovery:<episode id>`, `job-failed:<job id>:<failure time>`, or
+    `kafka-source:<job id>:<since>` and `kafka-lag:<job id>:<since>` (a Kafka condition, by when
+    the controller first saw it).
     """
 
     subscription = models.ForeignKey(

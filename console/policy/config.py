@@ -39,16 +39,16 @@ class Bound:
     def interval(self) -> str:
         """The range in interval notation, e.g. "[0.5, 60]" or "(0, 1]"."""
         low, high = "(" if self.low_open else "[", ")" if self.high_open else "]"
-        return f"{low}{self.low:g}, {self.high:g}{high}"
+        return f"{low}{self.low:.12g}, {self.high:.12g}{high}"
 
     def message(self) -> str:
         if self.low_open and self.high_open:
-            return f"must be between {self.low:g} and {self.high:g} (exclusive)"
+            return f"must be between {self.low:.12g} and {self.high:.12g} (exclusive)"
         if self.low_open:
-            return f"must be more than {self.low:g} and at most {self.high:g}"
+            return f"must be more than {self.low:.12g} and at most {self.high:.12g}"
         if self.high_open:
-            return f"must be at least {self.low:g} and less than {self.high:g}"
-        return f"must be between {self.low:g} and {self.high:g}"
+            return f"must be at least {self.low:.12g} and less than {self.high:.12g}"
+        return f"must be between {self.low:.12g} and {self.high:.12g}"
 
 
 _WEIGHT = Bound(0.0, 1.0, "a weight or share in [0, 1]; weights of a group also sum to 1")
@@ -133,6 +133,10 @@ BOUNDS: dict[str, Bound] = {
                                   "least once a day"),
     "prediction_min_samples": Bound(10, 100_000, "a regression on eight features needs at least "
                                     "ten rows; the newest 30% are held out to judge it"),
+    "kafka_lag_alert_records": Bound(0, 10_000_000, "records a Kafka job's primaries may be "
+                                     "behind their topic's end (summed over partitions) for two "
+                                     "policy cycles in a row before an alert; 0 turns the alert "
+                                     "off"),
 }  # fmt: skip
 
 
@@ -219,6 +223,9 @@ class PolicyConfig:
     # A running replica takes a new checkpoint interval (restarting its queries) at most this
     # often, and only at a quiet moment (see checkpoint.interval_rollout).
     interval_apply_gap_s: float = 300.0
+    # Alert when the total lag of a Kafka job's primaries (records behind the topic's end) stays
+    # above this (console.services.control.record.watch_kafka); 0: never.
+    kafka_lag_alert_records: int = 0
 
     def validate(self) -> None:
         """Raise PolicyConfigError listing every invalid field; return None when all is well."""

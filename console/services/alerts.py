@@ -1,9 +1,11 @@
-"""Alert emails: a recovery that takes too long, a job that failed for good.
+"""Alert emails: a recovery that takes too long, a job that failed for good, a Kafka source that
+cannot read, a Kafka job's lag over the policy's bound.
 
 Recipients are the enabled ReportSubscriptions whose scope covers the job and that ask for the
-alert (`alert_recovery_over_s` set, or `alert_on_job_failure`). Each event is alerted at most once
-per subscription: a SentAlert row is written in the same transaction as the email is sent, so a
-failed send leaves no row and a later call tries again.
+alert (`alert_recovery_over_s` set, or `alert_on_job_failure`); the Kafka alerts go to those that
+ask for either. Each event is alerted at most once per subscription: a SentAlert row is written
+in the same transaction as the email is sent, so a failed send leaves no row and a later call
+tries again.
 
 Call points for the supervision code (or their Celery wrappers in workers/reporting.py, so a slow
 mail server never delays a supervision cycle):
@@ -12,11 +14,14 @@ mail server never delays a supervision cycle):
   closed: an open episode alerts as soon as its elapsed time passes the threshold, a closed one
   when its `recovery_time_s` does.
 - `alert_job_failed(job)` right after `job.mark_failed(...)` when the controller gives up.
+- `alert_kafka(job, kind, since, detail)` every policy cycle while a Kafka condition holds
+  (console.services.control.record.watch_kafka): the event is the condition since `since`.
 """
 
 from __future__ import annotations
 
 import logging
+from datetime import UTC, datetime
 
 from django.conf import settings
 from django.core.mail import EmailMessage
@@ -26,6 +31,7 @@ from django.template.loader import render_to_string
 from django.utils import timezone
 
 from console.models import Job, RecoveryEpisode, ReportSubscription, SentAlert
+from console.services.kafka_status import LAG, SOURCE
 
 logger = logging.getLogger(__name__)
 
@@ -98,6 +104,46 @@ def alert_job_failed(job: Job) -> int:
     sent = 0
     for subscription in subscriptions_for(job).filter(alert_on_job_failure=True):
         if _send_once(subscription, f"job-failed:{job.pk}:{failed_at}", subject, facts, link):
+            sent += 1
+    return sent
+
+
+def kafka_subscriptions(job: Job):
+    """The subscriptions that hear of `job`'s Kafka conditions: those that ask for any alert."""
+    return subscriptions_for(job).filter(
+        Q(alert_on_job_failure=True) | Q(alert_recovery_over_s__isnull=False)
+    )
+
+
+def alert_kafka(job: Job, kind: str, since: str, detail: dict) -> int:
+    """Alert that `job`'s Kafka source cannot read (`kind` SOURCE, `detail` {"cause"}) or that
+    its primaries' lag is over the policy's bound (LAG, {"total", "limit", "stages"}), a
+    condition the controller has seen since `since` (epoch seconds, as it stored them: the same
+    condition is alerted once); return emails sent."""
+    if kind not in (SOURCE, LAG):
+        return 0
+    started = _time_or(datetime.fromtimestamp(float(since), tz=UTC), "unknown")
+    topic = (job.source or {}).get("topic", "-")
+    facts = [("Job", f"{job.name} (id {job.pk}, {job.topology}, {job.strategy})"), ("Topic", topic)]
+    if kind == SOURCE:
+        subject = f"{settings.EMAIL_SUBJECT_PREFIX}Kafka source not reading: {job.name}: "
+        subject += detail["cause"]
+        facts += [("Cause", detail["cause"]), ("Since", started)]
+    else:
+        subject = (
+            f"{settings.EMAIL_SUBJECT_PREFIX}Kafka lag: {job.name} is {detail['total']:,} "
+            f"records behind {topic} (limit {detail['limit']:,})"
+        )
+        facts += [
+            ("Lag", f"{detail['total']:,} records (all partitions, the stages' primaries)"),
+            ("Limit", f"{detail['limit']:,} records (policy kafka_lag_alert_records)"),
+            ("Over the limit since", started),
+        ]
+        facts += [(f"Stage {stage}", lag) for stage, lag in detail.get("stages", [])]
+    link = f"{settings.CONSOLE_BASE_URL}/console/jobs/{job.pk}/"
+    sent = 0
+    for subscription in kafka_subscriptions(job):
+        if _send_once(subscription, f"kafka-{kind}:{job.pk}:{since}", subject, facts, link):
             sent += 1
     return sent
 

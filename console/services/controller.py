@@ -53,11 +53,13 @@ from console.services.control.record import (
     record_promotion_over_restart,
     record_reprotections,
     store_assessment,
+    watch_kafka,
 )
 from console.services.jobs import job_external_io
 from console.services.planning import JobPlan, plan_job
 from spark_runtime import external_io
 from spark_runtime import keys as data_keys
+from spark_runtime.failover import PRIMARY
 from spark_runtime.jobdef import resolve_topology
 from spark_runtime.kafka_admin import ensure_topics
 from spark_runtime.runner import observe
@@ -402,7 +404,7 @@ def policy_step(job: Job, supervisor: Supervisor, client, view, operators: dict)
     """Every policy cycle: the policy in force applied to the state machine, replica rows
     synced, progress stored, Algorithm 2 (on `operators`, the job's Operator rows the fleet
     keeps between cycles), the input generator and warm spares asked for, open recovery
-    episodes measured and alerted on."""
+    episodes measured and alerted on, a Kafka job's source and lag watched for alerts."""
     config = view.config
     supervisor.restart_policy = restart_policy_of(config)  # admin changes apply here
     supervisor.hung_timeout_s = config.hung_timeout_s
@@ -434,6 +436,8 @@ def policy_step(job: Job, supervisor: Supervisor, client, view, operators: dict)
         )
     recovery.measure_open_episodes(job, client, config)
     alert_slow_recoveries(job, view.recovery_alerts)
+    primaries = [r.id for r in supervisor.replicas.values() if r.role == PRIMARY]
+    watch_kafka(job, client, config, primaries)
 
 
 # Replica states in which nothing waits on the controller.

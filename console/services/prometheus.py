@@ -2,9 +2,10 @@
 
 Multi-process safe by construction: nothing is counted in process memory. Every scrape reads the
 shared state the controller and the agents write (the database: jobs, operators, replicas,
-metric samples, faults, episodes; Redis: the controller's last cycle per job), so whichever web
-worker answers, the figures are the same, and counters are counts of stored rows (they only go
-down when rows are deleted by retention, which Prometheus reads as a counter reset).
+metric samples, faults, episodes; Redis: the controller's last cycle per job, the Kafka lag and
+source cause the stages publish), so whichever web worker answers, the figures are the same, and
+counters are counts of stored rows (they only go down when rows are deleted by retention, which
+Prometheus reads as a counter reset).
 
 Names follow Prometheus conventions: the unit in the name (`_seconds`, `_bytes`, `_ratio`,
 `_events_per_second`), `_total` for counters; labels are ids and names of jobs, stages,
@@ -36,6 +37,7 @@ from console.models import (
     RecoveryEpisode,
     Replica,
 )
+from console.services import kafka_status
 from console.services.control.observe import unsupervised_jobs
 from console.services.fleet import CONTROLLER_ALIVE_S
 from infra import keys as control_keys
@@ -105,6 +107,7 @@ class BackstopCollector:
         yield from self._faults_and_recoveries()
         if self.redis is not None:
             yield from self._controller(live_jobs)
+            yield from self._kafka(live_jobs)
 
     def _jobs(self, live_jobs: list[Job]) -> Iterator[Metric]:
         info = GaugeMetricFamily(
@@ -336,6 +339,36 @@ class BackstopCollector:
         )
         unsupervised.add_metric([], len(unsupervised_jobs(self.redis)))
         yield unsupervised
+
+    def _kafka(self, live_jobs: list[Job]) -> Iterator[Metric]:
+        """The live jobs reading Kafka: each partition's lag as the stage's primary last
+        published it (kafka_status), and whether the source reads. One query and two Redis
+        round trips for the fleet; nothing when no job reads Kafka."""
+        lag = GaugeMetricFamily(
+            "backstop_kafka_lag_records",
+            "Records of a partition of the job's Kafka input the stage's primary has not read "
+            "(end offset - offset read, as it last published them)",
+            labels=["job_id", "name", "stage", "partition"],
+        )
+        source_ok = GaugeMetricFamily(
+            "backstop_kafka_source_ok",
+            "1 while the job's Kafka source reads, 0 while it cannot (broker down, topic "
+            "missing: the cause is on the job page)",
+            labels=["job_id", "name"],
+        )
+        kafka_jobs = kafka_status.kafka_jobs(live_jobs)
+        lags = kafka_status.read_primary_lags(self.redis, kafka_jobs)
+        causes = kafka_status.read_source_causes(self.redis, kafka_jobs)
+        for job in live_jobs:
+            if job.pk not in causes:
+                continue
+            source_ok.add_metric([str(job.pk), job.name], 0.0 if causes[job.pk] else 1.0)
+            for entry in lags.get(job.pk, []):
+                for partition in entry.partitions:
+                    labels = [str(job.pk), job.name, entry.stage, str(partition.partition)]
+                    lag.add_metric(labels, partition.lag)
+        yield lag
+        yield source_ok
 
 
 def exposition(redis=None) -> bytes:

@@ -102,6 +102,8 @@ def start_body() -> dict:
             {"id": "start-topology", "property": "value", "value": "wordcount"},
             {"id": "start-strategy", "property": "value", "value": "adaptive"},
             {"id": "start-rate", "property": "value", "value": 10},
+            {"id": "start-source-topic", "property": "value", "value": ""},
+            {"id": "start-sink-topic", "property": "value", "value": ""},
         ],
         "changedPropIds": ["start-button.n_clicks"],
     }

@@ -315,7 +315,7 @@ def upgraded(db, users):
 @pytest.mark.django_db
 def test_the_refresh_shows_the_upgrade_under_way_the_history_and_the_markers(upgraded, users):
     outputs = callbacks.refresh(1, DEFAULT_WINDOW_S, _path(upgraded.job), user=users[VIEWER])
-    history, hidden, panel, store, table = outputs[5], *outputs[9:]
+    history, hidden, panel, store, table = outputs[5], *outputs[9:13]
     assert hidden is False
     assert "validating" in text_of(panel) and "activity@2 → activity@3" in text_of(panel)
     assert store["id"] == upgraded.validating.pk and store["status"] == "validating"

@@ -21,6 +21,7 @@ def test_control_plane_keys_are_unchanged():
     assert control_keys.agent_events_cursor("wc-7") == "backstop:wc-7:agent-events-cursor"
     assert control_keys.fault_carried_out(42) == "backstop:fault:42:carried-out"
     assert control_keys.paused_groups("node-2") == "backstop:node:node-2:paused"
+    assert control_keys.kafka_conditions("wc-7") == "backstop:wc-7:kafka-conditions"
     assert (
         control_keys.ingest_cursor("backstop:wc-7:progress")
         == "backstop:wc-7:progress:ingest-cursor"

@@ -38,7 +38,7 @@ def test_defaults_are_valid_and_match_the_brief():
         "restart_failure_window_s", "same_cause_failures_limit", "hung_timeout_s",
         "upgrade_validation_s",
         "prediction_window_s", "prediction_history_s", "prediction_min_samples",
-        "interval_apply_gap_s",
+        "interval_apply_gap_s", "kafka_lag_alert_records",
     ]  # fmt: skip
 
 

@@ -29,6 +29,8 @@ REFRESH_OUTPUTS = [
     ("upgrade-panel", "children"),
     ("upgrade-under-way", "data"),
     ("upgrades-table", "children"),
+    ("kafka-card", "hidden"),
+    ("kafka-panel", "children"),
 ]
 
 share_refresh(

@@ -14,7 +14,7 @@ from dash import html
 from dash.exceptions import PreventUpdate
 from django.utils import timezone
 
-from console.dash import controls, data
+from console.dash import controls, data, kafka_data
 from console.dash.common import (
     DEFAULT_WINDOW_S,
     MAX_POINTS,
@@ -220,7 +220,8 @@ def _fault_table(faults: list[dict]):
 
 def refresh(n_intervals, window_s, pathname, user=None):
     """Every 2 s: summary tiles, DAG, replicas, operators, history (with upgrade markers),
-    decisions, failures, faults, then the upgrade under way and the upgrade history."""
+    decisions, failures, faults, then the upgrade under way and the upgrade history, then the
+    Kafka panel (hidden for a job without Kafka)."""
     job_id = job_id_from_path(pathname)
     if not can_view(user) or job_id is None:
         raise PreventUpdate
@@ -237,6 +238,7 @@ def refresh(n_intervals, window_s, pathname, user=None):
     job_upgrades = data.upgrade_rows(job_id, limit=TABLE_ROWS)
     markers = figures.upgrade_markers(job_upgrades, since=now - timedelta(seconds=window_s))
     in_progress = upgrades.under_way(job_upgrades)
+    kafka = kafka_data.job_kafka(job, replicas)
     return (
         _summary(job, current, replicas),
         _failure_reason(job),
@@ -251,6 +253,8 @@ def refresh(n_intervals, window_s, pathname, user=None):
         upgrades.upgrade_panel(in_progress, now),
         upgrades.store_value(in_progress),
         upgrades.upgrade_table(job_upgrades, now),
+        kafka is None,
+        figures.kafka_panel(kafka, current.get("throughput_eps")),
     )
 
 
@@ -284,16 +288,25 @@ def render_upgrade_actions(pathname, user=None):
 
 
 def target_fields(kind):
-    """Enable the operator picker for operator faults and the node picker for node faults."""
+    """Enable the operator picker for operator faults and the node picker for node faults
+    (neither for a fault without a target: kafka-broker)."""
+    if kind in FaultInjection.UNTARGETED_KINDS:
+        return True, True
     node_fault = kind in FaultInjection.NODE_KINDS
     return node_fault, not node_fault
+
+
+def _fault_target(kind, operator, node_id) -> str:
+    if kind in FaultInjection.UNTARGETED_KINDS:
+        return "the Kafka broker"
+    return f"node #{node_id}" if kind in FaultInjection.NODE_KINDS else f"operator {operator}"
 
 
 def ask_fault(n_clicks, kind, operator, node_id, pathname):
     """First step of injecting: show a confirm dialog naming the fault and its target."""
     if not n_clicks:
         raise PreventUpdate
-    target = f"node #{node_id}" if kind in FaultInjection.NODE_KINDS else f"operator {operator}"
+    target = _fault_target(kind, operator, node_id)
     return True, f"Inject {kind} on {target} of job #{job_id_from_path(pathname)}?"
 
 
@@ -305,12 +318,13 @@ def inject_confirmed(
     if not submit_n_clicks:
         raise PreventUpdate
     node_fault = kind in FaultInjection.NODE_KINDS
+    untargeted = kind in FaultInjection.UNTARGETED_KINDS
     try:
         fault = controls.inject_fault(
             user,
             job_id_from_path(pathname),
             kind=kind,
-            operator=None if node_fault else operator,
+            operator=None if node_fault or untargeted else operator,
             node_id=node_id if node_fault else None,
             duration_s=duration_s,
             workers=workers,

@@ -1,5 +1,5 @@
-"""Job page charts: the operator DAG and the history of each operator's scores, with the job's
-upgrades marked on it."""
+"""Job page charts and panels: the operator DAG, the history of each operator's scores with the
+job's upgrades marked on it, and the Kafka panel of a job reading or writing Kafka."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ from datetime import datetime
 
 import pandas as pd
 import plotly.graph_objects as go
+from dash import html
 from plotly.subplots import make_subplots
 
 from console.dash.common import (
@@ -16,9 +17,12 @@ from console.dash.common import (
     MODE_COLOURS,
     OK,
     PASSIVE,
+    fmt_num,
     series_colour,
+    table,
 )
 from console.models import JobUpgrade
+from spark_runtime.external_io import EVENT_TIME_FROM_RECORD
 
 HISTORY_ROWS = (
     ("priority", "Priority P"),
@@ -221,3 +225,102 @@ def stage_chains(operators: list[dict]) -> dict[str, str]:
         if op.get("stage"):
             chains.setdefault(op["stage"], []).append(op["name"])
     return {stage: " → ".join(names) for stage, names in chains.items()}
+
+
+# --- Kafka ------------------------------------------------------------------------------------
+
+
+def kafka_source_facts(source: dict) -> list[tuple[str, str, str]]:
+    """(label, value, id) of the source topic and how it is read: where a new job starts
+    (starting_offsets), the event time, and what offsets lost to retention do (accept_loss)."""
+    if not source:
+        return [("source topic", "— (the job's own input stream)", "kafka-source-topic")]
+    event_time = source.get("event_time", EVENT_TIME_FROM_RECORD)
+    return [
+        ("source topic", source.get("topic", "?"), "kafka-source-topic"),
+        ("starting offsets", source.get("starting_offsets", "earliest"), "kafka-starting"),
+        (
+            "event time",
+            "the record's timestamp" if event_time == EVENT_TIME_FROM_RECORD else event_time,
+            "kafka-event-time",
+        ),
+        (
+            "offsets lost to retention",
+            "skipped and counted (accept_loss)"
+            if source.get("accept_loss")
+            else "fail the batch (no accept_loss)",
+            "kafka-accept-loss",
+        ),
+    ]
+
+
+def kafka_lag_rows(lags: list, now: float) -> list[list]:
+    """One row per partition of each stage's primary: stage, primary, partition, read offset,
+    end offset, lag (end - read) and how long ago the primary published them; then the total."""
+    rows = []
+    for lag in lags:
+        age = f"{max(0.0, now - lag.at):.0f} s ago"
+        for p in lag.partitions:
+            rows.append(
+                [lag.stage, lag.replica, str(p.partition), fmt_num(p.read, 0), fmt_num(p.end, 0),
+                 html.Span(fmt_num(p.lag, 0), className="num"), age]
+            )  # fmt: skip
+    if rows:
+        total = sum(lag.total for lag in lags)
+        rows.append([html.B("total"), "", "", "", "", html.B(fmt_num(total, 0)), ""])
+    return rows
+
+
+def _kafka_field(label: str, value, field_id: str):
+    return html.Div(
+        [html.Span(label, className="muted"), html.Span(value, id=field_id)], className="kv"
+    )
+
+
+def kafka_panel(view: dict | None, output_eps: float | None = None):
+    """The Kafka panel of a job (console.dash.kafka_data.job_kafka; None: the job uses no
+    Kafka, nothing to show): the source's cause as a warning while it cannot read, the topics,
+    records in and out per second, the total lag, dead letters and skipped offsets, then the
+    lag of each partition as the stages' primaries published it. `output_eps`: the job's
+    newest throughput (records out of its last stage)."""
+    if view is None:
+        return None
+    source, sink, lags = view["source"], view["sink"], view["lags"]
+    warning = None
+    if view["cause"]:
+        warning = html.Div(
+            [
+                html.B("The Kafka source is not reading: "),
+                html.Span(view["cause"], id="kafka-cause"),
+            ],
+            className="kafka-warning",
+            id="kafka-warning",
+        )
+    dead = view["dead"]
+    dead_text = fmt_num(sum(dead.values()), 0)
+    if any(dead.values()):
+        dead_text += " (" + ", ".join(f"{stage} {n:,}" for stage, n in dead.items() if n) + ")"
+    sink_text = sink.get("topic", "?") if sink else "— (results in Redis only)"
+    facts = html.Div(
+        [
+            *(_kafka_field(*fact) for fact in kafka_source_facts(source)),
+            _kafka_field("sink topic", sink_text, "kafka-sink-topic"),
+            _kafka_field("records in (/s)", fmt_num(view["input_eps"], 0), "kafka-in"),
+            _kafka_field("records out (/s)", fmt_num(output_eps, 0), "kafka-out"),
+            _kafka_field("lag (records)", fmt_num(view["total"], 0) if source else "—",
+                         "kafka-total"),
+            _kafka_field("dead letters", dead_text, "kafka-dead"),
+            _kafka_field("skipped offsets (lost to retention)", fmt_num(view["skipped"], 0),
+                         "kafka-skipped"),
+        ],
+        className="kv-grid",
+    )  # fmt: skip
+    lag_table = None
+    if source:
+        lag_table = table(
+            ["Stage", "Primary", "Partition", "Read offset", "End offset", "Lag", "Published"],
+            kafka_lag_rows(lags, view["now"]),
+            f"No lag published yet by a primary reading {source.get('topic', '?')}.",
+            table_id="kafka-lag",
+        )
+    return html.Div([warning, facts, lag_table])

@@ -1,5 +1,6 @@
-"""Job page layout: summary, upgrade in progress, DAG, operator table and history, upgrades,
-decisions, failures, and the operators' controls. Layout only."""
+"""Job page layout: summary, upgrade in progress, Kafka (a job reading or writing Kafka), DAG,
+operator table and history, upgrades, decisions, failures, and the operators' controls. Layout
+only."""
 
 from __future__ import annotations
 
@@ -34,6 +35,13 @@ def layout():
                 ],
                 id="upgrade-card",
                 className="card upgrade-card",
+                hidden=True,
+            ),
+            # Shown for a job with a Kafka source or sink only.
+            html.Section(
+                [html.H2("Kafka"), html.Div(id="kafka-panel")],
+                id="kafka-card",
+                className="card kafka-card",
                 hidden=True,
             ),
             html.Div(
@@ -104,7 +112,7 @@ def controls(
                             type="number",
                             min=1,
                             max=600,
-                            placeholder="seconds (pause, stress, slow)",
+                            placeholder="seconds (timed faults)",
                             className="ctl",
                         ),
                         dcc.Input(

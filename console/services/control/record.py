@@ -23,7 +23,9 @@ from console.models import (
     Replica,
     ReportSubscription,
 )
-from console.services import recovery
+from console.policy.config import PolicyConfig
+from console.services import kafka_status, recovery
+from console.services.alerts import kafka_subscriptions
 from console.services.planning import JobPlan
 from infra import keys as control_keys
 from infra import tasks
@@ -305,6 +307,58 @@ def alert_slow_recoveries(job: Job, wanted: bool | None = None) -> None:
 def alert_failed_job(job: Job) -> None:
     """Email the subscriptions that asked to hear about jobs failing for good."""
     tasks.send(tasks.ALERT_JOB_FAILED, job.pk)
+
+
+def watch_kafka(job: Job, client, config: PolicyConfig, primaries) -> list:
+    """Every policy cycle of a job that reads Kafka: keep when each alerting condition began
+    (control_keys.kafka_conditions; kafka_status.track) and ask for the alerts due: the
+    source's cause set (broker down, topic missing), and the total lag of the stages'
+    `primaries` (data-plane replica ids) over the policy's kafka_lag_alert_records at this
+    cycle and the one before. Each alert names its condition by when it began, so the same
+    condition is emailed once per subscription however many cycles ask. Returns the alerts
+    due (sent only when some subscription asks for alerts)."""
+    if not kafka_status.reads_kafka(job):
+        return []
+    conditions = control_keys.kafka_conditions(job.key)
+    with client.pipeline(transaction=False) as pipe:
+        pipe.hgetall(data_keys.kafka_lag(job.key))
+        pipe.hgetall(data_keys.stats(job.key))
+        pipe.hgetall(conditions)
+        entries, stats, seen = pipe.execute()
+    lags = kafka_status.primary_lags(entries, primaries)
+    current = kafka_status.conditions_now(
+        kafka_status.source_cause(stats),
+        kafka_status.total_lag(lags),
+        config.kafka_lag_alert_records,
+    )
+    started = job.started_at.timestamp() if job.started_at else 0.0
+    start, gone, due = kafka_status.track(seen, current, time.time(), not_before=started)
+    if start or gone:
+        with client.pipeline(transaction=False) as pipe:
+            if start:
+                pipe.hset(conditions, mapping=start)
+            if gone:
+                pipe.hdel(conditions, *gone)
+            pipe.execute()
+    if due and kafka_subscriptions(job).exists():
+        for alert in due:
+            detail = dict(alert.detail)
+            if alert.kind == kafka_status.LAG:
+                detail["stages"] = [
+                    (f"{lag.stage} ({lag.replica})", _partition_lags(lag)) for lag in lags
+                ]
+            tasks.send(tasks.ALERT_KAFKA, job.pk, alert.kind, alert.since, detail)
+    return due
+
+
+def _partition_lags(lag: kafka_status.ReplicaLag) -> str:
+    """The lag of one primary for an alert: "1,200 records: partition 0 800 (read 100, end
+    900), ..."."""
+    parts = ", ".join(
+        f"partition {p.partition} {p.lag:,} (read {p.read:,}, end {p.end:,})"
+        for p in lag.partitions
+    )
+    return f"{lag.total:,} records: {parts}"
 
 
 def close_measurements(job: Job, client) -> None:
