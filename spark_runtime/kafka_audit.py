@@ -28,14 +28,23 @@ def plan_log(client, job: str) -> list[Plan]:
     return [Plan.from_json(i, raw) for i, raw in enumerate(raws)]
 
 
+def plan_at(client, job: str, index: int) -> Plan:
+    """Plan `index` of the job's Kafka input (KeyError when the log has no such plan)."""
+    raw = client.lindex(keys.kafka_plans(job), index)
+    if raw is None:
+        raise KeyError(f"plan {index} of {job}'s Kafka input is not in its plan log")
+    return Plan.from_json(index, raw)
+
+
 def first_plan_ms(client, job: str) -> int | None:
     """When the first plan with records was made (epoch ms); None before any."""
     raw = client.lindex(keys.kafka_plans(job), 1)
     return None if raw is None else Plan.from_json(1, raw).ms
 
 
-def _fields(msg, partition: int, event_time: str) -> dict:
-    """The record's value as string fields (what a Redis entry would carry)."""
+def record_fields(msg, partition: int, event_time: str) -> dict:
+    """The record's value as string fields (what a Redis entry would carry); {} for a value
+    that is not a JSON object."""
     try:
         obj = json.loads(msg.value())
     except (TypeError, UnicodeDecodeError, json.JSONDecodeError):
@@ -74,7 +83,7 @@ def input_entries(client, job: str, source: KafkaSource) -> list[tuple[str, dict
                 msg = found.get(offset)
                 if msg is not None:  # else a transaction marker or an aborted record
                     entry_id = f"{plan.ms}-{base + offset - first}"
-                    entries.append((entry_id, _fields(msg, partition, source.event_time)))
+                    entries.append((entry_id, record_fields(msg, partition, source.event_time)))
     return entries
 
 

@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from spark_runtime import external_io, keys, user_plan
+from spark_runtime import external_io, kafka_audit, keys, user_plan
 from spark_runtime.buffer import OutputBuffer
 from spark_runtime.checkpoint_seed import remove_orphan_temp_files
 from spark_runtime.external_io import KafkaSink
@@ -602,7 +602,7 @@ class StageRuntime:
         def on_batch(batch_df, batch_id):
             batch = None
             if user_job is not None:
-                batch = user_plan.batch_version(checkpoint, batch_id)
+                batch = user_plan.batch_version(checkpoint, batch_id, self._plan_ms)
             self.gate.handle_batch(segment, self.topology, batch_df, batch_id, name, batch)
 
         return (
@@ -612,6 +612,10 @@ class StageRuntime:
             .trigger(processingTime=f"{self.trigger_seconds} seconds")
             .foreachBatch(on_batch)
         )
+
+    def _plan_ms(self, index: int) -> int:
+        """When plan `index` of the job's Kafka input was made (a user job's batch versions)."""
+        return kafka_audit.plan_at(self.gate.client, self.job, index).ms
 
     def _reader(self, channel: str, fields: str):
         """The stream reader of `channel`: the job's Kafka topic for its input when it has one,

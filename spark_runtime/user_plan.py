@@ -32,6 +32,7 @@ import datetime as dt
 import json
 import os
 import sys
+from collections.abc import Callable
 
 from spark_runtime.jobdef import (
     EVENT_TIME_COLUMN,
@@ -41,6 +42,8 @@ from spark_runtime.jobdef import (
     Upsert,
     load_definition,
 )
+from spark_runtime.kafka_plan import SEQ_FACTOR, offset_plan_index
+from spark_runtime.kafka_plan import position as kafka_position
 from spark_runtime.redis_source import entry_pos, parse_fields, validate
 from spark_runtime.sink import HashRow, StreamRecord, version
 from spark_runtime.topology import OUT_CHANNEL, RESULTS_CHANNEL, STATEFUL_KINDS
@@ -80,13 +83,26 @@ def apply_operators(df, definition: JobDefinition, operators) -> object:
     return df
 
 
-def batch_version(checkpoint: str, batch_id: int) -> str:
+def batch_version(
+    checkpoint: str, batch_id: int, plan_ms: Callable[[int], int] | None = None
+) -> str:
     """The version of every output of batch `batch_id`: its end offset in the query's offset log
     (`<checkpoint>/offsets/<batch>`: a version line, the batch metadata, then one line per
-    source with its end offset, here `{"id": "<ms>-<seq>"}`)."""
+    source with its end offset: `{"id": "<ms>-<seq>"}` for a Redis stream).
+
+    A Kafka input's offset is a plan of the job's shared plan log (`{"plan": i, "end": {...}}`,
+    spark_runtime/kafka_plan.py), whose records have positions `ms * SEQ_FACTOR + ordinal`
+    (`ms`: the plan's creation time, `plan_ms(i)`; ordinals below SEQ_FACTOR). The batch's
+    version is then the highest position plan `i` can hold: at or above each of its records',
+    below every later plan's (their `ms` is larger)."""
     with open(os.path.join(checkpoint, "offsets", str(batch_id))) as handle:
         lines = handle.read().splitlines()
-    return version(entry_pos(json.loads(lines[2])["id"]))
+    offset = json.loads(lines[2])
+    if "id" in offset:
+        return version(entry_pos(offset["id"]))
+    if plan_ms is None:
+        raise ValueError(f"batch {batch_id} ends at a Kafka plan and no plan log was given")
+    return version(kafka_position(plan_ms(offset_plan_index(offset)), SEQ_FACTOR - 1))
 
 
 def plain(value):

@@ -8,6 +8,12 @@ bench/flink_peer/bridge.py and writing the same results hash and progress record
 injected at the same offsets, the results compared with the same ground truth and the faults
 measured by the console's measurement (bench/strategy/harness.py, `measure_progress`).
 
+With `--source kafka` the job reads an input topic of its own, which the same generator feeds,
+with Flink's KafkaSource, and writes its results to an output topic of its own with Flink's
+KafkaSink, exactly once (bench/flink_peer/kafka_io.py); no bridge. The output topic is audited
+as Backstop's runs' are (bench/strategy/topics.py), and the output gaps are measured as a
+read_committed reader of it sees the results (kafka_io.OutputWatcher).
+
 Runs in the project's environment under Django (unlike job.py, which runs in Flink's).
 
 Backstop's fault kinds map to Flink's nearest: kill-driver and kill-node kill a TaskManager
@@ -27,8 +33,10 @@ from pathlib import Path
 
 from django.conf import settings as django_settings
 
+from bench.flink_peer import kafka_io
 from bench.flink_peer.bridge import bridge_delays, run_bridge
 from bench.flink_peer.cluster import FlinkCluster, FlinkSettings, checkpoint_interval_ms
+from bench.flink_peer.connector import KAFKA_CONNECTOR, fetch_kafka_connector
 from bench.flink_peer.env import FLINK_VERSION, ensure_flink_env
 from bench.flink_peer.functions import PROGRESS_STAGE
 from bench.flink_peer.phases import jobmanager_phases
@@ -44,7 +52,9 @@ from console.policy import truth
 from console.redis import redis_client
 from console.services.recovery import PROGRESS_READ_LIMIT, input_started_at
 from infra.launcher import wait_for
+from spark_runtime import external_io
 from spark_runtime import keys as data_keys
+from spark_runtime.generators import topic_record_count
 from spark_runtime.progress import percentiles, read_progress
 
 FLINK_FAULTS = {
@@ -68,6 +78,27 @@ def inject_flink_fault(cluster: FlinkCluster, client, job_key: str, kind: str) -
     return "task failure flag set: the result writer raises"
 
 
+def kafka_for_run(bench: BenchSettings, job_key: str, client, say) -> kafka_io.PeerTopics:
+    """The Kafka input and output of a run on `--source kafka`: Flink's connector (fetched once),
+    the run's topics (created), and the job key's recorded source and sink, by which the
+    generator finds the topic it feeds (`python -m spark_runtime generate`)."""
+    bootstrap = django_settings.KAFKA_BOOTSTRAP_SERVERS
+    if not bootstrap:
+        raise RuntimeError("the Flink peer on --source kafka needs a Kafka cluster (none is set)")
+    jar = fetch_kafka_connector(say)
+    topics = kafka_io.peer_topics(
+        bootstrap, bench.topology, job_key, time.strftime("%Y%m%d-%H%M%S"), jar
+    )
+    kafka_io.create_topics(topics)
+    external_io.save(client, job_key, external_io.ExternalIO(
+        external_io.KafkaSource(topics.input_topic, bootstrap),
+        external_io.KafkaSink(topics.output_topic, bootstrap),
+    ))  # fmt: skip
+    say(f"      input topic {topics.input_topic}, output topic {topics.output_topic} "
+        f"(KafkaSource and KafkaSink of {KAFKA_CONNECTOR}, exactly once)")  # fmt: skip
+    return topics
+
+
 def run_flink_peer(bench: BenchSettings, say, flink: FlinkSettings | None = None) -> dict:
     """One Flink run of `bench`'s workload and fault schedule; returns its bench.json run."""
     if bench.topology not in truth.CHECKED_TOPOLOGIES:
@@ -80,28 +111,39 @@ def run_flink_peer(bench: BenchSettings, say, flink: FlinkSettings | None = None
     client = redis_client()
     data_keys.delete_job_keys(client, job_key)
     redis_url = django_settings.REDIS_URL
+    on_kafka = bench.source == "kafka"
+    kafka = kafka_for_run(bench, job_key, client, say) if on_kafka else None
+    auditor = kafka_io.OutputAuditor(kafka, bench.topology, params) if on_kafka else None
     stop_bridge = threading.Event()
+    watcher = None
     # The FileSource fails the job while its directory does not exist.
     (run_dir / "in").mkdir(parents=True, exist_ok=True)
+    (run_dir / "log").mkdir(parents=True, exist_ok=True)
     with FlinkCluster(env, flink, run_dir, say=say) as cluster:
         job_id = cluster.submit(
             job_arguments(bench.topology, job_key, run_dir / "in", redis_url, params, flink,
-                          cluster.config)
+                          cluster.config, kafka)
         )  # fmt: skip
         say(
             f"      Flink job {job_id} running ({flink.taskmanagers} TaskManagers, parallelism "
             f"{flink.parallelism}, {flink.profile} profile, checkpoints every "
             f"{checkpoint_interval_ms(cluster.config)} ms)"
         )
-        bridge = threading.Thread(
-            target=run_bridge,
-            args=(redis_client(), job_key, run_dir / "in"),
-            kwargs={"stop": stop_bridge.is_set},
-            name="flink-bridge",
-            daemon=True,
-        )
-        bridge.start()
-        # The generator Backstop's agents start for a job, with the same seed, rate and count.
+        if on_kafka:
+            watcher = kafka_io.OutputWatcher(
+                redis_client(), job_key, kafka.bootstrap, kafka.output_topic
+            )
+            watcher.start()
+        else:
+            threading.Thread(
+                target=run_bridge,
+                args=(redis_client(), job_key, run_dir / "in"),
+                kwargs={"stop": stop_bridge.is_set},
+                name="flink-bridge",
+                daemon=True,
+            ).start()
+        # The generator Backstop's agents start for a job, with the same seed, rate and count
+        # (into the input topic when the job key's recorded source is one).
         generator = subprocess.Popen(
             [sys.executable, "-m", "spark_runtime", "generate",
              "--topology", bench.topology, "--job", job_key, "--rate", str(bench.rate),
@@ -110,8 +152,17 @@ def run_flink_peer(bench: BenchSettings, say, flink: FlinkSettings | None = None
             stderr=subprocess.STDOUT,
             start_new_session=True,
         )  # fmt: skip
-        wait_for(lambda: client.xlen(data_keys.input_stream(job_key)) > 0, 60, "the first input")
-        t0 = input_started_at(client, job_key)
+        if on_kafka:
+            wait_for(
+                lambda: topic_record_count(kafka.bootstrap, kafka.input_topic) > 0,
+                60, "the first input",
+            )  # fmt: skip
+            t0 = kafka_io.first_record_at(kafka.bootstrap, kafka.input_topic)
+        else:
+            wait_for(
+                lambda: client.xlen(data_keys.input_stream(job_key)) > 0, 60, "the first input"
+            )
+            t0 = input_started_at(client, job_key)
         sampler = ResourceSampler(cluster.live_processes)
         sampler.start()
         faults = []
@@ -126,16 +177,21 @@ def run_flink_peer(bench: BenchSettings, say, flink: FlinkSettings | None = None
             time.sleep(max(0.0, t0 + bench.input_s - time.time()))
             generator.wait(timeout=120)
             comparison, drain_s = drain(
-                client, job_key, bench.topology, params, bench.drain_timeout_s, say
+                client, job_key, bench.topology, params, bench.drain_timeout_s, say, auditor
             )
             status = cluster.job_status(job_id)
         finally:
             sampler.stop()
             stop_bridge.set()
+            if watcher is not None:
+                watcher.stop()
+                watcher.client.close()
             if generator.poll() is None:
                 generator.kill()
                 generator.wait()
             cluster.cancel(job_id)
+    if watcher is not None and watcher.error is not None:
+        raise RuntimeError(f"reading the output topic {kafka.output_topic}: {watcher.error}")
     records = read_progress(client, job_key, t0 - 5, count=PROGRESS_READ_LIMIT)
     steady, measured, series = measure_progress(
         records, bench, t0, [at for at, _, _ in faults], PROGRESS_STAGE
@@ -144,7 +200,7 @@ def run_flink_peer(bench: BenchSettings, say, flink: FlinkSettings | None = None
     steady["cpu_pct"], steady["rss_mb"], steady["pss_mb"] = sampler.mean_between(
         t0 + steady_start, t0 + steady_end
     )
-    delays = percentiles(bridge_delays(run_dir / "in"))
+    delays = percentiles([] if on_kafka else bridge_delays(run_dir / "in"))
     phases = jobmanager_phases(
         cluster.log_dir, [at for at, _, _ in faults], [r.at for r in records if r.is_output]
     )
@@ -168,11 +224,18 @@ def run_flink_peer(bench: BenchSettings, say, flink: FlinkSettings | None = None
         "steady": steady,
         "series": series,
         "flink_profile": flink.profile,
-        "peer": peer_record(flink, cluster.config, job_id, status, delays, cluster.log_dir),
+        "peer": peer_record(flink, cluster.config, job_id, status, delays, cluster.log_dir, kafka),
     }
+    if auditor is not None and auditor.last is not None:
+        run.update(auditor.run_keys())
     client.close()
+    via = (
+        f"output topic, {run['kafka']['output_records']} records read committed"
+        if on_kafka
+        else f"bridge p50 {run['peer']['bridge_p50_ms']} ms"
+    )
     say(f"      lost {run['lost']}, duplicates {run['duplicates']} over {comparison.cells} result "
-        f"cells; steady p50 {steady['p50_ms']} ms (bridge p50 {run['peer']['bridge_p50_ms']} ms), "
+        f"cells; steady p50 {steady['p50_ms']} ms ({via}), "
         f"CPU {steady['cpu_pct']} %, RSS {steady['rss_mb']} MB, PSS {steady['pss_mb']} MB; "
         "recovery "
         + ", ".join(str(f["recovery_time_s"]) for f in run["faults"]))  # fmt: skip
@@ -187,11 +250,14 @@ def job_arguments(
     params: dict,
     flink: FlinkSettings,
     config: dict[str, str],
+    kafka: kafka_io.PeerTopics | None = None,
 ) -> list[str]:
     """The arguments of bench/flink_peer/job.py: the checkpoint interval is the configuration's
-    (so that a --flink-conf execution.checkpointing.interval holds for the job too)."""
+    (so that a --flink-conf execution.checkpointing.interval holds for the job too). With
+    `kafka`, the job reads and writes its topics instead of the bridge's files."""
+    source = kafka.job_arguments() if kafka is not None else ["--input-dir", str(input_dir)]
     return [
-        "--topology", topology, "--job", job_key, "--input-dir", str(input_dir),
+        "--topology", topology, "--job", job_key, *source,
         "--redis-url", redis_url, "--checkpoint-ms", str(checkpoint_interval_ms(config)),
         "--discovery-ms", str(flink.discovery_ms),
         "--parallelism", str(flink.parallelism),
@@ -207,11 +273,18 @@ def peer_record(
     status: dict,
     delays: dict,
     log_dir: Path,
+    kafka: kafka_io.PeerTopics | None = None,
 ) -> dict:
     """The `peer` part of the Flink run in bench.json: how Flink ran, enough to run it again
     (the profile, every setting, the whole configuration the cluster got), and what it did."""
     return {
         "flink_version": FLINK_VERSION,
+        # Where the job read and wrote: the bridge's files and Redis, or Kafka topics through
+        # Flink's connector (exactly once, under the run's transactional id prefix).
+        "source": "redis" if kafka is None else "kafka",
+        "kafka_connector": None if kafka is None else KAFKA_CONNECTOR,
+        "delivery_guarantee": None if kafka is None else "EXACTLY_ONCE",
+        "transactional_id_prefix": None if kafka is None else kafka.transactional_id_prefix,
         "flink_profile": flink.profile,
         # The profile's values with the options given over them (FlinkSettings' fields).
         "flink_settings": {key: value for key, value in asdict(flink).items() if key != "extra"},
@@ -229,7 +302,8 @@ def peer_record(
         "bundle_time_ms": flink.bundle_time_ms,
         "buffer_timeout_ms": flink.buffer_timeout_ms,
         "extra_conf": dict(flink.extra),
-        # The bridge's share of the latency (file complete - event time), in ms.
+        # The bridge's share of the latency (file complete - event time), in ms; None on Kafka
+        # (no bridge).
         "bridge_p50_ms": _ms(delays["p50"]),
         "bridge_p99_ms": _ms(delays["p99"]),
         "logs": str(log_dir),

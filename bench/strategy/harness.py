@@ -17,10 +17,12 @@ from pathlib import Path
 from bench.flink_peer.cluster import OPTIONS as FLINK_OPTIONS
 from bench.flink_peer.cluster import FlinkSettings, flink_settings
 from bench.strategy import measure
+from bench.strategy.topics import SOURCES, TRIGGERS
 from console.models import Policy, RegisteredTopology
 from console.policy import truth
 from console.policy.config import PolicyConfig
 from console.policy.recovery import RecoverySettings, measure_faults
+from console.services.jobs import REALTIME_REFUSAL
 from console.services.topologies import job_topology
 from infra.node_metrics import ProcessTracker
 from spark_runtime import keys as data_keys
@@ -33,6 +35,8 @@ FAULT_KINDS = ("kill-driver", "kill-node", "operator-exception")
 # Other stream processors the benchmark can run the same workload on (bench/flink_peer/peer.py),
 # after Backstop's strategies.
 PEERS = ("flink",)
+# Why `--trigger realtime` is refused: the job service's reason, without its field prefix.
+REALTIME_REASON = REALTIME_REFUSAL.removeprefix("trigger: ")
 
 
 @dataclass(frozen=True)
@@ -60,6 +64,11 @@ class BenchSettings:
     flink_options: tuple[tuple[str, object], ...] = ()
     # Policy settings for the runs, (field, value as given) pairs (`policy_for_runs`).
     policy: tuple[tuple[str, str], ...] = ()
+    # Where each run's job reads its input and writes its results (bench/strategy/topics.py):
+    # `redis` (its own input stream and results hash) or `kafka` (a topic of its own for each,
+    # on the benchmark's broker); and the job's trigger (`realtime` is refused with the reason).
+    source: str = "redis"
+    trigger: str = "microbatch"
 
     def __post_init__(self):
         problems = []
@@ -76,6 +85,12 @@ class BenchSettings:
             flink_settings(self.flink_profile, self.flink_options, self.peer_conf)
         except ValueError as exc:
             problems.append(str(exc))
+        if self.source not in SOURCES:
+            problems.append(f"--source: one of {', '.join(SOURCES)}")
+        if self.trigger not in TRIGGERS:
+            problems.append(f"--trigger: one of {', '.join(TRIGGERS)}")
+        elif self.trigger == "realtime":
+            problems.append(f"--trigger realtime is refused: {REALTIME_REASON}")
         if self.peer is not None and self.topology not in truth.CHECKED_TOPOLOGIES:
             problems.append(f"--peer runs {', '.join(truth.CHECKED_TOPOLOGIES)} only")
         if self.topology not in truth.CHECKED_TOPOLOGIES and not has_reference(self.topology):
@@ -218,7 +233,7 @@ def topology_params(topology_name: str) -> dict:
     return {name: value for op in topology.operators for name, value in op.params.items()}
 
 
-def _compare_now(
+def compare_redis(
     client, job_key: str, topology_name: str, params: dict
 ) -> tuple[truth.Comparison, object]:
     """A job's results against ground truth from its whole input: (comparison, results)."""
@@ -234,18 +249,31 @@ def _compare_now(
 
 
 def drain(
-    client, job_key: str, topology: str, params: dict, timeout_s: float, say
+    client,
+    job_key: str,
+    topology: str,
+    params: dict,
+    timeout_s: float,
+    say,
+    compare_now: Callable[[], tuple[truth.Comparison, object]] | None = None,
 ) -> tuple[truth.Comparison, float]:
     """Wait until the results equal the ground truth, or stop changing for 90 s (a restart
-    under load can take a minute), or `timeout_s`; returns the comparison and the wait."""
+    under load can take a minute), or `timeout_s`; returns the comparison and the wait.
+    `compare_now()`: (comparison, results) as they are now; by default the job's Redis results
+    against its Redis input (`compare_redis`)."""
+    if compare_now is None:
+
+        def compare_now():
+            return compare_redis(client, job_key, topology, params)
+
     started = time.time()
     last, last_change = None, started
     while True:
-        comparison, actual = _compare_now(client, job_key, topology, params)
+        comparison, actual = compare_now()
         if comparison.exact:
             # A late duplicate would show up as an overshoot: look once more.
             time.sleep(3)
-            return _compare_now(client, job_key, topology, params)[0], time.time() - started
+            return compare_now()[0], time.time() - started
         if actual != last:
             last, last_change = actual, time.time()
         if time.time() - last_change > 90 or time.time() - started > timeout_s:

@@ -78,6 +78,46 @@ def policy_text(changes) -> str:
     return ", policy " + ", ".join(f"{name}={value}" for name, value in changes)
 
 
+def source_text(settings: dict) -> str:
+    """The runs' source and trigger beyond the defaults (Redis, micro-batch), for a heading."""
+    source, trigger = settings.get("source", "redis"), settings.get("trigger", "microbatch")
+    if source == "redis" and trigger == "microbatch":
+        return ""
+    return f", source {source}, trigger {trigger}"
+
+
+def _audited(run: dict) -> str:
+    """Where a run's lost and duplicated results were counted."""
+    kafka = run.get("kafka")
+    if kafka is None:
+        return "Redis results" if run.get("strategy") != PEER else "the peer's Redis results"
+    redis = kafka.get("redis_results") or {}
+    return (
+        f"output topic `{kafka['output_topic']}` ({kafka['output_records']} records, "
+        f"{kafka['repeated']} read twice; Redis results: lost {redis.get('lost', 'n/a')}, dup "
+        f"{redis.get('duplicates', 'n/a')})"
+    )
+
+
+def source_lines(runs: list[dict]) -> list[str]:
+    """Each run's source and trigger, its input, and where its results were audited (older
+    bench.json files have no source: Redis, micro-batch)."""
+    lines = [
+        "| strategy | source | trigger | input events | lost and dup counted on |",
+        "|---|---|---|---|---|",
+    ]
+    for run in runs:
+        source = run.get("source", "redis")
+        if run.get("kafka"):
+            source += f" (`{run['kafka']['input_topic']}`)"
+        trigger = run.get("trigger", "microbatch")  # None: the peer, no Spark trigger
+        lines.append(
+            f"| {run['strategy']} | {source} | {trigger or 'n/a'} | "
+            f"{_fmt(run.get('input_events'))} | {_audited(run)} |"
+        )
+    return lines
+
+
 def to_markdown(bench: dict) -> str:
     """The summary table (one row per strategy) and the per-fault table."""
     runs = bench["runs"]
@@ -89,6 +129,7 @@ def to_markdown(bench: dict) -> str:
         f"{settings.get('rate', '?')} events/s, warm-up {settings.get('warmup_s', '?')} s, "
         f"measured {settings.get('duration_s', '?')} s, recovery band "
         f"{settings.get('band', '?')}, stable window {settings.get('stable_window_s', '?')} s"
+        + source_text(settings)
         + policy_text(settings.get("policy") or ())
         + ".",
         "",
@@ -112,6 +153,7 @@ def to_markdown(bench: dict) -> str:
             f"{_fmt(steady.get('spares_pss_mb'), 0)} |"
         )
     lines += memory_lines(runs, baseline)
+    lines += ["", *source_lines(runs)]
     lines += [
         "",
         "| strategy | fault | at s | action | detected after s | downtime s | recovery s "
@@ -145,8 +187,7 @@ def peer_lines(runs: list[dict], peer: dict) -> list[str]:
         f"{_fmt(info.get('buffer_timeout_ms'), 0)} ms, "
         + "".join(f"{key} {value}, " for key, value in info.get("extra_conf", {}).items())
         + f"{len(info.get('failures', []))} failure(s) in its exception history; "
-        f"its input crosses the file bridge (p50 {_fmt(info.get('bridge_p50_ms'), 0)} ms, p99 "
-        f"{_fmt(info.get('bridge_p99_ms'), 0)} ms of its latency).",
+        + peer_io_text(info),
         "",
         # Flink's memory counts its spare TaskManager, so Backstop's counts its idle warm spares.
         "| run | mean recovery s | vs Flink | steady p50 ms | p50 vs Flink | lost | dup "
@@ -166,6 +207,20 @@ def peer_lines(runs: list[dict], peer: dict) -> list[str]:
             f"{_fmt(with_spares(run['steady'], 'pss_mb'), 0)} |"
         )
     return lines + phase_lines(peer)
+
+
+def peer_io_text(info: dict) -> str:
+    """How the peer's input and output went (bench/flink_peer/peer.py, `peer_record`)."""
+    if info.get("source") == "kafka":
+        return (
+            "it reads its input topic with Flink's KafkaSource and writes its output topic with "
+            f"Flink's KafkaSink ({info.get('kafka_connector')}, exactly once: its results are "
+            "read when the checkpoint that commits them completes)."
+        )
+    return (
+        f"its input crosses the file bridge (p50 {_fmt(info.get('bridge_p50_ms'), 0)} ms, p99 "
+        f"{_fmt(info.get('bridge_p99_ms'), 0)} ms of its latency)."
+    )
 
 
 PHASES = ("detection_s", "restart_delay_s", "deployment_s", "initialization_s", "first_output_s")

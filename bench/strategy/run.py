@@ -28,6 +28,7 @@ from django.contrib.auth.models import Group, User
 from bench.flink_peer.peer import run_flink_peer
 from bench.results import RESULTS_MD, write_subsection
 from bench.strategy import report
+from bench.strategy import topics as topics_audit
 from bench.strategy.harness import (
     BenchSettings,
     ResourceSampler,
@@ -38,16 +39,30 @@ from bench.strategy.harness import (
     topology_params,
 )
 from console.models import FaultInjection, Job, Node, Policy, RecoveryEpisode
+from console.policy import truth
 from console.redis import redis_client
 from console.roles import OPERATOR
 from console.services.control.observe import load_supervisor
 from console.services.demo_setup import DEMO_NODES, ensure_demo_nodes
 from console.services.faults import FaultRefused, request_fault
-from console.services.jobs import create_job, kill_job_processes, kill_warm_spares, stop_job
+from console.services.jobs import (
+    JobRequestError,
+    create_job,
+    kill_job_processes,
+    kill_warm_spares,
+    stop_job,
+)
 from console.services.policy import PolicyRejected, change_policy, revert_policy
 from console.services.recovery import PROGRESS_READ_LIMIT, episode_measurement, input_started_at
 from console.services.schedules import ensure_periodic_tasks
-from infra.launcher import LocalCluster, ProcessGroup, start_redis_if_needed, wait_for
+from infra.kafka import kafka_bootstrap_servers
+from infra.launcher import (
+    LocalCluster,
+    ProcessGroup,
+    start_kafka_if_needed,
+    start_redis_if_needed,
+    wait_for,
+)
 from infra.processes import (
     argv_of,
     cmdline_arg,
@@ -57,6 +72,8 @@ from infra.processes import (
     with_children,
 )
 from spark_runtime import keys as data_keys
+from spark_runtime import user_plan
+from spark_runtime.generators import topic_record_count
 from spark_runtime.jobdef import resolve_topology
 from spark_runtime.progress import read_progress
 from spark_runtime.strategies import STRATEGIES
@@ -91,10 +108,15 @@ class BenchCluster:
     """Redis (if none answers), the controller, beat and one agent per demo node, for the
     duration of a `with` block; logs in `log_dir`."""
 
-    def __init__(self, log_dir: Path, say):
+    def __init__(self, log_dir: Path, say, kafka_dir: Path | None = None):
         self.group = ProcessGroup(log_dir, say=say)
         self.log_dir = log_dir
         self.say = say
+        # With a directory: a Kafka cluster for the runs (KAFKA_BOOTSTRAP_SERVERS, or a broker
+        # of the benchmark's own with its data there).
+        self.kafka_dir = kafka_dir
+        # This process's KAFKA_BOOTSTRAP_SERVERS setting before the block, to put back after it.
+        self.kafka_before: tuple[str | None] | None = None
 
     def __enter__(self) -> BenchCluster:
         busy = other_backstop_workers()
@@ -110,6 +132,7 @@ class BenchCluster:
             self.say("Redis: " + start_redis_if_needed(
                 django_settings.REDIS_URL, self.group, self.log_dir / "redis"
             ))  # fmt: skip
+            env = self.start_kafka() if self.kafka_dir is not None else {}
             abandoned = end_abandoned_bench_jobs()
             if abandoned:
                 self.say(f"ended {abandoned} job(s) an interrupted benchmark run left live")
@@ -126,6 +149,7 @@ class BenchCluster:
                 node_mem_mb=nodes[0].mem_total_mb,
                 beat_schedule=self.log_dir / "beat",
                 worker_prefix="bench-",
+                env=env,
             ).start(django_settings.REDIS_URL)
         except BaseException:
             self.__exit__()
@@ -133,9 +157,30 @@ class BenchCluster:
         self.say(f"controller, beat and agents {', '.join(DEMO_NODES)} up (logs: {self.log_dir})")
         return self
 
+    def start_kafka(self) -> dict[str, str]:
+        """The Kafka cluster of the runs: `KAFKA_BOOTSTRAP_SERVERS` when set, else Apache Kafka's
+        broker started in the group (infra.launcher.start_kafka_if_needed). This process's
+        settings point at it (the job service checks a Kafka source against them); returns the
+        environment that points the controller, beat and agents (and so the stages and the
+        generator they start) at it."""
+        configured = kafka_bootstrap_servers()
+        bootstrap = start_kafka_if_needed(self.group, self.kafka_dir)
+        self.say(
+            f"Kafka: using the cluster at {bootstrap} (KAFKA_BOOTSTRAP_SERVERS)"
+            if configured
+            else f"Kafka: started a broker at {bootstrap} (data in {self.kafka_dir}, log in "
+            f"{self.log_dir / 'kafka.log'})"
+        )
+        self.kafka_before = (django_settings.KAFKA_BOOTSTRAP_SERVERS,)
+        django_settings.KAFKA_BOOTSTRAP_SERVERS = bootstrap
+        return {"KAFKA_BOOTSTRAP_SERVERS": bootstrap}
+
     def __exit__(self, *exc) -> None:
         self.group.stop()
         kill_warm_spares(django_settings.REDIS_URL)
+        if self.kafka_before is not None:
+            (django_settings.KAFKA_BOOTSTRAP_SERVERS,) = self.kafka_before
+            self.kafka_before = None
 
 
 def end_abandoned_bench_jobs() -> int:
@@ -226,25 +271,127 @@ def inject_fault(
     return fault, fault.outcome_detail
 
 
+class TopicAuditor:
+    """The output-topic audit of a run on Kafka (bench/strategy/topics.py) as `drain` calls it:
+    (comparison, results) now; the latest audit is kept for the run's figures."""
+
+    def __init__(self, bootstrap: str, topology: str, params: dict, topics: tuple[str, str]):
+        self.bootstrap, self.topology, self.params = bootstrap, topology, params
+        self.input_topic, self.output_topic = topics
+        self.last: topics_audit.TopicAudit | None = None
+
+    def __call__(self) -> tuple:
+        self.last = topics_audit.audit_topics(
+            self.bootstrap, self.topology, self.params, self.input_topic, self.output_topic
+        )
+        return self.last.comparison, self.last.actual
+
+
+def job_io(bench: BenchSettings, strategy: str) -> tuple[dict, tuple[str, str] | None]:
+    """create_job's `source` and `sink` for one run, and its (input, output) topics: none on
+    Redis; on Kafka a topic of the run's own for each, the generator feeding the input."""
+    if bench.source != "kafka":
+        return {}, None
+    topics = topics_audit.run_topics(bench.topology, strategy, time.strftime("%Y%m%d-%H%M%S"))
+    return {
+        "source": {"kind": "kafka", "topic": topics[0]},
+        "sink": {"kind": "kafka", "topic": topics[1]},
+    }, topics
+
+
+def input_seen(client, job: Job) -> bool:
+    """Whether the job has read input: an entry in its input stream, or on Kafka a plan of its
+    input topic with records (plan 0 is the starting point)."""
+    if job.source:
+        return client.llen(data_keys.kafka_plans(job.key)) > 1
+    return client.xlen(data_keys.input_stream(job.key)) > 0
+
+
+def input_written(client, job: Job) -> int:
+    """Input entries written so far: the input stream's length, or the input topic's offsets."""
+    if job.source:
+        return topic_record_count(django_settings.KAFKA_BOOTSTRAP_SERVERS, job.source["topic"])
+    return client.xlen(data_keys.input_stream(job.key))
+
+
+def redis_results_against(client, job: Job, expected: dict) -> truth.Comparison:
+    """The job's Redis results against a reference computed elsewhere (a run on Kafka: from its
+    input topic), as the Redis runs compare them."""
+    definition = resolve_topology(job.topology).job
+    if definition is not None:
+        return truth.compare_records(
+            expected, user_plan.actual_results(definition, client, job.key)
+        )
+    results = client.hgetall(data_keys.results(job.key))
+    return truth.compare(expected, truth.result_cells(job.topology, results))
+
+
+def source_keys(bench: BenchSettings, client, job: Job, auditor: TopicAuditor | None) -> dict:
+    """A finished run's keys of bench.json about its input and output: `source` and `trigger`;
+    `audited`, what its `lost` and `duplicates` were counted on (its Redis results, or on Kafka
+    its output topic as a read_committed reader sees it); `input_events`; on Kafka, `kafka`:
+    the topics, the output topic's records and (key, version) pairs read twice, and the Redis
+    results checked against the same reference (the stage writes Kafka first, then Redis)."""
+    keys = {"source": bench.source, "trigger": bench.trigger}
+    if auditor is None or auditor.last is None:
+        return {
+            **keys,
+            "audited": "redis results",
+            "input_events": client.xlen(data_keys.input_stream(job.key)),
+        }
+    audit = auditor.last
+    in_redis = redis_results_against(client, job, audit.expected)
+    return {
+        **keys,
+        "audited": "output topic",
+        "input_events": audit.input_records,
+        "kafka": {
+            "bootstrap_servers": auditor.bootstrap,
+            "input_topic": auditor.input_topic,
+            "output_topic": auditor.output_topic,
+            "output_records": audit.output_records,
+            "repeated": audit.repeated,
+            "redis_results": {
+                "lost": in_redis.lost,
+                "duplicates": in_redis.duplicates,
+                "wrong_cells": in_redis.wrong_cells,
+            },
+        },
+    }
+
+
 def run_strategy(bench: BenchSettings, strategy: str, target: str | None, say) -> tuple[dict, str]:
     """Run one strategy's job through the workload and the fault schedule; returns its
     bench.json run and the faults' target operator (chosen on the first run, kept after)."""
     user = bench_user()
     params = topology_params(bench.topology)
-    job = create_job(
-        name=f"bench-{bench.topology}-{strategy}-{time.strftime('%H%M%S')}",
-        topology=bench.topology,
-        strategy=strategy,
-        params={"rate": bench.rate, "seed": bench.seed, "count": bench.events},
-        user=user,
+    io, topics = job_io(bench, strategy)
+    try:
+        job = create_job(
+            name=f"bench-{bench.topology}-{strategy}-{time.strftime('%H%M%S')}",
+            topology=bench.topology,
+            strategy=strategy,
+            params={"rate": bench.rate, "seed": bench.seed, "count": bench.events},
+            user=user,
+            trigger=bench.trigger,
+            **io,
+        )
+    except JobRequestError as exc:
+        raise RuntimeError(f"{strategy}: the job was refused: {exc}") from None
+    auditor = (
+        TopicAuditor(django_settings.KAFKA_BOOTSTRAP_SERVERS, job.topology, params, topics)
+        if topics
+        else None
     )
+    if topics:
+        say(f"      input topic {topics[0]}, output topic {topics[1]}")
     client = redis_client()
     launched = time.time()
     wait_status(job, (Job.Status.RUNNING, Job.Status.FAILED), 300, f"job {job.pk} to run")
     if job.status != Job.Status.RUNNING:
         raise RuntimeError(f"job {job.pk} ({strategy}) failed to start: {job.status_reason}")
     target = target or key_operator(job)
-    wait_for(lambda: client.xlen(data_keys.input_stream(job.key)) > 0, 60, "the first input")
+    wait_for(lambda: input_seen(client, job), 60, "the first input")
     t0 = input_started_at(client, job.key)
     say(f"      job {job.pk} running after {t0 - launched:.0f} s; input started")
     sampler = ResourceSampler(stage_processes_of(job.key))
@@ -265,11 +412,10 @@ def run_strategy(bench: BenchSettings, strategy: str, target: str | None, say) -
         say(f"      input ends in {max(0, end - time.time()):.0f} s")
         sleep_until(end)
         wait_for(
-            lambda: client.xlen(data_keys.input_stream(job.key)) >= bench.events,
-            120, "the generator to finish",
+            lambda: input_written(client, job) >= bench.events, 120, "the generator to finish",
         )  # fmt: skip
         comparison, drain_s = drain(
-            client, job.key, job.topology, params, bench.drain_timeout_s, say
+            client, job.key, job.topology, params, bench.drain_timeout_s, say, auditor
         )
     finally:
         sampler.stop()
@@ -279,14 +425,14 @@ def run_strategy(bench: BenchSettings, strategy: str, target: str | None, say) -
             wait_status(job, (Job.Status.STOPPED, Job.Status.FAILED), 60, f"job {job.pk} to stop")
         finally:
             kill_job_processes({job.key})
-    input_count = client.xlen(data_keys.input_stream(job.key))
+    io_keys = source_keys(bench, client, job, auditor)
     client.close()
     run = {
         "strategy": strategy,
         "topology": bench.topology,
         "rate": bench.rate,
         "job": job.pk,
-        "input_events": input_count,
+        **io_keys,
         "lost": comparison.lost,
         "duplicates": comparison.duplicates,
         "result_cells": comparison.cells,
@@ -305,7 +451,7 @@ def run_strategy(bench: BenchSettings, strategy: str, target: str | None, say) -
         spare_sampler.mean_between(t0 + steady_start, t0 + steady_end)
     )
     say(f"      lost {run['lost']}, duplicates {run['duplicates']} over {comparison.cells} result "
-        f"cells; steady p50 {steady['p50_ms']} ms, CPU {steady['cpu_pct']} %, "
+        f"cells ({run['audited']}); steady p50 {steady['p50_ms']} ms, CPU {steady['cpu_pct']} %, "
         f"RSS {steady['rss_mb']} MB, PSS {steady['pss_mb']} MB (spares: CPU "
         f"{steady['spares_cpu_pct']} %, RSS {steady['spares_rss_mb']} MB, PSS "
         f"{steady['spares_pss_mb']} MB); recovery "
@@ -372,6 +518,8 @@ def remeasure(result: dict) -> dict:
         warmup_s=settings["warmup_s"],
         duration_s=settings["duration_s"],
         stable_window_s=settings["stable_window_s"],
+        source=settings.get("source", "redis"),
+        trigger=settings.get("trigger", "microbatch"),
         out=Path("."),
     )
     client = redis_client()
@@ -426,10 +574,12 @@ def run_bench(bench: BenchSettings, say) -> dict:
             "runs": runs,
         }
 
-    with BenchCluster(bench.out / "logs", say), policy_for_runs(bench.policy, say):
+    kafka_dir = bench.out / "kafka" if bench.source == "kafka" else None
+    with BenchCluster(bench.out / "logs", say, kafka_dir), policy_for_runs(bench.policy, say):
         for number, strategy in enumerate(bench.strategies, start=1):
             say(f"[{number}/{len(bench.strategies)}] {strategy}: {bench.topology} at "
-                f"{bench.rate:g} events/s, {bench.faults} x {bench.fault_kind}")  # fmt: skip
+                f"{bench.rate:g} events/s, {bench.faults} x {bench.fault_kind}, source "
+                f"{bench.source}, trigger {bench.trigger}")  # fmt: skip
             run, target = run_strategy(bench, strategy, target, say)
             runs.append(run)
             write_outputs(result(), bench.out)
@@ -437,7 +587,9 @@ def run_bench(bench: BenchSettings, say) -> dict:
         if bench.peer == "flink":
             say(f"[peer] flink: {bench.topology} at {bench.rate:g} events/s, {bench.faults} x "
                 f"{bench.fault_kind} (Flink's nearest fault)")  # fmt: skip
-            runs.append(run_flink_peer(bench, say, bench.flink))
+            # The peer reads the same source (a topic of its own on Kafka); no Spark trigger.
+            runs.append({**run_flink_peer(bench, say, bench.flink), "source": bench.source,
+                         "trigger": None})  # fmt: skip
             write_outputs(result(), bench.out)
     return result()
 
@@ -485,6 +637,7 @@ def write_results(result: dict, command: str) -> str:
     settings = result["settings"]
     subsection = (
         f"{settings['topology']}, {settings['fault_kind']}, {settings['faults']} fault(s)"
+        + report.source_text(settings)
         + report.policy_text(settings.get("policy") or ())
     )
     body = (

@@ -33,6 +33,9 @@ def test_the_peer_and_the_operator_exception_fault_are_accepted():
         ({"strategies": ("fastest",)}, "--strategies: comma-separated"),
         ({"policy": (("spares", "0"),)}, "--policy: spares is not a policy field"),
         ({"policy": (("warm_spares_per_node", "none"),)}, "warm_spares_per_node is an integer"),
+        ({"source": "files"}, "--source: one of redis, kafka"),
+        ({"trigger": "continuous"}, "--trigger: one of microbatch, realtime"),
+        ({"trigger": "realtime"}, "--trigger realtime is refused: Spark's real-time mode reads"),
     ],
 )
 def test_bad_settings_are_refused_naming_the_option(changes, message):

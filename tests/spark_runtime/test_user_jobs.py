@@ -7,15 +7,20 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import json
 import os
 import shutil
+import uuid
 from collections import defaultdict
 from pathlib import Path
 
 import pytest
+from confluent_kafka import Consumer, KafkaError, TopicPartition
+from confluent_kafka.admin import AdminClient, NewTopic
 
-from spark_runtime import generators, keys, user_plan
+from spark_runtime import external_io, generators, keys, user_plan
 from spark_runtime.checkpoint_seed import seed_checkpoint
+from spark_runtime.external_io import ExternalIO, KafkaSink, KafkaSource
 from spark_runtime.jobdef import (
     Append,
     JobDefinition,
@@ -25,6 +30,7 @@ from spark_runtime.jobdef import (
     registered_path,
     snapshot_source,
 )
+from spark_runtime.kafka_plan import position as kafka_position
 from spark_runtime.runtime import PRIMARY, STANDBY, StageRuntime
 from spark_runtime.topology import CHAINED, FUSED, compile_stages
 from tests.spark_runtime.checkpoints import forget_last_commits
@@ -219,6 +225,96 @@ def test_server_errors_appends_each_once_through_a_promotion(
             str(click["status"]),
         )
         assert fields["event_time"] == iso(click["ts"])
+
+
+# --- on Kafka ----------------------------------------------------------------------------------
+
+
+def test_a_batch_of_a_kafka_input_is_versioned_by_its_plan(tmp_path):
+    """A Kafka input's offset is a plan index (spark_runtime/kafka_plan.py): the batch's version
+    is at or above every position of that plan's records and below the next plan's."""
+    offsets = tmp_path / "offsets"
+    offsets.mkdir()
+    (offsets / "3").write_text('v1\n{"batchWatermarkMs":0}\n{"plan": 7, "end": {"0": 12}}\n')
+    (offsets / "4").write_text('v1\n{"batchWatermarkMs":0}\n{"id": "1700000000123-4"}\n')
+    plans = {7: 1_700_000_000_500, 8: 1_700_000_000_501}
+    version = user_plan.batch_version(str(tmp_path), 3, plans.__getitem__)
+    assert version == f"{1_700_000_000_500 * 1_000_000 + 999_999:020d}000000"
+    assert kafka_position(plans[7], 99_999) <= int(version[:20]) < kafka_position(plans[8], 0)
+    # A Redis stream's offset is the batch's last entry id, as before.
+    assert user_plan.batch_version(str(tmp_path), 4) == f"{1_700_000_000_123_000_004:020d}000000"
+    with pytest.raises(ValueError, match="Kafka plan"):
+        user_plan.batch_version(str(tmp_path), 3)
+
+
+def kafka_topics(bootstrap: str) -> tuple[str, str]:
+    """A fresh input topic (3 partitions) and output topic (2), with the dead-letter and marks
+    topics a launch creates."""
+    name = f"t{uuid.uuid4().hex[:8]}"
+    wanted = [
+        NewTopic(f"{name}.in", 3, 1),
+        NewTopic(f"{name}.in.dead", 1, 1),
+        NewTopic(f"{name}.out", 2, 1),
+        NewTopic(f"{name}.out.marks", 1, 1, config={"cleanup.policy": "compact"}),
+    ]
+    admin = AdminClient({"bootstrap.servers": bootstrap})  # kept: its futures need it alive
+    for future in admin.create_topics(wanted).values():
+        future.result(30)
+    return f"{name}.in", f"{name}.out"
+
+
+def topic_records(bootstrap: str, topic: str) -> list[dict]:
+    """Every committed record's JSON value, read with a read_committed consumer."""
+    consumer = Consumer(
+        {"bootstrap.servers": bootstrap, "group.id": "t", "enable.partition.eof": True,
+         "isolation.level": "read_committed", "enable.auto.commit": False}
+    )  # fmt: skip
+    partitions = consumer.list_topics(topic, timeout=10).topics[topic].partitions
+    consumer.assign([TopicPartition(topic, p, 0) for p in partitions])
+    done, out = set(), []
+    while len(done) < len(partitions):
+        msg = consumer.poll(10.0)
+        assert msg is not None, f"{topic} gave nothing for 10 s"
+        if msg.error() is not None:
+            assert msg.error().code() == KafkaError._PARTITION_EOF
+            done.add(msg.partition())
+        else:
+            out.append(json.loads(msg.value()))
+    consumer.close()
+    return out
+
+
+def test_activity_reads_kafka_and_writes_kafka_in_batches_versioned_by_plan(
+    spark, redis_conn, redis_url, job, tmp_path, jobs_dir, kafka_broker
+):
+    bootstrap = kafka_broker.bootstrap_servers
+    source, sink = kafka_topics(bootstrap)
+    external_io.save(
+        redis_conn, job, ExternalIO(KafkaSource(source, bootstrap), KafkaSink(sink, bootstrap))
+    )
+    topology = topology_of("activity", jobs_dir)
+    generators.generate_to_kafka(bootstrap, source, "activity@1", count=700, rate=1e6, seed=9)
+    rt = runtime(spark, redis_conn, redis_url, job, topology, tmp_path / "p", PRIMARY, 250)
+    try:
+        rt.process_all_available()
+        generators.generate_to_kafka(
+            bootstrap, source, "activity@1", count=300, rate=1e6, seed=10, id_prefix="g"
+        )
+        rt.process_all_available()
+    finally:
+        rt.stop()
+    clicks = [{**r, "ts": int(r["ts"])} for r in topic_records(bootstrap, source)]
+    expected = expected_activity(clicks)
+    assert written_activity(redis_conn, job) == expected
+    newest: dict[str, tuple[str, dict]] = {}
+    for record in topic_records(bootstrap, sink):
+        if record["key"] not in newest or record["version"] > newest[record["key"]][0]:
+            newest[record["key"]] = (record["version"], json.loads(record["value"]))
+    assert {key: value for key, (_v, value) in newest.items()} == expected
+    # Every version names a plan of the shared plan log (its creation time, ms).
+    plan_ms = {json.loads(raw)["ms"] for raw in redis_conn.lrange(keys.kafka_plans(job), 0, -1)}
+    versions = redis_conn.hgetall(keys.result_versions(job)).values()
+    assert versions and {int(v[:20]) // 1_000_000 for v in versions} <= plan_ms
 
 
 # --- the dry run --------------------------------------------------------------------------------

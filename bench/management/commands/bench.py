@@ -13,8 +13,9 @@ from django.core.management.base import BaseCommand, CommandError
 from bench.flink_peer.cluster import OPTIONS as FLINK_OPTIONS
 from bench.flink_peer.cluster import PROFILES, RESTART_STRATEGIES, flink_settings
 from bench.signals import exit_on_first_sigterm
-from bench.strategy.harness import FAULT_KINDS, PEERS, BenchSettings
+from bench.strategy.harness import FAULT_KINDS, PEERS, REALTIME_REASON, BenchSettings
 from bench.strategy.run import remeasure, run_bench, write_outputs, write_results
+from bench.strategy.topics import SOURCES, TRIGGERS
 from spark_runtime.strategies import STRATEGIES
 
 # Small enough for a few minutes on 2 cores: the baseline and the adaptive strategy, one fault.
@@ -77,6 +78,22 @@ class Command(BaseCommand):
             "--topology",
             default="wordcount",
             help="wordcount, topn, or a registered job with a reference function (docs/JOBS.md)",
+        )
+        parser.add_argument(
+            "--source",
+            choices=SOURCES,
+            default="redis",
+            help="where each run's job reads its input and writes its results: redis (its own "
+            "input stream and results hash) or kafka (an input and an output topic per run on "
+            "a broker the benchmark starts, or on KAFKA_BOOTSTRAP_SERVERS; lost and duplicated "
+            "results are counted on the output topic); default redis",
+        )
+        parser.add_argument(
+            "--trigger",
+            choices=TRIGGERS,
+            default="microbatch",
+            help="the jobs' trigger: microbatch (default); realtime is refused with the reason "
+            "(Spark's real-time mode needs Spark's own Kafka source)",
         )
         parser.add_argument(
             "--strategies",
@@ -174,6 +191,9 @@ class Command(BaseCommand):
         )
 
     def handle(self, *args, **opts):
+        if opts["trigger"] == "realtime":
+            # Exit status 2, as for an option argparse refuses: nothing can run this.
+            raise CommandError(f"--trigger realtime is refused: {REALTIME_REASON}", returncode=2)
         quick = QUICK if opts["quick"] else {}
         faults = opts["faults"] if opts["faults"] is not None else quick.get("faults", 4)
         try:
@@ -200,6 +220,8 @@ class Command(BaseCommand):
                 flink_profile=opts["flink_profile"],
                 flink_options=flink_options(opts),
                 policy=tuple(policy_change(item) for item in opts["policy"]),
+                source=opts["source"],
+                trigger=opts["trigger"],
             )
         except ValueError as exc:
             raise CommandError(str(exc)) from None
