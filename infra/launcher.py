@@ -25,6 +25,7 @@ from urllib.parse import urlparse
 import redis
 
 from infra.kafka import KafkaBroker, kafka_bootstrap_servers
+from infra.kafka_outage import BrokerKeeper
 from infra.keys import node_heartbeat
 from infra.queues import CONTROL_QUEUE, node_queue
 from infra.redis_client import redis_client
@@ -74,6 +75,8 @@ class Child:
     quick_exits: int = 0  # consecutive exits within QUICK_EXIT_S of a start
     exited_at: float | None = None  # when the group saw it exit (None while it runs)
     nice: int | None = None  # its session's CPU priority (None: the normal level)
+    # time.monotonic() until which an exit is not restarted (`ProcessGroup.hold`); None: no hold
+    held_until: float | None = None
 
 
 @dataclass
@@ -84,7 +87,8 @@ class ProcessGroup:
     group starts again a child that exits on its own: a Celery worker can stop for good on a
     broker error (kombu 5.7 does on a Redis restart; docs/RELIABILITY.md). A child that keeps
     exiting soon after its start waits longer each time (1 s doubling up to 30 s). `kill` and
-    `stop` end children for good.
+    `stop` end children for good. `hold` keeps a child down on purpose for a while (the
+    kafka-broker fault): it is started again when the hold ends (or at `release`).
     """
 
     log_dir: Path
@@ -93,6 +97,8 @@ class ProcessGroup:
     _lock: threading.Lock = field(default_factory=threading.Lock)
     _stopping: threading.Event = field(default_factory=threading.Event)
     _watcher: threading.Thread | None = None
+    # Threads that act on children (a Kafka broker's keeper): stopped before the children.
+    _keepers: list = field(default_factory=list)
 
     def start(
         self, name: str, argv: list[str], env: dict | None = None, nice: int | None = None
@@ -126,9 +132,16 @@ class ProcessGroup:
         with self._lock:
             for child in self.children.values():
                 code = child.proc.poll()
-                if code is None or self._stopping.is_set():
-                    continue
                 now = time.monotonic()
+                if code is None or self._stopping.is_set():
+                    if code is None and child.held_until is not None and now >= child.held_until:
+                        child.held_until = None  # held, but it never exited: the hold is over
+                    continue
+                if child.held_until is not None:
+                    if now < child.held_until:
+                        continue  # kept down on purpose
+                    # An exit asked for: not a crash, so no quick-exit delay.
+                    child.held_until, child.exited_at, child.quick_exits = None, now, 0
                 if child.exited_at is None:
                     child.exited_at = now
                     quick = now - child.started_at < QUICK_EXIT_S
@@ -144,6 +157,30 @@ class ProcessGroup:
                     f"restarted {child.name} (it exited with code {code}; restart {child.restarts})"
                 )
         return restarted
+
+    def hold(self, name: str, seconds: float, sig: int | None = None) -> subprocess.Popen:
+        """Keep `name` down for `seconds`: if it exits before they are over, it is started again
+        only then (not counted as a crash). With `sig`, send its process group that signal now
+        (SIGTERM, SIGKILL): the way to take a child down for a while. Returns the process held."""
+        with self._lock:
+            child = self.children[name]
+            child.held_until = time.monotonic() + seconds
+            proc = child.proc
+        self._report(f"holding {name} down for {seconds:g} s (pid {proc.pid})")
+        if sig is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, sig)
+        return proc
+
+    def release(self, name: str) -> subprocess.Popen:
+        """End `name`'s hold now: started again at once if it is down. Returns its process."""
+        with self._lock:
+            child = self.children[name]
+            if child.held_until is not None:
+                child.held_until = time.monotonic()
+        self.restart_exited()
+        with self._lock:
+            return self.children[name].proc
 
     def _report(self, message: str) -> None:
         stamp = time.strftime("%Y-%m-%d %H:%M:%S")
@@ -170,8 +207,16 @@ class ProcessGroup:
             os.killpg(child.proc.pid, signal.SIGKILL)
         child.proc.wait(timeout=30)
 
+    def keep(self, keeper):
+        """Stop `keeper` (anything with a `stop()`) when the group stops, before its children."""
+        self._keepers.append(keeper)
+        return keeper
+
     def stop(self, grace_s: float = 10.0) -> None:
         """SIGTERM every child, newest first, then SIGKILL those still running after `grace_s`."""
+        for keeper in reversed(self._keepers):
+            keeper.stop()
+        self._keepers.clear()
         self._stopping.set()
         with self._lock:
             children = list(reversed(self.children.values()))
@@ -221,11 +266,20 @@ def start_redis_if_needed(url: str, group: ProcessGroup, data_dir: Path) -> str:
     return f"started {binary} at {url} (append-only file in {data_dir})"
 
 
-def start_kafka_if_needed(group: ProcessGroup, data_dir: Path, timeout_s: float = 90.0) -> str:
+def start_kafka_if_needed(
+    group: ProcessGroup,
+    data_dir: Path,
+    timeout_s: float = 90.0,
+    redis_url: str | None = None,
+) -> str:
     """The bootstrap address of the Kafka cluster in use: `KAFKA_BOOTSTRAP_SERVERS` when set
     (nothing is started), else Apache Kafka's broker (infra/kafka.py) started as the child
     "kafka" of `group`, so kept running, with its data, ports and cluster id in `data_dir` (a
-    restart, by the group or a later launcher, finds them there). Its log: log_dir/kafka.log."""
+    restart, by the group or a later launcher, finds them there). Its log: log_dir/kafka.log.
+
+    With `redis_url`, the broker is registered there and kept by a BrokerKeeper
+    (infra/kafka_outage.py), which carries out the kafka-broker fault on it; `group.stop()`
+    ends the keeper too. Without it, that fault is refused against this broker."""
     configured = kafka_bootstrap_servers()
     if configured:
         return configured
@@ -236,6 +290,8 @@ def start_kafka_if_needed(group: ProcessGroup, data_dir: Path, timeout_s: float 
     broker.prepare()  # the jars (fetched once), server.properties, a formatted log directory
     proc = group.start("kafka", broker.argv())
     broker.wait_ready(timeout_s, proc=proc)
+    if redis_url is not None:
+        group.keep(BrokerKeeper.for_group_child(group, "kafka", broker, redis_url).start())
     return broker.bootstrap_servers
 
 

@@ -31,7 +31,7 @@ from confluent_kafka.admin import AdminClient, OffsetSpec
 
 from spark_runtime import keys
 from spark_runtime.jobdef import is_registered_ident, resolve_topology
-from spark_runtime.kafka_read import CLIENT_LOG
+from spark_runtime.kafka_read import CLIENT_LOG, RECONNECT_BACKOFF_MAX_MS
 
 
 def generator_replica_id(job_key: str) -> str:
@@ -147,6 +147,20 @@ def _malform(fields: dict, n: int) -> dict:
     return bad
 
 
+def entries_due(rate, elapsed, sent, resumed_at, count, duration, stop) -> int | None:
+    """How many entries a generator at `rate` should write now, `elapsed` seconds after it
+    started with `resumed_at` already written and `sent` written so far (<= 0: none yet);
+    None once it is done (`duration` over, `count` reached, or `stop()` true)."""
+    if duration is not None and elapsed >= duration:
+        return None
+    if count is not None and sent >= count:
+        return None
+    if stop is not None and stop():
+        return None
+    due = int(rate * elapsed) + 1 - (sent - resumed_at)
+    return due if count is None else min(due, count - sent)
+
+
 def generate(
     client,
     job: str,
@@ -187,15 +201,9 @@ def generate(
     while True:
         now = time.time()
         elapsed = now - started
-        if duration is not None and elapsed >= duration:
+        due = entries_due(rate, elapsed, sent, resumed_at, count, duration, stop)
+        if due is None:
             break
-        if count is not None and sent >= count:
-            break
-        if stop is not None and stop():
-            break
-        due = int(rate * elapsed) + 1 - (sent - resumed_at)
-        if count is not None:
-            due = min(due, count - sent)
         if due <= 0:
             time.sleep(0.01)
             continue
@@ -277,6 +285,8 @@ def generate_to_kafka(
             "enable.idempotence": True,
             "linger.ms": 5,
             "logger": CLIENT_LOG,
+            # what it buffered while a broker was away goes out within a second of its return
+            "reconnect.backoff.max.ms": RECONNECT_BACKOFF_MAX_MS,
         }
     )
     sent = topic_record_count(bootstrap, topic) if resume else 0
@@ -285,15 +295,9 @@ def generate_to_kafka(
     while True:
         now = time.time()
         elapsed = now - started
-        if duration is not None and elapsed >= duration:
+        due = entries_due(rate, elapsed, sent, resumed_at, count, duration, stop)
+        if due is None:
             break
-        if count is not None and sent >= count:
-            break
-        if stop is not None and stop():
-            break
-        due = int(rate * elapsed) + 1 - (sent - resumed_at)
-        if count is not None:
-            due = min(due, count - sent)
         if due <= 0:
             producer.poll(0.01)
             continue

@@ -7,6 +7,10 @@ the two details that make it fast and exact.
   after the range, or the partition's end-of-partition event, completes the last call.
 - With `isolation.level=read_committed` offsets have gaps (transaction markers, aborted
   records), so the end of a range is where the consumer's position reaches it, not a count.
+
+A broker that is away (stopped, restarting) shows as errors such as "transport failure" or
+"all brokers down" delivered through `consume`, or as calls that time out: `broker_away` tells
+them from real errors, and the reads wait them out instead of failing.
 """
 
 from __future__ import annotations
@@ -23,6 +27,35 @@ CLIENT_LOG = logging.getLogger("spark_runtime.kafka_client")
 
 # The largest batch one consume call asks for.
 BATCH = 500
+# librdkafka's wait between two connection attempts doubles up to this (its default, 10 s,
+# kept a returned broker unused for up to 10 s): a broker that comes back is used within ~1 s.
+RECONNECT_BACKOFF_MAX_MS = 1000
+
+# Errors of a broker that is away or just back (its partitions' leaders not known yet), which
+# a client outlives: a read or a write waits them out.
+BROKER_AWAY_CODES = frozenset(
+    {
+        KafkaError._TRANSPORT,
+        KafkaError._ALL_BROKERS_DOWN,
+        KafkaError._TIMED_OUT,
+        KafkaError._RESOLVE,
+        KafkaError._UNKNOWN_PARTITION,
+        KafkaError._WAIT_COORD,
+        KafkaError.REQUEST_TIMED_OUT,
+        KafkaError.NETWORK_EXCEPTION,
+        KafkaError.LEADER_NOT_AVAILABLE,
+        KafkaError.NOT_LEADER_FOR_PARTITION,
+        KafkaError.COORDINATOR_LOAD_IN_PROGRESS,
+        KafkaError.COORDINATOR_NOT_AVAILABLE,
+        KafkaError.NOT_COORDINATOR,
+    }
+)
+
+
+def broker_away(error: KafkaError) -> bool:
+    """Whether `error` says the broker cannot be reached now (retry later), not that the request
+    is wrong."""
+    return error.code() in BROKER_AWAY_CODES or bool(error.retriable())
 
 
 def committed_reader(bootstrap: str, group: str) -> Consumer:
@@ -40,7 +73,7 @@ def committed_reader(bootstrap: str, group: str) -> Consumer:
             # Kafka source finds such a loss first, from the partition's low watermark).
             "auto.offset.reset": "earliest",
             "socket.timeout.ms": 10_000,
-            "reconnect.backoff.max.ms": 2_000,
+            "reconnect.backoff.max.ms": RECONNECT_BACKOFF_MAX_MS,
         }
     )
 
@@ -56,30 +89,28 @@ def read_range(
 ) -> Iterator:
     """The committed messages of `topic[partition]` with offsets in [first, end), in order.
 
-    A broker that gives nothing is waited for: for ever when `timeout_s` is None (`on_wait()`
-    is called once a second meanwhile), else TimeoutError after `timeout_s` without a message.
+    A broker that gives nothing, or is away (`broker_away` errors), is waited for: for ever
+    when `timeout_s` is None, else TimeoutError after `timeout_s` without a message. Meanwhile
+    `on_wait(quiet_s, error)` is called about once a second: the seconds without a message and
+    the last broker error seen (None: the broker only said nothing).
     """
     consumer.assign([TopicPartition(topic, partition, first)])
     position = first
     quiet_since = time.monotonic()
+    away: KafkaError | None = None  # the last "broker away" error since the broker last answered
     try:
         while position < end:
             messages = consumer.consume(num_messages=min(BATCH, end - position), timeout=1.0)
-            if not messages:
-                if timeout_s is not None and time.monotonic() - quiet_since > timeout_s:
-                    raise TimeoutError(
-                        f"{topic}[{partition}] gave nothing at offset {position} "
-                        f"for {timeout_s:.0f} s"
-                    )
-                if on_wait is not None:
-                    on_wait()
-                continue
-            quiet_since = time.monotonic()
+            heard = False  # a record or the partition's end: the broker answers
             for msg in messages:
                 error = msg.error()
-                if error is not None:
-                    if error.code() != KafkaError._PARTITION_EOF:
+                if error is not None and error.code() != KafkaError._PARTITION_EOF:
+                    if not broker_away(error):
                         raise KafkaException(error)
+                    away = error
+                    continue
+                heard = True
+                if error is not None:
                     position = max(position, msg.offset())
                     if position < end:
                         # The end of the partition as it was: the rest of the range is gaps.
@@ -91,6 +122,17 @@ def read_range(
                     position = end
                     break
                 yield msg
+            if heard:
+                quiet_since, away = time.monotonic(), None
+                continue
+            quiet_s = time.monotonic() - quiet_since
+            if timeout_s is not None and quiet_s > timeout_s:
+                raise TimeoutError(
+                    f"{topic}[{partition}] gave nothing at offset {position} for "
+                    f"{timeout_s:.0f} s" + (f" ({away.str()})" if away is not None else "")
+                )
+            if on_wait is not None:
+                on_wait(quiet_s, away)
     finally:
         consumer.unassign()
 

@@ -29,7 +29,12 @@ from confluent_kafka import KafkaError, KafkaException, Producer
 
 from spark_runtime import keys
 from spark_runtime.external_io import KafkaSink
-from spark_runtime.kafka_read import CLIENT_LOG, committed_reader, read_topic
+from spark_runtime.kafka_read import (
+    CLIENT_LOG,
+    RECONNECT_BACKOFF_MAX_MS,
+    committed_reader,
+    read_topic,
+)
 from spark_runtime.sink import FencedError, HashRow
 
 log = logging.getLogger(__name__)
@@ -96,6 +101,8 @@ class KafkaResultWriter:
                     "enable.idempotence": True,
                     "transaction.timeout.ms": 60_000,
                     "linger.ms": 5,
+                    # A broker back from an outage is used within a second, not up to 10 s.
+                    "reconnect.backoff.max.ms": RECONNECT_BACKOFF_MAX_MS,
                 }
             )
         self._retrying(lambda: self.producer.init_transactions(COMMIT_TIMEOUT_S))

@@ -14,10 +14,12 @@ record's value as a JSON object. A record that does not decode goes to the job's
 stream and counter (as on Redis) and to the topic's dead-letter topic, once per stage.
 
 Faults: a broker that does not answer is waited for (no new batch is planned; a batch being read
-waits for it), with the cause in the job's stats hash (`kafka:source`) until it answers again. A
-missing topic is reported the same way. Offsets deleted by retention before they were read fail
-the batch with their count, unless the source accepts loss: then they are skipped and counted
-(`kafka:skipped`).
+waits for it in the Python worker, however long it is away), with the cause in the job's stats
+hash (`kafka:source`) until it answers again: the driver writes it when it cannot plan, a worker
+when it cannot read, and each deletes it once the broker answers it (the driver also deletes a
+cause a worker left behind, every few seconds). A missing topic is reported the same way.
+Offsets deleted by retention before they were read fail the batch with their count, unless the
+source accepts loss: then they are skipped and counted (`kafka:skipped`).
 """
 
 from __future__ import annotations
@@ -43,7 +45,13 @@ from spark_runtime.kafka_plan import (
     plan_size,
     position,
 )
-from spark_runtime.kafka_read import CLIENT_LOG, committed_reader, read_range
+from spark_runtime.kafka_read import (
+    CLIENT_LOG,
+    RECONNECT_BACKOFF_MAX_MS,
+    broker_away,
+    committed_reader,
+    read_range,
+)
 from spark_runtime.redis_client import connect
 from spark_runtime.redis_source import DEAD_LUA, parse_fields, payload, schema_for
 
@@ -56,6 +64,11 @@ LOOKAHEAD = 64
 BROKER_TIMEOUT_S = 5.0
 # How often a replica publishes its lag (keys.kafka_lag), seconds.
 LAG_EVERY_S = 1.0
+# While the broker answers, the driver deletes a source cause this often even if it wrote none:
+# a worker that waited for the broker and died before it could delete its own.
+CLEAR_EVERY_S = 5.0
+# A worker waiting for the broker asks again after this long at most (doubling from 0.25 s).
+WORKER_RETRY_MAX_S = 1.0
 # Stats fields (keys.stats): the current cause of a stalled source, offsets skipped as lost.
 SOURCE_CAUSE = "kafka:source"
 SKIPPED = "kafka:skipped"
@@ -160,6 +173,7 @@ class KafkaPlanReader(DataSourceStreamReader):
         self._redis = None
         self._admin = None
         self._cause = None  # the cause last written to the stats hash
+        self._cleared_at = 0.0  # time.monotonic() when the driver last deleted a cause
 
     def __getstate__(self):
         # Clients are per process and not picklable: the workers open their own.
@@ -180,19 +194,24 @@ class KafkaPlanReader(DataSourceStreamReader):
                 {
                     "bootstrap.servers": self.bootstrap,
                     "socket.timeout.ms": 5_000,
+                    "reconnect.backoff.max.ms": RECONNECT_BACKOFF_MAX_MS,
                     "logger": CLIENT_LOG,
                 }
             )
         return self._admin
 
     def _report(self, cause: str | None) -> None:
-        """Keep the source's current cause in the job's stats hash (cleared once it answers)."""
-        if cause == self._cause:
-            return
+        """Keep the source's current cause in the job's stats hash (cleared once it answers;
+        every CLEAR_EVERY_S as well, for a cause a worker left)."""
         if cause is None:
+            now = time.monotonic()
+            if self._cause is None and now - self._cleared_at < CLEAR_EVERY_S:
+                return
+            self._cleared_at = now
             self._client().hdel(keys.stats(self.job), SOURCE_CAUSE)
-            log.info("kafka source %s: the broker answers again", self.topic)
-        else:
+            if self._cause is not None:
+                log.info("kafka source %s: the broker answers again", self.topic)
+        elif cause != self._cause:
             self._client().hset(keys.stats(self.job), SOURCE_CAUSE, cause)
             log.warning("kafka source %s: %s", self.topic, cause)
         self._cause = cause
@@ -335,14 +354,19 @@ class KafkaPlanReader(DataSourceStreamReader):
 
     def read(self, part: PlanRange):
         consumer = _worker_client("consumer", self.bootstrap)
-        first = self._check_lost(consumer, part)
+        waiting = WorkerWait(self)
+        first = self._check_lost(consumer, part, waiting)
         dead: list[tuple[int, bytes | None, str]] = []
-        for msg in read_range(consumer, self.topic, part.partition, first, part.end):
+        for msg in read_range(
+            consumer, self.topic, part.partition, first, part.end, on_wait=waiting.waiting
+        ):
+            waiting.answered()
             row, reason = self._row(part, msg)
             if row is None:
                 dead.append((msg.offset(), msg.value(), reason))
             else:
                 yield row
+        waiting.answered()
         if dead:
             self._dead_letter(part, dead)
 
@@ -359,12 +383,28 @@ class KafkaPlanReader(DataSourceStreamReader):
         pos = position(part.plan_ms, part.base + offset - part.first)
         return (pos, f"{part.partition}:{offset}", rid, int(ts), *values), None
 
-    def _check_lost(self, consumer, part: PlanRange) -> int:
+    def _low_watermark(self, consumer, partition: int, waiting: WorkerWait) -> int:
+        """The partition's earliest offset kept, asked of the broker until it answers."""
+        delay = 0.25
+        while True:
+            try:
+                low, _high = consumer.get_watermark_offsets(
+                    TopicPartition(self.topic, partition), timeout=BROKER_TIMEOUT_S, cached=False
+                )
+            except KafkaException as exc:
+                if not broker_away(exc.args[0]):
+                    raise
+                waiting.waiting(BROKER_TIMEOUT_S, exc.args[0])
+                time.sleep(delay)
+                delay = min(delay * 2, WORKER_RETRY_MAX_S)
+                continue
+            waiting.answered()
+            return low
+
+    def _check_lost(self, consumer, part: PlanRange, waiting: WorkerWait) -> int:
         """Where to start reading `part`: its first offset, or the earliest one kept when
         retention deleted offsets before them (counted when loss is accepted, else raised)."""
-        low, _high = consumer.get_watermark_offsets(
-            TopicPartition(self.topic, part.partition), timeout=BROKER_TIMEOUT_S, cached=False
-        )
+        low = self._low_watermark(consumer, part.partition, waiting)
         if low <= part.first:
             return part.first
         lost = min(low, part.end) - part.first
@@ -397,6 +437,40 @@ class KafkaPlanReader(DataSourceStreamReader):
                           "stage": self.stage, "reason": reason, "raw": raw}  # fmt: skip
                 producer.produce(self.dead_topic, key=entry, value=json.dumps(letter))
         producer.flush(30)
+
+
+class WorkerWait:
+    """A Python worker's part of the source's cause: written to the job's stats hash when a read
+    has waited BROKER_TIMEOUT_S for the broker (at once on a "broker away" error) and again every
+    BROKER_TIMEOUT_S while it waits (another replica's driver may have deleted it), deleted when
+    the broker answers this worker again."""
+
+    def __init__(self, reader: KafkaPlanReader):
+        self.reader = reader
+        self.reported = False
+        self.reported_at = 0.0  # time.monotonic() of the last write
+
+    def waiting(self, quiet_s: float, error) -> None:
+        now = time.monotonic()
+        if error is None and quiet_s < BROKER_TIMEOUT_S:
+            return
+        if self.reported and now - self.reported_at < BROKER_TIMEOUT_S:
+            return
+        why = error.str() if error is not None else f"nothing read for {quiet_s:.0f} s"
+        cause = f"broker {self.reader.bootstrap} does not answer: {why}"
+        client = _worker_client("redis", self.reader.redis_url)
+        client.hset(keys.stats(self.reader.job), SOURCE_CAUSE, cause)
+        if not self.reported:
+            log.warning("kafka source %s (worker): %s", self.reader.topic, cause)
+        self.reported, self.reported_at = True, now
+
+    def answered(self) -> None:
+        if not self.reported:
+            return
+        client = _worker_client("redis", self.reader.redis_url)
+        client.hdel(keys.stats(self.reader.job), SOURCE_CAUSE)
+        log.info("kafka source %s (worker): the broker answers again", self.reader.topic)
+        self.reported = False
 
 
 class KafkaPlanDataSource(DataSource):

@@ -6,6 +6,7 @@ import pytest
 from rest_framework.test import APIClient
 
 from console.roles import ADMIN, OPERATOR, VIEWER
+from infra.kafka_outage import BrokerKeeper
 from tests.factories import UserFactory
 
 
@@ -45,15 +46,19 @@ def cluster(request, transactional_db, tmp_path, settings):
     """A real controller, beat and three node agents (see tests/cluster.py). The agents share
     this machine as their host (one host's warm spares), unless the test is marked
     `own_hosts`: then each node stands for a host of its own. Marked `kafka`: the console and
-    every process of the cluster use the session's Kafka broker (`kafka_broker`)."""
+    every process of the cluster use the session's Kafka broker (`kafka_broker`), which this
+    test process keeps meanwhile (infra/kafka_outage.py: the kafka-broker fault stops and
+    starts it; it runs again when the test ends)."""
     from tests.cluster import Cluster, prepare
 
     settings.CONTROLLER_DISPATCH = True  # the API sends real tasks to the real controller
     env = {}
+    broker = None
     if request.node.get_closest_marker("kafka") is not None:
-        bootstrap = request.getfixturevalue("kafka_broker").bootstrap_servers
-        settings.KAFKA_BOOTSTRAP_SERVERS = env["KAFKA_BOOTSTRAP_SERVERS"] = bootstrap
+        broker = request.getfixturevalue("kafka_broker")
+        settings.KAFKA_BOOTSTRAP_SERVERS = env["KAFKA_BOOTSTRAP_SERVERS"] = broker.bootstrap_servers
     prepare()
+    keeper = BrokerKeeper.for_broker(broker, settings.REDIS_URL).start() if broker else None
     running = Cluster(
         tmp_path, env=env, own_hosts=request.node.get_closest_marker("own_hosts") is not None
     )
@@ -62,6 +67,8 @@ def cluster(request, transactional_db, tmp_path, settings):
         yield running
     finally:
         running.stop()
+        if keeper is not None:
+            keeper.stop()
 
 
 @pytest.fixture

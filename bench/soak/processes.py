@@ -6,8 +6,9 @@ primary and standby (stage processes, `spark_runtime.stage --role ...`; the role
 now, from the job's replicas hash, wins over the one it was started with: a promoted standby
 keeps its command line), spare (a warm spare with no replica yet), generator, cpu-hog (a
 stress-node fault's), python-worker (Spark's Python workers: `-m pyspark.daemon`, a streaming
-source's runner), redis, postgres. A JVM counts as the kind of the stage or spare that started
-it. A JVM or Python worker with no stage or spare above it is an orphan.
+source's runner), redis, postgres, kafka (Apache Kafka's broker, a JVM of its own: a run on
+Kafka starts it). A JVM counts as the kind of the stage or spare that started it. A JVM or Python
+worker with no stage or spare above it is an orphan.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from infra.processes import CPU_HOG_MODULE, SPARE_MODULE, STAGE_MODULE, argv_of,
 from infra.queues import CONTROL_QUEUE
 
 ORPHAN = "orphan"
+KAFKA_MAIN_CLASS = "kafka.Kafka"  # the broker's JVM (infra/kafka.py)
 # Kinds that own the JVMs and Python workers below them.
 OWNERS = ("primary", "standby", "spare", "generator")
 # Kinds a job owns (the rest belong to the cluster).
@@ -62,7 +64,7 @@ def base_kind(cmdline: Iterable[str]) -> str | None:
         return "python-worker"
     program = args[0].rsplit("/", 1)[-1]
     if program == "java":
-        return "jvm"
+        return "kafka" if KAFKA_MAIN_CLASS in args else "jvm"
     if program.startswith("redis-server"):
         return "redis"
     if program.startswith("postgres"):

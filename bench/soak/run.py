@@ -9,14 +9,18 @@ infra.launcher.LocalCluster, in a ProcessGroup that starts again whatever exits 
 or agent the schedule kills comes back as it would under a process manager).
 
 Jobs: wordcount and topn under adaptive, the example user job (examples.clickstream:activity,
-registered as the demo registers it) under local-restart, all at `rate` lines/s.
+registered as the demo registers it) under local-restart, all at `rate` lines/s. With `kafka`,
+wordcount reads and writes Kafka topics of the run's own, on a broker the run starts in its
+ProcessGroup and keeps (infra/kafka_outage.py; `KAFKA_BOOTSTRAP_SERVERS`, when set, names a
+cluster the run does not own, where kafka-broker faults are refused and reported so), and the
+schedule deals `kafka-broker` too.
 
 Every event of the schedule (bench/soak/schedule.py) is measured until it is judged:
 - a fault of a job (through console.services.faults.request_fault, as an operator asks for one):
   by the recovery episodes the console records for it (recovered when every one closed with a
   recovery time); a fault that opens no episode (kill-standby, stress-node, a short pause) by its
   output: the first batch the job's final stage wrote after the fault (kill-standby: and a
-  standby of that stage running again);
+  standby of that stage running again; kafka-broker: after the broker answered again);
 - a restart of the controller, Redis or PostgreSQL: the time from when the service was back (the
   kill, for the controller: its restart is part of what is measured) until every job's policy
   cycle ran again (`controller_cycle`, written at the end of each cycle, every 5 s, by the lease
@@ -48,6 +52,8 @@ from pathlib import Path
 
 import psutil
 import redis
+from confluent_kafka import KafkaException
+from django.conf import settings as django_settings
 from django.contrib.auth.models import User
 from django.db import DatabaseError, close_old_connections, connection, connections
 from django.utils import timezone
@@ -68,8 +74,11 @@ from bench.soak.schedule import (
     CONTROLLER_RESTART,
     DEFAULT_SPACING_S,
     JOB_FAULTS,
+    KAFKA_BROKER,
+    KAFKA_FAULTS,
     REDIS_RESTART,
     Event,
+    event_kinds,
     event_rng,
     pick,
     plan_schedule,
@@ -78,7 +87,7 @@ from bench.strategy.run import bench_user, machine_description
 from console.models import FaultInjection, Job, Node, Replica
 from console.redis import redis_client
 from console.services.demo_setup import DEMO_NODES, ensure_demo_nodes
-from console.services.faults import FaultRefused, request_fault
+from console.services.faults import FaultRefused, kafka_bootstrap_of, request_fault
 from console.services.jobs import create_job, kill_job_processes, kill_warm_spares, stop_job
 from console.services.recovery import GIVE_UP_AFTER_S, audit_output
 from console.services.retention import purge_old_records
@@ -86,7 +95,8 @@ from console.services.schedules import ensure_periodic_tasks
 from console.services.topologies import RegistrationRefused
 from console.services.topologies import register as register_topology
 from infra import keys as control_keys
-from infra.launcher import LocalCluster, ProcessGroup, wait_for
+from infra.kafka_outage import UP, outage
+from infra.launcher import LocalCluster, ProcessGroup, start_kafka_if_needed, wait_for
 from infra.processes import argv_of, cmdline_arg, safe_read
 from infra.redis_server import PrivateRedis
 from spark_runtime import keys as data_keys
@@ -108,6 +118,9 @@ EPISODE_GRACE_S = 30.0  # a fault with no episode this long after it opened none
 EPISODE_TIMEOUT_S = GIVE_UP_AFTER_S + 60.0
 JUDGE_TIMEOUT_S = 240.0
 LIVE_REPLICA_STATES = (Replica.State.RUNNING, Replica.State.CATCHING_UP, Replica.State.SLOW)
+# Errors of a service the schedule takes down (or that is slow to come back): the step is tried
+# again. A Kafka audit waits out a broker away for up to 60 s, then raises TimeoutError.
+TRANSIENT_ERRORS = (DatabaseError, redis.RedisError, KafkaException, TimeoutError)
 
 
 @dataclass(frozen=True)
@@ -121,6 +134,7 @@ class SoakSettings:
     sample_every_s: float = 60.0
     settle_s: float = 240.0  # after the schedule: how long its last events may take to be judged
     start_timeout_s: float = 900.0
+    kafka: bool = False  # wordcount on Kafka, and kafka-broker faults in the mix
 
     def __post_init__(self):
         problems = []
@@ -137,6 +151,9 @@ class SoakSettings:
     def duration_s(self) -> float:
         return self.minutes * 60
 
+    def schedule(self) -> list[Event]:
+        return plan_schedule(self.seed, self.duration_s, self.spacing_s, event_kinds(self.kafka))
+
 
 @dataclass
 class Pending:
@@ -150,6 +167,7 @@ class Pending:
     node: str = ""  # agent-restart: the node whose agent was killed
     output_at: float | None = None
     standby_at: float | None = None
+    back_at: float | None = None  # kafka-broker: when the broker answered again
 
 
 def soak_user() -> User:
@@ -217,6 +235,10 @@ class Soak:
     def elapsed(self) -> float:
         return time.time() - self.t0 if self.t0 else 0.0
 
+    def elapsed_at(self, at: float) -> str:
+        """Epoch seconds `at` as seconds into the run ("123.4 s")."""
+        return f"{at - self.t0:.1f} s" if self.t0 else f"{at:.1f}"
+
     def say(self, message: str) -> None:
         self.say_raw(f"{clock(self.elapsed(), self.settings.duration_s)} {message}")
 
@@ -253,9 +275,11 @@ class Soak:
                     "note": note,
                     "postgres_restarts": postgres is not None,
                 },  # fmt: skip
-                "schedule": [e.__dict__ for e in plan_schedule(s.seed, s.duration_s, s.spacing_s)],
+                "schedule": [e.__dict__ for e in s.schedule()],
+                "kafka": s.kafka,
             }
             finished = False
+            kafka_before = django_settings.KAFKA_BOOTSTRAP_SERVERS
             try:
                 self.start_cluster(services)
                 self.start_jobs()
@@ -265,6 +289,7 @@ class Soak:
                 finished = True
             finally:
                 self.teardown()
+                django_settings.KAFKA_BOOTSTRAP_SERVERS = kafka_before
                 # Also after an error or Ctrl-C: soak.json says what was measured until then.
                 self.report.update(soak_report_figures(self.report, self.faults, self.audits,
                                                        self.samples, s.duration_s))  # fmt: skip
@@ -278,6 +303,14 @@ class Soak:
             **worker_env(services, var_dir),
             "BACKSTOP_CHECKPOINT_ROOT": str(self.checkpoints),
         }
+        if self.settings.kafka:
+            # Before the workers: they are told where it is. Kept by this process (the
+            # kafka-broker fault), in the group that stops with the run.
+            bootstrap = start_kafka_if_needed(
+                self.group, self.out / "kafka", redis_url=self.redis_url
+            )
+            env["KAFKA_BOOTSTRAP_SERVERS"] = django_settings.KAFKA_BOOTSTRAP_SERVERS = bootstrap
+            self.say_raw(f"[soak] Kafka at {bootstrap} (log {self.out / 'logs' / 'kafka.log'})")
         nodes = ensure_demo_nodes()
         ensure_periodic_tasks()
         LocalCluster(
@@ -307,6 +340,7 @@ class Soak:
                 strategy=strategy,
                 params={"rate": s.rate, "seed": s.seed},
                 user=user,
+                **(kafka_io(stamp) if s.kafka and topology == "wordcount" else {}),
             )
             for name, topology, strategy in JOBS
         ]
@@ -330,7 +364,7 @@ class Soak:
         """The schedule, with audits and samples between its events, then the settling time
         its last events may need to be judged."""
         s = self.settings
-        events = plan_schedule(s.seed, s.duration_s, s.spacing_s)
+        events = s.schedule()
         self.say(f"{len(events)} events planned, one every {s.spacing_s[0]:g}-{s.spacing_s[1]:g} s")
         next_sample, next_audit = 0.0, s.audit_every_s
         while self.elapsed() < s.duration_s or (
@@ -346,13 +380,14 @@ class Soak:
                     self.sample()
                     next_sample += s.sample_every_s
                     self.write()
-                if now >= next_audit and now < s.duration_s:
+                # An audit reads a Kafka job's input topic: not while its broker is down.
+                if now >= next_audit and now < s.duration_s and not self.broker_away():
                     self.audit()
                     next_audit += s.audit_every_s
                     self.write()
                 self.judge_pending()
-            except (DatabaseError, redis.RedisError) as exc:
-                self.say(f"(retrying after a database or Redis error: {str(exc)[:120]})")
+            except TRANSIENT_ERRORS as exc:
+                self.say(f"(retrying after a database, Redis or Kafka error: {str(exc)[:120]})")
                 connections.close_all()
             time.sleep(0.5)
         for pending in self.pending:
@@ -406,7 +441,7 @@ class Soak:
             try:
                 step()
                 return
-            except (DatabaseError, redis.RedisError) as exc:
+            except TRANSIENT_ERRORS as exc:
                 self.say(f"({step.__name__} failed: {str(exc)[:100]}; again in 3 s)")
                 connections.close_all()
                 if attempt == attempts - 1:
@@ -464,7 +499,7 @@ class Soak:
             "how": "",
         }
         self.faults.append(row)
-        if event.kind in JOB_FAULTS:
+        if event.kind in JOB_FAULTS or event.kind in KAFKA_FAULTS:
             pending = self.fire_job_fault(row, rng)
         elif event.kind == CONTROLLER_RESTART:
             pending = self.restart_child(row, "controller")
@@ -489,7 +524,10 @@ class Soak:
             )
             live = Replica.objects.filter(job=job, state__in=LIVE_REPLICA_STATES)
             roles = set(live.values_list("stage", "role"))
-            if kind in ("kill-driver", "operator-exception", "kill-standby"):
+            if kind == KAFKA_BROKER:
+                if job.source or job.sink:  # the broker of a job on Kafka
+                    candidates[(job.name, "kafka")] = (job, "", None, "")
+            elif kind in ("kill-driver", "operator-exception", "kill-standby"):
                 role = "standby" if kind == "kill-standby" else "primary"
                 for operator, stage in stages.items():
                     if (stage, role) in roles:
@@ -502,9 +540,11 @@ class Soak:
             row["detail"] = "not injected: no target (no live replica it could hit)"
             return None
         job, operator, node_name, stage = candidates[choice]
-        row["target"] = f"{job.name.rsplit('-', 1)[0]}/{operator or node_name}"
+        row["target"] = f"{job.name.rsplit('-', 1)[0]}/{operator or node_name or 'kafka'}"
         params = {}
-        if kind == "pause-node":
+        if kind == KAFKA_BROKER:
+            params = {"duration_s": rng.choice((5, 10, 15))}
+        elif kind == "pause-node":
             params = {"duration_s": rng.choice((2, 5, 8))}
         elif kind == "stress-node":
             params = {"duration_s": 10, "workers": rng.choice((1, 2))}
@@ -595,6 +635,10 @@ class Soak:
         outputs = [r.at for r in records if r.is_output and r.at > since]
         return outputs[0] if outputs else None
 
+    def broker_away(self) -> bool:
+        """Whether a kafka-broker fault of the schedule has not seen its broker answer again."""
+        return any(p.row["kind"] == KAFKA_BROKER and p.back_at is None for p in self.pending)
+
     def judge_pending(self) -> None:
         still = []
         for pending in self.pending:
@@ -609,7 +653,7 @@ class Soak:
     def judge(self, pending: Pending) -> bool:
         """Whether the event is judged now (and if so, concluded)."""
         kind = pending.row["kind"]
-        if kind in JOB_FAULTS:
+        if kind in JOB_FAULTS or kind in KAFKA_FAULTS:
             return self.judge_job_fault(pending)
         client = redis_client()
         try:
@@ -651,6 +695,13 @@ class Soak:
             row["injected"] = True
             pending.since = fault.injected_at.timestamp()
             self.write()
+        if row["kind"] == KAFKA_BROKER and pending.back_at is None:
+            # Judged from when the broker answered again: until then the job cannot go on.
+            pending.back_at = broker_back_at(job, fault)
+            if pending.back_at is None:
+                return False
+            pending.since, pending.output_at = pending.back_at, None
+            row["detail"] += f"; the broker answered again at {self.elapsed_at(pending.back_at)}"
         episodes = list(fault.episodes.all())
         if episodes:
             if any(e.watched_s is None for e in episodes):
@@ -697,11 +748,12 @@ class Soak:
                 "no episode; output went on and a new standby runs (seen then)",
             )
             return True
+        after = "the broker answered again" if pending.back_at is not None else "the fault"
         self.conclude(
             pending,
             True,
             pending.output_at - pending.since,
-            "no episode; the first output after the fault",
+            f"no episode; the first output after {after}",
         )
         return True
 
@@ -816,6 +868,30 @@ class Soak:
                  f"{sample['redis']['used_memory_mb']} MB, {sample['redis']['keys']} keys; "
                  f"checkpoints {sample['checkpoint_bytes'] / 2**20:.1f} MB; "
                  f"{len(sample['unowned'])} unowned processes")  # fmt: skip
+
+
+def kafka_io(stamp: str) -> dict:
+    """The Kafka source and sink of the run's job on Kafka: topics of the run's own."""
+    return {
+        "source": {"kind": "kafka", "topic": f"soak-lines-{stamp}"},
+        "sink": {"kind": "kafka", "topic": f"soak-counts-{stamp}"},
+    }
+
+
+def broker_back_at(job: Job, fault: FaultInjection) -> float | None:
+    """When the broker a kafka-broker `fault` stopped answered again (epoch s), from its
+    keeper's outage record; None while it is down (or the record is another fault's)."""
+    bootstrap = kafka_bootstrap_of(job)
+    if bootstrap is None:
+        return None
+    client = redis_client()
+    try:
+        record = outage(client, bootstrap)
+    finally:
+        client.close()
+    if record is None or record.fault != fault.pk or record.state != UP:
+        return None
+    return record.back_at
 
 
 def directory_bytes(root: Path) -> int:

@@ -2,8 +2,9 @@
 
 One event every `spacing` seconds (a uniform draw between its bounds), from `random.Random(seed)`.
 Kinds are dealt from a shuffled deck of every kind, reshuffled when it runs out, so any
-`len(EVENT_KINDS)` consecutive events hold every kind once: a run of 10 events or more meets each
-of them, and the same seed always gives the same schedule.
+`len(kinds)` consecutive events hold every kind once: a run of 10 events or more meets each of
+them (11 with a job on Kafka, whose run adds `kafka-broker`), and the same seed always gives the
+same schedule.
 """
 
 from __future__ import annotations
@@ -27,6 +28,17 @@ REDIS_RESTART = "redis-restart"
 POSTGRES_RESTART = "postgres-restart"
 CONTROL_PLANE = (CONTROLLER_RESTART, AGENT_RESTART, REDIS_RESTART, POSTGRES_RESTART)
 EVENT_KINDS = JOB_FAULTS + CONTROL_PLANE
+# Faults of a job on Kafka, through the fault service too: dealt only in a run with such a job
+# (`manage.py soak --kafka`), whose broker the run started (infra/kafka_outage.py).
+KAFKA_BROKER = "kafka-broker"
+KAFKA_FAULTS = (KAFKA_BROKER,)
+
+
+def event_kinds(kafka: bool = False) -> tuple[str, ...]:
+    """The kinds a run deals: every job fault and control-plane restart, and the Kafka faults
+    when a job of the run is on Kafka."""
+    return EVENT_KINDS + KAFKA_FAULTS if kafka else EVENT_KINDS
+
 
 DEFAULT_SPACING_S = (60.0, 120.0)
 

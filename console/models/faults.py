@@ -24,6 +24,7 @@ class FaultInjection(models.Model):
         KILL_EXECUTOR = "kill-executor", "kill one Spark executor of a stage's primary"
         KILL_WORKER = "kill-worker", "kill the Spark worker running a primary's executor"
         SLOW_DRIVER = "slow-driver", "each batch of a stage's primary N s longer, for M seconds"
+        KAFKA_BROKER = "kafka-broker", "stop the job's Kafka broker (Backstop's own) for N seconds"
 
     class Outcome(models.TextChoices):
         PENDING = "pending", "pending"
@@ -32,6 +33,8 @@ class FaultInjection(models.Model):
         REFUSED = "refused", "refused"
 
     NODE_KINDS = (Kind.KILL_NODE, Kind.PAUSE_NODE, Kind.STRESS_NODE)
+    # Faults of what the job uses rather than of one of its operators or nodes: no target.
+    UNTARGETED_KINDS = (Kind.KAFKA_BROKER,)
 
     job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="faults")
     kind = models.CharField(max_length=24, choices=Kind.choices)

@@ -31,6 +31,7 @@ STRESS_NODE = "stress-node"
 KILL_EXECUTOR = "kill-executor"
 KILL_WORKER = "kill-worker"
 SLOW_DRIVER = "slow-driver"
+KAFKA_BROKER = "kafka-broker"
 
 
 class FaultParamsError(ValueError):
@@ -66,6 +67,8 @@ PARAMS_BY_KIND: dict[str, tuple[str, ...]] = {
     PAUSE_NODE: ("duration_s",),
     STRESS_NODE: ("duration_s", "workers"),
     SLOW_DRIVER: ("duration_s", "delay_s"),
+    # hard: SIGKILL (a crash, the default) or SIGTERM (a clean shutdown) before the outage
+    KAFKA_BROKER: ("duration_s", "hard"),
 }
 
 
@@ -131,4 +134,9 @@ def validate_params(kind: str, params, limits: Limits) -> dict:
         checked["delay_s"] = _seconds(
             "params.delay_s", params.get("delay_s", DEFAULT_BATCH_DELAY_S), MAX_BATCH_DELAY_S
         )
+    if "hard" in allowed:
+        hard = params.get("hard", True)
+        if not isinstance(hard, bool):
+            raise FaultParamsError("params.hard", f"must be true or false, got {hard!r:.40}")
+        checked["hard"] = hard
     return checked

@@ -26,7 +26,9 @@ from console.redis import redis_client
 from console.services.control.act import send_command
 from console.services.jobs import dispatch
 from infra import keys, tasks
+from infra.kafka_outage import ASKED, DOWN, OutageRefused, outage, registration, request_outage
 from infra.queues import node_queue
+from spark_runtime import external_io
 from spark_runtime import keys as data_keys
 
 
@@ -83,7 +85,8 @@ def request_fault(
     Refuses params that the kind does not accept or that exceed the target node's bounds (400,
     see console.policy.fault_params), faults on jobs that are not running (409), unknown
     operators or missing nodes (400), and more than `FAULT_RATE_LIMIT_PER_MINUTE` faults per job
-    per minute (429).
+    per minute (429). A kafka-broker fault takes no target, and is refused for a job that uses
+    no Kafka or whose Kafka is not a broker Backstop runs (400; `check_kafka_broker`).
     """
     if kind not in FaultInjection.Kind.values:
         raise FaultRefused(f"kind: unknown fault kind {kind!r:.60}", field="kind")
@@ -92,7 +95,14 @@ def request_fault(
             f"job {job.name!r} is {job.status}; faults can only be injected into running jobs",
             status=409,
         )
-    if kind in FaultInjection.NODE_KINDS:
+    if kind in FaultInjection.UNTARGETED_KINDS:
+        if target_operator or target_node is not None:
+            field = "target_operator" if target_operator else "target_node"
+            raise FaultRefused(
+                f"{field}: {kind} takes no target (it acts on the job's Kafka broker)",
+                field=field,
+            )
+    elif kind in FaultInjection.NODE_KINDS:
         if target_node is None:
             raise FaultRefused(f"target_node: {kind} needs a node", field="target_node")
     else:
@@ -109,6 +119,8 @@ def request_fault(
         params = validate_params(kind, params, fault_limits(target_node))
     except FaultParamsError as exc:
         raise FaultRefused(str(exc), field="params") from exc
+    if kind == FaultInjection.Kind.KAFKA_BROKER:
+        check_kafka_broker(job)
     recent = job.faults.filter(requested_at__gte=timezone.now() - timedelta(minutes=1)).count()
     if recent >= fault_rate_limit_per_minute():
         raise FaultRefused(
@@ -125,6 +137,42 @@ def request_fault(
     )
     dispatch(lambda: tasks.send(tasks.INJECT_FAULT, fault.pk))
     return fault
+
+
+def kafka_bootstrap_of(job: Job) -> str | None:
+    """The Kafka cluster the job's replicas use, as recorded at its launch (None: no Kafka)."""
+    io = external_io.load(redis_client(), job.key)
+    used = io.source or io.sink
+    return used.bootstrap if used is not None else None
+
+
+def check_kafka_broker(job: Job) -> str:
+    """The address of the job's Kafka broker when a kafka-broker fault may stop it: the job
+    reads or writes Kafka, the broker there is one Backstop started and keeps (registered by
+    its keeper, infra/kafka_outage.py), and no outage of it is under way. FaultRefused with
+    the reason otherwise."""
+    bootstrap = kafka_bootstrap_of(job)
+    if bootstrap is None:
+        raise FaultRefused(
+            f"kind: kafka-broker stops the Kafka broker of a job on Kafka; job {job.name!r} "
+            "reads and writes Backstop's Redis streams only",
+            field="kind",
+        )
+    if registration(redis_client(), bootstrap) is None:
+        raise FaultRefused(
+            f"kind: kafka-broker is refused: the Kafka cluster at {bootstrap} is not a broker "
+            "Backstop started and keeps (a cluster given by KAFKA_BOOTSTRAP_SERVERS, or a "
+            "broker whose owner is gone); Backstop stops and starts only its own broker",
+            field="kind",
+        )
+    current = outage(redis_client(), bootstrap)
+    if current is not None and current.state in (ASKED, DOWN):
+        raise FaultRefused(
+            f"the Kafka broker at {bootstrap} is already {current.state} for fault "
+            f"#{current.fault}: one outage at a time",
+            status=409,
+        )
+    return bootstrap
 
 
 def _replica_of(job: Job, operator: str, role: str):
@@ -224,6 +272,17 @@ def inject(fault: FaultInjection) -> FaultInjection:
             fault_id=fault.pk,
             queue=node_queue(fault.target_node.name),
         )
+    elif fault.kind == FaultInjection.Kind.KAFKA_BROKER:
+        bootstrap = kafka_bootstrap_of(job)
+        if bootstrap is None:
+            return _finish(fault, FaultInjection.Outcome.FAILED, "the job uses no Kafka")
+        hard = bool(fault.params.get("hard", True))
+        how = "SIGKILL" if hard else "SIGTERM"
+        detail = (
+            f"{how} to the Kafka broker at {bootstrap}, started again on its data after "
+            f"{duration:g} s (by the process that keeps it)"
+        )
+        send = partial(request_outage, redis_client(), bootstrap, fault.pk, job.key, duration, hard)
     elif fault.kind == FaultInjection.Kind.STRESS_NODE:
         workers = int(fault.params.get("workers", DEFAULT_STRESS_WORKERS))
         detail = f"{workers} CPU hogs for {duration:g} s on {fault.target_node.name}"
@@ -243,6 +302,8 @@ def inject(fault: FaultInjection) -> FaultInjection:
         send()
     except (redis.RedisError, OperationalError) as exc:
         return _finish(fault, FaultInjection.Outcome.FAILED, f"{detail}: not sent ({exc})")
+    except OutageRefused as exc:
+        return _finish(fault, FaultInjection.Outcome.REFUSED, str(exc))
     return fault
 
 

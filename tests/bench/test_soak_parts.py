@@ -12,6 +12,8 @@ from bench.soak.schedule import (
     CONTROL_PLANE,
     EVENT_KINDS,
     JOB_FAULTS,
+    KAFKA_FAULTS,
+    event_kinds,
     event_rng,
     parse_spacing,
     pick,
@@ -60,6 +62,18 @@ def test_a_long_schedule_holds_every_kind_and_any_ten_events_hold_each_once():
             assert Counter(kinds[start : start + 10]) == Counter(EVENT_KINDS)
 
 
+def test_a_run_with_a_job_on_kafka_also_deals_the_kafka_broker_fault():
+    assert event_kinds() == EVENT_KINDS
+    kinds = event_kinds(kafka=True)
+    assert kinds == EVENT_KINDS + KAFKA_FAULTS == (*EVENT_KINDS, "kafka-broker")
+    for seed in range(5):
+        dealt = [e.kind for e in plan_schedule(seed, 3600, kinds=kinds)]
+        for start in range(0, len(dealt) - 10, 11):
+            assert Counter(dealt[start : start + 11]) == Counter(kinds)
+    # Without a job on Kafka the schedule is the one it always was.
+    assert plan_schedule(3, 3600) == plan_schedule(3, 3600, kinds=event_kinds(kafka=False))
+
+
 def test_spacing_option_is_checked():
     assert parse_spacing("40,60") == (40.0, 60.0)
     for bad in ("60", "a,b", "60,40", "5,20"):
@@ -106,6 +120,7 @@ PY = "/work/main/.venv/bin/python"
         ([PY, "-m", "workers.cpu_hog", "10", "node-1"], "cpu-hog"),
         ([PY, "-m", "pyspark.daemon", "pyspark.worker"], "python-worker"),
         (JAVA.split(), "jvm"),
+        (["/usr/bin/java", "-cp", "/k/libs/a.jar", "kafka.Kafka", "/k/server.properties"], "kafka"),
         (["/usr/bin/redis-server", "127.0.0.1:6379"], "redis"),
         (["redis-server 127.0.0.1:38281"], "redis"),
         (["/usr/lib/postgresql/15/bin/postgres", "-D", "/tmp/data"], "postgres"),

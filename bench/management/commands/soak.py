@@ -40,6 +40,12 @@ class Command(BaseCommand):
         parser.add_argument("--audit-every", type=float, default=300.0, help="seconds")
         parser.add_argument("--sample-every", type=float, default=60.0, help="seconds")
         parser.add_argument(
+            "--kafka",
+            action="store_true",
+            help="run wordcount on Kafka topics (a broker of the run's own unless "
+            "KAFKA_BOOTSTRAP_SERVERS is set) and add kafka-broker to the fault mix",
+        )
+        parser.add_argument(
             "--settle",
             type=float,
             default=240.0,
@@ -73,6 +79,7 @@ class Command(BaseCommand):
                 audit_every_s=opts["audit_every"],
                 sample_every_s=opts["sample_every"],
                 settle_s=opts["settle"],
+                kafka=opts["kafka"],
             )
         except ValueError as exc:
             raise CommandError(str(exc)) from None

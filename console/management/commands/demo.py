@@ -135,7 +135,10 @@ class Command(BaseCommand):
                 "      "
                 + start_redis_if_needed(settings.REDIS_URL, group, settings.VAR_DIR / "redis")
             )
-            bootstrap = start_kafka_if_needed(group, settings.VAR_DIR / "kafka-broker")
+            # Kept by this process (registered in Redis): the kafka-broker fault stops it.
+            bootstrap = start_kafka_if_needed(
+                group, settings.VAR_DIR / "kafka-broker", redis_url=settings.REDIS_URL
+            )
             # Every process started from here on (controller, agents, web) uses this cluster.
             os.environ["KAFKA_BOOTSTRAP_SERVERS"] = settings.KAFKA_BOOTSTRAP_SERVERS = bootstrap
             self.stdout.write(f"      Kafka at {bootstrap} (KAFKA_BOOTSTRAP_SERVERS)")

@@ -1,5 +1,5 @@
 """`manage.py inject_fault JOB KIND [--operator NAME | --node NAME] [--duration S] [--workers N]
-[--params JSON] --as USER`"""
+[--clean-stop] [--params JSON] --as USER`"""
 
 import json
 
@@ -20,8 +20,15 @@ class Command(BaseCommand):
         parser.add_argument("kind", choices=FaultInjection.Kind.values)
         parser.add_argument("--operator", default="", help="target operator (stage faults)")
         parser.add_argument("--node", default="", help="target node (node faults)")
-        parser.add_argument("--duration", type=float, help="seconds, for pause/stress")
+        parser.add_argument(
+            "--duration", type=float, help="seconds, for pause, stress, slow and kafka-broker"
+        )
         parser.add_argument("--workers", type=int, help="CPU hogs, for stress-node")
+        parser.add_argument(
+            "--clean-stop",
+            action="store_true",
+            help="kafka-broker: stop the broker with SIGTERM (a clean shutdown), not SIGKILL",
+        )
         parser.add_argument(
             "--params",
             default="",
@@ -55,7 +62,7 @@ class Command(BaseCommand):
             )
             self.stdout.write(f"scheduled {task.name} every {every} s")
             return
-        params = self.fault_params(params, duration, workers)
+        params = self.fault_params(params, duration, workers, options["clean_stop"])
         try:
             fault = faults.request_fault(
                 target_job,
@@ -71,8 +78,11 @@ class Command(BaseCommand):
         self.stdout.write(f"fault {fault.pk}: {fault.outcome} ({fault.outcome_detail})")
 
     @staticmethod
-    def fault_params(raw: str, duration: float | None, workers: int | None):
-        """--params JSON with --duration and --workers on top; the fault service checks them."""
+    def fault_params(
+        raw: str, duration: float | None, workers: int | None, clean_stop: bool = False
+    ):
+        """--params JSON with --duration, --workers and --clean-stop on top; the fault service
+        checks them."""
         try:
             params = json.loads(raw) if raw else {}
         except ValueError as exc:
@@ -82,4 +92,6 @@ class Command(BaseCommand):
                 params["duration_s"] = duration
             if workers is not None:
                 params["workers"] = workers
+            if clean_stop:
+                params["hard"] = False
         return params
