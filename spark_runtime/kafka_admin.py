@@ -10,6 +10,7 @@ from confluent_kafka import IsolationLevel, KafkaError, KafkaException, TopicPar
 from confluent_kafka.admin import AdminClient, NewTopic, OffsetSpec
 
 from spark_runtime.external_io import ExternalIO, KafkaSource
+from spark_runtime.kafka_read import CLIENT_LOG
 from spark_runtime.kafka_sink import marks_topic
 
 # Partitions of the topics Backstop creates itself: enough that the shared read plan spans
@@ -40,8 +41,13 @@ def ensure_topics(io: ExternalIO, with_input: bool, timeout_s: float = 30.0) -> 
     wanted = wanted_topics(io, with_input)
     if not wanted:
         return []
-    bootstrap = (io.source or io.sink).bootstrap
-    admin = AdminClient({"bootstrap.servers": bootstrap})
+    return create_missing((io.source or io.sink).bootstrap, wanted, timeout_s)
+
+
+def create_missing(bootstrap: str, wanted: list[NewTopic], timeout_s: float = 30.0) -> list[str]:
+    """Create the topics of `wanted` that do not exist yet on `bootstrap`; returns the names
+    created (one that exists is left as it is). Raises KafkaException on any other error."""
+    admin = AdminClient({"bootstrap.servers": bootstrap, "logger": CLIENT_LOG})
     created = []
     futures = admin.create_topics(wanted, request_timeout=timeout_s)
     for name, future in futures.items():

@@ -27,12 +27,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from confluent_kafka import OFFSET_BEGINNING, KafkaError, KafkaException, TopicPartition
-from confluent_kafka.admin import AdminClient, NewTopic
+from confluent_kafka.admin import NewTopic
 
 from bench.flink_peer.functions import FLUSH_S, progress_record
 from bench.strategy import topics as topics_audit
-from spark_runtime.kafka_admin import INPUT_PARTITIONS, SINK_PARTITIONS
-from spark_runtime.kafka_read import CLIENT_LOG, committed_reader, read_range
+from spark_runtime.kafka_admin import INPUT_PARTITIONS, SINK_PARTITIONS, create_missing
+from spark_runtime.kafka_read import committed_reader, read_range
 from spark_runtime.progress import publish_progress
 
 # The replica the watcher's progress records name (the job's output as its readers see it).
@@ -73,20 +73,11 @@ def peer_topics(
 def create_topics(topics: PeerTopics, timeout_s: float = 30.0) -> list[str]:
     """Create the run's input and output topics (one replica: Backstop's broker is one node);
     returns the names created (one that exists is left as it is)."""
-    admin = AdminClient({"bootstrap.servers": topics.bootstrap, "logger": CLIENT_LOG})
     wanted = [
         NewTopic(topics.input_topic, INPUT_PARTITIONS, 1),
         NewTopic(topics.output_topic, SINK_PARTITIONS, 1),
     ]
-    created = []
-    for name, future in admin.create_topics(wanted, request_timeout=timeout_s).items():
-        try:
-            future.result(timeout_s)
-            created.append(name)
-        except KafkaException as exc:
-            if exc.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
-                raise
-    return created
+    return create_missing(topics.bootstrap, wanted, timeout_s)
 
 
 def first_record_at(bootstrap: str, topic: str, timeout_s: float = 10.0) -> float | None:
