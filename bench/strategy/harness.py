@@ -21,6 +21,7 @@ from bench.strategy.topics import SOURCES, TRIGGERS
 from console.models import Policy, RegisteredTopology
 from console.policy import truth
 from console.policy.config import PolicyConfig
+from console.policy.fault_params import KAFKA_BROKER
 from console.policy.recovery import RecoverySettings, measure_faults
 from console.services.jobs import REALTIME_REFUSAL
 from console.services.topologies import job_topology
@@ -31,7 +32,10 @@ from spark_runtime.activity import pss_mb
 from spark_runtime.jobdef import resolve_topology
 from spark_runtime.strategies import STRATEGIES
 
-FAULT_KINDS = ("kill-driver", "kill-node", "operator-exception")
+FAULT_KINDS = ("kill-driver", "kill-node", "operator-exception", KAFKA_BROKER)
+# The longest broker outage a run asks for: the job's batches wait the broker out, and a run's
+# faults are spaced at most a minute or so apart.
+MAX_OUTAGE_S = 120.0
 # Other stream processors the benchmark can run the same workload on (bench/flink_peer/peer.py),
 # after Backstop's strategies.
 PEERS = ("flink",)
@@ -69,6 +73,8 @@ class BenchSettings:
     # on the benchmark's broker); and the job's trigger (`realtime` is refused with the reason).
     source: str = "redis"
     trigger: str = "microbatch"
+    # A kafka-broker fault stops the benchmark's own broker this long (infra/kafka_outage.py).
+    outage_s: float = 20.0
 
     def __post_init__(self):
         problems = []
@@ -111,6 +117,13 @@ class BenchSettings:
             problems.append(f"--strategies: comma-separated, from {', '.join(STRATEGIES)}")
         if self.fault_kind not in FAULT_KINDS:
             problems.append(f"--fault-kind: one of {', '.join(FAULT_KINDS)}")
+        if self.fault_kind == KAFKA_BROKER and (self.source != "kafka" or self.peer is not None):
+            problems.append(
+                "--fault-kind kafka-broker: only with --source kafka and without --peer (it "
+                "stops the broker the benchmark started for its jobs)"
+            )
+        if not 1 <= self.outage_s <= MAX_OUTAGE_S:
+            problems.append(f"--outage: 1 to {MAX_OUTAGE_S:g} s")
         if not 0 <= self.faults <= 4:
             problems.append("--faults: 0 to 4")
         if not 1 <= self.rate <= 5000:
@@ -129,6 +142,12 @@ class BenchSettings:
     def flink(self) -> FlinkSettings:
         """The Flink peer's settings: the profile's, the options over them, --flink-conf last."""
         return flink_settings(self.flink_profile, self.flink_options, self.peer_conf)
+
+    @property
+    def fault_params(self) -> dict | None:
+        """The params of each fault's request: the outage's length for kafka-broker, else the
+        kind's defaults."""
+        return {"duration_s": self.outage_s} if self.fault_kind == KAFKA_BROKER else None
 
     @property
     def input_s(self) -> float:

@@ -169,10 +169,35 @@ def to_markdown(bench: dict) -> str:
                 f"{_recovery_cell(fault)} | {_fmt(fault['peak_p99_ms'], 0)} | "
                 f"{_fmt(fault.get('reprotect_s'), 1)} | {fault.get('note', '')} |"
             )
+    lines += broker_lines(runs)
     peer = next((r for r in runs if r["strategy"] == PEER), None)
     if peer is not None:
         lines += ["", *peer_lines(runs, peer)]
     return "\n".join(lines) + "\n"
+
+
+def broker_lines(runs: list[dict]) -> list[str]:
+    """The kafka-broker faults' own figures: how long the broker was away (its stop until it
+    answered an AdminClient again) and the job's first output after its return."""
+    rows = [
+        (run["strategy"], number, fault["broker"])
+        for run in runs
+        for number, fault in enumerate(run["faults"], start=1)
+        if fault.get("broker")
+    ]
+    if not rows:
+        return []
+    lines = [
+        "",
+        "| strategy | fault | broker away s | first output after its return s |",
+        "|---|---|---|---|",
+    ]
+    for strategy, number, broker in rows:
+        lines.append(
+            f"| {strategy} | {number} | {_fmt(broker['down_s'], 1)} | "
+            f"{_fmt(broker['output_after_return_s'], 2)} |"
+        )
+    return lines
 
 
 def peer_lines(runs: list[dict], peer: dict) -> list[str]:

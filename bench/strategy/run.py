@@ -40,11 +40,12 @@ from bench.strategy.harness import (
 )
 from console.models import FaultInjection, Job, Node, Policy, RecoveryEpisode
 from console.policy import truth
+from console.policy.fault_params import KAFKA_BROKER
 from console.redis import redis_client
 from console.roles import OPERATOR
 from console.services.control.observe import load_supervisor
 from console.services.demo_setup import DEMO_NODES, ensure_demo_nodes
-from console.services.faults import FaultRefused, request_fault
+from console.services.faults import FaultRefused, kafka_bootstrap_of, request_fault
 from console.services.jobs import (
     JobRequestError,
     create_job,
@@ -56,6 +57,8 @@ from console.services.policy import PolicyRejected, change_policy, revert_policy
 from console.services.recovery import PROGRESS_READ_LIMIT, episode_measurement, input_started_at
 from console.services.schedules import ensure_periodic_tasks
 from infra.kafka import kafka_bootstrap_servers
+from infra.kafka_outage import REFUSED, UP, Outage, outage
+from infra.kafka_outage import START_TIMEOUT_S as BROKER_START_TIMEOUT_S
 from infra.launcher import (
     LocalCluster,
     ProcessGroup,
@@ -164,7 +167,11 @@ class BenchCluster:
         environment that points the controller, beat and agents (and so the stages and the
         generator they start) at it."""
         configured = kafka_bootstrap_servers()
-        bootstrap = start_kafka_if_needed(self.group, self.kafka_dir)
+        # Kept by a BrokerKeeper registered in the runs' Redis: the kafka-broker fault stops
+        # and starts this broker (infra/kafka_outage.py).
+        bootstrap = start_kafka_if_needed(
+            self.group, self.kafka_dir, redis_url=django_settings.REDIS_URL
+        )
         self.say(
             f"Kafka: using the cluster at {bootstrap} (KAFKA_BOOTSTRAP_SERVERS)"
             if configured
@@ -239,7 +246,9 @@ def inject_fault(
     of its stage's primary."""
     client = redis_client()
     try:
-        if kind not in FaultInjection.NODE_KINDS:
+        if kind in FaultInjection.UNTARGETED_KINDS:
+            fault = request_fault(job, kind, params=params, requested_by=user)
+        elif kind not in FaultInjection.NODE_KINDS:
             fault = request_fault(
                 job, kind, target_operator=target, params=params, requested_by=user
             )
@@ -269,6 +278,36 @@ def inject_fault(
 
     wait_for(injected, 30, f"fault {fault.pk} to be injected", poll_s=0.2)
     return fault, fault.outcome_detail
+
+
+def broker_outage_of(client, job: Job, fault: FaultInjection, say) -> Outage | None:
+    """The keeper's record of a kafka-broker fault's outage once the broker answers again
+    (infra/kafka_outage.py), or None when the keeper refused it or never brought it back."""
+    bootstrap = kafka_bootstrap_of(job)
+
+    def settled() -> bool:
+        record = outage(client, bootstrap)
+        return record is not None and record.fault == fault.pk and record.state in (UP, REFUSED)
+
+    wait_for(settled, fault.params["duration_s"] + BROKER_START_TIMEOUT_S, "the broker's return")
+    record = outage(client, bootstrap)
+    if record.state != UP:
+        say(f"      the broker's keeper refused the outage: {record.detail}")
+        return None
+    say(f"      broker down {record.back_at - record.down_at:.1f} s (asked "
+        f"{fault.params['duration_s']:g} s), answering again")  # fmt: skip
+    return record
+
+
+def broker_figures(record: Outage, records: list) -> dict:
+    """A broker outage's figures: how long the broker was away (from its stop until an
+    AdminClient got metadata again) and when the job's final stage first wrote output after
+    that (None: no output after the return)."""
+    outputs = [r.at for r in records if r.is_output and r.at >= record.back_at]
+    return {
+        "down_s": round(record.back_at - record.down_at, 2),
+        "output_after_return_s": round(min(outputs) - record.back_at, 2) if outputs else None,
+    }
 
 
 class TopicAuditor:
@@ -401,13 +440,18 @@ def run_strategy(bench: BenchSettings, strategy: str, target: str | None, say) -
     spare_sampler = ResourceSampler(lambda: with_children(spare_processes()))
     spare_sampler.start()
     faults = []
+    # Per fault of kind kafka-broker: the keeper's record of the outage (when the broker went
+    # down and answered again), read before the next fault's outage replaces it.
+    broker_outages: list[Outage | None] = [None] * len(bench.schedule)
     try:
         for number, at_s in enumerate(bench.schedule, start=1):
             sleep_until(t0 + at_s)
-            fault, detail = inject_fault(job, bench.fault_kind, target, user)
+            fault, detail = inject_fault(job, bench.fault_kind, target, user, bench.fault_params)
             say(f"      fault {number}/{bench.faults} at +{at_s:.0f} s: {bench.fault_kind} "
                 f"on {target}: {detail}")  # fmt: skip
             faults.append((at_s, fault, detail))
+            if bench.fault_kind == KAFKA_BROKER and fault is not None:
+                broker_outages[number - 1] = broker_outage_of(client, job, fault, say)
         end = t0 + bench.input_s
         say(f"      input ends in {max(0, end - time.time()):.0f} s")
         sleep_until(end)
@@ -440,7 +484,7 @@ def run_strategy(bench: BenchSettings, strategy: str, target: str | None, say) -
         # wait ended): `lost` of an undrained run is output still missing when the wait ended.
         "drain_s": round(drain_s, 1),
         "drained": comparison.exact,
-        **measure_run(job, bench, t0, faults, target),
+        **measure_run(job, bench, t0, faults, target, broker_outages),
     }
     steady_start, steady_end = bench.steady_s
     steady, fault_rows = run["steady"], run["faults"]
@@ -473,10 +517,18 @@ def run_progress(job: Job, topology_name: str, t0: float) -> tuple[list, str]:
     return records, job.operators.get(name=first.name).stage
 
 
-def measure_run(job: Job, bench: BenchSettings, t0: float, faults: list, target: str) -> dict:
+def measure_run(
+    job: Job,
+    bench: BenchSettings,
+    t0: float,
+    faults: list,
+    target: str,
+    broker_outages: list[Outage | None] | None = None,
+) -> dict:
     """Steady figures, per-fault figures and the plotted series of a finished run, from the
     progress records the job left in Redis. `faults`: (scheduled at_s, FaultInjection or None,
-    what was injected) per fault; `t0`: when the input started (epoch s)."""
+    what was injected) per fault; `t0`: when the input started (epoch s); `broker_outages`: the
+    keeper's record of each kafka-broker fault's outage (None for other faults)."""
     records, input_stage = run_progress(job, job.topology, t0)
     injected_at = [
         fault.injected_at.timestamp() if fault and fault.injected_at else t0 + at_s
@@ -503,6 +555,9 @@ def measure_run(job: Job, bench: BenchSettings, t0: float, faults: list, target:
         # What the console recorded for the same fault while the job ran (measured with the
         # policy's settings, which may differ from the benchmark's).
         row["console"] = [episode_measurement(e) for e in episodes]
+        outage_record = broker_outages[len(fault_rows)] if broker_outages else None
+        if outage_record is not None:
+            row["broker"] = broker_figures(outage_record, records)
         fault_rows.append(row)
     return {"input_started_at": t0, "faults": fault_rows, "steady": steady, "series": series}
 
@@ -542,8 +597,13 @@ def remeasure(result: dict) -> dict:
             "spares_pss_mb",
         )
         kept = {k: run["steady"].get(k) for k in sampled}
+        # A broker outage's record is gone from Redis by now: its figures stay as measured.
+        brokers = [f.get("broker") for f in run["faults"]]
         run.update(measure_run(job, bench, t0, faults, settings["target"]))
         run["steady"].update(kept)
+        for row, broker in zip(run["faults"], brokers, strict=False):
+            if broker is not None:
+                row["broker"] = broker
     client.close()
     return result
 

@@ -23,11 +23,13 @@ from django.core.management.base import CommandError
 from bench.management.commands import bench as bench_command
 from bench.strategy import report
 from bench.strategy.harness import BenchSettings
-from bench.strategy.run import TopicAuditor, job_io, source_keys
+from bench.strategy.run import TopicAuditor, broker_figures, job_io, source_keys
 from bench.strategy.topics import audit, audit_topics, read_output, run_topics
 from console.services.jobs import REALTIME_REFUSAL
+from infra.kafka_outage import UP, Outage
 from spark_runtime import keys as data_keys
 from spark_runtime.jobdef import registered_path, snapshot_source
+from spark_runtime.progress import ProgressRecord
 from tests.factories import make_job
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -399,3 +401,70 @@ def test_bench_md_shows_each_runs_source_and_trigger():
         ", source kafka, trigger microbatch"
     )
     assert report.source_text({}) == ""
+
+
+# --- the broker outage as a benchmark (--fault-kind kafka-broker) ------------------------------
+
+
+def broker_bench(**changes) -> BenchSettings:
+    settings = dict(
+        topology="wordcount", strategies=("adaptive",), faults=1, fault_kind="kafka-broker",
+        rate=50.0, warmup_s=60.0, duration_s=100.0, out=Path("."), source="kafka",
+    )  # fmt: skip
+    return BenchSettings(**{**settings, **changes})
+
+
+def test_a_broker_outage_asks_for_the_outage_length_and_needs_kafka():
+    assert broker_bench().fault_params == {"duration_s": 20.0}  # the default: the goal's 20 s
+    assert broker_bench(outage_s=35.0).fault_params == {"duration_s": 35.0}
+    assert broker_bench(fault_kind="kill-driver").fault_params is None  # the kind's defaults
+    for changes, refusal in [
+        ({"source": "redis"}, "--fault-kind kafka-broker: only with --source kafka"),
+        ({"peer": "flink"}, "--fault-kind kafka-broker: only with --source kafka"),
+        ({"outage_s": 0.5}, "--outage: 1 to 120 s"),
+        ({"outage_s": 121.0}, "--outage: 1 to 120 s"),
+    ]:
+        with pytest.raises(ValueError, match=refusal):
+            broker_bench(**changes)
+
+
+def progress(at: float, stage: str, written: int, final: bool = True) -> ProgressRecord:
+    """A primary's batch as the data plane records it (only what the figures read varies)."""
+    return ProgressRecord(
+        replica=f"{stage}-p", stage=stage, role="primary", node="node-1", query=stage,
+        segment="0", batch=int(at), at=at, input_rows=written, input_rate=None,
+        processed_rate=None, batch_ms=300.0, state_rows=0, state_memory_bytes=0,
+        rows_out=written, written=written, final=final, buffered=0,
+    )  # fmt: skip
+
+
+def test_the_broker_figures_are_its_absence_and_the_first_output_after_its_return():
+    record = Outage(fault=3, job="job-1", token="t", duration_s=20.0, hard=True, state=UP,
+                    down_at=1000.0, back_at=1024.5)  # fmt: skip
+    records = [
+        progress(999.0, "count", 10),  # before the outage
+        progress(1026.0, "split", 40, final=False),  # a channel to the next stage, not output
+        progress(1026.5, "count", 0),  # a batch that wrote nothing
+        progress(1027.25, "count", 12),  # the first output after the return
+        progress(1028.0, "count", 9),
+    ]
+    assert broker_figures(record, records) == {"down_s": 24.5, "output_after_return_s": 2.75}
+    assert broker_figures(record, records[:3]) == {"down_s": 24.5, "output_after_return_s": None}
+
+
+def test_bench_md_gives_each_broker_outage_its_own_figures():
+    steady = {"p50_ms": 300.0, "p99_ms": 600.0, "throughput_eps": 50.0, "cpu_pct": 60.0,
+              "rss_mb": 1200.0}  # fmt: skip
+    fault = {"kind": "kafka-broker", "at_s": 110.0, "target": "count", "action": "none recorded",
+             "downtime_s": 23.1, "recovery_time_s": 27.4, "peak_p99_ms": 26000.0, "note": "",
+             "watched_s": 30.0,
+             "broker": {"down_s": 21.3, "output_after_return_s": 1.84}}  # fmt: skip
+    runs = [{"strategy": "adaptive", "faults": [fault], "lost": 0, "duplicates": 0,
+             "steady": steady, "source": "kafka", "trigger": "microbatch"}]  # fmt: skip
+    text = report.to_markdown({"settings": {"topology": "wordcount"}, "runs": runs})
+    assert "| strategy | fault | broker away s | first output after its return s |" in text
+    assert "| adaptive | 1 | 21.3 | 1.84 |" in text
+    # Runs of other fault kinds have no such table.
+    assert "broker away" not in report.to_markdown(
+        {"settings": {}, "runs": [{**runs[0], "faults": [{**fault, "broker": None}]}]}
+    )

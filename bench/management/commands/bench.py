@@ -104,6 +104,12 @@ class Command(BaseCommand):
         parser.add_argument("--faults", type=int, default=None, help="faults per run, 0 to 4")
         parser.add_argument("--fault-kind", default="kill-driver", choices=FAULT_KINDS)
         parser.add_argument(
+            "--outage",
+            type=float,
+            default=20.0,
+            help="seconds a kafka-broker fault keeps the benchmark's broker stopped (default 20)",
+        )
+        parser.add_argument(
             "--rate", type=float, default=50.0, help="input events per second (default: the demo's)"
         )
         parser.add_argument(
@@ -208,6 +214,7 @@ class Command(BaseCommand):
                 ),
                 faults=faults,
                 fault_kind=opts["fault_kind"],
+                outage_s=opts["outage"],
                 rate=opts["rate"],
                 warmup_s=opts["warmup"] or quick.get("warmup", 60.0),
                 duration_s=opts["duration"] or quick.get("duration", 50.0 * (faults + 1)),
