@@ -20,7 +20,7 @@ What grows without end while jobs run, and how long it is kept (settings, web/se
   (48) by entry id (a stream id is the time it was added); the empty stream of a job that no
   longer runs is deleted, with its ingest cursor.
 - The run keys of a job that no longer runs (its stages' entries, exits and log tails, where its
-  generator ran: `run_keys`), once none of its replicas runs.
+  generator ran, its replicas' Kafka lag: `run_keys`), once none of its replicas runs.
 
 Rows go in batches of RETENTION_BATCH_ROWS, each its own short transaction (a purge of millions
 of rows never holds a lock for minutes), and a run stops starting batches after
@@ -193,10 +193,12 @@ def trim_progress(client, hours: float, now_s: float | None = None) -> int:
 
 def run_keys(job_key: str) -> list[str]:
     """The Redis keys that describe one run of a job and nothing after it: the stages' entries,
-    their exits and log tails, and where its generator ran. A restart starts a new run, which
-    writes them again."""
+    their exits and log tails, where its generator ran, and how far its replicas were behind
+    their Kafka topic. A restart starts a new run, which writes them again (a Kafka job's plan
+    log and source and sink stay: a restart resumes from them)."""
     return [
         data_keys.replicas(job_key),
+        data_keys.kafka_lag(job_key),
         control_keys.exits(job_key),
         control_keys.exit_tails(job_key),
         control_keys.generator_node(job_key),

@@ -190,7 +190,14 @@ def test_an_ended_runs_keys_go_and_its_kept_data_stays(redis):
     stopped = make_job(Job.Status.STOPPED, name="stopped")
     stopping = make_job(Job.Status.FAILED, name="failed-but-a-replica-still-runs")
     ReplicaFactory(job=stopping, node=NodeFactory(), state=Replica.State.RUNNING)
-    kept = {data_keys.results(stopped.key), control_keys.agent_events_cursor(stopped.key)}
+    # A Kafka job's plan log and source and sink stay for a restart; its replicas' lag goes.
+    kept = {
+        data_keys.results(stopped.key),
+        control_keys.agent_events_cursor(stopped.key),
+        data_keys.kafka_plans(stopped.key),
+        data_keys.external_io(stopped.key),
+    }
+    assert data_keys.kafka_lag(stopped.key) in retention.run_keys(stopped.key)
     for job in (running, stopped, stopping):
         for key in retention.run_keys(job.key):
             redis.set(key, "x")
