@@ -47,6 +47,21 @@ def controller_cycle(job_key: str) -> str:
     return make_key(job_key, "controller-cycle")
 
 
+def reconcile_failures(job_key: str) -> str:
+    """JSON {"failures": in a row, "since", "at": epoch seconds of the first and the last,
+    "error": the last one's exception, "retry_in_s", "controller"} while the job's reconciles
+    fail (console.services.fleet); deleted by its next successful one. Read by the job page,
+    the API and /metrics."""
+    return make_key(job_key, "reconcile-failures")
+
+
+def controller_stats(owner: str) -> str:
+    """Hash of one controller process's work-queue figures (queue depth, reconciles, their
+    errors and total duration, failed membership rounds), written every renewal with a short
+    TTL (console.services.fleet), summed by /metrics over the live controllers."""
+    return make_key("controller", owner, "stats")
+
+
 def kafka_conditions(job_key: str) -> str:
     """Hash condition (`source`: the Kafka source cannot read; `lag`: the primaries' lag is over
     the policy's bound) -> epoch seconds when the controller first saw it, deleted when it
@@ -150,3 +165,18 @@ def kafka_broker_outage(bootstrap: str) -> str:
     the fault, the keeper's token it is meant for, its duration, and its state (asked, down
     until a time, up again at a time, or refused with why)."""
     return make_key("kafka-broker", bootstrap, "outage")
+
+
+def controller_job_keys(job_key: str) -> list[str]:
+    """The control-plane keys of one job (its supervision state and what the controller keeps
+    beside it): deleted together when the job itself is deleted from the database."""
+    return [
+        controller_state(job_key),
+        controller_cycle(job_key),
+        reconcile_failures(job_key),
+        kafka_conditions(job_key),
+        exits(job_key),
+        exit_tails(job_key),
+        interval_requests(job_key),
+        agent_events_cursor(job_key),
+    ]

@@ -104,3 +104,55 @@ class WorkQueue:
         with self._lock:
             self._shut = True
             self._lock.notify_all()
+
+
+# A key whose processing keeps failing is retried after this, doubling per failure in a row up
+# to the cap (controller-runtime's per-item exponential failure rate limiter, 5 ms to 1000 s
+# there; a job's reconcile costs more and a stuck one should be retried within a minute).
+FAILURE_BASE_S = 1.0
+FAILURE_CAP_S = 60.0
+
+
+def failure_delay_s(
+    failures: int, base_s: float = FAILURE_BASE_S, cap_s: float = FAILURE_CAP_S
+) -> float:
+    """How long to wait before trying a key again after its `failures`-th failure in a row:
+    `base_s`, doubled for each further failure, at most `cap_s` (0 before any failure)."""
+    if failures <= 0:
+        return 0.0
+    # The exponent is bounded so a key failing for days does not overflow the float.
+    return min(cap_s, base_s * 2 ** min(failures - 1, 64))
+
+
+class FailureBackoff:
+    """Failures in a row per key and the delay they call for (`failure_delay_s`); a success
+    forgets the key. Thread-safe: the reconcile threads share one."""
+
+    def __init__(self, base_s: float = FAILURE_BASE_S, cap_s: float = FAILURE_CAP_S):
+        self.base_s = base_s
+        self.cap_s = cap_s
+        self._failures: dict[str, int] = {}
+        self._lock = threading.Lock()
+
+    def failed(self, key: str) -> tuple[int, float]:
+        """Count a failure of `key`: (failures in a row now, seconds to wait before the next
+        try)."""
+        with self._lock:
+            failures = self._failures.get(key, 0) + 1
+            self._failures[key] = failures
+        return failures, failure_delay_s(failures, self.base_s, self.cap_s)
+
+    def succeeded(self, key: str) -> int:
+        """Forget `key`'s failures; returns how many there were in a row."""
+        with self._lock:
+            return self._failures.pop(key, 0)
+
+    def failures(self, key: str) -> int:
+        """Failures of `key` in a row so far."""
+        with self._lock:
+            return self._failures.get(key, 0)
+
+    def failing(self) -> int:
+        """How many keys failed at their last try."""
+        with self._lock:
+            return len(self._failures)

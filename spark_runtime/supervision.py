@@ -36,7 +36,8 @@ the replica is restarted with the backoff until space is back. `relaunch(now)` s
 given-up job again, each stage from its last primary's checkpoint.
 
 Persistence: `to_dict()` snapshots the fields of `SupervisorState` (the driver keeps it in Redis
-between ticks) and `Supervisor.from_dict` rebuilds the machine, also from an older version's.
+between ticks) and `Supervisor.from_dict` rebuilds the machine, also from an older version's, and
+from a newer version's: fields this version does not know are left out (spark_runtime/snapshot.py).
 
 Causes: a replica whose query failed writes a one-line cause into its replicas-hash entry
 before it exits; the driver reads it (`reported_cause`) into the event (`cause`), and it reaches
@@ -80,6 +81,7 @@ from spark_runtime.failover import (
     TakeOver,
     waits_for_space,
 )
+from spark_runtime.snapshot import rebuild
 from spark_runtime.strategies import Strategy, get_strategy
 from spark_runtime.upgrade import BlueGreen, DemoteReplica
 
@@ -308,8 +310,8 @@ def _replicas_from_json(raw: list[dict]) -> dict[str, Replica]:
     for item in raw:
         saved = item["spec"]
         as_tuples = {"operators": tuple(saved["operators"]), "params": tuple(saved["params"])}
-        spec = ReplicaSpec(**{**saved, **as_tuples})
-        replicas[spec.replica_id] = Replica(**{**item, "spec": spec})
+        spec = rebuild(ReplicaSpec, saved, **as_tuples)
+        replicas[spec.replica_id] = rebuild(Replica, item, spec=spec)
     return replicas
 
 
@@ -363,7 +365,7 @@ class SupervisorState:
     )
     # The driver may replace it at any time (the controller applies the policy in force).
     restart_policy: RestartPolicy = _persisted(
-        default_factory=RestartPolicy, load=lambda raw: RestartPolicy(**raw)
+        default_factory=RestartPolicy, load=lambda raw: rebuild(RestartPolicy, raw)
     )
     # How long a busy replica may stay silent before it counts as hung (driver may change it).
     hung_timeout_s: float = 30.0
@@ -383,7 +385,7 @@ class SupervisorState:
     failures: dict[str, list[float]] = field(default_factory=dict)
     # "stage/role" -> its last failures in a row with the same reported cause.
     cause_streaks: dict[str, CauseStreak] = _persisted(
-        default_factory=dict, load=lambda raw: {k: CauseStreak(**v) for k, v in raw.items()}
+        default_factory=dict, load=lambda raw: {k: rebuild(CauseStreak, v) for k, v in raw.items()}
     )
     # Stages whose standbys crash-looped: no standby is started for them any more.
     unprotectable: set[str] = _persisted(default_factory=set, load=set)

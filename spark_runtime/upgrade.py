@@ -36,6 +36,7 @@ from dataclasses import asdict, dataclass, replace
 from typing import TYPE_CHECKING
 
 from spark_runtime.failover import FAILED, PRIMARY, PROMOTING, RUNNING, STANDBY
+from spark_runtime.snapshot import rebuild
 
 if TYPE_CHECKING:  # the Supervisor calls in; its actions are imported where they are made
     from spark_runtime.supervision import Supervisor
@@ -162,7 +163,7 @@ class BlueGreen:
             for name in ("from_params", "to_params", "results_examples")
             if name in data
         }
-        return cls(**{**data, **as_tuples})
+        return rebuild(cls, data, **as_tuples)
 
 
 @dataclass(frozen=True)

@@ -92,3 +92,18 @@ def alert_kafka(job_id: int, kind: str, since: str, detail: dict) -> int:
     if job is None:
         return 0
     return alerts.alert_kafka(job, kind, since, detail)
+
+
+@shared_task(
+    name=tasks.ALERT_RECONCILE_FAILING.name,
+    expires=tasks.ALERT_RECONCILE_FAILING.expires_s,
+    **EMAIL_TASK_OPTIONS,
+)
+def alert_reconcile_failing(job_id: int, since: float, failures: int, error: str) -> int:
+    """Alert that the reconciles of job `job_id` keep failing
+    (console.services.alerts.alert_reconcile_failing); return emails sent."""
+
+    job = Job.objects.filter(pk=job_id).first()
+    if job is None:
+        return 0
+    return alerts.alert_reconcile_failing(job, since, failures, error)

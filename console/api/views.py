@@ -38,11 +38,13 @@ from console.models import (
     Replica,
 )
 from console.policy.config import request_errors
+from console.redis import redis_client
 from console.services import faults as fault_service
 from console.services import jobs as job_service
 from console.services import policy as policy_service
 from console.services import topologies as topology_service
 from console.services import upgrades as upgrade_service
+from console.services.control.record import reconcile_failures
 from console.services.results import read_results
 
 
@@ -118,6 +120,16 @@ class JobViewSet(
         """Run a failed or stopped job again (accepted: the controller starts it)."""
         job = job_service.restart_job(self.get_object())
         return Response(self.get_serializer(job).data, status=status.HTTP_202_ACCEPTED)
+
+    @extend_schema(responses={200: dict})
+    @action(detail=True, methods=["get"])
+    def supervision(self, request, pk=None):
+        """How the controller's reconciles of the job fare: `reconcile_failure` is null while
+        they succeed, else the failures in a row, since when, the last error and when the
+        job is tried again (console.services.control.record.record_reconcile_failure)."""
+        job = self.get_object()
+        failures = reconcile_failures(redis_client(), [job.key])
+        return Response({"reconcile_failure": failures.get(job.key)})
 
     @extend_schema(responses={200: dict})
     @action(detail=True, methods=["get"])

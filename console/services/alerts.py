@@ -1,5 +1,5 @@
 """Alert emails: a recovery that takes too long, a job that failed for good, a Kafka source that
-cannot read, a Kafka job's lag over the policy's bound.
+cannot read, a Kafka job's lag over the policy's bound, a job whose supervision keeps failing.
 
 Recipients are the enabled ReportSubscriptions whose scope covers the job and that ask for the
 alert (`alert_recovery_over_s` set, or `alert_on_job_failure`); the Kafka alerts go to those that
@@ -16,6 +16,9 @@ mail server never delays a supervision cycle):
 - `alert_job_failed(job)` right after `job.mark_failed(...)` when the controller gives up.
 - `alert_kafka(job, kind, since, detail)` every policy cycle while a Kafka condition holds
   (console.services.control.record.watch_kafka): the event is the condition since `since`.
+- `alert_reconcile_failing(job, since, failures, error)` once a job's reconciles have failed
+  RECONCILE_ALERT_FAILURES times in a row (console.services.control.record): the event is the
+  streak of failures since `since`.
 """
 
 from __future__ import annotations
@@ -108,11 +111,17 @@ def alert_job_failed(job: Job) -> int:
     return sent
 
 
-def kafka_subscriptions(job: Job):
-    """The subscriptions that hear of `job`'s Kafka conditions: those that ask for any alert."""
+def alerting_subscriptions(job: Job):
+    """The subscriptions that ask for any alert about `job`: they hear of its conditions that
+    are neither a slow recovery nor a failure (Kafka, a supervision that keeps failing)."""
     return subscriptions_for(job).filter(
         Q(alert_on_job_failure=True) | Q(alert_recovery_over_s__isnull=False)
     )
+
+
+def kafka_subscriptions(job: Job):
+    """The subscriptions that hear of `job`'s Kafka conditions: those that ask for any alert."""
+    return alerting_subscriptions(job)
 
 
 def alert_kafka(job: Job, kind: str, since: str, detail: dict) -> int:
@@ -144,6 +153,29 @@ def alert_kafka(job: Job, kind: str, since: str, detail: dict) -> int:
     sent = 0
     for subscription in kafka_subscriptions(job):
         if _send_once(subscription, f"kafka-{kind}:{job.pk}:{since}", subject, facts, link):
+            sent += 1
+    return sent
+
+
+def alert_reconcile_failing(job: Job, since: float, failures: int, error: str) -> int:
+    """Alert that the controller's reconciles of `job` have failed `failures` times in a row
+    since `since` (epoch seconds: the streak is alerted once), the last with `error`; the job
+    is retried with a growing delay meanwhile (console.services.fleet). Returns emails sent."""
+    started = _time_or(datetime.fromtimestamp(float(since), tz=UTC), "unknown")
+    subject = (
+        f"{settings.EMAIL_SUBJECT_PREFIX}Supervision failing: {job.name}: "
+        f"{failures} reconciles in a row failed"
+    )
+    facts = [
+        ("Job", f"{job.name} (id {job.pk}, {job.topology}, {job.strategy})"),
+        ("Failing since", started),
+        ("Failures in a row", str(failures)),
+        ("Last error", error or "-"),
+    ]
+    link = f"{settings.CONSOLE_BASE_URL}/console/jobs/{job.pk}/"
+    sent = 0
+    for subscription in alerting_subscriptions(job):
+        if _send_once(subscription, f"reconcile:{job.pk}:{since}", subject, facts, link):
             sent += 1
     return sent
 

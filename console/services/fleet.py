@@ -23,6 +23,18 @@ samples and Q ranking, warm spares), instead of once per job.
 Every reconcile is the controller's tick (console.services.controller.supervise_tick) and, when
 due, its policy cycle: each side effect idempotent and the state saved after each, so a process
 killed between two steps loses nothing.
+
+Failures. A reconcile that raises is retried with a per-job exponential delay (infra/workqueue.py
+`FailureBackoff`, as controller-runtime's rate-limited requeue), so one job that keeps failing
+neither spins nor holds the others up; it is recorded where the job page, the API and /metrics
+read it, and alerted on (console.services.control.record). A job deleted from the database while
+live has its replicas killed, its control-plane keys deleted and its lease released, once.
+A membership round that raises is logged and counted, and the next one runs; one malformed
+entry (a node's heartbeat, a warm spare, a job's state written by a newer controller) is left
+out of the view rather than failing it. Leases are renewed only while every thread of the
+controller runs: a thread that ends anyway makes the controller give every job up and leave the
+membership, since a controller that renews leases it no longer supervises (its view frozen, stop
+requests unseen, counted in the fair share) is worse than one that is gone.
 """
 
 from __future__ import annotations
@@ -45,18 +57,23 @@ from django.db import DatabaseError, connection
 from console.models import Job, Policy, PredictorTraining
 from console.policy.config import PolicyConfig
 from console.services import controller
+from console.services.control.act import stop_deleted_job
 from console.services.control.observe import (
     alive_nodes,
     load_supervisor,
     node_history,
     spares_by_state,
 )
-from console.services.control.record import recovery_alerts_wanted
+from console.services.control.record import (
+    clear_reconcile_failure,
+    record_reconcile_failure,
+    recovery_alerts_wanted,
+)
 from console.services.planning import rank_nodes
 from console.services.prediction import latest_training
 from infra import keys as control_keys
 from infra import leases
-from infra.workqueue import WorkQueue
+from infra.workqueue import FailureBackoff, WorkQueue
 from spark_runtime.supervision import Supervisor
 
 log = logging.getLogger(__name__)
@@ -68,7 +85,12 @@ CONTROLLER_ALIVE_S = 3 * RENEW_S
 FAST_PERIOD_S = 0.25  # a job whose replicas are starting, failing over or backing off
 STEADY_PERIOD_S = 1.0  # a settled job: agents' exit reports wake it at once anyway
 EVENTS_BLOCK_MS = 1000
-ERROR_RETRY_S = 1.0  # a reconcile that met a database or Redis error is tried again after this
+ERROR_RETRY_S = 1.0  # agent events unreadable: read again after this
+# A reconcile that met a database or Redis error backs off no longer than this: such errors are
+# the fleet's, not the job's (an outage, a failover), and every job must be back soon after.
+TRANSIENT_RETRY_CAP_S = 5.0
+# How long a controller's published figures (keys.controller_stats) outlive its last renewal.
+STATS_TTL_S = 10 * CONTROLLER_ALIVE_S
 
 
 @dataclass
@@ -142,8 +164,14 @@ class FleetController:
         self.view: FleetView | None = None
         self.stopping = threading.Event()
         self.threads: list[threading.Thread] = []
+        self.backoff = FailureBackoff()
         self.reconciles = 0
         self.errors = 0  # reconciles that raised (logged with their traceback)
+        self.membership_errors = 0  # membership rounds that raised (logged)
+        self.reconcile_seconds = 0.0  # total time of the reconciles the workers ran
+        self.reconcile_count = 0
+        self.stats_lock = threading.Lock()
+        self.failed: str | None = None  # why the controller gave every job up, if it did
 
     # --- lifecycle --------------------------------------------------------------------------
 
@@ -156,7 +184,9 @@ class FleetController:
         ]
         targets += [(f"reconcile-{i}", self._worker_loop) for i in range(self.workers)]
         for name, target in targets:
-            thread = threading.Thread(target=target, name=f"fleet-{name}", daemon=True)
+            thread = threading.Thread(
+                target=self._guarded(target), name=f"fleet-{name}", daemon=True
+            )
             thread.start()
             self.threads.append(thread)
         log.info("controller %s supervises with %d workers", self.owner, self.workers)
@@ -167,6 +197,40 @@ class FleetController:
         self.queue.shut_down()
         for thread in self.threads:
             thread.join(timeout_s)
+        self._give_everything_up()
+
+    def _guarded(self, target):
+        """`target` run so that its end, unless the controller is stopping, makes the
+        controller give every job up (the exception, if any, is logged with its traceback by
+        threading's excepthook)."""
+
+        def run() -> None:
+            try:
+                target()
+            finally:
+                if not self.stopping.is_set():
+                    self._abdicate(f"thread {threading.current_thread().name} ended")
+
+        return run
+
+    def _abdicate(self, why: str) -> None:
+        """A thread of this controller is gone: it can no longer supervise as it should (a
+        frozen view, stop requests unseen, jobs without reconciles), so it stops and gives its
+        leases and its place in the membership up for the others to take its jobs at once."""
+        with self.stats_lock:
+            if self.failed is not None:
+                return
+            self.failed = why
+        log.critical("controller %s: %s: giving every job up for the others", self.owner, why)
+        self.stopping.set()
+        self.queue.shut_down()
+        try:
+            self._give_everything_up()
+        except redis.RedisError as exc:
+            # The leases expire after LEASE_S anyway: nothing renews them any more.
+            log.warning("controller %s: leases not released: %s", self.owner, exc)
+
+    def _give_everything_up(self) -> None:
         with self.slots_lock:
             held = list(self.slots)
             self.slots.clear()
@@ -187,14 +251,43 @@ class FleetController:
         their lease."""
         while not self.stopping.is_set():
             started = time.monotonic()
+            dead = [t.name for t in self.threads if not t.is_alive()]
+            if dead:
+                # Renewing for a controller that cannot supervise would keep its jobs from
+                # the others (its threads normally say so themselves: `_guarded`).
+                self._abdicate(f"thread {', '.join(dead)} not running")
+                return
             try:
                 leases.heartbeat(self.client, self.owner)
                 for key in self.leases.renew(self.held()):
                     log.warning("controller %s: lease of %s lost", self.owner, key)
                     self._drop(key)
+                self._publish_stats()
             except redis.RedisError as exc:
                 log.warning("controller %s: leases not renewed: %s", self.owner, exc)
             self.stopping.wait(max(0.0, RENEW_S - (time.monotonic() - started)))
+
+    def stats(self) -> dict[str, float]:
+        """This controller's work-queue figures, as /metrics exports them."""
+        with self.stats_lock:
+            return {
+                "queue_depth": len(self.queue),
+                "held": len(self.held()),
+                "failing": self.backoff.failing(),
+                "reconciles": self.reconcile_count,
+                "reconcile_seconds": round(self.reconcile_seconds, 6),
+                "reconcile_errors": self.errors,
+                "membership_errors": self.membership_errors,
+            }
+
+    def _publish_stats(self) -> None:
+        """Where /metrics reads them (every web worker alike): nothing is counted in its
+        memory (console.services.prometheus)."""
+        key = control_keys.controller_stats(self.owner)
+        with self.client.pipeline(transaction=False) as pipe:
+            pipe.hset(key, mapping=self.stats())
+            pipe.expire(key, int(STATS_TTL_S))
+            pipe.execute()
 
     def _membership_loop(self) -> None:
         while not self.stopping.is_set():
@@ -202,9 +295,20 @@ class FleetController:
             try:
                 self.settle_membership()
             except (DatabaseError, redis.RedisError) as exc:
+                self._count_membership_error()
                 log.warning("controller %s: membership round failed: %s", self.owner, exc)
                 _drop_broken_connection()
+            except Exception:
+                # A bug met by one round must not end the thread: the leases would still be
+                # renewed while the view, the stop requests and the fair share froze.
+                self._count_membership_error()
+                log.exception("controller %s: membership round raised", self.owner)
+                _drop_broken_connection()
             self.stopping.wait(max(0.0, RENEW_S - (time.monotonic() - started)))
+
+    def _count_membership_error(self) -> None:
+        with self.stats_lock:
+            self.membership_errors += 1
 
     def settle_membership(self) -> None:
         """One round: read the live jobs and the fleet view, take jobs up to our fair share or
@@ -242,12 +346,21 @@ class FleetController:
             reverse=True,
         )
         for key in free[: share - len(held)]:
+            if self.stopping.is_set():
+                return  # given up meanwhile: take nothing more
             if self.leases.try_acquire(key):
                 self._take(key, *live[key])
 
     def _take(self, key: str, pk: int, status: str) -> None:
-        job = Job.objects.get(pk=pk)
-        slot = JobSlot(job=job, supervisor=load_supervisor(self.client, job), db_status=status)
+        try:
+            job = Job.objects.get(pk=pk)
+        except Job.DoesNotExist:
+            # Deleted since this round read the live jobs: nothing to supervise.
+            self.leases.release(key)
+            return
+        # The supervision state is read by the job's first reconcile, not here: a state this
+        # version cannot read fails that job's reconciles (retried, reported), not the round.
+        slot = JobSlot(job=job, supervisor=None, db_status=status, reload=True)
         with self.slots_lock:
             self.slots[key] = slot
         self.queue.add(key)
@@ -274,6 +387,10 @@ class FleetController:
                 log.warning("controller %s: agent events unreadable: %s", self.owner, exc)
                 self.stopping.wait(ERROR_RETRY_S)
                 continue
+            except Exception:
+                log.exception("controller %s: agent events read raised", self.owner)
+                self.stopping.wait(ERROR_RETRY_S)
+                continue
             for _, entries in batches:
                 for entry_id, fields in entries:
                     last = entry_id
@@ -289,22 +406,48 @@ class FleetController:
             if key is None:
                 return
             delay = None
+            started = time.monotonic()
             try:
                 delay = self.reconcile(key)
             except (DatabaseError, redis.RedisError) as exc:
-                self.errors += 1
                 log.warning("controller %s: reconcile of %s failed: %s", self.owner, key, exc)
                 _drop_broken_connection()
-                self._reload_next_time(key)
-                delay = ERROR_RETRY_S
-            except Exception:
+                delay = min(self._failed(key, exc), TRANSIENT_RETRY_CAP_S)
+            except Exception as exc:
                 # One job's bug must not end this worker (the others would go unsupervised).
-                self.errors += 1
                 log.exception("controller %s: reconcile of %s raised", self.owner, key)
-                self._reload_next_time(key)
-                delay = ERROR_RETRY_S
+                delay = self._failed(key, exc)
+            else:
+                self._succeeded(key)
             finally:
+                with self.stats_lock:
+                    self.reconcile_count += 1
+                    self.reconcile_seconds += time.monotonic() - started
                 self.queue.done(key, delay)
+
+    def _failed(self, key: str, exc: Exception) -> float:
+        """Count a failed reconcile of `key` and record it for the job page, /metrics and the
+        alert; returns when to try the job again (its backoff)."""
+        with self.stats_lock:
+            self.errors += 1
+        self._reload_next_time(key)
+        failures, delay = self.backoff.failed(key)
+        with self.slots_lock:
+            slot = self.slots.get(key)
+        if slot is not None:
+            error = f"{type(exc).__name__}: {exc}"
+            try:
+                record_reconcile_failure(self.client, slot.job, failures, error, delay, self.owner)
+            except Exception:
+                # Recording is for people; the retry must happen whatever it met.
+                log.exception("controller %s: failure of %s not recorded", self.owner, key)
+        return delay
+
+    def _succeeded(self, key: str) -> None:
+        """A reconcile of `key` ended without an error: a failure streak it ends is cleared."""
+        if self.backoff.succeeded(key):
+            clear_reconcile_failure(self.client, key)
+            log.info("controller %s: %s reconciles again", self.owner, key)
 
     def _reload_next_time(self, key: str) -> None:
         """After a reconcile that failed part-way (a failure handled in memory whose record the
@@ -326,7 +469,10 @@ class FleetController:
         self.reconciles += 1
         job = slot.job
         if slot.db_status != job.status:
-            job.refresh_from_db(fields=["status", "status_reason"])
+            try:
+                job.refresh_from_db(fields=["status", "status_reason"])
+            except Job.DoesNotExist:
+                return self._deleted(key, slot)
         if not self.leases.holds(key):
             # Gone (taken over, or gone with Redis's data): act on nothing, not even from the
             # supervisor kept in memory, whose view of a Redis that lost its data would restart
@@ -350,6 +496,20 @@ class FleetController:
             return self._end(key)
         return controller.next_reconcile_s(job, slot.supervisor, FAST_PERIOD_S, STEADY_PERIOD_S)
 
+    def _deleted(self, key: str, slot: JobSlot) -> None:
+        """The job was deleted from the database while live: its replicas are killed where the
+        supervisor placed them, its control-plane keys deleted and its lease released, once
+        (it is in no later round's live jobs, so nobody takes it again)."""
+        if not self.leases.holds(key):
+            self._drop(key)
+            return None
+        supervisor = slot.supervisor
+        if slot.reload or supervisor is None:
+            supervisor = load_supervisor(self.client, slot.job)
+        stop_deleted_job(slot.job, supervisor, self.client)
+        log.warning("controller %s: job %s was deleted while live: stopped", self.owner, key)
+        return self._end(key)
+
     def _save(self, key: str, slot: JobSlot) -> bool:
         """Save the supervision state if it changed, only while the lease is ours."""
         state = json.dumps(slot.supervisor.to_dict())
@@ -369,3 +529,20 @@ class FleetController:
 def _drop_broken_connection() -> None:
     """A database error may leave this thread's connection unusable: open a new one next time."""
     connection.close_if_unusable_or_obsolete()
+
+
+def controller_stats(client) -> dict[str, dict[str, float]]:
+    """owner -> the figures each live controller last published (FleetController.stats), in
+    one round trip after the membership read."""
+    owners = leases.live_controllers(client, CONTROLLER_ALIVE_S)
+    with client.pipeline(transaction=False) as pipe:
+        for owner in owners:
+            pipe.hgetall(control_keys.controller_stats(owner))
+        published = pipe.execute()
+    stats = {}
+    for owner, figures in zip(owners, published, strict=True):
+        try:
+            stats[owner] = {name: float(value) for name, value in figures.items()}
+        except ValueError:
+            log.warning("figures of controller %s are malformed, left out", owner)
+    return stats

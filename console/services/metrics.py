@@ -167,4 +167,13 @@ def store_node_metrics(client, rows: list[MetricSample], read: dict[str, list]) 
 def recent_node_usages(client, node_name: str, count: int) -> list[dict]:
     """The node's newest `count` usage samples, newest first (the Q score's history)."""
     entries = client.xrevrange(control_keys.node_metrics(node_name), count=count)
-    return [json.loads(fields["sample"]) for _, fields in entries]
+    usages = []
+    for _, fields in entries:
+        # One malformed entry must not hide the node's other samples (nor fail the fleet view).
+        try:
+            usage = json.loads(fields["sample"])
+        except (KeyError, TypeError, ValueError):
+            continue
+        if isinstance(usage, dict):
+            usages.append(usage)
+    return usages

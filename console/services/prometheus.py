@@ -26,6 +26,7 @@ from prometheus_client.core import (
     GaugeMetricFamily,
     HistogramMetricFamily,
     Metric,
+    SummaryMetricFamily,
 )
 
 from console.models import (
@@ -39,7 +40,8 @@ from console.models import (
 )
 from console.services import kafka_status
 from console.services.control.observe import unsupervised_jobs
-from console.services.fleet import CONTROLLER_ALIVE_S
+from console.services.control.record import reconcile_failures
+from console.services.fleet import CONTROLLER_ALIVE_S, controller_stats
 from infra import keys as control_keys
 from infra.leases import live_controllers
 
@@ -339,6 +341,62 @@ class BackstopCollector:
         )
         unsupervised.add_metric([], len(unsupervised_jobs(self.redis)))
         yield unsupervised
+        yield from self._work_queues()
+        failing = GaugeMetricFamily(
+            "backstop_job_reconcile_failures",
+            "Reconciles of the job that failed in a row, while they fail (the controller "
+            "retries it with a growing delay; the last error is on the job page)",
+            labels=["job_id"],
+        )
+        failures = reconcile_failures(self.redis, [job.key for job in live_jobs])
+        for job in live_jobs:
+            if job.key in failures:
+                failing.add_metric([str(job.pk)], failures[job.key].get("failures", 0))
+        yield failing
+
+    def _work_queues(self) -> Iterator[Metric]:
+        """Each live controller's work queue, as it published it at its last renewal."""
+        labels = ["controller"]
+        depth = GaugeMetricFamily(
+            "backstop_controller_queue_depth",
+            "Jobs queued in the controller's work queue (due now or later)",
+            labels=labels,
+        )
+        held = GaugeMetricFamily(
+            "backstop_controller_jobs", "Jobs the controller supervises", labels=labels
+        )
+        failing = GaugeMetricFamily(
+            "backstop_controller_jobs_failing",
+            "Jobs of the controller whose last reconcile failed (retried with backoff)",
+            labels=labels,
+        )
+        errors = CounterMetricFamily(
+            "backstop_controller_reconcile_errors",
+            "Reconciles that raised, since the controller started",
+            labels=labels,
+        )
+        membership = CounterMetricFamily(
+            "backstop_controller_membership_errors",
+            "Membership rounds (leases, fair share, fleet view) that raised",
+            labels=labels,
+        )
+        latency = SummaryMetricFamily(
+            "backstop_controller_reconcile_duration_seconds",
+            "How long the controller's reconciles took, since it started",
+            labels=labels,
+        )
+        for owner, figures in sorted(controller_stats(self.redis).items()):
+            depth.add_metric([owner], figures.get("queue_depth", 0.0))
+            held.add_metric([owner], figures.get("held", 0.0))
+            failing.add_metric([owner], figures.get("failing", 0.0))
+            errors.add_metric([owner], figures.get("reconcile_errors", 0.0))
+            membership.add_metric([owner], figures.get("membership_errors", 0.0))
+            latency.add_metric(
+                [owner],
+                count_value=figures.get("reconciles", 0.0),
+                sum_value=figures.get("reconcile_seconds", 0.0),
+            )
+        yield from (depth, held, failing, errors, membership, latency)
 
     def _kafka(self, live_jobs: list[Job]) -> Iterator[Metric]:
         """The live jobs reading Kafka: each partition's lag as the stage's primary last

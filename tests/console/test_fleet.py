@@ -4,6 +4,9 @@ and Redis client, as separate processes would have."""
 
 from __future__ import annotations
 
+import base64
+import json
+import re
 import time
 
 import pytest
@@ -11,8 +14,11 @@ import pytest
 from console.models import ControlDecision, Job
 from console.redis import redis_client
 from console.services import fleet
-from console.services.control import observe
+from console.services.control import observe, record
+from console.services.prometheus import exposition
 from infra import keys, leases
+from infra.queues import node_queue
+from spark_runtime.generators import generator_replica_id
 from spark_runtime.supervision import Supervisor
 from tests.factories import NodeFactory, make_job
 
@@ -221,5 +227,185 @@ def test_a_failure_whose_record_the_database_refused_is_handled_again(redis_conn
         assert {stage: len(times) for stage, times in supervisor.failures.items()} == {
             "wc/primary": 1
         }
+    finally:
+        ctl.stop()
+
+
+def queued_tasks(redis_conn, queue: str, task: str) -> list[tuple[list, dict]]:
+    """(args, kwargs) of every `task` message waiting in the Celery queue `queue`."""
+    found = []
+    for raw in redis_conn.lrange(queue, 0, -1):
+        message = json.loads(raw)
+        if message["headers"]["task"] == task:
+            args, kwargs, _embed = json.loads(base64.b64decode(message["body"]))
+            found.append((args, kwargs))
+    return found
+
+
+def stop_and_wait(job: Job, timeout_s: float = 10) -> None:
+    """Ask for the job's stop as the API does and wait for its controller to carry it out."""
+    Job.objects.filter(pk=job.pk).update(status=Job.Status.STOPPING)
+    wait_until(
+        lambda: Job.objects.get(pk=job.pk).status == Job.Status.STOPPED,
+        timeout_s,
+        f"{job.key} stopped",
+    )
+
+
+def test_a_malformed_node_heartbeat_does_not_freeze_the_membership(redis_conn, controllers):
+    # An agent (or anything else) wrote a heartbeat that is not JSON: the membership thread
+    # read it in every round's fleet view, died on it, and no stop request was seen again.
+    [job] = live_jobs(redis_conn, 1)
+    NodeFactory(name="n-2")
+    controller = controllers("ctl-a")
+    wait_until(lambda: controller.held() == [job.key], 10, "the job held")
+    redis_conn.set(keys.node_heartbeat("n-2"), "{not json", ex=30)
+    redis_conn.set(keys.node_heartbeat("n-1"), json.dumps({"at": time.time()}), ex=30)
+    stop_and_wait(job)
+    wait_until(lambda: controller.held() == [], 5, "the job dropped")
+    # The bad entry is left out of the view, the good one kept; no round failed for it.
+    assert set(controller.view.alive) == {"n-1"}
+    assert controller.membership_errors == 0
+
+
+def test_a_membership_round_that_raises_is_counted_and_the_next_one_runs(
+    redis_conn, controllers, monkeypatch
+):
+    [job] = live_jobs(redis_conn, 1)
+    real_read = fleet.read_fleet_view
+    raised = []
+
+    def buggy_once(client):
+        if not raised:
+            raised.append(True)
+            raise TypeError("a bug met by one round")
+        return real_read(client)
+
+    monkeypatch.setattr(fleet, "read_fleet_view", buggy_once)
+    controller = controllers("ctl-a")
+    wait_until(lambda: raised == [True], 5, "the round that raises")
+    # Only a later round can take the job and see its stop request.
+    wait_until(lambda: controller.held() == [job.key], 10, "the job held by a later round")
+    stop_and_wait(job)
+    assert controller.membership_errors == 1
+    assert controller.failed is None
+
+
+class ThreadKilled(BaseException):
+    """What no loop catches: the thread ends (as with a bug in the loop itself)."""
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")
+def test_a_controller_whose_membership_thread_died_gives_its_jobs_to_the_others(
+    redis_conn, controllers
+):
+    # Seen: with one such zombie beside a healthy controller, the zombie still renewed its
+    # leases and counted in the fair share, and 4 of 10 jobs had no lease holder for ever.
+    jobs = live_jobs(redis_conn, 4)
+    first, second = controllers("ctl-a"), controllers("ctl-b")
+    wait_until(lambda: len(first.held()) == len(second.held()) == 2, 15, "a 2/2 split")
+
+    def dies(*args, **kwargs):
+        raise ThreadKilled
+
+    first.settle_membership = dies
+    wait_until(
+        lambda: set(holders(redis_conn, jobs).values()) == {"ctl-b"}, 10, "ctl-b holding all"
+    )
+    wait_until(lambda: len(second.held()) == 4, 10, "ctl-b supervising all 4")
+    assert first.held() == [] and first.failed
+    assert "ctl-a" not in leases.live_controllers(redis_conn, fleet.CONTROLLER_ALIVE_S)
+    # It takes nothing back: its threads have ended.
+    time.sleep(2 * fleet.RENEW_S)
+    assert set(holders(redis_conn, jobs).values()) == {"ctl-b"}
+
+
+def test_a_job_whose_state_a_newer_controller_wrote_is_supervised(redis_conn, controllers):
+    # A deploy rolled back after a policy field was added: the state in Redis has fields this
+    # version does not know. Reading it raised TypeError and ended the membership thread.
+    jobs = live_jobs(redis_conn, 3)
+    newer = json.loads(redis_conn.get(keys.controller_state(jobs[0].key)))
+    newer["restart_policy"]["jitter_ratio"] = 0.1
+    newer["replicas"][0]["spec"]["gpu"] = "none"
+    newer["replicas"][0]["drained"] = False
+    newer["priority_class"] = "gold"
+    redis_conn.set(keys.controller_state(jobs[0].key), json.dumps(newer))
+    controller = controllers("ctl-a")
+    everything = sorted(job.key for job in jobs)
+    wait_until(lambda: controller.held() == everything, 10, "all 3 jobs held")
+    # Its reconciles run: the stop of the job with the newer state is carried out.
+    stop_and_wait(jobs[0])
+    assert not redis_conn.exists(keys.controller_state(jobs[0].key))
+
+
+def test_a_live_job_deleted_from_the_database_is_stopped_once(redis_conn, controllers):
+    # Seen: a live job deleted in the admin failed its reconcile every second for ever, its
+    # lease never released, its replicas never killed.
+    [job] = live_jobs(redis_conn, 1)
+    replica_ids = sorted(observe.load_supervisor(redis_conn, job).replicas)
+    controller = controllers("ctl-a")
+    wait_until(lambda: controller.held() == [job.key], 10, "the job held")
+    wait_until(lambda: controller.reconciles >= 1, 10, "its first reconcile")
+    queue = node_queue("n-1")
+    redis_conn.delete(queue)
+    redis_conn.hset(keys.exit_tails(job.key), "wc-9", "an old tail")
+    key = job.key
+    Job.objects.filter(pk=job.pk).delete()
+    wait_until(lambda: not redis_conn.exists(keys.controller_lease(key)), 10, "lease released")
+    assert controller.held() == []
+    for gone in (keys.controller_state(key), keys.exit_tails(key)):
+        assert not redis_conn.exists(gone), gone
+    time.sleep(2 * fleet.RENEW_S)  # rounds that must not act on it again
+    kills = queued_tasks(redis_conn, queue, "backstop.agent.kill_replica")
+    killed = sorted(args[0] for args, kwargs in kills if kwargs["job_key"] == key)
+    # Each replica once, where the supervisor placed it, and the generator.
+    assert killed == sorted([*replica_ids, generator_replica_id(key)])
+    assert not redis_conn.exists(keys.controller_lease(key))
+
+
+def test_a_failing_job_backs_off_is_reported_and_holds_no_other_job_up(redis_conn, monkeypatch):
+    monkeypatch.setattr(record, "RECONCILE_ALERT_FAILURES", 2, raising=False)
+    bad, good = live_jobs(redis_conn, 2)
+    # An exit report that is not JSON: every reconcile of `bad` raises reading it.
+    redis_conn.hset(keys.exits(bad.key), "wc-1", "{not json")
+    ctl = fleet.FleetController(2, client=redis_client(), owner="ctl-a")
+    ctl.start()
+    try:
+        failure_key = keys.reconcile_failures(bad.key)
+
+        def failures() -> dict:
+            raw = redis_conn.get(failure_key)
+            return json.loads(raw) if raw else {}
+
+        wait_until(lambda: failures().get("failures", 0) >= 3, 15, "3 failures recorded")
+        entry = failures()
+        n = entry["failures"]
+        # 1 s doubling per failure in a row: 1, 2, 4 ... s (computed here, not by the product).
+        assert entry["retry_in_s"] == min(60.0, 1.0 * 2 ** (n - 1))
+        assert entry["at"] - entry["since"] >= sum(2**i for i in range(n - 1)) - 0.2
+        assert entry["error"].startswith("JSONDecodeError") and entry["controller"] == "ctl-a"
+        # The other job is reconciled meanwhile: its stop is carried out at once.
+        stop_and_wait(good, timeout_s=5)
+        # Alerted once for the streak (at its 2nd failure here), named by when it began.
+        alerts = queued_tasks(redis_conn, "control", "backstop.alert_reconcile_failing")
+        assert [args[:3] for args, _ in alerts] == [[bad.pk, entry["since"], 2]]
+        # On /metrics: the job's failures, the controller's errors, queue depth and latency.
+        wait_until(
+            lambda: "backstop_controller_queue_depth" in exposition(redis_conn).decode(),
+            5,
+            "the controller's figures published",
+        )
+        text = exposition(redis_conn).decode()
+        assert f'backstop_job_reconcile_failures{{job_id="{bad.pk}"}} {float(n)}' in text
+        errors = re.search(
+            r'backstop_controller_reconcile_errors_total\{controller="ctl-a"\} (\S+)', text
+        )
+        assert errors and float(errors.group(1)) >= n
+        assert 'backstop_controller_reconcile_duration_seconds_count{controller="ctl-a"}' in text
+        # Fixed: the next try succeeds, the record goes and the backoff starts over.
+        redis_conn.hdel(keys.exits(bad.key), "wc-1")
+        wait_until(lambda: not redis_conn.exists(failure_key), 15, "the failure record cleared")
+        assert ctl.backoff.failures(bad.key) == 0
+        assert ctl.held() == [bad.key]
     finally:
         ctl.stop()

@@ -14,7 +14,9 @@ from console.dash.placement import callbacks as placement_callbacks
 from console.dash.recoveries import callbacks as recovery_callbacks
 from console.dash.resources import callbacks as resource_callbacks
 from console.models import FaultInjection, Job, Policy, PredictorTraining
+from console.redis import redis_client
 from console.roles import ADMIN, OPERATOR, VIEWER
+from infra import keys
 from tests.dash.components import ids_in, text_of
 from tests.dash.seed import seed_console
 
@@ -59,6 +61,21 @@ def test_read_callbacks_answer_nothing_to_users_without_a_role(seeded, users, ca
     for user in (AnonymousUser(), users[None]):
         with pytest.raises(PreventUpdate):
             call(user)
+
+
+def test_job_refresh_shows_a_supervision_that_keeps_failing(seeded, users):
+    client = redis_client()
+    key = keys.reconcile_failures(seeded.adaptive.key)
+    entry = {"failures": 4, "since": 0.0, "at": 15.0, "error": "TypeError: boom",
+             "retry_in_s": 8.0, "controller": "ctl-a"}  # fmt: skip
+    client.set(key, json.dumps(entry))
+    try:
+        outputs = job_callbacks.refresh(1, 300, _job_path(seeded.adaptive), user=users[VIEWER])
+    finally:
+        client.delete(key)
+    text = text_of(outputs[1])
+    assert "Supervision failing" in text and "4 reconciles in a row failed since 1970" in text
+    assert "next try in 8 s" in text and "TypeError: boom" in text
 
 
 def test_job_refresh_shows_operators_decisions_failures_and_faults(seeded, users):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import threading
 
-from infra.workqueue import WorkQueue
+from infra.workqueue import FailureBackoff, WorkQueue, failure_delay_s
 
 
 class Clock:
@@ -108,3 +108,24 @@ def test_get_blocks_until_a_key_is_added_and_shut_down_wakes_every_waiter():
         waiter.join(5)
     assert not any(waiter.is_alive() for waiter in waiters)
     assert sorted(got, key=str) == sorted(["job", None, None], key=str)
+
+
+def test_a_failing_key_backs_off_exponentially_up_to_the_cap_and_a_success_resets_it():
+    backoff = FailureBackoff(base_s=1.0, cap_s=60.0)
+    delays = [backoff.failed("bad") for _ in range(9)]
+    # 1 s doubling per failure in a row: 1, 2, 4, ... 64 s, capped at 60 s.
+    assert delays == [
+        (1, 1.0), (2, 2.0), (3, 4.0), (4, 8.0), (5, 16.0), (6, 32.0), (7, 60.0), (8, 60.0),
+        (9, 60.0),
+    ]  # fmt: skip
+    assert backoff.failures("good") == 0 and backoff.failing() == 1
+    assert backoff.succeeded("bad") == 9
+    assert backoff.failures("bad") == 0 and backoff.failing() == 0
+    assert backoff.failed("bad") == (1, 1.0)  # a new streak starts from the base again
+
+
+def test_the_failure_delay_is_bounded_however_long_a_key_fails():
+    assert failure_delay_s(0) == 0.0
+    assert failure_delay_s(1, base_s=0.5, cap_s=10.0) == 0.5
+    assert failure_delay_s(4, base_s=0.5, cap_s=10.0) == 4.0
+    assert failure_delay_s(10_000, base_s=0.5, cap_s=10.0) == 10.0

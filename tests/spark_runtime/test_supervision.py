@@ -590,3 +590,34 @@ def test_a_machine_saved_before_primaries_took_part_in_cpu_priorities_loads():
     restored = Supervisor.from_dict(saved)
     assert {r.spec.role for r in restored.replicas.values()} == {"primary", "standby"}
     assert all(r.spec.cpu_priorities for r in restored.replicas.values())
+
+
+def test_a_machine_saved_by_a_newer_version_with_fields_unknown_here_loads(caplog):
+    """A deploy rolled back after a field was added: the state in Redis has fields this version
+    does not know, in the restart policy, the replicas and their specs, the cause streaks and
+    at the top. It loads without them (they were a TypeError), and says so once per field."""
+    policy = RestartPolicy(initial_delay_s=3.0, max_failures=5)
+    sup = Supervisor(
+        "j", "wordcount", {"count": ("split", "count")}, "adaptive", NODES, {"count"},
+        restart_policy=policy,
+    )  # fmt: skip
+    sup.start(0.0)
+    sup.handle(ProcessExited("count-1", 5.0, 1, cause="boom"))
+    expected = sup.to_dict()
+    newer = json.loads(json.dumps(expected))
+    newer["restart_policy"]["jitter_ratio"] = 0.2
+    newer["cause_streaks"] = {k: {**v, "first_at": 1.0} for k, v in newer["cause_streaks"].items()}
+    assert newer["cause_streaks"], "a streak to load"
+    for item in newer["replicas"]:
+        item["drained"] = False
+        item["spec"]["gpu"] = "none"
+    newer["priority_class"] = "gold"
+    with caplog.at_level("WARNING", logger="spark_runtime.snapshot"):
+        restored = Supervisor.from_dict(newer)
+        Supervisor.from_dict(newer)  # a second load says nothing new
+    assert restored.to_dict() == expected
+    assert restored.restart_policy == policy
+    unknown = [r.getMessage() for r in caplog.records if "does not know" in r.getMessage()]
+    assert sorted(m.split()[0] for m in unknown) == [
+        "CauseStreak", "Replica", "ReplicaSpec", "RestartPolicy",
+    ]  # fmt: skip

@@ -8,7 +8,7 @@ Each function is a Dash callback (wired in job/app.py) and can be called directl
 from __future__ import annotations
 
 import re
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 
 from dash import html
 from dash.exceptions import PreventUpdate
@@ -30,7 +30,9 @@ from console.dash.job import figures, upgrades
 from console.dash.job.layout import controls as controls_layout
 from console.dash.job.layout import upgrade_actions
 from console.models import FaultInjection, JobUpgrade, Policy
+from console.redis import redis_client
 from console.roles import OPERATOR, has_role
+from console.services.control.record import reconcile_failures
 from spark_runtime.strategies import STRATEGIES
 
 JOB_PATH = re.compile(r"/console/jobs/(\d+)/?$")
@@ -77,6 +79,27 @@ def _failure_reason(job: dict):
             html.B("Failed: "),
             html.Span(cause, id="job-failure-cause"),
             html.Pre(tail.strip(), className="log-tail") if tail.strip() else None,
+        ],
+        className="card failure-reason",
+    )
+
+
+def _reconcile_failing(failure: dict | None):
+    """That the controller's reconciles of the job keep failing (it retries them with a
+    growing delay): how many in a row, since when, the last error."""
+    if failure is None:
+        return None
+    since = datetime.fromtimestamp(float(failure.get("since", 0)), tz=UTC)
+    return html.Div(
+        [
+            html.B("Supervision failing: "),
+            html.Span(
+                f"{failure.get('failures', 0)} reconciles in a row failed since "
+                f"{since:%Y-%m-%d %H:%M:%S} UTC; next try in "
+                f"{fmt_num(failure.get('retry_in_s'), 0)} s",
+                id="job-reconcile-failures",
+            ),
+            html.Pre(failure.get("error", ""), className="log-tail"),
         ],
         className="card failure-reason",
     )
@@ -239,9 +262,10 @@ def refresh(n_intervals, window_s, pathname, user=None):
     markers = figures.upgrade_markers(job_upgrades, since=now - timedelta(seconds=window_s))
     in_progress = upgrades.under_way(job_upgrades)
     kafka = kafka_data.job_kafka(job, replicas)
+    failure = reconcile_failures(redis_client(), [job["key"]]).get(job["key"])
     return (
         _summary(job, current, replicas),
-        _failure_reason(job),
+        [card for card in (_failure_reason(job), _reconcile_failing(failure)) if card] or None,
         figures.dag_figure(operators, threshold),
         _replica_table(replicas, figures.stage_chains(operators)),
         _operator_table(operators),

@@ -58,11 +58,14 @@ def trigger_of(job: Job) -> float:
 
 
 class AgentLauncher:
-    """A `Launcher` that starts and kills replicas through the node agents' queues."""
+    """A `Launcher` that starts and kills replicas through the node agents' queues. `nodes`:
+    replica id -> its node, for replicas without a row (a job deleted from the database took
+    its replica rows with it; the supervisor still knows where they run)."""
 
-    def __init__(self, job: Job, client):
+    def __init__(self, job: Job, client, nodes: dict[str, str] | None = None):
         self.job = job
         self.client = client
+        self.nodes = nodes or {}
 
     def start(self, replica: ReplicaSpec) -> None:
         trigger = trigger_of(self.job)
@@ -103,6 +106,11 @@ class AgentLauncher:
     def kill(self, replica_id: str) -> None:
         row = Replica.objects.filter(replica_id=self._db_id(replica_id)).first()
         if row is None:
+            node = self.nodes.get(replica_id)
+            if node is not None:
+                tasks.send(
+                    tasks.KILL_REPLICA, replica_id, job_key=self.job.key, queue=node_queue(node)
+                )
             return
         tasks.send(
             tasks.KILL_REPLICA, replica_id, job_key=self.job.key, queue=node_queue(row.node.name)
@@ -285,6 +293,19 @@ def stop_everything(job: Job, supervisor: Supervisor, client) -> None:
         state__in=(Replica.State.STOPPED, Replica.State.FAILED)
     ).update(state=Replica.State.STOPPED, ended_at=timezone.now())
     client.delete(control_keys.controller_state(job.key))
+
+
+def stop_deleted_job(job: Job, supervisor: Supervisor | None, client) -> None:
+    """A live job was deleted from the database (its replica rows went with it): kill its
+    replicas where the supervisor placed them and its generator, and delete what the control
+    plane keeps of it in Redis; its data (streams, results, checkpoints) is left as it is."""
+    if supervisor is not None:
+        nodes = {r.id: r.spec.node for r in supervisor.replicas.values()}
+        launcher = AgentLauncher(job, client, nodes=nodes)
+        execute(supervisor.stop(), launcher, command_sender(client, job))
+    stop_generator(job)
+    withdraw_plans(client, job.key)
+    client.delete(*control_keys.controller_job_keys(job.key))
 
 
 def apply_give_up(job: Job, client, replica_id: str, verdict: GiveUp, actions: list) -> None:

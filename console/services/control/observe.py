@@ -6,6 +6,7 @@ Reads Redis and keeps the database's view of nodes and replicas in step; starts 
 from __future__ import annotations
 
 import json
+import logging
 import time
 from collections import Counter
 from collections.abc import Mapping
@@ -21,30 +22,53 @@ from infra import leases
 from spark_runtime import keys as data_keys
 from spark_runtime.supervision import PRIMARY, RUNNING, Supervisor, of_an_earlier_run
 
+log = logging.getLogger(__name__)
+
 NODE_HISTORY_SAMPLES = 20
 # An agent publishes replica activity every second: older figures are not the replica's now.
 USAGE_FRESH_S = 10.0
 
 
+def parsed_entry(raw, what: str) -> dict | None:
+    """A JSON object an agent or a replica wrote, or None (logged) when it is not one: one
+    malformed entry is left out rather than failing the read of every node or job."""
+    try:
+        value = json.loads(raw)
+    except (TypeError, ValueError) as exc:
+        log.warning("%s is not JSON, left out: %s", what, exc)
+        return None
+    if not isinstance(value, dict):
+        log.warning("%s is not a JSON object, left out: %.80r", what, value)
+        return None
+    return value
+
+
 def alive_nodes(client) -> dict[str, dict]:
-    """Nodes whose agent heartbeat is fresh, with their newest usage sample."""
+    """Nodes whose agent heartbeat is fresh, with their newest usage sample (a node whose
+    heartbeat is malformed counts as silent)."""
     result = {}
     for node in Node.objects.all():
         beat = client.get(control_keys.node_heartbeat(node.name))
         if beat is not None:
-            result[node.name] = json.loads(beat)
+            usage = parsed_entry(beat, f"heartbeat of node {node.name}")
+            if usage is not None:
+                result[node.name] = usage
     return result
 
 
 def node_history(client, names) -> dict:
-    """node -> its recent samples as the policy's NodeSamples, newest first."""
-    return {
-        name: [
-            metrics.node_sample_from_usage(name, usage)
-            for usage in metrics.recent_node_usages(client, name, NODE_HISTORY_SAMPLES)
-        ]
-        for name in names
-    }
+    """node -> its recent samples as the policy's NodeSamples, newest first (malformed samples
+    left out)."""
+    history = {}
+    for name in names:
+        samples = []
+        for usage in metrics.recent_node_usages(client, name, NODE_HISTORY_SAMPLES):
+            try:
+                samples.append(metrics.node_sample_from_usage(name, usage))
+            except (KeyError, TypeError, ValueError) as exc:
+                log.warning("a usage sample of node %s is malformed, left out: %r", name, exc)
+        history[name] = samples
+    return history
 
 
 def stage_usage(client, job: Job, supervisor: Supervisor) -> dict[str, tuple[float, float]]:
@@ -94,10 +118,11 @@ def spares_by_state(client, nodes: list[str]) -> dict[str, Counter]:
         for node in nodes:
             pipe.hvals(data_keys.spares(node))
         reported = pipe.execute()
-    return {
-        node: Counter(json.loads(raw).get("state") for raw in entries)
-        for node, entries in zip(nodes, reported, strict=True)
-    }
+    spares = {}
+    for node, entries in zip(nodes, reported, strict=True):
+        parsed = (parsed_entry(raw, f"a warm spare of node {node}") for raw in entries)
+        spares[node] = Counter(entry.get("state") for entry in parsed if entry is not None)
+    return spares
 
 
 def read_agent_events(client, job: Job, launched_at: Mapping[str, float] | None = None) -> bool:

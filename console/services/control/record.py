@@ -286,6 +286,63 @@ def record_cycle(client, job: Job, duration_s: float) -> None:
     client.set(control_keys.controller_cycle(job.key), json.dumps(cycle), ex=3600)
 
 
+# A job whose reconciles failed this many times in a row is alerted on: with the work queue's
+# backoff (1 s doubling) that is about 15 s of failing, past any database or Redis blip.
+RECONCILE_ALERT_FAILURES = 5
+# A failure record outlives the controller that wrote it this long (its successor rewrites it
+# within the backoff's cap while the job still fails, or deletes it when it no longer does).
+RECONCILE_FAILURE_TTL_S = 600
+
+
+def record_reconcile_failure(
+    client, job: Job, failures: int, error: str, retry_in_s: float, controller: str
+) -> dict:
+    """Keep where the job page, the API and /metrics read it that the job's reconcile failed
+    (`failures` in a row, the last with `error`, retried in `retry_in_s`), and ask for the
+    alert once a streak reaches RECONCILE_ALERT_FAILURES. Returns the record."""
+    key = control_keys.reconcile_failures(job.key)
+    now = time.time()
+    since = now
+    if failures > 1:
+        earlier = client.get(key)
+        since = float(json.loads(earlier).get("since", now)) if earlier else now
+    entry = {
+        "failures": failures,
+        "since": since,
+        "at": now,
+        "error": error[:500],
+        "retry_in_s": retry_in_s,
+        "controller": controller,
+    }
+    client.set(key, json.dumps(entry), ex=RECONCILE_FAILURE_TTL_S)
+    if failures == RECONCILE_ALERT_FAILURES:
+        # Named by when the streak began: one streak is emailed once per subscription.
+        tasks.send(tasks.ALERT_RECONCILE_FAILING, job.pk, since, failures, entry["error"])
+    return entry
+
+
+def clear_reconcile_failure(client, job_key: str) -> None:
+    """The job's reconcile succeeded again: its failure record goes."""
+    client.delete(control_keys.reconcile_failures(job_key))
+
+
+def reconcile_failures(client, job_keys: list[str]) -> dict[str, dict]:
+    """job key -> its reconcile failure record (record_reconcile_failure), for the jobs whose
+    reconciles fail now; one round trip."""
+    if not job_keys:
+        return {}
+    raws = client.mget([control_keys.reconcile_failures(key) for key in job_keys])
+    found = {}
+    for key, raw in zip(job_keys, raws, strict=True):
+        if raw is None:
+            continue
+        try:
+            found[key] = json.loads(raw)
+        except ValueError:
+            log.warning("reconcile failure record of %s is not JSON, left out", key)
+    return found
+
+
 def recovery_alerts_wanted() -> bool:
     """Whether any enabled subscription asks for recovery-time alerts."""
     return ReportSubscription.objects.filter(
