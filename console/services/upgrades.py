@@ -18,6 +18,13 @@ this module is what is around it:
    the case is known, carries out a confirm or rollback asked by hand, confirms by itself once
    green has written for the policy's `upgrade_validation_s`, and copies the supervisor's phase
    to the record (and the job's version to the Job row at the switch and back at a rollback).
+
+Every write of a record is a compare-and-set on its status (`filter(pk=..., status=...)
+.update(...)`) of the fields its writer owns, never a save of a whole copy read earlier: an
+operator's confirm or rollback (`requested_action`, `ended_by`) cannot be overwritten by a
+reconcile that read the record before it, and a cancel before the start cannot be overwritten
+by the state check's refusal or the controller's start. The loser of a race leaves the record
+alone; the controller's next reconcile sees what won.
 """
 
 from __future__ import annotations
@@ -233,16 +240,33 @@ def request_end(upgrade: JobUpgrade, action: str, user=None) -> JobUpgrade:
             "version writes the output",
             status=409,
         )
-    upgrade.requested_action = action
-    upgrade.ended_by = user if getattr(user, "is_authenticated", False) else None
+    by = user if getattr(user, "is_authenticated", False) else None
+    records = JobUpgrade.objects.filter(pk=upgrade.pk)
     if action == ROLLBACK and upgrade.status == JobUpgrade.Status.REQUESTED:
-        # Nothing has started (the state check may still run): cancelled here and now.
-        upgrade.status, upgrade.ended_at = JobUpgrade.Status.ABANDONED, timezone.now()
-        upgrade.outcome = ended_by_whom(upgrade, "cancelled before it started")
-        upgrade.requested_action = ""
-        upgrade.save()
-        return upgrade
-    upgrade.save(update_fields=["requested_action", "ended_by"])
+        # Nothing has started (the state check may still run): cancelled here and now, unless
+        # the controller started it meanwhile (then the rollback is passed on, below).
+        outcome = f"cancelled before it started by {by.get_username() if by else 'an operator'}"
+        cancelled = records.filter(status=JobUpgrade.Status.REQUESTED).update(
+            status=JobUpgrade.Status.ABANDONED,
+            ended_at=timezone.now(),
+            outcome=outcome,
+            requested_action="",
+            ended_by=by,
+        )
+        if cancelled:
+            upgrade.refresh_from_db()
+            return upgrade
+    # Only the fields the operator owns, and only while the upgrade can still take the request:
+    # the controller carries it out at its next reconcile.
+    can_take = (
+        records.filter(status=JobUpgrade.Status.VALIDATING)
+        if action == CONFIRM
+        else records.filter(status__in=JobUpgrade.UNDER_WAY)
+    )
+    if not can_take.update(requested_action=action, ended_by=by):
+        upgrade.refresh_from_db()
+        raise UpgradeRequestError(f"upgrade {upgrade.pk} has ended ({upgrade.status})", status=409)
+    upgrade.refresh_from_db()
     transaction.on_commit(lambda: wake(upgrade.job))
     return upgrade
 
@@ -300,9 +324,26 @@ def check_upgrade(upgrade: JobUpgrade, client) -> JobUpgrade:
         )
     if case == JobUpgrade.Case.REFUSED:
         return refuse(upgrade, stage, reason)
-    upgrade.save(update_fields=["stage", "case", "reason", "checkpoint_batch"])
+    if not record_case(upgrade):
+        return upgrade
     wake(job, client)
     return upgrade
+
+
+def record_case(upgrade: JobUpgrade) -> bool:
+    """Write the case the state check decided (stage, case, reason, batch) if the upgrade is
+    still requested and unchecked: a cancel meanwhile, or a twin run of the task, wins."""
+    written = JobUpgrade.objects.filter(
+        pk=upgrade.pk, status=JobUpgrade.Status.REQUESTED, case=""
+    ).update(
+        stage=upgrade.stage,
+        case=upgrade.case,
+        reason=upgrade.reason,
+        checkpoint_batch=upgrade.checkpoint_batch,
+    )
+    if not written:
+        upgrade.refresh_from_db()
+    return bool(written)
 
 
 def check_strategy_change(upgrade: JobUpgrade, supervisor: Supervisor | None, client):
@@ -322,7 +363,8 @@ def check_strategy_change(upgrade: JobUpgrade, supervisor: Supervisor | None, cl
         f"({', '.join(supervisor.stages)}): every replica and its checkpoint go on, and the "
         f"job is protected as {get_strategy(upgrade.to_strategy).label} from now on"
     )
-    upgrade.save(update_fields=["case", "reason"])
+    if not record_case(upgrade):
+        return upgrade
     wake(upgrade.job, client)
     return upgrade
 
@@ -332,12 +374,19 @@ def change_strategy(job: Job, upgrade: JobUpgrade, now: float) -> None:
     reconciles the supervisor to, console.services.controller.reconcile_strategy) and the
     upgrade, confirmed, in one transaction; its output is audited across the change."""
     with transaction.atomic():
-        job.strategy = upgrade.to_strategy
-        job.save(update_fields=["strategy"])
+        outcome = f"strategy changed in place: {upgrade.reason}"
+        if not JobUpgrade.objects.filter(pk=upgrade.pk, status=JobUpgrade.Status.REQUESTED).update(
+            status=JobUpgrade.Status.CONFIRMED,
+            switched_at=_at(now),
+            ended_at=_at(now),
+            outcome=outcome,
+        ):
+            return  # cancelled meanwhile: the job keeps its strategy
         upgrade.status = JobUpgrade.Status.CONFIRMED
         upgrade.switched_at = upgrade.ended_at = _at(now)
-        upgrade.outcome = f"strategy changed in place: {upgrade.reason}"
-        upgrade.save()
+        upgrade.outcome = outcome
+        job.strategy = upgrade.to_strategy
+        job.save(update_fields=["strategy"])
         decide(
             job,
             ControlDecision.Kind.UPGRADE,
@@ -464,12 +513,18 @@ def input_retained_since_start(job: Job, client) -> tuple[bool, str]:
 
 
 def refuse(upgrade: JobUpgrade, stage: str, reason: str) -> JobUpgrade:
-    upgrade.stage, upgrade.case, upgrade.reason = stage, JobUpgrade.Case.REFUSED, reason
-    upgrade.status, upgrade.ended_at, upgrade.outcome = (
-        JobUpgrade.Status.REFUSED, timezone.now(), reason,
-    )  # fmt: skip
-    upgrade.save()
-    decide(upgrade.job, ControlDecision.Kind.UPGRADE, f"upgrade {upgrade.pk} refused: {reason}")
+    """End a requested upgrade as refused, with the reason; one cancelled meanwhile stays so."""
+    refused = JobUpgrade.objects.filter(pk=upgrade.pk, status=JobUpgrade.Status.REQUESTED).update(
+        stage=stage,
+        case=JobUpgrade.Case.REFUSED,
+        reason=reason,
+        status=JobUpgrade.Status.REFUSED,
+        ended_at=timezone.now(),
+        outcome=reason,
+    )
+    upgrade.refresh_from_db()
+    if refused:
+        decide(upgrade.job, ControlDecision.Kind.UPGRADE, f"upgrade {upgrade.pk} refused: {reason}")
     return upgrade
 
 
@@ -545,9 +600,11 @@ def reconcile_upgrade(job: Job, supervisor: Supervisor, now: float, client=None)
         if not ours:  # it could not start (the primary is restarting, say): nothing started
             abandon(upgrade, f"could not start: {exc}")
             return []
-        # Not carried out: whoever asked did not end it.
-        upgrade.requested_action, upgrade.ended_by = "", None
-        upgrade.save(update_fields=["requested_action", "ended_by"])
+        # Not carried out: whoever asked did not end it. Cleared only if it is still what was
+        # asked: another request meanwhile is the next reconcile's.
+        JobUpgrade.objects.filter(pk=upgrade.pk, requested_action=upgrade.requested_action).update(
+            requested_action="", ended_by=None
+        )
         decide(job, ControlDecision.Kind.UPGRADE, f"upgrade {upgrade.pk}: {exc}")
         return []
     record_phase(job, upgrade, supervisor)
@@ -566,13 +623,17 @@ def replay_end(upgrade: JobUpgrade, supervisor: Supervisor, now: float) -> list:
 
 
 def abandon(upgrade: JobUpgrade, why: str) -> None:
-    """End a record whose upgrade cannot go on, saying why."""
-    upgrade.status, upgrade.ended_at, upgrade.outcome = (
-        JobUpgrade.Status.ABANDONED, timezone.now(), why,
-    )  # fmt: skip
-    upgrade.requested_action = ""
-    upgrade.save()
-    decide(upgrade.job, ControlDecision.Kind.UPGRADE, f"upgrade {upgrade.pk} abandoned: {why}")
+    """End a record whose upgrade cannot go on, saying why; one that ended meanwhile (cancelled,
+    confirmed, rolled back) keeps its end."""
+    abandoned = JobUpgrade.objects.filter(pk=upgrade.pk, status__in=JobUpgrade.UNDER_WAY).update(
+        status=JobUpgrade.Status.ABANDONED,
+        ended_at=timezone.now(),
+        outcome=why,
+        requested_action="",
+    )
+    upgrade.refresh_from_db()
+    if abandoned:
+        decide(upgrade.job, ControlDecision.Kind.UPGRADE, f"upgrade {upgrade.pk} abandoned: {why}")
 
 
 def end_open_upgrades(job: Job, why: str) -> None:
@@ -619,13 +680,24 @@ def begin(
     now: float,
     normal: upgrades.BlueNormal | None = None,
 ) -> list:
+    """Start a checked upgrade: its record is claimed first (requested -> starting, a
+    compare-and-set), so an operator's cancel meanwhile wins and nothing starts; then the
+    supervisor's upgrade begins, and the record names blue and green before green is asked
+    for (a controller that dies after it leaves a record whose green its successor stops)."""
+    claimed = JobUpgrade.objects.filter(pk=upgrade.pk, status=JobUpgrade.Status.REQUESTED).update(
+        status=JobUpgrade.Status.STARTING
+    )
+    if not claimed:
+        upgrade.refresh_from_db()
+        return []
+    upgrade.status = JobUpgrade.Status.STARTING
     if upgrade.mode == JobUpgrade.Mode.STOP_RESTART:
         actions = upgrades.restart_in_place(
             supervisor, upgrade.pk, upgrade.stage, upgrade.to_topology,
             as_cli_params(upgrade.to_params), now,
         )  # fmt: skip
         upgrade.blue_replica = upgrade.green_replica = supervisor.upgrade.blue
-        upgrade.save(update_fields=["blue_replica", "green_replica"])
+        name_replicas(upgrade)
         decide(
             upgrade.job,
             ControlDecision.Kind.UPGRADE,
@@ -642,7 +714,7 @@ def begin(
     )  # fmt: skip
     upgrade.blue_replica = supervisor.upgrade.blue
     upgrade.green_replica = supervisor.upgrade.green
-    upgrade.save(update_fields=["blue_replica", "green_replica"])
+    name_replicas(upgrade)
     decide(
         upgrade.job,
         ControlDecision.Kind.UPGRADE,
@@ -651,7 +723,15 @@ def begin(
         stage=upgrade.stage,
         replica_id=upgrade.green_replica,
     )
+    announce_phase(upgrade.job, upgrade, supervisor)
     return actions
+
+
+def name_replicas(upgrade: JobUpgrade) -> None:
+    """Write blue and green to the record (fields only the controller writes)."""
+    JobUpgrade.objects.filter(pk=upgrade.pk).update(
+        blue_replica=upgrade.blue_replica, green_replica=upgrade.green_replica
+    )
 
 
 def ended_by_whom(upgrade: JobUpgrade, what: str) -> str:
@@ -675,17 +755,37 @@ def record_phase(job: Job, upgrade: JobUpgrade, supervisor: Supervisor) -> None:
     ):
         upgrade.results_compared = machine.results_compared
         upgrade.results_differing = machine.results_differing
-        upgrade.save(update_fields=["results_compared", "results_differing"])
+        JobUpgrade.objects.filter(pk=upgrade.pk).update(
+            results_compared=upgrade.results_compared,
+            results_differing=upgrade.results_differing,
+        )
     status = STATUS_OF_PHASE[machine.phase]
     if status == upgrade.status and not (machine.ended_at and not upgrade.ended_at):
         return
-    upgrade.status = status
+    # Only the fields the controller owns, from the status this reconcile read: an operator's
+    # confirm or rollback written meanwhile stays for the next reconcile to carry out.
+    changes: dict = {"status": status}
     if machine.switched_at and not upgrade.switched_at:
-        upgrade.switched_at = _at(machine.switched_at)
+        changes["switched_at"] = _at(machine.switched_at)
     if machine.ended_at:
-        upgrade.ended_at, upgrade.outcome = _at(machine.ended_at), machine.outcome
-        upgrade.requested_action = ""
-    upgrade.save()
+        # Ended: what was asked is done or moot.
+        changes.update(ended_at=_at(machine.ended_at), outcome=machine.outcome, requested_action="")
+    moved = JobUpgrade.objects.filter(pk=upgrade.pk, status=upgrade.status).update(**changes)
+    if not moved:
+        # The record ended meanwhile (the job stopped): the next reconcile ends the supervisor's
+        # upgrade the same way (replay_end).
+        upgrade.refresh_from_db()
+        return
+    for name, value in changes.items():
+        setattr(upgrade, name, value)
+    announce_phase(job, upgrade, supervisor)
+
+
+def announce_phase(job: Job, upgrade: JobUpgrade, supervisor: Supervisor) -> None:
+    """Once the record took the supervisor's phase: the version in force to the Job row, the
+    replica rows' roles, a decision, and the audit of an upgrade that ended across a switch."""
+    machine = supervisor.upgrade
+    status = STATUS_OF_PHASE[machine.phase]
     job.topology = supervisor.topology
     job.save(update_fields=["topology"])
     sync_roles(job, supervisor, machine)
