@@ -24,7 +24,8 @@ Every write of a record is a compare-and-set on its status (`filter(pk=..., stat
 operator's confirm or rollback (`requested_action`, `ended_by`) cannot be overwritten by a
 reconcile that read the record before it, and a cancel before the start cannot be overwritten
 by the state check's refusal or the controller's start. The loser of a race leaves the record
-alone; the controller's next reconcile sees what won.
+alone; the controller's next reconcile sees what won (every reconcile looks at a job with an
+upgrade under way, console.services.fleet).
 """
 
 from __future__ import annotations
@@ -60,6 +61,10 @@ from spark_runtime.supervision import FAILED, PRIMARY, RUNNING, KillReplica, Sup
 log = logging.getLogger(__name__)
 
 CHECK_TIMEOUT_S = 120.0  # the dry run's own wait for a batch, plus a SparkSession's start
+# After this long without a verdict no check can write one: its task expires unstarted in the
+# queue after CHECK_UPGRADE.expires_s, and a started one is killed at CHECK_TIMEOUT_S + 60
+# (workers/controller.py); a minute's margin on top.
+CHECK_DEADLINE_S = tasks.CHECK_UPGRADE.expires_s + CHECK_TIMEOUT_S + 120
 # What the record says in each phase of the supervisor's upgrade.
 STATUS_OF_PHASE = {
     upgrades.STARTING: JobUpgrade.Status.STARTING,
@@ -71,6 +76,10 @@ STATUS_OF_PHASE = {
     upgrades.ABANDONED: JobUpgrade.Status.ABANDONED,
 }
 CONFIRM, ROLLBACK = "confirm", "rollback"
+# The longest operator parameter value accepted: values are numbers and short names, and each
+# one goes on the command line of the dry run and of every replica started with it (a value of
+# 128 KiB made the dry run's exec fail, E2BIG).
+PARAM_VALUE_MAX_CHARS = 256
 
 
 class UpgradeRequestError(Exception):
@@ -107,7 +116,14 @@ def validate_params(topology_spec, params: dict | None) -> dict[str, str]:
             )
         if not isinstance(value, str | int | float) or isinstance(value, bool):
             raise UpgradeRequestError(f"params: {name!r} must be a number or a string", "params")
-        cleaned[name] = str(value)
+        text = str(value)
+        if len(text) > PARAM_VALUE_MAX_CHARS:
+            raise UpgradeRequestError(
+                f"params: {name!r} is {len(text)} characters long; a value has at most "
+                f"{PARAM_VALUE_MAX_CHARS}",
+                "params",
+            )
+        cleaned[name] = text
     return cleaned
 
 
@@ -310,7 +326,13 @@ def check_upgrade(upgrade: JobUpgrade, client) -> JobUpgrade:
         return refuse(upgrade, "", str(exc))
     if blue is None:
         return refuse(upgrade, stage or "", "the job has no running primary to upgrade from")
-    verdict = dry_run(upgrade, supervisor, stage, blue)
+    try:
+        verdict = dry_run(upgrade, supervisor, stage, blue)
+    except (OSError, ValueError, subprocess.SubprocessError) as exc:
+        # The check could not run or said nothing readable (a command line too long, an
+        # output that is no verdict): without a verdict the upgrade cannot start, and left
+        # `requested` it would block every later upgrade of the job.
+        return refuse(upgrade, stage, f"the state check failed: {type(exc).__name__}: {exc}")
     case, reason = decide_case(job, upgrade, stage, verdict, client)
     upgrade.stage, upgrade.case, upgrade.reason = stage, case, reason
     upgrade.checkpoint_batch = verdict.get("batch")
@@ -444,7 +466,10 @@ def dry_run(upgrade: JobUpgrade, supervisor: Supervisor, stage: str, blue: str) 
     if done.returncode != 0 or not lines:
         tail = (done.stderr.strip().splitlines() or ["no output"])[-1]
         return {"verdict": upgrade_check.SPARK_REFUSES, "batch": None, "detail": tail}
-    return json.loads(lines[-1])
+    verdict = json.loads(lines[-1])
+    if not isinstance(verdict, dict) or not {"verdict", "detail"} <= verdict.keys():
+        raise ValueError(f"the check's output is no verdict: {lines[-1][:200]}")
+    return verdict
 
 
 def decide_case(job: Job, upgrade: JobUpgrade, stage: str, verdict: dict, client):
@@ -559,6 +584,14 @@ def reconcile_upgrade(job: Job, supervisor: Supervisor, now: float, client=None)
             if upgrade.green_replica and upgrade.green_replica not in supervisor.replicas:
                 return [KillReplica(upgrade.green_replica)]
             return []
+        if not ours and not upgrade.case and check_overdue(upgrade, now):
+            # The check's task was lost or failed: no verdict can come any more.
+            why = (
+                f"the state check did not report within {CHECK_DEADLINE_S:.0f} s (its task was "
+                "lost or failed); ask for the upgrade again"
+            )
+            refuse(upgrade, "", why)
+            return []
         if not ours and upgrade.case == JobUpgrade.Case.IN_PLACE:
             change_strategy(job, upgrade, now)
             return []  # the job's reconcile brings the supervisor to the new strategy
@@ -609,6 +642,11 @@ def reconcile_upgrade(job: Job, supervisor: Supervisor, now: float, client=None)
         return []
     record_phase(job, upgrade, supervisor)
     return actions
+
+
+def check_overdue(upgrade: JobUpgrade, now: float) -> bool:
+    """Whether the state check of a requested upgrade can no longer report (CHECK_DEADLINE_S)."""
+    return now - upgrade.requested_at.timestamp() > CHECK_DEADLINE_S
 
 
 def replay_end(upgrade: JobUpgrade, supervisor: Supervisor, now: float) -> list:

@@ -1,7 +1,8 @@
-"""Upgrades against the races around them (issue 58): an operator's request made while the
-controller's reconcile or the state check holds an older copy of the record. Real database and
-Redis; each interleaving is played by calling the steps in order (what the reconcile reads,
-what the operator asks, what the reconcile writes)."""
+"""Upgrades against the races and deaths around them (issue 58): an operator's request made
+while the controller's reconcile holds an older copy of the record, a controller that dies
+between writing the record and saving the supervision state, a wake-up that was consumed, and a
+state check that cannot run. Real database and Redis; each interleaving is played by calling the
+steps in order (what the reconcile reads, what the operator asks, what the reconcile writes)."""
 
 from __future__ import annotations
 
@@ -10,11 +11,11 @@ import time
 
 import pytest
 
-from console.models import Job, JobUpgrade, Policy
+from console.models import ControlDecision, Job, JobUpgrade, Policy, Replica
 from console.redis import redis_client
 from console.roles import OPERATOR
-from console.services import upgrades
-from console.services.control.observe import save_supervisor
+from console.services import controller, fleet, upgrades
+from console.services.control.observe import load_supervisor, save_supervisor
 from spark_runtime import keys as data_keys
 from spark_runtime.supervision import HeartbeatSeen, KillReplica, PromoteStandby, Supervisor
 from tests.factories import NodeFactory, make_job
@@ -55,6 +56,12 @@ def switch(sup: Supervisor, green: str, blue: str, at: float) -> None:
     """Heartbeats that carry the supervisor's upgrade through the switch to validating."""
     for replica, role in ((green, "standby"), (blue, "standby"), (green, "primary")):
         sup.handle(HeartbeatSeen(replica, at, {"role": role, **RUNNING_AS}))
+
+
+def reconcile_slot(job: Job, supervisor: Supervisor | None) -> fleet.JobSlot:
+    """The slot a controller makes when it takes the job (fleet.FleetController._take), its
+    policy cycle not due (it is not what these tests are about)."""
+    return fleet.JobSlot(job=job, supervisor=supervisor, next_cycle=time.monotonic() + 3600)
 
 
 # --- defect 3: an operator's request is never overwritten by the controller -----------------
@@ -137,3 +144,114 @@ def test_an_abandon_keeps_an_end_written_meanwhile(client, users, api_as):
     assert upgrade.outcome == "cancelled before it started by otto"
     assert upgrade.ended_by.username == "otto"
     assert not job.decisions.filter(reason__contains="abandoned").exists()
+
+
+# --- defect 4: no upgrade sticks ------------------------------------------------------------
+
+
+def test_a_controller_that_takes_over_mid_upgrade_ends_it_and_stops_the_orphaned_green(
+    client, users
+):
+    """Controller A consumes the wake-up, starts green and writes the record, then dies (or
+    loses the lease) before saving the supervision state. B takes the job over from the state
+    last saved, which knows nothing of the upgrade, and no wake-up is left."""
+    job = running_job()
+    now = time.time()
+    running_supervisor(job, client, now)
+    upgrade = upgrades.request_upgrade(job, params={"topn.n": 3}, user=users[OPERATOR])
+    JobUpgrade.objects.filter(pk=upgrade.pk).update(case="seeded", stage="topn")
+    upgrades.wake(job, client)  # what the state check does once it decided the case
+    view = fleet.read_fleet_view(client)
+    # Controller A: one reconcile (the fleet saves the state after it; A dies first).
+    a = load_supervisor(client, job)
+    assert controller.reconcile_job(job, a, client, view, reconcile_slot(job, a))
+    upgrade.refresh_from_db()
+    assert (upgrade.status, upgrade.green_replica) == ("starting", "topn-2")
+    green_row = Replica.objects.get(replica_id=Replica.full_id(job.key, "topn-2"))
+    assert green_row.state == Replica.State.STARTING  # its start was sent to the node agent
+    # Controller B takes over: the saved state, a fresh slot.
+    b = load_supervisor(client, job)
+    assert b.upgrade is None
+    assert controller.reconcile_job(job, b, client, view, reconcile_slot(job, b))
+    upgrade.refresh_from_db()
+    assert upgrade.status == "abandoned"
+    assert "restarted before the upgrade's state was saved" in upgrade.outcome
+    green_row.refresh_from_db()
+    assert green_row.state == Replica.State.STOPPED  # the orphan's kill was sent
+    # The job can be upgraded again (not 409 for ever).
+    assert upgrades.request_upgrade(job, params={"topn.n": 4}, user=users[OPERATOR]).pk
+
+
+def test_an_upgrade_whose_wake_up_was_lost_is_started_from_the_database(client, users):
+    """The controller looked at the job (nothing to start yet), then the state check decided
+    the case, and its wake-up never reached the reconcile (consumed by one that failed, sent
+    while no controller held the job): the membership round's read of the database finds it."""
+    job = running_job()
+    running_supervisor(job, client, time.time())
+    upgrade = upgrades.request_upgrade(job, params={"topn.n": 3}, user=users[OPERATOR])
+    ctl = fleet.FleetController(1, client=redis_client(), owner="ctl-t")
+    try:
+        ctl.settle_membership()  # takes the job
+        assert ctl.held() == [job.key]
+        slot = ctl.slots[job.key]
+        slot.next_cycle = time.monotonic() + 3600
+        ctl.reconcile(job.key)  # looks: not checked yet, nothing starts
+        JobUpgrade.objects.filter(pk=upgrade.pk).update(case="seeded", stage="topn")
+        ctl.reconcile(job.key)  # no wake-up: nothing says to look
+        upgrade.refresh_from_db()
+        assert upgrade.status == "requested"
+        ctl.settle_membership()  # reads which held jobs have an upgrade under way
+        ctl.reconcile(job.key)
+        upgrade.refresh_from_db()
+        assert (upgrade.status, upgrade.green_replica) == ("starting", "topn-2")
+        assert load_supervisor(client, job).upgrade.upgrade_id == upgrade.pk
+    finally:
+        ctl.stop()
+
+
+def test_a_state_check_that_cannot_run_refuses_the_upgrade_with_the_reason(client, users):
+    """A record from before parameter values were bounded: a value of 200 KiB makes the dry
+    run's exec fail (E2BIG). The upgrade ends refused, and the job may be upgraded again."""
+    job = running_job()
+    running_supervisor(job, client, time.time())
+    upgrade = JobUpgrade.objects.create(
+        job=job, from_topology="topn", to_topology="topn", to_params={"topn.n": "9" * 200_000},
+        from_strategy=job.strategy, to_strategy=job.strategy,
+    )  # fmt: skip
+    upgrades.check_upgrade(upgrade, client)
+    upgrade.refresh_from_db()
+    assert (upgrade.status, upgrade.case) == ("refused", "refused")
+    assert upgrade.outcome.startswith("the state check failed: OSError")
+    assert "Argument list too long" in upgrade.outcome
+    assert job.decisions.filter(kind=ControlDecision.Kind.UPGRADE, reason__contains="refused")
+    assert upgrades.request_upgrade(job, params={"topn.n": 4}, user=users[OPERATOR]).pk
+
+
+def test_an_upgrade_whose_state_check_never_reported_is_refused_after_the_deadline(client, users):
+    """The check's task was lost (a worker killed mid-check, a queue flushed): no verdict can
+    come once the task would have expired unstarted and been killed if started."""
+    job = running_job()
+    now = time.time()
+    sup = running_supervisor(job, client, now)
+    upgrade = upgrades.request_upgrade(job, params={"topn.n": 3}, user=users[OPERATOR])
+    assert upgrades.reconcile_upgrade(job, sup, now + 60) == []  # the check may still report
+    upgrade.refresh_from_db()
+    assert upgrade.status == "requested"
+    assert upgrades.reconcile_upgrade(job, sup, now + 15 * 60) == []
+    upgrade.refresh_from_db()
+    assert upgrade.status == "refused" and sup.upgrade is None
+    assert upgrade.outcome.startswith("the state check did not report within 840 s")
+    assert upgrades.request_upgrade(job, params={"topn.n": 4}, user=users[OPERATOR]).pk
+
+
+def test_an_oversized_parameter_value_is_refused_at_the_request_naming_the_field(api_as):
+    job = running_job()
+    response = api_as(OPERATOR).post(
+        f"/api/jobs/{job.pk}/upgrade/", {"params": {"topn.n": "9" * (128 * 1024 + 1)}},
+        format="json",
+    )  # fmt: skip
+    assert response.status_code == 400, response.status_code
+    errors = response.json()["error"]["detail"]
+    assert list(errors) == ["params"]
+    assert "'topn.n' is 131073 characters long; a value has at most 256" in errors["params"][0]
+    assert not JobUpgrade.objects.exists()
