@@ -346,7 +346,7 @@ def reconcile_job(job: Job, supervisor: Supervisor, client, view, slot) -> bool:
     supervisor.standby_nodes = standby_node_preference(view.ranked or supervisor.nodes, view.spares)
     report = supervise_tick(job, supervisor, client)
     record_reprotections(job, supervisor)
-    if report.upgrade_woken or upgrade_moved(supervisor, slot):
+    if report.upgrade_woken or slot.upgrade_open or upgrade_moved(supervisor, slot):
         look_at_upgrade(job, supervisor, client, slot)
     if supervisor.strategy != job.strategy:
         reconcile_strategy(job, supervisor, client)
@@ -365,8 +365,11 @@ def reconcile_job(job: Job, supervisor: Supervisor, client, view, slot) -> bool:
 
 
 def upgrade_moved(supervisor: Supervisor, slot) -> bool:
-    """Whether the job's upgrade needs a look: it is under way (a phase may be due, a confirm
-    or rollback asked by hand), or it moved since its record was last written."""
+    """Whether the supervisor's upgrade needs a look: it is under way (a phase may be due, a
+    confirm or rollback asked by hand), or it moved since its record was last written. A record
+    under way that the supervisor does not know (not started yet, or started by a controller
+    that died before saving its state) is found by `slot.upgrade_open` (console.services.fleet:
+    read from the database for every held job once a round, and true at a take-over)."""
     machine = supervisor.upgrade
     if machine is None:
         return False
@@ -375,6 +378,9 @@ def upgrade_moved(supervisor: Supervisor, slot) -> bool:
 
 def look_at_upgrade(job: Job, supervisor: Supervisor, client, slot) -> None:
     """Act on the job's upgrade (console.services.upgrades) and record where it stands."""
+    # Looked at now: the fleet's next round says again whether a record is under way (a
+    # wake-up is only a hint to look sooner; it is consumed before the state is saved).
+    slot.upgrade_open = False
     actions = upgrade_service.reconcile_upgrade(job, supervisor, time.time(), client)
     if actions:
         execute(actions, AgentLauncher(job, client), command_sender(client, job))

@@ -18,7 +18,9 @@ controller's leases expire after LEASE_S and the others take its jobs within a r
 The supervision state is written only while the lease is ours (a compare-and-set on it), so a
 controller that stalled past its lease cannot act on a job twice. The same thread reads what is
 the same for every job once per renewal (`FleetView`: policy in force, alive nodes, their recent
-samples and Q ranking, warm spares), instead of once per job.
+samples and Q ranking, warm spares), instead of once per job, and which of its jobs have an
+upgrade under way in the database (each one's reconcile then looks at it: an upgrade never
+depends on a wake-up, which a controller that dies consumes with it).
 
 Every reconcile is the controller's tick (console.services.controller.supervise_tick) and, when
 due, its policy cycle: each side effect idempotent and the state saved after each, so a process
@@ -54,7 +56,7 @@ import redis
 from django.conf import settings
 from django.db import DatabaseError, connection
 
-from console.models import Job, Policy, PredictorTraining
+from console.models import Job, JobUpgrade, Policy, PredictorTraining
 from console.policy.config import PolicyConfig
 from console.services import controller
 from console.services.control.act import stop_deleted_job
@@ -137,6 +139,10 @@ class JobSlot:
     operators: dict | None = None  # its Operator rows by name, read at its first policy cycle
     # (upgrade id, phase) of the job's upgrade as last recorded (console.services.upgrades).
     upgrade_seen: tuple | None = None
+    # The database may hold an upgrade of the job under way: its next reconcile looks at it.
+    # True when the job is taken (a predecessor may have died mid-upgrade), then set by each
+    # membership round from one query for all jobs: an upgrade never waits on a wake-up alone.
+    upgrade_open: bool = True
     # A reconcile failed part-way: the supervisor in memory may be past what was carried out
     # and recorded, so the next one starts again from the state last saved.
     reload: bool = False
@@ -329,6 +335,8 @@ class FleetController:
             if status != slot.db_status:
                 slot.db_status = status
                 self.queue.add(key)  # a stop request or an end: handled at once
+        for key in upgrading_jobs(held):
+            held[key].upgrade_open = True
         surplus = len(held) - share
         if surplus > 0 and len(controllers) > 1:
             # Give up the jobs others rank first, at most a few per round to avoid churn.
@@ -524,6 +532,18 @@ class FleetController:
         self._drop(key)
         self.leases.release(key)
         return None
+
+
+def upgrading_jobs(held: dict) -> set[str]:
+    """The keys among `held` of the jobs with an upgrade under way in the database, in one
+    query: each one's reconcile looks at its record (desired) against its supervisor (actual)."""
+    if not held:
+        return set()
+    # Few upgrades are under way at a time: filtered here rather than by a list of every key.
+    upgrading = JobUpgrade.objects.filter(
+        status__in=JobUpgrade.UNDER_WAY, job__status__in=Job.LIVE_STATUSES
+    ).values_list("job__key", flat=True)
+    return set(upgrading) & set(held)
 
 
 def _drop_broken_connection() -> None:

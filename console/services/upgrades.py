@@ -18,6 +18,14 @@ this module is what is around it:
    the case is known, carries out a confirm or rollback asked by hand, confirms by itself once
    green has written for the policy's `upgrade_validation_s`, and copies the supervisor's phase
    to the record (and the job's version to the Job row at the switch and back at a rollback).
+
+Every write of a record is a compare-and-set on its status (`filter(pk=..., status=...)
+.update(...)`) of the fields its writer owns, never a save of a whole copy read earlier: an
+operator's confirm or rollback (`requested_action`, `ended_by`) cannot be overwritten by a
+reconcile that read the record before it, and a cancel before the start cannot be overwritten
+by the state check's refusal or the controller's start. The loser of a race leaves the record
+alone; the controller's next reconcile sees what won (every reconcile looks at a job with an
+upgrade under way, console.services.fleet).
 """
 
 from __future__ import annotations
@@ -53,6 +61,10 @@ from spark_runtime.supervision import FAILED, PRIMARY, RUNNING, KillReplica, Sup
 log = logging.getLogger(__name__)
 
 CHECK_TIMEOUT_S = 120.0  # the dry run's own wait for a batch, plus a SparkSession's start
+# After this long without a verdict no check can write one: its task expires unstarted in the
+# queue after CHECK_UPGRADE.expires_s, and a started one is killed at CHECK_TIMEOUT_S + 60
+# (workers/controller.py); a minute's margin on top.
+CHECK_DEADLINE_S = tasks.CHECK_UPGRADE.expires_s + CHECK_TIMEOUT_S + 120
 # What the record says in each phase of the supervisor's upgrade.
 STATUS_OF_PHASE = {
     upgrades.STARTING: JobUpgrade.Status.STARTING,
@@ -64,6 +76,10 @@ STATUS_OF_PHASE = {
     upgrades.ABANDONED: JobUpgrade.Status.ABANDONED,
 }
 CONFIRM, ROLLBACK = "confirm", "rollback"
+# The longest operator parameter value accepted: values are numbers and short names, and each
+# one goes on the command line of the dry run and of every replica started with it (a value of
+# 128 KiB made the dry run's exec fail, E2BIG).
+PARAM_VALUE_MAX_CHARS = 256
 
 
 class UpgradeRequestError(Exception):
@@ -100,7 +116,14 @@ def validate_params(topology_spec, params: dict | None) -> dict[str, str]:
             )
         if not isinstance(value, str | int | float) or isinstance(value, bool):
             raise UpgradeRequestError(f"params: {name!r} must be a number or a string", "params")
-        cleaned[name] = str(value)
+        text = str(value)
+        if len(text) > PARAM_VALUE_MAX_CHARS:
+            raise UpgradeRequestError(
+                f"params: {name!r} is {len(text)} characters long; a value has at most "
+                f"{PARAM_VALUE_MAX_CHARS}",
+                "params",
+            )
+        cleaned[name] = text
     return cleaned
 
 
@@ -233,16 +256,33 @@ def request_end(upgrade: JobUpgrade, action: str, user=None) -> JobUpgrade:
             "version writes the output",
             status=409,
         )
-    upgrade.requested_action = action
-    upgrade.ended_by = user if getattr(user, "is_authenticated", False) else None
+    by = user if getattr(user, "is_authenticated", False) else None
+    records = JobUpgrade.objects.filter(pk=upgrade.pk)
     if action == ROLLBACK and upgrade.status == JobUpgrade.Status.REQUESTED:
-        # Nothing has started (the state check may still run): cancelled here and now.
-        upgrade.status, upgrade.ended_at = JobUpgrade.Status.ABANDONED, timezone.now()
-        upgrade.outcome = ended_by_whom(upgrade, "cancelled before it started")
-        upgrade.requested_action = ""
-        upgrade.save()
-        return upgrade
-    upgrade.save(update_fields=["requested_action", "ended_by"])
+        # Nothing has started (the state check may still run): cancelled here and now, unless
+        # the controller started it meanwhile (then the rollback is passed on, below).
+        outcome = f"cancelled before it started by {by.get_username() if by else 'an operator'}"
+        cancelled = records.filter(status=JobUpgrade.Status.REQUESTED).update(
+            status=JobUpgrade.Status.ABANDONED,
+            ended_at=timezone.now(),
+            outcome=outcome,
+            requested_action="",
+            ended_by=by,
+        )
+        if cancelled:
+            upgrade.refresh_from_db()
+            return upgrade
+    # Only the fields the operator owns, and only while the upgrade can still take the request:
+    # the controller carries it out at its next reconcile.
+    can_take = (
+        records.filter(status=JobUpgrade.Status.VALIDATING)
+        if action == CONFIRM
+        else records.filter(status__in=JobUpgrade.UNDER_WAY)
+    )
+    if not can_take.update(requested_action=action, ended_by=by):
+        upgrade.refresh_from_db()
+        raise UpgradeRequestError(f"upgrade {upgrade.pk} has ended ({upgrade.status})", status=409)
+    upgrade.refresh_from_db()
     transaction.on_commit(lambda: wake(upgrade.job))
     return upgrade
 
@@ -286,7 +326,13 @@ def check_upgrade(upgrade: JobUpgrade, client) -> JobUpgrade:
         return refuse(upgrade, "", str(exc))
     if blue is None:
         return refuse(upgrade, stage or "", "the job has no running primary to upgrade from")
-    verdict = dry_run(upgrade, supervisor, stage, blue)
+    try:
+        verdict = dry_run(upgrade, supervisor, stage, blue)
+    except (OSError, ValueError, subprocess.SubprocessError) as exc:
+        # The check could not run or said nothing readable (a command line too long, an
+        # output that is no verdict): without a verdict the upgrade cannot start, and left
+        # `requested` it would block every later upgrade of the job.
+        return refuse(upgrade, stage, f"the state check failed: {type(exc).__name__}: {exc}")
     case, reason = decide_case(job, upgrade, stage, verdict, client)
     upgrade.stage, upgrade.case, upgrade.reason = stage, case, reason
     upgrade.checkpoint_batch = verdict.get("batch")
@@ -300,9 +346,26 @@ def check_upgrade(upgrade: JobUpgrade, client) -> JobUpgrade:
         )
     if case == JobUpgrade.Case.REFUSED:
         return refuse(upgrade, stage, reason)
-    upgrade.save(update_fields=["stage", "case", "reason", "checkpoint_batch"])
+    if not record_case(upgrade):
+        return upgrade
     wake(job, client)
     return upgrade
+
+
+def record_case(upgrade: JobUpgrade) -> bool:
+    """Write the case the state check decided (stage, case, reason, batch) if the upgrade is
+    still requested and unchecked: a cancel meanwhile, or a twin run of the task, wins."""
+    written = JobUpgrade.objects.filter(
+        pk=upgrade.pk, status=JobUpgrade.Status.REQUESTED, case=""
+    ).update(
+        stage=upgrade.stage,
+        case=upgrade.case,
+        reason=upgrade.reason,
+        checkpoint_batch=upgrade.checkpoint_batch,
+    )
+    if not written:
+        upgrade.refresh_from_db()
+    return bool(written)
 
 
 def check_strategy_change(upgrade: JobUpgrade, supervisor: Supervisor | None, client):
@@ -322,7 +385,8 @@ def check_strategy_change(upgrade: JobUpgrade, supervisor: Supervisor | None, cl
         f"({', '.join(supervisor.stages)}): every replica and its checkpoint go on, and the "
         f"job is protected as {get_strategy(upgrade.to_strategy).label} from now on"
     )
-    upgrade.save(update_fields=["case", "reason"])
+    if not record_case(upgrade):
+        return upgrade
     wake(upgrade.job, client)
     return upgrade
 
@@ -332,12 +396,19 @@ def change_strategy(job: Job, upgrade: JobUpgrade, now: float) -> None:
     reconciles the supervisor to, console.services.controller.reconcile_strategy) and the
     upgrade, confirmed, in one transaction; its output is audited across the change."""
     with transaction.atomic():
-        job.strategy = upgrade.to_strategy
-        job.save(update_fields=["strategy"])
+        outcome = f"strategy changed in place: {upgrade.reason}"
+        if not JobUpgrade.objects.filter(pk=upgrade.pk, status=JobUpgrade.Status.REQUESTED).update(
+            status=JobUpgrade.Status.CONFIRMED,
+            switched_at=_at(now),
+            ended_at=_at(now),
+            outcome=outcome,
+        ):
+            return  # cancelled meanwhile: the job keeps its strategy
         upgrade.status = JobUpgrade.Status.CONFIRMED
         upgrade.switched_at = upgrade.ended_at = _at(now)
-        upgrade.outcome = f"strategy changed in place: {upgrade.reason}"
-        upgrade.save()
+        upgrade.outcome = outcome
+        job.strategy = upgrade.to_strategy
+        job.save(update_fields=["strategy"])
         decide(
             job,
             ControlDecision.Kind.UPGRADE,
@@ -395,7 +466,10 @@ def dry_run(upgrade: JobUpgrade, supervisor: Supervisor, stage: str, blue: str) 
     if done.returncode != 0 or not lines:
         tail = (done.stderr.strip().splitlines() or ["no output"])[-1]
         return {"verdict": upgrade_check.SPARK_REFUSES, "batch": None, "detail": tail}
-    return json.loads(lines[-1])
+    verdict = json.loads(lines[-1])
+    if not isinstance(verdict, dict) or not {"verdict", "detail"} <= verdict.keys():
+        raise ValueError(f"the check's output is no verdict: {lines[-1][:200]}")
+    return verdict
 
 
 def decide_case(job: Job, upgrade: JobUpgrade, stage: str, verdict: dict, client):
@@ -464,12 +538,18 @@ def input_retained_since_start(job: Job, client) -> tuple[bool, str]:
 
 
 def refuse(upgrade: JobUpgrade, stage: str, reason: str) -> JobUpgrade:
-    upgrade.stage, upgrade.case, upgrade.reason = stage, JobUpgrade.Case.REFUSED, reason
-    upgrade.status, upgrade.ended_at, upgrade.outcome = (
-        JobUpgrade.Status.REFUSED, timezone.now(), reason,
-    )  # fmt: skip
-    upgrade.save()
-    decide(upgrade.job, ControlDecision.Kind.UPGRADE, f"upgrade {upgrade.pk} refused: {reason}")
+    """End a requested upgrade as refused, with the reason; one cancelled meanwhile stays so."""
+    refused = JobUpgrade.objects.filter(pk=upgrade.pk, status=JobUpgrade.Status.REQUESTED).update(
+        stage=stage,
+        case=JobUpgrade.Case.REFUSED,
+        reason=reason,
+        status=JobUpgrade.Status.REFUSED,
+        ended_at=timezone.now(),
+        outcome=reason,
+    )
+    upgrade.refresh_from_db()
+    if refused:
+        decide(upgrade.job, ControlDecision.Kind.UPGRADE, f"upgrade {upgrade.pk} refused: {reason}")
     return upgrade
 
 
@@ -503,6 +583,14 @@ def reconcile_upgrade(job: Job, supervisor: Supervisor, now: float, client=None)
             abandon(upgrade, "the controller restarted before the upgrade's state was saved")
             if upgrade.green_replica and upgrade.green_replica not in supervisor.replicas:
                 return [KillReplica(upgrade.green_replica)]
+            return []
+        if not ours and not upgrade.case and check_overdue(upgrade, now):
+            # The check's task was lost or failed: no verdict can come any more.
+            why = (
+                f"the state check did not report within {CHECK_DEADLINE_S:.0f} s (its task was "
+                "lost or failed); ask for the upgrade again"
+            )
+            refuse(upgrade, "", why)
             return []
         if not ours and upgrade.case == JobUpgrade.Case.IN_PLACE:
             change_strategy(job, upgrade, now)
@@ -545,13 +633,20 @@ def reconcile_upgrade(job: Job, supervisor: Supervisor, now: float, client=None)
         if not ours:  # it could not start (the primary is restarting, say): nothing started
             abandon(upgrade, f"could not start: {exc}")
             return []
-        # Not carried out: whoever asked did not end it.
-        upgrade.requested_action, upgrade.ended_by = "", None
-        upgrade.save(update_fields=["requested_action", "ended_by"])
+        # Not carried out: whoever asked did not end it. Cleared only if it is still what was
+        # asked: another request meanwhile is the next reconcile's.
+        JobUpgrade.objects.filter(pk=upgrade.pk, requested_action=upgrade.requested_action).update(
+            requested_action="", ended_by=None
+        )
         decide(job, ControlDecision.Kind.UPGRADE, f"upgrade {upgrade.pk}: {exc}")
         return []
     record_phase(job, upgrade, supervisor)
     return actions
+
+
+def check_overdue(upgrade: JobUpgrade, now: float) -> bool:
+    """Whether the state check of a requested upgrade can no longer report (CHECK_DEADLINE_S)."""
+    return now - upgrade.requested_at.timestamp() > CHECK_DEADLINE_S
 
 
 def replay_end(upgrade: JobUpgrade, supervisor: Supervisor, now: float) -> list:
@@ -566,13 +661,17 @@ def replay_end(upgrade: JobUpgrade, supervisor: Supervisor, now: float) -> list:
 
 
 def abandon(upgrade: JobUpgrade, why: str) -> None:
-    """End a record whose upgrade cannot go on, saying why."""
-    upgrade.status, upgrade.ended_at, upgrade.outcome = (
-        JobUpgrade.Status.ABANDONED, timezone.now(), why,
-    )  # fmt: skip
-    upgrade.requested_action = ""
-    upgrade.save()
-    decide(upgrade.job, ControlDecision.Kind.UPGRADE, f"upgrade {upgrade.pk} abandoned: {why}")
+    """End a record whose upgrade cannot go on, saying why; one that ended meanwhile (cancelled,
+    confirmed, rolled back) keeps its end."""
+    abandoned = JobUpgrade.objects.filter(pk=upgrade.pk, status__in=JobUpgrade.UNDER_WAY).update(
+        status=JobUpgrade.Status.ABANDONED,
+        ended_at=timezone.now(),
+        outcome=why,
+        requested_action="",
+    )
+    upgrade.refresh_from_db()
+    if abandoned:
+        decide(upgrade.job, ControlDecision.Kind.UPGRADE, f"upgrade {upgrade.pk} abandoned: {why}")
 
 
 def end_open_upgrades(job: Job, why: str) -> None:
@@ -619,13 +718,24 @@ def begin(
     now: float,
     normal: upgrades.BlueNormal | None = None,
 ) -> list:
+    """Start a checked upgrade: its record is claimed first (requested -> starting, a
+    compare-and-set), so an operator's cancel meanwhile wins and nothing starts; then the
+    supervisor's upgrade begins, and the record names blue and green before green is asked
+    for (a controller that dies after it leaves a record whose green its successor stops)."""
+    claimed = JobUpgrade.objects.filter(pk=upgrade.pk, status=JobUpgrade.Status.REQUESTED).update(
+        status=JobUpgrade.Status.STARTING
+    )
+    if not claimed:
+        upgrade.refresh_from_db()
+        return []
+    upgrade.status = JobUpgrade.Status.STARTING
     if upgrade.mode == JobUpgrade.Mode.STOP_RESTART:
         actions = upgrades.restart_in_place(
             supervisor, upgrade.pk, upgrade.stage, upgrade.to_topology,
             as_cli_params(upgrade.to_params), now,
         )  # fmt: skip
         upgrade.blue_replica = upgrade.green_replica = supervisor.upgrade.blue
-        upgrade.save(update_fields=["blue_replica", "green_replica"])
+        name_replicas(upgrade)
         decide(
             upgrade.job,
             ControlDecision.Kind.UPGRADE,
@@ -642,7 +752,7 @@ def begin(
     )  # fmt: skip
     upgrade.blue_replica = supervisor.upgrade.blue
     upgrade.green_replica = supervisor.upgrade.green
-    upgrade.save(update_fields=["blue_replica", "green_replica"])
+    name_replicas(upgrade)
     decide(
         upgrade.job,
         ControlDecision.Kind.UPGRADE,
@@ -651,7 +761,15 @@ def begin(
         stage=upgrade.stage,
         replica_id=upgrade.green_replica,
     )
+    announce_phase(upgrade.job, upgrade, supervisor)
     return actions
+
+
+def name_replicas(upgrade: JobUpgrade) -> None:
+    """Write blue and green to the record (fields only the controller writes)."""
+    JobUpgrade.objects.filter(pk=upgrade.pk).update(
+        blue_replica=upgrade.blue_replica, green_replica=upgrade.green_replica
+    )
 
 
 def ended_by_whom(upgrade: JobUpgrade, what: str) -> str:
@@ -675,17 +793,37 @@ def record_phase(job: Job, upgrade: JobUpgrade, supervisor: Supervisor) -> None:
     ):
         upgrade.results_compared = machine.results_compared
         upgrade.results_differing = machine.results_differing
-        upgrade.save(update_fields=["results_compared", "results_differing"])
+        JobUpgrade.objects.filter(pk=upgrade.pk).update(
+            results_compared=upgrade.results_compared,
+            results_differing=upgrade.results_differing,
+        )
     status = STATUS_OF_PHASE[machine.phase]
     if status == upgrade.status and not (machine.ended_at and not upgrade.ended_at):
         return
-    upgrade.status = status
+    # Only the fields the controller owns, from the status this reconcile read: an operator's
+    # confirm or rollback written meanwhile stays for the next reconcile to carry out.
+    changes: dict = {"status": status}
     if machine.switched_at and not upgrade.switched_at:
-        upgrade.switched_at = _at(machine.switched_at)
+        changes["switched_at"] = _at(machine.switched_at)
     if machine.ended_at:
-        upgrade.ended_at, upgrade.outcome = _at(machine.ended_at), machine.outcome
-        upgrade.requested_action = ""
-    upgrade.save()
+        # Ended: what was asked is done or moot.
+        changes.update(ended_at=_at(machine.ended_at), outcome=machine.outcome, requested_action="")
+    moved = JobUpgrade.objects.filter(pk=upgrade.pk, status=upgrade.status).update(**changes)
+    if not moved:
+        # The record ended meanwhile (the job stopped): the next reconcile ends the supervisor's
+        # upgrade the same way (replay_end).
+        upgrade.refresh_from_db()
+        return
+    for name, value in changes.items():
+        setattr(upgrade, name, value)
+    announce_phase(job, upgrade, supervisor)
+
+
+def announce_phase(job: Job, upgrade: JobUpgrade, supervisor: Supervisor) -> None:
+    """Once the record took the supervisor's phase: the version in force to the Job row, the
+    replica rows' roles, a decision, and the audit of an upgrade that ended across a switch."""
+    machine = supervisor.upgrade
+    status = STATUS_OF_PHASE[machine.phase]
     job.topology = supervisor.topology
     job.save(update_fields=["topology"])
     sync_roles(job, supervisor, machine)
