@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import uuid
 
 from spark_runtime.supervision import (
     JOB,
@@ -605,13 +606,18 @@ def test_a_machine_saved_by_a_newer_version_with_fields_unknown_here_loads(caplo
     sup.handle(ProcessExited("count-1", 5.0, 1, cause="boom"))
     expected = sup.to_dict()
     newer = json.loads(json.dumps(expected))
-    newer["restart_policy"]["jitter_ratio"] = 0.2
-    newer["cause_streaks"] = {k: {**v, "first_at": 1.0} for k, v in newer["cause_streaks"].items()}
+    # Field names of this test's own: each is logged once per process, and another test may
+    # have loaded a state with the same names before.
+    tag = uuid.uuid4().hex[:8]
+    newer["restart_policy"][f"jitter_ratio_{tag}"] = 0.2
+    newer["cause_streaks"] = {
+        k: {**v, f"first_at_{tag}": 1.0} for k, v in newer["cause_streaks"].items()
+    }
     assert newer["cause_streaks"], "a streak to load"
     for item in newer["replicas"]:
-        item["drained"] = False
-        item["spec"]["gpu"] = "none"
-    newer["priority_class"] = "gold"
+        item[f"drained_{tag}"] = False
+        item["spec"][f"gpu_{tag}"] = "none"
+    newer[f"priority_class_{tag}"] = "gold"
     with caplog.at_level("WARNING", logger="spark_runtime.snapshot"):
         restored = Supervisor.from_dict(newer)
         Supervisor.from_dict(newer)  # a second load says nothing new
