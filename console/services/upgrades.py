@@ -81,6 +81,10 @@ def base_name(topology: str) -> str:
     return topology.split("@", 1)[0]
 
 
+# The longest value of one operator parameter in an upgrade.
+MAX_PARAM_CHARS = 200
+
+
 def validate_params(topology_spec, params: dict | None) -> dict[str, str]:
     """Operator parameters `{"OP.KEY": value}` of an upgrade, checked against the operators'
     parameters (spark_runtime/topology.py: each operator's `params`)."""
@@ -94,12 +98,18 @@ def validate_params(topology_spec, params: dict | None) -> dict[str, str]:
         if name not in known:
             choices = ", ".join(sorted(known)) or "none"
             raise UpgradeRequestError(
-                f"params: {name!r} is not a parameter of this job's operators (they have: "
+                f"params: {name[:80]!r} is not a parameter of this job's operators (they have: "
                 f"{choices})",
                 "params",
             )
         if not isinstance(value, str | int | float) or isinstance(value, bool):
             raise UpgradeRequestError(f"params: {name!r} must be a number or a string", "params")
+        # Each value becomes an argument of every replica's command line and a column of the
+        # upgrade's record: bounded.
+        if len(str(value)) > MAX_PARAM_CHARS:
+            raise UpgradeRequestError(
+                f"params: {name!r} is longer than {MAX_PARAM_CHARS} characters", "params"
+            )
         cleaned[name] = str(value)
     return cleaned
 
