@@ -137,7 +137,7 @@ def shared_data_generation() -> str:
 
 
 def shared_data(namespace: str, digest: str) -> str:
-    """One piece of page data shared by every viewer (pickled: generation, time, value)."""
+    """One piece of page data shared by every viewer (JSON: generation, time, value, stored)."""
     return make_key("shared-data", namespace, digest)
 
 

@@ -19,12 +19,20 @@ sharing off; a JVM that cannot map the archive (another JDK, another PySpark) ru
 The first node agent on a machine builds the archive in the background (`ensure_archive`):
 this module, run as a process, warms a session up the way a warm spare does, then exits its
 JVM, which writes the archive as it exits.
+
+One builder at a time: the builder holds an exclusive `flock` on the lock file beside the
+archive (`take_build_lock`) for as long as it lives. The kernel releases it when the builder
+exits, however it dies, so a lock is never stale, and no age of a file decides whether someone
+still builds (two agents that judged a slow build's lock stale both took it). The builder ends
+itself after BUILD_TIMEOUT_S, so a hung build frees the lock too. The file itself is never
+removed: a process that opened it before the removal would lock a file nobody else sees.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import fcntl
 import hashlib
 import logging
 import os
@@ -36,10 +44,12 @@ import time
 from importlib.metadata import version
 from pathlib import Path
 
+from spark_runtime.stage_env import stage_environment
+
 log = logging.getLogger(__name__)
 
 ARCHIVE_ENV = "BACKSTOP_CDS_ARCHIVE"
-# How long a build may take before the next agent start tries again (its lock file's age).
+# How long a build may take: the builder ends itself then, which releases its lock.
 BUILD_TIMEOUT_S = 300.0
 # A build is an optimisation that nothing waits for: below every stage process.
 BUILD_NICE = 19
@@ -78,33 +88,54 @@ def sharing_options() -> str:
     )
 
 
+def lock_path(archive: Path) -> Path:
+    """The lock file of `archive`'s build, beside it."""
+    return archive.with_suffix(".building")
+
+
+def take_build_lock(archive: Path) -> int | None:
+    """An open descriptor of `archive`'s lock file holding its exclusive lock, or None when
+    another process holds it (builds). The lock lasts as long as the descriptor is open in some
+    process: pass it to the builder and close it here."""
+    fd = os.open(lock_path(archive), os.O_CREAT | os.O_WRONLY | os.O_CLOEXEC, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        return None
+    return fd
+
+
 def ensure_archive(redis_url: str, log_path: Path) -> subprocess.Popen | None:
     """Start building the archive in the background, at the lowest CPU priority, unless it
-    exists, sharing is off, or another process builds it (a lock file younger than
-    BUILD_TIMEOUT_S beside it); returns the builder process, if one was started (reaped by a
-    thread of this process; its output goes to `log_path`)."""
+    exists, sharing is off, or another process builds it (holds the lock of `take_build_lock`);
+    returns the builder process, if one was started (reaped by a thread of this process; its
+    output goes to `log_path`). The builder inherits the lock and holds it until it exits."""
     archive = archive_path()
     if archive is None or archive.is_file():
         return None
     archive.parent.mkdir(parents=True, exist_ok=True)
-    lock = archive.with_suffix(".building")
-    with contextlib.suppress(FileNotFoundError):
-        if time.time() - lock.stat().st_mtime > BUILD_TIMEOUT_S:
-            lock.unlink()  # a builder that died, perhaps mid-dump: its partial file goes too
-            for partial in archive.parent.glob(f"{archive.stem}.*.tmp"):
-                partial.unlink(missing_ok=True)
-    try:
-        fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
-    except FileExistsError:
+    fd = take_build_lock(archive)
+    if fd is None:
         return None
-    os.close(fd)
-    log_path.parent.mkdir(parents=True, exist_ok=True)
-    with open(log_path, "ab") as out:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "spark_runtime.class_sharing", "--redis-url", redis_url,
-             "--archive", str(archive), "--lock", str(lock)],
-            stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
-        )  # fmt: skip
+    if archive.is_file():  # a builder finished between the check above and the lock
+        os.close(fd)
+        return None
+    try:
+        # Nobody builds: what an earlier builder left half-written goes.
+        for partial in archive.parent.glob(f"{archive.stem}.*.tmp"):
+            partial.unlink(missing_ok=True)
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        with open(log_path, "ab") as out:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "spark_runtime.class_sharing", "--redis-url", redis_url,
+                 "--archive", str(archive)],
+                stdout=out, stderr=subprocess.STDOUT, start_new_session=True, pass_fds=(fd,),
+                # It runs Spark like a stage: none of this process's secrets (stage_env.py).
+                env=stage_environment(REDIS_URL=redis_url),
+            )  # fmt: skip
+    finally:
+        os.close(fd)  # the builder's copy holds the lock from here on
     threading.Thread(target=proc.wait, name="class-sharing-build", daemon=True).start()
     log.info("building the class-data archive %s (pid %d, log %s)", archive, proc.pid, log_path)
     return proc
@@ -150,7 +181,6 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m spark_runtime.class_sharing")
     parser.add_argument("--redis-url", default=os.environ.get("REDIS_URL", DEFAULT_REDIS_URL))
     parser.add_argument("--archive", type=Path, default=None)
-    parser.add_argument("--lock", type=Path, default=None, help="removed when done")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     archive = args.archive or archive_path()
@@ -158,13 +188,13 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{ARCHIVE_ENV} is empty: class-data sharing is off")
         return 2
     archive.parent.mkdir(parents=True, exist_ok=True)
-    try:
-        started = time.monotonic()
-        written = build(archive, args.redis_url)
-    finally:
-        if args.lock is not None:
-            with contextlib.suppress(FileNotFoundError):
-                args.lock.unlink()
+    # A build that hangs must not hold the lock (inherited from ensure_archive) for ever: end
+    # this process, which releases it, and the next agent start tries again.
+    deadline = threading.Timer(BUILD_TIMEOUT_S, os._exit, args=(3,))
+    deadline.daemon = True
+    deadline.start()
+    started = time.monotonic()
+    written = build(archive, args.redis_url)
     took = time.monotonic() - started
     if not written:
         print(f"no archive written ({took:.0f} s): the JVM did not dump its classes")

@@ -19,6 +19,7 @@ from spark_runtime.activity import cpu_share_over, is_busy
 from spark_runtime.config import worker_python
 from spark_runtime.cpu_priority import set_group_nice
 from spark_runtime.jobdef import resolve_topology
+from spark_runtime.stage_env import stage_environment
 from spark_runtime.strategies import get_strategy
 from spark_runtime.supervision import (
     HeartbeatMissed,
@@ -111,7 +112,11 @@ class SubprocessLauncher:
         os.makedirs(self.log_dir, exist_ok=True)
         logfile = open(os.path.join(self.log_dir, f"{replica.replica_id}.log"), "ab")  # noqa: SIM115
         nice = self.standby_nice if replica.role == "standby" else 0
-        env = {**os.environ, "PYSPARK_PYTHON": os.environ.get("PYSPARK_PYTHON", worker_python())}
+        # The data plane's variables only: the replica runs users' code (stage_env.py).
+        env = stage_environment(
+            REDIS_URL=self.redis_url,
+            PYSPARK_PYTHON=os.environ.get("PYSPARK_PYTHON", worker_python()),
+        )
         proc = subprocess.Popen(
             self.command(replica),
             stdout=logfile,

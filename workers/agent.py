@@ -69,6 +69,7 @@ from spark_runtime.spare import (
     release_warmup_lock,
     take_warmup_lock,
 )
+from spark_runtime.stage_env import stage_environment
 
 log = logging.getLogger(__name__)
 
@@ -240,6 +241,13 @@ def _signal_group(proc: psutil.Process, sig: int) -> None:
     time_limit=30,
     soft_time_limit=25,
 )
+def stage_process_env() -> dict[str, str]:
+    """The environment of the stage processes and warm spares this agent starts: the data
+    plane's variables only (spark_runtime/stage_env.py; never the console's secrets), with the
+    data plane's Redis and the interpreter of Spark's Python workers."""
+    return stage_environment(REDIS_URL=settings.REDIS_URL, PYSPARK_PYTHON=worker_python())
+
+
 def start_replica(
     module: str, args: list[str], replica_id: str, job_key: str, warm: bool = False
 ) -> int:
@@ -286,7 +294,7 @@ def start_replica(
             # Its own session: killing the group takes the JVM too, and an agent restart does
             # not take the stage down.
             start_new_session=True,
-            env={**os.environ, "PYSPARK_PYTHON": worker_python()},
+            env=stage_process_env(),
         )
     with _children_lock:
         _children[(job_key, replica_id)] = (proc, job_key, path)
@@ -404,7 +412,7 @@ def start_spare(client, node: str, spare_id: str) -> int:
             stdout=log_file,
             stderr=subprocess.STDOUT,
             start_new_session=True,
-            env={**os.environ, "PYSPARK_PYTHON": worker_python()},
+            env=stage_process_env(),
         )  # fmt: skip
     # Registered here too, so a spare that dies while starting is noticed and replaced.
     entry = {"pid": proc.pid, "state": "starting", "since": time.time()}
@@ -717,6 +725,7 @@ def stress_node(
         proc = subprocess.Popen(
             [sys.executable, "-m", CPU_HOG_MODULE, str(checked["duration_s"]), this_node()],
             start_new_session=True,
+            env=stage_environment(),
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )

@@ -178,7 +178,10 @@ EPISODE_STRATEGY = Param(
     "strategy", "Only episodes of jobs under these strategies.", _choices(Job.Strategy), True
 )
 EPISODE_PARAMS = (EPISODE_OPEN, EPISODE_ACTION, EPISODE_STRATEGY)
-EPISODE_JOB = OpenApiParameter("job", OpenApiTypes.INT, description="Only episodes of this job.")
+EPISODE_JOB_ID = Param("job", "Only episodes of this job.")
+EPISODE_JOB = OpenApiParameter(
+    EPISODE_JOB_ID.name, OpenApiTypes.INT, description=EPISODE_JOB_ID.description
+)
 
 
 def filter_episodes(request, episodes):

@@ -37,6 +37,8 @@ ERRORS = {
     "404": "No such object.",
     "413": "The request body is larger than the server accepts.",
     "415": "A request body in a media type the endpoint does not parse.",
+    "429": "Too many requests from this user (API_THROTTLE_USER) or, unauthenticated, this "
+    "address (API_THROTTLE_ANON); Retry-After says when to try again.",
 }
 # Refusals that only some operations give: (method, path) -> {status: description}.
 SPECIFIC_ERRORS = {

@@ -85,6 +85,7 @@ class JobViewSet(
         "operators", REPLICAS_WITH_NODES
     )
     pagination_class = JobListPagination
+    shared_params = filters.JOB_PARAMS
 
     def get_queryset(self):
         if self.action != "list":
@@ -237,6 +238,7 @@ class JobRecoveryViewSet(SharedList, mixins.ListModelMixin, viewsets.GenericView
     """Recovery episodes of one job, newest first (filtered by open, action, strategy)."""
 
     serializer_class = RecoveryEpisodeSerializer
+    shared_params = filters.EPISODE_PARAMS
 
     def get_queryset(self):
         job = get_object_or_404(Job, pk=self.kwargs["job_pk"])
@@ -251,10 +253,11 @@ class RecoveryViewSet(SharedList, mixins.ListModelMixin, viewsets.GenericViewSet
     measured across the fleet."""
 
     serializer_class = FleetRecoverySerializer
+    shared_params = (*filters.EPISODE_PARAMS, filters.EPISODE_JOB_ID)
 
     def get_queryset(self):
         episodes = filters.filter_episodes(self.request, RecoveryEpisode.objects.all())
-        raw = self.request.query_params.get("job")
+        raw = self.request.query_params.get(filters.EPISODE_JOB_ID.name)
         if raw is not None:
             episodes = episodes.filter(job_id=bounded_int(raw, "job", 1, 2**63 - 1))
         return episodes
@@ -266,6 +269,7 @@ class NodeViewSet(SharedList, SharedRetrieve, viewsets.ReadOnlyModelViewSet):
 
     serializer_class = NodeSerializer
     queryset = Node.objects.all()
+    shared_params = filters.NODE_PARAMS
 
     def get_queryset(self):
         nodes = super().get_queryset()

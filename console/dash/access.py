@@ -15,7 +15,9 @@ that decorator. It refuses, before Dash sees the request:
   console.dash.callback_requests): Dash would raise on it.
 
 A page's periodic refresh, once allowed, is answered from the data every viewer shares
-(console.dash.sharing): computed at most once per refresh interval, whoever watches.
+(console.dash.sharing): computed at most once per refresh interval, whoever watches. Its request
+must name exactly the callback's inputs (400 otherwise), so that made-up inputs cannot add
+entries to the shared data.
 
 What a logged-in user may do inside a callback is checked again by each control
 (console.dash.controls), which raises PermissionDenied: Django answers 403.
@@ -31,7 +33,7 @@ from django.http import HttpResponse, JsonResponse
 from django.middleware.csrf import CsrfViewMiddleware
 
 from console.dash.callback_requests import callback_request_problem
-from console.dash.sharing import is_shared, shared_response
+from console.dash.sharing import is_shared, shared_request_problem, shared_response
 from console.roles import VIEWER, has_role
 
 UPDATE_ROUTE = "_dash-update-component"
@@ -71,6 +73,8 @@ def console_access(view_function, *, url_part: str = "", **kwargs):
             body = json.loads(request.body)
             app_name = view_kwargs.get("ident", "")
             problem = callback_request_problem(app_name, body)
+            if not problem and is_shared(app_name, body):
+                problem = shared_request_problem(app_name, body)
             if problem:
                 error = {"status": 400, "code": "bad_request", "detail": problem}
                 return JsonResponse({"error": error}, status=400)

@@ -35,6 +35,9 @@ class JobRequestError(Exception):
         self.field = field
 
 
+MAX_INT64 = 2**63 - 1
+
+
 def validate_params(params: dict) -> dict:
     """Check the job parameters users may set; return them with defaults filled in.
 
@@ -49,10 +52,13 @@ def validate_params(params: dict) -> dict:
         raise JobRequestError("params.rate: events per second must be in [0, 100000]", "params")
     for name in ("count", "seed"):
         value = cleaned.get(name)
+        # Bounded: the generator takes them as 64-bit integers.
         if value is not None and (
-            isinstance(value, bool) or not isinstance(value, int) or value < 0
+            isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_INT64
         ):
-            raise JobRequestError(f"params.{name}: must be a whole number >= 0", "params")
+            raise JobRequestError(
+                f"params.{name}: must be a whole number in [0, {MAX_INT64}]", "params"
+            )
     unknown = sorted(set(cleaned) - {"rate", "count", "seed"})
     if unknown:
         raise JobRequestError(f"params: unknown parameters {unknown}", "params")

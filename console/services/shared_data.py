@@ -12,7 +12,9 @@ Entries carry the time their computation started (`Shared.computed_at`), which p
 data's age. Any write through the console or the API (`invalidate_all`) starts a new generation
 of entries, so an operator who stops a job sees it stopped on the next refresh, not one interval
 later. A read is one round trip (the generation and the entry in one MGET); the keys are in
-infra/keys.py. Values are pickled: only this module writes them, into the console's own Redis.
+infra/keys.py. Entries are JSON, never pickles: the stage processes, which run users' code, reach
+the same Redis, and unpickling what they could write there would run their code in the console.
+A value must therefore be made of JSON types (a tuple comes back as a list).
 """
 
 from __future__ import annotations
@@ -20,7 +22,6 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-import pickle
 import threading
 import time
 from collections.abc import Callable
@@ -97,7 +98,11 @@ def _read(key: EntryKey) -> tuple[int, tuple | None]:
     generation = int(generation or 0)
     if raw is None:
         return generation, None
-    entry_generation, computed_at, value, stored_at = pickle.loads(raw)
+    try:
+        entry_generation, computed_at, value, stored_at = json.loads(raw)
+    except (ValueError, TypeError):
+        # Not an entry this module wrote (a pickle of an older version, or a forgery): recompute.
+        return generation, None
     if entry_generation != generation:
         return generation, None
     return generation, (computed_at, value, stored_at)
@@ -158,9 +163,7 @@ def shared(
             # viewers get this one instead of waiting.
             client.set(
                 keys.shared_data(key.namespace, key.digest),
-                pickle.dumps(
-                    (generation, started, value, time.time()), protocol=pickle.HIGHEST_PROTOCOL
-                ),
+                json.dumps([generation, started, value, time.time()], separators=(",", ":")),
                 ex=max(STALE_KEPT_S, math.ceil(fresh_s * 3)),
             )
     finally:

@@ -110,7 +110,7 @@ def validate_params(topology_spec, params: dict | None) -> dict[str, str]:
         if name not in known:
             choices = ", ".join(sorted(known)) or "none"
             raise UpgradeRequestError(
-                f"params: {name!r} is not a parameter of this job's operators (they have: "
+                f"params: {name[:80]!r} is not a parameter of this job's operators (they have: "
                 f"{choices})",
                 "params",
             )

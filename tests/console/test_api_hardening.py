@@ -4,7 +4,7 @@ import pytest
 from rest_framework.test import APIClient
 
 from console.models import Policy
-from console.roles import VIEWER
+from console.roles import OPERATOR, VIEWER
 from tests.factories import make_job
 
 pytestmark = pytest.mark.django_db
@@ -79,3 +79,14 @@ def test_policy_without_author_answers_null(api_as):
     assert api_as(VIEWER).get("/api/policy/").json()["created_by"] is None
     history = api_as(VIEWER).get("/api/policy/history/").json()
     assert history and all(version["created_by"] is None for version in history)
+
+
+@pytest.mark.parametrize("name", ["count", "seed"])
+def test_a_job_count_or_seed_past_64_bits_is_a_400_naming_params(api_as, name):
+    response = api_as(OPERATOR).post(
+        "/api/jobs/",
+        {"name": "big", "topology": "wordcount", "params": {name: 2**64}},
+        format="json",
+    )
+    assert response.status_code == 400, response.content
+    assert f"params.{name}" in " ".join(response.json()["error"]["detail"]["params"])

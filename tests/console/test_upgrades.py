@@ -81,6 +81,7 @@ def test_a_viewer_may_not_upgrade(api_as):
         ({"params": {"topn.k": 3}}, "params", "'topn.k' is not a parameter"),
         ({"params": {"topn.n": True}}, "params", "must be a number or a string"),
         ({"params": [1]}, "params", "must be an object"),
+        ({"params": {"topn.n": "9" * 10_000}}, "params", "a value has at most 256"),
         ({}, "non_field_errors", "nothing to change"),
         (
             {"strategy": "active-all", "result_preserving": True},

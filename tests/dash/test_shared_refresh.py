@@ -15,6 +15,7 @@ import time
 from datetime import UTC, datetime
 
 import pytest
+import redis
 from django.conf import settings
 from django.db import connection
 from django.test import Client
@@ -26,6 +27,7 @@ from console.dash.sharing import DATA_AGE
 from console.models import Job
 from console.roles import OPERATOR, VIEWER
 from console.services.shared_data import entry_key, invalidate_all, shared
+from infra import keys
 from tests.dash.seed import seed_console
 from tests.factories import UserFactory
 
@@ -255,3 +257,61 @@ def test_an_api_write_shows_on_the_next_read(seeded, api_as):
     assert stopped.status_code in (200, 202)
     now_shown = viewer.get(f"/api/jobs/{job.pk}/").json()["status"]
     assert now_shown == Job.objects.get(pk=job.pk).status != Job.Status.RUNNING
+
+
+# -- what a hand-made refresh can store (issue 58) ------------------------------------------------
+
+
+def shared_dash_entries() -> list[bytes]:
+    client = redis.Redis.from_url(settings.REDIS_URL)
+    found = client.keys(keys.shared_data("dash", "*"))
+    return [key for key in found if not key.endswith(b":computing")]
+
+
+def test_made_up_inputs_of_a_refresh_are_refused_and_store_nothing(seeded):
+    """Dash passes a callback's inputs by position, whatever ids a request gives them: keyed by
+    the ids and values a request sends, renamed inputs or another timer id made a new entry per
+    request for the same answer. Now the request must name the callback's inputs."""
+    client, token = viewer_client("vic")
+    job_id = seeded.adaptive.pk
+    for n in range(25):
+        body = json.loads(refresh_body(job_id, n_intervals=n))
+        body["inputs"][1]["id"] = f"junk-{n}"  # the window, renamed
+        answer = client.post(
+            UPDATE, json.dumps(body), content_type="application/json", HTTP_X_CSRFTOKEN=token
+        )
+        assert answer.status_code == 400, answer.content
+        assert "inputs" in answer.json()["error"]["detail"]
+    for n in range(25):
+        body = json.loads(refresh_body(job_id, n_intervals=n))
+        body["inputs"].append({"id": f"junk-{n}", "property": "value", "value": n})
+        answer = client.post(
+            UPDATE, json.dumps(body), content_type="application/json", HTTP_X_CSRFTOKEN=token
+        )
+        assert answer.status_code == 400, answer.content
+    assert shared_dash_entries() == []
+    assert refresh(client, token, job_id, 1).status_code == 200
+    assert len(shared_dash_entries()) == 1
+
+
+def test_only_the_offered_windows_are_computed_and_stored(seeded):
+    client, token = viewer_client("vic")
+    for n in range(20):
+        answer = refresh(client, token, seeded.adaptive.pk, n, window_s=901 + n)
+        assert answer.status_code == 400, answer.content
+        assert "window.value" in answer.json()["error"]["detail"]
+    assert shared_dash_entries() == []
+    assert refresh(client, token, seeded.adaptive.pk, 1, window_s=3600).status_code == 200
+    assert len(shared_dash_entries()) == 1
+
+
+def test_a_shared_page_entry_is_json(seeded):
+    client, token = viewer_client("vic")
+    answer = refresh(client, token, seeded.adaptive.pk, 1)
+    (key,) = shared_dash_entries()
+    _generation, _computed_at, value, _stored_at = json.loads(
+        redis.Redis.from_url(settings.REDIS_URL).get(key)
+    )
+    status, content, content_type = value
+    assert status == 200 and content_type.startswith("application/json")
+    assert content.encode() == answer.content

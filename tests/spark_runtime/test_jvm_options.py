@@ -5,11 +5,16 @@ checked in test_topologies.py (a real session)."""
 from __future__ import annotations
 
 import os
-import time
 
 import pytest
 
-from spark_runtime.class_sharing import ARCHIVE_ENV, archive_path, ensure_archive, sharing_options
+from spark_runtime.class_sharing import (
+    ARCHIVE_ENV,
+    archive_path,
+    ensure_archive,
+    sharing_options,
+    take_build_lock,
+)
 from spark_runtime.config import JVM_OPTIONS, JVM_OPTIONS_ENV, jvm_options, session_conf
 
 DRIVER, EXECUTOR = "spark.driver.extraJavaOptions", "spark.executor.extraJavaOptions"
@@ -66,19 +71,21 @@ def test_an_empty_setting_turns_sharing_off_and_one_build_runs_at_a_time(monkeyp
     archive = tmp_path / "cds" / "spark.jsa"
     monkeypatch.setenv(ARCHIVE_ENV, str(archive))
     archive.parent.mkdir()
-    lock = archive.with_suffix(".building")
-    lock.touch()  # another agent builds it
+    held = take_build_lock(archive)  # another agent's builder holds the lock: it builds
+    assert held is not None
     assert ensure_archive("redis://127.0.0.1:1/0", tmp_path / "build.log") is None
     assert not (tmp_path / "build.log").exists()
-    # A build that died long ago does not hold the next one back: its lock is taken over.
-    stale = time.time() - 3600
-    os.utime(lock, (stale, stale))
+    # A builder that died does not hold the next one back: the kernel freed its lock.
+    os.close(held)
     left_by_it = archive.parent / "spark.4242.tmp"
     left_by_it.write_bytes(b"half an archive")
     builder = ensure_archive("redis://127.0.0.1:1/0", tmp_path / "build.log")
     assert builder is not None
     builder.wait(timeout=120)
     # No Redis there: the build fails, says so in its log, leaves no archive and frees the lock.
-    assert builder.returncode != 0 and not archive.exists() and not lock.exists()
+    assert builder.returncode != 0 and not archive.exists()
+    freed = take_build_lock(archive)
+    assert freed is not None
+    os.close(freed)
     assert not left_by_it.exists()
     assert "Error" in (tmp_path / "build.log").read_text()

@@ -123,3 +123,19 @@ def test_every_role_reaches_the_single_node_kafka_and_another_cluster_replaces_i
     other = json.loads(done.stdout)["services"]
     for name in BACKSTOP_ROLES:
         assert other[name]["environment"]["KAFKA_BOOTSTRAP_SERVERS"] == "kafka-1.example:9092"
+
+
+SECRET_NAMES = {"SECRET_KEY", "DATABASE_URL", "EMAIL_URL", "METRICS_TOKEN"}
+
+
+def test_agents_and_the_spark_cluster_get_none_of_the_consoles_secrets(stack):
+    """Issue 58: they run users' job code (the stages, the executors)."""
+    services = stack["services"]
+    for name in ("agent-1", "agent-2", "agent-3", "spark-master", "spark-worker"):
+        environment = services[name]["environment"]
+        assert not set(environment) & SECRET_NAMES, name
+        assert environment["REDIS_URL"] == services["web"]["environment"]["REDIS_URL"], name
+    for name in ("agent-1", "agent-2", "agent-3"):
+        assert services[name]["environment"]["DJANGO_SETTINGS_MODULE"] == "web.settings.agent"
+    for name in ("web", "controller", "beat", "migrate"):
+        assert SECRET_NAMES - {"EMAIL_URL"} <= set(services[name]["environment"]), name

@@ -238,7 +238,8 @@ def test_every_reference_resolves():
                 ref = var.get("valueFrom", {})
                 if "configMapKeyRef" in ref:
                     key = ref["configMapKeyRef"]
-                    assert key["key"] in maps[("configMapRef", key["name"])], (name, var["name"])
+                    present = key["key"] in maps[("configMapRef", key["name"])]
+                    assert present or key.get("optional"), (name, var["name"])
                 if "secretKeyRef" in ref:
                     key = ref["secretKeyRef"]
                     assert key["key"] in maps[("secretRef", key["name"])], (name, var["name"])
@@ -252,8 +253,9 @@ def test_every_reference_resolves():
                     assert used in defined, f"{name}: $({used}) is not in the container's env"
             for mount in c.get("volumeMounts", []):
                 assert mount["name"] in volumes, (name, mount["name"])
-            # Every role reads the same settings.
-            assert {k for k, _ in maps} == {k for s in c.get("envFrom", []) for k in s}, name
+            # Every role of the console reads the same settings; the agents only theirs.
+            if workload["kind"] != "DaemonSet":
+                assert {k for k, _ in maps} == {k for s in c.get("envFrom", []) for k in s}, name
 
 
 def test_selectors_match_their_pods_and_the_service_selects_only_the_console():
@@ -431,3 +433,58 @@ def test_the_kafka_node_answers_at_the_address_backstop_is_given():
     for resource in ("cpu", "memory"):
         request = quantity(broker["resources"]["requests"][resource])
         assert 0 < request <= quantity(broker["resources"]["limits"][resource])
+
+
+def agent_env() -> dict[str, str | None]:
+    """The agent container's variables as the kubelet sets them: ConfigMap keys resolved (None
+    for an optional key the ConfigMap lacks), downward-API fields left out."""
+    resolved = {}
+    for var in container(the("DaemonSet", "agent"))["env"]:
+        if "value" in var:
+            resolved[var["name"]] = var["value"]
+        elif "configMapKeyRef" in var["valueFrom"]:
+            resolved[var["name"]] = config().get(var["valueFrom"]["configMapKeyRef"]["key"])
+    return resolved
+
+
+def test_the_agents_get_none_of_the_secrets_and_start_without_them(tmp_path):
+    """Issue 58: an agent's stages (its children) run users' job code. The agents take nothing
+    of the Secret and only the ConfigMap keys they read, and their settings load, Django's checks
+    pass and the agent's tasks import with exactly that environment."""
+    agent = container(the("DaemonSet", "agent"))
+    assert "envFrom" not in agent
+    refs = [var.get("valueFrom", {}) for var in agent["env"]]
+    assert not [ref for ref in refs if "secretKeyRef" in ref]
+    env = agent_env()
+    assert env["DJANGO_SETTINGS_MODULE"] == "web.settings.agent"
+    assert not set(env) & SECRET_NAMES
+    given = {name: value for name, value in env.items() if value is not None}
+    script = (
+        "import django, json\n"
+        "django.setup()\n"
+        "from django.conf import settings\n"
+        "from django.core.checks import run_checks\n"
+        "import workers.agent, workers.tasks\n"
+        "assert not [m for m in run_checks() if m.is_serious()]\n"
+        "print(json.dumps({'REDIS_URL': settings.REDIS_URL,\n"
+        "  'DATABASE_ENGINE': settings.DATABASES['default']['ENGINE'],\n"
+        "  'KEY_LENGTH': len(settings.SECRET_KEY)}))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script],
+        cwd=ROOT,
+        env={
+            "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+            **given,
+            "BACKSTOP_VAR_DIR": str(tmp_path),
+            "BACKSTOP_NODE": "node-7",
+        },
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    loaded = json.loads(done.stdout.strip().splitlines()[-1])
+    assert loaded["REDIS_URL"] == config()["REDIS_URL"]
+    assert loaded["DATABASE_ENGINE"] == "django.db.backends.dummy"
+    assert loaded["KEY_LENGTH"] >= 50

@@ -216,7 +216,9 @@ KAFKA_BOOTSTRAP_SERVERS = kafka_bootstrap_servers()
 
 
 def cache_settings(redis_url: str) -> dict:
-    """Django's RedisCache on `redis_url`: every web worker shares counters such as login failures.
+    """Django's RedisCache on `redis_url`: every web worker shares counters such as login failures
+    and API request rates. Values are JSON (console.cache.JSONSerializer), never pickles: the
+    stage processes, which run users' code, reach this Redis.
 
     Environment modules that change REDIS_URL (test.py) call this again with their own URL.
     """
@@ -225,14 +227,40 @@ def cache_settings(redis_url: str) -> dict:
             "BACKEND": "django.core.cache.backends.redis.RedisCache",
             "LOCATION": redis_url,
             "KEY_PREFIX": "backstop",
+            "OPTIONS": {"serializer": "console.cache.JSONSerializer"},
         }
     }
 
 
 CACHES = cache_settings(REDIS_URL)
-# Sessions are read on every request (each viewer's 2 s refresh): from Redis first, written
-# through to the database, so a Redis restart logs nobody out.
-SESSION_ENGINE = "django.contrib.sessions.backends.cached_db"
+# Sessions in the database only: a session in Redis could be read, or one made up for an admin,
+# by any stage process (users' job code), which is given the Redis URL. A session is read by
+# its primary key once per request.
+SESSION_ENGINE = "django.contrib.sessions.backends.db"
+
+# What DRF reads as a period: the first letter of one of these.
+THROTTLE_PERIODS = {"s", "sec", "second", "m", "min", "minute", "h", "hour", "d", "day"}
+
+
+def _throttle_rate(raw: str) -> str | None:
+    """DRF's rate, `N/second`, `N/minute`, `N/hour` or `N/day` (s, min, h, d for short), or
+    `off` for no limit."""
+    text = raw.strip().lower()
+    if text in {"off", "none", ""}:
+        return None
+    count, _, period = text.partition("/")
+    if not count.isdigit() or int(count) < 1 or period not in THROTTLE_PERIODS:
+        raise ValueError(f"expected a rate such as 6000/min or 100/s, or off, got {raw!r}")
+    return f"{int(count)}/{period}"
+
+
+# Requests per user (or, before authentication, per client address) to the API, counted in the
+# shared cache across web workers; over it, 429 with Retry-After (console/api/throttling.py).
+# 6000/min lets the documented load test (50 clients of one user, 75 requests/s) through.
+API_THROTTLE_RATES = {
+    "user": env("API_THROTTLE_USER", "6000/min", _throttle_rate),
+    "anon": env("API_THROTTLE_ANON", "120/min", _throttle_rate),
+}
 
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [
@@ -244,6 +272,13 @@ REST_FRAMEWORK = {
     "EXCEPTION_HANDLER": "console.api.exceptions.json_exception_handler",
     "DEFAULT_PAGINATION_CLASS": "console.api.pagination.BoundedLimitOffsetPagination",
     "PAGE_SIZE": 100,
+    "DEFAULT_THROTTLE_CLASSES": [
+        "console.api.throttling.UserThrottle",
+        "console.api.throttling.AnonThrottle",
+    ],
+    # The same rates; the throttles read API_THROTTLE_RATES at each request instead of DRF's
+    # copy made at import (console/api/throttling.py), so a changed setting takes effect.
+    "DEFAULT_THROTTLE_RATES": API_THROTTLE_RATES,
 }
 SPECTACULAR_SETTINGS = {
     "TITLE": "Backstop API",
