@@ -48,6 +48,10 @@ BROKER_AWAY_CODES = frozenset(
         KafkaError.COORDINATOR_LOAD_IN_PROGRESS,
         KafkaError.COORDINATOR_NOT_AVAILABLE,
         KafkaError.NOT_COORDINATOR,
+        # A request in flight on the handle of a broker that went away and came back: the
+        # client drops that handle and the next request goes to the new one (seen in a
+        # partition's watermark lookup during a 20 s broker outage, which failed the query).
+        KafkaError._DESTROY_BROKER,
     }
 )
 

@@ -58,6 +58,7 @@ def test_broker_away_errors_are_told_from_real_ones():
     assert broker_away(AWAY)
     assert broker_away(KafkaError(KafkaError._TRANSPORT))
     assert broker_away(KafkaError(KafkaError._UNKNOWN_PARTITION))
+    assert broker_away(KafkaError(KafkaError._DESTROY_BROKER))  # its handle replaced on return
     assert not broker_away(KafkaError(KafkaError.TOPIC_AUTHORIZATION_FAILED))
 
 
