@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from typing import NamedTuple
 
 # Must equal spark_runtime.redis_source.SEQ_FACTOR: positions of both sources share the format.
 SEQ_FACTOR = 1_000_000
@@ -110,6 +111,50 @@ def partition_ranges(start: dict[int, int], end: dict[int, int]) -> list[tuple[i
             ranges.append((p, first, end[p], base))
             base += end[p] - first
     return ranges
+
+
+class Segment(NamedTuple):
+    """The offsets [first, end) of one partition inside one plan; the ordinal of offset `o` in
+    the plan is `base + o - first`."""
+
+    plan: int
+    plan_ms: int
+    partition: int
+    first: int
+    end: int
+    base: int
+
+
+# A micro-batch with at most this many records is read by one task: each task costs a Python
+# worker's round trip and a broker lookup whatever its size, and at a steady rate a plan holds
+# a handful of records per partition.
+ONE_TASK_RECORDS = 5_000
+
+
+def plan_segments(start: dict[int, int], plans: list[Plan]) -> list[Segment]:
+    """The segments of `plans` (consecutive, the first one following the end vector `start`),
+    plan by plan and partition by partition."""
+    segments = []
+    lower = start
+    for plan in plans:
+        for partition, first, end, base in partition_ranges(lower, plan.end):
+            segments.append(Segment(plan.index, plan.ms, partition, first, end, base))
+        lower = plan.end
+    return segments
+
+
+def task_groups(segments: list[Segment], one_task: int = ONE_TASK_RECORDS) -> list[list[Segment]]:
+    """The segments each read task of a micro-batch takes: all of them in one task when they hold
+    at most `one_task` records, else one task per partition (its segments are contiguous ranges
+    of that partition, read in one pass). Segments keep their plan order inside a task."""
+    if not segments:
+        return []
+    if sum(s.end - s.first for s in segments) <= one_task:
+        return [list(segments)]
+    by_partition: dict[int, list[Segment]] = {}
+    for segment in segments:
+        by_partition.setdefault(segment.partition, []).append(segment)
+    return [by_partition[p] for p in sorted(by_partition)]
 
 
 def position(plan_ms: int, ordinal: int) -> int:

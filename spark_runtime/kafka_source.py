@@ -27,6 +27,7 @@ from __future__ import annotations
 import json
 import logging
 import time
+from bisect import bisect_right
 
 from confluent_kafka import IsolationLevel, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, OffsetSpec
@@ -37,13 +38,15 @@ from spark_runtime import keys
 from spark_runtime.external_io import EVENT_TIME_FROM_RECORD
 from spark_runtime.kafka_plan import (
     Plan,
+    Segment,
     cut,
     next_plan_ms,
     offset_end,
     offset_plan_index,
-    partition_ranges,
+    plan_segments,
     plan_size,
     position,
+    task_groups,
 )
 from spark_runtime.kafka_read import (
     CLIENT_LOG,
@@ -120,16 +123,12 @@ def decode(value: bytes | None, fields: list[tuple[str, str]], event_time: str):
 
 
 class PlanRange(InputPartition):
-    """The offsets [first, end) of one partition inside one plan."""
+    """What one read task of a micro-batch reads: segments of plans (kafka_plan.task_groups),
+    each the offsets [first, end) of one partition inside one plan."""
 
-    def __init__(self, plan: int, plan_ms: int, partition: int, first: int, end: int, base: int):
-        super().__init__((plan, partition))
-        self.plan = plan
-        self.plan_ms = plan_ms
-        self.partition = partition
-        self.first = first
-        self.end = end
-        self.base = base
+    def __init__(self, segments: list[Segment]):
+        super().__init__(tuple(segments))
+        self.segments = segments
 
 
 # Clients of this Python process, by address: Spark reuses its Python workers between tasks.
@@ -338,13 +337,8 @@ class KafkaPlanReader(DataSourceStreamReader):
         first, last = offset_plan_index(start), offset_plan_index(end)
         if last <= first:
             return []
-        parts = []
-        lower = offset_end(start)
-        for plan in self._plans(first + 1, last):
-            for p, begin, stop, base in partition_ranges(lower, plan.end):
-                parts.append(PlanRange(plan.index, plan.ms, p, begin, stop, base))
-            lower = plan.end
-        return parts
+        segments = plan_segments(offset_end(start), self._plans(first + 1, last))
+        return [PlanRange(group) for group in task_groups(segments)]
 
     def commit(self, end: dict) -> None:
         # The topic's retention, not Backstop, decides when records go.
@@ -355,22 +349,31 @@ class KafkaPlanReader(DataSourceStreamReader):
     def read(self, part: PlanRange):
         consumer = _worker_client("consumer", self.bootstrap)
         waiting = WorkerWait(self)
-        first = self._check_lost(consumer, part, waiting)
-        dead: list[tuple[int, bytes | None, str]] = []
-        for msg in read_range(
-            consumer, self.topic, part.partition, first, part.end, on_wait=waiting.waiting
-        ):
+        by_partition: dict[int, list[Segment]] = {}
+        for segment in part.segments:
+            by_partition.setdefault(segment.partition, []).append(segment)
+        for partition, segments in by_partition.items():
+            # The partition's segments are contiguous: one pass over [first, end), each record
+            # placed in the plan segment holding its offset.
+            span = segments[0]._replace(end=segments[-1].end)
+            starts = [s.first for s in segments]
+            first = self._check_lost(consumer, span, waiting)
+            dead: list[tuple[int, bytes | None, str]] = []
+            for msg in read_range(
+                consumer, self.topic, partition, first, span.end, on_wait=waiting.waiting
+            ):
+                waiting.answered()
+                segment = segments[bisect_right(starts, msg.offset()) - 1]
+                row, reason = self._row(segment, msg)
+                if row is None:
+                    dead.append((msg.offset(), msg.value(), reason))
+                else:
+                    yield row
             waiting.answered()
-            row, reason = self._row(part, msg)
-            if row is None:
-                dead.append((msg.offset(), msg.value(), reason))
-            else:
-                yield row
-        waiting.answered()
-        if dead:
-            self._dead_letter(part, dead)
+            if dead:
+                self._dead_letter(partition, dead)
 
-    def _row(self, part: PlanRange, msg):
+    def _row(self, part: Segment, msg):
         obj, values, ts, reason = decode(msg.value(), self.fields, self.event_time)
         if obj is None:
             return None, reason
@@ -401,7 +404,7 @@ class KafkaPlanReader(DataSourceStreamReader):
             waiting.answered()
             return low
 
-    def _check_lost(self, consumer, part: PlanRange, waiting: WorkerWait) -> int:
+    def _check_lost(self, consumer, part: Segment, waiting: WorkerWait) -> int:
         """Where to start reading `part`: its first offset, or the earliest one kept when
         retention deleted offsets before them (counted when loss is accepted, else raised)."""
         low = self._low_watermark(consumer, part.partition, waiting)
@@ -421,7 +424,7 @@ class KafkaPlanReader(DataSourceStreamReader):
         )  # fmt: skip
         return min(low, part.end)
 
-    def _dead_letter(self, part: PlanRange, dead: list) -> None:
+    def _dead_letter(self, partition: int, dead: list) -> None:
         """Dead-letter each record once per stage: the Redis stream and counter the job page
         shows, and the topic's dead-letter topic."""
         client = _worker_client("redis", self.redis_url)
@@ -429,11 +432,11 @@ class KafkaPlanReader(DataSourceStreamReader):
         dead_keys = [keys.dead_letters(self.job), keys.dead_seen(self.job), keys.stats(self.job)]
         producer = _worker_client("producer", self.bootstrap)
         for offset, value, reason in dead:
-            entry = f"{part.partition}:{offset}"
+            entry = f"{partition}:{offset}"
             raw = (value or b"")[:2000].decode("utf-8", "replace")
             seen = f"{self.stage}|{self.topic}|{entry}"
             if script(keys=dead_keys, args=[seen, entry, self.stage, reason, raw]):
-                letter = {"topic": self.topic, "partition": part.partition, "offset": offset,
+                letter = {"topic": self.topic, "partition": partition, "offset": offset,
                           "stage": self.stage, "reason": reason, "raw": raw}  # fmt: skip
                 producer.produce(self.dead_topic, key=entry, value=json.dumps(letter))
         producer.flush(30)

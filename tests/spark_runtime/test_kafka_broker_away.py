@@ -10,8 +10,9 @@ import pytest
 from confluent_kafka import KafkaError, KafkaException
 
 from spark_runtime import keys
+from spark_runtime.kafka_plan import Segment
 from spark_runtime.kafka_read import broker_away, read_range
-from spark_runtime.kafka_source import SOURCE_CAUSE, KafkaPlanReader, PlanRange, WorkerWait
+from spark_runtime.kafka_source import SOURCE_CAUSE, KafkaPlanReader, WorkerWait
 
 
 class Message:
@@ -89,7 +90,7 @@ def test_the_worker_writes_the_cause_while_waiting_then_deletes_it(redis_conn, j
     )
     consumer = Consumer([[Message(-1, AWAY)], [Message(0)], [Message(1)]], watermark_errors=2)
     waiting = WorkerWait(reader)
-    part = PlanRange(1, 1_700_000_000_000, 0, 0, 2, 0)
+    part = Segment(1, 1_700_000_000_000, 0, 0, 2, 0)
     assert reader._check_lost(consumer, part, waiting) == 0
     assert not redis_conn.hexists(keys.stats(job), SOURCE_CAUSE)  # answered: deleted again
     seen = []
