@@ -234,13 +234,6 @@ def _signal_group(proc: psutil.Process, sig: int) -> None:
         return
 
 
-@shared_task(
-    name=tasks.START_REPLICA.name,
-    acks_late=True,
-    expires=tasks.START_REPLICA.expires_s,
-    time_limit=30,
-    soft_time_limit=25,
-)
 def stage_process_env() -> dict[str, str]:
     """The environment of the stage processes and warm spares this agent starts: the data
     plane's variables only (spark_runtime/stage_env.py; never the console's secrets), with the
@@ -248,6 +241,13 @@ def stage_process_env() -> dict[str, str]:
     return stage_environment(REDIS_URL=settings.REDIS_URL, PYSPARK_PYTHON=worker_python())
 
 
+@shared_task(
+    name=tasks.START_REPLICA.name,
+    acks_late=True,
+    expires=tasks.START_REPLICA.expires_s,
+    time_limit=30,
+    soft_time_limit=25,
+)
 def start_replica(
     module: str, args: list[str], replica_id: str, job_key: str, warm: bool = False
 ) -> int:

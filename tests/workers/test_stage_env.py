@@ -54,7 +54,8 @@ def stage_agent(monkeypatch, tmp_path, settings):
 def test_a_stage_started_by_the_agent_has_none_of_the_consoles_secrets(stage_agent):
     args = ["--job", JOB, "--stage", "count", "--role", "primary", "--replica-id", REPLICA,
             "--node", NODE]  # fmt: skip
-    pid = stage_agent.start_replica(FAKE_STAGE, args, REPLICA, JOB)
+    # Through the Celery task, as the node's queue delivers it (run here, not on a worker).
+    pid = stage_agent.start_replica.apply(args=(FAKE_STAGE, args, REPLICA, JOB)).get()
     seen = environ_of(pid)
     assert not set(SECRETS) & set(seen), sorted(seen)
     assert "DJANGO_SETTINGS_MODULE" not in seen
