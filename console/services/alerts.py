@@ -104,11 +104,13 @@ def alert_job_failed(job: Job) -> int:
         ("Reason", job.status_reason or "-"),
     ]
     link = f"{settings.CONSOLE_BASE_URL}/api/jobs/{job.pk}/"
-    sent = 0
-    for subscription in subscriptions_for(job).filter(alert_on_job_failure=True):
-        if _send_once(subscription, f"job-failed:{job.pk}:{failed_at}", subject, facts, link):
-            sent += 1
-    return sent
+    return _send_to_each(
+        subscriptions_for(job).filter(alert_on_job_failure=True),
+        f"job-failed:{job.pk}:{failed_at}",
+        subject,
+        facts,
+        link,
+    )
 
 
 def alerting_subscriptions(job: Job):
@@ -150,11 +152,9 @@ def alert_kafka(job: Job, kind: str, since: str, detail: dict) -> int:
         ]
         facts += [(f"Stage {stage}", lag) for stage, lag in detail.get("stages", [])]
     link = f"{settings.CONSOLE_BASE_URL}/console/jobs/{job.pk}/"
-    sent = 0
-    for subscription in kafka_subscriptions(job):
-        if _send_once(subscription, f"kafka-{kind}:{job.pk}:{since}", subject, facts, link):
-            sent += 1
-    return sent
+    return _send_to_each(
+        kafka_subscriptions(job), f"kafka-{kind}:{job.pk}:{since}", subject, facts, link
+    )
 
 
 def alert_reconcile_failing(job: Job, since: float, failures: int, error: str) -> int:
@@ -173,15 +173,18 @@ def alert_reconcile_failing(job: Job, since: float, failures: int, error: str) -
         ("Last error", error or "-"),
     ]
     link = f"{settings.CONSOLE_BASE_URL}/console/jobs/{job.pk}/"
-    sent = 0
-    for subscription in alerting_subscriptions(job):
-        if _send_once(subscription, f"reconcile:{job.pk}:{since}", subject, facts, link):
-            sent += 1
-    return sent
+    return _send_to_each(
+        alerting_subscriptions(job), f"reconcile:{job.pk}:{since}", subject, facts, link
+    )
 
 
 def _time_or(value, fallback: str) -> str:
     return f"{value:%Y-%m-%d %H:%M:%S} UTC" if value else fallback
+
+
+def _send_to_each(subscriptions, key: str, subject: str, facts, link) -> int:
+    """`_send_once` to every subscription; returns how many emails went out."""
+    return sum(_send_once(s, key, subject, facts, link) for s in subscriptions)
 
 
 def _send_once(subscription: ReportSubscription, key: str, subject: str, facts, link) -> bool:
