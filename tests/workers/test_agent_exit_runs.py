@@ -8,7 +8,6 @@ decisions for one replica after one operator exception).
 Real processes started and reaped by the node agent's own code, a real Redis and database; the
 times compared are taken here, around the agent's calls."""
 
-import contextlib
 import os
 import signal
 import time
@@ -22,6 +21,7 @@ from console.services.control.observe import read_agent_events
 from infra import keys
 from spark_runtime.supervision import CLOCK_SLACK_S
 from tests.factories import make_job
+from tests.workers.agent_children import kill_children_of
 from workers import agent
 
 NODE = "tn-runs"
@@ -53,15 +53,7 @@ def stage_agent(monkeypatch, tmp_path, settings, job):
     monkeypatch.setattr(agent, "ALLOWED_ENTRY_POINTS", {FAKE_STAGE: None})
     settings.VAR_DIR = tmp_path
     yield agent
-    with agent._children_lock:
-        ours = {k: v for k, v in agent._children.items() if k[0] == job.key}
-        for key in ours:
-            del agent._children[key]
-            agent._became_replica_at.pop(key, None)
-    for popen, _job, _path in ours.values():
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(popen.pid, signal.SIGKILL)
-        popen.wait()
+    kill_children_of({job.key})
 
 
 def start_and_kill(job_key: str) -> tuple[float, float]:

@@ -6,10 +6,7 @@ the other's: the fleet simulator saw 3 of 10 restart-all jobs kill each other's 
 
 What is checked is read from the process table and Redis, not from the agent's records."""
 
-import contextlib
 import logging
-import os
-import signal
 import time
 
 import psutil
@@ -19,6 +16,7 @@ from django.conf import settings
 
 from infra import keys
 from infra.processes import argv_of, cmdline_arg
+from tests.workers.agent_children import kill_children_of
 from workers import agent
 
 NODE = "tn-apart"
@@ -44,14 +42,7 @@ def stage_agent(monkeypatch, tmp_path, settings):
     monkeypatch.setattr(agent, "ALLOWED_ENTRY_POINTS", {FAKE_STAGE: None})
     settings.VAR_DIR = tmp_path
     yield agent
-    with agent._children_lock:
-        ours = {k: v for k, v in agent._children.items() if k[0] in JOBS}
-        for key in ours:
-            del agent._children[key]
-    for popen, _job, _path in ours.values():
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(popen.pid, signal.SIGKILL)
-        popen.wait()
+    kill_children_of(set(JOBS))
 
 
 def stage_args(job: str) -> list[str]:

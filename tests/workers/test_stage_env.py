@@ -2,14 +2,13 @@
 stage runs users' job code, and SECRET_KEY would let a job forge an admin's session. Read from
 the real process the node agent starts (/proc/PID/environ), not from the agent's arguments."""
 
-import contextlib
 import os
-import signal
 
 import pytest
 from django.conf import settings
 
 from spark_runtime.stage_env import stage_environment
+from tests.workers.agent_children import kill_children_of
 from workers import agent
 
 NODE = "tn-env"
@@ -41,14 +40,7 @@ def stage_agent(monkeypatch, tmp_path, settings):
     monkeypatch.setattr(agent, "ALLOWED_ENTRY_POINTS", {FAKE_STAGE: None})
     settings.VAR_DIR = tmp_path
     yield agent
-    with agent._children_lock:
-        ours = {k: v for k, v in agent._children.items() if k[0] == JOB}
-        for key in ours:
-            del agent._children[key]
-    for popen, _job, _path in ours.values():
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(popen.pid, signal.SIGKILL)
-        popen.wait()
+    kill_children_of({JOB})
 
 
 def test_a_stage_started_by_the_agent_has_none_of_the_consoles_secrets(stage_agent):
