@@ -6,11 +6,13 @@ where a warm-up starts reading a job's newest records (`recent_start`).
 
 from __future__ import annotations
 
+import time
+
 from confluent_kafka import IsolationLevel, KafkaError, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic, OffsetSpec
 
 from spark_runtime.external_io import ExternalIO, KafkaSource
-from spark_runtime.kafka_read import CLIENT_LOG
+from spark_runtime.kafka_read import CLIENT_LOG, broker_away, committed_reader
 from spark_runtime.kafka_sink import marks_topic
 
 # Partitions of the topics Backstop creates itself: enough that the shared read plan spans
@@ -46,7 +48,8 @@ def ensure_topics(io: ExternalIO, with_input: bool, timeout_s: float = 30.0) -> 
 
 def create_missing(bootstrap: str, wanted: list[NewTopic], timeout_s: float = 30.0) -> list[str]:
     """Create the topics of `wanted` that do not exist yet on `bootstrap`; returns the names
-    created (one that exists is left as it is). Raises KafkaException on any other error."""
+    created (one that exists is left as it is) once every partition of `wanted` is served by
+    its leader. Raises KafkaException on any other error."""
     admin = AdminClient({"bootstrap.servers": bootstrap, "logger": CLIENT_LOG})
     created = []
     futures = admin.create_topics(wanted, request_timeout=timeout_s)
@@ -57,7 +60,38 @@ def create_missing(bootstrap: str, wanted: list[NewTopic], timeout_s: float = 30
         except KafkaException as exc:
             if exc.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
                 raise
+    wait_until_served(bootstrap, {topic.topic: topic.num_partitions for topic in wanted}, timeout_s)
     return created
+
+
+def wait_until_served(bootstrap: str, partitions: dict[str, int], timeout_s: float = 30.0) -> None:
+    """Return once the leader of every partition of `partitions` (topic -> count) answers a
+    watermark lookup. The broker acknowledges a topic's creation before its partitions' leaders
+    serve them: a reader asking at once was told NOT_LEADER_FOR_PARTITION. Raises the last
+    error when they do not serve within `timeout_s`, or at once on one that is not transient."""
+    deadline = time.monotonic() + timeout_s
+    consumer = committed_reader(bootstrap, "backstop-topic-check")
+    try:
+        for topic, count in partitions.items():
+            for partition in range(count):
+                _serving_watermarks(consumer, TopicPartition(topic, partition), deadline)
+    finally:
+        consumer.close()
+
+
+def _serving_watermarks(consumer, partition: TopicPartition, deadline: float) -> tuple[int, int]:
+    """The partition's watermarks, asked until its leader answers or `deadline` passes."""
+    while True:
+        remaining = max(deadline - time.monotonic(), 0.1)
+        try:
+            return consumer.get_watermark_offsets(partition, timeout=remaining, cached=False)
+        except KafkaException as exc:
+            error = exc.args[0]
+            if not (broker_away(error) or error.code() == KafkaError.UNKNOWN_TOPIC_OR_PART):
+                raise
+            if time.monotonic() >= deadline:
+                raise
+        time.sleep(0.1)
 
 
 def recent_start(source: KafkaSource, records: int, timeout_s: float = 10.0):
