@@ -2,6 +2,10 @@
 spark_runtime/keys.py, whose `make_key` (the `backstop:` prefix and the parts, joined by colons)
 builds these too."""
 
+# A job's controller lease and tenure are read by the stages too (spark_runtime.command_fence):
+# defined with the data plane's keys, named here with the control plane's.
+from spark_runtime.keys import controller_lease as controller_lease
+from spark_runtime.keys import controller_tenure as controller_tenure
 from spark_runtime.keys import make_key
 
 NODE_METRICS_MAXLEN = 3600  # an hour of 1 s samples per node
@@ -29,12 +33,6 @@ EVENT_SPARK_KILLED = "spark-killed"  # a Spark executor or worker the agent kill
 def agent_events() -> str:
     """Stream of what agents saw happen and did: one entry per event, `kind` one of EVENT_*."""
     return make_key("agent-events")
-
-
-def controller_lease(job_key: str) -> str:
-    """The token of the controller process that supervises a job (infra/leases.py); expires
-    soon after that process dies."""
-    return make_key(job_key, "controller-lease")
 
 
 def controllers() -> str:

@@ -1,10 +1,13 @@
 """Per-job supervision leases and controller membership, in Redis.
 
 A controller process supervises a job only while it holds the job's lease: a key holding the
-controller's token with a short expiry, renewed for all its jobs in one round trip. A controller
-that dies stops renewing, its leases expire and the others take the jobs over. Writes that must
-come from the holder only (the supervision state) go through `replace_if_held`, a compare-and-set on
-the lease, so a controller that stalled past its lease cannot overwrite its successor's state.
+token of the controller's tenure of the job (its name and a number that goes up with every
+taking, spark_runtime.command_fence) with a short expiry, renewed for all its jobs in one round
+trip. Every command it sends for the job carries the token, and receivers refuse it once the
+lease holds another. A controller that dies stops renewing, its leases expire and the others
+take the jobs over. Every write of a job's supervision state is a compare-and-set on the lease
+(`replace_if_held`, `delete_if_held`), so a controller that stalled past its lease cannot
+overwrite its successor's state.
 
 Membership: each live controller scores itself in a sorted set every renewal; the live ones
 split the live jobs between them (`fair_share`), so adding a controller adds capacity.
@@ -16,68 +19,134 @@ import math
 import time
 
 from infra import keys
+from spark_runtime.command_fence import RELEASED_PREFIX, holder_of
 
+# Takes a free lease (none, or one its holder released) under a new tenure: KEYS lease,
+# tenure; ARGV owner, ttl ms, the released prefix. Returns the token (command_fence.lease_token).
+_ACQUIRE = """
+local current = redis.call('get', KEYS[1])
+if current and string.sub(current, 1, string.len(ARGV[3])) ~= ARGV[3] then return false end
+local token = ARGV[1] .. '#' .. redis.call('incr', KEYS[2])
+redis.call('set', KEYS[1], token, 'PX', ARGV[2])
+return token
+"""
+# KEYS the leases; ARGV ttl ms, then each lease's token. Returns the leases no longer held.
 _RENEW = """
 local lost = {}
 for i, key in ipairs(KEYS) do
-  if redis.call('get', key) == ARGV[1] then
-    redis.call('pexpire', key, ARGV[2])
+  if redis.call('get', key) == ARGV[i + 1] then
+    redis.call('pexpire', key, ARGV[1])
   else
     table.insert(lost, key)
   end
 end
 return lost
 """
+# KEYS lease; ARGV token, the released prefix, how long the released lease is kept (ms).
 _RELEASE = """
-if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) end
-return 0
-"""
-_REPLACE_IF_HELD = """
 if redis.call('get', KEYS[1]) ~= ARGV[1] then return 0 end
-redis.call('set', KEYS[2], ARGV[2], 'XX')
+redis.call('set', KEYS[1], ARGV[2] .. ARGV[1], 'PX', ARGV[3])
 return 1
 """
+# KEYS lease, key; ARGV token, value, whether to create a missing key ('1') or not ('0').
+_REPLACE_IF_HELD = """
+if redis.call('get', KEYS[1]) ~= ARGV[1] then return 0 end
+if ARGV[3] == '1' then redis.call('set', KEYS[2], ARGV[2])
+else redis.call('set', KEYS[2], ARGV[2], 'XX') end
+return 1
+"""
+_DELETE_IF_HELD = """
+if redis.call('get', KEYS[1]) ~= ARGV[1] then return 0 end
+redis.call('del', unpack(KEYS, 2))
+return 1
+"""
+# A released lease is kept this long: the commands its holder sent before it gave the job up
+# (the kills of a stop) still count while they wait in a queue (the longest expiry of an
+# agent's task is 60 s, infra/tasks.py).
+RELEASED_KEEP_S = 120.0
 
 
 class Leases:
-    """The leases one controller (`owner`, a token unique to the process) holds."""
+    """The leases one controller (`owner`, a name unique to the process) holds, each with the
+    token of its tenure (spark_runtime.command_fence), which every command it sends for the job
+    carries."""
 
     def __init__(self, client, owner: str, ttl_s: float):
         self.client = client
         self.owner = owner
         self.ttl_ms = int(ttl_s * 1000)
+        self._tokens: dict[str, str] = {}
+        self._acquire = client.register_script(_ACQUIRE)
         self._renew = client.register_script(_RENEW)
         self._release = client.register_script(_RELEASE)
         self._replace_if_held = client.register_script(_REPLACE_IF_HELD)
+        self._delete_if_held = client.register_script(_DELETE_IF_HELD)
 
-    def try_acquire(self, job_key: str) -> bool:
-        """Take the job's lease if nobody holds it."""
-        return bool(
-            self.client.set(keys.controller_lease(job_key), self.owner, nx=True, px=self.ttl_ms)
+    def try_acquire(self, job_key: str) -> str | None:
+        """Take the job's lease if nobody holds it (a released one is free), under a new tenure;
+        returns the token of that tenure, None when another controller holds it."""
+        token = self._acquire(
+            keys=[keys.controller_lease(job_key), keys.controller_tenure(job_key)],
+            args=[self.owner, self.ttl_ms, RELEASED_PREFIX],
         )
+        if token is None:
+            return None
+        self._tokens[job_key] = token
+        return token
+
+    def token(self, job_key: str) -> str | None:
+        """The token of our tenure of the job (None: we never took it, or gave it up)."""
+        return self._tokens.get(job_key)
 
     def renew(self, job_keys: list[str]) -> set[str]:
         """Extend the leases of `job_keys`; returns the jobs whose lease is no longer ours."""
-        if not job_keys:
-            return set()
-        lease_keys = [keys.controller_lease(k) for k in job_keys]
-        lost = set(self._renew(keys=lease_keys, args=[self.owner, self.ttl_ms]))
-        return {k for k, lease in zip(job_keys, lease_keys, strict=True) if lease in lost}
+        held = [k for k in job_keys if k in self._tokens]
+        lost = {k for k in job_keys if k not in self._tokens}
+        if not held:
+            return lost
+        lease_keys = [keys.controller_lease(k) for k in held]
+        gone = set(self._renew(keys=lease_keys, args=[self.ttl_ms, *map(self._tokens.get, held)]))
+        return lost | {k for k, lease in zip(held, lease_keys, strict=True) if lease in gone}
 
     def holds(self, job_key: str) -> bool:
         """Whether the job's lease is still ours (checked before acting on the job)."""
-        return self.client.get(keys.controller_lease(job_key)) == self.owner
+        token = self._tokens.get(job_key)
+        return token is not None and self.client.get(keys.controller_lease(job_key)) == token
 
     def release(self, job_key: str) -> None:
-        """Give the job's lease up at once (only if still ours), for another to take."""
-        self._release(keys=[keys.controller_lease(job_key)], args=[self.owner])
+        """Give the job's lease up at once (only if still ours), for another to take; the
+        commands we sent under it still count until someone does."""
+        token = self._tokens.pop(job_key, None)
+        if token is not None:
+            self._release(
+                keys=[keys.controller_lease(job_key)],
+                args=[token, RELEASED_PREFIX, int(RELEASED_KEEP_S * 1000)],
+            )
 
-    def replace_if_held(self, job_key: str, key: str, value: str) -> bool:
+    def forget(self, job_key: str) -> None:
+        """The job's lease is no longer ours (lost to another): its token is not used again."""
+        self._tokens.pop(job_key, None)
+
+    def replace_if_held(self, job_key: str, key: str, value: str, create: bool = False) -> bool:
         """Overwrite `key` with `value` only while the job's lease is ours (returns whether it
         is); a `key` that does not exist (deleted on purpose, as a stopped job's state) is not
-        created again."""
+        created again unless `create` (a job's first state, written at its launch)."""
+        token = self._tokens.get(job_key)
+        if token is None:
+            return False
+        return bool(
+            self._replace_if_held(
+                keys=[keys.controller_lease(job_key), key], args=[token, value, int(create)]
+            )
+        )
+
+    def delete_if_held(self, job_key: str, *doomed: str) -> bool:
+        """Delete the keys `doomed` only while the job's lease is ours (returns whether it is)."""
+        token = self._tokens.get(job_key)
+        if token is None:
+            return False
         lease = keys.controller_lease(job_key)
-        return bool(self._replace_if_held(keys=[lease, key], args=[self.owner, value]))
+        return bool(self._delete_if_held(keys=[lease, *doomed], args=[token]))
 
     def holders(self, job_keys: list[str]) -> dict[str, str | None]:
         """Who holds each job's lease (None: nobody), in one round trip."""
@@ -85,11 +154,12 @@ class Leases:
 
 
 def holders(client, job_keys: list[str]) -> dict[str, str | None]:
-    """Who holds each job's lease (None: nobody), in one round trip."""
+    """Which controller holds each job's lease (None: nobody, or its holder released it), in
+    one round trip."""
     if not job_keys:
         return {}
     values = client.mget([keys.controller_lease(k) for k in job_keys])
-    return dict(zip(job_keys, values, strict=True))
+    return {k: holder_of(v) for k, v in zip(job_keys, values, strict=True)}
 
 
 def heartbeat(client, owner: str) -> None:

@@ -116,6 +116,25 @@ def control(job: str, replica: str) -> str:
     return make_key(job, "control", replica)
 
 
+def controller_lease(job: str) -> str:
+    """The lease of the controller process that supervises a job: its token
+    (spark_runtime.command_fence, infra/leases.py), expiring soon after that process dies; read by
+    every receiver of the controller's commands."""
+    return make_key(job, "controller-lease")
+
+
+def controller_tenure(job: str) -> str:
+    """How many times a controller took the job's lease: each taking increments it, and its
+    number is in the taker's token. Never deleted, so a tenure number is never given twice."""
+    return make_key(job, "controller-tenure")
+
+
+def refused_commands() -> str:
+    """Capped stream of the controller commands receivers refused (spark_runtime.command_fence):
+    job, receiver, command, token, lease, reason."""
+    return make_key("refused-commands")
+
+
 def progress(job: str) -> str:
     """Stream of query progress records of all replicas of the job (capped)."""
     return make_key(job, "progress")
@@ -192,6 +211,7 @@ def spare_plans() -> str:
 
 PROGRESS_MAXLEN = 10_000
 EVENTS_MAXLEN = 10_000
+REFUSED_COMMANDS_MAXLEN = 10_000
 
 
 def delete_job_keys(client, job: str) -> int:

@@ -93,7 +93,7 @@ def crash(controller: fleet.FleetController) -> None:
 
 
 def holders(redis_conn, jobs) -> dict[str, str | None]:
-    return {job.key: redis_conn.get(keys.controller_lease(job.key)) for job in jobs}
+    return leases.holders(redis_conn, [job.key for job in jobs])
 
 
 def test_two_controllers_split_the_jobs_and_a_dead_ones_jobs_are_taken_over(
@@ -159,7 +159,7 @@ def test_a_stopped_job_is_stopped_and_its_lease_given_up(redis_conn, controllers
         lambda: Job.objects.get(pk=job.pk).status == Job.Status.STOPPED, 10, "the job stopped"
     )
     wait_until(lambda: controller.held() == [], 5, "the job dropped")
-    assert not redis_conn.exists(keys.controller_lease(job.key))
+    assert holders(redis_conn, [job]) == {job.key: None}  # released
     assert not redis_conn.exists(keys.controller_state(job.key))
 
 
@@ -172,12 +172,14 @@ def test_a_controller_that_lost_its_lease_cannot_overwrite_the_new_holders_state
     redis_conn.set(state_key, "v1")
     assert mine.replace_if_held("job-x", state_key, "v2")
     redis_conn.delete(keys.controller_lease("job-x"))  # expired while "stalled" stalled
-    assert theirs.try_acquire("job-x")
+    successor_token = theirs.try_acquire("job-x")
+    assert successor_token == "successor#2"  # the job's second tenure
     assert not mine.replace_if_held("job-x", state_key, "stale")
+    assert not mine.delete_if_held("job-x", state_key)
     assert redis_conn.get(state_key) == "v2"
     assert mine.renew(["job-x"]) == {"job-x"}  # its renewal says the lease is lost
     mine.release("job-x")  # and its release leaves the successor's lease alone
-    assert redis_conn.get(keys.controller_lease("job-x")) == "successor"
+    assert redis_conn.get(keys.controller_lease("job-x")) == successor_token
     # A state deleted on purpose (a stopped job) is not created again by the holder.
     redis_conn.delete(state_key)
     assert theirs.replace_if_held("job-x", state_key, "late")
@@ -351,7 +353,7 @@ def test_a_live_job_deleted_from_the_database_is_stopped_once(redis_conn, contro
     redis_conn.hset(keys.exit_tails(job.key), "wc-9", "an old tail")
     key = job.key
     Job.objects.filter(pk=job.pk).delete()
-    wait_until(lambda: not redis_conn.exists(keys.controller_lease(key)), 10, "lease released")
+    wait_until(lambda: holders(redis_conn, [job]) == {key: None}, 10, "lease released")
     assert controller.held() == []
     for gone in (keys.controller_state(key), keys.exit_tails(key)):
         assert not redis_conn.exists(gone), gone
@@ -360,7 +362,7 @@ def test_a_live_job_deleted_from_the_database_is_stopped_once(redis_conn, contro
     killed = sorted(args[0] for args, kwargs in kills if kwargs["job_key"] == key)
     # Each replica once, where the supervisor placed it, and the generator.
     assert killed == sorted([*replica_ids, generator_replica_id(key)])
-    assert not redis_conn.exists(keys.controller_lease(key))
+    assert holders(redis_conn, [job]) == {key: None}
 
 
 def test_a_failing_job_backs_off_is_reported_and_holds_no_other_job_up(redis_conn, monkeypatch):
