@@ -79,8 +79,6 @@ class Leases:
         self._acquire = client.register_script(_ACQUIRE)
         self._renew = client.register_script(_RENEW)
         self._release = client.register_script(_RELEASE)
-        self._replace_if_held = client.register_script(_REPLACE_IF_HELD)
-        self._delete_if_held = client.register_script(_DELETE_IF_HELD)
 
     def try_acquire(self, job_key: str) -> str | None:
         """Take the job's lease if nobody holds it (a released one is free), under a new tenure;
@@ -132,25 +130,35 @@ class Leases:
         is); a `key` that does not exist (deleted on purpose, as a stopped job's state) is not
         created again unless `create` (a job's first state, written at its launch)."""
         token = self._tokens.get(job_key)
-        if token is None:
-            return False
-        return bool(
-            self._replace_if_held(
-                keys=[keys.controller_lease(job_key), key], args=[token, value, int(create)]
-            )
+        return token is not None and replace_if_token(
+            self.client, job_key, token, key, value, create
         )
 
     def delete_if_held(self, job_key: str, *doomed: str) -> bool:
         """Delete the keys `doomed` only while the job's lease is ours (returns whether it is)."""
         token = self._tokens.get(job_key)
-        if token is None:
-            return False
-        lease = keys.controller_lease(job_key)
-        return bool(self._delete_if_held(keys=[lease, *doomed], args=[token]))
+        return token is not None and delete_if_token(self.client, job_key, token, *doomed)
 
     def holders(self, job_keys: list[str]) -> dict[str, str | None]:
         """Who holds each job's lease (None: nobody), in one round trip."""
         return holders(self.client, job_keys)
+
+
+def replace_if_token(
+    client, job_key: str, token: str, key: str, value: str, create: bool = False
+) -> bool:
+    """Set `key` to `value` only while the job's lease holds `token`, in one step (returns
+    whether it did); a missing `key` is created only with `create`."""
+    script = client.register_script(_REPLACE_IF_HELD)
+    lease = keys.controller_lease(job_key)
+    return bool(script(keys=[lease, key], args=[token, value, int(create)]))
+
+
+def delete_if_token(client, job_key: str, token: str, *doomed: str) -> bool:
+    """Delete the keys `doomed` only while the job's lease holds `token` (returns whether it
+    did)."""
+    script = client.register_script(_DELETE_IF_HELD)
+    return bool(script(keys=[keys.controller_lease(job_key), *doomed], args=[token]))
 
 
 def holders(client, job_keys: list[str]) -> dict[str, str | None]:

@@ -36,6 +36,10 @@ JSON commands pushed to the list `backstop:{job}:control:{replica}`:
 - `{"cmd": "fault", "kind": "slow_batches", "delay_s": D, "duration_s": T}`: each batch of the
   next T seconds takes D seconds longer (a slow-driver fault: heartbeats go on, output is late).
 
+A controller's command carries the token of its lease on the job (`"lease"`): one whose token
+the job's lease no longer holds is refused and reported, not carried out
+(spark_runtime.command_fence).
+
 Exit codes: 0 stopped on request, 1 query failure, 3 fenced (another replica is primary),
 4 promotion impossible. A replica that fails (a query failed, or the stage could not start its
 queries) writes a one-line cause into its entry (`state: failed`, `error`) and exits at once: its
@@ -65,6 +69,7 @@ import traceback
 from typing import NoReturn
 
 from spark_runtime import keys
+from spark_runtime.command_fence import LEASE_FIELD, FenceMemory, check_command
 from spark_runtime.config import DEFAULT_REDIS_URL, configure_logging, ensure_python_env
 from spark_runtime.cpu_priority import set_group_nice
 from spark_runtime.disk_space import DiskFull, disk_full_cause
@@ -534,6 +539,7 @@ def supervise_queries(args, client, state: ReplicaState, runtime, stop_beats) ->
     from spark_runtime.sink import FencedError
 
     nice = 0  # the level last asked for (set_group_nice reports the one in force)
+    fence = FenceMemory()  # the newest lease tenure seen in a command
     code = EXIT_FAILED
     try:
         while True:
@@ -558,8 +564,8 @@ def supervise_queries(args, client, state: ReplicaState, runtime, stop_beats) ->
                     state.update(lag_s=lag)  # a standby's lag, current after each batch
             runtime.gate.demote_if_overdue(DEMOTE_WAIT_S)
             popped = client.blpop([keys.control(args.job, args.replica_id)], timeout=0.5)
-            if popped:
-                result = handle_command(json.loads(popped[1]), runtime, state)
+            if popped and obeyed(client, fence, args, command := json.loads(popped[1])):
+                result = handle_command(command, runtime, state)
                 if result is not None:
                     code = result
                     break
@@ -591,6 +597,16 @@ def supervise_queries(args, client, state: ReplicaState, runtime, stop_beats) ->
             keys.heartbeat(args.job, args.replica_id), keys.batch_pace(args.job, args.replica_id)
         )
     return code
+
+
+def obeyed(client, fence: FenceMemory, args, command: dict) -> bool:
+    """Whether to carry out `command`: a controller's only while its lease token is still
+    the job's lease (spark_runtime.command_fence)."""
+    verdict = check_command(
+        client, fence, args.job, command.get(LEASE_FIELD), f"stage {args.replica_id}",
+        str(command.get("cmd")),
+    )  # fmt: skip
+    return verdict.accepted
 
 
 def exit_now(code: int) -> NoReturn:

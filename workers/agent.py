@@ -58,6 +58,7 @@ from infra.processes import (
 from spark_runtime import keys as data_keys
 from spark_runtime.activity import ActivityMeter, is_busy, tree_rss_mb
 from spark_runtime.class_sharing import ensure_archive
+from spark_runtime.command_fence import FenceMemory, check_command
 from spark_runtime.config import worker_python
 
 # SPARE_START_TIMEOUT_S: a spare not idle within it is replaced; its clock restarts while the
@@ -104,6 +105,9 @@ _became_replica_at: dict[ChildKey, float] = {}
 # follows (a restart is a kill, then a start) must not take that process for the replica.
 _killed: dict[ChildKey, int] = {}
 _stop = threading.Event()
+# The newest lease tenure this agent saw per job: a controller's command of an older one is
+# refused (spark_runtime.command_fence).
+_fence = FenceMemory()
 
 
 def this_node() -> str:
@@ -249,11 +253,17 @@ def stage_process_env() -> dict[str, str]:
     soft_time_limit=25,
 )
 def start_replica(
-    module: str, args: list[str], replica_id: str, job_key: str, warm: bool = False
+    module: str,
+    args: list[str],
+    replica_id: str,
+    job_key: str,
+    warm: bool = False,
+    lease: str | None = None,
 ) -> int:
     """Start `python -m module args...` for replica `replica_id` of job `job_key`; return its
     pid. With `warm`, a stage replica takes over an idle warm spare of this node when there is
-    one (no JVM start).
+    one (no JVM start). `lease`: the token of the sending controller's lease on the job; a
+    start whose lease the job no longer holds is refused (0 returned, the refusal reported).
 
     Idempotent: when a process for that replica of that job is already running, its pid is
     returned (another job's replica of the same id is another replica).
@@ -270,6 +280,8 @@ def start_replica(
         raise ValueError(
             "args must carry this replica's --job and --replica-id and this node's --node"
         )
+    if not obeyed(job_key, lease, f"start {replica_id}"):
+        return 0
     existing = running_replica(replica_id, job_key)
     with _children_lock:
         killed = _killed.pop((job_key, replica_id), None)
@@ -301,6 +313,17 @@ def start_replica(
         _became_replica_at[(job_key, replica_id)] = time.time()
     log.info("started %s of %s pid %s on %s", replica_id, job_key, proc.pid, this_node())
     return proc.pid
+
+
+def obeyed(job_key: str, lease: str | None, command: str) -> bool:
+    """Whether to carry out a controller's `command` for `job_key` sent under `lease`: only
+    while the job's lease still holds it (spark_runtime.command_fence); a refusal is logged and
+    put on the refused-commands stream."""
+    if lease is None:
+        return True
+    with redis_client() as client:
+        verdict = check_command(client, _fence, job_key, lease, f"agent {this_node()}", command)
+    return verdict.accepted
 
 
 # --- warm spares ---------------------------------------------------------------------------
@@ -436,11 +459,17 @@ def idle_spares(client, node: str) -> int:
     soft_time_limit=25,
 )
 def start_generator(
-    job_key: str, topology: str, rate: float, seed: int = 0, count: int | None = None
+    job_key: str,
+    topology: str,
+    rate: float,
+    seed: int = 0,
+    count: int | None = None,
+    lease: str | None = None,
 ) -> int:
     """Start the seeded input generator of a job at `rate` entries/s (`count` entries, or until
-    stopped); return its pid. Idempotent: a running generator is left alone, and a new one
-    resumes after the entries already in the input stream."""
+    stopped); return its pid (0: refused, `lease` no longer the job's). Idempotent: a running
+    generator is left alone, and a new one resumes after the entries already in the input
+    stream."""
     replica_id = generator_replica_id(job_key)
     args = [
         "generate", "--job", job_key, "--topology", topology, "--rate", str(float(rate)),
@@ -449,7 +478,9 @@ def start_generator(
     ]  # fmt: skip
     if count is not None:
         args += ["--count", str(int(count))]
-    return start_replica(module="spark_runtime", args=args, replica_id=replica_id, job_key=job_key)
+    return start_replica(
+        module="spark_runtime", args=args, replica_id=replica_id, job_key=job_key, lease=lease
+    )
 
 
 @shared_task(
@@ -459,9 +490,15 @@ def start_generator(
     time_limit=30,
     soft_time_limit=25,
 )
-def kill_replica(replica_id: str, signal_name: str = "SIGKILL", job_key: str | None = None) -> bool:
+def kill_replica(
+    replica_id: str,
+    signal_name: str = "SIGKILL",
+    job_key: str | None = None,
+    lease: str | None = None,
+) -> bool:
     """Send `signal_name` to the process group of replica `replica_id` of job `job_key`; False
-    when it was not running. Another job's replica of the same id is left alone.
+    when it was not running, or when `lease` (the sending controller's token) is no longer the
+    job's (the refusal reported). Another job's replica of the same id is left alone.
 
     A message without a job key was queued by a controller older than it (during an upgrade):
     it is carried out as that controller meant it then, on the first process of that replica id
@@ -474,6 +511,8 @@ def kill_replica(replica_id: str, signal_name: str = "SIGKILL", job_key: str | N
             replica_id,
         )
         job_key = None
+    elif not obeyed(job_key, lease, f"kill {replica_id}"):
+        return False
     proc = running_replica(replica_id, job_key)
     if proc is None:
         return False

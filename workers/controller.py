@@ -35,8 +35,9 @@ _fleet: FleetController | None = None
     # A database that is briefly unavailable (a locked SQLite file, a PostgreSQL restart) must
     # not leave the job `created` for ever. Retrying is safe: before the job turns `starting`
     # nothing has started; after, a controller's fleet supervision takes the job (it is live)
-    # and restarts replicas that never came up.
-    autoretry_for=(OperationalError,),
+    # and restarts replicas that never came up. A lease still held by a controller stopping the
+    # job is waited for the same way.
+    autoretry_for=(OperationalError, controller.LaunchBusy),
     retry_backoff=2,
     max_retries=5,
     expires=tasks.LAUNCH_JOB.expires_s,

@@ -11,6 +11,9 @@ picks up where it was. Celery tasks in workers/controller.py call into here.
 
 from __future__ import annotations
 
+import json
+import os
+import socket
 import time
 from dataclasses import dataclass
 
@@ -33,12 +36,12 @@ from console.services.control.act import (
     stop_generator,
 )
 from console.services.control.cycle import policy_cycle, record_standby_verdict
+from console.services.control.fence import acting_under, write_state
 from console.services.control.observe import (
     alive_nodes,
     load_supervisor,
     node_history,
     read_agent_events,
-    save_supervisor,
     sync_replicas,
 )
 from console.services.control.record import (
@@ -57,6 +60,8 @@ from console.services.control.record import (
 )
 from console.services.jobs import job_external_io
 from console.services.planning import JobPlan, plan_job
+from infra import keys as control_keys
+from infra import leases
 from spark_runtime import external_io
 from spark_runtime import keys as data_keys
 from spark_runtime.failover import PRIMARY
@@ -68,7 +73,9 @@ from spark_runtime.spare_plans import publish_plans, stage_plans
 from spark_runtime.supervision import (
     BACKOFF,
     FAILED,
+    PROMOTING,
     RUNNING,
+    STARTING,
     GiveUp,
     HeartbeatSeen,
     KillReplica,
@@ -84,6 +91,16 @@ class LaunchError(Exception):
     """The job cannot be placed (no node alive, unknown strategy)."""
 
 
+class LaunchBusy(Exception):
+    """Another holds the job's lease (a controller still stopping it): launch it later."""
+
+
+# A launch holds the job's lease this long: planning, the topics and the starts take seconds.
+# A launcher killed midway keeps the job from the controllers no longer than this; one that
+# outlives it finds its starts refused, and the controller that takes the job sends them again.
+LAUNCH_LEASE_S = 30.0
+
+
 def restart_policy_of(config) -> RestartPolicy:
     """The state machine's restart policy from the policy in force (console.policy.config)."""
     return RestartPolicy(
@@ -96,13 +113,29 @@ def restart_policy_of(config) -> RestartPolicy:
 
 
 def launch_job(job: Job) -> JobPlan | None:
-    """Plan the job with the policy in force, record the assessment, start its replicas.
+    """Plan the job with the policy in force, record the assessment, start its replicas, all
+    under a lease of its own on the job (its commands fenced as a controller's are); given up
+    at the end, for a controller to take the job.
 
     A failed job whose supervision state is kept (the supervisor gave up on it) is relaunched
     instead (no plan): every stage resumes its last
     primary's checkpoint, so the results continue where they stopped.
     """
     client = redis_client()
+    lease = leases.Leases(client, f"launch:{socket.gethostname()}:{os.getpid()}", LAUNCH_LEASE_S)
+    token = lease.try_acquire(job.key)
+    if token is None:
+        holder = leases.holders(client, [job.key])[job.key]
+        raise LaunchBusy(f"the lease of {job.key} is held by {holder}")
+    try:
+        with acting_under(token):
+            return _launch(job, client)
+    finally:
+        lease.release(job.key)
+
+
+def _launch(job: Job, client) -> JobPlan | None:
+    """launch_job, under the launch's lease."""
     if any(epoch == FENCE_LOST for epoch in what_remains(client, job).fences.values()):
         raise LaunchError(
             "Redis lost this job's data (its stages are fenced off); it cannot continue "
@@ -138,7 +171,7 @@ def launch_job(job: Job) -> JobPlan | None:
     # Saved with its replicas already starting, so a controller killed before they are asked to
     # start leaves replicas that never heartbeat, which supervision restarts.
     start_actions = supervisor.start(time.time())
-    save_supervisor(client, job, supervisor)
+    write_supervisor(client, job, supervisor)
     job.mark_starting(f"placing {len(plan.stages)} stages on {', '.join(sorted(nodes))}")
     store_assessment(job, plan)
     for stage in plan.stages:
@@ -157,6 +190,32 @@ def launch_job(job: Job) -> JobPlan | None:
         if stage.standby_verdict is not None:
             record_standby_verdict(job, supervisor, stage.name, stage.standby_verdict)
     return plan
+
+
+def write_supervisor(client, job: Job, supervisor: Supervisor) -> None:
+    """Write the job's supervision state under the lease this thread acts under (created if
+    missing: a launch's first state)."""
+    state = json.dumps(supervisor.to_dict())
+    write_state(client, job.key, control_keys.controller_state(job.key), state, create=True)
+
+
+def reissue_pending(job: Job, supervisor: Supervisor, client) -> int:
+    """Send again what the supervisor waits for and a predecessor may have sent under a lease
+    the receivers now refuse: the start of every replica still starting (unless its exit is
+    recorded) and the promotion of every standby taking over. Both are idempotent at their
+    receivers (an agent leaves a running replica alone, a primary ignores a promotion), so a
+    controller taking a job over, or reloading it after a failed reconcile, runs it. Returns
+    how many commands it sent."""
+    launcher = AgentLauncher(job, client)
+    sent = 0
+    for replica in supervisor.replicas.values():
+        if replica.state == STARTING and launcher.alive(replica.id):
+            launcher.resend_start(replica.spec)
+            sent += 1
+        elif replica.state == PROMOTING:
+            command_sender(client, job)(replica.id, {"cmd": "promote"})
+            sent += 1
+    return sent
 
 
 def prepare_external_io(job: Job, client) -> None:
@@ -183,7 +242,7 @@ def relaunch_given_up(job: Job, supervisor: Supervisor, client, config) -> None:
     supervisor.restart_policy = restart_policy_of(config)
     supervisor.hung_timeout_s = config.hung_timeout_s
     actions = supervisor.relaunch(time.time())
-    save_supervisor(client, job, supervisor)
+    write_supervisor(client, job, supervisor)
     job.mark_starting("relaunched from the checkpoints after giving up")
     decide(job, ControlDecision.Kind.RESTART_JOB, "relaunch: " + describe_actions(actions))
     prepare_external_io(job, client)

@@ -60,6 +60,7 @@ from console.models import Job, JobUpgrade, Policy, PredictorTraining
 from console.policy.config import PolicyConfig
 from console.services import controller
 from console.services.control.act import stop_deleted_job
+from console.services.control.fence import LeaseLost, acting_under
 from console.services.control.observe import (
     alive_nodes,
     load_supervisor,
@@ -91,6 +92,8 @@ ERROR_RETRY_S = 1.0  # agent events unreadable: read again after this
 # A reconcile that met a database or Redis error backs off no longer than this: such errors are
 # the fleet's, not the job's (an outage, a failover), and every job must be back soon after.
 TRANSIENT_RETRY_CAP_S = 5.0
+# How long an abdicating controller waits for its reconciles under way before it gives up.
+ABDICATE_WAIT_S = 5.0
 # How long a controller's published figures (keys.controller_stats) outlive its last renewal.
 STATS_TTL_S = 10 * CONTROLLER_ALIVE_S
 
@@ -146,6 +149,9 @@ class JobSlot:
     # A reconcile failed part-way: the supervisor in memory may be past what was carried out
     # and recorded, so the next one starts again from the state last saved.
     reload: bool = False
+    # Given up to a controller that joined: the job's next reconcile releases its lease, so a
+    # reconcile under way ends before the lease is free (its commands are not refused halfway).
+    hand_over: bool = False
 
 
 def rendezvous_rank(owner: str, job_key: str) -> str:
@@ -230,6 +236,10 @@ class FleetController:
         log.critical("controller %s: %s: giving every job up for the others", self.owner, why)
         self.stopping.set()
         self.queue.shut_down()
+        # Reconciles under way end first: the leases are free only once nothing acts on them.
+        for thread in self.threads:
+            if thread is not threading.current_thread() and "reconcile" in thread.name:
+                thread.join(ABDICATE_WAIT_S)
         try:
             self._give_everything_up()
         except redis.RedisError as exc:
@@ -268,6 +278,7 @@ class FleetController:
                 for key in self.leases.renew(self.held()):
                     log.warning("controller %s: lease of %s lost", self.owner, key)
                     self._drop(key)
+                    self.leases.forget(key)
                 self._publish_stats()
             except redis.RedisError as exc:
                 log.warning("controller %s: leases not renewed: %s", self.owner, exc)
@@ -341,8 +352,8 @@ class FleetController:
         if surplus > 0 and len(controllers) > 1:
             # Give up the jobs others rank first, at most a few per round to avoid churn.
             for key in sorted(held, key=lambda k: rendezvous_rank(self.owner, k))[:surplus][:5]:
-                self._drop(key)
-                self.leases.release(key)
+                held[key].hand_over = True
+                self.queue.add(key, urgent=True)
             return
         wanted = [key for key in live if key not in held]
         if not wanted or len(held) >= share:
@@ -375,6 +386,8 @@ class FleetController:
         log.info("controller %s: supervising %s", self.owner, key)
 
     def _drop(self, key: str) -> None:
+        """Stop supervising `key`: no reconcile of it is queued again and its lease token is
+        forgotten (a lease lost is not ours to release; `_end` releases one still held)."""
         with self.slots_lock:
             self.slots.pop(key, None)
         self.queue.forget(key)
@@ -416,7 +429,14 @@ class FleetController:
             delay = None
             started = time.monotonic()
             try:
-                delay = self.reconcile(key)
+                with acting_under(self.leases.token(key)):
+                    delay = self.reconcile(key)
+            except LeaseLost as exc:
+                # Another controller took the job midway: whatever this one still meant to do
+                # is its successor's now (and the receivers refuse it anyway).
+                log.warning("controller %s: %s", self.owner, exc)
+                self._drop(key)
+                self.leases.forget(key)
             except (DatabaseError, redis.RedisError) as exc:
                 log.warning("controller %s: reconcile of %s failed: %s", self.owner, key, exc)
                 _drop_broken_connection()
@@ -474,6 +494,8 @@ class FleetController:
             slot = self.slots.get(key)
         if slot is None or self.view is None:
             return None
+        if slot.hand_over:
+            return self._end(key)
         self.reconciles += 1
         job = slot.job
         if slot.db_status != job.status:
@@ -490,6 +512,10 @@ class FleetController:
         if slot.reload:
             slot.supervisor = load_supervisor(self.client, job)  # `slot.saved` is that state
             slot.reload = False
+            if slot.supervisor is not None and job.status != Job.Status.STOPPING:
+                # A predecessor's starts and promotions may have been refused (its lease
+                # went before they arrived): what the state still waits for is sent again.
+                controller.reissue_pending(job, slot.supervisor, self.client)
         if slot.supervisor is None:
             controller.without_state(job, self.client)
             return self._end(key)

@@ -19,9 +19,12 @@ from django.conf import settings
 from console.models import ControlDecision, Job, RecoveryEpisode
 from console.services import controller
 from console.services.control import act, observe
+from console.services.control.fence import acting_under
 from infra import keys as control_keys
+from infra import leases
 from infra.queues import node_queue
 from spark_runtime import keys as data_keys
+from spark_runtime.command_fence import RELEASED_PREFIX, judge, tenure_of
 from spark_runtime.supervision import RestartPolicy, Supervisor, execute
 from tests.agent_edge import publish_usage, queued
 from tests.factories import NodeFactory, make_job
@@ -218,3 +221,53 @@ def test_a_controller_killed_as_a_promotion_completes_asks_for_the_same_new_stan
     # The same replica id both times: the agent starts it once and leaves a running one alone.
     assert first == ["wc-3"] and asks == ["wc-3", "wc-3"]
     assert RecoveryEpisode.objects.filter(job=job).count() == 1
+
+
+def start_messages(client) -> list[tuple[str, str, dict]]:
+    """(node, replica id, kwargs) of every start_replica message waiting on the nodes' queues."""
+    found = []
+    for node, queue in zip(NODES, NODE_QUEUES, strict=True):
+        for raw in client.lrange(queue, 0, -1):
+            message = json.loads(raw)
+            if message["headers"]["task"] == "backstop.agent.start_replica":
+                args, kwargs, _embed = json.loads(base64.b64decode(message["body"]))
+                found.append((node, args[2], kwargs))
+    return found
+
+
+def test_a_launch_acts_under_a_lease_and_a_controller_taking_over_sends_its_starts_again(
+    redis_conn,
+):
+    job = make_job(status=Job.Status.CREATED, strategy="local-restart")
+    controller.launch_job(job)
+    launched = start_messages(redis_conn)
+    [launch_token] = {kwargs["lease"] for _, _, kwargs in launched}
+    assert launch_token.startswith("launch:") and tenure_of(launch_token) == 1
+    # Given up for a controller to take: its starts count until one does.
+    lease_key = control_keys.controller_lease(job.key)
+    assert redis_conn.get(lease_key) == RELEASED_PREFIX + launch_token
+    assert judge(launch_token, redis_conn.get(lease_key)).accepted
+
+    # A controller takes the job before an agent got to the starts: they are refused now, and
+    # its first reconcile of the job sends them again under its own lease.
+    redis_conn.delete(*NODE_QUEUES)
+    taker = leases.Leases(redis_conn, "ctl-taker", ttl_s=30)
+    token = taker.try_acquire(job.key)
+    assert not judge(launch_token, redis_conn.get(lease_key)).accepted
+    supervisor = observe.load_supervisor(redis_conn, job)
+    with acting_under(token):
+        assert controller.reissue_pending(job, supervisor, redis_conn) == len(launched)
+    again = start_messages(redis_conn)
+    assert sorted((n, r) for n, r, _ in again) == sorted((n, r) for n, r, _ in launched)
+    assert {kwargs["lease"] for _, _, kwargs in again} == {token}
+
+
+def test_a_launch_waits_while_another_holds_the_jobs_lease(redis_conn):
+    job = make_job(status=Job.Status.CREATED, strategy="local-restart")
+    leases.Leases(redis_conn, "ctl-stopping-it", ttl_s=30).try_acquire(job.key)
+    with pytest.raises(controller.LaunchBusy, match="ctl-stopping-it"):
+        controller.launch_job(job)
+    assert start_messages(redis_conn) == []
+    assert not redis_conn.exists(control_keys.controller_state(job.key))
+    job.refresh_from_db()
+    assert job.status == Job.Status.CREATED

@@ -411,3 +411,63 @@ def test_a_failing_job_backs_off_is_reported_and_holds_no_other_job_up(redis_con
         assert ctl.held() == [bad.key]
     finally:
         ctl.stop()
+
+
+# --- fenced commands (issue 58, defect 2) -----------------------------------------------------
+
+
+def test_every_command_of_a_reconcile_carries_the_token_of_the_controllers_lease(
+    redis_conn, controllers
+):
+    [job] = live_jobs(redis_conn, 1)
+    queue = node_queue("n-1")
+    redis_conn.delete(queue)
+    controller = controllers("ctl-a")
+    wait_until(lambda: controller.held() == [job.key], 10, "the job held")
+    token = controller.leases.token(job.key)
+    assert token == redis_conn.get(keys.controller_lease(job.key))
+    report_exit(redis_conn, job, "wc-1")  # local-restart: a kill and a start follow
+    wait_until(
+        lambda: queued_tasks(redis_conn, queue, "backstop.agent.start_replica"), 10, "a restart"
+    )
+    sent = [
+        kwargs
+        for task in ("backstop.agent.start_replica", "backstop.agent.kill_replica")
+        for _, kwargs in queued_tasks(redis_conn, queue, task)
+    ]
+    assert sent and {kwargs["lease"] for kwargs in sent} == {token}
+
+
+def test_a_job_handed_to_a_joining_controller_is_released_after_its_reconcile_under_way(
+    redis_conn, controllers, monkeypatch
+):
+    # Before: the membership round released the lease at once, while a worker was still in the
+    # job's reconcile sending commands; the joining controller took the job and both acted.
+    import threading
+
+    from console.services import controller as controller_service
+
+    jobs = live_jobs(redis_conn, 2)
+    first = controllers("ctl-a")
+    wait_until(lambda: len(first.held()) == 2, 10, "ctl-a holding both jobs")
+    handed = sorted(first.held(), key=lambda k: fleet.rendezvous_rank("ctl-a", k))[0]
+    inside, finish = threading.Event(), threading.Event()
+    real_reconcile = controller_service.reconcile_job
+
+    def slow_reconcile(job, *args, **kwargs):
+        if job.key == handed and not finish.is_set():
+            inside.set()
+            finish.wait(15)
+        return real_reconcile(job, *args, **kwargs)
+
+    monkeypatch.setattr(controller_service, "reconcile_job", slow_reconcile)
+    wait_until(inside.is_set, 10, "a reconcile of the job to hand over under way")
+    joined_at = time.monotonic()
+    while time.monotonic() - joined_at < 3 * fleet.RENEW_S:
+        leases.heartbeat(redis_conn, "ctl-b")  # joined: ctl-a's share is 1 of the 2 jobs
+        assert holders(redis_conn, jobs)[handed] == "ctl-a", "released during its reconcile"
+        time.sleep(0.1)
+    finish.set()
+    leases.heartbeat(redis_conn, "ctl-b")
+    wait_until(lambda: holders(redis_conn, jobs)[handed] is None, 10, "released after it")
+    assert first.held() == [k for k in sorted(j.key for j in jobs) if k != handed]

@@ -1,6 +1,9 @@
 """Act: side effects on processes, each idempotent. Replicas start and stop through the
 node agents' Celery queues (`AgentLauncher`), commands go to a replica's control list,
-the input generator and warm spares are asked for again every cycle."""
+the input generator and warm spares are asked for again every cycle.
+
+Every command carries the token of the lease this thread acts under (control/fence.py).
+"""
 
 from __future__ import annotations
 
@@ -14,6 +17,7 @@ from console.models import ControlDecision, Job, Node, Operator, Replica
 from console.policy.checkpoint import stage_interval, state_store_confs
 from console.policy.resources import node_capacities
 from console.policy.spares import spare_needed, spares_wanted, stages_covered
+from console.services.control.fence import delete_state, lease_fields
 from console.services.control.observe import alive_nodes, node_history, spares_by_state
 from console.services.control.record import (
     FAILURE_TAIL_LINES,
@@ -68,17 +72,6 @@ class AgentLauncher:
         self.nodes = nodes or {}
 
     def start(self, replica: ReplicaSpec) -> None:
-        trigger = trigger_of(self.job)
-        interval = stage_interval_of(self.job, replica.stage)
-        args = stage_args(
-            replica,
-            settings.REDIS_URL,
-            checkpoint_root(),
-            trigger_seconds=trigger,
-            # Started with its stage's interval in force; later changes: roll_out_intervals.
-            checkpoint_interval_s=interval,
-            spark_conf=state_store_confs(interval, trigger) if interval else None,
-        )
         node = Node.objects.get(name=replica.node)
         Replica.objects.update_or_create(
             replica_id=self._db_id(replica.replica_id),
@@ -93,6 +86,21 @@ class AgentLauncher:
         )
         # A fresh start clears the record of an earlier exit of the same replica id.
         self.client.hdel(self._exits_key(), replica.replica_id)
+        self.resend_start(replica)
+
+    def resend_start(self, replica: ReplicaSpec) -> None:
+        """Ask the replica's node agent to start it (a running one is left alone there)."""
+        trigger = trigger_of(self.job)
+        interval = stage_interval_of(self.job, replica.stage)
+        args = stage_args(
+            replica,
+            settings.REDIS_URL,
+            checkpoint_root(),
+            trigger_seconds=trigger,
+            # Started with its stage's interval in force; later changes: roll_out_intervals.
+            checkpoint_interval_s=interval,
+            spark_conf=state_store_confs(interval, trigger) if interval else None,
+        )
         tasks.send(
             tasks.START_REPLICA,
             "spark_runtime.stage",
@@ -101,6 +109,7 @@ class AgentLauncher:
             self.job.key,
             warm=replica.warm,
             queue=node_queue(replica.node),
+            **lease_fields(),
         )
 
     def kill(self, replica_id: str) -> None:
@@ -108,13 +117,9 @@ class AgentLauncher:
         if row is None:
             node = self.nodes.get(replica_id)
             if node is not None:
-                tasks.send(
-                    tasks.KILL_REPLICA, replica_id, job_key=self.job.key, queue=node_queue(node)
-                )
+                send_kill(self.job.key, replica_id, node)
             return
-        tasks.send(
-            tasks.KILL_REPLICA, replica_id, job_key=self.job.key, queue=node_queue(row.node.name)
-        )
+        send_kill(self.job.key, replica_id, row.node.name)
         Replica.objects.filter(pk=row.pk).update(
             state=Replica.State.STOPPED, ended_at=timezone.now()
         )
@@ -141,9 +146,17 @@ class AgentLauncher:
         return Replica.full_id(self.job.key, replica_id)
 
 
+def send_kill(job_key: str, replica_id: str, node: str) -> None:
+    """Ask `node`'s agent to kill replica `replica_id` of the job (fenced)."""
+    tasks.send(
+        tasks.KILL_REPLICA, replica_id, job_key=job_key, queue=node_queue(node), **lease_fields()
+    )
+
+
 def send_command(client, job: Job, replica_id: str, command: dict) -> None:
-    """Push a control command (promote, stop, trigger, fault) to a replica's command list."""
-    client.rpush(data_keys.control(job.key, replica_id), json.dumps(command))
+    """Push a control command (promote, stop, trigger, fault) to a replica's command list,
+    with the token of the lease this thread acts under."""
+    client.rpush(data_keys.control(job.key, replica_id), json.dumps(command | lease_fields()))
 
 
 def command_sender(client, job: Job):
@@ -153,13 +166,8 @@ def command_sender(client, job: Job):
 
 def stop_generator(job: Job) -> None:
     """Ask every node to kill the job's input generator (it runs on one of them)."""
-    for node in Node.objects.all():
-        tasks.send(
-            tasks.KILL_REPLICA,
-            generator_replica_id(job.key),
-            job_key=job.key,
-            queue=node_queue(node.name),
-        )
+    for node in Node.objects.values_list("name", flat=True):
+        send_kill(job.key, generator_replica_id(job.key), node)
 
 
 def input_written(job: Job, client) -> int:
@@ -203,6 +211,7 @@ def ensure_generator(job: Job, supervisor: Supervisor, client, alive=None) -> No
         count,
         queue=node_queue(node),
         expires_s=30,
+        **lease_fields(),
     )
 
 
@@ -292,7 +301,7 @@ def stop_everything(job: Job, supervisor: Supervisor, client) -> None:
     Replica.objects.filter(job=job).exclude(
         state__in=(Replica.State.STOPPED, Replica.State.FAILED)
     ).update(state=Replica.State.STOPPED, ended_at=timezone.now())
-    client.delete(control_keys.controller_state(job.key))
+    delete_state(client, job.key, control_keys.controller_state(job.key))
 
 
 def stop_deleted_job(job: Job, supervisor: Supervisor | None, client) -> None:
@@ -305,7 +314,7 @@ def stop_deleted_job(job: Job, supervisor: Supervisor | None, client) -> None:
         execute(supervisor.stop(), launcher, command_sender(client, job))
     stop_generator(job)
     withdraw_plans(client, job.key)
-    client.delete(*control_keys.controller_job_keys(job.key))
+    delete_state(client, job.key, *control_keys.controller_job_keys(job.key))
 
 
 def apply_give_up(job: Job, client, replica_id: str, verdict: GiveUp, actions: list) -> None:

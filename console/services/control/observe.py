@@ -17,6 +17,7 @@ from django.utils import timezone
 from console.models import Job, MetricSample, Node, Policy, Replica
 from console.policy.resources import node_score
 from console.services import metrics
+from console.services.control.fence import write_state
 from infra import keys as control_keys
 from infra import leases
 from spark_runtime import keys as data_keys
@@ -161,7 +162,7 @@ def read_agent_events(client, job: Job, launched_at: Mapping[str, float] | None 
             at = float(fields.get("at") or time.time())
             record_spark_kill(job, fault_id, fields.get("detail", ""), at)
     if entries:
-        client.set(cursor_key, entries[-1][0])
+        write_state(client, job.key, cursor_key, entries[-1][0], create=True)
     return upgrade
 
 
