@@ -30,7 +30,8 @@ class Message:
 
 
 class Consumer:
-    """Gives the batches it was handed, one per consume call, then nothing."""
+    """Gives the batches it was handed, one per consume call that waits (one that does not
+    finds nothing arrived yet), then nothing."""
 
     def __init__(self, batches, watermark_errors: int = 0):
         self.batches = list(batches)
@@ -43,6 +44,8 @@ class Consumer:
         pass
 
     def consume(self, num_messages: int, timeout: float):
+        if timeout == 0:
+            return []
         return self.batches.pop(0) if self.batches else []
 
     def get_watermark_offsets(self, partition, timeout, cached):
