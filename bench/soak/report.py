@@ -28,8 +28,9 @@ RSS_UNJUDGED = ("cpu-hog", "orphan")
 # A stopped job can be restarted from its checkpoints and audited, so these are not leaks.
 KEPT_DATA = {"in", "s", "results", "written", "out", "dead", "stats", "fence", "wm", "progress"}
 # Kept on purpose too: the job's cursor on the agents' events stream, so that a restart does not
-# read its old runs' events again (console.services.retention.forget_ended_runs).
-KEPT_CONTROL = {"agent-events-cursor"}
+# read its old runs' events again (console.services.retention.forget_ended_runs), and its
+# controller tenure count, so that a tenure number is never given twice (command_fence).
+KEPT_CONTROL = {"agent-events-cursor", "controller-tenure"}
 REPORT_KEYS = (
     "minutes", "seed", "faults", "audits", "leaked_processes", "leaked_keys", "rss_mb",
     "per_hour", "goals",
