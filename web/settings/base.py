@@ -161,10 +161,11 @@ STATICFILES_DIRS = [BASE_DIR / "static"]
 STATIC_ROOT = VAR_DIR / "staticfiles"
 # `collectstatic` writes each file also under a name with its content hash (backstop.3f2a….css)
 # plus gzip and brotli copies; pages link the hashed names, which WhiteNoise serves with a
-# one-year immutable Cache-Control, so a browser fetches each version of a file once.
+# one-year immutable Cache-Control, so a browser fetches each version of a file once. Before
+# anything was collected (a fresh clone), pages link the plain names (web/staticfiles.py).
 STORAGES = {
     "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
-    "staticfiles": {"BACKEND": "whitenoise.storage.CompressedManifestStaticFilesStorage"},
+    "staticfiles": {"BACKEND": "web.staticfiles.ManifestOnceCollected"},
 }
 STATICFILES_FINDERS = [
     "django.contrib.staticfiles.finders.FileSystemFinder",
