@@ -469,7 +469,7 @@ class ReportSubscriptionAdmin(admin.ModelAdmin):
 
 
 @admin.register(SentAlert)
-class SentAlertAdmin(admin.ModelAdmin):
+class SentAlertAdmin(ServiceOwnedAdmin):
     """The alerts already emailed (read-only): what was sent to whom and when."""
 
     list_display = ["sent_at", "subscription", "key", "subject"]
@@ -481,15 +481,6 @@ class SentAlertAdmin(admin.ModelAdmin):
 
     def has_view_permission(self, request, obj=None):
         return has_role(request.user, VIEWER)
-
-    def has_add_permission(self, request):
-        return False
-
-    def has_change_permission(self, request, obj=None):
-        return False
-
-    def has_delete_permission(self, request, obj=None):
-        return False
 
 
 @admin.register(PredictorTraining)

@@ -13,20 +13,7 @@ from spark_runtime import keys
 from spark_runtime.kafka_plan import Segment
 from spark_runtime.kafka_read import broker_away, read_range
 from spark_runtime.kafka_source import SOURCE_CAUSE, KafkaPlanReader, WorkerWait
-
-
-class Message:
-    def __init__(self, offset: int, error: KafkaError | None = None):
-        self._offset, self._error = offset, error
-
-    def offset(self) -> int:
-        return self._offset
-
-    def error(self) -> KafkaError | None:
-        return self._error
-
-    def value(self) -> bytes:
-        return b'{"text": "a b"}'
+from tests.spark_runtime.kafka_messages import Message
 
 
 class Consumer:

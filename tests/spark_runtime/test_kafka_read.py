@@ -9,17 +9,7 @@ from __future__ import annotations
 from confluent_kafka import KafkaError
 
 from spark_runtime.kafka_read import read_range
-
-
-class Message:
-    def __init__(self, offset: int, error: KafkaError | None = None):
-        self._offset, self._error = offset, error
-
-    def offset(self) -> int:
-        return self._offset
-
-    def error(self) -> KafkaError | None:
-        return self._error
+from tests.spark_runtime.kafka_messages import Message
 
 
 class ArrivedConsumer:
