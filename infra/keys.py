@@ -150,6 +150,12 @@ def upgrade_audit_asked(job_key: str, upgrade_id: int) -> str:
     return make_key(job_key, "upgrade-audit-asked", upgrade_id)
 
 
+def upgrade_check_runner(job_key: str, upgrade_id: int) -> str:
+    """The controller process running an upgrade's state check, set while it runs: the job's
+    reconcile sends the check again when that process is gone (console/services/upgrades.py)."""
+    return make_key(job_key, "upgrade-check-runner", upgrade_id)
+
+
 def kafka_broker(bootstrap: str) -> str:
     """JSON registration of a Kafka broker Backstop started itself, by its address: its pid,
     data directory and the token of the process that keeps it (infra/kafka_outage.py), with a

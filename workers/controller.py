@@ -121,7 +121,9 @@ def check_upgrade(upgrade_id: int) -> str:
     client = redis_client()
     try:
         upgrade = upgrades.check_upgrade(
-            JobUpgrade.objects.select_related("job").get(pk=upgrade_id), client
+            JobUpgrade.objects.select_related("job").get(pk=upgrade_id),
+            client,
+            runner=_fleet.owner if _fleet is not None else "",
         )
     finally:
         client.close()

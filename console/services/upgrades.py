@@ -50,7 +50,7 @@ from console.services.jobs import dispatch
 from console.services.recovery import PROGRESS_READ_LIMIT, recovery_settings
 from console.services.topologies import job_topology
 from infra import keys as control_keys
-from infra import tasks
+from infra import leases, tasks
 from spark_runtime import keys as data_keys
 from spark_runtime import upgrade as upgrades
 from spark_runtime import upgrade_check
@@ -308,13 +308,27 @@ def wake(job: Job, client=None) -> None:
 # --- the state check (a controller task) -------------------------------------------------------
 
 
-def check_upgrade(upgrade: JobUpgrade, client) -> JobUpgrade:
-    """Decide the upgrade's case by a dry run; refuse it, or wake the job's controller."""
+def check_upgrade(upgrade: JobUpgrade, client, runner: str = "") -> JobUpgrade:
+    """Decide the upgrade's case by a dry run; refuse it, or wake the job's controller.
+    `runner`: the controller process running the check (its fleet owner name), said in Redis
+    while it runs, so that the job's reconcile sends the check again if that process dies."""
     if upgrade.status != JobUpgrade.Status.REQUESTED:
         return upgrade  # started, ended or cancelled meanwhile
     if upgrade.case:
         wake(upgrade.job, client)  # checked already (a task run twice): wake again, harmless
         return upgrade
+    runner_key = control_keys.upgrade_check_runner(upgrade.job.key, upgrade.pk)
+    if runner:
+        client.set(runner_key, runner, ex=round(CHECK_DEADLINE_S))
+    try:
+        return _check(upgrade, client)
+    finally:
+        if runner and client.get(runner_key) == runner:
+            client.delete(runner_key)
+
+
+def _check(upgrade: JobUpgrade, client) -> JobUpgrade:
+    """check_upgrade's dry run and verdict."""
     job = upgrade.job
     supervisor = load_supervisor(client, job)
     if upgrade.changes_strategy:
@@ -584,6 +598,8 @@ def reconcile_upgrade(job: Job, supervisor: Supervisor, now: float, client=None)
             if upgrade.green_replica and upgrade.green_replica not in supervisor.replicas:
                 return [KillReplica(upgrade.green_replica)]
             return []
+        if not ours and not upgrade.case and client is not None:
+            resend_lost_check(upgrade, client)
         if not ours and not upgrade.case and check_overdue(upgrade, now):
             # The check's task was lost or failed: no verdict can come any more.
             why = (
@@ -642,6 +658,27 @@ def reconcile_upgrade(job: Job, supervisor: Supervisor, now: float, client=None)
         return []
     record_phase(job, upgrade, supervisor)
     return actions
+
+
+# A check's runner not heard of for this long is gone (controllers say they are alive every
+# second); a paused one that comes back runs a twin check, whose verdict loses (record_case).
+CHECK_RUNNER_ALIVE_S = 10.0
+
+
+def resend_lost_check(upgrade: JobUpgrade, client) -> bool:
+    """Send the state check of a requested upgrade again when the controller process running
+    it is gone (killed mid-check: its task, acknowledged late, would come back only after the
+    broker's visibility timeout, an hour). Returns whether it did."""
+    runner_key = control_keys.upgrade_check_runner(upgrade.job.key, upgrade.pk)
+    runner = client.get(runner_key)
+    if not runner or runner in leases.live_controllers(client, CHECK_RUNNER_ALIVE_S):
+        return False
+    if not client.delete(runner_key):
+        return False  # another reconcile sent it meanwhile
+    tasks.send(tasks.CHECK_UPGRADE, upgrade.pk)
+    why = f"upgrade {upgrade.pk}: its state check ran on {runner}, which is gone: checking again"
+    decide(upgrade.job, ControlDecision.Kind.UPGRADE, why)
+    return True
 
 
 def check_overdue(upgrade: JobUpgrade, now: float) -> bool:

@@ -16,6 +16,7 @@ from console.redis import redis_client
 from console.roles import OPERATOR
 from console.services import controller, fleet, upgrades
 from console.services.control.observe import load_supervisor, save_supervisor
+from infra import keys, leases, tasks
 from spark_runtime import keys as data_keys
 from spark_runtime.supervision import HeartbeatSeen, KillReplica, PromoteStandby, Supervisor
 from tests.factories import NodeFactory, make_job
@@ -255,3 +256,46 @@ def test_an_oversized_parameter_value_is_refused_at_the_request_naming_the_field
     assert list(errors) == ["params"]
     assert "'topn.n' is 131073 characters long; a value has at most 256" in errors["params"][0]
     assert not JobUpgrade.objects.exists()
+
+
+def test_a_state_check_whose_controller_died_is_sent_again_at_once(client, users, monkeypatch):
+    """Seen in the fleet simulator's chaos run: the controller running an upgrade's check was
+    SIGKILLed; its task, acknowledged late, would come back only after the broker's visibility
+    timeout (an hour), and the upgrade stayed `requested` until the 840 s deadline refused it."""
+    job = running_job()
+    now = time.time()
+    sup = running_supervisor(job, client, now)
+    upgrade = upgrades.request_upgrade(job, params={"topn.n": 3}, user=users[OPERATOR])
+    sent = []
+    monkeypatch.setattr(tasks, "send", lambda task, *args, **kw: sent.append((task, args)))
+    runner_key = keys.upgrade_check_runner(job.key, upgrade.pk)
+    leases.heartbeat(client, "ctl-checking")
+    client.set(runner_key, "ctl-checking")
+    assert upgrades.reconcile_upgrade(job, sup, now + 5, client) == []
+    assert sent == []  # its runner is alive: the check may still report
+    client.zrem(keys.controllers(), "ctl-checking")  # killed: it says nothing any more
+    assert upgrades.reconcile_upgrade(job, sup, now + 6, client) == []
+    assert sent == [(tasks.CHECK_UPGRADE, (upgrade.pk,))]
+    assert not client.exists(runner_key)
+    assert upgrades.reconcile_upgrade(job, sup, now + 7, client) == []
+    assert len(sent) == 1  # once
+    upgrade.refresh_from_db()
+    assert upgrade.status == "requested"
+    assert job.decisions.filter(reason__contains="ctl-checking, which is gone").count() == 1
+
+
+def test_a_check_says_who_runs_it_while_it_runs(client, users, monkeypatch):
+    job = running_job()
+    sup = running_supervisor(job, client, time.time())
+    upgrade = upgrades.request_upgrade(job, params={"topn.n": 3}, user=users[OPERATOR])
+    runner_key = keys.upgrade_check_runner(job.key, upgrade.pk)
+    seen = []
+
+    def dry_run_that_looks(upgrade, supervisor, stage, blue):
+        seen.append(client.get(runner_key))
+        raise OSError("no dry run here")
+
+    monkeypatch.setattr(upgrades, "dry_run", dry_run_that_looks)
+    upgrades.check_upgrade(upgrade, client, runner="ctl-a")
+    assert seen == ["ctl-a"] and not client.exists(runner_key)
+    assert sup.upgrade is None
