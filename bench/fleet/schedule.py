@@ -116,8 +116,13 @@ class FaultRunner:
         self.say = say or (lambda _m: None)
         self.records: list[FaultRecord] = []
         self.last_hit: dict[str, float] = {}
+        self.spared: set[str] = set()  # jobs no process kill hits (`spare`)
         self.stopping = threading.Event()
         self.thread: threading.Thread | None = None
+
+    def spare(self, job: str) -> None:
+        """No process kill hits `job` from now on (a job being upgraded in the chaos run)."""
+        self.spared.add(job)
 
     def start(self, start_at: float) -> None:
         self.thread = threading.Thread(
@@ -174,7 +179,7 @@ class FaultRunner:
         candidates = [
             r
             for r in self.sim.running_replicas()
-            if now - self.last_hit.get(r.job, -1e9) >= JOB_COOLDOWN_S
+            if now - self.last_hit.get(r.job, -1e9) >= JOB_COOLDOWN_S and r.job not in self.spared
         ]
         if not candidates:
             return FaultRecord(PROCESS, now, skipped="no replica that ran a batch, off cooldown")
