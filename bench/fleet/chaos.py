@@ -13,7 +13,8 @@ the controllers reconcile.
   upgrade's record reaches the phase chosen for it (`starting` for the even ones: green
   started, nothing switched; `validating` for the odd ones: green writes, blue stands by), the
   controller holding the job's lease is SIGKILLed and a replacement started at once under its
-  name (the count of controllers stays as asked, as a Deployment would keep it). 0-4 s later
+  name (the count of controllers stays as asked, as a Deployment would keep it; the schedule's
+  own controller kill is started again at once too in a chaos run). 0-4 s later
   the operator's request arrives, through console.services.upgrades.request_end: a rollback
   (even) or a confirm (odd). Beside them, one stop a 40 jobs (at least one) of a running job
   not being upgraded, through console.services.jobs.stop_job, spread over the window. The
@@ -27,7 +28,9 @@ after up to `settle_s` for the last requests to take effect:
   still running on a simulated node; a rollback whose upgrade was confirmed or is still under
   way; a confirm whose upgrade did not end confirmed;
 - an upgrade is `started` when the service accepted it; `unfinished` when its record is still
-  under way (requested, starting, switching, validating) at the end.
+  under way (requested, starting, switching, validating) at the end; `replaced_still_running`
+  when the version it ended without (green after a rollback or an abandon, blue after a
+  confirm) still has its process on a simulated node at the end (replica ids are not reused).
 """
 
 from __future__ import annotations
@@ -158,6 +161,7 @@ class UpgradeRecord:
     request_answer: str = ""  # the service's refusal (a 409), if any
     status: str = ""  # the record's status at the end
     outcome: str = ""
+    replaced_running: str = ""  # the replica of the version it ended without, still running
     skipped: str = ""
 
     def entry(self) -> dict:
@@ -301,7 +305,7 @@ class OperatorChaos:
         self.say(f"upgrade {upgrade.pk} of {job.key} asked for")
         status = self._wait_for_phase(upgrade.pk, record.kill_in)
         if status != record.kill_in:
-            record.skipped = f"the upgrade was {status} before its controller could be killed"
+            record.skipped = f"not killed: the upgrade was {status}, never {record.kill_in}"
             return
         if not self._kill_holder(record):
             return
@@ -393,6 +397,14 @@ class OperatorChaos:
                 continue
             upgrade = JobUpgrade.objects.get(pk=record.upgrade_id)
             record.status, record.outcome = upgrade.status, upgrade.outcome
+            replaced = {
+                JobUpgrade.Status.CONFIRMED: upgrade.blue_replica,
+                JobUpgrade.Status.ROLLED_BACK: upgrade.green_replica,
+                JobUpgrade.Status.ABANDONED: upgrade.green_replica,
+            }.get(upgrade.status, "")
+            running = {p.replica_id for p in self.sim.processes_of(record.job)}
+            if replaced and replaced in running:
+                record.replaced_running = replaced
             if not record.request_sent:
                 continue
             # A rollback's effect: the old version writes and the new one is gone (rolled back,
@@ -418,6 +430,7 @@ class OperatorChaos:
             "started": len(started),
             "unfinished": sum(1 for r in started if r.status in JobUpgrade.UNDER_WAY),
             "killed_in_the_middle": sum(1 for r in started if r.killed_at is not None),
+            "replaced_still_running": sum(1 for r in started if r.replaced_running),
             "by_status": _count(r.status for r in started),
             "log": [r.entry() for r in self.upgrades],
         }

@@ -447,19 +447,25 @@ def match(failures: list[Failure], actions: list[Action], observed_until: float)
     """Failure to action over `failures`: {p50, p99, max, count} in ms, the failures left
     unanswered (watched for ACTION_TIMEOUT_S before `observed_until`) and which kind of command
     came first."""
-    delays, unanswered, by_action = [], [], {}
+    delays, unanswered, by_action, answered = [], [], {}, []
     for failure, first in first_answers(failures, actions):
         if first is None:
             if failure.at + ACTION_TIMEOUT_S <= observed_until:
                 unanswered.append(failure)
             continue
         delays.append(first.at - failure.at)
+        answered.append((first.at - failure.at, failure))
         by_action[first.what] = by_action.get(first.what, 0) + 1
     result = summary_ms(delays)
+    slowest = sorted(answered, key=lambda pair: -pair[0])[:5]
     result.update(
         unanswered=len(unanswered),
         first_action=by_action,
         unanswered_examples=[f"{f.job}/{f.replica_id}@{f.at:.1f}" for f in unanswered[:5]],
+        # To tell a slow answer's cause (a pause, a kill, a takeover) from the fault log.
+        slowest_examples=[
+            f"{f.job}/{f.replica_id}@{f.at:.1f}: {d * 1000:.0f} ms" for d, f in slowest
+        ],
     )
     return result
 

@@ -103,11 +103,18 @@ class FleetConfig:
         return bool(self.pause_controllers or self.kill_during_upgrade)
 
     @property
+    def restart_after_s(self) -> float | None:
+        """When the scheduled controller kill's controller is started again (None: never). A
+        chaos run keeps the count of controllers as asked: started again at once, as its
+        controllers killed in upgrades are."""
+        if self.controller_restart_after_s is None and self.chaos:
+            return 0.0
+        return self.controller_restart_after_s
+
+    @property
     def kills_controller(self) -> bool:
         """A controller is killed when another can take over, or it is started again."""
-        return self.controller_kill and (
-            self.controllers >= 2 or self.controller_restart_after_s is not None
-        )
+        return self.controller_kill and (self.controllers >= 2 or self.restart_after_s is not None)
 
 
 def node_names(count: int) -> list[str]:
@@ -314,7 +321,7 @@ def run_size(
             config.seed,
             kill_controller=lambda: fleet.kill_controller(job_keys),
             restart_controller=fleet.restart,
-            restart_after_s=config.controller_restart_after_s,
+            restart_after_s=config.restart_after_s,
             node_down_s=config.node_down_s,
             say=lambda m: say(f"{label} {config.jobs} jobs: {m}"),
         )

@@ -10,8 +10,9 @@ so a run is repeatable as far as the controller's timing lets it be.
 - node kill: every process of a node dies with its agent: no exit is reported, the node's
   heartbeats stop and its queue is not read for NODE_DOWN_S, then it comes back empty;
 - controller kill: SIGKILL one controller process (the launcher does not start it again; with
-  `restart_after_s` it is started again that long after). Only with two controllers or more
-  unless a restart is asked for: a lone controller killed for good leaves nothing to measure.
+  `restart_after_s` it is started again that long after: at once in a chaos run). Only with
+  two controllers or more unless a restart is asked for: a lone controller killed for good
+  leaves nothing to measure.
 """
 
 from __future__ import annotations
@@ -150,7 +151,8 @@ class FaultRunner:
             if self.stopping.is_set():
                 break
             record = self.fire(fault.kind)
-            if record.kind == CONTROLLER and record.controller and self.restart_after_s:
+            restarts = self.restart_after_s is not None
+            if record.kind == CONTROLLER and record.controller and restarts:
                 pending_restart = (record.at + self.restart_after_s, record.controller, record)
         while pending_restart is not None and not self.stopping.wait(0.2):
             if time.time() >= pending_restart[0]:

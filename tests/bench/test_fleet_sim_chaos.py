@@ -30,19 +30,19 @@ def test_a_chaos_run_carries_out_no_stale_command_and_loses_no_request(tmp_path)
     )  # fmt: skip
     result = json.loads((tmp_path / "fleet.json").read_text())
     fence = result["sim"]["fence"]
-    # The chaos happened as asked.
-    assert result["faults"]["controller_pauses"] == PAUSES, result["fault_log"]
-    upgrades = result["upgrades"]
-    assert upgrades["started"] == UPGRADES, upgrades["log"]
-    assert upgrades["killed_in_the_middle"] == UPGRADES, upgrades["log"]
-    requests = result["operator_requests"]
-    assert requests["sent"] >= 1 + UPGRADES, requests  # a stop, and a request per upgrade
-    assert fence["fenced_commands_carried_out"] > 0
+    upgrades, requests = result["upgrades"], result["operator_requests"]
     # The goals.
     assert result["stale_commands_executed"] == 0, fence["stale_examples"]
     assert result["duplicate_replica_starts"] == 0, fence["duplicate_examples"]
     assert requests["lost"] == 0, requests["lost_examples"]
     assert upgrades["unfinished"] == 0, upgrades["log"]
+    assert upgrades["replaced_still_running"] == 0, upgrades["log"]
+    # The chaos happened as asked.
+    assert result["faults"]["controller_pauses"] == PAUSES, result["fault_log"]
+    assert upgrades["started"] == UPGRADES, upgrades["log"]
+    assert upgrades["killed_in_the_middle"] == UPGRADES, upgrades["log"]
+    assert requests["sent"] >= 1 + UPGRADES, requests  # a stop, and a request per upgrade
+    assert fence["fenced_commands_carried_out"] > 0
     assert result["controller_takeover_s"] is not None and result["controller_takeover_s"] <= 5
     f2a = result["failure_to_action_ms_supervised"]
     assert f2a["count"] > 0 and f2a["p99"] <= 1000, f2a

@@ -112,7 +112,8 @@ class Command(BaseCommand):
             "--controller-restart-after",
             type=float,
             default=None,
-            help="start the killed controller again after this many seconds (default: never)",
+            help="start the killed controller again after this many seconds (default: never; "
+            "at once in a chaos run)",
         )
         parser.add_argument("--controller-concurrency", type=int, default=8)
         parser.add_argument("--page-requests", type=int, default=20)
