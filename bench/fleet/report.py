@@ -232,7 +232,8 @@ def chaos_paragraph(result: dict) -> str:
         f"Chaos of the control plane (issue 58, bench/fleet/chaos.py): "
         f"{faults.get('controller_pauses', 0)} controller pauses (SIGSTOP, 2-10 s), "
         f"{faults.get('controller_kills_in_upgrades', 0)} controllers SIGKILLed in the middle of "
-        f"an upgrade and replaced; takeover after each of those "
+        f"an upgrade and replaced at once (as is the schedule's controller kill in a chaos run); "
+        f"takeover after each of those "
         f"{takeovers} s. Controllers' commands carried out by a simulated "
         f"agent or stage for a controller that no longer held the job: "
         f"{result['stale_commands_executed']} (refused by the fence: "
@@ -241,7 +242,8 @@ def chaos_paragraph(result: dict) -> str:
         f"ids started while running on another node: {result['duplicate_replica_starts']}; "
         f"operators' requests (stops, rollbacks, confirms) sent {requests['sent']}, lost "
         f"{requests['lost']}; upgrades started {upgrades['started']}, unfinished "
-        f"{upgrades['unfinished']} (ended: {json.dumps(upgrades.get('by_status', {}))}, "
+        f"{upgrades['unfinished']} (statuses at the end: "
+        f"{json.dumps(upgrades.get('by_status', {}))}; the run waited "
         f"{_fmt(upgrades.get('settled_s'))} s after the window for the last to end)."
     )
 
