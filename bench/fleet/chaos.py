@@ -6,9 +6,10 @@ the controllers reconcile.
   (seeded) is stopped with SIGSTOP, its whole process group, for 2-10 s (seeded), then let go
   on with SIGCONT. A pause longer than the 3 s lease hands its jobs to the others; when it
   wakes up, whatever it sends under its old tokens must be refused (the fence).
-- `OperatorChaos` (`--kill-during-upgrade N`): N upgrades, each of a running `topn` job, asked
-  for through console.services.upgrades.request_upgrade as the API does (a new value of the
-  first stage's `window_count.watermark_seconds`: the real state check, a SparkSession, then
+- `OperatorChaos` (`--kill-during-upgrade N`): N upgrades, each of a running `topn` job whose
+  stages all run and which no fault hit in the last 30 s (as an operator would pick it), asked
+  for through console.services.upgrades.request_upgrade as the API does (a new value of its
+  `window_count` operator's `watermark_seconds`: the real state check, a SparkSession, then
   green started beside blue by the job's controller, spark_runtime/upgrade.py). When the
   upgrade's record reaches the phase chosen for it (`starting` for the even ones: green
   started, nothing switched; `validating` for the odd ones: green writes, blue stands by), the
@@ -37,6 +38,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import os
 import random
 import signal
@@ -49,6 +51,7 @@ import redis
 from django.db import DatabaseError, connection
 
 from bench.fleet.measure import use_database_in_this_thread
+from bench.fleet.schedule import JOB_COOLDOWN_S
 from console.models import Job, JobUpgrade
 from console.services import jobs as job_service
 from console.services import upgrades as upgrade_service
@@ -256,16 +259,38 @@ class OperatorChaos:
         """A running job of `candidates` not used yet (taken for this use)."""
         with self.lock:
             free = sorted(set(candidates) - self.taken)
-            running = set(
-                Job.objects.filter(key__in=free, status=Job.Status.RUNNING).values_list(
-                    "key", flat=True
-                )
+            return self._take(free)
+
+    def _pick_healthy(self, candidates: list[str]) -> Job | None:
+        """As `_pick`, among jobs an operator would upgrade: every stage process running a
+        batch at least, and no fault of the schedule in the last JOB_COOLDOWN_S (a job whose
+        primary is being replaced is refused: "no running primary to upgrade from")."""
+        now = time.time()
+        with self.lock:
+            free = sorted(
+                key
+                for key in set(candidates) - self.taken
+                if now - self.faults.last_hit.get(key, -math.inf) >= JOB_COOLDOWN_S
+                and self._all_running(key)
             )
-            choices = [k for k in free if k in running]
-            if not choices:
-                return None
-            key = self.rng.choice(choices)
-            self.taken.add(key)
+            return self._take(free)
+
+    def _all_running(self, job: str) -> bool:
+        stages = [p for p in self.sim.processes_of(job) if not p.generator]
+        return bool(stages) and all(p.state == "running" and p.batches > 0 for p in stages)
+
+    def _take(self, free: list[str]) -> Job | None:
+        """One running job of `free`, chosen at random, taken (call with the lock held)."""
+        running = set(
+            Job.objects.filter(key__in=free, status=Job.Status.RUNNING).values_list(
+                "key", flat=True
+            )
+        )
+        choices = [k for k in free if k in running]
+        if not choices:
+            return None
+        key = self.rng.choice(choices)
+        self.taken.add(key)
         return Job.objects.get(key=key)
 
     def _stops(self, times: list[float]) -> None:
@@ -287,9 +312,9 @@ class OperatorChaos:
                 "key", flat=True
             )
         )
-        job = self._pick(topn)
+        job = self._pick_healthy(topn)
         if job is None:
-            record.skipped = f"no running {UPGRADE_TOPOLOGY} job left to upgrade"
+            record.skipped = f"no {UPGRADE_TOPOLOGY} job left with every stage running"
             return
         record.job = job.key
         # Spared the process kills: the upgrade ends as its operator asks, not by a fault.
