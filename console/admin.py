@@ -29,11 +29,31 @@ from console.services import reports as report_service
 from console.services import topologies as topology_service
 
 
+class ServiceOwnedAdmin(admin.ModelAdmin):
+    """Rows that console/services/ write (for the controller, the API and the console's
+    controls): read-only here. An edit in the admin would skip the service's checks and what it
+    does beside the row (tasks for the controller and the agents, Redis keys, audit records); a
+    job's strategy, for one, changes only through an upgrade."""
+
+    def has_add_permission(self, request):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False
+
+    def has_delete_permission(self, request, obj=None):
+        return False
+
+
 @admin.register(Node)
 class NodeAdmin(admin.ModelAdmin):
+    """Nodes are registered here (name and the capacity they offer); their state and heartbeat
+    are the controller's."""
+
     list_display = ["name", "state", "cpu_total", "mem_total_mb", "last_heartbeat"]
     list_filter = ["state"]
     search_fields = ["name"]
+    readonly_fields = ["state", "last_heartbeat"]
 
 
 class OperatorInline(admin.TabularInline):
@@ -54,23 +74,25 @@ class OperatorInline(admin.TabularInline):
 
 
 @admin.register(Job)
-class JobAdmin(admin.ModelAdmin):
+class JobAdmin(ServiceOwnedAdmin):
+    """Jobs are created, started, stopped and upgraded through the API, the console or the
+    management commands."""
+
     list_display = ["name", "topology", "strategy", "status", "created_by", "created_at"]
     list_filter = ["status", "strategy", "topology"]
     search_fields = ["name", "key"]
-    readonly_fields = ["key", "status", "status_reason", "created_at", "started_at", "stopped_at"]
     inlines = [OperatorInline]
 
 
 @admin.register(Operator)
-class OperatorAdmin(admin.ModelAdmin):
+class OperatorAdmin(ServiceOwnedAdmin):
     list_display = ["name", "job", "kind", "stage", "priority", "mode", "checkpoint_interval_s"]
     list_filter = ["mode", "kind"]
     search_fields = ["name", "job__name"]
 
 
 @admin.register(Replica)
-class ReplicaAdmin(admin.ModelAdmin):
+class ReplicaAdmin(ServiceOwnedAdmin):
     list_display = [
         "replica_id",
         "job",
@@ -87,7 +109,7 @@ class ReplicaAdmin(admin.ModelAdmin):
 
 
 @admin.register(FaultInjection)
-class FaultInjectionAdmin(admin.ModelAdmin):
+class FaultInjectionAdmin(ServiceOwnedAdmin):
     list_display = [
         "kind",
         "job",
@@ -102,9 +124,9 @@ class FaultInjectionAdmin(admin.ModelAdmin):
 
 
 @admin.register(JobUpgrade)
-class JobUpgradeAdmin(admin.ModelAdmin):
-    """Upgrades are records of what happened: read-only here (ask for one through the API, the
-    console or `manage.py upgrade_job`)."""
+class JobUpgradeAdmin(ServiceOwnedAdmin):
+    """Upgrades are records of what happened (ask for one through the API, the console or
+    `manage.py upgrade_job`)."""
 
     list_display = [
         "job", "from_topology", "to_topology", "case", "status", "requested_by", "requested_at",
@@ -113,15 +135,9 @@ class JobUpgradeAdmin(admin.ModelAdmin):
     list_filter = ["status", "case"]
     search_fields = ["job__name", "from_topology", "to_topology"]
 
-    def has_add_permission(self, request):
-        return False
-
-    def has_change_permission(self, request, obj=None):
-        return False
-
 
 @admin.register(RecoveryEpisode)
-class RecoveryEpisodeAdmin(admin.ModelAdmin):
+class RecoveryEpisodeAdmin(ServiceOwnedAdmin):
     list_display = [
         "job",
         "stage",
@@ -140,7 +156,7 @@ class RecoveryEpisodeAdmin(admin.ModelAdmin):
 
 
 @admin.register(MetricSample)
-class MetricSampleAdmin(admin.ModelAdmin):
+class MetricSampleAdmin(ServiceOwnedAdmin):
     list_display = ["at", "name", "value", "job", "stage", "node"]
     list_filter = ["name"]
     date_hierarchy = "at"
@@ -453,7 +469,7 @@ class ReportSubscriptionAdmin(admin.ModelAdmin):
 
 
 @admin.register(SentAlert)
-class SentAlertAdmin(admin.ModelAdmin):
+class SentAlertAdmin(ServiceOwnedAdmin):
     """The alerts already emailed (read-only): what was sent to whom and when."""
 
     list_display = ["sent_at", "subscription", "key", "subject"]
@@ -465,15 +481,6 @@ class SentAlertAdmin(admin.ModelAdmin):
 
     def has_view_permission(self, request, obj=None):
         return has_role(request.user, VIEWER)
-
-    def has_add_permission(self, request):
-        return False
-
-    def has_change_permission(self, request, obj=None):
-        return False
-
-    def has_delete_permission(self, request, obj=None):
-        return False
 
 
 @admin.register(PredictorTraining)

@@ -1,8 +1,9 @@
 """Read settings from the environment through one helper that fails loudly on a bad value.
 
-Every setting that comes from the environment goes through `env()`, so a typo such as
+The Django settings read every variable through `env()`, so a typo such as
 `CELERY_TASK_TIME_LIMIT=ten` stops the process at start-up with a message naming the variable,
-instead of surfacing later as a confusing runtime error.
+instead of surfacing later as a confusing runtime error. docs/CONFIGURATION.md says which
+variables are read elsewhere (the data plane may not import this module).
 """
 
 from __future__ import annotations

@@ -44,6 +44,7 @@ import time
 from importlib.metadata import version
 from pathlib import Path
 
+from spark_runtime import keys
 from spark_runtime.stage_env import stage_environment
 
 log = logging.getLogger(__name__)
@@ -158,7 +159,9 @@ def build(archive: Path, redis_url: str) -> bool:
     # What a stage loads, with Backstop's JVM options and no archive mapped.
     options = f"{jvm_options()} -XX:ArchiveClassesAtExit={partial} -Xlog:cds=off".strip()
     spark = build_session("backstop-class-sharing", {"spark.driver.extraJavaOptions": options})
-    warm_up(spark, client, redis_url, f"backstop:cds-warmup:{os.getpid()}", threading.Event())
+    warm_up(
+        spark, client, redis_url, keys.class_sharing_warmup_stream(os.getpid()), threading.Event()
+    )
     jvm = SparkContext._gateway.proc  # the driver JVM (spark-submit execs java)
     # The call never returns: the JVM exits under it (py4j then fails to reach it again).
     with contextlib.suppress(Py4JError, OSError):

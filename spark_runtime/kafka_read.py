@@ -1,12 +1,15 @@
 """Reading a range of a Kafka partition, or a whole topic, with confluent-kafka: one place for
-the two details that make it fast and exact.
+the details that make it fast and exact.
 
 - `Consumer.consume(n, timeout)` returns when `n` messages have come or the timeout has passed,
-  so asking for more than the range holds waits the whole timeout on every call (a second added
-  to each micro-batch). The reads here ask for exactly what remains of the range; the message
-  after the range, or the partition's end-of-partition event, completes the last call.
+  even after the partition's end-of-partition event, so asking for more than will come waits
+  the whole timeout. The reads here take what has already arrived without waiting, and when
+  nothing has, wait for one message or event only: a read returns as soon as its range is done.
 - With `isolation.level=read_committed` offsets have gaps (transaction markers, aborted
-  records), so the end of a range is where the consumer's position reaches it, not a count.
+  records), so the end of a range is where the consumer's position reaches it, not a count:
+  the offsets left are more than the messages that will come. A transactional topic's range
+  ends on a commit marker, so asking for "what remains" waited out the timeout at every such
+  end (a second for each read of the Kafka sink's marks topic, at every promotion).
 
 A broker that is away (stopped, restarting) shows as errors such as "transport failure" or
 "all brokers down" delivered through `consume`, or as calls that time out: `broker_away` tells
@@ -30,6 +33,12 @@ BATCH = 500
 # librdkafka's wait between two connection attempts doubles up to this (its default, 10 s,
 # kept a returned broker unused for up to 10 s): a broker that comes back is used within ~1 s.
 RECONNECT_BACKOFF_MAX_MS = 1000
+# How long the broker holds a fetch that finds nothing new. A reader learns that it reached a
+# partition's end (the end-of-partition event) only from a fetch that found nothing, so Kafka's
+# default of 500 ms was added to every read whose range ends on a transaction marker, e.g. each
+# read of the Kafka sink's marks topic at a promotion. The readers here read ranges the broker
+# holds, so a short wait costs only fetches repeated while a partition has nothing new.
+END_FETCH_WAIT_MS = 10
 
 # Errors of a broker that is away or just back (its partitions' leaders not known yet), which
 # a client outlives: a read or a write waits them out.
@@ -78,6 +87,7 @@ def committed_reader(bootstrap: str, group: str) -> Consumer:
             "auto.offset.reset": "earliest",
             "socket.timeout.ms": 10_000,
             "reconnect.backoff.max.ms": RECONNECT_BACKOFF_MAX_MS,
+            "fetch.wait.max.ms": END_FETCH_WAIT_MS,
         }
     )
 
@@ -104,7 +114,10 @@ def read_range(
     away: KafkaError | None = None  # the last "broker away" error since the broker last answered
     try:
         while position < end:
-            messages = consumer.consume(num_messages=min(BATCH, end - position), timeout=1.0)
+            messages = consumer.consume(num_messages=min(BATCH, end - position), timeout=0)
+            if not messages:
+                # Nothing has arrived: wait for the next message or event, at most a second.
+                messages = consumer.consume(num_messages=1, timeout=1.0)
             heard = False  # a record or the partition's end: the broker answers
             for msg in messages:
                 error = msg.error()

@@ -168,6 +168,12 @@ def spare_warmup_stream(node: str, spare: str) -> str:
     return make_key("node", node, "spare", spare, "warmup")
 
 
+def class_sharing_warmup_stream(pid: int) -> str:
+    """The entries the class-data archive's builder (process `pid`) reads once while it records
+    the classes a stage loads (spark_runtime/class_sharing.py; deleted right after)."""
+    return make_key("cds-warmup", pid)
+
+
 def spare_warmup_lock(host: str) -> str:
     """The spare warming up on `host` (one at a time per machine; value: its spare id)."""
     return make_key("host", host, "spare-warming")

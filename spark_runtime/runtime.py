@@ -150,6 +150,9 @@ class OutputGate:
         self._pending_demotion: PendingDemotion | None = None
         if role == PRIMARY:
             self._acquire()
+        elif self.kafka is not None:
+            # A standby takes over sooner with its Kafka producer made and connected.
+            self.kafka.prepare()
 
     def _acquire(self) -> int:
         """Become the stage's writer: a new Redis epoch, then the Kafka sink's fencing."""

@@ -125,7 +125,8 @@ OPTIONS = {
 }
 
 # What a Flink user who cares about recovery would set, from Flink's documentation (2.x key
-# names; docs/RESULTS.md, "Backstop vs Flink", and README, "Results and the strategy benchmark"):
+# names; docs/RESULTS.md, "Backstop vs Flink", and docs/BENCHMARKS.md, "Backstop vs Apache
+# Flink"):
 TUNED = {
     # "Checkpointing" (execution.checkpointing.interval): the interval bounds what a restore
     # replays, and the replayed records' latency is the peak after a fault. 1 s, the low end of

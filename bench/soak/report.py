@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 
 from bench.soak.schedule import CONTROL_PLANE
+from spark_runtime.keys import job_prefix
 
 # Supervision must resume within this after a control-plane restart.
 RESUME_GOAL_S = 10.0
@@ -28,8 +29,9 @@ RSS_UNJUDGED = ("cpu-hog", "orphan")
 # A stopped job can be restarted from its checkpoints and audited, so these are not leaks.
 KEPT_DATA = {"in", "s", "results", "written", "out", "dead", "stats", "fence", "wm", "progress"}
 # Kept on purpose too: the job's cursor on the agents' events stream, so that a restart does not
-# read its old runs' events again (console.services.retention.forget_ended_runs).
-KEPT_CONTROL = {"agent-events-cursor"}
+# read its old runs' events again (console.services.retention.forget_ended_runs), and its
+# controller tenure count, so that a tenure number is never given twice (command_fence).
+KEPT_CONTROL = {"agent-events-cursor", "controller-tenure"}
 REPORT_KEYS = (
     "minutes", "seed", "faults", "audits", "leaked_processes", "leaked_keys", "rss_mb",
     "per_hour", "goals",
@@ -40,7 +42,7 @@ def sort_job_keys(keys: list[tuple[str, int]], job_key: str) -> dict[str, list[s
     """A stopped job's Redis keys as (key, TTL in s; -1 none) in three lists: `kept` (its data,
     KEPT_DATA and KEPT_CONTROL, and a progress stream's ingest cursor while the stream is
     there), `expiring` (a TTL: they go by themselves) and `leaked` (the rest)."""
-    prefix = f"backstop:{job_key}:"
+    prefix = job_prefix(job_key)
     present = {key for key, _ in keys}
     out: dict[str, list[str]] = {"kept": [], "expiring": [], "leaked": []}
     for key, ttl in sorted(keys):

@@ -44,6 +44,7 @@ from console.services.control.record import reconcile_failures
 from console.services.fleet import CONTROLLER_ALIVE_S, controller_stats
 from infra import keys as control_keys
 from infra.leases import live_controllers
+from spark_runtime import keys as data_keys
 
 # A controller that has not said it is alive within this many seconds is not counted.
 
@@ -397,6 +398,12 @@ class BackstopCollector:
                 sum_value=figures.get("reconcile_seconds", 0.0),
             )
         yield from (depth, held, failing, errors, membership, latency)
+        yield GaugeMetricFamily(
+            "backstop_refused_commands",
+            "Controller commands agents and stages refused because their sender no longer held "
+            f"the job's lease (the newest {data_keys.REFUSED_COMMANDS_MAXLEN:,} kept)",
+            value=self.redis.xlen(data_keys.refused_commands()),
+        )
 
     def _kafka(self, live_jobs: list[Job]) -> Iterator[Metric]:
         """The live jobs reading Kafka: each partition's lag as the stage's primary last

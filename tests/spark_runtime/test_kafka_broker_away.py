@@ -13,24 +13,12 @@ from spark_runtime import keys
 from spark_runtime.kafka_plan import Segment
 from spark_runtime.kafka_read import broker_away, read_range
 from spark_runtime.kafka_source import SOURCE_CAUSE, KafkaPlanReader, WorkerWait
-
-
-class Message:
-    def __init__(self, offset: int, error: KafkaError | None = None):
-        self._offset, self._error = offset, error
-
-    def offset(self) -> int:
-        return self._offset
-
-    def error(self) -> KafkaError | None:
-        return self._error
-
-    def value(self) -> bytes:
-        return b'{"text": "a b"}'
+from tests.spark_runtime.kafka_messages import Message
 
 
 class Consumer:
-    """Gives the batches it was handed, one per consume call, then nothing."""
+    """Gives the batches it was handed, one per consume call that waits (one that does not
+    finds nothing arrived yet), then nothing."""
 
     def __init__(self, batches, watermark_errors: int = 0):
         self.batches = list(batches)
@@ -43,6 +31,8 @@ class Consumer:
         pass
 
     def consume(self, num_messages: int, timeout: float):
+        if timeout == 0:
+            return []
         return self.batches.pop(0) if self.batches else []
 
     def get_watermark_offsets(self, partition, timeout, cached):

@@ -154,8 +154,12 @@ def test_a_promotion_on_kafka_fences_the_old_primary_at_the_broker_and_stays_exa
         )
         standby.process_all_available()
         assert len(standby.gate.buffer) > 0
+        # The standby made its producer while standing by; the promotion only fences with it.
+        prepared = standby.gate.kafka.producer
+        assert prepared is not None
         summary = standby.gate.promote()
         assert summary["epoch"] == 2
+        assert standby.gate.kafka.producer is prepared
         # The broker refuses the old primary's transaction: the promotion's initTransactions
         # bumped the producer epoch of the stage's transactional id.
         old = primary.gate.kafka.producer

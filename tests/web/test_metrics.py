@@ -14,6 +14,8 @@ from console.roles import VIEWER
 from console.services.prometheus import DURATION_BUCKETS_S
 from infra import keys as control_keys
 from infra.leases import heartbeat
+from spark_runtime import keys as data_keys
+from spark_runtime.command_fence import report_refusal
 from tests.dash.seed import seed_console
 
 pytestmark = pytest.mark.django_db
@@ -152,3 +154,16 @@ def test_controller_and_unsupervised_job_gauges(client, seeded):
     finally:
         redis.delete(control_keys.controllers())
         redis.delete(control_keys.controller_lease(seeded.adaptive.key))
+
+
+def test_refused_commands_are_counted(client, seeded):
+    redis = redis_client()
+    redis.delete(data_keys.refused_commands())
+    try:
+        assert values(scrape(client)["backstop_refused_commands"]) == [0.0]
+        for replica in ("wc-1", "wc-2"):
+            report_refusal(redis, seeded.adaptive.key, "agent n-1", f"start {replica}",
+                           "ctl-a#1", "the job's lease is now 'ctl-b#2'")  # fmt: skip
+        assert values(scrape(client)["backstop_refused_commands"]) == [2.0]
+    finally:
+        redis.delete(data_keys.refused_commands())

@@ -161,10 +161,11 @@ STATICFILES_DIRS = [BASE_DIR / "static"]
 STATIC_ROOT = VAR_DIR / "staticfiles"
 # `collectstatic` writes each file also under a name with its content hash (backstop.3f2a….css)
 # plus gzip and brotli copies; pages link the hashed names, which WhiteNoise serves with a
-# one-year immutable Cache-Control, so a browser fetches each version of a file once.
+# one-year immutable Cache-Control, so a browser fetches each version of a file once. Before
+# anything was collected (a fresh clone), pages link the plain names (web/staticfiles.py).
 STORAGES = {
     "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
-    "staticfiles": {"BACKEND": "whitenoise.storage.CompressedManifestStaticFilesStorage"},
+    "staticfiles": {"BACKEND": "web.staticfiles.ManifestOnceCollected"},
 }
 STATICFILES_FINDERS = [
     "django.contrib.staticfiles.finders.FileSystemFinder",
@@ -309,6 +310,11 @@ CELERY_ACCEPT_CONTENT = ["json"]
 CELERY_TASK_SERIALIZER = "json"
 CELERY_RESULT_SERIALIZER = "json"
 CELERY_RESULT_EXPIRES = 3600
+# Nothing reads a task's result (tasks are sent by name and report through the database and
+# Redis keys of their own), so none is stored: an hour-long soak ended with 2,676 of its 2,762
+# Redis keys being results nobody read. A task whose caller waits for its result would set
+# ignore_result=False on itself.
+CELERY_TASK_IGNORE_RESULT = True
 CELERY_TASK_TIME_LIMIT = env("CELERY_TASK_TIME_LIMIT", 300, int)
 CELERY_TASK_SOFT_TIME_LIMIT = env("CELERY_TASK_SOFT_TIME_LIMIT", 240, int)
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1

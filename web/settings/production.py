@@ -25,6 +25,12 @@ def _proxy_ssl_header(raw: str) -> tuple[str, str] | None:
 
 
 SECRET_KEY = env("SECRET_KEY")
+# The image collects the static files when it is built: a page naming a file the manifest lacks
+# is an error here, never a plain link that nothing serves.
+STORAGES = {
+    **base.STORAGES,
+    "staticfiles": {"BACKEND": "whitenoise.storage.CompressedManifestStaticFilesStorage"},
+}
 DEBUG = False
 SESSION_COOKIE_SECURE = env("SESSION_COOKIE_SECURE", True, parse_bool)
 CSRF_COOKIE_SECURE = env("CSRF_COOKIE_SECURE", True, parse_bool)

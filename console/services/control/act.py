@@ -43,7 +43,7 @@ ACTIVITY_FRESH_S = 5.0
 
 
 def checkpoint_root() -> str:
-    """Where stage checkpoints live. Across hosts this must be shared storage (see README)."""
+    """Where stage checkpoints live. Across hosts: shared storage (docs/DEPLOYMENT.md)."""
     return str(settings.BACKSTOP_CHECKPOINT_ROOT)
 
 
