@@ -7,8 +7,9 @@ setting:
   before and after) without a holder is unsupervised; `unsupervised` finds the longest such
   stretch of any job, from 10 s after the job was created;
 - jobs without a live controller: a failure's job whose lease had no holder at the sample
-  before it, or whose holder was paused (SIGSTOP) or killed in the second after it, waits for
-  a takeover or a resumption; `failure_to_action_ms_supervised` leaves those out;
+  before it, or changed hands in the second before it, or whose holder was paused (SIGSTOP) or
+  killed in the second after it, waits for a takeover or a resumption;
+  `failure_to_action_ms_supervised` leaves those out;
 - controller takeover: the jobs the killed controller held (their lease tokens name its pid, as
   console.services.fleet's owners do; for tokens that do not, the leases that were left to
   expire 4-6 s after the kill) and the time until each is held by another controller;
@@ -404,7 +405,8 @@ def unattended(
     answer_s: float = 1.0,
 ) -> Callable[[str, float], bool]:
     """Whether a job had no live controller to answer a failure at a time: its lease had no
-    holder at the sample before, or its holder (a controller owner names its pid:
+    holder at the sample before, or changed hands in the `answer_s` before (it was being taken
+    over: its takeover is measured apart), or its holder (a controller owner names its pid:
     `host:pid:id`) was paused or killed at some moment of the `answer_s` that follows."""
     times = [t for t, _ in lease_samples]
     index = {job: i for i, job in enumerate(job_keys)}
@@ -415,6 +417,10 @@ def unattended(
             return False
         holder = lease_samples[i][1][index[job]]
         if holder is None:
+            return True
+        # From the sample in force `answer_s` before: a different holder there or since.
+        since = max(0, bisect.bisect_right(times, at - answer_s) - 1)
+        if any(lease_samples[k][1][index[job]] != holder for k in range(since, i)):
             return True
         return any(
             f":{o.pid}:" in holder and o.start <= at + answer_s and at <= o.end for o in outages

@@ -370,6 +370,10 @@ def test_a_failure_whose_controller_was_paused_or_gone_has_no_live_controller():
     assert not check("a", 0.1) and not check("a", 2.0)
     assert not check("b", 1.5)  # its controller ran
     assert check("c", 1.0)  # nobody held it
+    # Taken over at 1.0 s: its new controller is still taking it in the second after.
+    moved = [(t, ["h:10:x" if t < 1.0 else "h:30:z"]) for t in (0.0, 0.5, 1.0, 1.5, 2.0, 2.5)]
+    taken = measure.unattended(moved, ["a"], [])
+    assert taken("a", 1.2) and taken("a", 1.9) and not taken("a", 2.1) and not taken("a", 0.7)
 
 
 # --- the goals at fleet scale (slow) -----------------------------------------------------------
