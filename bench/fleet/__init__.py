@@ -11,6 +11,8 @@ progress records, control commands, fencing epochs).
   process's Django at them;
 - `sim`: the simulated agents and stages, one process, a few threads, pipelined writes;
 - `schedule`: the seeded fault schedule (process kills, node kills, one controller kill);
+- `chaos`: the chaos run of the control plane (controllers paused, controllers killed in the
+  middle of upgrades, operators' stops, rollbacks and confirms);
 - `measure`: what is measured, and how (lease samples, fencing epochs, failure-to-action,
   controller CPU and memory, database and Redis load, table growth, page times);
 - `run`: one size of the fleet from start to teardown, and a curve of sizes;

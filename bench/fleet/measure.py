@@ -2,9 +2,14 @@
 setting:
 
 - leases: every SAMPLE_S the Sampler reads every job's `infra.keys.controller_lease` in one
-  MGET. A live job (its status, read from the database every STATUS_EVERY_S, live at the reads
+  MGET and keeps who holds it (spark_runtime.command_fence.holder_of: nobody when released).
+  A live job (its status, read from the database every STATUS_EVERY_S, live at the reads
   before and after) without a holder is unsupervised; `unsupervised` finds the longest such
   stretch of any job, from 10 s after the job was created;
+- jobs without a live controller: a failure's job whose lease had no holder at the sample
+  before it, or changed hands in the second before it, or whose holder was paused (SIGSTOP) or
+  killed in the second after it, waits for a takeover or a resumption;
+  `failure_to_action_ms_supervised` leaves those out;
 - controller takeover: the jobs the killed controller held (their lease tokens name its pid, as
   console.services.fleet's owners do; for tokens that do not, the leases that were left to
   expire 4-6 s after the kill) and the time until each is held by another controller;
@@ -56,6 +61,7 @@ from console.services.shared_data import invalidate_all
 from infra import keys as control_keys
 from infra import tasks
 from spark_runtime import keys as data_keys
+from spark_runtime.command_fence import holder_of
 
 log = logging.getLogger(__name__)
 
@@ -163,7 +169,8 @@ class Sampler:
             connection.close()
 
     def _sample_redis(self, client, lease_keys: list[str], now: float) -> None:
-        holders = client.mget(lease_keys) if lease_keys else []
+        # Who holds each job: a released lease (`released#` + token) is held by nobody.
+        holders = [holder_of(v) for v in client.mget(lease_keys)] if lease_keys else []
         self.lease_samples.append((now, holders))
         pairs = sorted(self.stages())
         self.redis_commands += 1
@@ -363,7 +370,7 @@ def actions_of(queue_log, control_log) -> list[Action]:
     from a node queue (expired ones left out: they did nothing), promotes on control lists."""
     found = []
     for event in queue_log:
-        if event.expired or event.task not in QUEUE_ACTIONS:
+        if event.expired or event.refused or event.task not in QUEUE_ACTIONS:
             continue
         at = event.sent_at if event.sent_at is not None else event.at
         if event.task == tasks.START_REPLICA.name:
@@ -380,6 +387,46 @@ def actions_of(queue_log, control_log) -> list[Action]:
                 Action(event.at, "promote", (event.job,), event.stage, "", event.replica_id)
             )
     return sorted(found, key=lambda a: a.at)
+
+
+@dataclass(frozen=True)
+class Outage:
+    """A controller process that could not act from `start` to `end` (math.inf: killed)."""
+
+    pid: int
+    start: float
+    end: float
+
+
+def unattended(
+    lease_samples: list[tuple[float, list]],
+    job_keys: list[str],
+    outages: list[Outage],
+    answer_s: float = 1.0,
+) -> Callable[[str, float], bool]:
+    """Whether a job had no live controller to answer a failure at a time: its lease had no
+    holder at the sample before, or changed hands in the `answer_s` before (it was being taken
+    over: its takeover is measured apart), or its holder (a controller owner names its pid:
+    `host:pid:id`) was paused or killed at some moment of the `answer_s` that follows."""
+    times = [t for t, _ in lease_samples]
+    index = {job: i for i, job in enumerate(job_keys)}
+
+    def check(job: str, at: float) -> bool:
+        i = bisect.bisect_right(times, at) - 1
+        if i < 0:
+            return False
+        holder = lease_samples[i][1][index[job]]
+        if holder is None:
+            return True
+        # From the sample in force `answer_s` before: a different holder there or since.
+        since = max(0, bisect.bisect_right(times, at - answer_s) - 1)
+        if any(lease_samples[k][1][index[job]] != holder for k in range(since, i)):
+            return True
+        return any(
+            f":{o.pid}:" in holder and o.start <= at + answer_s and at <= o.end for o in outages
+        )
+
+    return check
 
 
 def first_answers(failures: list[Failure], actions: list[Action]) -> list[tuple]:
@@ -406,19 +453,25 @@ def match(failures: list[Failure], actions: list[Action], observed_until: float)
     """Failure to action over `failures`: {p50, p99, max, count} in ms, the failures left
     unanswered (watched for ACTION_TIMEOUT_S before `observed_until`) and which kind of command
     came first."""
-    delays, unanswered, by_action = [], [], {}
+    delays, unanswered, by_action, answered = [], [], {}, []
     for failure, first in first_answers(failures, actions):
         if first is None:
             if failure.at + ACTION_TIMEOUT_S <= observed_until:
                 unanswered.append(failure)
             continue
         delays.append(first.at - failure.at)
+        answered.append((first.at - failure.at, failure))
         by_action[first.what] = by_action.get(first.what, 0) + 1
     result = summary_ms(delays)
+    slowest = sorted(answered, key=lambda pair: -pair[0])[:5]
     result.update(
         unanswered=len(unanswered),
         first_action=by_action,
         unanswered_examples=[f"{f.job}/{f.replica_id}@{f.at:.1f}" for f in unanswered[:5]],
+        # To tell a slow answer's cause (a pause, a kill, a takeover) from the fault log.
+        slowest_examples=[
+            f"{f.job}/{f.replica_id}@{f.at:.1f}: {d * 1000:.0f} ms" for d, f in slowest
+        ],
     )
     return result
 

@@ -10,11 +10,12 @@ failures' answers; the processes stopped; the console's pages timed against what
 
 from __future__ import annotations
 
+import math
 import os
 import random
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -24,6 +25,7 @@ from django.contrib.auth.models import User
 from django.db import connection
 
 from bench.fleet import measure
+from bench.fleet.chaos import ControllerPauser, OperatorChaos, plan_pauses
 from bench.fleet.schedule import (
     CONTROLLER,
     NODE,
@@ -40,6 +42,7 @@ from console.services.schedules import ensure_periodic_tasks
 from infra import keys as control_keys
 from infra.launcher import ProcessGroup, celery_argv, controller_argv, wait_for
 from infra.queues import CONTROL_QUEUE, node_queue
+from spark_runtime.command_fence import holder_of
 
 TOPOLOGIES = ("wordcount", "topn", "traffic")
 STRATEGIES = ("adaptive", "local-restart", "restart-all", "active-all")
@@ -69,6 +72,13 @@ class FleetConfig:
     rate: float = 10.0  # the jobs' input rate (0: no generator, so no start_generator messages)
     stop_grace_s: float = 10.0  # SIGTERM, then SIGKILL the controllers this much later
     timing: SimTiming = field(default_factory=SimTiming)
+    # The chaos run (bench/fleet/chaos.py): controller pauses, upgrades whose controller is
+    # killed in the middle (with the operators' requests), the policy's validation window for
+    # them, and how long the run waits after the window for the last requests to take effect.
+    pause_controllers: int = 0
+    kill_during_upgrade: int = 0
+    upgrade_validation_s: float = 30.0
+    chaos_settle_s: float = 300.0
 
     def __post_init__(self):
         problems = []
@@ -80,15 +90,31 @@ class FleetConfig:
             problems.append("--controllers: 1 to 16")
         if self.duration_s < 10:
             problems.append("--duration: at least 10 s")
+        if not 0 <= self.pause_controllers <= 100:
+            problems.append("--pause-controllers: 0 to 100")
+        if not 0 <= self.kill_during_upgrade <= 20:
+            problems.append("--kill-during-upgrade: 0 to 20")
         if problems:
             raise ValueError("; ".join(problems))
 
     @property
+    def chaos(self) -> bool:
+        """Whether this is a chaos run of the control plane (issue 58)."""
+        return bool(self.pause_controllers or self.kill_during_upgrade)
+
+    @property
+    def restart_after_s(self) -> float | None:
+        """When the scheduled controller kill's controller is started again (None: never). A
+        chaos run keeps the count of controllers as asked: started again at once, as its
+        controllers killed in upgrades are."""
+        if self.controller_restart_after_s is None and self.chaos:
+            return 0.0
+        return self.controller_restart_after_s
+
+    @property
     def kills_controller(self) -> bool:
         """A controller is killed when another can take over, or it is started again."""
-        return self.controller_kill and (
-            self.controllers >= 2 or self.controller_restart_after_s is not None
-        )
+        return self.controller_kill and (self.controllers >= 2 or self.restart_after_s is not None)
 
 
 def node_names(count: int) -> list[str]:
@@ -116,7 +142,13 @@ def prepare_database(config: FleetConfig) -> User:
     """The fleet's nodes (with the simulated capacity), the controller's schedules, the policy
     in force and an admin to create jobs and read pages as."""
     ensure_periodic_tasks()
-    Policy.current()
+    policy = Policy.current()
+    if config.kill_during_upgrade and policy.upgrade_validation_s != config.upgrade_validation_s:
+        # The upgrades' validation window, the rest of the policy as it is.
+        Policy.objects.create(
+            **{**asdict(policy.to_config()), "upgrade_validation_s": config.upgrade_validation_s},
+            reason="fleet_sim: the chaos run's upgrade validation window",
+        )
     for name in node_names(config.nodes):
         Node.objects.update_or_create(
             name=name,
@@ -181,17 +213,17 @@ class Fleet:
 
     def kill_controller(self, job_keys: list[str]) -> tuple[str, int, float, dict] | None:
         """SIGKILL the first controller, for good: (name, pid, when, lease holders just
-        before)."""
+        before, spark_runtime.command_fence.holder_of)."""
         names = self.controllers()
         if not names:
             return None
         name = names[0]
         pid = self.group.children[name].proc.pid
         client = redis.Redis.from_url(self.redis_url, decode_responses=True)
-        holders = client.mget([control_keys.controller_lease(k) for k in job_keys])
+        values = client.mget([control_keys.controller_lease(k) for k in job_keys])
         at = time.time()
         self.group.kill(name)
-        return name, pid, at, dict(zip(job_keys, holders, strict=True))
+        return name, pid, at, {k: holder_of(v) for k, v in zip(job_keys, values, strict=True)}
 
     def restart(self, name: str) -> None:
         self.group.start(name, self.argv(name), env=self.env)
@@ -242,7 +274,7 @@ def run_size(
     admin = prepare_database(config)
     sim = FleetSim(services.redis_url, nodes, config.timing, config.seed)
     fleet = Fleet(config, services, log_dir, say)
-    sampler = faults = None
+    sampler = faults = pauser = chaos = None
     try:
         sim.start()
         wait_for(
@@ -289,10 +321,23 @@ def run_size(
             config.seed,
             kill_controller=lambda: fleet.kill_controller(job_keys),
             restart_controller=fleet.restart,
-            restart_after_s=config.controller_restart_after_s,
+            restart_after_s=config.restart_after_s,
             node_down_s=config.node_down_s,
             say=lambda m: say(f"{label} {config.jobs} jobs: {m}"),
         )
+        if config.pause_controllers:
+            pauser = ControllerPauser(
+                fleet,
+                plan_pauses(config.duration_s, config.pause_controllers, config.seed),
+                config.seed,
+                say=lambda m: say(f"{label} {config.jobs} jobs: {m}"),
+            )
+        if config.chaos:
+            chaos = OperatorChaos(
+                fleet, sim, faults, job_keys, admin, config.duration_s,
+                config.kill_during_upgrade, config.seed, dict(connection.settings_dict),
+                services.redis_url, say=lambda m: say(f"{label} {config.jobs} jobs: {m}"),
+            )  # fmt: skip
         method = measure.db_method()
         rows_before = measure.row_counts()
         db_before = measure.db_counters(method)
@@ -302,6 +347,9 @@ def run_size(
         own_cpu_before = measure.own_cpu_s()
         t0 = time.time()
         faults.start(t0)
+        for part in (pauser, chaos):
+            if part is not None:
+                part.start(t0)
         say(f"{label} {config.jobs} jobs: measuring {config.duration_s:g} s under faults")
         next_note = t0 + 15
         live_replicas = []
@@ -330,13 +378,22 @@ def run_size(
         time.sleep(config.grace_s)
         observed_until = time.time()
         faults.stop()
+        settled_s = None
+        operator_requests, upgrades = {"sent": 0, "lost": 0}, {"started": 0, "unfinished": 0}
+        if pauser is not None:
+            pauser.stop()
+        if chaos is not None:
+            say(f"{label} {config.jobs} jobs: up to {config.chaos_settle_s:g} s for the "
+                "operators' requests and the upgrades to end")  # fmt: skip
+            settled_s = chaos.settle(config.chaos_settle_s)
+            chaos.stop()
+            operator_requests, upgrades = chaos.figures()
         sampler.stop()
         from_decisions = decisions_between(t0, t1)
     finally:
-        if faults is not None:
-            faults.stop()
-        if sampler is not None:
-            sampler.stop()
+        for part in (faults, pauser, chaos, sampler):
+            if part is not None:
+                part.stop()
         fleet.stop()
         sim.stop()
         connection.close()
@@ -360,16 +417,36 @@ def run_size(
             sampler.lease_samples, job_keys, controller_kill.at, controller_kill.pid,
             controller_kill.holders_before, sampler.status_samples,
         )  # fmt: skip
+    upgrade_kills = [r for r in (chaos.upgrades if chaos else []) if r.killed_at is not None]
+    upgrade_takes = [
+        measure.takeover(
+            sampler.lease_samples,
+            job_keys,
+            r.killed_at,
+            r.killed_pid,
+            r.holders_before,
+            sampler.status_samples,
+        )  # fmt: skip
+        for r in upgrade_kills
+    ]
+    upgrades["takeover_s"] = [t["takeover_s"] for t in upgrade_takes]
+    # Every controller kill's takeover: the scheduled one and those in upgrades (None when a
+    # job of a killed controller was never taken over).
+    takes = [t for t in (take, *upgrade_takes) if t is not None]
+    takeover_s = (
+        None
+        if not takes or any(t["takeover_s"] is None for t in takes)
+        else max(t["takeover_s"] for t in takes)
+    )
+    # Controllers that could not answer: paused ones until they were let go on, killed ones.
+    pauses = pauser.records if pauser else []
+    outages = [measure.Outage(p.pid, p.at, p.until or t1) for p in pauses]
+    outages += [measure.Outage(r.killed_pid, r.killed_at, math.inf) for r in upgrade_kills]
+    if controller_kill is not None and not controller_kill.skipped:
+        outages.append(measure.Outage(controller_kill.pid, controller_kill.at, math.inf))
+    unattended = measure.unattended(sampler.lease_samples, job_keys, outages)
 
-    def orphaned(failure) -> bool:
-        """A failure of a job the killed controller held, before another took the job."""
-        if take is None or take.get("takeover_s") is None:
-            return False
-        marker = f":{controller_kill.pid}:"
-        token = controller_kill.holders_before.get(failure.job) or ""
-        until = controller_kill.at + take["takeover_s"]
-        return marker in token and controller_kill.at <= failure.at <= until
-
+    fence = sim.fence_figures()
     controllers = measure.process_figures(sampler.process_samples, t0, t1, "controller")
     beat = measure.process_figures(sampler.process_samples, t0, t1, "beat")
     queries = _delta(db_before, db_after, "queries")
@@ -402,13 +479,21 @@ def run_size(
         # The same without the failures of the killed controller's jobs before they were taken
         # over: those wait for the takeover, which controller_takeover_s measures.
         "failure_to_action_ms_supervised": measure.match(
-            [f for f in process_failures if not orphaned(f)], actions, observed_until
+            [f for f in process_failures if not unattended(f.job, f.at)], actions, observed_until
         ),
         "node_failure_to_action_ms": measure.match(node_failures, actions, observed_until),
         "max_unsupervised_s": lease_stats["max_s"],
         "unsupervised": {"whole_run": lease_stats, "window": lease_window},
-        "controller_takeover_s": take["takeover_s"] if take else None,
+        "controller_takeover_s": takeover_s,
         "takeover": take,
+        # The chaos run's figures (issue 58): commands carried out for a controller that no
+        # longer held the job, and those the fence refused; replica ids started twice; the
+        # operators' requests and the upgrades (bench/fleet/chaos.py).
+        "stale_commands_executed": fence["stale_commands_executed"],
+        "stale_commands_refused": fence["stale_commands_refused"],
+        "duplicate_replica_starts": fence["duplicate_replica_starts"],
+        "operator_requests": operator_requests,
+        "upgrades": {**upgrades, "settled_s": _round(settled_s)},
         "epoch_regressions": len(sampler.regressions),
         "epoch_regression_examples": sampler.regressions[:5],
         "stages_watched": len(sampler.fence_last),
@@ -436,12 +521,22 @@ def run_size(
         "table_rows_per_min": growth,
         "pages_p95_ms": pages["p95_ms"],
         "pages": pages,
-        "faults": fault_summary(faults.records),
-        "fault_log": [fault_entry(r, t0) for r in faults.records if not r.skipped],
+        "faults": {
+            **fault_summary(faults.records),
+            "controller_pauses": len(pauses),
+            "controller_kills_in_upgrades": len(upgrade_kills),
+        },
+        "fault_log": sorted(
+            [fault_entry(r, t0) for r in faults.records if not r.skipped]
+            + [pause_entry(p, t0) for p in pauses]
+            + [upgrade_kill_entry(r, t0) for r in upgrade_kills],
+            key=lambda e: e["at"],
+        ),
         "controller_kill": _kill_detail(controller_kill),
         "controller_decisions": from_decisions,
         "jobs_by_status": _count(statuses.values()),
         "sim": {
+            "fence": fence,
             "collisions": dict(sim.collisions),
             "counts": dict(sim.counts),
             "errors": sim.errors[:5],
@@ -529,6 +624,29 @@ def fault_entry(record: FaultRecord, t0: float) -> dict:
     else:
         entry.update(controller=record.controller, pid=record.pid)
     return entry
+
+
+def pause_entry(record, t0: float) -> dict:
+    """A controller pause as fleet.json lists it."""
+    until = record.until if record.until is not None else record.at + record.planned_s
+    return {
+        "kind": "controller_pause", "at": record.at, "offset_s": round(record.at - t0, 2),
+        "controller": record.controller, "pid": record.pid, "paused_s": round(until - record.at, 2),
+    }  # fmt: skip
+
+
+def upgrade_kill_entry(record, t0: float) -> dict:
+    """A controller killed in the middle of an upgrade, as fleet.json lists it."""
+    return {
+        "kind": "controller_kill_in_upgrade", "at": record.killed_at,
+        "offset_s": round(record.killed_at - t0, 2), "controller": record.killed,
+        "pid": record.killed_pid, "job": record.job, "upgrade": record.upgrade_id,
+        "phase": record.kill_in,
+    }  # fmt: skip
+
+
+def _round(value, digits: int = 1):
+    return None if value is None else round(value, digits)
 
 
 def _kill_detail(record: FaultRecord | None) -> dict | None:

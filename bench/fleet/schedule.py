@@ -10,8 +10,9 @@ so a run is repeatable as far as the controller's timing lets it be.
 - node kill: every process of a node dies with its agent: no exit is reported, the node's
   heartbeats stop and its queue is not read for NODE_DOWN_S, then it comes back empty;
 - controller kill: SIGKILL one controller process (the launcher does not start it again; with
-  `restart_after_s` it is started again that long after). Only with two controllers or more
-  unless a restart is asked for: a lone controller killed for good leaves nothing to measure.
+  `restart_after_s` it is started again that long after: at once in a chaos run). Only with
+  two controllers or more unless a restart is asked for: a lone controller killed for good
+  leaves nothing to measure.
 """
 
 from __future__ import annotations
@@ -116,8 +117,13 @@ class FaultRunner:
         self.say = say or (lambda _m: None)
         self.records: list[FaultRecord] = []
         self.last_hit: dict[str, float] = {}
+        self.spared: set[str] = set()  # jobs no process kill hits (`spare`)
         self.stopping = threading.Event()
         self.thread: threading.Thread | None = None
+
+    def spare(self, job: str) -> None:
+        """No process kill hits `job` from now on (a job being upgraded in the chaos run)."""
+        self.spared.add(job)
 
     def start(self, start_at: float) -> None:
         self.thread = threading.Thread(
@@ -145,7 +151,8 @@ class FaultRunner:
             if self.stopping.is_set():
                 break
             record = self.fire(fault.kind)
-            if record.kind == CONTROLLER and record.controller and self.restart_after_s:
+            restarts = self.restart_after_s is not None
+            if record.kind == CONTROLLER and record.controller and restarts:
                 pending_restart = (record.at + self.restart_after_s, record.controller, record)
         while pending_restart is not None and not self.stopping.wait(0.2):
             if time.time() >= pending_restart[0]:
@@ -174,7 +181,7 @@ class FaultRunner:
         candidates = [
             r
             for r in self.sim.running_replicas()
-            if now - self.last_hit.get(r.job, -1e9) >= JOB_COOLDOWN_S
+            if now - self.last_hit.get(r.job, -1e9) >= JOB_COOLDOWN_S and r.job not in self.spared
         ]
         if not candidates:
             return FaultRecord(PROCESS, now, skipped="no replica that ran a batch, off cooldown")

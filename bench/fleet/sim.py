@@ -10,14 +10,22 @@ core:
   past its `expires` is dropped, as a Celery worker drops it);
 - the control thread hears, through keyspace notifications, a command pushed to a replica's
   control list (`spark_runtime.keys.control`) the moment it lands (a real stage blocks on BLPOP)
-  and obeys it as spark_runtime/stage.py does: promote (a new fencing epoch), stop, trigger,
-  checkpoint_interval, fault;
+  and obeys it as spark_runtime/stage.py does: promote (a new fencing epoch), demote (after its
+  next batch: a standby, the promotion passed on to its successor, as an upgrade's blue does),
+  stop, trigger, checkpoint_interval, fault;
 - the beat thread writes, every 0.1 s, what is due: each replica's heartbeat and replicas-hash
   entry every 0.5 s (spark_runtime.stage.ReplicaState.publish), its progress records after each
   micro-batch (spark_runtime.progress), each node's heartbeat and usage sample every second
   (infra.node_metrics.NodeUsage, workers.agent.publish_forever), the replicas' activity, the
   warm spares the controller asks for, a trickle of input per generator, and the agents' exit
   events (workers.agent._publish_exit, within EXIT_POLL_S of the exit).
+
+A controller's command carries its lease token (spark_runtime.command_fence): each simulated
+agent and each simulated stage judges it with `check_command`, the function the real ones call,
+with a FenceMemory of its own, and refuses (does not carry out) what the fence refuses. Apart
+from the fence, every controller's command carried out is audited against the job's lease read
+right after (`_audit`: stale when the lease holds neither its token nor the token released), and
+a start of a replica id of a job while that replica runs on another node is a duplicate.
 
 What a replica reports follows its simulated life: `starting` when its process boots, `running`
 with its epoch once its (cold or warm) start is over, one batch per trigger after that. A primary
@@ -55,6 +63,7 @@ from infra.node_metrics import NodeUsage
 from infra.processes import STAGE_MODULE, cmdline_arg
 from infra.queues import node_queue
 from spark_runtime import keys as data_keys
+from spark_runtime.command_fence import LEASE_FIELD, RELEASED_PREFIX, FenceMemory, check_command
 from spark_runtime.generators import generator_replica_id, make_payload_factory
 from spark_runtime.jobdef import resolve_topology
 from spark_runtime.progress import ProgressRecord
@@ -128,6 +137,10 @@ class Replica:
     fault_after: int | None = None
     payload: object = None  # a generator's payload factory
     seq: int = 0
+    successor: bool = False  # an upgrade's new version (--successor)
+    # A primary told to hand over (`demote`): becomes a standby right after its next batch and
+    # passes the promotion on to this successor ("": none). None: not told.
+    demote_to: str | None = None
 
 
 @dataclass
@@ -161,6 +174,7 @@ class QueueEvent:
     # When the message landed on the queue (its LPUSH's keyspace event): the controller's act.
     # A node that is down reads its queue only when it is back.
     sent_at: float | None = None
+    refused: bool = False  # the fence refused it: not carried out
 
 
 @dataclass(frozen=True)
@@ -211,6 +225,30 @@ def expired(headers: dict, now: float) -> bool:
     if at.tzinfo is None:
         at = at.replace(tzinfo=UTC)
     return at.timestamp() < now
+
+
+def job_named(task: str, args: list, kwargs: dict) -> str:
+    """The job an agent task is about ("" when it names none)."""
+    if task == tasks.START_REPLICA.name and len(args) > 3:
+        return args[3]
+    if task == tasks.START_GENERATOR.name and args:
+        return args[0]
+    if task == tasks.KILL_REPLICA.name:
+        return (args[2] if len(args) > 2 else kwargs.get("job_key")) or ""
+    if task == tasks.KILL_NODE.name:
+        return (args[0] if args else kwargs.get("job_key")) or ""
+    return ""
+
+
+def command_named(task: str, args: list) -> str:
+    """What workers/agent.py calls an agent task in its fence checks and refusals."""
+    if task == tasks.START_REPLICA.name and len(args) > 2:
+        return f"start {args[2]}"
+    if task == tasks.START_GENERATOR.name and args:
+        return f"start {generator_replica_id(args[0])}"
+    if task == tasks.KILL_REPLICA.name and args:
+        return f"kill {args[0]}"
+    return task
 
 
 class CountingPipeline:
@@ -280,6 +318,16 @@ class FleetSim:
         self.threads: list[threading.Thread] = []
         self.db = redis.Redis.from_url(redis_url).connection_pool.connection_kwargs.get("db", 0)
         self.errors: list[str] = []
+        # The fence as the real receivers keep it: one memory per agent (a new one when the
+        # agent comes back after its node died) and one per stage process.
+        self.agent_fences: dict[str, FenceMemory] = defaultdict(FenceMemory)
+        self.stage_fences: dict[int, FenceMemory] = defaultdict(FenceMemory)
+        # What the fence let through or not, judged apart from it (`_audit`), and replica ids
+        # started while a process of the same job and id ran on another node.
+        self.fence_counts: dict[str, int] = defaultdict(int)
+        self.stale_examples: list[dict] = []
+        self.refusal_examples: list[dict] = []
+        self.duplicates: list[dict] = []
 
     # --- lifecycle ------------------------------------------------------------------------
 
@@ -406,6 +454,7 @@ class FleetSim:
             final=final,
             cpu_priorities=parsed.cpu_priorities,
             topology=topology,
+            successor=parsed.successor,
         )
         replica.info = {
             "replica": replica_id,
@@ -422,6 +471,12 @@ class FleetSim:
         if parsed.seed_from:
             replica.info["seeded_batches"] = 1
         replica.next_hb = replica.started_at
+        elsewhere = sorted(p.node for p in self.by_job_id.get((job, replica_id), {}).values())
+        if elsewhere:
+            # One replica id of one job would run twice: both would write as that replica.
+            self.duplicates.append(
+                {"at": now, "job": job, "replica_id": replica_id, "nodes": [*elsewhere, node]}
+            )
         self._add(replica)
         self.stages_seen.add((replica.job, replica.stage))
         self.counts["started_warm" if took_spare else "started_cold"] += 1
@@ -432,6 +487,8 @@ class FleetSim:
         replica_id = generator_replica_id(job)
         if self._find(node, replica_id, job):
             return
+        if self.by_job_id.get((job, replica_id)):
+            self.counts["generator_on_two_nodes"] += 1
         now = time.time()
         pid = next(self.pids)
         try:
@@ -451,6 +508,7 @@ class FleetSim:
         if not self._remove(replica):
             return
         replica.state = "ended"
+        self.stage_fences.pop(replica.pid, None)
         now = time.time()
         recent = self.ended[(replica.node, replica.replica_id)]
         recent.append((now, replica.job, replica.stage))
@@ -490,25 +548,42 @@ class FleetSim:
                 self._end(replica, -9, "kill_node")
 
     def handle_message(
-        self, node: str, raw, popped_at: float, sent_at: float | None = None
+        self, node: str, raw, popped_at: float, sent_at: float | None = None, client=None
     ) -> None:
-        """One Celery message popped from `node`'s queue (`sent_at`: when it landed there)."""
+        """One Celery message popped from `node`'s queue (`sent_at`: when it landed there).
+        A controller's command (one carrying its lease token) is judged by the agent's fence
+        first, as workers/agent.py does (`client`: a Redis connection decoding responses, for
+        the lease read); a refused one is not carried out."""
         task, args, kwargs, headers = decode_message(raw)
         late = expired(headers, popped_at)
+        token = kwargs.get(LEASE_FIELD)
+        about = job_named(task, args, kwargs)
+        what = command_named(task, args)
+        refused = False
+        if token is not None and not late and about:
+            # A worker drops an expired message before its task runs: no fence check then.
+            verdict = check_command(
+                client, self.agent_fences[node], about, token, f"agent {node}", what
+            )
+            self.count()
+            refused = not verdict.accepted
+            if refused:
+                self._refused(about, what, token, verdict.reason, f"agent {node}")
+        carry_out = not late and not refused
         job = stage = replica_id = ""
         candidates: set[tuple[str, str]] = set()
         with self.lock:
             if task == tasks.START_REPLICA.name:
                 module, stage_args, replica_id, job = args[:4]
                 stage = cmdline_arg(stage_args, "--stage") or ""
-                if not late and module == STAGE_MODULE:
+                if carry_out and module == STAGE_MODULE:
                     self._start(node, stage_args, replica_id, job, kwargs.get("warm", False))
-                elif not late:
+                elif carry_out:
                     self.counts["refused_start"] += 1
             elif task == tasks.START_GENERATOR.name:
                 job = args[0]
                 replica_id = generator_replica_id(job)
-                if not late:
+                if carry_out:
                     rate = args[2] if len(args) > 2 else 1.0
                     seed = args[3] if len(args) > 3 else 0
                     self._start_generator(node, job, args[1], rate, seed)
@@ -528,11 +603,11 @@ class FleetSim:
                 if named is not None:
                     job = named
                     candidates = candidates or {(named, "")}
-                if not late:
+                if carry_out:
                     self._kill(node, replica_id, signal_name, popped_at, named)
             elif task == tasks.KILL_NODE.name:
                 job = (args[0] if args else kwargs.get("job_key")) or ""
-                if not late:
+                if carry_out:
                     self._kill_node_stages(node, job or None)
             else:
                 self.counts[f"unhandled {task}"] += 1
@@ -540,11 +615,40 @@ class FleetSim:
                 self.counts["expired_messages"] += 1
             self.queue_log.append(
                 QueueEvent(popped_at, node, task, job, stage, replica_id, late,
-                           tuple(sorted(candidates)), sent_at)
+                           tuple(sorted(candidates)), sent_at, refused)
             )  # fmt: skip
+        if token is not None and carry_out and about:
+            self._audit(client, about, token, what, f"agent {node}")
+
+    def _refused(self, job: str, command: str, token: str, reason: str, receiver: str) -> None:
+        with self.lock:
+            self.fence_counts["refused"] += 1
+            if len(self.refusal_examples) < 5:
+                self.refusal_examples.append(
+                    {"at": time.time(), "job": job, "command": command, "token": token,
+                     "receiver": receiver, "reason": reason}
+                )  # fmt: skip
+
+    def _audit(self, client, job: str, token: str, command: str, receiver: str) -> None:
+        """Judge a controller's command carried out just now, apart from the fence: it is stale
+        when the job's lease, read now, holds neither its token nor the token released (its
+        sender no longer held the job)."""
+        lease = client.get(data_keys.controller_lease(job))
+        self.count()
+        with self.lock:
+            self.fence_counts["carried_out"] += 1
+            if lease in (token, RELEASED_PREFIX + token):
+                return
+            self.fence_counts["stale_executed"] += 1
+            if len(self.stale_examples) < 5:
+                self.stale_examples.append(
+                    {"at": time.time(), "job": job, "command": command, "token": token,
+                     "lease": lease, "receiver": receiver}
+                )  # fmt: skip
 
     def _queue_loop(self) -> None:
         client = redis.Redis.from_url(self.redis_url)
+        fence_client = self._client()
         while not self.stopping.is_set():
             with self.lock:
                 queues = {node_queue(a.name): a.name for a in self.agents.values() if a.up}
@@ -558,7 +662,7 @@ class FleetSim:
             queue, raw = popped
             now = time.time()
             node = queues[queue.decode()]
-            self.handle_message(node, raw, now, self._push_time(node))
+            self.handle_message(node, raw, now, self._push_time(node), fence_client)
 
     def _push_time(self, node: str) -> float | None:
         """When the message just popped from `node`'s queue was pushed: the oldest push heard
@@ -635,11 +739,26 @@ class FleetSim:
                 command = json.loads(raw)
             except ValueError:
                 continue
+            token = command.get(LEASE_FIELD) if isinstance(command, dict) else None
+            receiver = f"stage {replica.replica_id}"  # as spark_runtime/stage.py says it
+            what = str(command.get("cmd")) if isinstance(command, dict) else "?"
+            if token is not None:
+                # spark_runtime/stage.py: a controller's command is judged by the fence first.
+                verdict = check_command(
+                    client, self.stage_fences[replica.pid], replica.job, token, receiver, what
+                )
+                self.count()
+                if not verdict.accepted:
+                    self._refused(replica.job, what, token, verdict.reason, receiver)
+                    continue
             with self.lock:
                 self.control_log.append(
                     ControlEvent(at, replica.job, replica.replica_id, replica.stage, command)
                 )
-            if self._command(client, replica, command):
+            ended = self._command(client, replica, command)
+            if token is not None:
+                self._audit(client, replica.job, token, what, receiver)
+            if ended:
                 return
 
     def _command(self, client, replica: Replica, command: dict) -> bool:
@@ -670,6 +789,11 @@ class FleetSim:
                 self._publish_now(client, replica)
                 self.counts["promotions"] += 1
                 return False
+            if cmd == "demote":
+                # Carried out right after its next batch (`_batch`).
+                if replica.role == "primary":
+                    replica.demote_to = command.get("successor") or ""
+                return False
             if cmd == "trigger":
                 replica.trigger_s = float(command.get("seconds", replica.trigger_s))
                 replica.info["trigger_seconds"] = replica.trigger_s
@@ -685,7 +809,9 @@ class FleetSim:
         return False
 
     def _renice(self, replica: Replica) -> None:
-        nice = wanted_nice(replica.cpu_priorities, replica.role, "running", replica.batches > 0)
+        nice = wanted_nice(
+            replica.cpu_priorities, replica.role, "running", replica.batches > 0, replica.successor
+        )
         replica.info["nice"] = nice
         replica.info["batch_every_s"] = batch_every_s(nice)
 
@@ -888,7 +1014,24 @@ class FleetSim:
             if replica.role != "primary":
                 replica.info["lag_s"] = 0.0
         self._progress(pipe, replica, now)
+        if replica.demote_to is not None:
+            self._demoted(pipe, replica, now)
         return False
+
+    def _demoted(self, pipe, replica: Replica, now: float) -> None:
+        """spark_runtime.stage's `demote`, once the batch is written: a standby from now on,
+        at full pace, passing the promotion on to its successor at once (no lease token: the
+        stage's own command, not a controller's)."""
+        successor, replica.demote_to = replica.demote_to, None
+        replica.role = "standby"
+        replica.info.update(
+            role="standby", state="running", demoted_at=now, batch_every_s=None, lag_s=0.0
+        )
+        self._beat(pipe, replica, now)
+        if successor:
+            promote = json.dumps({"cmd": "promote", "from": replica.replica_id})
+            pipe.rpush(data_keys.control(replica.job, successor), promote)
+        self.counts["demotions"] += 1
 
     def _generate(self, pipe, replica: Replica, now: float) -> None:
         """A trickle of the job's input (one entry a second): the input stream exists and grows,
@@ -1006,6 +1149,8 @@ class FleetSim:
             agent.up = False
             agent.down_until = time.time() + down_s
             agent.spares.clear()
+            # Its agent died with it: the one that comes back remembers nothing.
+            self.agent_fences.pop(node, None)
         client = self._client()
         client.delete(data_keys.spares(node))
         self.count()
@@ -1017,6 +1162,25 @@ class FleetSim:
                 agent.up, agent.down_until, agent.next_publish = True, None, 0.0
 
     # --- for the measurement ---------------------------------------------------------------------
+
+    def processes_of(self, job: str) -> list[Replica]:
+        """The live processes (stages and generator) of `job`."""
+        with self.lock:
+            return [p for p in self.processes.values() if p.job == job]
+
+    def fence_figures(self) -> dict:
+        """What the fence did and what got through it (`_audit`), and replica ids started
+        twice."""
+        with self.lock:
+            return {
+                "stale_commands_executed": self.fence_counts["stale_executed"],
+                "stale_commands_refused": self.fence_counts["refused"],
+                "duplicate_replica_starts": len(self.duplicates),
+                "fenced_commands_carried_out": self.fence_counts["carried_out"],
+                "stale_examples": list(self.stale_examples),
+                "refusal_examples": list(self.refusal_examples),
+                "duplicate_examples": self.duplicates[:5],
+            }
 
     def snapshot(self) -> dict:
         with self.lock:

@@ -28,7 +28,9 @@ from bench.fleet.sim import FleetSim, SimTiming, decode_message
 from console.models import ControlDecision, Job
 from console.services import fleet
 from infra import tasks
+from infra.processes import STAGE_MODULE
 from infra.queues import node_queue
+from spark_runtime import keys
 
 # The contract of fleet.json (issue 41): other checks read these keys.
 REQUIRED_KEYS = {
@@ -46,6 +48,12 @@ REQUIRED_KEYS = {
     "redis_commands_per_s",
     "metric_rows_per_min",
     "pages_p95_ms",
+    # Issue 58's chaos run.
+    "stale_commands_executed",
+    "stale_commands_refused",
+    "duplicate_replica_starts",
+    "operator_requests",
+    "upgrades",
 }
 PAGES = {"overview", "jobs_api", "placement", "metrics"}
 
@@ -112,11 +120,17 @@ def test_the_fleet_scale_section_is_written_and_the_rest_of_results_md_kept(tmp_
         "redis_commands_per_s_by": {}, "metric_rows_per_min": 100.0,
         "pages_p95_ms": {"overview": 90.0, "jobs_api": 20.0, "placement": 60.0, "metrics": 30.0},
         "machine": {"cores": 2, "loadavg": [1.0, 1.0, 1.0]},
+        "stale_commands_executed": 0, "stale_commands_refused": 3, "duplicate_replica_starts": 0,
+        "operator_requests": {"sent": 4, "lost": 0},
+        "upgrades": {"started": 2, "unfinished": 0, "takeover_s": [3.1, 4.2]},
+        "faults": {"controller_pauses": 3, "controller_kills_in_upgrades": 2},
     }  # fmt: skip
     report.write_results([figures], "manage.py fleet_sim --jobs 10", results_md)
     text = results_md.read_text()
     assert "## Load\n\nhand-written" in text and "## Fleet scale" in text
     assert "| 10 | 5 | 14 | 2 | 80 / 400 (14); 70 / 300 (13) | 0.5 | 5.5 | 0 |" in text
+    assert "3 controller pauses" in text and "2 controllers SIGKILLed" in text
+    assert "sent 4, lost 0; upgrades started 2, unfinished 0" in text
     assert "missed: controller_takeover_s = 5.5 (goal <= 5)." in text
 
 
@@ -259,6 +273,107 @@ def test_the_simulated_agent_tells_apart_two_jobs_running_the_same_replica_id(se
         assert sim._kill("n1", "count-1", "SIGKILL", time.time(), None)
     assert [(e[1].job, e[2]) for e in sim.pending_exits] == [("j2", -9), ("j1", -9)]
     assert sim.collisions == {"kill_replica": 1}
+
+
+STAGE_ARGS = [
+    "--job", "j1", "--topology", "wordcount", "--stage", "count", "--role", "primary",
+    "--replica-id", "count-1", "--node", "n1", "--operators", "split,count",
+]  # fmt: skip
+
+
+def popped(url: str, queue: str, task, *args, **kwargs):
+    """A Celery message as the controller sends it, popped from its queue."""
+    with django_pointed_at(Services(url, ""), use_database=False):
+        tasks.send(task, *args, queue=queue, **kwargs)
+    return redis.Redis.from_url(url).rpop(queue)
+
+
+def test_the_simulated_agent_and_stage_refuse_a_command_of_a_lost_lease(settings):
+    url = settings.REDIS_URL
+    client = redis.Redis.from_url(url, decode_responses=True)
+    lease, queue = keys.controller_lease("j1"), node_queue("n1")
+    client.delete(lease, queue, keys.control("j1", "count-1"))
+    refused_before = client.xlen(keys.refused_commands())
+    client.set(lease, "c2#2")
+    sim = FleetSim(url, ["n1"], SimTiming())
+    start = popped(url, queue, tasks.START_REPLICA, STAGE_MODULE, STAGE_ARGS, "count-1",
+                   "j1", warm=False, lease="c2#2")  # fmt: skip
+    sim.handle_message("n1", start, time.time(), client=client)
+    assert [p.job for p in sim.live_on("n1")] == ["j1"]
+    # A kill from the controller of tenure 1, which lost the job to tenure 2: refused, and said
+    # on the refused-commands stream; the replica runs on.
+    kill = popped(url, queue, tasks.KILL_REPLICA, "count-1", job_key="j1", lease="c1#1")
+    sim.handle_message("n1", kill, time.time(), client=client)
+    assert [p.job for p in sim.live_on("n1")] == ["j1"]
+    assert client.xlen(keys.refused_commands()) == refused_before + 1
+    assert sim.fence_figures()["refusal_examples"][0]["receiver"] == "agent n1"
+    # The stage too: a stop of the old tenure waits in its list, is refused when read.
+    replica = sim.live_on("n1")[0]
+    replica.state = "running"
+    control = keys.control("j1", "count-1")
+    client.rpush(control, json.dumps({"cmd": "stop", "lease": "c1#1"}))
+    sim._obey(client, control, time.time())
+    assert sim.live_on("n1") == [replica] and client.llen(control) == 0
+    # The holder released the lease after sending its kill (a stop): the kill still counts.
+    client.set(lease, "released#c2#2")
+    kill = popped(url, queue, tasks.KILL_REPLICA, "count-1", job_key="j1", lease="c2#2")
+    sim.handle_message("n1", kill, time.time(), client=client)
+    assert sim.live_on("n1") == []
+    figures = sim.fence_figures()
+    assert figures["stale_commands_refused"] == 2 and figures["stale_commands_executed"] == 0
+    assert figures["fenced_commands_carried_out"] == 2
+    assert [e.refused for e in sim.queue_log] == [False, True, False]
+    # The audit, apart from the fence: a command carried out while the lease names another
+    # tenure is stale.
+    sim._audit(client, "j1", "c1#1", "kill_replica", "agent n1")
+    assert sim.fence_figures()["stale_commands_executed"] == 1
+
+
+def test_a_replica_id_started_on_a_second_node_while_it_runs_is_a_duplicate(settings):
+    sim = FleetSim(settings.REDIS_URL, ["n1", "n2"], SimTiming())
+    on_n2 = [a if a != "n1" else "n2" for a in STAGE_ARGS]
+    with sim.lock:
+        assert sim._start("n1", STAGE_ARGS, "count-1", "j1", warm=False) == "started"
+        assert sim._start("n1", STAGE_ARGS, "count-1", "j1", warm=False) == "running already"
+        assert sim.duplicates == []
+        assert sim._start("n2", on_n2, "count-1", "j1", warm=False) == "started"
+    assert [(d["job"], d["replica_id"], d["nodes"]) for d in sim.duplicates] == [
+        ("j1", "count-1", ["n1", "n2"])
+    ]
+
+
+def test_a_demoted_primary_hands_over_after_its_next_batch(settings):
+    client = redis.Redis.from_url(settings.REDIS_URL, decode_responses=True)
+    client.delete(keys.control("j1", "count-2"))
+    sim = FleetSim(settings.REDIS_URL, ["n1"], SimTiming())
+    with sim.lock:
+        sim._start("n1", STAGE_ARGS, "count-1", "j1", warm=False)
+    blue = sim.live_on("n1")[0]
+    blue.state, blue.epoch = "running", 1
+    assert not sim._command(client, blue, {"cmd": "demote", "successor": "count-2"})
+    assert blue.role == "primary"  # until its next batch is written
+    pipe = client.pipeline(transaction=False)
+    with sim.lock:
+        assert not sim._batch(pipe, blue, time.time())
+    pipe.execute()
+    assert blue.role == "standby" and blue.info["role"] == "standby"
+    assert json.loads(client.lpop(keys.control("j1", "count-2"))) == {
+        "cmd": "promote", "from": "count-1"
+    }  # fmt: skip
+
+
+def test_a_failure_whose_controller_was_paused_or_gone_has_no_live_controller():
+    jobs = ["a", "b", "c"]
+    samples = [(t, ["h:10:x", "h:20:y", None]) for t in (0.0, 0.5, 1.0, 1.5, 2.0)]
+    check = measure.unattended(samples, jobs, [measure.Outage(10, 1.2, 1.9)])
+    assert check("a", 1.5) and check("a", 0.5)  # paused then, or within the second after
+    assert not check("a", 0.1) and not check("a", 2.0)
+    assert not check("b", 1.5)  # its controller ran
+    assert check("c", 1.0)  # nobody held it
+    # Taken over at 1.0 s: its new controller is still taking it in the second after.
+    moved = [(t, ["h:10:x" if t < 1.0 else "h:30:z"]) for t in (0.0, 0.5, 1.0, 1.5, 2.0, 2.5)]
+    taken = measure.unattended(moved, ["a"], [])
+    assert taken("a", 1.2) and taken("a", 1.9) and not taken("a", 2.1) and not taken("a", 0.7)
 
 
 # --- the goals at fleet scale (slow) -----------------------------------------------------------

@@ -2,6 +2,11 @@
 
     manage.py fleet_sim --jobs 200 --nodes 50 --controllers 2 --duration 120 --out var/fleet
     manage.py fleet_sim --curve 10,50,100,200,500 --nodes 50 --controllers 2 --write-results
+    manage.py fleet_sim --jobs 200 --nodes 50 --controllers 3 --pause-controllers 10 \
+        --kill-during-upgrade 5 --duration 300
+
+The last is the chaos run of the control plane (bench/fleet/chaos.py): controllers paused,
+controllers killed in the middle of upgrades, operators' stops, rollbacks and confirms.
 
 By default the run starts its own PostgreSQL (initdb in a temporary directory, with
 pg_stat_statements, so the database's counters count the fleet's queries and nobody else's)
@@ -52,9 +57,14 @@ def command_line(options: dict) -> str:
     """The command as run (for fleet.json and RESULTS.md), also when called from code."""
     if sys.argv[1:2] == ["fleet_sim"]:
         return "manage.py fleet_sim " + " ".join(shlex.quote(a) for a in sys.argv[2:])
-    shown = ("jobs", "nodes", "controllers", "duration", "out", "seed", "curve")
+    shown = (
+        "jobs", "nodes", "controllers", "pause_controllers", "kill_during_upgrade", "duration",
+        "out", "seed", "curve",
+    )  # fmt: skip
     return "manage.py fleet_sim " + " ".join(
-        f"--{name} {shlex.quote(str(options[name]))}" for name in shown if options.get(name)
+        f"--{name.replace('_', '-')} {shlex.quote(str(options[name]))}"
+        for name in shown
+        if options.get(name)
     )
 
 
@@ -102,12 +112,37 @@ class Command(BaseCommand):
             "--controller-restart-after",
             type=float,
             default=None,
-            help="start the killed controller again after this many seconds (default: never)",
+            help="start the killed controller again after this many seconds (default: never; "
+            "at once in a chaos run)",
         )
         parser.add_argument("--controller-concurrency", type=int, default=8)
         parser.add_argument("--page-requests", type=int, default=20)
         parser.add_argument("--warmup-timeout", type=float, default=300.0)
         parser.add_argument("--cold-start", type=float, default=SimTiming.cold_start_s)
+        parser.add_argument(
+            "--pause-controllers",
+            type=int,
+            default=0,
+            help="pause a random controller (SIGSTOP) for 2-10 s this many times",
+        )
+        parser.add_argument(
+            "--kill-during-upgrade",
+            type=int,
+            default=0,
+            help="upgrade this many jobs and SIGKILL each one's controller in the middle",
+        )
+        parser.add_argument(
+            "--upgrade-validation",
+            type=float,
+            default=FleetConfig.upgrade_validation_s,
+            help="the policy's upgrade validation window for those upgrades (seconds)",
+        )
+        parser.add_argument(
+            "--chaos-settle",
+            type=float,
+            default=FleetConfig.chaos_settle_s,
+            help="seconds to wait after the window for the chaos run's requests to take effect",
+        )
 
     def handle(self, *args, **options):
         sizes = parse_sizes(options["curve"]) if options["curve"] else [options["jobs"]]
@@ -127,6 +162,10 @@ class Command(BaseCommand):
                 warmup_timeout_s=options["warmup_timeout"],
                 page_requests=options["page_requests"],
                 timing=SimTiming(cold_start_s=options["cold_start"]),
+                pause_controllers=options["pause_controllers"],
+                kill_during_upgrade=options["kill_during_upgrade"],
+                upgrade_validation_s=options["upgrade_validation"],
+                chaos_settle_s=options["chaos_settle"],
             )
         except ValueError as exc:
             raise CommandError(str(exc)) from exc
