@@ -29,6 +29,7 @@ from console.services import upgrades as upgrade_service
 from console.services.control.act import (
     AgentLauncher,
     apply_give_up,
+    carry_out,
     command_sender,
     ensure_generator,
     keep_warm_spares,
@@ -270,7 +271,7 @@ def supervise_tick(job: Job, supervisor: Supervisor, client) -> TickReport:
         report.actions += len(due)
         kind, _ = decision_kinds(due)
         decide(job, kind, "backoff over: " + describe_actions(due))
-        execute(due, launcher, command_sender(client, job))
+        carry_out(job, supervisor, client, due, launcher)
     for event in observe(supervisor, launcher, client, job.key, now):
         # Which run of the replica the event is about (handle() may relaunch it).
         watched = supervisor.replicas.get(event.replica_id)
@@ -301,7 +302,7 @@ def supervise_tick(job: Job, supervisor: Supervisor, client) -> TickReport:
             )
         else:
             record_failure(job, client, event, actions, launched_at)
-        execute(actions, launcher, command_sender(client, job))
+        carry_out(job, supervisor, client, actions, launcher)
         waiting = [
             Replica.full_id(job.key, a.replica_id)
             for a in actions
@@ -442,7 +443,7 @@ def look_at_upgrade(job: Job, supervisor: Supervisor, client, slot) -> None:
     slot.upgrade_open = False
     actions = upgrade_service.reconcile_upgrade(job, supervisor, time.time(), client)
     if actions:
-        execute(actions, AgentLauncher(job, client), command_sender(client, job))
+        carry_out(job, supervisor, client, actions)
     machine = supervisor.upgrade
     slot.upgrade_seen = (machine.upgrade_id, machine.phase) if machine else None
 
@@ -462,7 +463,7 @@ def reconcile_strategy(job: Job, supervisor: Supervisor, client) -> None:
         f"strategy {before} -> {job.strategy}: "
         + (describe_actions(actions) if actions else "the standbys there are stay"),
     )
-    execute(actions, AgentLauncher(job, client), command_sender(client, job))
+    carry_out(job, supervisor, client, actions)
 
 
 def policy_step(job: Job, supervisor: Supervisor, client, view, operators: dict) -> None:

@@ -205,21 +205,26 @@ def test_a_controller_killed_during_a_restart_backoff_restarts_the_replica_once(
 
 
 def test_a_controller_killed_as_a_promotion_completes_asks_for_the_same_new_standby(redis_conn):
+    # The new standby is in the saved state before its start is sent: a controller killed (or
+    # paused past its lease) before its end-of-reconcile save leaves its successor a state that
+    # names it, not an older one that gives its id out again. Seen in the fleet simulator's
+    # chaos run before: the successor started window_count-3 a second time, on another node.
     job, sup = running_adaptive_job(redis_conn)
     redis_conn.delete(data_keys.heartbeat(job.key, "wc-1"))
     redis_conn.hset(control_keys.exits(job.key), "wc-1", json.dumps({"returncode": "-9"}))
     controller.supervise_tick(job, sup, redis_conn)  # promotes wc-2
     observe.save_supervisor(redis_conn, job, sup)
     heartbeat(redis_conn, job, "wc-2", "primary")  # the promotion completed
-    controller.supervise_tick(
-        job, sup, redis_conn
-    )  # asks for a new standby; killed before the save
-    first = [args[2] for _, args in asked(redis_conn, "backstop.agent.start_replica")]
+    controller.supervise_tick(job, sup, redis_conn)  # a new standby; killed before the save
+    [(node, args)] = asked(redis_conn, "backstop.agent.start_replica")
+    assert args[2] == "wc-3"
     again = observe.load_supervisor(redis_conn, job)
-    controller.supervise_tick(job, again, redis_conn)  # the next controller sees the same and acts
-    asks = [args[2] for _, args in asked(redis_conn, "backstop.agent.start_replica")]
-    # The same replica id both times: the agent starts it once and leaves a running one alone.
-    assert first == ["wc-3"] and asks == ["wc-3", "wc-3"]
+    assert again.replicas["wc-3"].spec.node == node
+    assert controller.reissue_pending(job, again, redis_conn) == 1  # the next controller
+    controller.supervise_tick(job, again, redis_conn)
+    asks = [(n, a[2]) for n, a in asked(redis_conn, "backstop.agent.start_replica")]
+    # The same replica on the same node both times: the agent leaves a running one alone.
+    assert asks == [(node, "wc-3"), (node, "wc-3")]
     assert RecoveryEpisode.objects.filter(job=job).count() == 1
 
 

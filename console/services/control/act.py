@@ -17,7 +17,7 @@ from console.models import ControlDecision, Job, Node, Operator, Replica
 from console.policy.checkpoint import stage_interval, state_store_confs
 from console.policy.resources import node_capacities
 from console.policy.spares import spare_needed, spares_wanted, stages_covered
-from console.services.control.fence import delete_state, lease_fields
+from console.services.control.fence import delete_state, lease_fields, write_state
 from console.services.control.observe import alive_nodes, node_history, spares_by_state
 from console.services.control.record import (
     FAILURE_TAIL_LINES,
@@ -36,7 +36,17 @@ from spark_runtime.runner import stage_args
 from spark_runtime.spare import REFILL_HOLD_S, hold_spare_refills
 from spark_runtime.spare_plans import withdraw_plans
 from spark_runtime.strategies import get_strategy
-from spark_runtime.supervision import JOB, GiveUp, KillReplica, ReplicaSpec, Supervisor, execute
+from spark_runtime.supervision import (
+    JOB,
+    GiveUp,
+    KillReplica,
+    ReplicaSpec,
+    RestartJob,
+    RestartStage,
+    StartReplica,
+    Supervisor,
+    execute,
+)
 
 # An agent's activity entry older than this (it publishes every second) does not count.
 ACTIVITY_FRESH_S = 5.0
@@ -144,6 +154,24 @@ class AgentLauncher:
 
     def _db_id(self, replica_id: str) -> str:
         return Replica.full_id(self.job.key, replica_id)
+
+
+# Actions that start a replica process (under an id the supervisor gave out).
+STARTING_ACTIONS = (StartReplica, RestartStage, RestartJob)
+
+
+def carry_out(job: Job, supervisor: Supervisor, client, actions: list, launcher=None) -> None:
+    """Carry out the supervisor's `actions`. When one starts a replica, the supervision state
+    that names it is saved first (under this thread's lease, LeaseLost if another holds it):
+    a controller paused after the start and before its end-of-reconcile save would otherwise
+    leave its successor an older state, whose next replica id is the one just started, and the
+    successor would start that id a second time on another node (seen in the fleet
+    simulator's chaos run). Saved first, the successor sends the same start again instead,
+    which the agent leaves alone."""
+    if any(isinstance(action, STARTING_ACTIONS) for action in actions):
+        state = json.dumps(supervisor.to_dict())
+        write_state(client, job.key, control_keys.controller_state(job.key), state)
+    execute(actions, launcher or AgentLauncher(job, client), command_sender(client, job))
 
 
 def send_kill(job_key: str, replica_id: str, node: str) -> None:

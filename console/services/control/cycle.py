@@ -23,8 +23,7 @@ from console.policy.placement import CycleInput, StandbyVerdict, run_cycle
 from console.policy.priority import ACTIVE, measured_demands, operator_priorities
 from console.services import prediction, recovery
 from console.services.control.act import (
-    AgentLauncher,
-    command_sender,
+    carry_out,
     send_command,
     stage_interval_of,
     trigger_of,
@@ -34,7 +33,7 @@ from console.services.control.record import decide, priority_fields
 from infra import keys as control_keys
 from spark_runtime import keys as data_keys
 from spark_runtime.jobdef import resolve_topology
-from spark_runtime.supervision import FAILED, RUNNING, STANDBY, Supervisor, execute
+from spark_runtime.supervision import FAILED, RUNNING, STANDBY, Supervisor
 
 
 def policy_cycle(
@@ -294,7 +293,7 @@ def apply_cycle(job, supervisor, client, actions, stage_of, operators=None) -> N
             steps = supervisor.move_standby(stage, node, now)
         else:
             raise TypeError(f"unknown policy action {action!r}")
-        execute(steps, AgentLauncher(job, client), command_sender(client, job))
+        carry_out(job, supervisor, client, steps)
         decide(
             job, kind, action.reason, operator=action.operator, stage=stage, node=node,
             detail=detail,
