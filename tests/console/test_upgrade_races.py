@@ -153,9 +153,10 @@ def test_an_abandon_keeps_an_end_written_meanwhile(client, users, api_as):
 def test_a_controller_that_takes_over_mid_upgrade_ends_it_and_stops_the_orphaned_green(
     client, users
 ):
-    """Controller A consumes the wake-up, starts green and writes the record, then dies (or
-    loses the lease) before saving the supervision state. B takes the job over from the state
-    last saved, which knows nothing of the upgrade, and no wake-up is left."""
+    """Controller A consumes the wake-up and writes the record (starting, green named), then
+    dies (or loses the lease) before it saves the supervision state and sends green's start.
+    B takes the job over from the state last saved, which knows nothing of the upgrade, and no
+    wake-up is left."""
     job = running_job()
     now = time.time()
     running_supervisor(job, client, now)
@@ -163,13 +164,11 @@ def test_a_controller_that_takes_over_mid_upgrade_ends_it_and_stops_the_orphaned
     JobUpgrade.objects.filter(pk=upgrade.pk).update(case="seeded", stage="topn")
     upgrades.wake(job, client)  # what the state check does once it decided the case
     view = fleet.read_fleet_view(client)
-    # Controller A: one reconcile (the fleet saves the state after it; A dies first).
+    # Controller A: the upgrade's step decided and recorded, not carried out (A dies first).
     a = load_supervisor(client, job)
-    assert controller.reconcile_job(job, a, client, view, reconcile_slot(job, a))
+    assert upgrades.reconcile_upgrade(job, a, now, client)
     upgrade.refresh_from_db()
     assert (upgrade.status, upgrade.green_replica) == ("starting", "topn-2")
-    green_row = Replica.objects.get(replica_id=Replica.full_id(job.key, "topn-2"))
-    assert green_row.state == Replica.State.STARTING  # its start was sent to the node agent
     # Controller B takes over: the saved state, a fresh slot.
     b = load_supervisor(client, job)
     assert b.upgrade is None
@@ -177,10 +176,34 @@ def test_a_controller_that_takes_over_mid_upgrade_ends_it_and_stops_the_orphaned
     upgrade.refresh_from_db()
     assert upgrade.status == "abandoned"
     assert "restarted before the upgrade's state was saved" in upgrade.outcome
-    green_row.refresh_from_db()
-    assert green_row.state == Replica.State.STOPPED  # the orphan's kill was sent
     # The job can be upgraded again (not 409 for ever).
     assert upgrades.request_upgrade(job, params={"topn.n": 4}, user=users[OPERATOR]).pk
+
+
+def test_a_controller_that_takes_over_after_green_was_started_goes_on_with_the_upgrade(
+    client, users
+):
+    """Controller A starts green, then dies before its end-of-reconcile save: the state that
+    names green was saved before green's start was sent, so B goes on with the upgrade instead
+    of abandoning it and orphaning green."""
+    job = running_job()
+    now = time.time()
+    running_supervisor(job, client, now)
+    upgrade = upgrades.request_upgrade(job, params={"topn.n": 3}, user=users[OPERATOR])
+    JobUpgrade.objects.filter(pk=upgrade.pk).update(case="seeded", stage="topn")
+    upgrades.wake(job, client)
+    view = fleet.read_fleet_view(client)
+    a = load_supervisor(client, job)
+    assert controller.reconcile_job(job, a, client, view, reconcile_slot(job, a))
+    green_row = Replica.objects.get(replica_id=Replica.full_id(job.key, "topn-2"))
+    assert green_row.state == Replica.State.STARTING  # its start was sent to the node agent
+    b = load_supervisor(client, job)
+    assert b.upgrade is not None and b.upgrade.green == "topn-2"
+    assert controller.reconcile_job(job, b, client, view, reconcile_slot(job, b))
+    upgrade.refresh_from_db()
+    assert upgrade.status == "starting"
+    green_row.refresh_from_db()
+    assert green_row.state == Replica.State.STARTING
 
 
 def test_an_upgrade_whose_wake_up_was_lost_is_started_from_the_database(client, users):
