@@ -30,12 +30,12 @@ from console.services.control.act import (
     AgentLauncher,
     apply_give_up,
     carry_out,
-    command_sender,
     ensure_generator,
     keep_warm_spares,
     stop_everything,
     stop_generator,
 )
+from console.services.control.commands import command_sender
 from console.services.control.cycle import policy_cycle, record_standby_verdict
 from console.services.control.fence import acting_under, write_state
 from console.services.control.observe import (

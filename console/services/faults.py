@@ -23,7 +23,7 @@ from console.policy.fault_params import (
     validate_params,
 )
 from console.redis import redis_client
-from console.services.control.act import send_command
+from console.services.control.commands import send_command
 from console.services.jobs import dispatch
 from infra import keys, tasks
 from infra.kafka_outage import ASKED, DOWN, OutageRefused, outage, registration, request_outage

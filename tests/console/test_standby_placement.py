@@ -18,7 +18,8 @@ from console.models import ControlDecision, Job, Replica
 from console.policy.placement import MOVE_SETTLE_S
 from console.services import controller
 from console.services.control import cycle, observe
-from console.services.control.act import AgentLauncher, command_sender
+from console.services.control.act import AgentLauncher
+from console.services.control.commands import command_sender
 from infra import keys as control_keys
 from infra.queues import node_queue
 from spark_runtime.supervision import RUNNING, HeartbeatSeen, execute

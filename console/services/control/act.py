@@ -17,6 +17,7 @@ from console.models import ControlDecision, Job, Node, Operator, Replica
 from console.policy.checkpoint import stage_interval, state_store_confs
 from console.policy.resources import node_capacities
 from console.policy.spares import spare_needed, spares_wanted, stages_covered
+from console.services.control.commands import command_sender, send_kill
 from console.services.control.fence import delete_state, lease_fields, write_state
 from console.services.control.observe import alive_nodes, node_history, spares_by_state
 from console.services.control.record import (
@@ -172,24 +173,6 @@ def carry_out(job: Job, supervisor: Supervisor, client, actions: list, launcher=
         state = json.dumps(supervisor.to_dict())
         write_state(client, job.key, control_keys.controller_state(job.key), state)
     execute(actions, launcher or AgentLauncher(job, client), command_sender(client, job))
-
-
-def send_kill(job_key: str, replica_id: str, node: str) -> None:
-    """Ask `node`'s agent to kill replica `replica_id` of the job (fenced)."""
-    tasks.send(
-        tasks.KILL_REPLICA, replica_id, job_key=job_key, queue=node_queue(node), **lease_fields()
-    )
-
-
-def send_command(client, job: Job, replica_id: str, command: dict) -> None:
-    """Push a control command (promote, stop, trigger, fault) to a replica's command list,
-    with the token of the lease this thread acts under."""
-    client.rpush(data_keys.control(job.key, replica_id), json.dumps(command | lease_fields()))
-
-
-def command_sender(client, job: Job):
-    """`send_command` bound to a job, in the shape the state machine's `execute` wants."""
-    return lambda replica_id, command: send_command(client, job, replica_id, command)
 
 
 def stop_generator(job: Job) -> None:

@@ -22,12 +22,8 @@ from console.policy.checkpoint import (
 from console.policy.placement import CycleInput, StandbyVerdict, run_cycle
 from console.policy.priority import ACTIVE, measured_demands, operator_priorities
 from console.services import prediction, recovery
-from console.services.control.act import (
-    carry_out,
-    send_command,
-    stage_interval_of,
-    trigger_of,
-)
+from console.services.control.act import carry_out, stage_interval_of, trigger_of
+from console.services.control.commands import send_command
 from console.services.control.observe import alive_nodes, node_history, stage_usage
 from console.services.control.record import decide, priority_fields
 from infra import keys as control_keys

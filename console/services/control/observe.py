@@ -18,6 +18,7 @@ from console.models import Job, MetricSample, Node, Policy, Replica
 from console.policy.resources import node_score
 from console.services import metrics
 from console.services.control.fence import write_state
+from console.services.faults import record_refusal, record_spark_kill
 from infra import keys as control_keys
 from infra import leases
 from spark_runtime import keys as data_keys
@@ -137,8 +138,6 @@ def read_agent_events(client, job: Job, launched_at: Mapping[str, float] | None 
     earlier run read after its relaunch (a failed stage takes seconds to exit, and the restart
     does not wait for it) is left out: in the exits hash it said the new process had ended,
     and the supervisor counted a second failure and restarted the replica again."""
-    from console.services.faults import record_refusal, record_spark_kill
-
     cursor_key = control_keys.agent_events_cursor(job.key)
     cursor = client.get(cursor_key) or "0-0"
     entries = client.xrange(control_keys.agent_events(), min=f"({cursor}", count=1000)
