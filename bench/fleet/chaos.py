@@ -51,7 +51,7 @@ import redis
 from django.db import DatabaseError, connection
 
 from bench.fleet.measure import use_database_in_this_thread
-from bench.fleet.schedule import JOB_COOLDOWN_S
+from bench.fleet.schedule import JOB_COOLDOWN_S, PlanThread
 from console.models import Job, JobUpgrade
 from console.services import jobs as job_service
 from console.services import upgrades as upgrade_service
@@ -96,30 +96,20 @@ def plan_pauses(duration_s: float, count: int, seed: int) -> list[tuple[float, f
     ]
 
 
-class ControllerPauser:
-    """Carries out a pause plan in a thread, one pause at a time. `fleet`: the run's Fleet
-    (its `controllers()` names and `processes()` pids)."""
+class ControllerPauser(PlanThread):
+    """Carries out a pause plan in a thread, one pause at a time (a controller paused when
+    `stop()` is called is let go on first). `fleet`: the run's Fleet (its `controllers()`
+    names and `processes()` pids)."""
+
+    thread_name = "fleet-pauses"
 
     def __init__(self, fleet, plan: list[tuple[float, float]], seed: int, say=None):
+        super().__init__()
         self.fleet = fleet
         self.plan = plan
         self.rng = random.Random(seed + 4)
         self.say = say or (lambda _m: None)
         self.records: list[PauseRecord] = []
-        self.stopping = threading.Event()
-        self.thread: threading.Thread | None = None
-
-    def start(self, start_at: float) -> None:
-        self.thread = threading.Thread(
-            target=self._run, args=(start_at,), name="fleet-pauses", daemon=True
-        )
-        self.thread.start()
-
-    def stop(self) -> None:
-        """End the plan; a controller paused now is let go on first."""
-        self.stopping.set()
-        if self.thread is not None:
-            self.thread.join(30)
 
     def _run(self, start_at: float) -> None:
         for offset, length in self.plan:

@@ -88,13 +88,42 @@ def plan_faults(
     return sorted(planned, key=lambda f: f.offset_s)
 
 
-class FaultRunner:
+class PlanThread:
+    """A plan carried out in a thread of its own, named `thread_name`, from `start(start_at)`
+    (epoch seconds) until it ends or `stop()` is called (`stopping` is set then)."""
+
+    thread_name = "fleet-plan"
+
+    def __init__(self):
+        self.stopping = threading.Event()
+        self.thread: threading.Thread | None = None
+
+    def start(self, start_at: float) -> None:
+        self.thread = threading.Thread(
+            target=self._run, args=(start_at,), name=self.thread_name, daemon=True
+        )
+        self.thread.start()
+
+    def stop(self) -> None:
+        """End the plan and wait for its thread."""
+        self.stopping.set()
+        if self.thread is not None:
+            self.thread.join(30)
+
+    def _run(self, start_at: float) -> None:
+        """Carry the plan out (each subclass its own)."""
+        raise NotImplementedError
+
+
+class FaultRunner(PlanThread):
     """Carries out a plan from `start_at` (epoch seconds) in a thread; `records` says what each
     fault hit and when.
 
     kill_controller: a callable that SIGKILLs one controller and returns (its name, its pid,
     the time of the kill, the lease holders of the jobs read just before), or None when there
     is none to kill; restart_controller: starts it again (by name), for `restart_after_s`."""
+
+    thread_name = "fleet-faults"
 
     def __init__(
         self,
@@ -107,6 +136,7 @@ class FaultRunner:
         node_down_s: float = NODE_DOWN_S,
         say: Callable[[str], None] | None = None,
     ):
+        super().__init__()
         self.sim = sim
         self.plan = plan
         self.rng = random.Random(seed + 1)
@@ -118,23 +148,10 @@ class FaultRunner:
         self.records: list[FaultRecord] = []
         self.last_hit: dict[str, float] = {}
         self.spared: set[str] = set()  # jobs no process kill hits (`spare`)
-        self.stopping = threading.Event()
-        self.thread: threading.Thread | None = None
 
     def spare(self, job: str) -> None:
         """No process kill hits `job` from now on (a job being upgraded in the chaos run)."""
         self.spared.add(job)
-
-    def start(self, start_at: float) -> None:
-        self.thread = threading.Thread(
-            target=self._run, args=(start_at,), name="fleet-faults", daemon=True
-        )
-        self.thread.start()
-
-    def stop(self) -> None:
-        self.stopping.set()
-        if self.thread is not None:
-            self.thread.join(30)
 
     def _run(self, start_at: float) -> None:
         pending_restart: tuple[float, str, FaultRecord] | None = None
