@@ -12,8 +12,9 @@ re-exported here, so `from console.models import X` works for all of them:
 - decisions: ControlDecision
 - reports: ReportSubscription, SentAlert
 - upgrades: JobUpgrade
+- teams: Team, AuditEvent
 
-Imports run one way (jobs <- replicas <- faults, metrics; jobs <- decisions, reports,
+Imports run one way (teams <- jobs <- replicas <- faults, metrics; jobs <- decisions, reports,
 upgrades; policy alone), and none of these modules imports console.services or workers.
 """
 
@@ -30,9 +31,11 @@ from console.models.reports import (
     split_recipients,
     validate_recipients,
 )
+from console.models.teams import AuditEvent, Team
 from console.models.upgrades import JobUpgrade
 
 __all__ = [
+    "AuditEvent",
     "ControlDecision",
     "FaultInjection",
     "InvalidTransition",
@@ -49,6 +52,7 @@ __all__ = [
     "Replica",
     "ReportSubscription",
     "SentAlert",
+    "Team",
     "default_report_crontab",
     "split_recipients",
     "validate_recipients",

@@ -10,6 +10,7 @@ from django.core.exceptions import ValidationError
 from django.db import models, transaction
 from django.utils import timezone
 
+from console.models.teams import Team
 from spark_runtime.strategies import STRATEGY_TABLE
 from spark_runtime.topology import OPERATOR_KINDS
 
@@ -88,6 +89,10 @@ class Job(models.Model):
     status_reason = models.TextField(blank=True)
     created_by = models.ForeignKey(
         settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL
+    )
+    # Who owns the job: viewers and operators of other teams do not see it (admins see all).
+    team = models.ForeignKey(
+        Team, null=True, blank=True, on_delete=models.PROTECT, related_name="jobs"
     )
     created_at = models.DateTimeField(auto_now_add=True)
     started_at = models.DateTimeField(null=True, blank=True)
