@@ -55,8 +55,9 @@ from spark_runtime import keys as data_keys
 from spark_runtime import upgrade as upgrades
 from spark_runtime import upgrade_check
 from spark_runtime.progress import read_progress
+from spark_runtime.replicas import FAILED, PRIMARY, RUNNING, KillReplica
 from spark_runtime.strategies import STRATEGIES, get_strategy, in_place_refusal
-from spark_runtime.supervision import FAILED, PRIMARY, RUNNING, KillReplica, Supervisor
+from spark_runtime.supervision import Supervisor
 
 log = logging.getLogger(__name__)
 

@@ -23,8 +23,7 @@ from console.services.control.record import (
 from infra import keys as control_keys
 from infra import tasks
 from spark_runtime import keys as data_keys
-from spark_runtime.stage import failure_cause
-from spark_runtime.supervision import (
+from spark_runtime.replicas import (
     HeartbeatMissed,
     HeartbeatSeen,
     KillReplica,
@@ -32,6 +31,7 @@ from spark_runtime.supervision import (
     ReplicaSpec,
     RestartStage,
 )
+from spark_runtime.stage import failure_cause
 from tests.factories import FaultFactory, NodeFactory, ReplicaFactory, make_job
 
 pytestmark = pytest.mark.django_db

@@ -22,7 +22,8 @@ from console.services.control.act import AgentLauncher
 from console.services.control.commands import command_sender
 from infra import keys as control_keys
 from infra.queues import node_queue
-from spark_runtime.supervision import RUNNING, HeartbeatSeen, execute
+from spark_runtime.replicas import RUNNING, HeartbeatSeen
+from spark_runtime.supervision import execute
 from tests.factories import NodeFactory, make_job
 
 pytestmark = pytest.mark.django_db

@@ -23,7 +23,8 @@ from console.services import upgrade_audit, upgrades
 from infra import keys, tasks
 from spark_runtime import keys as data_keys
 from spark_runtime.progress import publish_progress
-from spark_runtime.supervision import HeartbeatSeen, Supervisor
+from spark_runtime.replicas import HeartbeatSeen
+from spark_runtime.supervision import Supervisor
 from tests.factories import make_job, progress_record
 from workers import controller
 

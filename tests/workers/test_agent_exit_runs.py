@@ -19,7 +19,7 @@ from django.conf import settings
 from console.services.control.act import AgentLauncher
 from console.services.control.observe import read_agent_events
 from infra import keys
-from spark_runtime.supervision import CLOCK_SLACK_S
+from spark_runtime.replicas import CLOCK_SLACK_S
 from tests.factories import make_job
 from tests.workers.agent_children import kill_children_of
 from workers import agent
