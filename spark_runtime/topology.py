@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from spark_runtime import keys
+
 # Operator kinds. The policy maps them to Da-Stream type scores (stateless 0.1, aggregation 0.5,
 # join or other stateful operators such as windows and top-N 0.8).
 SOURCE = "source"
@@ -291,8 +293,6 @@ class StageSpec:
 
 def channel_key(job: str, channel: str) -> str:
     """The Redis key of a named channel of `job`."""
-    from spark_runtime import keys
-
     if channel == INPUT_CHANNEL:
         return keys.input_stream(job)
     if channel == RESULTS_CHANNEL:

@@ -43,6 +43,7 @@ from django.utils import timezone
 
 from console.models import ControlDecision, Job, JobUpgrade, Policy, Replica
 from console.policy.recovery import latency_limit_ms, p90_per_second_ms
+from console.redis import redis_client
 from console.services.control.act import checkpoint_root
 from console.services.control.observe import load_supervisor
 from console.services.control.record import decide
@@ -290,8 +291,6 @@ def request_end(upgrade: JobUpgrade, action: str, user=None) -> JobUpgrade:
 
 def wake(job: Job, client=None) -> None:
     """Have the job's controller reconcile it at once (it reads the agent events stream)."""
-    from console.redis import redis_client
-
     own = client is None
     client = client or redis_client()
     try:
