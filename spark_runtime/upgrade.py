@@ -475,7 +475,6 @@ def _on_green_promoted(sup: UpgradeHost, green, now: float) -> list:
 def confirm(sup: UpgradeHost, now: float, why: str) -> list:
     """End the upgrade for good: blue retires; the stage gets an ordinary standby again where it
     is protected. Raises UpgradeRefused before the switch."""
-
     upgrade = _under_way(sup)
     if upgrade.phase != VALIDATING:
         raise UpgradeRefused(f"upgrade {upgrade.upgrade_id} has not switched yet ({upgrade.phase})")

@@ -35,7 +35,8 @@ from bench.fleet.schedule import (
     plan_faults,
 )
 from bench.fleet.services import METRICS_TOKEN, Services, empty_database, worker_env
-from bench.fleet.sim import FleetSim, SimTiming
+from bench.fleet.sim import FleetSim
+from bench.fleet.sim_model import SimTiming
 from console.models import ControlDecision, Job, Node, Policy
 from console.services.jobs import create_job
 from console.services.schedules import ensure_periodic_tasks

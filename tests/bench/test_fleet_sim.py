@@ -24,7 +24,8 @@ from bench.fleet.services import (
     database_url_of_default,
     django_pointed_at,
 )
-from bench.fleet.sim import FleetSim, SimTiming, decode_message
+from bench.fleet.sim import FleetSim
+from bench.fleet.sim_model import SimTiming, decode_message
 from console.models import ControlDecision, Job
 from console.services import fleet
 from infra import tasks

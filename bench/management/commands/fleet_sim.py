@@ -37,7 +37,7 @@ from bench.fleet.services import (
     postgres_available,
     postgres_bin_dir,
 )
-from bench.fleet.sim import SimTiming
+from bench.fleet.sim_model import SimTiming
 from bench.results import RESULTS_MD
 
 DEFAULT_CURVE = "10,50,100,200,500"
