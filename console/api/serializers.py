@@ -12,6 +12,7 @@ from console.models import (
     RecoveryEpisode,
     RegisteredTopology,
     Replica,
+    Team,
 )
 
 
@@ -88,12 +89,18 @@ class JobSerializer(serializers.ModelSerializer):
     created_by = serializers.SlugRelatedField(
         slug_field="username", read_only=True, allow_null=True
     )
+    # The owning team's name; on create, the user's only team when left out
+    # (console.services.teams.team_for_new_job). null for jobs the system started.
+    team = serializers.SlugRelatedField(
+        slug_field="name", queryset=Team.objects.all(), required=False, allow_null=True
+    )
 
     class Meta:
         model = Job
         fields = [
             "id",
             "name",
+            "team",
             "key",
             "topology",
             "strategy",

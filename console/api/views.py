@@ -1,7 +1,6 @@
 """REST API views. Thin: validation and side effects live in console.services."""
 
 from django.db.models import Prefetch
-from django.shortcuts import get_object_or_404
 from drf_spectacular.utils import extend_schema, extend_schema_view
 from rest_framework import mixins, status, viewsets
 from rest_framework.decorators import action
@@ -46,6 +45,12 @@ from console.services import topologies as topology_service
 from console.services import upgrades as upgrade_service
 from console.services.control.record import reconcile_failures
 from console.services.results import read_results
+from console.services.teams import (
+    TeamRequestError,
+    jobs_visible_to,
+    team_for_new_job,
+    visible_job_or_404,
+)
 
 
 class Refused(APIException):
@@ -81,7 +86,7 @@ class JobViewSet(
     console.api.filters, and carries the fleet's `totals` beside the page."""
 
     serializer_class = JobSerializer
-    queryset = Job.objects.select_related("created_by").prefetch_related(
+    queryset = Job.objects.select_related("created_by", "team").prefetch_related(
         "operators", REPLICAS_WITH_NODES
     )
     pagination_class = JobListPagination
@@ -89,15 +94,22 @@ class JobViewSet(
 
     def get_queryset(self):
         if self.action != "list":
-            return super().get_queryset()
+            return jobs_visible_to(self.request.user, super().get_queryset())
         flt, ordering = filters.job_filter(self.request)
-        jobs = job_queryset(flt, ordering)
-        return jobs.select_related("created_by").prefetch_related("operators", REPLICAS_WITH_NODES)
+        jobs = job_queryset(flt, ordering, jobs=jobs_visible_to(self.request.user))
+        return jobs.select_related("created_by", "team").prefetch_related(
+            "operators", REPLICAS_WITH_NODES
+        )
 
     def perform_create(self, serializer):
         data = serializer.validated_data
         try:
+            team = team_for_new_job(self.request.user, getattr(data.get("team"), "name", None))
+        except TeamRequestError as exc:
+            raise ValidationError({exc.field: [str(exc)]}) from exc
+        try:
             serializer.instance = job_service.create_job(
+                team=team,
                 name=data["name"],
                 topology=data["topology"],
                 strategy=data.get("strategy", Job.Strategy.ADAPTIVE),
@@ -112,14 +124,16 @@ class JobViewSet(
 
     @action(detail=True, methods=["post"])
     def stop(self, request, pk=None):
-        job = job_service.stop_job(self.get_object(), f"stopped by {request.user.username}")
+        job = job_service.stop_job(
+            self.get_object(), f"stopped by {request.user.username}", user=request.user
+        )
         return Response(self.get_serializer(job).data)
 
     @extend_schema(request=None, responses={202: JobSerializer})
     @action(detail=True, methods=["post"])
     def restart(self, request, pk=None):
         """Run a failed or stopped job again (accepted: the controller starts it)."""
-        job = job_service.restart_job(self.get_object())
+        job = job_service.restart_job(self.get_object(), user=request.user)
         return Response(self.get_serializer(job).data, status=status.HTTP_202_ACCEPTED)
 
     @extend_schema(responses={200: dict})
@@ -178,7 +192,7 @@ class JobUpgradeViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewse
     queryset = JobUpgrade.objects.all()  # the schema's types; requests read get_queryset()
 
     def get_queryset(self):
-        job = get_object_or_404(Job, pk=self.kwargs["job_pk"])
+        job = visible_job_or_404(self.request.user, self.kwargs["job_pk"])
         return job.upgrades.select_related("requested_by", "ended_by")
 
     @extend_schema(request=None, responses={202: JobUpgradeSerializer})
@@ -209,7 +223,7 @@ class JobFaultViewSet(mixins.ListModelMixin, mixins.CreateModelMixin, viewsets.G
     serializer_class = FaultInjectionSerializer
 
     def get_job(self) -> Job:
-        return get_object_or_404(Job, pk=self.kwargs["job_pk"])
+        return visible_job_or_404(self.request.user, self.kwargs["job_pk"])
 
     def get_queryset(self):
         faults = self.get_job().faults.select_related("target_node", "requested_by")
@@ -241,7 +255,7 @@ class JobRecoveryViewSet(SharedList, mixins.ListModelMixin, viewsets.GenericView
     shared_params = filters.EPISODE_PARAMS
 
     def get_queryset(self):
-        job = get_object_or_404(Job, pk=self.kwargs["job_pk"])
+        job = visible_job_or_404(self.request.user, self.kwargs["job_pk"])
         return filters.filter_episodes(self.request, job.recoveries.all())
 
 
@@ -256,7 +270,10 @@ class RecoveryViewSet(SharedList, mixins.ListModelMixin, viewsets.GenericViewSet
     shared_params = (*filters.EPISODE_PARAMS, filters.EPISODE_JOB_ID)
 
     def get_queryset(self):
-        episodes = filters.filter_episodes(self.request, RecoveryEpisode.objects.all())
+        episodes = filters.filter_episodes(
+            self.request,
+            RecoveryEpisode.objects.filter(job__in=jobs_visible_to(self.request.user).values("pk")),
+        )
         raw = self.request.query_params.get(filters.EPISODE_JOB_ID.name)
         if raw is not None:
             episodes = episodes.filter(job_id=bounded_int(raw, "job", 1, 2**63 - 1))
@@ -284,7 +301,10 @@ class FleetView(APIView):
 
     @extend_schema(responses={200: FleetTotalsSerializer})
     def get(self, request):
-        return shared_read(request, lambda: Response(FleetTotalsSerializer(fleet_totals()).data))
+        def respond():
+            return Response(FleetTotalsSerializer(fleet_totals(jobs_visible_to(request.user))).data)
+
+        return shared_read(request, respond)
 
 
 class TopologyViewSet(mixins.ListModelMixin, viewsets.GenericViewSet):

@@ -212,13 +212,15 @@ def job_queryset(
     sort: str = DEFAULT_JOB_SORT,
     now: datetime | None = None,
     recent_s: float = 3600,
+    jobs: QuerySet | None = None,
 ) -> QuerySet:
-    """Jobs matching `flt`, sorted by `sort` (a key of JOB_SORTS), each annotated with its
-    newest job-level throughput and p99 and its open and recent (`recent_s`) episode counts,
-    all inside one query whatever the number of jobs."""
+    """Jobs of `jobs` (every job by default; callers pass the user's visible jobs) matching
+    `flt`, sorted by `sort` (a key of JOB_SORTS), each annotated with its newest job-level
+    throughput and p99 and its open and recent (`recent_s`) episode counts, all inside one
+    query whatever the number of jobs."""
     flt = flt or JobFilter()
     now = now or timezone.now()
-    jobs = Job.objects.all()
+    jobs = Job.objects.all() if jobs is None else jobs
     if flt.status:
         jobs = jobs.filter(status__in=flt.status)
     if flt.strategy:
@@ -292,10 +294,11 @@ def job_page(
     page: int = 1,
     page_size: int = 25,
     now: datetime | None = None,
+    jobs: QuerySet | None = None,
 ) -> JobPage:
-    """Page `page` of the jobs matching `flt` in `sort` order (two queries: the count and the
-    page)."""
-    jobs = job_queryset(flt, sort, now=now)
+    """Page `page` of the jobs of `jobs` matching `flt` in `sort` order (two queries: the count
+    and the page)."""
+    jobs = job_queryset(flt, sort, now=now, jobs=jobs)
     matching = jobs.count()
     pages = max(1, math.ceil(matching / page_size))
     page = min(max(1, page), pages)
@@ -304,15 +307,19 @@ def job_page(
     return JobPage(rows=rows, matching=matching, page=page, pages=pages)
 
 
-def fleet_totals() -> dict:
-    """The whole fleet in four queries: jobs by status, live replicas by role, nodes by state,
-    and the open recovery episodes (and how many jobs have one)."""
+def fleet_totals(jobs: QuerySet | None = None) -> dict:
+    """The fleet of `jobs` (every job by default) in four queries: jobs by status, their live
+    replicas by role, nodes by state (every node: nodes belong to no team), and their open
+    recovery episodes (and how many jobs have one)."""
     statuses = [value for value, _ in Job.Status.choices]
-    jobs = Job.objects.order_by().aggregate(
+    jobs = Job.objects.all() if jobs is None else jobs
+    job_ids = jobs.values("pk")
+    jobs = jobs.order_by().aggregate(
         total=Count("id"), **{status: Count("id", filter=Q(status=status)) for status in statuses}
     )
     replicas = (
-        Replica.objects.exclude(state__in=ENDED_REPLICA_STATES)
+        Replica.objects.filter(job__in=job_ids)
+        .exclude(state__in=ENDED_REPLICA_STATES)
         .order_by()
         .aggregate(
             total=Count("id"),
@@ -325,7 +332,7 @@ def fleet_totals() -> dict:
         total=Count("id"), **{state: Count("id", filter=Q(state=state)) for state in node_states}
     )
     episodes = (
-        Episode.objects.filter(watched_s__isnull=True)
+        Episode.objects.filter(watched_s__isnull=True, job__in=job_ids)
         .order_by()
         .aggregate(open=Count("id"), jobs=Count("job_id", distinct=True))
     )

@@ -80,8 +80,9 @@ class Command(BaseCommand):
         reading the Kafka topic `demo-lines` from its end and writing `demo-counts`."""
         from django.contrib.auth.models import User
 
-        from console.models import Job
+        from console.models import Job, Team
         from console.services.jobs import create_job
+        from console.services.teams import DEFAULT_TEAM
 
         live = Job.objects.filter(name="demo-wordcount", status__in=Job.LIVE_STATUSES).first()
         if live is not None:
@@ -94,6 +95,7 @@ class Command(BaseCommand):
             user=User.objects.get(username="operator"),
             source=DEMO_SOURCE,
             sink=DEMO_SINK,
+            team=Team.named(DEFAULT_TEAM),
         )
 
     def web_server_argv(self, host: str, port: int) -> list[str]:
