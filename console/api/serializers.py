@@ -3,6 +3,7 @@
 from rest_framework import serializers
 
 from console.models import (
+    AuditEvent,
     FaultInjection,
     Job,
     JobUpgrade,
@@ -308,3 +309,16 @@ class FleetTotalsSerializer(serializers.Serializer):
     nodes = _NodeTotalsSerializer()
     open_recoveries = serializers.IntegerField(help_text="episodes still being measured")
     jobs_with_open_recoveries = serializers.IntegerField()
+
+
+class AuditEventSerializer(serializers.ModelSerializer):
+    """One audit log event as exported (console.services.audit_log.EXPORT_FIELDS)."""
+
+    # The name at the time of the event: it stays when the user is deleted.
+    actor = serializers.CharField(source="actor_name", read_only=True)
+    detail = serializers.JSONField(read_only=True)
+
+    class Meta:
+        model = AuditEvent
+        fields = ["at", "actor", "action", "target", "detail", "address"]
+        read_only_fields = fields

@@ -1,17 +1,21 @@
 """REST API views. Thin: validation and side effects live in console.services."""
 
 from django.db.models import Prefetch
-from drf_spectacular.utils import extend_schema, extend_schema_view
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import OpenApiParameter, extend_schema, extend_schema_view
 from rest_framework import mixins, status, viewsets
 from rest_framework.decorators import action
 from rest_framework.exceptions import APIException, NotFound, ValidationError
+from rest_framework.renderers import JSONRenderer
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from console.api import filters
 from console.api.pagination import JobListPagination, bounded_int
-from console.api.permissions import AdminWrites
+from console.api.permissions import AdminOnly, AdminWrites
+from console.api.renderers import AuditCSVRenderer
 from console.api.serializers import (
+    AuditEventSerializer,
     FaultInjectionSerializer,
     FleetRecoverySerializer,
     FleetTotalsSerializer,
@@ -38,6 +42,8 @@ from console.models import (
 )
 from console.policy.config import request_errors
 from console.redis import redis_client
+from console.roles import VIEWER, has_role
+from console.services import audit_log
 from console.services import faults as fault_service
 from console.services import jobs as job_service
 from console.services import policy as policy_service
@@ -71,8 +77,28 @@ def _params(params) -> list:
     return [param.schema() for param in params]
 
 
+class JobScoped:
+    """A view of one job's data, the job named in the path by `job_url_kwarg`: a job the user
+    may not see (another team's, or none) answers 404 before the role is checked, so reads and
+    writes of another team's job are "not found" for viewers and operators alike, never 403."""
+
+    job_url_kwarg = "job_pk"
+
+    def check_permissions(self, request):
+        if has_role(request.user, VIEWER) and self.job_url_kwarg in self.kwargs:
+            self.get_job()
+        super().check_permissions(request)
+
+    def get_job(self) -> Job:
+        """The job in the path, among the ones the user sees (Http404 otherwise)."""
+        if getattr(self, "_job", None) is None:
+            self._job = visible_job_or_404(self.request.user, self.kwargs[self.job_url_kwarg])
+        return self._job
+
+
 @extend_schema_view(list=extend_schema(parameters=_params(filters.JOB_PARAMS)))
 class JobViewSet(
+    JobScoped,
     SharedList,
     SharedRetrieve,
     mixins.ListModelMixin,
@@ -91,6 +117,7 @@ class JobViewSet(
     )
     pagination_class = JobListPagination
     shared_params = filters.JOB_PARAMS
+    job_url_kwarg = "pk"
 
     def get_queryset(self):
         if self.action != "list":
@@ -184,7 +211,9 @@ def raise_refusal(exc) -> None:
     raise ValidationError({"non_field_errors": [str(exc)]}) from exc
 
 
-class JobUpgradeViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet):
+class JobUpgradeViewSet(
+    JobScoped, mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet
+):
     """Upgrades of one job, newest first (its version history), and the `confirm` and
     `rollback` actions on one under way (operator role)."""
 
@@ -192,8 +221,7 @@ class JobUpgradeViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewse
     queryset = JobUpgrade.objects.all()  # the schema's types; requests read get_queryset()
 
     def get_queryset(self):
-        job = visible_job_or_404(self.request.user, self.kwargs["job_pk"])
-        return job.upgrades.select_related("requested_by", "ended_by")
+        return self.get_job().upgrades.select_related("requested_by", "ended_by")
 
     @extend_schema(request=None, responses={202: JobUpgradeSerializer})
     @action(detail=True, methods=["post"])
@@ -216,14 +244,13 @@ class JobUpgradeViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewse
 
 
 @extend_schema_view(list=extend_schema(parameters=_params(filters.FAULT_PARAMS)))
-class JobFaultViewSet(mixins.ListModelMixin, mixins.CreateModelMixin, viewsets.GenericViewSet):
+class JobFaultViewSet(
+    JobScoped, mixins.ListModelMixin, mixins.CreateModelMixin, viewsets.GenericViewSet
+):
     """Faults of one job, newest first: list them (filtered by kind and outcome), or ask for one
     (operator role)."""
 
     serializer_class = FaultInjectionSerializer
-
-    def get_job(self) -> Job:
-        return visible_job_or_404(self.request.user, self.kwargs["job_pk"])
 
     def get_queryset(self):
         faults = self.get_job().faults.select_related("target_node", "requested_by")
@@ -248,15 +275,14 @@ class JobFaultViewSet(mixins.ListModelMixin, mixins.CreateModelMixin, viewsets.G
 
 
 @extend_schema_view(list=extend_schema(parameters=_params(filters.EPISODE_PARAMS)))
-class JobRecoveryViewSet(SharedList, mixins.ListModelMixin, viewsets.GenericViewSet):
+class JobRecoveryViewSet(JobScoped, SharedList, mixins.ListModelMixin, viewsets.GenericViewSet):
     """Recovery episodes of one job, newest first (filtered by open, action, strategy)."""
 
     serializer_class = RecoveryEpisodeSerializer
     shared_params = filters.EPISODE_PARAMS
 
     def get_queryset(self):
-        job = visible_job_or_404(self.request.user, self.kwargs["job_pk"])
-        return filters.filter_episodes(self.request, job.recoveries.all())
+        return filters.filter_episodes(self.request, self.get_job().recoveries.all())
 
 
 @extend_schema_view(
@@ -397,3 +423,48 @@ class PolicyRevertView(APIView):
         except policy_service.PolicyRejected as exc:
             raise ValidationError({k: [v] for k, v in exc.errors.items()}) from exc
         return Response(PolicySerializer(policy).data, status=status.HTTP_201_CREATED)
+
+
+AUDIT_FILTERS = [
+    OpenApiParameter("since", OpenApiTypes.DATETIME, description="from this time (ISO 8601)"),
+    OpenApiParameter("until", OpenApiTypes.DATETIME, description="before this time (ISO 8601)"),
+    OpenApiParameter("action", OpenApiTypes.STR, description="an action or its domain: fault"),
+    OpenApiParameter("actor", OpenApiTypes.STR, description="the actor's username"),
+    OpenApiParameter("format", OpenApiTypes.STR, enum=["json", "csv"], description="default json"),
+]
+
+
+class AuditView(APIView):
+    """The audit log (admin), newest first: every write with who, when, what and from where,
+    as a JSON list or CSV (`?format=csv`, a header row), filtered by time, action and actor.
+    A time that does not parse is a 400 naming the parameter."""
+
+    permission_classes = [AdminOnly]
+    renderer_classes = [JSONRenderer, AuditCSVRenderer]
+
+    @extend_schema(parameters=AUDIT_FILTERS, responses={200: AuditEventSerializer(many=True)})
+    def get(self, request):
+        times = {}
+        for name in ("since", "until"):
+            raw = request.query_params.get(name)
+            if raw is None:
+                continue
+            try:
+                times[name] = audit_log.parse_time(raw)
+            except ValueError:
+                raise ValidationError(
+                    {name: [f"not an ISO 8601 date and time: {raw[:40]!r}"]}
+                ) from None
+        events = audit_log.search(
+            **times,
+            actor=filters.text(request, filters.Param("actor", "")),
+            action=filters.text(request, filters.Param("action", "")),
+        )
+        return Response(AuditEventSerializer(events.iterator(), many=True).data)
+
+    def finalize_response(self, request, response, *args, **kwargs):
+        # Errors are JSON like everywhere in the API, also when CSV was asked for.
+        if response.status_code >= 400:
+            request.accepted_renderer = JSONRenderer()
+            request.accepted_media_type = JSONRenderer.media_type
+        return super().finalize_response(request, response, *args, **kwargs)

@@ -1,0 +1,306 @@
+"""Teams over the whole API, by enumeration: an operator or viewer of team alpha gets 404 for
+every read and write of team bravo's jobs, and no list shows them.
+
+The routes are walked from Django's URL resolver, not listed by hand: every URL pattern under
+/api/ must be in one of the classes below, so an endpoint added later fails this test until it
+is classified (and then it is checked like the others).
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from django.urls import URLPattern, URLResolver, get_resolver, reverse
+from rest_framework.test import APIClient
+
+from console.models import FaultInjection, Job, JobUpgrade, Policy, RecoveryEpisode, Team
+from console.roles import ADMIN, OPERATOR, VIEWER
+from console.services.teams import jobs_visible_to
+from tests.factories import EpisodeFactory, FaultFactory, NodeFactory, UserFactory, make_job
+
+# Routes whose path names one job (`job_pk`, or `pk` of /api/jobs/{pk}/...): another team's job
+# answers 404 to every method, for viewers and operators alike.
+JOB_PATH = {
+    "job-detail",
+    "job-stop",
+    "job-restart",
+    "job-supervision",
+    "job-results",
+    "job-upgrade",
+    "job-fault-list",
+    "job-upgrade-list",
+    "job-upgrade-detail",
+    "job-upgrade-confirm",
+    "job-upgrade-rollback",
+    "job-recovery-list",
+}
+# Routes that answer about many jobs: never one of another team's, nor counted in totals.
+MANY_JOBS = {"job-list", "recovery-list", "fleet"}
+# Routes with no job data (nodes, the policy, registered code, tokens, the schema, the audit log
+# for admins only): the same for every team.
+NO_JOB_DATA = {
+    "api-root",
+    "api-token",
+    "api-schema",
+    "api-docs",
+    "policy",
+    "policy-history",
+    "policy-revert",
+    "node-list",
+    "node-detail",
+    "topology-list",
+    "audit",
+}
+SECRET = "bravo-secret-job"
+MISSING_ID = 2**31 - 7
+
+
+def _params(pattern) -> set[str]:
+    regex = pattern.regex
+    return set(regex.groupindex)
+
+
+def api_routes() -> list[tuple[str, frozenset[str], object]]:
+    """(URL name, path parameter names, view callback) of every pattern under /api/."""
+    found = []
+
+    def walk(patterns, prefix: str, params: frozenset[str]):
+        for entry in patterns:
+            here = prefix + str(entry.pattern).lstrip("^")
+            names = params | _params(entry.pattern)
+            if isinstance(entry, URLResolver):
+                walk(entry.url_patterns, here, names)
+            elif isinstance(entry, URLPattern) and here.startswith("api/"):
+                found.append((entry.name, names, entry.callback, here))
+
+    walk(get_resolver().url_patterns, "", frozenset())
+    return found
+
+
+def allowed_methods(callback) -> list[str]:
+    """The HTTP methods the view answers (a viewset's bound actions, an APIView's handlers)."""
+    actions = getattr(callback, "actions", None)
+    if actions is not None:
+        methods = {method.upper() for method in actions}
+    else:
+        view = callback.view_class(**getattr(callback, "view_initkwargs", {}))
+        methods = set(view.allowed_methods)
+    if "GET" in methods:
+        methods.add("HEAD")
+    return sorted(methods | {"OPTIONS"})
+
+
+@pytest.fixture
+def world(db):
+    """Teams alpha and bravo, each with a running job, a fault, an upgrade and an episode."""
+    alpha, bravo = Team.named("alpha"), Team.named("bravo")
+    node = NodeFactory()
+    Policy.current()
+    jobs = {
+        "alpha": make_job(Job.Status.RUNNING, name="alpha-job", team=alpha),
+        "bravo": make_job(Job.Status.RUNNING, name=SECRET, team=bravo),
+    }
+    upgrades = {}
+    for team, job in jobs.items():
+        FaultFactory(job=job)
+        EpisodeFactory(job=job)
+        upgrades[team] = JobUpgrade.objects.create(
+            job=job, from_topology=job.topology, to_topology=job.topology
+        )
+    people = {
+        OPERATOR: UserFactory(username="alpha-op", role=OPERATOR, team="alpha"),
+        VIEWER: UserFactory(username="alpha-viewer", role=VIEWER, team="alpha"),
+        ADMIN: UserFactory(username="root-admin", role=ADMIN, team="alpha"),
+    }
+    return {"jobs": jobs, "upgrades": upgrades, "node": node, "people": people, "bravo": bravo}
+
+
+def url_for(name: str, params, world, job_id: int, upgrade_id: int) -> str:
+    """Route `name` with its path parameters filled: the job and upgrade given where the path
+    names them, the node and the policy version in force elsewhere."""
+    values = {}
+    for param in params:
+        if param == "format":
+            values[param] = "json"
+        elif param == "job_pk":
+            values[param] = job_id
+        elif param == "pk" and name.startswith("job-upgrade-"):
+            values[param] = upgrade_id
+        elif param == "pk" and name.startswith("node-"):
+            values[param] = world["node"].pk
+        elif param == "pk":
+            values[param] = job_id
+        elif param == "version":
+            values[param] = Policy.current().version
+        else:
+            raise AssertionError(f"{name}: no value for path parameter {param!r}")
+    return reverse(name, kwargs=values)
+
+
+def team_url(name: str, params, world, team: str) -> str:
+    """Route `name` on team `team`'s job and upgrade."""
+    job, upgrade = world["jobs"][team], world["upgrades"][team]
+    return url_for(name, params, world, job.pk, upgrade.pk)
+
+
+def bravo_state(bravo: Team) -> dict:
+    """What a write to team bravo's jobs would change."""
+    jobs = Job.objects.filter(team=bravo)
+    return {
+        "jobs": sorted(jobs.values_list("pk", "status", "strategy", "topology")),
+        "faults": FaultInjection.objects.filter(job__in=jobs).count(),
+        "upgrades": sorted(
+            JobUpgrade.objects.filter(job__in=jobs).values_list("pk", "status", "requested_action")
+        ),
+        "episodes": RecoveryEpisode.objects.filter(job__in=jobs).count(),
+    }
+
+
+def job_ids_in(data) -> set[int]:
+    """Every job id an answer mentions: `job` fields, and the `id` of job objects."""
+    found = set()
+    if isinstance(data, dict):
+        if isinstance(data.get("job"), int):
+            found.add(data["job"])
+        if "key" in data and "topology" in data and isinstance(data.get("id"), int):
+            found.add(data["id"])
+        for value in data.values():
+            found |= job_ids_in(value)
+    elif isinstance(data, list):
+        for value in data:
+            found |= job_ids_in(value)
+    return found
+
+
+def call(client, method: str, url: str):
+    return getattr(client, method.lower())(url, data={}, format="json")
+
+
+def test_every_api_route_is_classified():
+    unknown = sorted(
+        here
+        for name, _params_, _callback, here in api_routes()
+        if name not in JOB_PATH | MANY_JOBS | NO_JOB_DATA
+    )
+    assert not unknown, (
+        f"API routes this test cannot classify: {unknown}; add their URL names to JOB_PATH, "
+        "MANY_JOBS or NO_JOB_DATA in tests/console/test_team_scoping.py"
+    )
+
+
+def check_job_path(client, name: str, params, methods, world) -> None:
+    """Every method of a route naming team bravo's job answers as if the job did not exist."""
+    url = team_url(name, params, world, "bravo")
+    missing = url_for(name, params, world, MISSING_ID, MISSING_ID)
+    for method in methods:
+        answer = call(client, method, url)
+        if method == "OPTIONS":
+            # Describes the endpoint, not the job: the same as for a job that does not exist.
+            absent = call(client, method, missing)
+            assert (answer.status_code, answer.content) == (absent.status_code, absent.content)
+        else:
+            assert answer.status_code == 404, f"{method} {url}: {answer.status_code}"
+            assert SECRET.encode() not in answer.content
+    if "GET" in methods:
+        # The same route on the user's own team's job is found: the 404s above are the team's
+        # doing, not a route that answers 404 to everyone.
+        own = team_url(name, params, world, "alpha")
+        assert client.get(own).status_code != 404, own
+
+
+def check_other_route(client, name: str, params, methods, world) -> None:
+    """A route not naming a job never shows team bravo's jobs."""
+    if "GET" not in methods:
+        return
+    url = team_url(name, params, world, "alpha")
+    answer = client.get(url)
+    assert answer.status_code < 500, url
+    assert SECRET.encode() not in answer.content, url
+    if name in MANY_JOBS:
+        assert answer.status_code == 200, url
+        mentioned = job_ids_in(json.loads(answer.content))
+        assert world["jobs"]["bravo"].pk not in mentioned, url
+        assert world["jobs"]["alpha"].pk in mentioned or name == "fleet", url
+
+
+@pytest.mark.parametrize("role", [OPERATOR, VIEWER])
+def test_another_teams_jobs_are_not_found_over_the_whole_api(world, role):
+    client = APIClient()
+    client.force_authenticate(world["people"][role])
+    before = bravo_state(world["bravo"])
+    checked = set()
+    for name, params, callback, _here in api_routes():
+        methods = allowed_methods(callback)
+        if name in JOB_PATH:
+            check_job_path(client, name, params, methods, world)
+        else:
+            check_other_route(client, name, params, methods, world)
+        checked.add(name)
+    assert bravo_state(world["bravo"]) == before, "a request changed team bravo's jobs"
+    assert checked >= JOB_PATH | MANY_JOBS, sorted(JOB_PATH | MANY_JOBS - checked)
+
+
+@pytest.mark.parametrize("role", [OPERATOR, VIEWER])
+def test_totals_count_the_users_teams_only(world, role):
+    client = APIClient()
+    client.force_authenticate(world["people"][role])
+    fleet = client.get("/api/fleet/").json()
+    listed = client.get("/api/jobs/").json()
+    assert fleet["jobs"]["total"] == 1
+    assert listed["totals"]["jobs"]["total"] == 1
+    assert [job["id"] for job in listed["results"]] == [world["jobs"]["alpha"].pk]
+    assert listed["results"][0]["team"] == "alpha"
+    assert (
+        fleet["open_recoveries"]
+        == RecoveryEpisode.objects.filter(
+            job=world["jobs"]["alpha"], watched_s__isnull=True
+        ).count()
+    )
+
+
+def test_admins_see_and_act_on_every_team(world):
+    client = APIClient()
+    client.force_authenticate(world["people"][ADMIN])
+    bravo_job = world["jobs"]["bravo"]
+    assert client.get(f"/api/jobs/{bravo_job.pk}/").json()["team"] == "bravo"
+    assert client.get("/api/fleet/").json()["jobs"]["total"] == 2
+    assert client.post(f"/api/jobs/{bravo_job.pk}/stop/").status_code == 200
+
+
+NEW_JOB = {"name": "wc", "topology": "wordcount", "strategy": "adaptive"}
+
+
+def test_a_new_job_goes_to_the_users_only_team(world):
+    client = APIClient()
+    client.force_authenticate(world["people"][OPERATOR])
+    answer = client.post("/api/jobs/", NEW_JOB, format="json")
+    assert answer.status_code == 201, answer.content
+    assert answer.json()["team"] == "alpha"
+    assert Job.objects.get(pk=answer.json()["id"]).team.name == "alpha"
+
+
+@pytest.mark.parametrize(
+    ("team", "why"),
+    [("bravo", "not a member"), ("nosuch", "does not exist")],
+)
+def test_a_new_job_of_a_team_not_the_users_is_refused_naming_team(world, team, why):
+    client = APIClient()
+    client.force_authenticate(world["people"][OPERATOR])
+    answer = client.post("/api/jobs/", {**NEW_JOB, "team": team}, format="json")
+    assert answer.status_code == 400
+    assert "team" in answer.json()["error"]["detail"]
+    assert not Job.objects.filter(name="wc").exists()
+
+
+def test_a_member_of_several_teams_must_choose(world):
+    user = world["people"][OPERATOR]
+    user.groups.add(world["bravo"].group)
+    client = APIClient()
+    client.force_authenticate(user)
+    answer = client.post("/api/jobs/", NEW_JOB, format="json")
+    assert answer.status_code == 400
+    assert "choose one of alpha, bravo" in answer.json()["error"]["detail"]["team"][0]
+    chosen = client.post("/api/jobs/", {**NEW_JOB, "team": "bravo"}, format="json")
+    assert chosen.status_code == 201 and chosen.json()["team"] == "bravo"
+    assert jobs_visible_to(user).count() == 3
