@@ -78,8 +78,8 @@ class JobAdmin(ServiceOwnedAdmin):
     """Jobs are created, started, stopped and upgraded through the API, the console or the
     management commands."""
 
-    list_display = ["name", "topology", "strategy", "status", "created_by", "created_at"]
-    list_filter = ["status", "strategy", "topology"]
+    list_display = ["name", "team", "topology", "strategy", "status", "created_by", "created_at"]
+    list_filter = ["team", "status", "strategy", "topology"]
     search_fields = ["name", "key"]
     inlines = [OperatorInline]
 
@@ -396,6 +396,7 @@ class ReportSubscriptionForm(forms.ModelForm):
             "recipients",
             "scope",
             "jobs",
+            "team",
             "period_hours",
             "crontab",
             "alert_recovery_over_s",
@@ -406,6 +407,8 @@ class ReportSubscriptionForm(forms.ModelForm):
         cleaned = super().clean()
         if cleaned.get("scope") == ReportSubscription.Scope.SELECTED and not cleaned.get("jobs"):
             self.add_error("jobs", "jobs: choose at least one job when the scope is selected jobs")
+        if cleaned.get("scope") == ReportSubscription.Scope.TEAM and not cleaned.get("team"):
+            self.add_error("team", "team: choose the team when the scope is a team's jobs")
         return cleaned
 
 
@@ -425,7 +428,7 @@ class ReportSubscriptionAdmin(admin.ModelAdmin):
         "alert_on_job_failure",
         "last_sent_at",
     ]
-    list_filter = ["enabled", "scope"]
+    list_filter = ["enabled", "scope", "team"]
     search_fields = ["name", "recipients"]
     filter_horizontal = ["jobs"]
     readonly_fields = ["periodic_task", "last_sent_at"]

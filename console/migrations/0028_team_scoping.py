@@ -1,8 +1,10 @@
 """Put every existing job and every user with a role in the team "default", so scoping jobs by
-team (console.services.teams) changes nothing for an existing installation. Reversing leaves
-the team and its members in place: they are harmless without the scoping."""
+team (console.services.teams) changes nothing for an existing installation, and let a report
+subscription cover a team's jobs. Reversing leaves the team and its members in place: they are
+harmless without the scoping."""
 
-from django.db import migrations
+import django.db.models.deletion
+from django.db import migrations, models
 
 ROLES = ("viewer", "operator", "admin")
 DEFAULT_TEAM = "default"
@@ -24,4 +26,27 @@ def default_team(apps, schema_editor):
 class Migration(migrations.Migration):
     dependencies = [("console", "0027_teams_audit")]
 
-    operations = [migrations.RunPython(default_team, migrations.RunPython.noop)]
+    operations = [
+        migrations.AddField(
+            model_name="reportsubscription",
+            name="team",
+            field=models.ForeignKey(
+                blank=True,
+                help_text="Used when scope is a team's jobs.",
+                null=True,
+                on_delete=django.db.models.deletion.PROTECT,
+                related_name="report_subscriptions",
+                to="console.team",
+            ),
+        ),
+        migrations.AlterField(
+            model_name="reportsubscription",
+            name="scope",
+            field=models.CharField(
+                choices=[("all", "all jobs"), ("selected", "selected jobs"), ("team", "a team's jobs")],
+                default="all",
+                max_length=10,
+            ),
+        ),
+        migrations.RunPython(default_team, migrations.RunPython.noop),
+    ]
