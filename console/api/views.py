@@ -5,7 +5,8 @@ from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, extend_schema, extend_schema_view
 from rest_framework import mixins, status, viewsets
 from rest_framework.decorators import action
-from rest_framework.exceptions import APIException, NotFound, ValidationError
+from rest_framework.exceptions import APIException, NotFound, PermissionDenied, ValidationError
+from rest_framework.permissions import SAFE_METHODS
 from rest_framework.renderers import JSONRenderer
 from rest_framework.response import Response
 from rest_framework.views import APIView
@@ -42,7 +43,6 @@ from console.models import (
 )
 from console.policy.config import request_errors
 from console.redis import redis_client
-from console.roles import VIEWER, has_role
 from console.services import audit_log
 from console.services import faults as fault_service
 from console.services import jobs as job_service
@@ -79,15 +79,23 @@ def _params(params) -> list:
 
 class JobScoped:
     """A view of one job's data, the job named in the path by `job_url_kwarg`: a job the user
-    may not see (another team's, or none) answers 404 before the role is checked, so reads and
-    writes of another team's job are "not found" for viewers and operators alike, never 403."""
+    may not see (another team's, or none) answers 404, also to a write the role would refuse
+    (a viewer's) and before the body is validated, so reads and writes of another team's job
+    are "not found" for viewers and operators alike, never 403 or 400."""
 
     job_url_kwarg = "job_pk"
 
     def check_permissions(self, request):
-        if has_role(request.user, VIEWER) and self.job_url_kwarg in self.kwargs:
+        names_job = self.job_url_kwarg in self.kwargs
+        try:
+            super().check_permissions(request)
+        except PermissionDenied:
+            if names_job and request.user.is_authenticated:
+                self.get_job()
+            raise
+        # Reads look the job up through get_queryset / get_object anyway.
+        if names_job and request.method not in SAFE_METHODS:
             self.get_job()
-        super().check_permissions(request)
 
     def get_job(self) -> Job:
         """The job in the path, among the ones the user sees (Http404 otherwise)."""
@@ -150,7 +158,7 @@ class JobViewSet(
             raise ValidationError({exc.field: [str(exc)]}) from exc
 
     @action(detail=True, methods=["post"])
-    def stop(self, request, pk=None):
+    def stop(self, request, pk=None, format=None):
         job = job_service.stop_job(
             self.get_object(), f"stopped by {request.user.username}", user=request.user
         )
@@ -158,14 +166,14 @@ class JobViewSet(
 
     @extend_schema(request=None, responses={202: JobSerializer})
     @action(detail=True, methods=["post"])
-    def restart(self, request, pk=None):
+    def restart(self, request, pk=None, format=None):
         """Run a failed or stopped job again (accepted: the controller starts it)."""
         job = job_service.restart_job(self.get_object(), user=request.user)
         return Response(self.get_serializer(job).data, status=status.HTTP_202_ACCEPTED)
 
     @extend_schema(responses={200: dict})
     @action(detail=True, methods=["get"])
-    def supervision(self, request, pk=None):
+    def supervision(self, request, pk=None, format=None):
         """How the controller's reconciles of the job fare: `reconcile_failure` is null while
         they succeed, else the failures in a row, since when, the last error and when the
         job is tried again (console.services.control.record.record_reconcile_failure)."""
@@ -175,12 +183,12 @@ class JobViewSet(
 
     @extend_schema(responses={200: dict})
     @action(detail=True, methods=["get"])
-    def results(self, request, pk=None):
+    def results(self, request, pk=None, format=None):
         return Response(read_results(self.get_object()))
 
     @extend_schema(request=UpgradeRequestSerializer, responses={202: JobUpgradeSerializer})
     @action(detail=True, methods=["post"])
-    def upgrade(self, request, pk=None):
+    def upgrade(self, request, pk=None, format=None):
         """Upgrade the running job blue/green to another version of its topology or other
         operator parameters, or change its strategy in place (accepted: the state check and
         the switch follow; the record at /api/jobs/{id}/upgrades/{upgrade id}/ says how far it
@@ -225,13 +233,13 @@ class JobUpgradeViewSet(
 
     @extend_schema(request=None, responses={202: JobUpgradeSerializer})
     @action(detail=True, methods=["post"])
-    def confirm(self, request, job_pk=None, pk=None):
+    def confirm(self, request, job_pk=None, pk=None, format=None):
         """Retire the old version now (the new one writes the output)."""
         return self._end(upgrade_service.CONFIRM)
 
     @extend_schema(request=None, responses={202: JobUpgradeSerializer})
     @action(detail=True, methods=["post"])
-    def rollback(self, request, job_pk=None, pk=None):
+    def rollback(self, request, job_pk=None, pk=None, format=None):
         """Give the output back to the old version, which never stopped."""
         return self._end(upgrade_service.ROLLBACK)
 
