@@ -9,15 +9,41 @@ is classified (and then it is checked like the others).
 from __future__ import annotations
 
 import json
+from datetime import timedelta
 
+import plotly.utils
 import pytest
+from dash.exceptions import PreventUpdate
+from django.test import Client
 from django.urls import URLPattern, URLResolver, get_resolver, reverse
+from django.utils import timezone
 from rest_framework.test import APIClient
 
-from console.models import FaultInjection, Job, JobUpgrade, Policy, RecoveryEpisode, Team
+from console.dash import controls
+from console.dash.job import callbacks as job_callbacks
+from console.dash.overview import callbacks as overview_callbacks
+from console.dash.placement import callbacks as placement_callbacks
+from console.dash.recoveries import callbacks as recovery_callbacks
+from console.models import (
+    FaultInjection,
+    Job,
+    JobUpgrade,
+    Policy,
+    RecoveryEpisode,
+    ReportSubscription,
+    Team,
+)
 from console.roles import ADMIN, OPERATOR, VIEWER
+from console.services import alerts, reports
 from console.services.teams import jobs_visible_to
-from tests.factories import EpisodeFactory, FaultFactory, NodeFactory, UserFactory, make_job
+from tests.factories import (
+    EpisodeFactory,
+    FaultFactory,
+    NodeFactory,
+    ReportSubscriptionFactory,
+    UserFactory,
+    make_job,
+)
 
 # Routes whose path names one job (`job_pk`, or `pk` of /api/jobs/{pk}/...): another team's job
 # answers 404 to every method, for viewers and operators alike.
@@ -304,3 +330,66 @@ def test_a_member_of_several_teams_must_choose(world):
     chosen = client.post("/api/jobs/", {**NEW_JOB, "team": "bravo"}, format="json")
     assert chosen.status_code == 201 and chosen.json()["team"] == "bravo"
     assert jobs_visible_to(user).count() == 3
+
+
+def _text(component) -> str:
+    """Everything a callback's answer would send the browser, as text."""
+    return json.dumps(component, cls=plotly.utils.PlotlyJSONEncoder)
+
+
+@pytest.mark.parametrize("role", [OPERATOR, VIEWER])
+def test_the_console_shows_nothing_of_another_teams_jobs(world, role):
+    user = world["people"][role]
+    bravo = world["jobs"]["bravo"]
+    browser = Client()
+    browser.force_login(user)
+    assert browser.get(f"/console/jobs/{bravo.pk}/").status_code == 404
+    assert browser.get(f"/console/jobs/{world['jobs']['alpha'].pk}/").status_code == 200
+    with pytest.raises(PreventUpdate):
+        job_callbacks.refresh(1, 300, f"/console/jobs/{bravo.pk}/", user=user)
+    assert job_callbacks.render_controls(f"/console/jobs/{bravo.pk}/", user=user) is None
+    pages = [
+        overview_callbacks.refresh(1, 300, user=user),
+        overview_callbacks.filter_options("/console/", user=user),
+        recovery_callbacks.job_options(1, user=user),
+        recovery_callbacks.refresh(1, [bravo.pk], 300, user=user),
+        placement_callbacks.refresh(1, user=user),
+    ]
+    for answer in pages:
+        assert SECRET not in _text(answer)
+    alpha = world["jobs"]["alpha"].pk
+    assert recovery_callbacks.job_options(1, user=user) == [
+        {"label": f"alpha-job (adaptive, #{alpha})", "value": alpha}
+    ]
+
+
+def test_console_controls_refuse_another_teams_job_as_missing(world):
+    operator = world["people"][OPERATOR]
+    bravo = world["jobs"]["bravo"]
+    before = bravo_state(world["bravo"])
+    for act in (
+        lambda: controls.stop_job(operator, bravo.pk),
+        lambda: controls.restart_job(operator, bravo.pk),
+        lambda: controls.inject_fault(
+            operator, bravo.pk, kind="kill-driver", operator="count", node_id=None, duration_s=None
+        ),
+        lambda: controls.change_strategy(operator, bravo.pk, "active-all"),
+        lambda: controls.roll_back_upgrade(operator, world["upgrades"]["bravo"].pk),
+    ):
+        with pytest.raises(controls.ActionRefused, match="no such"):
+            act()
+    assert bravo_state(world["bravo"]) == before
+
+
+def test_a_teams_report_holds_its_jobs_only(world):
+    now = timezone.now()
+    for job in world["jobs"].values():
+        EpisodeFactory(job=job, detected_at=now - timedelta(hours=1))
+    subscription = ReportSubscriptionFactory(
+        name="alpha daily", scope=ReportSubscription.Scope.TEAM, team=Team.named("alpha")
+    )
+    report = reports.report_for_subscription(subscription, now=now + timedelta(minutes=1))
+    assert {row.job_name for row in report.episodes} == {"alpha-job"}
+    assert {row.job_name for row in report.upgrades} <= {"alpha-job"}
+    assert list(alerts.subscriptions_for(world["jobs"]["alpha"])) == [subscription]
+    assert list(alerts.subscriptions_for(world["jobs"]["bravo"])) == []
