@@ -393,3 +393,17 @@ def test_a_teams_report_holds_its_jobs_only(world):
     assert {row.job_name for row in report.upgrades} <= {"alpha-job"}
     assert list(alerts.subscriptions_for(world["jobs"]["alpha"])) == [subscription]
     assert list(alerts.subscriptions_for(world["jobs"]["bravo"])) == []
+
+
+def test_admins_add_a_team_with_its_group_in_the_admin(world):
+    admin_user = world["people"][ADMIN]
+    admin_user.is_staff = admin_user.is_superuser = True
+    admin_user.save()
+    browser = Client()
+    browser.force_login(admin_user)
+    added = browser.post("/admin/console/team/add/", {"name": "payments"})
+    assert added.status_code == 302, added.content[:1000]
+    team = Team.objects.get(name="payments")
+    assert team.group.name == "team:payments"
+    listed = browser.get("/admin/console/job/", {"team__id__exact": world["bravo"].pk})
+    assert SECRET.encode() in listed.content and b"alpha-job" not in listed.content
