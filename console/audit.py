@@ -1,5 +1,5 @@
-"""The audit log's receivers for what no service function of ours writes: sign-ins, group
-memberships (roles and teams), the admin's user edits and report subscriptions.
+"""The audit log's receivers for what no service function of ours writes: sign-ins, API tokens,
+group memberships (roles and teams), the admin's user edits and report subscriptions.
 
 Each event goes to the database (console.services.audit_log.record, with who and from where)
 and sign-ins also keep their line on the `backstop.audit` logger, e.g.
@@ -15,6 +15,7 @@ from django.contrib.auth.models import Group, User
 from django.contrib.auth.signals import user_logged_in, user_logged_out, user_login_failed
 from django.db.models.signals import m2m_changed, post_delete, post_save
 from django.dispatch import receiver
+from rest_framework.authtoken.models import Token
 
 from console.auth_throttle import client_address
 from console.models import ReportSubscription
@@ -50,6 +51,13 @@ def audit_logout(sender, request, user, **kwargs):
     name = user.get_username() if user is not None else None
     audit_log.info("logout username=%r address=%s", name, client_address(request))
     record("logout", request=request, actor=user, target=f"user:{name or ''}")
+
+
+@receiver(post_save, sender=Token, dispatch_uid="backstop.audit_token_created")
+def audit_token_created(sender, instance, created, **kwargs):
+    """An API token made for a user (`POST /api/auth/token/` the first time, or the admin)."""
+    if created:
+        record("token.create", target=f"user:{instance.user.get_username()}")
 
 
 def _kind(group_name: str) -> str:

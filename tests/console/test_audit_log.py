@@ -296,3 +296,12 @@ def test_the_page_searches_newest_first_and_pages(people):
     assert [e.target for e in found] == ["user:mallory"]
     bad = browser.get("/console/audit/", {"since": "soon"})
     assert bad.status_code == 400 and b"since: not a date and time" in bad.content
+
+
+def test_the_first_api_token_of_a_user_is_recorded_with_the_address(people):
+    api = APIClient(REMOTE_ADDR=ADDRESS)
+    for _ in range(2):  # the second request hands out the same token: nothing new is made
+        answer = api.post("/api/auth/token/", {"username": "otto", "password": "pw-for-tests"})
+        assert answer.status_code == 200
+    event = only_event(action="token.create")
+    assert (event.target, event.address) == ("user:otto", ADDRESS)

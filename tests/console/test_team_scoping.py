@@ -8,12 +8,14 @@ is classified (and then it is checked like the others).
 
 from __future__ import annotations
 
+import importlib
 import json
 from datetime import timedelta
 
 import plotly.utils
 import pytest
 from dash.exceptions import PreventUpdate
+from django.apps import apps as django_apps
 from django.test import Client
 from django.urls import URLPattern, URLResolver, get_resolver, reverse
 from django.utils import timezone
@@ -407,3 +409,18 @@ def test_admins_add_a_team_with_its_group_in_the_admin(world):
     assert team.group.name == "team:payments"
     listed = browser.get("/admin/console/job/", {"team__id__exact": world["bravo"].pk})
     assert SECRET.encode() in listed.content and b"alpha-job" not in listed.content
+
+
+def test_the_migration_puts_existing_jobs_and_role_users_in_the_default_team(world):
+    """0028's data step, run on rows made before teams existed (no team, no team group)."""
+    people = world["people"]
+    job = make_job(Job.Status.RUNNING)
+    Job.objects.filter(pk=job.pk).update(team=None)
+    nobody = UserFactory(username="nobody")
+    migration = importlib.import_module("console.migrations.0028_team_scoping")
+    migration.default_team(django_apps, None)
+    job.refresh_from_db()
+    assert job.team.name == "default"
+    members = set(Team.named("default").group.user_set.values_list("username", flat=True))
+    assert members == {user.username for user in people.values()}
+    assert nobody.username not in members
