@@ -3,7 +3,8 @@ group memberships (roles and teams), the admin's user edits and report subscript
 
 Each event goes to the database (console.services.audit_log.record, with who and from where)
 and sign-ins also keep their line on the `backstop.audit` logger, e.g.
-`login-failed username='ada' address=203.0.113.9`. The address is REMOTE_ADDR, which
+`login-failed username='ada' address=203.0.113.9`; a single sign-on adds `method=oidc` (and
+why, when refused), in the line and in the event's detail. The address is REMOTE_ADDR, which
 console.middleware.TrustedProxyMiddleware has already set to the real client behind a trusted
 proxy.
 """
@@ -11,6 +12,7 @@ proxy.
 import logging
 
 from django.contrib.admin.models import ADDITION, CHANGE, DELETION, LogEntry
+from django.contrib.auth import BACKEND_SESSION_KEY
 from django.contrib.auth.models import Group, User
 from django.contrib.auth.signals import user_logged_in, user_logged_out, user_login_failed
 from django.db.models.signals import m2m_changed, post_delete, post_save
@@ -20,6 +22,7 @@ from rest_framework.authtoken.models import Token
 from console.auth_throttle import client_address
 from console.models import ReportSubscription
 from console.models.teams import TEAM_GROUP_PREFIX
+from console.oidc import OIDC_BACKEND
 from console.roles import ROLE_ORDER
 from console.services.audit_log import record
 
@@ -30,19 +33,41 @@ ADMIN_FLAGS = {ADDITION: "add", CHANGE: "change", DELETION: "delete"}
 
 @receiver(user_logged_in, dispatch_uid="backstop.audit_login")
 def audit_login(sender, request, user, **kwargs):
-    """A successful login (login page, admin, token endpoint)."""
-    audit_log.info("login username=%r address=%s", user.get_username(), client_address(request))
-    record("login", request=request, actor=user, target=f"user:{user.get_username()}")
+    """A successful login (login page, admin, single sign-on); single sign-on says so."""
+    # login() records the backend in the session before it sends the signal.
+    session = getattr(request, "session", None)
+    signed_in_by = session.get(BACKEND_SESSION_KEY) if session is not None else None
+    oidc = signed_in_by == OIDC_BACKEND
+    audit_log.info(
+        "login username=%r address=%s%s",
+        user.get_username(),
+        client_address(request),
+        " method=oidc" if oidc else "",
+    )
+    record(
+        "login",
+        request=request,
+        actor=user,
+        target=f"user:{user.get_username()}",
+        detail={"method": "oidc"} if oidc else None,
+    )
 
 
 @receiver(user_login_failed, dispatch_uid="backstop.audit_login_failed")
 def audit_login_failed(sender, credentials, request=None, **kwargs):
-    """A failed login (wrong password, unknown user, or refused while locked out)."""
+    """A failed login (wrong password, unknown user, refused while locked out, or a refused
+    single sign-on, which says so and why)."""
     username = credentials.get("username")
     username = username if isinstance(username, str) else None
-    audit_log.warning("login-failed username=%r address=%s", username, client_address(request))
+    detail, method = {}, ""
+    if credentials.get("method") == "oidc":
+        detail = {"method": "oidc", "reason": str(credentials.get("reason"))}
+        method = f" method=oidc reason={credentials.get('reason')!r}"
+    audit_log.warning(
+        "login-failed username=%r address=%s%s", username, client_address(request), method
+    )
     # No actor: nobody proved who they are. The name tried is kept, cut to the column's size.
-    record("login.failed", request=request, target=f"user:{(username or '')[:190]}")
+    record("login.failed", request=request, target=f"user:{(username or '')[:190]}", detail=detail)
 
 
 @receiver(user_logged_out, dispatch_uid="backstop.audit_logout")

@@ -41,17 +41,14 @@ import threading
 import time
 import uuid
 from dataclasses import asdict, dataclass
-from typing import TYPE_CHECKING
 
 import redis
 
 from infra import keys
 from infra.env import env
 from infra.kafka import KafkaBroker
+from infra.process_group import ProcessGroup
 from infra.redis_client import redis_client
-
-if TYPE_CHECKING:  # the launcher imports this module to keep the broker it starts
-    from infra.launcher import ProcessGroup
 
 log = logging.getLogger(__name__)
 
@@ -195,7 +192,7 @@ class OwnedBroker:
 
 
 class GroupBroker:
-    """A broker that is the child `name` of a ProcessGroup (infra.launcher): held down for the
+    """A broker that is the child `name` of a ProcessGroup (infra.process_group): held down for the
     outage, so the group does not start it again before the outage is over."""
 
     supervisor = "process-group"

@@ -1,7 +1,8 @@
 """Class-data sharing for the stage JVMs: one archive of the classes a stage loads, mapped by
-every later JVM on the machine (no Django).
+every later JVM on the machine (no Django). Where the archive is, the options that map it, and
+the start of its builder (spark_runtime/class_sharing_build.py, its own process):
 
-    python -m spark_runtime.class_sharing [--redis-url URL]
+    python -m spark_runtime.class_sharing_build [--redis-url URL]
 
 Why: every stage process (primary, standby, warm spare) starts a JVM that loads about 150 MB
 of class metadata, Spark's and its libraries', each JVM its own copy. Dumped once into a
@@ -17,8 +18,9 @@ these class-data pages are not at a randomised address. `BACKSTOP_CDS_ARCHIVE=` 
 sharing off; a JVM that cannot map the archive (another JDK, another PySpark) runs without it.
 
 The first node agent on a machine builds the archive in the background (`ensure_archive`):
-this module, run as a process, warms a session up the way a warm spare does, then exits its
-JVM, which writes the archive as it exits.
+the builder process warms a session up the way a warm spare does, then exits its JVM, which
+writes the archive as it exits. This module imports no session code: the session's own
+settings (spark_runtime.config) read `sharing_options` from here.
 
 One builder at a time: the builder holds an exclusive `flock` on the lock file beside the
 archive (`take_build_lock`) for as long as it lives. The kernel releases it when the builder
@@ -30,8 +32,6 @@ removed: a process that opened it before the removal would lock a file nobody el
 
 from __future__ import annotations
 
-import argparse
-import contextlib
 import fcntl
 import hashlib
 import logging
@@ -40,11 +40,9 @@ import shutil
 import subprocess
 import sys
 import threading
-import time
 from importlib.metadata import version
 from pathlib import Path
 
-from spark_runtime import keys
 from spark_runtime.stage_env import stage_environment
 
 log = logging.getLogger(__name__)
@@ -52,10 +50,6 @@ log = logging.getLogger(__name__)
 ARCHIVE_ENV = "BACKSTOP_CDS_ARCHIVE"
 # How long a build may take: the builder ends itself then, which releases its lock.
 BUILD_TIMEOUT_S = 300.0
-# A build is an optimisation that nothing waits for: below every stage process.
-BUILD_NICE = 19
-# The JVM writes the archive while it exits: a few seconds for 150 MB.
-EXIT_TIMEOUT_S = 120.0
 
 
 def default_archive() -> Path:
@@ -129,8 +123,8 @@ def ensure_archive(redis_url: str, log_path: Path) -> subprocess.Popen | None:
         log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(log_path, "ab") as out:
             proc = subprocess.Popen(
-                [sys.executable, "-m", "spark_runtime.class_sharing", "--redis-url", redis_url,
-                 "--archive", str(archive)],
+                [sys.executable, "-m", "spark_runtime.class_sharing_build",
+                 "--redis-url", redis_url, "--archive", str(archive)],
                 stdout=out, stderr=subprocess.STDOUT, start_new_session=True, pass_fds=(fd,),
                 # It runs Spark like a stage: none of this process's secrets (stage_env.py).
                 env=stage_environment(REDIS_URL=redis_url),
@@ -140,71 +134,3 @@ def ensure_archive(redis_url: str, log_path: Path) -> subprocess.Popen | None:
     threading.Thread(target=proc.wait, name="class-sharing-build", daemon=True).start()
     log.info("building the class-data archive %s (pid %d, log %s)", archive, proc.pid, log_path)
     return proc
-
-
-def build(archive: Path, redis_url: str) -> bool:
-    """Warm a session up as a warm spare does (spark_runtime.spare.warm_up), then exit its JVM,
-    which dumps the classes it loaded to a temporary file, renamed to `archive` once whole.
-    True when the archive was written."""
-    from py4j.protocol import Py4JError
-    from pyspark import SparkContext
-
-    from spark_runtime.config import build_session, jvm_options
-    from spark_runtime.redis_client import connect
-    from spark_runtime.spare import warm_up
-
-    client = connect(redis_url)
-    client.ping()  # the warm-up reads a stream: no Redis, no JVM started for nothing
-    partial = archive.with_suffix(f".{os.getpid()}.tmp")
-    # What a stage loads, with Backstop's JVM options and no archive mapped.
-    options = f"{jvm_options()} -XX:ArchiveClassesAtExit={partial} -Xlog:cds=off".strip()
-    spark = build_session("backstop-class-sharing", {"spark.driver.extraJavaOptions": options})
-    warm_up(
-        spark, client, redis_url, keys.class_sharing_warmup_stream(os.getpid()), threading.Event()
-    )
-    jvm = SparkContext._gateway.proc  # the driver JVM (spark-submit execs java)
-    # The call never returns: the JVM exits under it (py4j then fails to reach it again).
-    with contextlib.suppress(Py4JError, OSError):
-        spark._jvm.java.lang.System.exit(0)
-    jvm.wait(timeout=EXIT_TIMEOUT_S)
-    if jvm.returncode != 0 or not partial.is_file():
-        with contextlib.suppress(FileNotFoundError):
-            partial.unlink()
-        return False
-    os.replace(partial, archive)
-    return True
-
-
-def main(argv: list[str] | None = None) -> int:
-    """Entry point of `python -m spark_runtime.class_sharing`: build the archive now, at the
-    lowest CPU priority (its JVM inherits it): nothing waits for it."""
-    from spark_runtime.config import DEFAULT_REDIS_URL
-
-    os.nice(BUILD_NICE)
-    parser = argparse.ArgumentParser(prog="python -m spark_runtime.class_sharing")
-    parser.add_argument("--redis-url", default=os.environ.get("REDIS_URL", DEFAULT_REDIS_URL))
-    parser.add_argument("--archive", type=Path, default=None)
-    args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
-    archive = args.archive or archive_path()
-    if archive is None:
-        print(f"{ARCHIVE_ENV} is empty: class-data sharing is off")
-        return 2
-    archive.parent.mkdir(parents=True, exist_ok=True)
-    # A build that hangs must not hold the lock (inherited from ensure_archive) for ever: end
-    # this process, which releases it, and the next agent start tries again.
-    deadline = threading.Timer(BUILD_TIMEOUT_S, os._exit, args=(3,))
-    deadline.daemon = True
-    deadline.start()
-    started = time.monotonic()
-    written = build(archive, args.redis_url)
-    took = time.monotonic() - started
-    if not written:
-        print(f"no archive written ({took:.0f} s): the JVM did not dump its classes")
-        return 1
-    print(f"wrote {archive} ({archive.stat().st_size / 2**20:.0f} MB) in {took:.0f} s")
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

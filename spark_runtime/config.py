@@ -6,6 +6,8 @@ import logging
 import os
 import sys
 
+from spark_runtime.class_sharing import sharing_options
+
 log = logging.getLogger(__name__)
 
 DEFAULT_MASTER = "local[2]"
@@ -97,8 +99,6 @@ def session_conf(master: str, extra_conf: dict | None = None) -> dict[str, str]:
     On a cluster the executors' Python workers run the driver's interpreter path
     (`spark.pyspark.python`), so every worker host needs Backstop installed at the same path
     (the Docker image does this)."""
-    from spark_runtime.class_sharing import sharing_options
-
     conf = dict(SPARK_CONF)
     options = jvm_options()
     # The class-data archive is this machine's: the driver maps it, executors (on a cluster,

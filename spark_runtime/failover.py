@@ -13,26 +13,22 @@ failure behaviour is one new FailoverStrategy subclass. Pure Python: no Django, 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, ClassVar
+from typing import ClassVar, Protocol
 
 from spark_runtime.disk_space import is_disk_full
+from spark_runtime.replicas import RUNNING, STANDBY, Replica
 
-if TYPE_CHECKING:
-    from spark_runtime.supervision import Replica, Supervisor
 
-# Replica roles and states as the supervisor's replica table records them. They live here
-# because failover strategies decide on them; spark_runtime.supervision re-exports them.
-PRIMARY = "primary"
-STANDBY = "standby"
-STARTING = "starting"
-RUNNING = "running"
-# A standby that is up but too far behind its primary to take over (it is not promoted).
-CATCHING_UP = "catching_up"
-PROMOTING = "promoting"
-# Failed and waiting out its restart delay; no process runs.
-BACKOFF = "backoff"
-FAILED = "failed"
+class ReplicaTable(Protocol):
+    """What a failover strategy reads of the supervisor (spark_runtime.supervision.Supervisor):
+    its replica table, as Flink's strategies read a view of the topology, not the scheduler."""
+
+    replicas: Mapping[str, Replica]
+
+    def of_stage(self, stage: str, role: str | None = None) -> list[Replica]:
+        """Replicas of `stage` (optionally of one role) taking part in failover."""
 
 
 # --- failover strategies: which replicas restart ---------------------------------------------
@@ -69,10 +65,10 @@ class FailoverStrategy(ABC):
     promotes: ClassVar[bool] = False
 
     @abstractmethod
-    def on_failure(self, sup: Supervisor, failed: Replica) -> Restart | TakeOver:
+    def on_failure(self, sup: ReplicaTable, failed: Replica) -> Restart | TakeOver:
         """What the failure of `failed` (a replica in `sup.replicas`) leads to."""
 
-    def after_backoff(self, sup: Supervisor, due: list[Replica]) -> Restart:
+    def after_backoff(self, sup: ReplicaTable, due: list[Replica]) -> Restart:
         """What restarts once the backoff delay of the replicas `due` is over (here: they)."""
         return Restart(tuple(r.id for r in due))
 
@@ -81,10 +77,10 @@ class FailoverStrategy(ABC):
 class RestartJobFailover(FailoverStrategy):
     """Every replica of the job restarts from its checkpoint, all together (restart-all)."""
 
-    def on_failure(self, sup: Supervisor, failed: Replica) -> Restart:
+    def on_failure(self, sup: ReplicaTable, failed: Replica) -> Restart:
         return Restart(tuple(sup.replicas), whole_job=True)
 
-    def after_backoff(self, sup: Supervisor, due: list[Replica]) -> Restart:
+    def after_backoff(self, sup: ReplicaTable, due: list[Replica]) -> Restart:
         # The whole job waited out the delay together (every replica was in backoff).
         return Restart(tuple(sup.replicas), whole_job=True)
 
@@ -93,7 +89,7 @@ class RestartJobFailover(FailoverStrategy):
 class RestartStageFailover(FailoverStrategy):
     """Only the failed replica restarts, from its own checkpoint (local-restart)."""
 
-    def on_failure(self, sup: Supervisor, failed: Replica) -> Restart:
+    def on_failure(self, sup: ReplicaTable, failed: Replica) -> Restart:
         return Restart((failed.id,))
 
 
@@ -104,7 +100,7 @@ class PromoteFailover(FailoverStrategy):
 
     promotes: ClassVar[bool] = True
 
-    def on_failure(self, sup: Supervisor, failed: Replica) -> Restart | TakeOver:
+    def on_failure(self, sup: ReplicaTable, failed: Replica) -> Restart | TakeOver:
         if failed.role == STANDBY:
             return Restart((failed.id,))
         standbys = sup.of_stage(failed.spec.stage, STANDBY)

@@ -29,6 +29,7 @@ from spark_runtime.topology import (
     SOURCE,
     OperatorSpec,
     Topology,
+    runs_as_one,
 )
 
 DEFAULT_WATERMARK_S = 30  # how far behind the latest event time a window's state is kept
@@ -372,9 +373,9 @@ def plan_for(topology: str, operator: str) -> OperatorPlan:
 def fused_plan(topology: Topology, operators: tuple[str, ...]) -> OperatorPlan | None:
     """The one plan that runs `operators` (consecutive, each reading the one before) as one
     operator of a built-in topology, or None (a user job's operators have none)."""
-    if topology.job is not None:
+    if not runs_as_one(topology, operators):
         return None
-    return FUSED_PLANS.get((topology.name, tuple(operators)))
+    return FUSED_PLANS[(topology.name, tuple(operators))]
 
 
 def segment_plans(topology: Topology, operators: tuple[str, ...]):

@@ -19,18 +19,16 @@ from spark_runtime.activity import cpu_share_over, is_busy
 from spark_runtime.config import worker_python
 from spark_runtime.cpu_priority import set_group_nice
 from spark_runtime.jobdef import resolve_topology
-from spark_runtime.stage_env import stage_environment
-from spark_runtime.strategies import get_strategy
-from spark_runtime.supervision import (
+from spark_runtime.replicas import (
     HeartbeatMissed,
     HeartbeatSeen,
     ProcessExited,
     ReplicaSpec,
-    RestartPolicy,
-    Supervisor,
-    execute,
     reported_cause,
 )
+from spark_runtime.stage_env import stage_environment
+from spark_runtime.strategies import get_strategy
+from spark_runtime.supervision import RestartPolicy, Supervisor, execute
 from spark_runtime.topology import compile_stages
 
 log = logging.getLogger(__name__)

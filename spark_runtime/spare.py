@@ -37,6 +37,8 @@ import threading
 import time
 from typing import NoReturn
 
+import redis
+
 from spark_runtime import keys
 from spark_runtime.config import (
     DEFAULT_REDIS_URL,
@@ -45,6 +47,7 @@ from spark_runtime.config import (
     ensure_python_env,
 )
 from spark_runtime.cpu_priority import can_raise_priority, set_group_nice
+from spark_runtime.redis_client import connect
 from spark_runtime.spare_plans import warm_up_plans
 from spark_runtime.strategies import NEEDED_SPARE_HELD_NICE, SPARE_NICE
 
@@ -333,10 +336,6 @@ def become(argv: list[str], spark) -> NoReturn:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of `python -m spark_runtime.spare`."""
-    import redis
-
-    from spark_runtime.redis_client import connect
-
     configure_logging()
     ensure_python_env()
     args = build_parser().parse_args(argv)

@@ -35,9 +35,12 @@ instead. A failure whose cause is a full disk (failover.waits_for_space) counts 
 the replica is restarted with the backoff until space is back. `relaunch(now)` starts a
 given-up job again, each stage from its last primary's checkpoint.
 
-Persistence: `to_dict()` snapshots the fields of `SupervisorState` (the driver keeps it in Redis
-between ticks) and `Supervisor.from_dict` rebuilds the machine, also from an older version's, and
-from a newer version's: fields this version does not know are left out (spark_runtime/snapshot.py).
+Persistence: `to_dict()` snapshots the fields of `SupervisorState` (supervisor_state.py; the
+driver keeps it in Redis between ticks) and `Supervisor.from_dict` rebuilds the machine, also
+from an older version's, and from a newer version's: fields this version does not know are left
+out (spark_runtime/snapshot.py). The policy's changes to protection (a standby added, moved or
+dropped, another strategy) are `StandbyChanges`; failures, promotions and restarts are
+`Supervisor`'s own.
 
 Causes: a replica whose query failed writes a one-line cause into its replicas-hash entry
 before it exits; the driver reads it (`reported_cause`) into the event (`cause`), and it reaches
@@ -58,518 +61,59 @@ then and the restart is abandoned, so the faster of the two serves.
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, fields, is_dataclass, replace
+from dataclasses import replace
 from typing import Protocol
 
 from spark_runtime import upgrade as upgrades
 from spark_runtime.failover import (
-    BACKOFF,
-    CATCHING_UP,
-    FAILED,
-    PRIMARY,
-    PROMOTING,
-    RUNNING,
-    STANDBY,
-    STARTING,
-    CauseStreak,
     ExponentialDelayRestartBackoff,
-    FailoverStrategy,
     Restart,
     RestartPolicy,
     TakeOver,
     waits_for_space,
 )
-from spark_runtime.snapshot import rebuild
-from spark_runtime.strategies import Strategy, get_strategy
-from spark_runtime.upgrade import BlueGreen, DemoteReplica
-
-# Replica entries carry their process's start time from the node's clock; allow this much skew
-# when telling a restarted process from the one that failed.
-CLOCK_SLACK_S = 1.0
-
-# How much of the recovery record a snapshot keeps (newest last).
-HISTORY_KEPT = 200
-REPROTECTIONS_KEPT = 50
-
-
-@dataclass(frozen=True)
-class ReplicaSpec:
-    """Everything needed to launch one replica (the stage CLI arguments)."""
-
-    job: str
-    topology: str
-    stage: str
-    role: str
-    replica_id: str
-    node: str
-    operators: tuple[str, ...] = ()  # the stage's processing operators (its chain)
-    params: tuple[str, ...] = ()  # "OP.KEY=VALUE" overrides
-    # A new standby starts from a copy of this replica's latest committed checkpoint.
-    seed_from: str | None = None
-    # May take over a warm spare process of its node (a launcher's hint).
-    warm: bool = False
-    # The strategy's CPU priorities: a primary above the normal level, a standby below it
-    # (strategies.PRIMARY_NICE, STANDBY_NICE).
-    cpu_priorities: bool = False
-    # The new version of an upgrade (spark_runtime/upgrade.py): run at full pace as a standby.
-    successor: bool = False
-
-    def argv(self) -> list[str]:
-        """Arguments of `python -m spark_runtime.stage` for this replica (the launcher adds the
-        checkpoint paths, see runner.stage_args)."""
-        args = ["--job", self.job, "--topology", self.topology, "--stage", self.stage]
-        args += ["--role", self.role, "--replica-id", self.replica_id, "--node", self.node]
-        args += ["--operators", ",".join(self.operators)]
-        if self.cpu_priorities:
-            args.append("--cpu-priorities")
-        if self.successor:
-            args.append("--successor")
-        for param in self.params:
-            args += ["--param", param]
-        return args
-
-
-# --- events ----------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class HeartbeatSeen:
-    """The replica's heartbeat is fresh; `reported` is its replicas-hash entry (role, state)."""
-
-    replica_id: str
-    at: float
-    reported: dict = field(default_factory=dict)
-
-
-@dataclass(frozen=True)
-class HeartbeatMissed:
-    """The replica's heartbeat key has expired; `busy` when its agent sees the process alive
-    and using CPU (slow, not dead). `cause`: the failure the replica reported ("" if none)."""
-
-    replica_id: str
-    at: float
-    busy: bool = False
-    cause: str = ""
-
-
-@dataclass(frozen=True)
-class ProcessExited:
-    """The replica's process is gone (exit code if known). `cause`: the failure the replica
-    reported before it exited ("" if none: killed, or it died without a word)."""
-
-    replica_id: str
-    at: float
-    code: int | None = None
-    cause: str = ""
-
-
-# The states in which a replica's own entry may carry the cause of its failure (`error`): it
-# wrote `failed`, `fenced` or `promote_failed`; a driver marks an entry `lost` (keeping its error)
-# once it saw the process gone or silent.
-REPORTED_FAILURE_STATES = ("failed", "fenced", "promote_failed", "lost")
-
-
-def of_an_earlier_run(started_at: float, launched_at: float) -> bool:
-    """Whether a process that became the replica at `started_at` (its node's clock) ran before
-    the replica was last asked for at `launched_at` (the controller's): news about it, such as
-    its last heartbeat or its exit reported after the relaunch, says nothing of the process now
-    starting."""
-    return started_at < launched_at - CLOCK_SLACK_S
-
-
-def reported_cause(entry: Mapping | None, launched_at: float) -> str:
-    """The one-line cause a replica reported about its failure in its replicas-hash `entry`
-    (its `error`), if the entry says the replica failed and is of the process asked for at
-    `launched_at`; "" otherwise.
-
-    An earlier run of the same replica id leaves its entry until the new process overwrites it:
-    that process started before the relaunch (`started_at`, within the clock slack), and one
-    that failed within the slack of its start failed before the relaunch (`failed_at`): the
-    supervisor relaunches a replica after seeing it fail. Taken as news, its cause failed the
-    new process at once."""
-    if not entry or entry.get("state") not in REPORTED_FAILURE_STATES:
-        return ""
-    started_at, failed_at = entry.get("started_at"), entry.get("failed_at")
-    if started_at is None or of_an_earlier_run(started_at, launched_at):
-        return ""
-    if failed_at is None or failed_at < launched_at:
-        return ""
-    return str(entry.get("error") or "")
-
-
-# --- actions ---------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class StartReplica:
-    """Launch a new replica (fresh, or resuming its own checkpoint if it has one)."""
-
-    replica: ReplicaSpec
-
-
-@dataclass(frozen=True)
-class KillReplica:
-    """Make sure the replica's process is gone."""
-
-    replica_id: str
-
-
-@dataclass(frozen=True)
-class PromoteStandby:
-    """Tell a standby to take over as primary."""
-
-    replica_id: str
-    stage: str
-
-
-@dataclass(frozen=True)
-class RestartStage:
-    """Kill the replica if needed and launch it again from its own checkpoint."""
-
-    replica: ReplicaSpec
-
-
-@dataclass(frozen=True)
-class RestartJob:
-    """Kill every replica of the job and launch them again from their checkpoints."""
-
-    replicas: tuple[ReplicaSpec, ...]
-
-
-@dataclass(frozen=True)
-class ScheduleRestart:
-    """Make sure the replica is gone; `Supervisor.tick` restarts it at `at` (a backoff)."""
-
-    replica_id: str
-    stage: str
-    at: float
-    delay_s: float
-    whole_job: bool = False  # restart-all: the whole job restarts together then
-
-
-# GiveUp scopes.
-JOB = "job"
-STANDBY_PROTECTION = "standby"
-
-
-@dataclass(frozen=True)
-class GiveUp:
-    """Stop restarting. Scope JOB: every replica is killed (the KillReplica actions before this
-    one) and the driver marks the job failed with `reason`. Scope STANDBY_PROTECTION: `stage`
-    runs without a standby from now on; its primary keeps serving."""
-
-    stage: str
-    scope: str
-    reason: str
-
-
-@dataclass
-class Replica:
-    """The supervisor's view of one replica."""
-
-    spec: ReplicaSpec
-    state: str
-    since: float
-    launched_at: float = 0.0  # when its current process was asked for
-    healthy: bool = False  # finished a batch since launched_at
-    failures_in_a_row: int = 0  # failures since it last finished a batch
-    retry_at: float | None = None  # in BACKOFF: when tick() restarts it
-    slow_since: float | None = None  # silent but busy since then (see the module doc)
-
-    @property
-    def id(self) -> str:
-        return self.spec.replica_id
-
-    @property
-    def role(self) -> str:
-        return self.spec.role
-
-
-# --- the persisted state ---------------------------------------------------------------------
-
-
-def _persisted(*, key: str | None = None, dump=None, load=None, **kwargs):
-    """A SupervisorState field with its own snapshot treatment: its key (default: its name),
-    what of it the snapshot keeps (`dump`, default all of it) and how from_dict rebuilds it from
-    JSON (`load`, default a copy)."""
-    return field(metadata={"key": key, "dump": dump, "load": load}, **kwargs)
-
-
-def _tuples_by_key(raw: dict) -> dict:
-    return {key: tuple(value) for key, value in raw.items()}
-
-
-def _tuple_items(raw: list) -> list[tuple]:
-    return [tuple(item) for item in raw]
-
-
-def _replicas_from_json(raw: list[dict]) -> dict[str, Replica]:
-    replicas = {}
-    for item in raw:
-        saved = item["spec"]
-        as_tuples = {"operators": tuple(saved["operators"]), "params": tuple(saved["params"])}
-        spec = rebuild(ReplicaSpec, saved, **as_tuples)
-        replicas[spec.replica_id] = rebuild(Replica, item, spec=spec)
-    return replicas
-
-
-def _current_replica_entry(item: dict, strategy: str) -> dict:
-    """A replica entry of a snapshot as this version writes it, from one an older version wrote
-    (supervisor state outlives a controller upgrade in Redis)."""
-    spec = dict(item["spec"])
-    if "low_priority" in spec:  # saved before primaries took part in CPU priorities
-        del spec["low_priority"]
-        spec["cpu_priorities"] = get_strategy(strategy).cpu_priorities
-    return {"launched_at": item["since"], **item, "spec": spec}
-
-
-def _to_json(value):
-    """`value` in JSON types: dataclasses as dicts, tuples as lists, sets as sorted lists."""
-    if value is None or isinstance(value, str | float | int):  # most values: first
-        return value
-    if isinstance(value, list | tuple):
-        return [_to_json(item) for item in value]
-    if isinstance(value, dict):
-        return {key: _to_json(item) for key, item in value.items()}
-    if isinstance(value, set):
-        return sorted(value)
-    if is_dataclass(value):
-        return {f.name: _to_json(getattr(value, f.name)) for f in fields(value)}
-    raise TypeError(f"not serialisable: {value!r}")
-
-
-@dataclass(eq=False)
-class SupervisorState:
-    """What a Supervisor keeps between ticks, with the queries over its replica table.
-
-    `to_dict` and `Supervisor.from_dict` follow these fields, so a field is declared once here.
-    The snapshot keys are the ones earlier versions wrote: a controller upgraded in the middle
-    of a job resumes the state its predecessor saved in Redis.
-    """
-
-    job: str
-    topology: str
-    # Stage name -> its operators, in launch order.
-    stage_operators: dict[str, tuple[str, ...]] = _persisted(key="stages", load=_tuples_by_key)
-    strategy: str
-    nodes: list[str]
-    # Stages that get a hot standby.
-    active_stages: set[str] = _persisted(default_factory=set, load=set)
-    params: tuple[str, ...] = _persisted(default=(), load=tuple)
-    startup_grace: float = 90.0
-    # Optional (primary node, standby node) per stage chosen by the policy; else round robin.
-    placement: dict[str, tuple[str, str | None]] = _persisted(
-        default_factory=dict, load=_tuples_by_key
-    )
-    # The driver may replace it at any time (the controller applies the policy in force).
-    restart_policy: RestartPolicy = _persisted(
-        default_factory=RestartPolicy, load=lambda raw: rebuild(RestartPolicy, raw)
-    )
-    # How long a busy replica may stay silent before it counts as hung (driver may change it).
-    hung_timeout_s: float = 30.0
-    # Stage -> time its standby was promoted, until a new standby is promotable again.
-    unprotected_since: dict[str, float] = field(default_factory=dict)
-    # (stage, promoted at, protected again at) per completed re-protection, newest last.
-    reprotections: list[tuple[str, float, float]] = _persisted(
-        default_factory=list, dump=lambda r: r[-REPROTECTIONS_KEPT:], load=_tuple_items
-    )
-    # Stage -> time its primary was restarted after a failure, until that primary reports a
-    # finished batch; a standby that catches up meanwhile takes over (see the module doc).
-    restarting: dict[str, float] = field(default_factory=dict)
-    # Stage -> the standby a move replaces: it keeps the stage protected until the moved
-    # standby is caught up, and is killed then (make before break; see move_standby).
-    retiring: dict[str, str] = field(default_factory=dict)
-    # "stage/role" -> times of its replicas' failures within the policy's window.
-    failures: dict[str, list[float]] = field(default_factory=dict)
-    # "stage/role" -> its last failures in a row with the same reported cause.
-    cause_streaks: dict[str, CauseStreak] = _persisted(
-        default_factory=dict, load=lambda raw: {k: rebuild(CauseStreak, v) for k, v in raw.items()}
-    )
-    # Stages whose standbys crash-looped: no standby is started for them any more.
-    unprotectable: set[str] = _persisted(default_factory=set, load=set)
-    # Why the job was given up on (None while it is supervised).
-    gave_up: str | None = None
-    # Stage -> how many replica ids it has handed out ("<stage>-<n>").
-    _counter: dict[str, int] = _persisted(key="counter", default_factory=dict)
-    # (time, description) of every recovery step.
-    history: list[tuple[float, str]] = _persisted(
-        default_factory=list, dump=lambda h: h[-HISTORY_KEPT:], load=_tuple_items
-    )
-    replicas: dict[str, Replica] = _persisted(
-        default_factory=dict, dump=lambda r: list(r.values()), load=_replicas_from_json
-    )
-    # The job's latest blue/green upgrade (spark_runtime/upgrade.py), under way or ended.
-    upgrade: BlueGreen | None = _persisted(
-        default=None, load=lambda raw: BlueGreen.from_dict(raw) if raw else None
-    )
-
-    def to_dict(self) -> dict:
-        """A JSON-serialisable snapshot, so a driver can persist the machine between ticks."""
-        snapshot = {}
-        for state_field in fields(SupervisorState):
-            value, dump = getattr(self, state_field.name), state_field.metadata.get("dump")
-            key = state_field.metadata.get("key") or state_field.name
-            snapshot[key] = _to_json(dump(value) if dump else value)
-        return snapshot
-
-    def _load(self, data: dict) -> None:
-        """Take the fields of a `to_dict()` snapshot, of this version or an earlier one (a key
-        missing from an older snapshot keeps its current value)."""
-        entries = [_current_replica_entry(item, data["strategy"]) for item in data["replicas"]]
-        data = {**data, "replicas": entries}
-        for state_field in fields(SupervisorState):
-            key = state_field.metadata.get("key") or state_field.name
-            if key in data:
-                load = state_field.metadata.get("load") or copy.deepcopy
-                setattr(self, state_field.name, load(data[key]))
-
-    @property
-    def stages(self) -> list[str]:
-        """The stage names, in launch order."""
-        return list(self.stage_operators)
-
-    @property
-    def definition(self) -> Strategy:
-        """The strategy's definition (spark_runtime.strategies)."""
-        return get_strategy(self.strategy)
-
-    @property
-    def failover(self) -> FailoverStrategy:
-        """Which replicas a failure restarts, or which standby takes over."""
-        return self.definition.on_failure
-
-    def of_stage(self, stage: str, role: str | None = None) -> list[Replica]:
-        """Replicas of `stage` (optionally of one role) currently in the table, without the two
-        of an upgrade under way (spark_runtime/upgrade.py handles those)."""
-        apart = self.upgrade.apart() if self.upgrade is not None else set()
-        return [
-            r
-            for r in self.replicas.values()
-            if r.spec.stage == stage and (role is None or r.role == role) and r.id not in apart
-        ]
-
-    def live(self) -> list[Replica]:
-        """Replicas the driver should watch (everything with a process that should run)."""
-        return [r for r in self.replicas.values() if r.state not in (FAILED, BACKOFF)]
-
-    def all_running(self) -> bool:
-        """True once every replica in the table reports running."""
-        return bool(self.replicas) and all(r.state == RUNNING for r in self.replicas.values())
-
-    def standby_of(self, stage: str) -> Replica | None:
-        """The stage's standby that is not failed (None: it has none)."""
-        return next((r for r in self.of_stage(stage, STANDBY) if r.state != FAILED), None)
-
-    def has_standby(self, stage: str) -> bool:
-        """True if `stage` has a standby that is not failed."""
-        return self.standby_of(stage) is not None
-
-    def placement_by_stage(self) -> dict[str, tuple[str | None, str | None]]:
-        """(primary node, standby node or None) per stage, from the live replicas."""
-        result: dict[str, tuple[str | None, str | None]] = {}
-        for stage in self.stage_operators:
-            primaries = [r for r in self.of_stage(stage, PRIMARY) if r.state != FAILED]
-            standby = self.standby_of(stage)
-            result[stage] = (
-                primaries[0].spec.node if primaries else None,
-                standby.spec.node if standby else None,
-            )
-        return result
-
-    def slow(self) -> list[str]:
-        """Replicas that are silent but busy (flagged, not yet hung)."""
-        return [r.id for r in self.replicas.values() if r.slow_since is not None]
-
-    def _new_spec(self, stage: str, role: str, node: str) -> ReplicaSpec:
-        """A new replica of `stage` with the next id; a standby is seeded from the stage's
-        running primary where the strategy seeds standbys."""
-        self._counter[stage] = self._counter.get(stage, 0) + 1
-        replica_id = f"{stage}-{self._counter[stage]}"
-        strategy = self.definition
-        seed = None
-        if role == STANDBY and strategy.seeded_standbys:
-            primaries = [r for r in self.of_stage(stage, PRIMARY) if r.state == RUNNING]
-            seed = primaries[0].id if primaries else None
-        return ReplicaSpec(
-            self.job,
-            self.topology,
-            stage,
-            role,
-            replica_id,
-            node,
-            operators=self.stage_operators[stage],
-            params=self.params,
-            seed_from=seed,
-            warm=strategy.warm_spares,
-            cpu_priorities=strategy.cpu_priorities,
-        )
-
-    def _node_for(self, index: int, avoid: str | None = None) -> str:
-        """Round robin over `nodes` from `index`, past `avoid` unless it is the only node."""
-        for shift in range(len(self.nodes)):
-            node = self.nodes[(index + shift) % len(self.nodes)]
-            if node != avoid or len(self.nodes) == 1:
-                return node
-        return self.nodes[0]
-
-
-def relaunched(replica: Replica, now: float) -> None:
-    """`replica`'s process is asked for again: it is starting and not yet healthy."""
-    replica.state, replica.since, replica.launched_at = STARTING, now, now
-    replica.healthy, replica.retry_at = False, None
-
-
-class Supervisor(SupervisorState):
-    """The state machine. `handle(event)` updates the replica table and returns actions."""
-
-    def __init__(
-        self,
-        job: str,
-        topology: str,
-        stages: Mapping[str, Sequence[str]],
-        strategy: str,
-        nodes: list[str],
-        active_stages: set[str] | None = None,
-        params: tuple[str, ...] = (),
-        startup_grace: float = 90.0,
-        placement: dict[str, tuple[str, str | None]] | None = None,
-        restart_policy: RestartPolicy | None = None,
-        hung_timeout_s: float = 30.0,
-    ):
-        if not nodes:
-            raise ValueError("at least one node is needed")
-        super().__init__(
-            job=job,
-            topology=topology,
-            stage_operators={name: tuple(ops) for name, ops in stages.items()},
-            strategy=strategy,
-            nodes=list(nodes),
-            active_stages=get_strategy(strategy).standby_stages(stages, active_stages or ()),
-            params=params,
-            startup_grace=startup_grace,
-            placement=dict(placement or {}),
-            restart_policy=restart_policy or RestartPolicy(),
-            hung_timeout_s=hung_timeout_s,
-        )
-        # Where a standby this machine places itself (after a promotion, at a relaunch, or when
-        # the plan named no node) should go, best first; the driver keeps it current (nodes with
-        # a warm spare ready, then by Q). Empty: round robin over `nodes`.
-        self.standby_nodes: list[str] = []
-
-    @classmethod
-    def from_dict(cls, data: dict) -> Supervisor:
-        """Rebuild a machine from `to_dict()` output (also one saved by an earlier version)."""
-        sup = cls(data["job"], data["topology"], data["stages"], data["strategy"], data["nodes"])
-        sup._load(data)
-        return sup
-
-    # -- helpers ------------------------------------------------------------------------------
-
-    def _add(self, spec: ReplicaSpec, now: float) -> StartReplica:
-        self.replicas[spec.replica_id] = Replica(spec, STARTING, now, launched_at=now)
-        return StartReplica(spec)
+from spark_runtime.replicas import (
+    BACKOFF,
+    CATCHING_UP,
+    CLOCK_SLACK_S,
+    FAILED,
+    JOB,
+    PRIMARY,
+    PROMOTING,
+    RUNNING,
+    STANDBY,
+    STANDBY_PROTECTION,
+    STARTING,
+    GiveUp,
+    HeartbeatMissed,
+    HeartbeatSeen,
+    KillReplica,
+    ProcessExited,
+    PromoteStandby,
+    Replica,
+    ReplicaSpec,
+    RestartJob,
+    RestartStage,
+    ScheduleRestart,
+    StartReplica,
+    of_an_earlier_run,
+    relaunched,
+)
+from spark_runtime.strategies import get_strategy
+from spark_runtime.supervisor_state import SupervisorState
+from spark_runtime.upgrade import DemoteReplica
+
+
+class StandbyChanges(SupervisorState):
+    """The policy's changes to a job's protection: a standby added, moved or dropped, another
+    strategy; and where a standby this machine places itself goes."""
+
+    # Where a standby this machine places itself (after a promotion, at a relaunch, or when the
+    # plan named no node) should go, best first; the driver keeps it current (nodes with a warm
+    # spare ready, then by Q). Empty: round robin over `nodes`. Set by Supervisor.__init__; not
+    # a field of the snapshot (the driver sets it again every cycle).
+    standby_nodes: list[str]
 
     def _standby_for(self, stage: str, primary_node: str, now: float) -> StartReplica:
         preferred = [node for node in self.standby_nodes if node != primary_node]
@@ -582,27 +126,6 @@ class Supervisor(SupervisorState):
         else:
             node = self._node_for(self.stages.index(stage) + 1, primary_node)
         return self._add(self._new_spec(stage, STANDBY, node), now)
-
-    # -- transitions --------------------------------------------------------------------------
-
-    def start(self, now: float) -> list:
-        """The actions that bring the job up: a primary per stage, standbys for active stages."""
-        actions = []
-        for index, stage in enumerate(self.stages):
-            primary_node, standby_node = self.placement.get(stage, (None, None))
-            node = primary_node or self._node_for(index)
-            primary = self._add(self._new_spec(stage, PRIMARY, node), now)
-            actions.append(primary)
-            if stage in self.active_stages:
-                if standby_node:
-                    actions.append(self._add(self._new_spec(stage, STANDBY, standby_node), now))
-                else:
-                    actions.append(self._standby_for(stage, node, now))
-        return actions
-
-    def _upgrading(self, stage: str) -> bool:
-        """Whether an upgrade of `stage` is under way (spark_runtime/upgrade.py)."""
-        return self.upgrade is not None and self.upgrade.under_way and stage == self.upgrade.stage
 
     def add_standby(self, stage: str, node: str, now: float) -> list:
         """Give `stage` a hot standby on `node` (the policy's decision); no-op if it has one."""
@@ -686,6 +209,65 @@ class Supervisor(SupervisorState):
                 primaries = self.of_stage(stage, PRIMARY)
                 node = primaries[0].spec.node if primaries else self.nodes[0]
                 actions.append(self._standby_for(stage, node, now))
+        return actions
+
+
+class Supervisor(StandbyChanges):
+    """The state machine. `handle(event)` updates the replica table and returns actions."""
+
+    def __init__(
+        self,
+        job: str,
+        topology: str,
+        stages: Mapping[str, Sequence[str]],
+        strategy: str,
+        nodes: list[str],
+        active_stages: set[str] | None = None,
+        params: tuple[str, ...] = (),
+        startup_grace: float = 90.0,
+        placement: dict[str, tuple[str, str | None]] | None = None,
+        restart_policy: RestartPolicy | None = None,
+        hung_timeout_s: float = 30.0,
+    ):
+        if not nodes:
+            raise ValueError("at least one node is needed")
+        super().__init__(
+            job=job,
+            topology=topology,
+            stage_operators={name: tuple(ops) for name, ops in stages.items()},
+            strategy=strategy,
+            nodes=list(nodes),
+            active_stages=get_strategy(strategy).standby_stages(stages, active_stages or ()),
+            params=params,
+            startup_grace=startup_grace,
+            placement=dict(placement or {}),
+            restart_policy=restart_policy or RestartPolicy(),
+            hung_timeout_s=hung_timeout_s,
+        )
+        self.standby_nodes = []
+
+    @classmethod
+    def from_dict(cls, data: dict) -> Supervisor:
+        """Rebuild a machine from `to_dict()` output (also one saved by an earlier version)."""
+        sup = cls(data["job"], data["topology"], data["stages"], data["strategy"], data["nodes"])
+        sup._load(data)
+        return sup
+
+    # -- transitions --------------------------------------------------------------------------
+
+    def start(self, now: float) -> list:
+        """The actions that bring the job up: a primary per stage, standbys for active stages."""
+        actions = []
+        for index, stage in enumerate(self.stages):
+            primary_node, standby_node = self.placement.get(stage, (None, None))
+            node = primary_node or self._node_for(index)
+            primary = self._add(self._new_spec(stage, PRIMARY, node), now)
+            actions.append(primary)
+            if stage in self.active_stages:
+                if standby_node:
+                    actions.append(self._add(self._new_spec(stage, STANDBY, standby_node), now))
+                else:
+                    actions.append(self._standby_for(stage, node, now))
         return actions
 
     def stop(self) -> list:

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from spark_runtime import keys
+
 # Operator kinds. The policy maps them to Da-Stream type scores (stateless 0.1, aggregation 0.5,
 # join or other stateful operators such as windows and top-N 0.8).
 SOURCE = "source"
@@ -291,8 +293,6 @@ class StageSpec:
 
 def channel_key(job: str, channel: str) -> str:
     """The Redis key of a named channel of `job`."""
-    from spark_runtime import keys
-
     if channel == INPUT_CHANNEL:
         return keys.input_stream(job)
     if channel == RESULTS_CHANNEL:
@@ -334,13 +334,25 @@ def _operator_segments(topology: Topology) -> list[SegmentSpec]:
     return segments
 
 
+# Consecutive operators of a built-in topology that one Spark plan runs as one operator
+# (spark_runtime.pipelines.FUSED_PLANS holds the plan of each): topn's windowed count and its
+# ranking, two stateful operators Spark could not chain in one query otherwise.
+FUSED_OPERATORS: frozenset[tuple[str, tuple[str, ...]]] = frozenset(
+    {("topn", ("window_count", "topn"))}
+)
+
+
+def runs_as_one(topology: Topology, operators: tuple[str, ...]) -> bool:
+    """Whether one plan runs `operators` (consecutive, each reading the one before) as one
+    operator: never for a user job's operators."""
+    return topology.job is None and (topology.name, tuple(operators)) in FUSED_OPERATORS
+
+
 def _fuse(topology: Topology, segments: list[SegmentSpec]) -> list[SegmentSpec]:
     """Merge consecutive segments into one query where Spark allows it: a query may hold at most
     one stateful operator here (Spark cannot chain two update-mode aggregations), so a segment
     is cut before a stateful operator that follows another one, unless a fused plan runs the
-    two as one operator (spark_runtime.pipelines.FUSED_PLANS: topn's window_count and topn)."""
-    from spark_runtime.pipelines import fused_plan
-
+    two as one operator (FUSED_OPERATORS)."""
     fused: list[SegmentSpec] = []
     for seg in segments:
         if fused:
@@ -348,7 +360,7 @@ def _fuse(topology: Topology, segments: list[SegmentSpec]) -> list[SegmentSpec]:
             prev_stateful = any(topology.operator(o).stateful for o in prev.operators)
             this_stateful = any(topology.operator(o).stateful for o in seg.operators)
             chained = seg.inputs == (prev.outputs[0],)
-            one_plan = fused_plan(topology, prev.operators + seg.operators) is not None
+            one_plan = runs_as_one(topology, prev.operators + seg.operators)
             if chained and (one_plan or not (prev_stateful and this_stateful)):
                 fused[-1] = SegmentSpec(prev.operators + seg.operators, prev.inputs, seg.outputs)
                 continue

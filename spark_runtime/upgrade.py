@@ -33,13 +33,23 @@ promotes green in place of a failed blue, and the policy never moves or drops ei
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, replace
-from typing import TYPE_CHECKING
+from typing import Protocol
 
-from spark_runtime.failover import FAILED, PRIMARY, PROMOTING, RUNNING, STANDBY
+from spark_runtime.replicas import (
+    FAILED,
+    PRIMARY,
+    PROMOTING,
+    RUNNING,
+    STANDBY,
+    KillReplica,
+    PromoteStandby,
+    Replica,
+    ReplicaSpec,
+    RestartStage,
+    StartReplica,
+    relaunched,
+)
 from spark_runtime.snapshot import rebuild
-
-if TYPE_CHECKING:  # the Supervisor calls in; its actions are imported where they are made
-    from spark_runtime.supervision import Supervisor
 
 STARTING = "starting"
 HANDING_OVER = "handing_over"
@@ -186,6 +196,37 @@ class GreenSeen:
     band: float  # the recovery band (a fraction), for the dead letters' allowance
 
 
+class UpgradeHost(Protocol):
+    """What an upgrade reads and changes of the supervisor (spark_runtime.supervision.Supervisor)
+    that calls into this module: its replica table, its history and the replica launches it
+    makes. Typed here so this module needs nothing from the state machine above it."""
+
+    topology: str
+    params: tuple[str, ...]
+    active_stages: set[str]
+    standby_nodes: list[str]
+    replicas: dict[str, Replica]
+    retiring: dict[str, str]
+    history: list[tuple[float, str]]
+    gave_up: str | None
+    upgrade: BlueGreen | None
+
+    @property
+    def stages(self) -> list[str]: ...
+
+    def of_stage(self, stage: str, role: str | None = None) -> list[Replica]: ...
+
+    def has_standby(self, stage: str) -> bool: ...
+
+    def _new_spec(self, stage: str, role: str, node: str) -> ReplicaSpec: ...
+
+    def _node_for(self, index: int, avoid: str | None = None) -> str: ...
+
+    def _add(self, spec: ReplicaSpec, now: float) -> StartReplica: ...
+
+    def _standby_for(self, stage: str, primary_node: str, now: float) -> StartReplica: ...
+
+
 def validation_failure(upgrade: BlueGreen, seen: GreenSeen, now: float) -> str | None:
     """Why green fails its validation now (the reason a rollback gives), or None.
 
@@ -240,7 +281,7 @@ def validation_failure(upgrade: BlueGreen, seen: GreenSeen, now: float) -> str |
 
 
 def begin(
-    sup: Supervisor,
+    sup: UpgradeHost,
     upgrade_id: int,
     stage: str,
     to_topology: str,
@@ -297,7 +338,7 @@ def begin(
 
 
 def restart_in_place(
-    sup: Supervisor,
+    sup: UpgradeHost,
     upgrade_id: int,
     stage: str,
     to_topology: str,
@@ -308,7 +349,6 @@ def restart_in_place(
     the baseline blue/green is measured against: every replica of `stage` restarts from its own
     checkpoint running the new version, in a new process as theirs do (a warm spare's JVM,
     Backstop's own, is not taken); the stage writes nothing until its primary is back."""
-    from spark_runtime.supervision import RestartStage, relaunched
 
     if sup.upgrade is not None and sup.upgrade.under_way:
         raise UpgradeRefused(f"upgrade {sup.upgrade.upgrade_id} of this job is under way")
@@ -333,7 +373,7 @@ def restart_in_place(
     return actions
 
 
-def on_heartbeat(sup: Supervisor, replica, reported: dict, now: float) -> list | None:
+def on_heartbeat(sup: UpgradeHost, replica, reported: dict, now: float) -> list | None:
     """What a heartbeat of green or blue means for the upgrade under way: the actions, or None
     for the supervisor's ordinary handling."""
     upgrade = sup.upgrade
@@ -359,7 +399,6 @@ def on_heartbeat(sup: Supervisor, replica, reported: dict, now: float) -> list |
             return []
         # Blue passed the promotion on (DemoteReplica.successor) before its own report that it
         # is a standby was seen: green has taken over, no promote command is due.
-        from spark_runtime.supervision import PromoteStandby
 
         actions = [a for a in _promote_green(sup, now) if not isinstance(a, PromoteStandby)]
         _switched(upgrade, reported)
@@ -370,7 +409,6 @@ def on_heartbeat(sup: Supervisor, replica, reported: dict, now: float) -> list |
             if upgrade.blue in sup.replicas:
                 return roll_back(sup, now, why)
             # Blue is gone: green restarts from its own checkpoint as the stage's primary.
-            from spark_runtime.supervision import RestartStage, relaunched
 
             replica.spec = replace(replica.spec, role=PRIMARY, seed_from=None, successor=False)
             relaunched(replica, now)
@@ -397,10 +435,9 @@ def _switched(upgrade: BlueGreen, reported: dict) -> None:
     upgrade.green_batches = upgrade.green_batches_at_switch
 
 
-def _promote_green(sup: Supervisor, now: float) -> list:
+def _promote_green(sup: UpgradeHost, now: float) -> list:
     """Blue is a standby now (or gone): promote green (a new fencing epoch), and let the stage's
     ordinary standby go (blue itself stands by for green until the upgrade ends)."""
-    from spark_runtime.supervision import KillReplica, PromoteStandby
 
     upgrade = sup.upgrade
     if upgrade.blue in sup.replicas:
@@ -418,7 +455,7 @@ def _promote_green(sup: Supervisor, now: float) -> list:
     return actions
 
 
-def _on_green_promoted(sup: Supervisor, green, now: float) -> list:
+def _on_green_promoted(sup: UpgradeHost, green, now: float) -> list:
     """Green writes the stage's output: new replicas of the stage run its version from now on."""
     upgrade = sup.upgrade
     green.spec = replace(green.spec, role=PRIMARY, seed_from=None, successor=False)
@@ -435,10 +472,9 @@ def _on_green_promoted(sup: Supervisor, green, now: float) -> list:
     return []
 
 
-def confirm(sup: Supervisor, now: float, why: str) -> list:
+def confirm(sup: UpgradeHost, now: float, why: str) -> list:
     """End the upgrade for good: blue retires; the stage gets an ordinary standby again where it
     is protected. Raises UpgradeRefused before the switch."""
-    from spark_runtime.supervision import KillReplica
 
     upgrade = _under_way(sup)
     if upgrade.phase != VALIDATING:
@@ -454,7 +490,7 @@ def confirm(sup: Supervisor, now: float, why: str) -> list:
     return actions
 
 
-def roll_back(sup: Supervisor, now: float, why: str) -> list:
+def roll_back(sup: UpgradeHost, now: float, why: str) -> list:
     """Give the output back to blue (before the hand-over: just stop green). Raises
     UpgradeRefused when blue is gone.
 
@@ -464,7 +500,6 @@ def roll_back(sup: Supervisor, now: float, why: str) -> list:
     stays in the table as the stage's failed primary until blue reports primary, as a failed
     primary does in a failover: should blue's promotion fail, the supervisor restarts green
     from its checkpoint rather than leave the stage without a writer."""
-    from spark_runtime.supervision import KillReplica, PromoteStandby
 
     upgrade = _under_way(sup)
     blue = sup.replicas.get(upgrade.blue)
@@ -491,10 +526,9 @@ def roll_back(sup: Supervisor, now: float, why: str) -> list:
     return actions
 
 
-def on_failure(sup: Supervisor, replica_id: str, now: float, reason: str) -> tuple[list, bool]:
+def on_failure(sup: UpgradeHost, replica_id: str, now: float, reason: str) -> tuple[list, bool]:
     """A failure of green or blue while the upgrade is under way: (actions, handled). Not
     handled: the supervisor's ordinary handling follows these actions."""
-    from spark_runtime.supervision import KillReplica
 
     upgrade = sup.upgrade
     if upgrade is None or not upgrade.under_way or replica_id not in (upgrade.green, upgrade.blue):
@@ -534,7 +568,7 @@ def on_failure(sup: Supervisor, replica_id: str, now: float, reason: str) -> tup
     return [], True
 
 
-def abandon(sup: Supervisor, now: float, why: str) -> None:
+def abandon(sup: UpgradeHost, now: float, why: str) -> None:
     """The job was given up on or stopped while upgrading: the upgrade ends there."""
     if sup.upgrade is not None and sup.upgrade.under_way:
         if not sup.upgrade.switched:
@@ -542,14 +576,14 @@ def abandon(sup: Supervisor, now: float, why: str) -> None:
         _end(sup, ABANDONED, now, why)
 
 
-def _under_way(sup: Supervisor) -> BlueGreen:
+def _under_way(sup: UpgradeHost) -> BlueGreen:
     upgrade = sup.upgrade
     if upgrade is None or not upgrade.under_way:
         raise UpgradeRefused("no upgrade of this job is under way")
     return upgrade
 
 
-def _end(sup: Supervisor, phase: str, now: float, why: str) -> None:
+def _end(sup: UpgradeHost, phase: str, now: float, why: str) -> None:
     upgrade = sup.upgrade
     upgrade.phase, upgrade.ended_at, upgrade.outcome = phase, now, why
     sup.history.append((now, f"upgrade {upgrade.upgrade_id} {phase.replace('_', ' ')}: {why}"))

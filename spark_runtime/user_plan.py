@@ -34,6 +34,7 @@ import os
 import sys
 from collections.abc import Callable
 
+from spark_runtime import keys
 from spark_runtime.jobdef import (
     EVENT_TIME_COLUMN,
     ID_COLUMN,
@@ -203,8 +204,6 @@ def upserted_results(values: dict[str, str]) -> dict[str, list[dict]]:
 def actual_results(definition: JobDefinition, client, job: str) -> dict[str, list[dict]]:
     """What the job wrote, as `{key text: [value, ...]}` (one value per key for Upsert; for
     Append one per appended record, so duplicates show)."""
-    from spark_runtime import keys
-
     if isinstance(definition.output, Upsert):
         return upserted_results(client.hgetall(keys.results(job)))
     written: dict[str, list[dict]] = {}

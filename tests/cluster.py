@@ -14,7 +14,8 @@ from django.db import connection
 
 from console.models import Job
 from console.redis import redis_client
-from infra.launcher import LocalCluster, ProcessGroup
+from infra.launcher import LocalCluster
+from infra.process_group import ProcessGroup
 from infra.processes import processes_with_env
 from tests.factories import NodeFactory
 

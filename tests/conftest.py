@@ -1,13 +1,68 @@
-"""Fixtures shared by the whole suite."""
+"""Fixtures shared by the whole suite, and `wait_until`.
+
+Redis: `redis_conn` is the one connection fixture (a client of `redis_url`, answering str). The
+console's tests use TEST_REDIS_URL's database, as web/settings/test.py does; the data-plane
+tests override `redis_url` with a database of their own (tests/spark_runtime/conftest.py). A
+module whose tests write known keys clears them with a fixture named for them; one whose keys
+are not all known asks for `redis_flushed`.
+"""
 
 import os
+import time
 
 import pytest
+import redis
 from rest_framework.test import APIClient
 
 from console.roles import ADMIN, OPERATOR, VIEWER
 from infra.kafka_outage import BrokerKeeper
+from spark_runtime.redis_client import connect
 from tests.factories import UserFactory
+
+# web/settings/test.py's default for TEST_REDIS_URL.
+DEFAULT_TEST_REDIS_URL = "redis://127.0.0.1:6379/15"
+
+
+def wait_until(condition, timeout_s: float, what, poll_s: float = 0.05):
+    """Poll `condition()` until it returns something true, and return that; fail the test once
+    `timeout_s` have passed, naming `what` (a text, or a function that returns one then: the
+    state worth seeing when the wait failed)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        found = condition()
+        if found:
+            return found
+        if time.monotonic() >= deadline:
+            raise AssertionError(
+                f"not within {timeout_s:g} s: {what() if callable(what) else what}"
+            )
+        time.sleep(poll_s)
+
+
+@pytest.fixture(scope="session")
+def redis_url() -> str:
+    """The Redis of the tests (bin/test starts one): TEST_REDIS_URL, as web/settings/test.py."""
+    return os.environ.get("TEST_REDIS_URL", DEFAULT_TEST_REDIS_URL)
+
+
+@pytest.fixture
+def redis_conn(redis_url):
+    """A client of `redis_url` for one test, answering str; fails the test at once, saying
+    what to start, when no Redis answers there."""
+    conn = connect(redis_url)
+    try:
+        conn.ping()
+    except redis.exceptions.ConnectionError:
+        pytest.fail(f"no Redis at {redis_url}: bin/test starts one; or set TEST_REDIS_URL")
+    yield conn
+    conn.close()
+
+
+@pytest.fixture
+def redis_flushed(redis_conn):
+    """The test's Redis database emptied when the test ends."""
+    yield
+    redis_conn.flushdb()
 
 
 @pytest.fixture(autouse=True)

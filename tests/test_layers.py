@@ -1,8 +1,9 @@
 """The layer contract of the tree, read from the import graph of the source (CONTRIBUTING.md).
 
 Each first-party package may import only the packages listed for it, so the graph between
-packages has no cycle: a new import that would close one fails here. Every import counts,
-function-local ones too, and other packages of the project are imported at the top of modules.
+packages has no cycle: a new import that would close one fails here. Inside a package the
+modules form no cycle either. Every import counts, function-local and TYPE_CHECKING ones too,
+and other packages of the project are imported at the top of modules.
 """
 
 from __future__ import annotations
@@ -112,3 +113,92 @@ def test_the_contract_sees_real_imports():
     assert "spark_runtime" in graph["console"]
     assert "console" in graph["workers"]
     assert "infra" in graph["console"]
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def module_graph() -> dict[str, set[str]]:
+    """First-party module -> the first-party modules it imports. `from a.b import c` imports the
+    module a.b.c when there is one, else a.b; an import of a package is an import of its
+    __init__."""
+    modules = {module_name(path): path for package in ALLOWED for path in source_files(package)}
+
+    def known(name: str) -> str | None:
+        while name and name not in modules:
+            name = name.rpartition(".")[0]
+        return name or None
+
+    graph = {}
+    for module, path in modules.items():
+        targets = set()
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:  # relative: from the module's package upwards
+                    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+                    for _ in range(node.level - 1):
+                        package = package.rpartition(".")[0]
+                    base = f"{package}.{base}".rstrip(".")
+                names = [f"{base}.{alias.name}" for alias in node.names] + [base]
+            else:
+                continue
+            targets.update(target for name in names if (target := known(name)))
+        graph[module] = targets - {module}
+    return graph
+
+
+def cycles_of(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan's algorithm)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def connect(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for target in sorted(graph[node]):
+            if target not in index:
+                connect(target)
+                low[node] = min(low[node], low[target])
+            elif target in on_stack:
+                low[node] = min(low[node], index[target])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                component.append(member)
+                if member == node:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for node in sorted(graph):
+        if node not in index:
+            connect(node)
+    return found
+
+
+def test_no_module_imports_itself_through_others():
+    """Layers inside packages too: a cycle hidden by a function-local or TYPE_CHECKING import
+    is still a cycle (the first would fail at import time if it were moved to the top)."""
+    graph = module_graph()
+    cycles = [
+        " <-> ".join(f"{m} (imports {', '.join(sorted(graph[m] & set(c)))})" for m in c)
+        for c in cycles_of(graph)
+    ]
+    assert not cycles, "module import cycles:\n" + "\n".join(cycles)
+
+
+def test_the_cycle_finder_finds_a_cycle():
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
+    assert cycles_of(graph) == [["a", "b", "c"]]
+    assert "spark_runtime.replicas" in module_graph()["spark_runtime.supervision"]

@@ -6,6 +6,7 @@ from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerSplitView
 
 from console import views
+from console.oidc import views as oidc_views
 
 handler400 = "console.views.bad_request"
 handler403 = "console.views.permission_denied"
@@ -16,8 +17,11 @@ urlpatterns = [
     path("", views.home, name="home"),
     path("healthz", views.healthz, name="healthz"),
     path("metrics", views.metrics, name="metrics"),
-    path("accounts/login/", auth_views.LoginView.as_view(), name="login"),
+    path("accounts/login/", oidc_views.SsoLoginView.as_view(), name="login"),
     path("accounts/logout/", auth_views.LogoutView.as_view(), name="logout"),
+    # Single sign-on (docs/ACCESS.md); 404 while OIDC_ISSUER is unset.
+    path("accounts/oidc/login/", oidc_views.oidc_login, name="oidc-login"),
+    path("accounts/oidc/callback/", oidc_views.oidc_callback, name="oidc-callback"),
     path("admin/", admin.site.urls),
     path("api/schema/", SpectacularAPIView.as_view(), name="api-schema"),
     # The split view serves Swagger UI's start-up code as a script file, not inline: the CSP

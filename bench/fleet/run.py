@@ -40,7 +40,8 @@ from console.models import ControlDecision, Job, Node, Policy
 from console.services.jobs import create_job
 from console.services.schedules import ensure_periodic_tasks
 from infra import keys as control_keys
-from infra.launcher import ProcessGroup, celery_argv, controller_argv, wait_for
+from infra.launcher import celery_argv, controller_argv, wait_for
+from infra.process_group import ProcessGroup
 from infra.queues import CONTROL_QUEUE, node_queue
 from spark_runtime.command_fence import holder_of
 

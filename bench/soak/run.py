@@ -96,7 +96,8 @@ from console.services.topologies import RegistrationRefused
 from console.services.topologies import register as register_topology
 from infra import keys as control_keys
 from infra.kafka_outage import UP, outage
-from infra.launcher import LocalCluster, ProcessGroup, start_kafka_if_needed, wait_for
+from infra.launcher import LocalCluster, start_kafka_if_needed, wait_for
+from infra.process_group import ProcessGroup
 from infra.processes import argv_of, cmdline_arg, safe_read
 from infra.redis_server import PrivateRedis
 from spark_runtime import keys as data_keys

@@ -59,13 +59,8 @@ from console.services.schedules import ensure_periodic_tasks
 from infra.kafka import kafka_bootstrap_servers
 from infra.kafka_outage import REFUSED, UP, Outage, outage
 from infra.kafka_outage import START_TIMEOUT_S as BROKER_START_TIMEOUT_S
-from infra.launcher import (
-    LocalCluster,
-    ProcessGroup,
-    start_kafka_if_needed,
-    start_redis_if_needed,
-    wait_for,
-)
+from infra.launcher import LocalCluster, start_kafka_if_needed, start_redis_if_needed, wait_for
+from infra.process_group import ProcessGroup
 from infra.processes import (
     argv_of,
     cmdline_arg,

@@ -36,6 +36,7 @@ from django.db.models.functions import Coalesce
 from django.utils import timezone
 
 from console.models import (
+    ControlDecision,
     FaultInjection,
     Job,
     JobUpgrade,
@@ -715,8 +716,6 @@ def _decision_dict(decision) -> dict:
 
 def recent_decisions(job_id: int, limit: int = 50) -> list[dict]:
     """The controller's latest decisions for a job, newest first, with their reasons."""
-    from console.models import ControlDecision
-
     decisions = ControlDecision.objects.filter(job_id=job_id).order_by("-at", "-id")[:limit]
     return [_decision_dict(d) for d in decisions]
 
@@ -729,7 +728,6 @@ def failure_history(job_id: int, limit: int = 50) -> list[dict]:
     the failure names no replica. Two queries whatever the number of failures: the failures,
     each with its response's id found by a correlated subquery, then those responses.
     """
-    from console.models import ControlDecision
 
     def first_response(same_target: dict) -> Subquery:
         responses = (

@@ -13,11 +13,14 @@ re-exported here, so `from console.models import X` works for all of them:
 - reports: ReportSubscription, SentAlert
 - upgrades: JobUpgrade
 - teams: Team, AuditEvent
+- accounts: OidcIdentity (users signed in through OpenID Connect)
 
 Imports run one way (teams <- jobs <- replicas <- faults, metrics; jobs <- decisions, reports,
-upgrades; policy alone), and none of these modules imports console.services or workers.
+upgrades; policy and accounts alone), and none of these modules imports console.services or
+workers.
 """
 
+from console.models.accounts import OidcIdentity
 from console.models.decisions import ControlDecision
 from console.models.faults import FaultInjection, RecoveryEpisode
 from console.models.jobs import InvalidTransition, Job, Operator, RegisteredTopology
@@ -44,6 +47,7 @@ __all__ = [
     "MetricSample",
     "MetricSampleQuerySet",
     "Node",
+    "OidcIdentity",
     "Operator",
     "Policy",
     "PredictorTraining",

@@ -65,15 +65,12 @@ from infra import keys as control_keys
 from infra import leases
 from spark_runtime import external_io
 from spark_runtime import keys as data_keys
-from spark_runtime.failover import PRIMARY
 from spark_runtime.jobdef import resolve_topology
 from spark_runtime.kafka_admin import ensure_topics
-from spark_runtime.runner import observe
-from spark_runtime.sink import FENCE_LOST
-from spark_runtime.spare_plans import publish_plans, stage_plans
-from spark_runtime.supervision import (
+from spark_runtime.replicas import (
     BACKOFF,
     FAILED,
+    PRIMARY,
     PROMOTING,
     RUNNING,
     STARTING,
@@ -81,11 +78,12 @@ from spark_runtime.supervision import (
     HeartbeatSeen,
     KillReplica,
     PromoteStandby,
-    RestartPolicy,
     ScheduleRestart,
-    Supervisor,
-    execute,
 )
+from spark_runtime.runner import observe
+from spark_runtime.sink import FENCE_LOST
+from spark_runtime.spare_plans import publish_plans, stage_plans
+from spark_runtime.supervision import RestartPolicy, Supervisor, execute
 
 
 class LaunchError(Exception):

@@ -43,6 +43,7 @@ from django.utils import timezone
 
 from console.models import ControlDecision, Job, JobUpgrade, Policy, Replica
 from console.policy.recovery import latency_limit_ms, p90_per_second_ms
+from console.redis import redis_client
 from console.services import audit_log
 from console.services.control.act import checkpoint_root
 from console.services.control.observe import load_supervisor
@@ -56,8 +57,9 @@ from spark_runtime import keys as data_keys
 from spark_runtime import upgrade as upgrades
 from spark_runtime import upgrade_check
 from spark_runtime.progress import read_progress
+from spark_runtime.replicas import FAILED, PRIMARY, RUNNING, KillReplica
 from spark_runtime.strategies import STRATEGIES, get_strategy, in_place_refusal
-from spark_runtime.supervision import FAILED, PRIMARY, RUNNING, KillReplica, Supervisor
+from spark_runtime.supervision import Supervisor
 
 log = logging.getLogger(__name__)
 
@@ -307,8 +309,6 @@ def _record_end(upgrade: JobUpgrade, action: str, user) -> None:
 
 def wake(job: Job, client=None) -> None:
     """Have the job's controller reconcile it at once (it reads the agent events stream)."""
-    from console.redis import redis_client
-
     own = client is None
     client = client or redis_client()
     try:

@@ -14,7 +14,6 @@ import sys
 from pathlib import Path
 
 import pytest
-import redis
 from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 from django.core.management import call_command
@@ -326,14 +325,8 @@ def test_the_output_topic_is_audited_as_a_read_committed_reader_sees_it(run_topi
 # --- bench.json and bench.md ------------------------------------------------------------------
 
 
-@pytest.fixture
-def redis_conn(settings):
-    conn = redis.Redis.from_url(settings.REDIS_URL, decode_responses=True)
-    yield conn
-    conn.flushdb()
-
-
 @pytest.mark.django_db
+@pytest.mark.usefixtures("redis_flushed")
 def test_bench_json_says_where_each_run_read_and_was_audited(redis_conn):
     base = {
         "topology": "wordcount", "strategies": ("adaptive",), "faults": 1,

@@ -16,7 +16,6 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
-import redis
 
 from bench.strategy.harness import BenchSettings
 from bench.strategy.run import measure_run
@@ -29,19 +28,12 @@ from spark_runtime.progress import publish_progress
 from spark_runtime.topology import OUT_CHANNEL, RESULTS_CHANNEL
 from tests.factories import EpisodeFactory, FaultFactory, make_job, progress_record
 
-pytestmark = pytest.mark.django_db
+pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("redis_flushed")]
 
 # Input starts at T0; warm-up 30 s, faults at 60 and 90 s, input ends at 120 s (the benchmark's
 # schedule for 2 faults over a 90 s measured duration).
 WARMUP_S, DURATION_S = 30.0, 90.0
 CYCLE_S = 5.0
-
-
-@pytest.fixture
-def redis_conn(settings):
-    redis_conn = redis.Redis.from_url(settings.REDIS_URL, decode_responses=True)
-    yield redis_conn
-    redis_conn.flushdb()
 
 
 def at(t0: float, seconds: float) -> datetime:

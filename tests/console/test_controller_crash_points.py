@@ -13,8 +13,6 @@ import json
 import time
 
 import pytest
-import redis
-from django.conf import settings
 
 from console.models import ControlDecision, Job, RecoveryEpisode
 from console.services import controller
@@ -36,13 +34,13 @@ NODE_QUEUES = [node_queue(n) for n in NODES]
 
 
 @pytest.fixture
-def redis_conn():
-    redis_conn = redis.Redis.from_url(settings.REDIS_URL, decode_responses=True)
+def nodes_up(redis_conn):
+    """NODES in the database, alive in Redis with a usage sample; their queues empty."""
     redis_conn.delete(*NODE_QUEUES)
     for name in NODES:
         NodeFactory(name=name, cpu_total=2.0, mem_total_mb=4096.0)
     publish_usage(redis_conn, NODES, ttl_s=30)
-    yield redis_conn
+    yield
     redis_conn.delete(*NODE_QUEUES, *(control_keys.node_heartbeat(n) for n in NODES))
     redis_conn.delete(*(control_keys.node_metrics(n) for n in NODES))
 
@@ -70,7 +68,7 @@ def kills_asked(client) -> list[tuple[str, str | None]]:
     return found
 
 
-def test_a_launch_killed_before_its_replicas_were_asked_to_start_is_repaired(redis_conn):
+def test_a_launch_killed_before_its_replicas_were_asked_to_start_is_repaired(nodes_up, redis_conn):
     job = make_job(status=Job.Status.CREATED, strategy="local-restart")
     controller.launch_job(job)
     wanted = sorted(args[2] for _, args in asked(redis_conn, "backstop.agent.start_replica"))
@@ -89,7 +87,7 @@ def test_a_launch_killed_before_its_replicas_were_asked_to_start_is_repaired(red
     assert restarted == wanted
 
 
-def test_the_input_is_asked_for_every_cycle_until_it_is_all_in(redis_conn):
+def test_the_input_is_asked_for_every_cycle_until_it_is_all_in(nodes_up, redis_conn):
     # A controller killed between marking the job running and starting its input: the next
     # cycle asks again (the agent leaves a running generator alone, a new one resumes).
     job = make_job(status=Job.Status.CREATED, strategy="local-restart")
@@ -137,7 +135,7 @@ def running_adaptive_job(client) -> tuple[Job, Supervisor]:
     return job, sup
 
 
-def test_a_controller_killed_after_acting_on_a_failure_records_it_once(redis_conn):
+def test_a_controller_killed_after_acting_on_a_failure_records_it_once(nodes_up, redis_conn):
     # The tick carries out the promotion, then the controller dies before it saves its state:
     # the next controller loads the state from before the failure and sees the same exit again.
     job, sup = running_adaptive_job(redis_conn)
@@ -160,7 +158,7 @@ def test_a_controller_killed_after_acting_on_a_failure_records_it_once(redis_con
     assert [args[2] for _, args in asked(redis_conn, "backstop.agent.start_replica")] == ["wc-3"]
 
 
-def test_a_controller_killed_while_a_job_stops_finishes_the_stop(redis_conn):
+def test_a_controller_killed_while_a_job_stops_finishes_the_stop(nodes_up, redis_conn):
     job, sup = running_adaptive_job(redis_conn)
     job.request_stop("by the operator")
     # Killed after asking every replica and the generator to stop, before marking the job
@@ -177,7 +175,9 @@ def test_a_controller_killed_while_a_job_stops_finishes_the_stop(redis_conn):
     assert job.status_reason == "by the operator"
 
 
-def test_a_controller_killed_during_a_restart_backoff_restarts_the_replica_once(redis_conn):
+def test_a_controller_killed_during_a_restart_backoff_restarts_the_replica_once(
+    nodes_up, redis_conn
+):
     job, sup = running_adaptive_job(redis_conn)
     sup.restart_policy = RestartPolicy(initial_delay_s=1.0, max_delay_s=1.0)
 
@@ -204,7 +204,9 @@ def test_a_controller_killed_during_a_restart_backoff_restarts_the_replica_once(
     assert failures.count() == 2  # one per run of the replica
 
 
-def test_a_controller_killed_as_a_promotion_completes_asks_for_the_same_new_standby(redis_conn):
+def test_a_controller_killed_as_a_promotion_completes_asks_for_the_same_new_standby(
+    nodes_up, redis_conn
+):
     # The new standby is in the saved state before its start is sent: a controller killed (or
     # paused past its lease) before its end-of-reconcile save leaves its successor a state that
     # names it, not an older one that gives its id out again. Seen in the fleet simulator's
@@ -241,6 +243,7 @@ def start_messages(client) -> list[tuple[str, str, dict]]:
 
 
 def test_a_launch_acts_under_a_lease_and_a_controller_taking_over_sends_its_starts_again(
+    nodes_up,
     redis_conn,
 ):
     job = make_job(status=Job.Status.CREATED, strategy="local-restart")
@@ -267,7 +270,7 @@ def test_a_launch_acts_under_a_lease_and_a_controller_taking_over_sends_its_star
     assert {kwargs["lease"] for _, _, kwargs in again} == {token}
 
 
-def test_a_launch_waits_while_another_holds_the_jobs_lease(redis_conn):
+def test_a_launch_waits_while_another_holds_the_jobs_lease(nodes_up, redis_conn):
     job = make_job(status=Job.Status.CREATED, strategy="local-restart")
     leases.Leases(redis_conn, "ctl-stopping-it", ttl_s=30).try_acquire(job.key)
     with pytest.raises(controller.LaunchBusy, match="ctl-stopping-it"):

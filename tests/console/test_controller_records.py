@@ -8,8 +8,6 @@ import time
 from datetime import timedelta
 
 import pytest
-import redis
-from django.conf import settings
 from django.utils import timezone
 from kombu.exceptions import OperationalError
 
@@ -23,8 +21,7 @@ from console.services.control.record import (
 from infra import keys as control_keys
 from infra import tasks
 from spark_runtime import keys as data_keys
-from spark_runtime.stage import failure_cause
-from spark_runtime.supervision import (
+from spark_runtime.replicas import (
     HeartbeatMissed,
     HeartbeatSeen,
     KillReplica,
@@ -32,9 +29,10 @@ from spark_runtime.supervision import (
     ReplicaSpec,
     RestartStage,
 )
+from spark_runtime.stage import failure_cause
 from tests.factories import FaultFactory, NodeFactory, ReplicaFactory, make_job
 
-pytestmark = pytest.mark.django_db
+pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("redis_flushed")]
 
 
 def test_a_standby_overtaking_a_restart_turns_the_open_restart_episode_into_a_promotion():
@@ -95,13 +93,6 @@ def test_the_cause_of_a_failed_query_is_the_last_python_exception_line():
     assert failure_cause("Connection refused\nmore") == "Connection refused"
     assert failure_cause("") == "unknown error"
     assert len(failure_cause("ValueError: " + "x" * 1000)) == 300
-
-
-@pytest.fixture
-def redis_conn():
-    redis_conn = redis.Redis.from_url(settings.REDIS_URL, decode_responses=True)
-    yield redis_conn
-    redis_conn.flushdb()
 
 
 def fail_count_1(client, job: Job, entry: dict) -> ControlDecision:

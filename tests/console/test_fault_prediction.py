@@ -16,7 +16,6 @@ import time
 from datetime import timedelta
 
 import pytest
-import redis
 from django.utils import timezone
 
 from console.dash.placement import callbacks as placement_callbacks
@@ -48,13 +47,13 @@ PRIOR = 0.05
 
 
 @pytest.fixture
-def redis_conn(settings):
+def drill_nodes(redis_conn, settings):
+    """NODES' queues and usage cleared, and a fault rate limit that lets the drill run."""
     # Six drills a minute would be refused by the default limit; this drill runs one every 2 s.
     settings.FAULT_RATE_LIMIT_PER_MINUTE = 60
-    redis_conn = redis.Redis.from_url(settings.REDIS_URL, decode_responses=True)
     node_keys = [k for n in NODES for k in (node_queue(n), control_keys.node_metrics(n))]
     redis_conn.delete(*node_keys)
-    yield redis_conn
+    yield
     redis_conn.delete(*node_keys, *(control_keys.node_heartbeat(n) for n in NODES))
 
 
@@ -149,7 +148,9 @@ def run_for(seconds: float, client, job: Job, supervisor, drill_node=None, drill
     return kills
 
 
-def test_a_node_killed_again_and_again_raises_its_stages_fr_and_earns_a_standby(redis_conn, users):
+def test_a_node_killed_again_and_again_raises_its_stages_fr_and_earns_a_standby(
+    drill_nodes, redis_conn, users
+):
     policy_service.change_policy(
         {
             # count's P is 0.52: passive under 0.55 with the prior (P_eff 0.53), active once

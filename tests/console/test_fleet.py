@@ -20,17 +20,16 @@ from infra import keys, leases
 from infra.queues import node_queue
 from spark_runtime.generators import generator_replica_id
 from spark_runtime.supervision import Supervisor
+from tests.conftest import wait_until
 from tests.factories import NodeFactory, make_job
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
-@pytest.fixture
-def redis_conn():
-    conn = redis_client()
-    conn.flushdb()
-    yield conn
-    conn.flushdb()
+@pytest.fixture(autouse=True)
+def redis_empty(redis_conn, redis_flushed):
+    """Controllers see every job and lease of the database: none of another test's."""
+    redis_conn.flushdb()
 
 
 @pytest.fixture
@@ -63,16 +62,6 @@ def live_jobs(redis_conn, count: int) -> list[Job]:
         observe.save_supervisor(redis_conn, job, supervisor)
         jobs.append(job)
     return jobs
-
-
-def wait_until(condition, timeout_s: float, what: str) -> float:
-    """Seconds until `condition()` held; fails after `timeout_s`."""
-    started = time.monotonic()
-    while time.monotonic() - started < timeout_s:
-        if condition():
-            return time.monotonic() - started
-        time.sleep(0.05)
-    raise AssertionError(f"not within {timeout_s} s: {what}")
 
 
 def report_exit(redis_conn, job: Job, replica_id: str) -> None:
@@ -112,9 +101,11 @@ def test_two_controllers_split_the_jobs_and_a_dead_ones_jobs_are_taken_over(
     assert len(first.held()) == len(second.held()) == 3
 
     crash(first)
-    taken_over_s = wait_until(
+    crashed_at = time.monotonic()
+    wait_until(
         lambda: set(holders(redis_conn, jobs).values()) == {"ctl-b"}, 15, "ctl-b holding all"
     )
+    taken_over_s = time.monotonic() - crashed_at
     # The dead controller's leases expire after LEASE_S; ctl-b takes them at its next renewal.
     assert taken_over_s <= fleet.LEASE_S + 2 * fleet.RENEW_S + 1
     # A lease is taken in Redis before the job's slot is loaded (a database read and its
@@ -146,7 +137,9 @@ def test_an_agent_report_wakes_its_job_at_once(redis_conn, controllers, monkeypa
     time.sleep(0.5)
     report_exit(redis_conn, job, "wc-1")
     failures = job.decisions.filter(kind=ControlDecision.Kind.FAILURE, replica_id="wc-1")
-    seen_s = wait_until(failures.exists, 10, "the exit handled by a reconcile")
+    reported_at = time.monotonic()
+    wait_until(failures.exists, 10, "the exit handled by a reconcile")
+    seen_s = time.monotonic() - reported_at
     assert seen_s < 5, "woken by the report, not by its 60 s period"
 
 

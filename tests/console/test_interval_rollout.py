@@ -15,7 +15,6 @@ import json
 import time
 
 import pytest
-import redis
 
 from console.models import ControlDecision, Job, Operator, Replica
 from console.policy.checkpoint import state_store_confs
@@ -33,11 +32,10 @@ pytestmark = pytest.mark.django_db
 NODES = ["ir-node-1", "ir-node-2", "ir-node-3"]
 
 
-@pytest.fixture
-def redis_conn(settings):
-    redis_conn = redis.Redis.from_url(settings.REDIS_URL, decode_responses=True)
+@pytest.fixture(autouse=True)
+def node_keys_cleared(redis_conn):
     redis_conn.delete(*(node_queue(n) for n in NODES))
-    yield redis_conn
+    yield
     redis_conn.delete(
         *(node_queue(n) for n in NODES), *(control_keys.node_heartbeat(n) for n in NODES)
     )

@@ -124,7 +124,7 @@ def test_unknown_strategy_is_an_error():
 
 def test_exit_status_and_actions_read_as_sentences():
     from console.services.control.record import describe_actions, exit_status
-    from spark_runtime.supervision import KillReplica, PromoteStandby, ReplicaSpec, StartReplica
+    from spark_runtime.replicas import KillReplica, PromoteStandby, ReplicaSpec, StartReplica
 
     assert exit_status("-9", "ProcessExited") == "killed by SIGKILL"
     assert exit_status("3", "ProcessExited") == "exited with code 3 (fenced by a newer primary)"

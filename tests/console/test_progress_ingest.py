@@ -3,20 +3,12 @@
 import pytest
 
 from console.models import MetricSample
-from console.redis import redis_client
 from console.services.metrics import ingest_job_progress
 from spark_runtime import keys
 from spark_runtime.progress import publish_progress
 from tests.factories import make_job, progress_record
 
 pytestmark = pytest.mark.django_db
-
-
-@pytest.fixture
-def redis_conn():
-    conn = redis_client()
-    yield conn
-    conn.close()
 
 
 @pytest.fixture

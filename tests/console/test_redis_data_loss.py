@@ -13,12 +13,13 @@ from console.services.control import observe
 from infra import keys as control_keys
 from spark_runtime import keys as data_keys
 from spark_runtime.sink import FENCE_LOST, FencedError, FencedWriter, HashRow, version
-from tests.console import test_controller_crash_points as crash_points
-from tests.console.test_controller_crash_points import kills_asked, running_adaptive_job
+from tests.console.test_controller_crash_points import (
+    kills_asked,
+    nodes_up,  # noqa: F401 (a fixture)
+    running_adaptive_job,
+)
 
-pytestmark = pytest.mark.django_db
-
-agents_at_their_edge = crash_points.redis_conn  # its fixture, under a name of its own
+pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("nodes_up")]
 
 
 def lose_the_data(client, job: Job) -> None:
@@ -26,8 +27,7 @@ def lose_the_data(client, job: Job) -> None:
     data_keys.delete_job_keys(client, job.key)
 
 
-def test_a_job_whose_data_redis_lost_is_fenced_off_stopped_and_failed(agents_at_their_edge):
-    redis_conn = agents_at_their_edge
+def test_a_job_whose_data_redis_lost_is_fenced_off_stopped_and_failed(redis_conn):
     job, _ = running_adaptive_job(redis_conn)
     writer = FencedWriter(redis_conn, job.key, "wc")
     writer.acquire()  # the primary's epoch, 1
@@ -57,8 +57,7 @@ def test_a_job_whose_data_redis_lost_is_fenced_off_stopped_and_failed(agents_at_
     assert not Replica.objects.filter(job=job, state=Replica.State.RUNNING).exists()
 
 
-def test_a_job_fenced_off_after_a_data_loss_is_not_launched_again(agents_at_their_edge):
-    redis_conn = agents_at_their_edge
+def test_a_job_fenced_off_after_a_data_loss_is_not_launched_again(redis_conn):
     job, _ = running_adaptive_job(redis_conn)
     lose_the_data(redis_conn, job)
     controller.without_state(job, redis_conn)
@@ -67,8 +66,7 @@ def test_a_job_fenced_off_after_a_data_loss_is_not_launched_again(agents_at_thei
         controller.launch_job(job)
 
 
-def test_only_the_supervision_state_lost_fails_the_job_without_fencing_it(agents_at_their_edge):
-    redis_conn = agents_at_their_edge
+def test_only_the_supervision_state_lost_fails_the_job_without_fencing_it(redis_conn):
     job, _ = running_adaptive_job(redis_conn)
     FencedWriter(redis_conn, job.key, "wc").acquire()
     redis_conn.xadd(data_keys.input_stream(job.key), {"id": "e0", "ts": "1", "text": "a"})
@@ -81,8 +79,7 @@ def test_only_the_supervision_state_lost_fails_the_job_without_fencing_it(agents
     assert redis_conn.get(data_keys.fence(job.key, "wc")) == "1"
 
 
-def test_a_controller_whose_lease_went_with_the_data_acts_on_nothing(agents_at_their_edge):
-    redis_conn = agents_at_their_edge
+def test_a_controller_whose_lease_went_with_the_data_acts_on_nothing(redis_conn):
     # The supervisor in memory would see every heartbeat gone and restart every replica.
     job, sup = running_adaptive_job(redis_conn)
     ctl = fleet.FleetController(workers=1, client=redis_conn, owner="test-owner")

@@ -9,8 +9,6 @@ import json
 import time
 
 import pytest
-import redis
-from django.conf import settings
 from django.core import mail
 
 from console.models import ControlDecision, Job, MetricSample, Policy, SentAlert
@@ -34,11 +32,10 @@ NODES = ["rp-node-1", "rp-node-2", "rp-node-3"]
 NODE_QUEUES = [node_queue(n) for n in NODES]
 
 
-@pytest.fixture
-def redis_conn():
-    redis_conn = redis.Redis.from_url(settings.REDIS_URL, decode_responses=True)
+@pytest.fixture(autouse=True)
+def node_queues_cleared(redis_conn):
     redis_conn.delete(*NODE_QUEUES)
-    yield redis_conn
+    yield
     redis_conn.delete(*NODE_QUEUES)
 
 

@@ -14,7 +14,6 @@ import psutil
 import pytest
 
 from console.policy.config import PolicyConfig
-from console.redis import redis_client
 from console.services.control import act
 from console.services.control.act import keep_warm_spares
 from infra import keys as control_keys
@@ -35,11 +34,10 @@ NODES = ["wt-node-1", "wt-node-2"]
 MACHINE = machine_identity()
 
 
-@pytest.fixture
-def redis_conn():
-    redis_conn = redis_client()
+@pytest.fixture(autouse=True)
+def spare_keys_cleared(redis_conn):
     redis_conn.delete(data_keys.spare_refill_hold(), data_keys.spare_needed())
-    yield redis_conn
+    yield
     redis_conn.delete(
         data_keys.spare_refill_hold(),
         data_keys.spare_needed(),

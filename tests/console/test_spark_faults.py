@@ -10,7 +10,6 @@ import pytest
 from django.utils import timezone
 
 from console.models import FaultInjection, Job, Operator, RecoveryEpisode
-from console.redis import redis_client
 from console.services.control.observe import read_agent_events
 from console.services.faults import (
     SPARK_KILL_REPORT_TIMEOUT_S,
@@ -31,11 +30,12 @@ def job():
     return job
 
 
-@pytest.fixture
-def redis_conn(job):
-    conn = redis_client()
-    yield conn
-    conn.delete(data_keys.replicas(job.key), keys.agent_events(), keys.agent_events_cursor(job.key))
+@pytest.fixture(autouse=True)
+def job_keys_cleared(redis_conn, job):
+    yield
+    redis_conn.delete(
+        data_keys.replicas(job.key), keys.agent_events(), keys.agent_events_cursor(job.key)
+    )
 
 
 def running_primary(job, client, spark_app: str):

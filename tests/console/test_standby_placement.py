@@ -12,7 +12,6 @@ import json
 import time
 
 import pytest
-import redis
 
 from console.models import ControlDecision, Job, Replica
 from console.policy.placement import MOVE_SETTLE_S
@@ -22,7 +21,8 @@ from console.services.control.act import AgentLauncher
 from console.services.control.commands import command_sender
 from infra import keys as control_keys
 from infra.queues import node_queue
-from spark_runtime.supervision import RUNNING, HeartbeatSeen, execute
+from spark_runtime.replicas import RUNNING, HeartbeatSeen
+from spark_runtime.supervision import execute
 from tests.factories import NodeFactory, make_job
 
 pytestmark = pytest.mark.django_db
@@ -30,12 +30,11 @@ pytestmark = pytest.mark.django_db
 NODES = ["sp-node-1", "sp-node-2", "sp-node-3"]
 
 
-@pytest.fixture
-def redis_conn(settings):
-    redis_conn = redis.Redis.from_url(settings.REDIS_URL, decode_responses=True)
+@pytest.fixture(autouse=True)
+def node_keys_cleared(redis_conn):
     node_keys = [k for n in NODES for k in (node_queue(n), control_keys.node_metrics(n))]
     redis_conn.delete(*node_keys)
-    yield redis_conn
+    yield
     redis_conn.delete(*node_keys, *(control_keys.node_heartbeat(n) for n in NODES))
 
 

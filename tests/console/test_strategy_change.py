@@ -17,7 +17,8 @@ from console.redis import redis_client
 from console.roles import OPERATOR
 from console.services import controller, upgrades
 from console.services.control.observe import load_supervisor, save_supervisor
-from spark_runtime.supervision import HeartbeatSeen, Supervisor
+from spark_runtime.replicas import HeartbeatSeen
+from spark_runtime.supervision import Supervisor
 from tests.factories import NodeFactory, make_job
 
 pytestmark = pytest.mark.django_db

@@ -13,7 +13,6 @@ import time
 from datetime import UTC, datetime, timedelta
 
 import pytest
-import redis
 from django.utils import timezone
 
 from console.models import ControlDecision, Job, JobUpgrade, Policy
@@ -23,20 +22,14 @@ from console.services import upgrade_audit, upgrades
 from infra import keys, tasks
 from spark_runtime import keys as data_keys
 from spark_runtime.progress import publish_progress
-from spark_runtime.supervision import HeartbeatSeen, Supervisor
+from spark_runtime.replicas import HeartbeatSeen
+from spark_runtime.supervision import Supervisor
 from tests.factories import make_job, progress_record
 from workers import controller
 
-pytestmark = pytest.mark.django_db
+pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("redis_flushed")]
 
 SWITCH_S = 60.0  # seconds after the input started
-
-
-@pytest.fixture
-def redis_conn(settings):
-    conn = redis.Redis.from_url(settings.REDIS_URL, decode_responses=True)
-    yield conn
-    conn.flushdb()
 
 
 @pytest.fixture

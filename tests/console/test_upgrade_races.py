@@ -18,7 +18,8 @@ from console.services import controller, fleet, upgrades
 from console.services.control.observe import load_supervisor, save_supervisor
 from infra import keys, leases, tasks
 from spark_runtime import keys as data_keys
-from spark_runtime.supervision import HeartbeatSeen, KillReplica, PromoteStandby, Supervisor
+from spark_runtime.replicas import HeartbeatSeen, KillReplica, PromoteStandby
+from spark_runtime.supervision import Supervisor
 from tests.factories import NodeFactory, make_job
 
 pytestmark = pytest.mark.django_db

@@ -20,13 +20,8 @@ from console.services import controller, upgrades
 from console.services.control.observe import load_supervisor
 from spark_runtime import keys as data_keys
 from spark_runtime import upgrade_check
-from spark_runtime.supervision import (
-    HeartbeatSeen,
-    KillReplica,
-    PromoteStandby,
-    StartReplica,
-    Supervisor,
-)
+from spark_runtime.replicas import HeartbeatSeen, KillReplica, PromoteStandby, StartReplica
+from spark_runtime.supervision import Supervisor
 from tests.agent_edge import publish_usage
 from tests.factories import NodeFactory, make_job, progress_record
 

@@ -19,7 +19,8 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, Topi
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from infra.kafka import KAFKA_VERSION, KafkaBroker, cached_jars, kafka_bootstrap_servers
-from infra.launcher import ProcessGroup, start_kafka_if_needed, wait_for
+from infra.launcher import start_kafka_if_needed, wait_for
+from infra.process_group import ProcessGroup
 
 
 @pytest.fixture(autouse=True)

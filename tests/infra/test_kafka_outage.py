@@ -28,7 +28,8 @@ from infra.kafka_outage import (
     registration,
     request_outage,
 )
-from infra.launcher import ProcessGroup, start_kafka_if_needed, wait_for
+from infra.launcher import start_kafka_if_needed, wait_for
+from infra.process_group import ProcessGroup
 from infra.redis_client import redis_client
 from tests.infra.test_kafka_broker import new_topic, produce
 from tests.kafka_topics import committed

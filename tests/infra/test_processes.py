@@ -8,7 +8,6 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import time
 import uuid
 
 import psutil
@@ -28,20 +27,9 @@ from infra.processes import (
     spare_processes,
     stage_processes,
 )
+from tests.conftest import wait_until
 
 SLEEP = "import time; time.sleep(30)"
-
-
-def wait_until(check, what: str, timeout_s: float = 10.0):
-    """Poll `check` until it returns something true (a child's command line is its parent's
-    until it has exec'd); fail after `timeout_s`."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        result = check()
-        if result:
-            return result
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.05)
 
 
 @pytest.fixture
@@ -59,6 +47,7 @@ def spawn():
         if shown:
             wait_until(
                 lambda: argv_of(psutil.Process(proc.pid).cmdline())[-len(args) :] == list(args),
+                10,
                 f"pid {proc.pid} to show {args}",
             )
         return proc
@@ -115,6 +104,7 @@ def test_processes_matching_leaves_zombies_out(tag):
     try:
         wait_until(
             lambda: psutil.Process(proc.pid).status() == psutil.STATUS_ZOMBIE,
+            10,
             "the child to exit",
         )
         assert processes_matching(lambda argv: True) != []
@@ -132,6 +122,7 @@ def test_a_renamed_warm_spare_reads_as_the_stage_it_became(spawn, tag):
     proc = spawn("-m", SPARE_MODULE, "--spare-id", f"spare-{tag}", code=code, shown=False)
     argv = wait_until(
         lambda: (a := argv_of(psutil.Process(proc.pid).cmdline())) and STAGE_MODULE in a and a,
+        10,
         "the spare to take the stage's title",
     )
     assert cmdline_arg(argv, "--replica-id") == "count-2"
@@ -181,7 +172,7 @@ def test_node_processes_are_its_stages_and_cpu_hogs_with_their_children(spawn, t
         "time.sleep(30)"
     )
     stage = spawn("-m", STAGE_MODULE, "--node", node, code=parent_code)
-    jvm = wait_until(lambda: psutil.Process(stage.pid).children(), "the stage's child")[0]
+    jvm = wait_until(lambda: psutil.Process(stage.pid).children(), 10, "the stage's child")[0]
     hog = spawn("-m", CPU_HOG_MODULE, "10", node)
     other_hog = spawn("-m", CPU_HOG_MODULE, "10", f"other-{tag}")
     try:

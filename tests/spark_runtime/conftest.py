@@ -39,6 +39,8 @@ logging.getLogger("py4j").setLevel(logging.WARNING)
 
 @pytest.fixture(scope="session")
 def redis_url() -> str:
+    """The data plane's own database of the test Redis (`redis_conn`, tests/conftest.py, connects
+    to it here)."""
     return REDIS_URL
 
 
@@ -53,12 +55,6 @@ def _connection() -> redis.Redis:
             f" database {DATA_PLANE_DB})"
         )
     return conn
-
-
-@pytest.fixture(scope="session")
-def redis_conn() -> redis.Redis:
-    """The data-plane tests' Redis connection (not `client`: that is pytest-django's)."""
-    return _connection()
 
 
 @pytest.fixture

@@ -27,7 +27,7 @@ def test_the_archive_is_built_once_and_a_stage_jvm_maps_it(tmp_path, redis_url):
     archive = tmp_path / "cds" / "spark.jsa"
     env = {**os.environ, ARCHIVE_ENV: str(archive)}
     built = subprocess.run(
-        [sys.executable, "-m", "spark_runtime.class_sharing", "--redis-url", redis_url],
+        [sys.executable, "-m", "spark_runtime.class_sharing_build", "--redis-url", redis_url],
         env=env, capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert built.returncode == 0, built.stdout[-2000:] + built.stderr[-2000:]

@@ -22,15 +22,15 @@ from spark_runtime.failover import (
     RestartPolicy,
     waits_for_space,
 )
-from spark_runtime.supervision import (
+from spark_runtime.replicas import (
     GiveUp,
     HeartbeatSeen,
     ProcessExited,
     RestartStage,
     ScheduleRestart,
-    Supervisor,
     reported_cause,
 )
+from spark_runtime.supervision import Supervisor
 
 NODES = ["node-1", "node-2", "node-3"]
 SCOPE = "count/primary"

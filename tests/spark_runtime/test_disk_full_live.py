@@ -32,6 +32,7 @@ from spark_runtime import generators, keys
 from spark_runtime.checkpoint_seed import committed_batch
 from spark_runtime.failover import RestartPolicy
 from spark_runtime.runner import build_runner
+from tests.conftest import wait_until
 from tests.spark_runtime import truth
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
@@ -86,16 +87,6 @@ def history_since(runner, seen: int) -> list[str]:
     return [what for _, what in runner.supervisor.history[seen:]]
 
 
-def wait_until(condition, timeout: float, every: float = 0.5):
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        found = condition()
-        if found:
-            return found
-        time.sleep(every)
-    return None
-
-
 def test_a_full_checkpoint_disk_is_named_waited_out_and_recovered_exactly(
     redis_conn, redis_url, job, tmp_path, tmpfs
 ):
@@ -126,8 +117,11 @@ def test_a_full_checkpoint_disk_is_named_waited_out_and_recovered_exactly(
     try:
         generator.start()
         # A few committed batches first: there is a checkpoint to resume.
-        assert wait_until(lambda: (committed_batch(str(query)) or 0) >= 2, START_BOUND_S), (
-            runner.supervisor.history
+        wait_until(
+            lambda: (committed_batch(str(query)) or 0) >= 2,
+            START_BOUND_S,
+            lambda: f"two committed batches; history {runner.supervisor.history}",
+            poll_s=0.5,
         )
         before_fill = committed_batch(str(query))
         seen = len(runner.supervisor.history)
@@ -140,9 +134,13 @@ def test_a_full_checkpoint_disk_is_named_waited_out_and_recovered_exactly(
         def named():
             return next((h for h in history_since(runner, seen) if "is full (" in h), None)
 
-        failure = wait_until(named, CAUSE_BOUND_S)
+        failure = wait_until(
+            named,
+            CAUSE_BOUND_S,
+            lambda: f"the full directory named; history {history_since(runner, seen)}",
+            poll_s=0.5,
+        )
         named_at = time.time()
-        assert failure is not None, history_since(runner, seen)
         assert f"checkpoint directory {checkpoint} is full (" in failure, failure
         print(f"cause named {named_at - filled_at:.1f} s after the fill: {failure}")
 
@@ -164,7 +162,12 @@ def test_a_full_checkpoint_disk_is_named_waited_out_and_recovered_exactly(
             info = json.loads(raw) if raw else {}
             return info.get("batches") and info.get("started_at", 0) >= freed_at - 15
 
-        assert wait_until(batch_again, START_BOUND_S), runner.supervisor.history[-10:]
+        wait_until(
+            batch_again,
+            START_BOUND_S,
+            lambda: f"a batch after space was back; history {runner.supervisor.history[-10:]}",
+            poll_s=0.5,
+        )
         recovered_at = time.time()
         print(f"first batch {recovered_at - freed_at:.1f} s after space was back")
         time.sleep(5)  # input that the recovered stage reads as it comes
@@ -173,13 +176,13 @@ def test_a_full_checkpoint_disk_is_named_waited_out_and_recovered_exactly(
         entries = truth.valid_entries(redis_conn, keys.input_stream(job), ["text"])
         expected = truth.wordcount(entries)
 
-        def exact():
-            got = {w: int(c) for w, c in redis_conn.hgetall(keys.results(job)).items()}
-            return got if got == expected else None
+        def counted():
+            return {w: int(c) for w, c in redis_conn.hgetall(keys.results(job)).items()}
 
-        got = wait_until(exact, 300, every=1) or {
-            w: int(c) for w, c in redis_conn.hgetall(keys.results(job)).items()
-        }
+        try:
+            got = wait_until(lambda: counted() == expected and counted(), 300, "exact counts", 1)
+        except AssertionError:
+            got = counted()  # not exact: the figures below say how far off
     finally:
         enough_input.set()
         stop.set()

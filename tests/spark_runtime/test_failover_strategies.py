@@ -14,16 +14,15 @@ from typing import ClassVar
 import pytest
 
 from spark_runtime.failover import (
-    PRIMARY,
-    RUNNING,
     ExponentialDelayRestartBackoff,
     FailoverStrategy,
     Restart,
     RestartPolicy,
     TakeOver,
 )
-from spark_runtime.strategies import ALL_STANDBYS, NO_STANDBYS, STRATEGY_TABLE, Strategy
-from spark_runtime.supervision import (
+from spark_runtime.replicas import (
+    PRIMARY,
+    RUNNING,
     HeartbeatSeen,
     KillReplica,
     ProcessExited,
@@ -33,8 +32,9 @@ from spark_runtime.supervision import (
     RestartStage,
     ScheduleRestart,
     StartReplica,
-    Supervisor,
 )
+from spark_runtime.strategies import ALL_STANDBYS, NO_STANDBYS, STRATEGY_TABLE, Strategy
+from spark_runtime.supervision import Supervisor
 from spark_runtime.topology import CHAINED, PER_STATEFUL
 
 NODES = ["node-1", "node-2", "node-3"]

@@ -14,8 +14,7 @@ import time
 
 from spark_runtime import keys
 from spark_runtime.failover import CauseStreak, ExponentialDelayRestartBackoff, RestartPolicy
-from spark_runtime.runner import observe
-from spark_runtime.supervision import (
+from spark_runtime.replicas import (
     JOB,
     STANDBY_PROTECTION,
     GiveUp,
@@ -25,9 +24,10 @@ from spark_runtime.supervision import (
     ProcessExited,
     RestartStage,
     ScheduleRestart,
-    Supervisor,
     reported_cause,
 )
+from spark_runtime.runner import observe
+from spark_runtime.supervision import Supervisor
 
 NODES = ["node-1", "node-2", "node-3"]
 PYARROW = "ModuleNotFoundError: No module named 'pyarrow'"

@@ -7,16 +7,16 @@ import itertools
 
 import pytest
 
-from spark_runtime.strategies import get_strategy, in_place_refusal
-from spark_runtime.supervision import (
+from spark_runtime.replicas import (
     HeartbeatSeen,
     KillReplica,
     ProcessExited,
     PromoteStandby,
     RestartJob,
     StartReplica,
-    Supervisor,
 )
+from spark_runtime.strategies import get_strategy, in_place_refusal
+from spark_runtime.supervision import Supervisor
 from spark_runtime.topology import TOPOLOGIES, compile_stages
 
 

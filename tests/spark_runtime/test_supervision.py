@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import uuid
 
-from spark_runtime.supervision import (
+from spark_runtime.replicas import (
     JOB,
     STANDBY_PROTECTION,
     GiveUp,
@@ -15,13 +15,11 @@ from spark_runtime.supervision import (
     ProcessExited,
     PromoteStandby,
     RestartJob,
-    RestartPolicy,
     RestartStage,
     ScheduleRestart,
     StartReplica,
-    Supervisor,
-    execute,
 )
+from spark_runtime.supervision import RestartPolicy, Supervisor, execute
 
 NODES = ["node-1", "node-2", "node-3"]
 

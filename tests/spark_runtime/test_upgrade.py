@@ -8,14 +8,14 @@ import json
 import pytest
 
 from spark_runtime import upgrade as upgrades
-from spark_runtime.supervision import (
+from spark_runtime.replicas import (
     HeartbeatSeen,
     KillReplica,
     ProcessExited,
     PromoteStandby,
     StartReplica,
-    Supervisor,
 )
+from spark_runtime.supervision import Supervisor
 from spark_runtime.upgrade import DemoteReplica, UpgradeRefused
 
 NODES = ["node-1", "node-2", "node-3"]

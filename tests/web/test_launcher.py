@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from infra.launcher import ProcessGroup, wait_for
+from infra.launcher import wait_for
+from infra.process_group import ProcessGroup
 
 
 def starts_of(path) -> list[float]:

@@ -13,13 +13,11 @@ import signal
 import time
 
 import pytest
-import redis
-from django.conf import settings
 
 from console.services.control.act import AgentLauncher
 from console.services.control.observe import read_agent_events
 from infra import keys
-from spark_runtime.supervision import CLOCK_SLACK_S
+from spark_runtime.replicas import CLOCK_SLACK_S
 from tests.factories import make_job
 from tests.workers.agent_children import kill_children_of
 from workers import agent
@@ -36,14 +34,15 @@ def job():
     return make_job(status="running")
 
 
-@pytest.fixture
-def redis_conn(job):
-    client = redis.Redis.from_url(settings.REDIS_URL, decode_responses=True)
-    yield client
-    ours = [i for i, e in client.xrange(keys.agent_events()) if e.get("job") == job.key]
+@pytest.fixture(autouse=True)
+def job_events_cleared(redis_conn, job):
+    yield
+    ours = [i for i, e in redis_conn.xrange(keys.agent_events()) if e.get("job") == job.key]
     if ours:
-        client.xdel(keys.agent_events(), *ours)
-    client.delete(keys.exits(job.key), keys.exit_tails(job.key), keys.agent_events_cursor(job.key))
+        redis_conn.xdel(keys.agent_events(), *ours)
+    redis_conn.delete(
+        keys.exits(job.key), keys.exit_tails(job.key), keys.agent_events_cursor(job.key)
+    )
 
 
 @pytest.fixture

@@ -10,7 +10,6 @@ import time
 
 import pytest
 import redis
-from django.conf import settings
 
 from infra import keys
 from workers import agent
@@ -19,11 +18,10 @@ NODE = "tn-exits"
 JOB = "jk-exits"
 
 
-@pytest.fixture
-def redis_conn():
-    redis_conn = redis.Redis.from_url(settings.REDIS_URL, decode_responses=True)
+@pytest.fixture(autouse=True)
+def agent_events_cleared(redis_conn):
     redis_conn.delete(keys.agent_events(), keys.agent_events_cursor(JOB))
-    yield redis_conn
+    yield
     redis_conn.delete(keys.agent_events(), keys.agent_events_cursor(JOB))
 
 

@@ -20,11 +20,10 @@ from workers import agent
 NODE = "tn-pause"
 
 
-@pytest.fixture
-def redis_conn():
-    redis_conn = redis.Redis.from_url(settings.REDIS_URL, decode_responses=True)
+@pytest.fixture(autouse=True)
+def node_keys_cleared(redis_conn):
     redis_conn.delete(keys.paused_groups(NODE), keys.agent_events())
-    yield redis_conn
+    yield
     redis_conn.delete(keys.paused_groups(NODE), keys.agent_events())
 
 

@@ -6,8 +6,6 @@ import time
 
 import psutil
 import pytest
-import redis
-from django.conf import settings
 
 from infra import keys, leases
 from infra.processes import argv_of, cmdline_arg
@@ -21,13 +19,12 @@ REPLICA = "count-1"
 FAKE_STAGE = "tests.workers.sleeping_stage"
 
 
-@pytest.fixture
-def redis_conn():
-    client = redis.Redis.from_url(settings.REDIS_URL, decode_responses=True)
+@pytest.fixture(autouse=True)
+def lease_keys_cleared(redis_conn):
     ours = [keys.controller_lease(JOB), keys.controller_tenure(JOB), data_keys.refused_commands()]
-    client.delete(*ours)
-    yield client
-    client.delete(*ours)
+    redis_conn.delete(*ours)
+    yield
+    redis_conn.delete(*ours)
 
 
 @pytest.fixture

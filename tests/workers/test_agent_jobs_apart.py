@@ -11,11 +11,10 @@ import time
 
 import psutil
 import pytest
-import redis
-from django.conf import settings
 
 from infra import keys
 from infra.processes import argv_of, cmdline_arg
+from tests.conftest import wait_until
 from tests.workers.agent_children import kill_children_of
 from workers import agent
 
@@ -25,13 +24,12 @@ REPLICA = "count-1"
 FAKE_STAGE = "tests.workers.sleeping_stage"
 
 
-@pytest.fixture
-def redis_conn():
-    client = redis.Redis.from_url(settings.REDIS_URL, decode_responses=True)
-    yield client
-    ours = [i for i, e in client.xrange(keys.agent_events()) if e.get("job") in JOBS]
+@pytest.fixture(autouse=True)
+def job_events_cleared(redis_conn):
+    yield
+    ours = [i for i, e in redis_conn.xrange(keys.agent_events()) if e.get("job") in JOBS]
     if ours:
-        client.xdel(keys.agent_events(), *ours)
+        redis_conn.xdel(keys.agent_events(), *ours)
 
 
 @pytest.fixture
@@ -74,13 +72,6 @@ def processes_of(job: str) -> list[int]:
     return found
 
 
-def wait_until(condition, timeout_s: float = 10.0) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while not condition() and time.monotonic() < deadline:
-        time.sleep(0.05)
-    return condition()
-
-
 def exits_of(client, job: str) -> list[dict]:
     events = [e for _, e in client.xrange(keys.agent_events()) if e.get("job") == job]
     return [e for e in events if e["kind"] == keys.EVENT_EXIT]
@@ -93,7 +84,11 @@ def test_two_jobs_run_the_same_replica_id_on_one_node_and_a_kill_ends_only_its_j
     pid_a = start(job_a)
     pid_b = start(job_b)
     assert pid_a != pid_b, "job B's start was taken for job A's"
-    assert wait_until(lambda: processes_of(job_a) == [pid_a] and processes_of(job_b) == [pid_b])
+    wait_until(
+        lambda: processes_of(job_a) == [pid_a] and processes_of(job_b) == [pid_b],
+        10,
+        "processes_of(job_a) == [pid_a] and processes_of(job_b) == [pid_b]",
+    )
 
     # Asked again (a redelivered message, a controller that retries), A's start is A's process.
     assert start(job_a) == pid_a
@@ -101,7 +96,7 @@ def test_two_jobs_run_the_same_replica_id_on_one_node_and_a_kill_ends_only_its_j
     assert processes_of(job_a) == [pid_a] and processes_of(job_b) == [pid_b], "no second start"
 
     assert agent.kill_replica(REPLICA, "SIGKILL", job_key=job_a)
-    assert wait_until(lambda: not live(pid_a)), "job A's process survived its kill"
+    wait_until(lambda: not live(pid_a), 10, "job A's process survived its kill")
     time.sleep(0.3)  # time for a wrong kill to land
     assert live(pid_b), "job A's kill ended job B's process"
     assert processes_of(job_b) == [pid_b]
@@ -114,10 +109,10 @@ def test_two_jobs_run_the_same_replica_id_on_one_node_and_a_kill_ends_only_its_j
     # A's replica started again is a new process of A's, not B's running one.
     pid_a2 = start(job_a)
     assert pid_a2 not in (pid_a, pid_b)
-    assert wait_until(lambda: processes_of(job_a) == [pid_a2])
+    wait_until(lambda: processes_of(job_a) == [pid_a2], 10, "processes_of(job_a) == [pid_a2]")
 
     assert agent.kill_replica(REPLICA, "SIGTERM", job_key=job_b)
-    assert wait_until(lambda: not live(pid_b))
+    wait_until(lambda: not live(pid_b), 10, "not live(pid_b)")
     time.sleep(0.3)
     assert live(pid_a2), "job B's kill ended job A's process"
     agent._report_exits(redis_conn, NODE)
@@ -140,10 +135,10 @@ def test_a_kill_without_a_job_key_from_an_older_controller_still_kills_and_warns
     """Queued before the upgrade: carried out by replica id alone, as then."""
     job_a, _job_b = JOBS
     pid_a = start(job_a)
-    assert wait_until(lambda: processes_of(job_a) == [pid_a])
+    wait_until(lambda: processes_of(job_a) == [pid_a], 10, "processes_of(job_a) == [pid_a]")
     with caplog.at_level(logging.WARNING, logger=agent.log.name):
         assert agent.kill_replica(REPLICA)
-    assert wait_until(lambda: not live(pid_a))
+    wait_until(lambda: not live(pid_a), 10, "not live(pid_a)")
     assert any("names no job" in r.getMessage() for r in caplog.records)
 
 

@@ -12,8 +12,6 @@ import time
 
 import psutil
 import pytest
-import redis
-from django.conf import settings
 
 from infra import keys
 from workers import agent
@@ -27,11 +25,10 @@ def executor_argv(app: str, executor_id: int) -> list[str]:
             "--executor-id", str(executor_id), "--app-id", app]  # fmt: skip
 
 
-@pytest.fixture
-def redis_conn():
-    redis_conn = redis.Redis.from_url(settings.REDIS_URL, decode_responses=True)
+@pytest.fixture(autouse=True)
+def fault_keys_cleared(redis_conn):
     redis_conn.delete(keys.agent_events(), *(keys.fault_carried_out(i) for i in (901, 902, 903)))
-    yield redis_conn
+    yield
     redis_conn.delete(keys.agent_events(), *(keys.fault_carried_out(i) for i in (901, 902, 903)))
 
 

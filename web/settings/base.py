@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import ipaddress
 from pathlib import Path
+from urllib.parse import urlparse
 
 import dj_database_url
 
-from infra.env import env, parse_bool, parse_list, parse_url
+from console.oidc import OIDC_BACKEND
+from console.oidc.mapping import parse_group_map
+from infra.env import ImproperlyConfiguredEnv, env, parse_bool, parse_list, parse_url
 from infra.kafka import kafka_bootstrap_servers
 from spark_runtime.config import spark_log_level
 
@@ -134,9 +137,47 @@ AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
     {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
 ]
+
+
+def _issuer_url(raw: str) -> str:
+    """An http(s) URL with a host ('' turns single sign-on off)."""
+    parsed = urlparse(raw)
+    if raw and not (parsed.scheme in {"http", "https"} and parsed.hostname):
+        raise ValueError(f"expected the provider's issuer URL (https://...), got {raw!r}")
+    return raw
+
+
+def _oidc_scopes(raw: str) -> str:
+    """Space-separated scopes, which must ask for `openid` (else no ID token comes back)."""
+    if "openid" not in raw.split():
+        raise ValueError(f"the scopes must include openid, got {raw!r}")
+    return " ".join(raw.split())
+
+
+# Single sign-on through OpenID Connect (docs/ACCESS.md), on when OIDC_ISSUER is set: the
+# provider's issuer URL, exactly as its discovery document and ID tokens give it.
+OIDC_ISSUER = env("OIDC_ISSUER", "", _issuer_url)
+OIDC_CLIENT_ID = env("OIDC_CLIENT_ID", "")
+OIDC_CLIENT_SECRET = env("OIDC_CLIENT_SECRET", "")
+if OIDC_ISSUER and not (OIDC_CLIENT_ID and OIDC_CLIENT_SECRET):
+    raise ImproperlyConfiguredEnv(
+        "OIDC_ISSUER is set: OIDC_CLIENT_ID and OIDC_CLIENT_SECRET are required too"
+    )
+# The login page's button says "Sign in with <OIDC_PROVIDER_NAME>".
+OIDC_PROVIDER_NAME = env("OIDC_PROVIDER_NAME", "single sign-on")
+OIDC_SCOPES = env("OIDC_SCOPES", "openid profile email", _oidc_scopes)
+# The ID token's claim listing the user's groups at the provider, and which of its values make
+# the user a member of which Django group (a role: viewer, operator, admin; or a team).
+OIDC_GROUPS_CLAIM = env("OIDC_GROUPS_CLAIM", "groups")
+OIDC_GROUP_MAP = env("OIDC_GROUP_MAP", {}, parse_group_map)
+
 # The throttled backend refuses logins for a username or address that failed too often; the
-# failures are counted in the shared cache (see console.auth_throttle).
+# failures are counted in the shared cache (see console.auth_throttle). The OpenID Connect
+# backend only keeps single sign-on sessions (it checks no password); without it, as when single
+# sign-on is turned off, those sessions end.
 AUTHENTICATION_BACKENDS = ["console.auth_throttle.ThrottledModelBackend"]
+if OIDC_ISSUER:
+    AUTHENTICATION_BACKENDS.append(OIDC_BACKEND)
 
 
 def _positive_int(raw: str) -> int:

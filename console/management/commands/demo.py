@@ -11,11 +11,14 @@ import time
 from pathlib import Path
 
 from django.conf import settings
+from django.contrib.auth.models import User
 from django.core.management import call_command
 from django.core.management.base import BaseCommand
 
+from console.models import Job, Team
 from console.services.demo_setup import DEMO_NODES, ensure_demo_nodes, ensure_demo_users
-from console.services.jobs import kill_job_processes, kill_warm_spares
+from console.services.jobs import create_job, kill_job_processes, kill_warm_spares
+from console.services.teams import DEFAULT_TEAM
 from console.services.topologies import RegistrationRefused
 from console.services.topologies import register as register_topology
 from infra.launcher import (
@@ -36,8 +39,6 @@ def stop_demo_jobs() -> int:
     Stage processes run in sessions of their own (an agent restart must not take a job down), so
     stopping the demo's Celery processes leaves them running; the demo owns them, so it ends them.
     """
-    from console.models import Job
-
     ended = kill_job_processes(set(Job.objects.values_list("key", flat=True)))
     ended += kill_warm_spares(settings.REDIS_URL)
     for job in Job.objects.filter(status__in=Job.LIVE_STATUSES):
@@ -78,12 +79,6 @@ class Command(BaseCommand):
     def ensure_demo_job(self):
         """The live demo job: a running one, else a new wordcount job under the adaptive policy
         reading the Kafka topic `demo-lines` from its end and writing `demo-counts`."""
-        from django.contrib.auth.models import User
-
-        from console.models import Job, Team
-        from console.services.jobs import create_job
-        from console.services.teams import DEFAULT_TEAM
-
         live = Job.objects.filter(name="demo-wordcount", status__in=Job.LIVE_STATUSES).first()
         if live is not None:
             return live

@@ -33,11 +33,7 @@ from infra.queues import node_queue
 from spark_runtime import keys as data_keys
 from spark_runtime.generators import GENERATED, generator_replica_id
 from spark_runtime.jobdef import resolve_topology
-from spark_runtime.runner import stage_args
-from spark_runtime.spare import REFILL_HOLD_S, hold_spare_refills
-from spark_runtime.spare_plans import withdraw_plans
-from spark_runtime.strategies import get_strategy
-from spark_runtime.supervision import (
+from spark_runtime.replicas import (
     JOB,
     GiveUp,
     KillReplica,
@@ -45,9 +41,12 @@ from spark_runtime.supervision import (
     RestartJob,
     RestartStage,
     StartReplica,
-    Supervisor,
-    execute,
 )
+from spark_runtime.runner import stage_args
+from spark_runtime.spare import REFILL_HOLD_S, hold_spare_refills
+from spark_runtime.spare_plans import withdraw_plans
+from spark_runtime.strategies import get_strategy
+from spark_runtime.supervision import Supervisor, execute
 
 # An agent's activity entry older than this (it publishes every second) does not count.
 ACTIVITY_FRESH_S = 5.0

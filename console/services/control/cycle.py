@@ -29,7 +29,8 @@ from console.services.control.record import decide, priority_fields
 from infra import keys as control_keys
 from spark_runtime import keys as data_keys
 from spark_runtime.jobdef import resolve_topology
-from spark_runtime.supervision import FAILED, RUNNING, STANDBY, Supervisor
+from spark_runtime.replicas import FAILED, RUNNING, STANDBY
+from spark_runtime.supervision import Supervisor
 
 
 def policy_cycle(

@@ -22,7 +22,8 @@ from console.services.faults import record_refusal, record_spark_kill
 from infra import keys as control_keys
 from infra import leases
 from spark_runtime import keys as data_keys
-from spark_runtime.supervision import PRIMARY, RUNNING, Supervisor, of_an_earlier_run
+from spark_runtime.replicas import PRIMARY, RUNNING, of_an_earlier_run
+from spark_runtime.supervision import Supervisor
 
 log = logging.getLogger(__name__)
 

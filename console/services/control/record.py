@@ -30,7 +30,7 @@ from console.services.planning import JobPlan
 from infra import keys as control_keys
 from infra import tasks
 from spark_runtime import keys as data_keys
-from spark_runtime.supervision import (
+from spark_runtime.replicas import (
     JOB,
     GiveUp,
     HeartbeatSeen,
@@ -40,8 +40,8 @@ from spark_runtime.supervision import (
     RestartStage,
     ScheduleRestart,
     StartReplica,
-    Supervisor,
 )
+from spark_runtime.supervision import Supervisor
 
 log = logging.getLogger(__name__)
 
