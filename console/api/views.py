@@ -1,6 +1,7 @@
 """REST API views. Thin: validation and side effects live in console.services."""
 
 from django.db.models import Prefetch
+from django.http import Http404
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, extend_schema, extend_schema_view
 from rest_framework import mixins, status, viewsets
@@ -469,6 +470,12 @@ class AuditView(APIView):
             action=filters.text(request, filters.Param("action", "")),
         )
         return Response(AuditEventSerializer(events.iterator(), many=True).data)
+
+    def perform_content_negotiation(self, request, force=False):
+        try:
+            return super().perform_content_negotiation(request, force)
+        except Http404:  # DRF's answer to a ?format= that no renderer has
+            raise ValidationError({"format": ["one of json, csv"]}) from None
 
     def finalize_response(self, request, response, *args, **kwargs):
         # Errors are JSON like everywhere in the API, also when CSV was asked for.

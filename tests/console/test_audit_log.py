@@ -256,6 +256,12 @@ def test_the_export_filters_by_action_domain_and_until(people):
     ]
 
 
+def test_an_unknown_format_is_a_json_400_naming_it(people):
+    answer = client_of(people[ADMIN]).get("/api/audit/?format=xml")
+    assert answer.status_code == 400
+    assert "format" in answer.json()["error"]["detail"]
+
+
 @pytest.mark.parametrize("fmt", ["json", "csv"])
 def test_a_bad_time_is_a_json_400_naming_it(people, fmt):
     answer = client_of(people[ADMIN]).get(f"/api/audit/?format={fmt}&since=yesterday")

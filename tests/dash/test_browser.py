@@ -20,11 +20,12 @@ import psutil
 import pytest
 from django.db import connections
 
-from console.models import FaultInjection, Job, MetricSample
+from console.models import FaultInjection, Job, MetricSample, Team
 from console.roles import ADMIN, OPERATOR, VIEWER
 from console.services.faults import request_fault
 from console.services.jobs import create_job, stop_job
 from console.services.policy import change_policy
+from console.services.teams import DEFAULT_TEAM
 from infra.launcher import wait_for
 from spark_runtime.cpu_priority import autogroup_nice, set_autogroup_nice, set_session_nice
 from spark_runtime.strategies import CONSOLE_NICE
@@ -123,6 +124,7 @@ def live_job(cluster, console_users, console_priority):
         strategy="adaptive",
         params={"rate": 60},
         user=console_users[OPERATOR],
+        team=Team.named(DEFAULT_TEAM),
     )
     wait_for(lambda: Job.objects.get(pk=job.pk).status == "running", 180, "the job to run")
     wait_for(
