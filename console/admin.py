@@ -2,6 +2,7 @@
 
 from django import forms
 from django.contrib import admin, messages
+from django.contrib.auth.models import Group
 from django.forms.models import construct_instance
 from django.http import HttpResponseRedirect
 from django.utils.html import format_html, format_html_join
@@ -21,7 +22,9 @@ from console.models import (
     Replica,
     ReportSubscription,
     SentAlert,
+    Team,
 )
+from console.models.teams import TEAM_GROUP_PREFIX
 from console.policy.config import BOUNDS, PolicyConfig, PolicyConfigError
 from console.roles import ADMIN, OPERATOR, VIEWER, has_role
 from console.services import policy as policy_service
@@ -43,6 +46,46 @@ class ServiceOwnedAdmin(admin.ModelAdmin):
 
     def has_delete_permission(self, request, obj=None):
         return False
+
+
+@admin.register(Team)
+class TeamAdmin(admin.ModelAdmin):
+    """Teams: admins add them by name (their group `team:<name>` comes with them). Members are
+    the group's users: add or remove them on the user's page (Groups) or the group's."""
+
+    list_display = ["name", "group", "member_names"]
+    search_fields = ["name"]
+    fields = ["name", "group", "member_names"]
+    readonly_fields = ["group", "member_names"]
+
+    @admin.display(description="members")
+    def member_names(self, team):
+        return ", ".join(sorted(team.group.user_set.values_list("username", flat=True))) or "-"
+
+    def get_readonly_fields(self, request, obj=None):
+        # The name is the group's too: it is given once, when the team is added.
+        return [*self.readonly_fields, "name"] if obj is not None else self.readonly_fields
+
+    def save_model(self, request, obj, form, change):
+        if not change:
+            obj.group, _ = Group.objects.get_or_create(name=f"{TEAM_GROUP_PREFIX}{obj.name}")
+        super().save_model(request, obj, form, change)
+
+    def has_module_permission(self, request):
+        return has_role(request.user, VIEWER)
+
+    def has_view_permission(self, request, obj=None):
+        return has_role(request.user, VIEWER)
+
+    def has_add_permission(self, request):
+        return has_role(request.user, ADMIN)
+
+    def has_change_permission(self, request, obj=None):
+        return has_role(request.user, ADMIN)
+
+    def has_delete_permission(self, request, obj=None):
+        # A team's jobs keep it (Job.team is PROTECT); an empty team can go.
+        return has_role(request.user, ADMIN)
 
 
 @admin.register(Node)
@@ -78,8 +121,8 @@ class JobAdmin(ServiceOwnedAdmin):
     """Jobs are created, started, stopped and upgraded through the API, the console or the
     management commands."""
 
-    list_display = ["name", "topology", "strategy", "status", "created_by", "created_at"]
-    list_filter = ["status", "strategy", "topology"]
+    list_display = ["name", "team", "topology", "strategy", "status", "created_by", "created_at"]
+    list_filter = ["team", "status", "strategy", "topology"]
     search_fields = ["name", "key"]
     inlines = [OperatorInline]
 
@@ -396,6 +439,7 @@ class ReportSubscriptionForm(forms.ModelForm):
             "recipients",
             "scope",
             "jobs",
+            "team",
             "period_hours",
             "crontab",
             "alert_recovery_over_s",
@@ -406,6 +450,8 @@ class ReportSubscriptionForm(forms.ModelForm):
         cleaned = super().clean()
         if cleaned.get("scope") == ReportSubscription.Scope.SELECTED and not cleaned.get("jobs"):
             self.add_error("jobs", "jobs: choose at least one job when the scope is selected jobs")
+        if cleaned.get("scope") == ReportSubscription.Scope.TEAM and not cleaned.get("team"):
+            self.add_error("team", "team: choose the team when the scope is a team's jobs")
         return cleaned
 
 
@@ -425,7 +471,7 @@ class ReportSubscriptionAdmin(admin.ModelAdmin):
         "alert_on_job_failure",
         "last_sent_at",
     ]
-    list_filter = ["enabled", "scope"]
+    list_filter = ["enabled", "scope", "team"]
     search_fields = ["name", "recipients"]
     filter_horizontal = ["jobs"]
     readonly_fields = ["periodic_task", "last_sent_at"]

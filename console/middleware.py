@@ -11,6 +11,7 @@ import re
 from django.conf import settings
 from django.http import JsonResponse
 
+from console.services.audit_log import current_request
 from console.services.shared_data import invalidate_all
 
 logger = logging.getLogger(__name__)
@@ -21,6 +22,21 @@ DEFAULT_JSON_MAX_DEPTH = 64
 STRING_LITERAL = re.compile(rb'"(?:[^"\\]|\\.)*"', re.DOTALL)
 BRACKETS = re.compile(rb"[\[\]{}]")
 DASH_PREFIX = "/django_plotly_dash/"
+
+
+class AuditRequestMiddleware:
+    """Makes the request being served known to the audit log (audit_log.current_request), so a
+    write recorded deep in a service function is stamped with the client's address."""
+
+    def __init__(self, get_response):
+        self.get_response = get_response
+
+    def __call__(self, request):
+        token = current_request.set(request)
+        try:
+            return self.get_response(request)
+        finally:
+            current_request.reset(token)
 
 
 class SharedDataInvalidationMiddleware:

@@ -1,18 +1,25 @@
-"""Plain Django views: the health endpoint, the home page and JSON error pages for the API."""
+"""Plain Django views: the health endpoint, the home page, the audit log page and JSON error pages
+for the API."""
 
 import hmac
+from urllib.parse import urlencode
 
 from django.conf import settings
 from django.contrib.auth.decorators import login_required
+from django.core.exceptions import PermissionDenied
+from django.core.paginator import Paginator
 from django.http import HttpResponse, JsonResponse
 from django.shortcuts import render
 from django.views import defaults
 from django.views.decorators.cache import never_cache
 
-from console.models import Job, Node, RecoveryEpisode
+from console.models import Node, RecoveryEpisode
 from console.redis import redis_client
+from console.roles import ADMIN, has_role
+from console.services import audit_log
 from console.services.health import health_report
 from console.services.prometheus import exposition
+from console.services.teams import jobs_visible_to
 
 # The Prometheus text format, version 0.0.4.
 PROMETHEUS_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -47,9 +54,11 @@ def home(request):
         request,
         "home.html",
         {
-            "jobs": Job.objects.all()[:20],
+            "jobs": jobs_visible_to(request.user)[:20],
             "nodes": Node.objects.all(),
-            "open_recoveries": RecoveryEpisode.objects.filter(watched_s__isnull=True).count(),
+            "open_recoveries": RecoveryEpisode.objects.filter(
+                watched_s__isnull=True, job__in=jobs_visible_to(request.user).values("pk")
+            ).count(),
         },
     )
 
@@ -93,3 +102,46 @@ def server_error(request):
     if _wants_json(request):
         return _json_error(500, "server_error", "internal server error")
     return defaults.server_error(request)
+
+
+AUDIT_PAGE_SIZE = 50
+
+
+@login_required
+def audit_log_page(request):
+    """The audit log (admins): search by actor, action, target text and time, newest first,
+    AUDIT_PAGE_SIZE events a page, with links to the same search exported by the API."""
+    if not has_role(request.user, ADMIN):
+        raise PermissionDenied("the audit log is for admins")
+    query = {
+        name: request.GET.get(name, "").strip()
+        for name in ("actor", "action", "text", "since", "until")
+    }
+    times, errors = {}, []
+    for name in ("since", "until"):
+        if query[name]:
+            try:
+                times[name] = audit_log.parse_time(query[name])
+            except ValueError:
+                errors.append(f"{name}: not a date and time: {query[name][:40]!r}")
+    events = audit_log.search(
+        **times, actor=query["actor"], action=query["action"], text=query["text"]
+    )
+    page = Paginator(events, AUDIT_PAGE_SIZE).get_page(request.GET.get("page"))
+    # The API's export takes the same filters but the target text (which it has no use for).
+    export = urlencode({k: v for k, v in query.items() if v and k != "text"})
+    here = urlencode({k: v for k, v in query.items() if v})
+    return render(
+        request,
+        "audit.html",
+        {
+            "page": page,
+            "query": query,
+            "errors": errors,
+            "actions": audit_log.actions(),
+            "export": export,
+            "here": here,
+            "section": "audit",
+        },
+        status=400 if errors else 200,
+    )

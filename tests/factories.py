@@ -12,8 +12,10 @@ from console.models import (
     RecoveryEpisode,
     Replica,
     ReportSubscription,
+    Team,
 )
 from console.services.jobs import create_job
+from console.services.teams import DEFAULT_TEAM
 from spark_runtime.progress import ProgressRecord
 
 
@@ -36,6 +38,17 @@ class UserFactory(factory.django.DjangoModelFactory):
         if create and extracted:
             self.groups.add(Group.objects.get_or_create(name=extracted)[0])
 
+    @factory.post_generation
+    def team(self, create, extracted, **kwargs):
+        """`team="name"` puts the user in that team; a user with a role and no team given is in
+        the team "default", as migration 0028 put every user with a role."""
+        if not create:
+            return
+        if extracted:
+            self.groups.add(Team.named(extracted).group)
+        elif self.groups.exists():
+            self.groups.add(Team.named(DEFAULT_TEAM).group)
+
 
 class NodeFactory(factory.django.DjangoModelFactory):
     class Meta:
@@ -49,8 +62,10 @@ class NodeFactory(factory.django.DjangoModelFactory):
 
 
 def make_job(status: str = Job.Status.CREATED, topology: str = "wordcount", **kwargs) -> Job:
-    """A job with its operators (via the real service), forced into `status`."""
+    """A job with its operators (via the real service), forced into `status`; in the team
+    "default" unless `team` (a Team) is given."""
     job = create_job(
+        team=kwargs.pop("team", None) or Team.named(DEFAULT_TEAM),
         name=kwargs.pop("name", "wc"),
         topology=topology,
         strategy=kwargs.pop("strategy", Job.Strategy.ADAPTIVE),

@@ -28,6 +28,7 @@ urlpatterns = [
     # allows scripts from this site only.
     path("api/docs/", SpectacularSwaggerSplitView.as_view(url_name="api-schema"), name="api-docs"),
     path("api/", include("console.api.urls")),
+    path("console/audit/", views.audit_log_page, name="audit-log"),
     path("console/", include("console.dash.urls")),
     path("django_plotly_dash/", include("django_plotly_dash.urls")),
 ]

@@ -9,6 +9,7 @@ from rest_framework.exceptions import ValidationError
 from rest_framework.pagination import LimitOffsetPagination
 
 from console.dash.data import fleet_totals
+from console.services.teams import jobs_visible_to
 
 MAX_LIMIT = 1000
 # Far beyond any table this console keeps (metrics are purged after METRIC_RETENTION_HOURS), and
@@ -62,7 +63,7 @@ class JobListPagination(BoundedLimitOffsetPagination):
 
     def get_paginated_response(self, data):
         response = super().get_paginated_response(data)
-        response.data["totals"] = fleet_totals()
+        response.data["totals"] = fleet_totals(jobs_visible_to(self.request.user))
         return response
 
     def get_paginated_response_schema(self, schema):

@@ -23,3 +23,10 @@ class AdminWrites(RolePermission):
         if request.method in SAFE_METHODS:
             return has_role(request.user, VIEWER)
         return has_role(request.user, ADMIN)
+
+
+class AdminOnly(RolePermission):
+    """Reads and writes need the admin role (the audit log: not job data, so no team scoping)."""
+
+    def has_permission(self, request, view):
+        return has_role(request.user, ADMIN)

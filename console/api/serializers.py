@@ -3,6 +3,7 @@
 from rest_framework import serializers
 
 from console.models import (
+    AuditEvent,
     FaultInjection,
     Job,
     JobUpgrade,
@@ -12,6 +13,7 @@ from console.models import (
     RecoveryEpisode,
     RegisteredTopology,
     Replica,
+    Team,
 )
 
 
@@ -88,12 +90,18 @@ class JobSerializer(serializers.ModelSerializer):
     created_by = serializers.SlugRelatedField(
         slug_field="username", read_only=True, allow_null=True
     )
+    # The owning team's name; on create, the user's only team when left out
+    # (console.services.teams.team_for_new_job). null for jobs the system started.
+    team = serializers.SlugRelatedField(
+        slug_field="name", queryset=Team.objects.all(), required=False, allow_null=True
+    )
 
     class Meta:
         model = Job
         fields = [
             "id",
             "name",
+            "team",
             "key",
             "topology",
             "strategy",
@@ -301,3 +309,16 @@ class FleetTotalsSerializer(serializers.Serializer):
     nodes = _NodeTotalsSerializer()
     open_recoveries = serializers.IntegerField(help_text="episodes still being measured")
     jobs_with_open_recoveries = serializers.IntegerField()
+
+
+class AuditEventSerializer(serializers.ModelSerializer):
+    """One audit log event as exported (console.services.audit_log.EXPORT_FIELDS)."""
+
+    # The name at the time of the event: it stays when the user is deleted.
+    actor = serializers.CharField(source="actor_name", read_only=True)
+    detail = serializers.JSONField(read_only=True)
+
+    class Meta:
+        model = AuditEvent
+        fields = ["at", "actor", "action", "target", "detail", "address"]
+        read_only_fields = fields

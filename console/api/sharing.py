@@ -1,8 +1,9 @@
 """The API's hot reads, shared by every reader (console.services.shared_data).
 
 Dashboards, scripts and the console poll the job list, a job, its recoveries, the nodes and the
-fleet totals every few seconds; what they read does not depend on who reads it (the viewer role,
-checked before the view runs, is all it takes). `SharedList` and `SharedRetrieve` answer them
+fleet totals every few seconds; what they read depends on who reads it only through the teams
+whose jobs they see (console.services.teams.scope_key, part of the key: admins share one entry,
+members of the same teams another). `SharedList` and `SharedRetrieve` answer them
 from data computed at most once per SHARED_FRESH_S for every reader with the same path and
 query, and say how old it is in the standard `Age` header. An API write starts the shared data again
 (console.middleware.SharedDataInvalidationMiddleware).
@@ -26,6 +27,7 @@ from rest_framework.utils.encoders import JSONEncoder
 
 from console.api.filters import Param
 from console.services.shared_data import entry_key, shared
+from console.services.teams import scope_key
 
 # The console's refresh interval: what a reader polling faster would see anyway.
 SHARED_FRESH_S = 2.0
@@ -56,7 +58,7 @@ def shared_read(request, respond, params: Iterable[Param] = (), fresh_s: float =
         return response.status_code, plain
 
     answer = shared(
-        entry_key("api", [request.path, query_key(request, params)]),
+        entry_key("api", [request.path, query_key(request, params), scope_key(request.user)]),
         fresh_s,
         compute,
         keep=lambda value: value[0] == 200,

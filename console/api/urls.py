@@ -20,6 +20,7 @@ router.register("recoveries", views.RecoveryViewSet, basename="recovery")
 urlpatterns = [
     path("auth/token/", obtain_auth_token, name="api-token"),
     path("fleet/", views.FleetView.as_view(), name="fleet"),
+    path("audit/", views.AuditView.as_view(), name="audit"),
     path("policy/", views.PolicyView.as_view(), name="policy"),
     path("policy/history/", views.PolicyHistoryView.as_view(), name="policy-history"),
     path("policy/revert/<int:version>/", views.PolicyRevertView.as_view(), name="policy-revert"),

@@ -1,18 +1,23 @@
 """REST API views. Thin: validation and side effects live in console.services."""
 
 from django.db.models import Prefetch
-from django.shortcuts import get_object_or_404
-from drf_spectacular.utils import extend_schema, extend_schema_view
+from django.http import Http404
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import OpenApiParameter, extend_schema, extend_schema_view
 from rest_framework import mixins, status, viewsets
 from rest_framework.decorators import action
-from rest_framework.exceptions import APIException, NotFound, ValidationError
+from rest_framework.exceptions import APIException, NotFound, PermissionDenied, ValidationError
+from rest_framework.permissions import SAFE_METHODS
+from rest_framework.renderers import JSONRenderer
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from console.api import filters
 from console.api.pagination import JobListPagination, bounded_int
-from console.api.permissions import AdminWrites
+from console.api.permissions import AdminOnly, AdminWrites
+from console.api.renderers import AuditCSVRenderer
 from console.api.serializers import (
+    AuditEventSerializer,
     FaultInjectionSerializer,
     FleetRecoverySerializer,
     FleetTotalsSerializer,
@@ -39,6 +44,7 @@ from console.models import (
 )
 from console.policy.config import request_errors
 from console.redis import redis_client
+from console.services import audit_log
 from console.services import faults as fault_service
 from console.services import jobs as job_service
 from console.services import policy as policy_service
@@ -46,6 +52,12 @@ from console.services import topologies as topology_service
 from console.services import upgrades as upgrade_service
 from console.services.control.record import reconcile_failures
 from console.services.results import read_results
+from console.services.teams import (
+    TeamRequestError,
+    jobs_visible_to,
+    team_for_new_job,
+    visible_job_or_404,
+)
 
 
 class Refused(APIException):
@@ -66,8 +78,36 @@ def _params(params) -> list:
     return [param.schema() for param in params]
 
 
+class JobScoped:
+    """A view of one job's data, the job named in the path by `job_url_kwarg`: a job the user
+    may not see (another team's, or none) answers 404, also to a write the role would refuse
+    (a viewer's) and before the body is validated, so reads and writes of another team's job
+    are "not found" for viewers and operators alike, never 403 or 400."""
+
+    job_url_kwarg = "job_pk"
+
+    def check_permissions(self, request):
+        names_job = self.job_url_kwarg in self.kwargs
+        try:
+            super().check_permissions(request)
+        except PermissionDenied:
+            if names_job and request.user.is_authenticated:
+                self.get_job()
+            raise
+        # Reads look the job up through get_queryset / get_object anyway.
+        if names_job and request.method not in SAFE_METHODS:
+            self.get_job()
+
+    def get_job(self) -> Job:
+        """The job in the path, among the ones the user sees (Http404 otherwise)."""
+        if getattr(self, "_job", None) is None:
+            self._job = visible_job_or_404(self.request.user, self.kwargs[self.job_url_kwarg])
+        return self._job
+
+
 @extend_schema_view(list=extend_schema(parameters=_params(filters.JOB_PARAMS)))
 class JobViewSet(
+    JobScoped,
     SharedList,
     SharedRetrieve,
     mixins.ListModelMixin,
@@ -81,23 +121,31 @@ class JobViewSet(
     console.api.filters, and carries the fleet's `totals` beside the page."""
 
     serializer_class = JobSerializer
-    queryset = Job.objects.select_related("created_by").prefetch_related(
+    queryset = Job.objects.select_related("created_by", "team").prefetch_related(
         "operators", REPLICAS_WITH_NODES
     )
     pagination_class = JobListPagination
     shared_params = filters.JOB_PARAMS
+    job_url_kwarg = "pk"
 
     def get_queryset(self):
         if self.action != "list":
-            return super().get_queryset()
+            return jobs_visible_to(self.request.user, super().get_queryset())
         flt, ordering = filters.job_filter(self.request)
-        jobs = job_queryset(flt, ordering)
-        return jobs.select_related("created_by").prefetch_related("operators", REPLICAS_WITH_NODES)
+        jobs = job_queryset(flt, ordering, jobs=jobs_visible_to(self.request.user))
+        return jobs.select_related("created_by", "team").prefetch_related(
+            "operators", REPLICAS_WITH_NODES
+        )
 
     def perform_create(self, serializer):
         data = serializer.validated_data
         try:
+            team = team_for_new_job(self.request.user, getattr(data.get("team"), "name", None))
+        except TeamRequestError as exc:
+            raise ValidationError({exc.field: [str(exc)]}) from exc
+        try:
             serializer.instance = job_service.create_job(
+                team=team,
                 name=data["name"],
                 topology=data["topology"],
                 strategy=data.get("strategy", Job.Strategy.ADAPTIVE),
@@ -111,20 +159,22 @@ class JobViewSet(
             raise ValidationError({exc.field: [str(exc)]}) from exc
 
     @action(detail=True, methods=["post"])
-    def stop(self, request, pk=None):
-        job = job_service.stop_job(self.get_object(), f"stopped by {request.user.username}")
+    def stop(self, request, pk=None, format=None):
+        job = job_service.stop_job(
+            self.get_object(), f"stopped by {request.user.username}", user=request.user
+        )
         return Response(self.get_serializer(job).data)
 
     @extend_schema(request=None, responses={202: JobSerializer})
     @action(detail=True, methods=["post"])
-    def restart(self, request, pk=None):
+    def restart(self, request, pk=None, format=None):
         """Run a failed or stopped job again (accepted: the controller starts it)."""
-        job = job_service.restart_job(self.get_object())
+        job = job_service.restart_job(self.get_object(), user=request.user)
         return Response(self.get_serializer(job).data, status=status.HTTP_202_ACCEPTED)
 
     @extend_schema(responses={200: dict})
     @action(detail=True, methods=["get"])
-    def supervision(self, request, pk=None):
+    def supervision(self, request, pk=None, format=None):
         """How the controller's reconciles of the job fare: `reconcile_failure` is null while
         they succeed, else the failures in a row, since when, the last error and when the
         job is tried again (console.services.control.record.record_reconcile_failure)."""
@@ -134,12 +184,12 @@ class JobViewSet(
 
     @extend_schema(responses={200: dict})
     @action(detail=True, methods=["get"])
-    def results(self, request, pk=None):
+    def results(self, request, pk=None, format=None):
         return Response(read_results(self.get_object()))
 
     @extend_schema(request=UpgradeRequestSerializer, responses={202: JobUpgradeSerializer})
     @action(detail=True, methods=["post"])
-    def upgrade(self, request, pk=None):
+    def upgrade(self, request, pk=None, format=None):
         """Upgrade the running job blue/green to another version of its topology or other
         operator parameters, or change its strategy in place (accepted: the state check and
         the switch follow; the record at /api/jobs/{id}/upgrades/{upgrade id}/ says how far it
@@ -170,7 +220,9 @@ def raise_refusal(exc) -> None:
     raise ValidationError({"non_field_errors": [str(exc)]}) from exc
 
 
-class JobUpgradeViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet):
+class JobUpgradeViewSet(
+    JobScoped, mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet
+):
     """Upgrades of one job, newest first (its version history), and the `confirm` and
     `rollback` actions on one under way (operator role)."""
 
@@ -178,18 +230,17 @@ class JobUpgradeViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewse
     queryset = JobUpgrade.objects.all()  # the schema's types; requests read get_queryset()
 
     def get_queryset(self):
-        job = get_object_or_404(Job, pk=self.kwargs["job_pk"])
-        return job.upgrades.select_related("requested_by", "ended_by")
+        return self.get_job().upgrades.select_related("requested_by", "ended_by")
 
     @extend_schema(request=None, responses={202: JobUpgradeSerializer})
     @action(detail=True, methods=["post"])
-    def confirm(self, request, job_pk=None, pk=None):
+    def confirm(self, request, job_pk=None, pk=None, format=None):
         """Retire the old version now (the new one writes the output)."""
         return self._end(upgrade_service.CONFIRM)
 
     @extend_schema(request=None, responses={202: JobUpgradeSerializer})
     @action(detail=True, methods=["post"])
-    def rollback(self, request, job_pk=None, pk=None):
+    def rollback(self, request, job_pk=None, pk=None, format=None):
         """Give the output back to the old version, which never stopped."""
         return self._end(upgrade_service.ROLLBACK)
 
@@ -202,14 +253,13 @@ class JobUpgradeViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewse
 
 
 @extend_schema_view(list=extend_schema(parameters=_params(filters.FAULT_PARAMS)))
-class JobFaultViewSet(mixins.ListModelMixin, mixins.CreateModelMixin, viewsets.GenericViewSet):
+class JobFaultViewSet(
+    JobScoped, mixins.ListModelMixin, mixins.CreateModelMixin, viewsets.GenericViewSet
+):
     """Faults of one job, newest first: list them (filtered by kind and outcome), or ask for one
     (operator role)."""
 
     serializer_class = FaultInjectionSerializer
-
-    def get_job(self) -> Job:
-        return get_object_or_404(Job, pk=self.kwargs["job_pk"])
 
     def get_queryset(self):
         faults = self.get_job().faults.select_related("target_node", "requested_by")
@@ -234,15 +284,14 @@ class JobFaultViewSet(mixins.ListModelMixin, mixins.CreateModelMixin, viewsets.G
 
 
 @extend_schema_view(list=extend_schema(parameters=_params(filters.EPISODE_PARAMS)))
-class JobRecoveryViewSet(SharedList, mixins.ListModelMixin, viewsets.GenericViewSet):
+class JobRecoveryViewSet(JobScoped, SharedList, mixins.ListModelMixin, viewsets.GenericViewSet):
     """Recovery episodes of one job, newest first (filtered by open, action, strategy)."""
 
     serializer_class = RecoveryEpisodeSerializer
     shared_params = filters.EPISODE_PARAMS
 
     def get_queryset(self):
-        job = get_object_or_404(Job, pk=self.kwargs["job_pk"])
-        return filters.filter_episodes(self.request, job.recoveries.all())
+        return filters.filter_episodes(self.request, self.get_job().recoveries.all())
 
 
 @extend_schema_view(
@@ -256,7 +305,10 @@ class RecoveryViewSet(SharedList, mixins.ListModelMixin, viewsets.GenericViewSet
     shared_params = (*filters.EPISODE_PARAMS, filters.EPISODE_JOB_ID)
 
     def get_queryset(self):
-        episodes = filters.filter_episodes(self.request, RecoveryEpisode.objects.all())
+        episodes = filters.filter_episodes(
+            self.request,
+            RecoveryEpisode.objects.filter(job__in=jobs_visible_to(self.request.user).values("pk")),
+        )
         raw = self.request.query_params.get(filters.EPISODE_JOB_ID.name)
         if raw is not None:
             episodes = episodes.filter(job_id=bounded_int(raw, "job", 1, 2**63 - 1))
@@ -284,7 +336,10 @@ class FleetView(APIView):
 
     @extend_schema(responses={200: FleetTotalsSerializer})
     def get(self, request):
-        return shared_read(request, lambda: Response(FleetTotalsSerializer(fleet_totals()).data))
+        def respond():
+            return Response(FleetTotalsSerializer(fleet_totals(jobs_visible_to(request.user))).data)
+
+        return shared_read(request, respond)
 
 
 class TopologyViewSet(mixins.ListModelMixin, viewsets.GenericViewSet):
@@ -377,3 +432,54 @@ class PolicyRevertView(APIView):
         except policy_service.PolicyRejected as exc:
             raise ValidationError({k: [v] for k, v in exc.errors.items()}) from exc
         return Response(PolicySerializer(policy).data, status=status.HTTP_201_CREATED)
+
+
+AUDIT_FILTERS = [
+    OpenApiParameter("since", OpenApiTypes.DATETIME, description="from this time (ISO 8601)"),
+    OpenApiParameter("until", OpenApiTypes.DATETIME, description="before this time (ISO 8601)"),
+    OpenApiParameter("action", OpenApiTypes.STR, description="an action or its domain: fault"),
+    OpenApiParameter("actor", OpenApiTypes.STR, description="the actor's username"),
+    OpenApiParameter("format", OpenApiTypes.STR, enum=["json", "csv"], description="default json"),
+]
+
+
+class AuditView(APIView):
+    """The audit log (admin), newest first: every write with who, when, what and from where,
+    as a JSON list or CSV (`?format=csv`, a header row), filtered by time, action and actor.
+    A time that does not parse is a 400 naming the parameter."""
+
+    permission_classes = [AdminOnly]
+    renderer_classes = [JSONRenderer, AuditCSVRenderer]
+
+    @extend_schema(parameters=AUDIT_FILTERS, responses={200: AuditEventSerializer(many=True)})
+    def get(self, request):
+        times = {}
+        for name in ("since", "until"):
+            raw = request.query_params.get(name)
+            if raw is None:
+                continue
+            try:
+                times[name] = audit_log.parse_time(raw)
+            except ValueError:
+                raise ValidationError(
+                    {name: [f"not an ISO 8601 date and time: {raw[:40]!r}"]}
+                ) from None
+        events = audit_log.search(
+            **times,
+            actor=filters.text(request, filters.Param("actor", "")),
+            action=filters.text(request, filters.Param("action", "")),
+        )
+        return Response(AuditEventSerializer(events.iterator(), many=True).data)
+
+    def perform_content_negotiation(self, request, force=False):
+        try:
+            return super().perform_content_negotiation(request, force)
+        except Http404:  # DRF's answer to a ?format= that no renderer has
+            raise ValidationError({"format": ["one of json, csv"]}) from None
+
+    def finalize_response(self, request, response, *args, **kwargs):
+        # Errors are JSON like everywhere in the API, also when CSV was asked for.
+        if response.status_code >= 400:
+            request.accepted_renderer = JSONRenderer()
+            request.accepted_media_type = JSONRenderer.media_type
+        return super().finalize_response(request, response, *args, **kwargs)

@@ -35,6 +35,7 @@ from django.middleware.csrf import CsrfViewMiddleware
 from console.dash.callback_requests import callback_request_problem
 from console.dash.sharing import is_shared, shared_request_problem, shared_response
 from console.roles import VIEWER, has_role
+from console.services.teams import scope_key
 
 UPDATE_ROUTE = "_dash-update-component"
 
@@ -80,7 +81,10 @@ def console_access(view_function, *, url_part: str = "", **kwargs):
                 return JsonResponse({"error": error}, status=400)
             if is_shared(app_name, body):
                 return shared_response(
-                    app_name, body, lambda: view_function(request, *args, **view_kwargs)
+                    app_name,
+                    body,
+                    lambda: view_function(request, *args, **view_kwargs),
+                    scope=scope_key(request.user),
                 )
         return view_function(request, *args, **view_kwargs)
 

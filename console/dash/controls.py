@@ -19,6 +19,7 @@ from console.services.authz import RoleRequired, check_role
 from console.services.faults import FaultRefused, request_fault
 from console.services.policy import PolicyRejected, change_policy
 from console.services.shared_data import invalidate_all
+from console.services.teams import TeamRequestError, jobs_visible_to, team_for_new_job
 from console.services.upgrades import (
     CONFIRM,
     ROLLBACK,
@@ -68,15 +69,22 @@ def start_job(
     rate,
     source_topic: str | None = None,
     sink_topic: str | None = None,
+    team: str | None = None,
 ) -> Job:
     """Create a job (the controller starts it), as POST /api/jobs/ does; `source_topic` and
-    `sink_topic`: Kafka topics to read and to write the results to (empty: none)."""
+    `sink_topic`: Kafka topics to read and to write the results to (empty: none); `team`: the
+    team's name (empty: the user's only team)."""
     _require(user, OPERATOR)
     if not (name or "").strip():
         raise ActionRefused("name: give the job a name")
     source_topic, sink_topic = (source_topic or "").strip(), (sink_topic or "").strip()
     try:
+        owner = team_for_new_job(user, team)
+    except TeamRequestError as exc:
+        raise ActionRefused(str(exc)) from exc
+    try:
         return job_service.create_job(
+            team=owner,
             name=name.strip(),
             topology=topology,
             strategy=strategy,
@@ -93,19 +101,19 @@ def start_job(
 def stop_job(user, job_id) -> Job:
     """Ask a job to stop, as POST /api/jobs/{id}/stop/ does."""
     _require(user, OPERATOR)
-    job = Job.objects.filter(pk=job_id).first()
-    if job is None:
+    if job_id in (None, ""):
         raise ActionRefused("choose a job to stop")
-    return job_service.stop_job(job, f"stopped by {user.username} from the console")
+    job = _job(user, job_id)
+    return job_service.stop_job(job, f"stopped by {user.username} from the console", user=user)
 
 
 @_writes
 def restart_job(user, job_id) -> Job:
     """Ask for a failed or stopped job to run again, as POST /api/jobs/{id}/restart/ does."""
     _require(user, OPERATOR)
-    job = _job(job_id)
+    job = _job(user, job_id)
     try:
-        return job_service.restart_job(job)
+        return job_service.restart_job(job, user=user)
     except InvalidTransition as exc:
         raise ActionRefused(str(exc)) from exc
 
@@ -120,7 +128,7 @@ def inject_fault(
     refuses wrong types and out-of-bound values with the same message as the API.
     """
     _require(user, OPERATOR)
-    job = _job(job_id)
+    job = _job(user, job_id)
     if not isinstance(kind, str) or not isinstance(operator, str | None):
         raise ActionRefused("kind, target_operator: choose them from the lists")
     if node_id not in (None, "") and not _is_id(node_id):
@@ -179,7 +187,7 @@ def upgrade_job(user, job_id, topology, params_text, result_preserving=False) ->
     `result_preserving` or not, as POST /api/jobs/{id}/upgrade/ does. The service's refusal
     names the field at fault."""
     _require(user, OPERATOR)
-    job = _job(job_id)
+    job = _job(user, job_id)
     if not isinstance(topology, str | None):
         raise ActionRefused("topology: choose a version from the list")
     params = parse_params(params_text)
@@ -200,7 +208,7 @@ def change_strategy(user, job_id, strategy) -> JobUpgrade:
     """Ask for a change of a running job's strategy, as POST /api/jobs/{id}/upgrade/ with
     {"strategy": ...} does; the service refuses a strategy that cuts the job otherwise."""
     _require(user, OPERATOR)
-    job = _job(job_id)
+    job = _job(user, job_id)
     if not isinstance(strategy, str) or not strategy:
         raise ActionRefused("strategy: choose a strategy from the list")
     try:
@@ -225,7 +233,8 @@ def roll_back_upgrade(user, upgrade_id) -> JobUpgrade:
 
 def _end_upgrade(user, upgrade_id, action: str) -> JobUpgrade:
     _require(user, OPERATOR)
-    upgrade = JobUpgrade.objects.filter(pk=upgrade_id).first() if _is_id(upgrade_id) else None
+    upgrades = JobUpgrade.objects.filter(job__in=jobs_visible_to(user).values("pk"))
+    upgrade = upgrades.filter(pk=upgrade_id).first() if _is_id(upgrade_id) else None
     if upgrade is None:
         raise ActionRefused("no such upgrade")
     try:
@@ -234,9 +243,10 @@ def _end_upgrade(user, upgrade_id, action: str) -> JobUpgrade:
         raise ActionRefused(str(exc)) from exc
 
 
-def _job(job_id) -> Job:
-    """The job `job_id` names (a forged or stale id: ActionRefused)."""
-    job = Job.objects.filter(pk=job_id).first() if _is_id(job_id) else None
+def _job(user, job_id) -> Job:
+    """The job `job_id` names among the ones `user` sees (a forged or stale id, or a job of
+    another team: ActionRefused, the same "no such job" for each)."""
+    job = jobs_visible_to(user).filter(pk=job_id).first() if _is_id(job_id) else None
     if job is None:
         raise ActionRefused("no such job")
     return job

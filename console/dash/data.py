@@ -213,13 +213,15 @@ def job_queryset(
     sort: str = DEFAULT_JOB_SORT,
     now: datetime | None = None,
     recent_s: float = 3600,
+    jobs: QuerySet | None = None,
 ) -> QuerySet:
-    """Jobs matching `flt`, sorted by `sort` (a key of JOB_SORTS), each annotated with its
-    newest job-level throughput and p99 and its open and recent (`recent_s`) episode counts,
-    all inside one query whatever the number of jobs."""
+    """Jobs of `jobs` (every job by default; callers pass the user's visible jobs) matching
+    `flt`, sorted by `sort` (a key of JOB_SORTS), each annotated with its newest job-level
+    throughput and p99 and its open and recent (`recent_s`) episode counts, all inside one
+    query whatever the number of jobs."""
     flt = flt or JobFilter()
     now = now or timezone.now()
-    jobs = Job.objects.all()
+    jobs = Job.objects.all() if jobs is None else jobs
     if flt.status:
         jobs = jobs.filter(status__in=flt.status)
     if flt.strategy:
@@ -293,10 +295,11 @@ def job_page(
     page: int = 1,
     page_size: int = 25,
     now: datetime | None = None,
+    jobs: QuerySet | None = None,
 ) -> JobPage:
-    """Page `page` of the jobs matching `flt` in `sort` order (two queries: the count and the
-    page)."""
-    jobs = job_queryset(flt, sort, now=now)
+    """Page `page` of the jobs of `jobs` matching `flt` in `sort` order (two queries: the count
+    and the page)."""
+    jobs = job_queryset(flt, sort, now=now, jobs=jobs)
     matching = jobs.count()
     pages = max(1, math.ceil(matching / page_size))
     page = min(max(1, page), pages)
@@ -305,15 +308,19 @@ def job_page(
     return JobPage(rows=rows, matching=matching, page=page, pages=pages)
 
 
-def fleet_totals() -> dict:
-    """The whole fleet in four queries: jobs by status, live replicas by role, nodes by state,
-    and the open recovery episodes (and how many jobs have one)."""
+def fleet_totals(jobs: QuerySet | None = None) -> dict:
+    """The fleet of `jobs` (every job by default) in four queries: jobs by status, their live
+    replicas by role, nodes by state (every node: nodes belong to no team), and their open
+    recovery episodes (and how many jobs have one)."""
     statuses = [value for value, _ in Job.Status.choices]
-    jobs = Job.objects.order_by().aggregate(
+    jobs = Job.objects.all() if jobs is None else jobs
+    job_ids = jobs.values("pk")
+    jobs = jobs.order_by().aggregate(
         total=Count("id"), **{status: Count("id", filter=Q(status=status)) for status in statuses}
     )
     replicas = (
-        Replica.objects.exclude(state__in=ENDED_REPLICA_STATES)
+        Replica.objects.filter(job__in=job_ids)
+        .exclude(state__in=ENDED_REPLICA_STATES)
         .order_by()
         .aggregate(
             total=Count("id"),
@@ -326,7 +333,7 @@ def fleet_totals() -> dict:
         total=Count("id"), **{state: Count("id", filter=Q(state=state)) for state in node_states}
     )
     episodes = (
-        Episode.objects.filter(watched_s__isnull=True)
+        Episode.objects.filter(watched_s__isnull=True, job__in=job_ids)
         .order_by()
         .aggregate(open=Count("id"), jobs=Count("job_id", distinct=True))
     )
@@ -364,17 +371,23 @@ def _job_detail_dict(job: Job) -> dict:
     }
 
 
-def job_detail(job_id: int) -> dict | None:
-    """One job's header fields, or None when it does not exist."""
-    job = Job.objects.filter(pk=job_id).first()
+def _among(jobs: QuerySet | None) -> QuerySet:
+    """The jobs a reader sees (console.services.teams.jobs_visible_to), every job for None."""
+    return Job.objects.all() if jobs is None else jobs
+
+
+def job_detail(job_id: int, jobs: QuerySet | None = None) -> dict | None:
+    """One job's header fields, or None when it is not among `jobs` (every job by default) or
+    does not exist."""
+    job = _among(jobs).filter(pk=job_id).first()
     return None if job is None else _job_detail_dict(job)
 
 
-def job_details(job_ids) -> list[dict]:
+def job_details(job_ids, jobs: QuerySet | None = None) -> list[dict]:
     """The header fields of the jobs `job_ids` that exist, in the order given, in one query
     (a page comparing jobs would otherwise ask once per job)."""
     job_ids = list(job_ids)
-    found = {job.pk: _job_detail_dict(job) for job in Job.objects.filter(pk__in=job_ids)}
+    found = {job.pk: _job_detail_dict(job) for job in _among(jobs).filter(pk__in=job_ids)}
     # Each id as the query read it (a forged "3" is job 3, as with job_detail).
     as_pk = Job._meta.pk.get_prep_value
     return [found[as_pk(job_id)] for job_id in job_ids if as_pk(job_id) in found]
@@ -383,11 +396,12 @@ def job_details(job_ids) -> list[dict]:
 NODE_ROW_METRICS = (*NODE_UTIL_METRICS, *NODE_IDLE_METRICS, "q_score", "warm_spares")
 
 
-def node_rows() -> list[dict]:
-    """Every node with its latest utilisation, idle rates and Q, and the replicas it runs (two
-    queries whatever the number of nodes and replicas)."""
+def node_rows(jobs: QuerySet | None = None) -> list[dict]:
+    """Every node with its latest utilisation, idle rates and Q, and the replicas it runs of
+    `jobs` (every job by default; two queries whatever the number of nodes and replicas)."""
     live_replicas = (
-        Replica.objects.exclude(state__in=ENDED_REPLICA_STATES)
+        Replica.objects.filter(job__in=_among(jobs).values("pk"))
+        .exclude(state__in=ENDED_REPLICA_STATES)
         .annotate(job_name=F("job__name"))
         .order_by("job__name", "stage")
         .values(
@@ -434,12 +448,13 @@ def node_rows() -> list[dict]:
     return rows
 
 
-def standby_rows() -> list[dict]:
+def standby_rows(jobs: QuerySet | None = None) -> list[dict]:
     """Every live standby with its node, where its stage's primary runs, and the policy's latest
     verdict on why it sits there (`Replica.placement`; empty rule and reason until the policy has
     judged it, e.g. for a replacement the supervisor started after a promotion)."""
     live = list(
-        Replica.objects.exclude(state__in=(Replica.State.STOPPED, Replica.State.FAILED))
+        Replica.objects.filter(job__in=_among(jobs).values("pk"))
+        .exclude(state__in=(Replica.State.STOPPED, Replica.State.FAILED))
         .select_related("job", "node")
         .order_by("job__name", "stage")
     )
@@ -614,9 +629,14 @@ def _episode_dict(episode: Episode) -> dict:
     }
 
 
-def episode_rows(job_ids=None, since: datetime | None = None, limit: int = 200) -> list[dict]:
-    """Recovery episodes, newest first, optionally for some jobs and since a time."""
-    episodes = Episode.objects.select_related("job", "fault", "fault__target_node")
+def episode_rows(
+    job_ids=None, since: datetime | None = None, limit: int = 200, jobs: QuerySet | None = None
+) -> list[dict]:
+    """Recovery episodes of `jobs` (every job by default), newest first, optionally for some
+    of them (`job_ids`) and since a time."""
+    episodes = Episode.objects.filter(job__in=_among(jobs).values("pk")).select_related(
+        "job", "fault", "fault__target_node"
+    )
     if job_ids is not None:
         episodes = episodes.filter(job_id__in=list(job_ids))
     if since is not None:
@@ -624,12 +644,12 @@ def episode_rows(job_ids=None, since: datetime | None = None, limit: int = 200) 
     return [_episode_dict(e) for e in episodes.order_by("-detected_at")[:limit]]
 
 
-def strategy_comparison() -> list[dict]:
+def strategy_comparison(jobs: QuerySet | None = None) -> list[dict]:
     """Per strategy: number of episodes, the mean downtime and recovery time, the worst (highest)
     peak p99 of any episode (the same figure as the reports' `peak_p99_ms`), and the total lost
     and duplicated events, over all recovered episodes."""
     return list(
-        Episode.objects.filter(recovered_at__isnull=False)
+        Episode.objects.filter(recovered_at__isnull=False, job__in=_among(jobs).values("pk"))
         .values("strategy")
         .annotate(
             episodes=Count("id"),
@@ -649,9 +669,14 @@ def _fault_target(fault: FaultInjection) -> str:
     return fault.target_node.name if fault.target_node else ""
 
 
-def fault_rows(job_ids=None, since: datetime | None = None, limit: int = 100) -> list[dict]:
-    """Fault requests, newest first, with who asked and what came of it."""
-    faults = FaultInjection.objects.select_related("job", "target_node", "requested_by")
+def fault_rows(
+    job_ids=None, since: datetime | None = None, limit: int = 100, jobs: QuerySet | None = None
+) -> list[dict]:
+    """Fault requests on `jobs` (every job by default), newest first, with who asked and what
+    came of it."""
+    faults = FaultInjection.objects.filter(job__in=_among(jobs).values("pk")).select_related(
+        "job", "target_node", "requested_by"
+    )
     if job_ids is not None:
         faults = faults.filter(job_id__in=list(job_ids))
     if since is not None:
@@ -776,23 +801,24 @@ def predictor_trainings(limit: int = 8) -> list[dict]:
     )
 
 
-def live_job_choices() -> list[dict]:
-    """Dropdown options for jobs that can be stopped."""
+def live_job_choices(jobs: QuerySet | None = None) -> list[dict]:
+    """Dropdown options for the jobs of `jobs` that can be stopped."""
     return [
         {"label": f"{name} (#{pk}, {status})", "value": pk}
-        for pk, name, status in Job.objects.filter(status__in=Job.LIVE_STATUSES + ("created",))
+        for pk, name, status in _among(jobs)
+        .filter(status__in=Job.LIVE_STATUSES + ("created",))
         .order_by("-created_at")
         .values_list("pk", "name", "status")
     ]
 
 
-def job_choices(limit: int = 50) -> list[dict]:
-    """Dropdown options for every job, newest first."""
+def job_choices(limit: int = 50, jobs: QuerySet | None = None) -> list[dict]:
+    """Dropdown options for the jobs of `jobs` (every job by default), newest first."""
     return [
         {"label": f"{name} ({strategy}, #{pk})", "value": pk}
-        for pk, name, strategy in Job.objects.order_by("-created_at").values_list(
-            "pk", "name", "strategy"
-        )[:limit]
+        for pk, name, strategy in _among(jobs)
+        .order_by("-created_at")
+        .values_list("pk", "name", "strategy")[:limit]
     ]
 
 

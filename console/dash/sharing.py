@@ -1,11 +1,12 @@
 """Refresh callbacks every viewer shares, answered from shared data (console.services.shared_data).
 
-A page's periodic refresh reads nothing of the user (the viewer role, checked before any callback
-runs, is all it needs), so two viewers with the same inputs get the same answer. `share_refresh`
-registers such a callback on its app with one more output, the data's age; `shared_response`
-answers its update requests with the response another viewer's request computed within the
-refresh interval: the callback, Dash's dispatch, the figures' JSON and django-plotly-dash's
-session write all run once per interval, however many watch.
+A page's periodic refresh reads nothing of the user but the teams whose jobs they see (the viewer
+role is checked before any callback runs), so two viewers of the same teams with the same inputs
+get the same answer; the teams (console.services.teams.scope_key) are part of the key.
+`share_refresh` registers such a callback on its app with one more output, the data's age;
+`shared_response` answers its update requests with the response another viewer's request
+computed within the refresh interval: the callback, Dash's dispatch, the figures' JSON and
+django-plotly-dash's session write all run once per interval, however many watch.
 
 The key is made of the callback's declared inputs only: a shared refresh request must name
 exactly those inputs, in their order, and no state (what Dash's renderer sends); anything else is
@@ -109,9 +110,10 @@ def _inputs_key(app_name: str, body: dict) -> list:
     return [app_name, body["output"], values]
 
 
-def shared_response(app_name: str, body: dict, respond) -> HttpResponse:
+def shared_response(app_name: str, body: dict, respond, scope: str) -> HttpResponse:
     """The response of `respond()` (the Dash update view) for this request's inputs, computed at
-    most once per refresh interval for every viewer; only complete (200) answers are shared."""
+    most once per refresh interval for every viewer who sees the same jobs (`scope`:
+    console.services.teams.scope_key); only complete (200) answers are shared."""
 
     def compute():
         response = respond()
@@ -120,7 +122,7 @@ def shared_response(app_name: str, body: dict, respond) -> HttpResponse:
         return response.status_code, response.content.decode("utf-8"), response.get("Content-Type")
 
     answer = shared(
-        entry_key("dash", _inputs_key(app_name, body)),
+        entry_key("dash", [scope, *_inputs_key(app_name, body)]),
         REFRESH_S,
         compute,
         keep=lambda value: value[0] == 200,

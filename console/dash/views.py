@@ -2,14 +2,14 @@
 
 from django.contrib.auth.decorators import login_required
 from django.middleware.csrf import get_token
-from django.shortcuts import get_object_or_404, render
+from django.shortcuts import render
 
 from console.dash.job.app import APP_NAME as JOB_APP
 from console.dash.overview.app import APP_NAME as OVERVIEW_APP
 from console.dash.placement.app import APP_NAME as PLACEMENT_APP
 from console.dash.recoveries.app import APP_NAME as RECOVERIES_APP
 from console.dash.resources.app import APP_NAME as RESOURCES_APP
-from console.models import Job
+from console.services.teams import visible_job_or_404
 
 
 def _page(request, template: str, app_name: str, section: str, **context):
@@ -31,7 +31,7 @@ def overview(request):
 @login_required
 def job(request, job_id: int):
     """One job: DAG, operator table and history, decisions, failures, fault controls."""
-    the_job = get_object_or_404(Job, pk=job_id)
+    the_job = visible_job_or_404(request.user, job_id)
     return _page(
         request, "console/page.html", JOB_APP, "job", title=f"Job {the_job.name}", job=the_job
     )

@@ -12,6 +12,7 @@ from django.dispatch import receiver
 from django_celery_beat.models import CrontabSchedule, PeriodicTask
 
 from console.models.jobs import Job
+from console.models.teams import Team
 from infra.queues import CONTROL_QUEUE
 
 
@@ -60,6 +61,7 @@ class ReportSubscription(models.Model):
     class Scope(models.TextChoices):
         ALL = "all", "all jobs"
         SELECTED = "selected", "selected jobs"
+        TEAM = "team", "a team's jobs"
 
     name = models.CharField(max_length=100, unique=True)
     recipients = models.TextField(
@@ -71,6 +73,14 @@ class ReportSubscription(models.Model):
         blank=True,
         related_name="report_subscriptions",
         help_text="Used when scope is selected.",
+    )
+    team = models.ForeignKey(
+        Team,
+        on_delete=models.PROTECT,
+        null=True,
+        blank=True,
+        related_name="report_subscriptions",
+        help_text="Used when scope is a team's jobs.",
     )
     period_hours = models.PositiveIntegerField(
         default=24, help_text="The report covers this many hours before it is sent."
@@ -123,14 +133,16 @@ class ReportSubscription(models.Model):
         return split_recipients(self.recipients)
 
     def job_queryset(self):
-        """The jobs the subscription is about."""
+        """The jobs the subscription is about: every job, the chosen ones, or a team's."""
         if self.scope == self.Scope.ALL:
             return Job.objects.all()
+        if self.scope == self.Scope.TEAM:
+            return Job.objects.filter(team_id=self.team_id)
         return self.jobs.all()
 
     def covers(self, job: Job) -> bool:
         """True when `job` is in the subscription's scope."""
-        return self.scope == self.Scope.ALL or self.jobs.filter(pk=job.pk).exists()
+        return self.job_queryset().filter(pk=job.pk).exists()
 
     def sync_periodic_task(self) -> PeriodicTask:
         """Create or update the beat entry that sends this report (its name carries the id)."""

@@ -1,9 +1,10 @@
 """The groups claim of an OpenID Connect login mapped onto Django groups; no Django here.
 
 OIDC_GROUP_MAP maps values of the provider's groups claim to Django group names, e.g.
-`{"sre-leads": "admin", "sre": "operator", "payments": "team-payments"}`. At each login the user
-joins the mapped groups whose claim value is present and leaves the mapped groups whose claim
-values are all absent; groups that no value maps to are Backstop's own and never touched.
+`{"sre-leads": "admin", "sre": "operator", "payments": "team:payments"}` (a team's group). At
+each login the user joins the mapped groups whose claim value is present and leaves the mapped
+groups whose claim values are all absent; groups that no value maps to are Backstop's own and
+never touched.
 """
 
 from __future__ import annotations

@@ -43,7 +43,11 @@ def subscriptions_for(job: Job):
     """Enabled subscriptions whose scope includes `job`."""
     return (
         ReportSubscription.objects.filter(enabled=True)
-        .filter(Q(scope=ReportSubscription.Scope.ALL) | Q(jobs=job))
+        .filter(
+            Q(scope=ReportSubscription.Scope.ALL)
+            | Q(scope=ReportSubscription.Scope.SELECTED, jobs=job)
+            | Q(scope=ReportSubscription.Scope.TEAM, team__isnull=False, team_id=job.team_id)
+        )
         .distinct()
     )
 

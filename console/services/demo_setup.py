@@ -10,8 +10,9 @@ import psutil
 from django.contrib.auth.models import Group, User
 from django.db import transaction
 
-from console.models import Node
+from console.models import Node, Team
 from console.roles import ADMIN, OPERATOR, VIEWER
+from console.services.teams import DEFAULT_TEAM
 
 DEMO_USERS = (("admin", ADMIN), ("operator", OPERATOR), ("viewer", VIEWER))
 DEMO_NODES = ("node-1", "node-2", "node-3")
@@ -22,8 +23,10 @@ def ensure_demo_users(password_file: Path) -> dict[str, str]:
     """Create (or reset) admin, operator and viewer with passwords kept in `password_file`.
 
     Passwords are random on the first run and reused afterwards, so a restarted demo prints the
-    same ones. The admin is also a superuser and staff, so it can use the Django admin.
+    same ones. The admin is also a superuser and staff, so it can use the Django admin. All
+    three are in the team "default", which owns the demo's jobs.
     """
+    team = Team.named(DEFAULT_TEAM)
     passwords = json.loads(password_file.read_text()) if password_file.exists() else {}
     for username, role in DEMO_USERS:
         passwords.setdefault(username, secrets.token_urlsafe(9))
@@ -32,7 +35,7 @@ def ensure_demo_users(password_file: Path) -> dict[str, str]:
         user.is_staff = role == ADMIN
         user.is_superuser = role == ADMIN
         user.save()
-        user.groups.set([Group.objects.get_or_create(name=role)[0]])
+        user.groups.set([Group.objects.get_or_create(name=role)[0], team.group])
     password_file.parent.mkdir(parents=True, exist_ok=True)
     password_file.write_text(json.dumps(passwords, indent=2))
     password_file.chmod(0o600)

@@ -23,6 +23,7 @@ from console.policy.fault_params import (
     validate_params,
 )
 from console.redis import redis_client
+from console.services import audit_log
 from console.services.control.commands import send_command
 from console.services.jobs import dispatch
 from infra import keys, tasks
@@ -136,6 +137,18 @@ def request_fault(
         requested_by=requested_by if getattr(requested_by, "is_authenticated", False) else None,
     )
     dispatch(lambda: tasks.send(tasks.INJECT_FAULT, fault.pk))
+    audit_log.record(
+        "fault.inject",
+        actor=requested_by,
+        target=audit_log.job_target(job),
+        detail={
+            "fault": fault.pk,
+            "kind": kind,
+            "target_operator": target_operator,
+            "target_node": target_node.name if target_node else "",
+            "params": params,
+        },
+    )
     return fault
 
 

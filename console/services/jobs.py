@@ -10,7 +10,8 @@ import psutil
 from django.conf import settings
 from django.db import transaction
 
-from console.models import InvalidTransition, Job, Operator
+from console.models import InvalidTransition, Job, Operator, Team
+from console.services import audit_log
 from console.services.topologies import job_topology
 from infra import tasks
 from infra.processes import job_processes, spare_processes
@@ -117,11 +118,13 @@ def create_job(
     source: dict | None = None,
     sink: dict | None = None,
     trigger: str | None = None,
+    team: Team | None = None,
 ) -> Job:
-    """Create a job and one Operator row per operator of its topology (a built-in one, or a
-    registered user job: its newest version unless `NAME@VERSION` is asked for). `source` and
-    `sink`: a Kafka topic to read and to write results to (spark_runtime/external_io.py);
-    `trigger`: `microbatch` (`realtime` is refused with the reason)."""
+    """Create a job of `team` and one Operator row per operator of its topology (a built-in one,
+    or a registered user job: its newest version unless `NAME@VERSION` is asked for). `source`
+    and `sink`: a Kafka topic to read and to write results to (spark_runtime/external_io.py);
+    `trigger`: `microbatch` (`realtime` is refused with the reason). Who may give a job to which
+    team is console.services.teams.team_for_new_job's to say."""
     try:
         topology, spec = job_topology(topology)
     except KeyError as exc:
@@ -139,6 +142,7 @@ def create_job(
         source=source,
         sink=sink,
         trigger=trigger,
+        team=team,
         created_by=user if getattr(user, "is_authenticated", False) else None,
     )
     Operator.objects.bulk_create(
@@ -154,6 +158,12 @@ def create_job(
         for op in spec.operators
     )
     dispatch(lambda: tasks.send(tasks.LAUNCH_JOB, job.pk))
+    audit_log.record(
+        "job.create",
+        actor=user,
+        target=audit_log.job_target(job),
+        detail={"name": name, "topology": topology, "strategy": strategy, "team": str(team or "")},
+    )
     return job
 
 
@@ -167,7 +177,7 @@ def dispatch(send) -> None:
         transaction.on_commit(send)
 
 
-def restart_job(job: Job) -> Job:
+def restart_job(job: Job, user=None) -> Job:
     """Ask the controller to run a failed or stopped job again. A job the supervisor gave up on
     resumes every stage from its last primary's checkpoint; a stopped one is planned anew.
     InvalidTransition (409 in the API) for a job that is not failed or stopped."""
@@ -176,12 +186,17 @@ def restart_job(job: Job) -> Job:
             f"job {job.pk} is {job.status}: only a failed or stopped job can be restarted"
         )
     dispatch(lambda: tasks.send(tasks.LAUNCH_JOB, job.pk))
+    audit_log.record("job.restart", actor=user, target=audit_log.job_target(job))
     return job
 
 
-def stop_job(job: Job, reason: str = "stopped by request") -> Job:
-    """Ask a job to stop. Idempotent: stopping a stopped job changes nothing."""
+def stop_job(job: Job, reason: str = "stopped by request", user=None) -> Job:
+    """Ask a job to stop (`user`: who asks, for the audit log). Idempotent: stopping a stopped
+    job changes nothing."""
     job.request_stop(reason)
+    audit_log.record(
+        "job.stop", actor=user, target=audit_log.job_target(job), detail={"reason": reason}
+    )
     if (
         job.status == Job.Status.STOPPING
         and not job.replicas.exclude(state__in=("stopped", "failed")).exists()

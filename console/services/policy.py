@@ -13,6 +13,7 @@ from django.db import transaction
 
 from console.models import Policy
 from console.policy.config import PolicyConfigError
+from console.services import audit_log
 
 
 class PolicyRejected(Exception):
@@ -63,6 +64,19 @@ def change_policy(changes: dict, *, user=None, reason: str = "") -> Policy:
     if errors:
         raise PolicyRejected(errors)
     candidate.save()
+    audit_log.record(
+        "policy.change",
+        actor=user,
+        target=f"policy:v{candidate.version}",
+        detail={
+            "reason": reason,
+            "changes": {
+                name: [getattr(current, name), value]
+                for name, value in values.items()
+                if getattr(current, name) != value
+            },
+        },
+    )
     return candidate
 
 

@@ -431,7 +431,9 @@ def report_for_subscription(subscription: ReportSubscription, *, now=None) -> Re
     """The report a subscription receives at `now`: its last `period_hours` hours, its jobs."""
     end = now or timezone.now()
     start = end - timedelta(hours=subscription.period_hours)
-    jobs = None if subscription.scope == ReportSubscription.Scope.ALL else subscription.jobs.all()
+    jobs = (
+        None if subscription.scope == ReportSubscription.Scope.ALL else subscription.job_queryset()
+    )
     return build_report(start, end, jobs=jobs, title=f"Report '{subscription.name}'")
 
 

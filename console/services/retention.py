@@ -19,6 +19,7 @@ What grows without end while jobs run, and how long it is kept (settings, web/se
   PROGRESS_MAXLEN entries each by the stages, and trimmed here to PROGRESS_RETENTION_HOURS
   (48) by entry id (a stream id is the time it was added); the empty stream of a job that no
   longer runs is deleted, with its ingest cursor.
+- AuditEvent rows (the audit log): AUDIT_RETENTION_DAYS (365), by when they happened.
 - The run keys of a job that no longer runs (its stages' entries, exits and log tails, where its
   generator ran, its replicas' Kafka lag: `run_keys`), once none of its replicas runs.
 
@@ -42,6 +43,7 @@ from django.db.models import Count, Max, QuerySet, Sum
 from django.utils import timezone
 
 from console.models import (
+    AuditEvent,
     ControlDecision,
     FaultInjection,
     Job,
@@ -66,6 +68,7 @@ class Retention:
     episode_days: float = 30
     fault_days: float = 30
     progress_hours: float = 48
+    audit_days: float = 365
     batch_rows: int = 10_000
     max_seconds: float = 300
 
@@ -77,6 +80,7 @@ class Retention:
             episode_days=settings.EPISODE_RETENTION_DAYS,
             fault_days=settings.FAULT_RETENTION_DAYS,
             progress_hours=settings.PROGRESS_RETENTION_HOURS,
+            audit_days=settings.AUDIT_RETENTION_DAYS,
             batch_rows=settings.RETENTION_BATCH_ROWS,
             max_seconds=settings.RETENTION_MAX_SECONDS,
         )
@@ -107,6 +111,12 @@ def purge_metrics(hours: float, batch_rows: int, deadline: float, now=None) -> i
 def purge_decisions(days: float, batch_rows: int, deadline: float, now=None) -> int:
     cutoff = (now or timezone.now()) - timedelta(days=days)
     return delete_in_batches(ControlDecision.objects.filter(at__lt=cutoff), batch_rows, deadline)
+
+
+def purge_audit_events(days: float, batch_rows: int, deadline: float, now=None) -> int:
+    """Audit log events older than the cutoff."""
+    cutoff = (now or timezone.now()) - timedelta(days=days)
+    return delete_in_batches(AuditEvent.objects.filter(at__lt=cutoff), batch_rows, deadline)
 
 
 def _fold_audits(job_id: int, carrier_pk: int, old_audited: QuerySet) -> int:
@@ -231,6 +241,7 @@ def purge_old_records(client=None, retention: Retention | None = None, now=None)
         "decisions": purge_decisions(retention.decision_days, batch, deadline, now),
         "episodes": purge_episodes(retention.episode_days, batch, deadline, now),
         "faults": purge_faults(retention.fault_days, batch, deadline, now),
+        "audit_events": purge_audit_events(retention.audit_days, batch, deadline, now),
         "progress_entries": (
             trim_progress(client, retention.progress_hours, now.timestamp() if now else None)
             if client is not None

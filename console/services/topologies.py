@@ -20,6 +20,7 @@ from django.conf import settings
 from django.db import IntegrityError, transaction
 
 from console.models import RegisteredTopology
+from console.services import audit_log
 from spark_runtime.jobdef import (
     is_registered_ident,
     jobs_dir,
@@ -97,6 +98,12 @@ def register(ref: str, user=None) -> tuple[RegisteredTopology, bool]:
         # Another registration of the same job took this version number first.
         raise RegistrationRefused([f"{name}: registered concurrently; try again"]) from None
     write_snapshot(version)
+    audit_log.record(
+        "topology.register",
+        actor=user,
+        target=f"topology:{version.ident}",
+        detail={"module": ref, "sha256": digest},
+    )
     return version, True
 
 

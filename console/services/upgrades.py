@@ -44,6 +44,7 @@ from django.utils import timezone
 from console.models import ControlDecision, Job, JobUpgrade, Policy, Replica
 from console.policy.recovery import latency_limit_ms, p90_per_second_ms
 from console.redis import redis_client
+from console.services import audit_log
 from console.services.control.act import checkpoint_root
 from console.services.control.observe import load_supervisor
 from console.services.control.record import decide
@@ -234,6 +235,12 @@ def request_upgrade(
     )
     decide(job, ControlDecision.Kind.UPGRADE, f"upgrade {upgrade.pk} requested by {who}: {change}")
     dispatch(lambda: tasks.send(tasks.CHECK_UPGRADE, upgrade.pk))
+    audit_log.record(
+        "upgrade.start" if version_changes else "strategy.change",
+        actor=user,
+        target=audit_log.job_target(job),
+        detail={"upgrade": upgrade.pk, "change": change},
+    )
     return upgrade
 
 
@@ -273,6 +280,7 @@ def request_end(upgrade: JobUpgrade, action: str, user=None) -> JobUpgrade:
         )
         if cancelled:
             upgrade.refresh_from_db()
+            _record_end(upgrade, action, by)
             return upgrade
     # Only the fields the operator owns, and only while the upgrade can still take the request:
     # the controller carries it out at its next reconcile.
@@ -286,7 +294,17 @@ def request_end(upgrade: JobUpgrade, action: str, user=None) -> JobUpgrade:
         raise UpgradeRequestError(f"upgrade {upgrade.pk} has ended ({upgrade.status})", status=409)
     upgrade.refresh_from_db()
     transaction.on_commit(lambda: wake(upgrade.job))
+    _record_end(upgrade, action, by)
     return upgrade
+
+
+def _record_end(upgrade: JobUpgrade, action: str, user) -> None:
+    audit_log.record(
+        f"upgrade.{action}",
+        actor=user,
+        target=audit_log.job_target(upgrade.job),
+        detail={"upgrade": upgrade.pk},
+    )
 
 
 def wake(job: Job, client=None) -> None:

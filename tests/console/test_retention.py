@@ -131,6 +131,7 @@ def test_a_purge_removes_exactly_the_old_rows_of_every_kind(now, redis):
         "decisions": 2,
         "episodes": 3,  # two folded, one unaudited
         "faults": 3,  # the refused one and the two whose episodes were folded away
+        "audit_events": 0,
         "progress_entries": 0,
         "metrics": 4,
         "run_keys": 0,
@@ -150,7 +151,16 @@ def test_a_purge_removes_exactly_the_old_rows_of_every_kind(now, redis):
     # A second run finds nothing more, and a later fold adds to the carried count.
     again = retention.purge_old_records(None, POLICY, now=now)
     assert {k: v for k, v in again.items() if k != "finished"} == dict.fromkeys(
-        ("decisions", "episodes", "faults", "progress_entries", "metrics", "run_keys"), 0
+        (
+            "decisions",
+            "episodes",
+            "faults",
+            "audit_events",
+            "progress_entries",
+            "metrics",
+            "run_keys",
+        ),
+        0,
     )
     later = EpisodeFactory(job=job, detected_at=ago(now, days=30, hours=1), watched_s=3.0,
                            lost=1, duplicates=1)  # fmt: skip

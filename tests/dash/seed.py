@@ -22,7 +22,9 @@ from console.models import (
     Operator,
     RegisteredTopology,
     Replica,
+    Team,
 )
+from console.services.teams import DEFAULT_TEAM
 from tests.factories import EpisodeFactory, FaultFactory, NodeFactory, ReplicaFactory, make_job
 
 ERROR_TAIL = """pyspark.errors.exceptions.captured.StreamingQueryException: [STREAM_FAILED]
@@ -297,6 +299,7 @@ def seed_upgraded_job(
             source_sha256=f"{version:064x}",
         )
     job = Job.objects.create(
+        team=Team.named(DEFAULT_TEAM),
         name="clicks",
         topology="activity@3",  # green's version from the switch on (services.upgrades)
         strategy=Job.Strategy.ADAPTIVE,

@@ -20,14 +20,17 @@ import psutil
 import pytest
 from django.db import connections
 
-from console.models import FaultInjection, Job, MetricSample
-from console.roles import OPERATOR, VIEWER
-from console.services.jobs import create_job
+from console.models import FaultInjection, Job, MetricSample, Team
+from console.roles import ADMIN, OPERATOR, VIEWER
+from console.services.faults import request_fault
+from console.services.jobs import create_job, stop_job
+from console.services.policy import change_policy
+from console.services.teams import DEFAULT_TEAM
 from infra.launcher import wait_for
 from spark_runtime.cpu_priority import autogroup_nice, set_autogroup_nice, set_session_nice
 from spark_runtime.strategies import CONSOLE_NICE
 from tests.dash.seed import seed_console
-from tests.factories import UserFactory
+from tests.factories import UserFactory, make_job
 from tests.integration.live import wait_for_caught_up_standby
 
 CHROMIUM = Path("/usr/bin/chromium")
@@ -121,6 +124,7 @@ def live_job(cluster, console_users, console_priority):
         strategy="adaptive",
         params={"rate": 60},
         user=console_users[OPERATOR],
+        team=Team.named(DEFAULT_TEAM),
     )
     wait_for(lambda: Job.objects.get(pk=job.pk).status == "running", 180, "the job to run")
     wait_for(
@@ -285,3 +289,25 @@ def test_pages_run_under_the_csp_and_send_the_csrf_token(
         page.wait_for_timeout(2500)  # at least one refresh callback
     assert problems == []
     assert updates and all(status in (200, 204) for status in updates), updates
+
+
+def test_an_admin_searches_the_audit_log(live_server, browser, console_users):
+    """The audit page lists writes newest first and narrows them by action; shot for the docs."""
+    admin = UserFactory(username="ada", role=ADMIN, password=PASSWORD)
+    operator = console_users[OPERATOR]
+    job = make_job(Job.Status.RUNNING, name="clicks")
+    change_policy({"priority_threshold": 0.45}, user=admin, reason="fewer standbys at night")
+    request_fault(job, "kill-driver", target_operator="count", requested_by=operator)
+    stop_job(job, "maintenance window", user=operator)
+    page = _log_in(browser, live_server.url, "ada")
+    page.goto(f"{live_server.url}/console/audit/")
+    rows = page.locator("#audit-events tbody tr")
+    # The sign-in just made is the newest event.
+    assert rows.first.inner_text().split("\t")[1:3] == ["ada", "login"]
+    page.select_option("select[name=action]", "fault.inject")
+    page.click("form.audit-filters button[type=submit]")
+    page.wait_for_url("**action=fault.inject**")
+    assert rows.count() == 1 and "otto" not in rows.first.inner_text()
+    assert "olga" in rows.first.inner_text()
+    page.goto(f"{live_server.url}/console/audit/")
+    _shoot(page, "audit")

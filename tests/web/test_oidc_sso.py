@@ -23,7 +23,7 @@ from urllib.parse import parse_qs, urlencode, urljoin, urlparse, urlunparse
 import pytest
 import requests
 
-from console.models import OidcIdentity
+from console.models import AuditEvent, OidcIdentity
 from console.oidc import OIDC_BACKEND
 from console.roles import ADMIN, OPERATOR, VIEWER, role_of
 from tests.factories import UserFactory
@@ -240,6 +240,11 @@ def test_a_lead_signs_in_as_admin_and_the_audit_log_says_so(sso, live_server, ca
         line.startswith("login username='alice' address=127.0.0.1 method=oidc")
         for line in caplog.messages
     ), caplog.messages
+    # The audit log has the sign-in and the role the group mapping gave, with the address.
+    login = AuditEvent.objects.get(action="login")
+    assert (login.actor, login.address, login.detail) == (user, "127.0.0.1", {"method": "oidc"})
+    joined = AuditEvent.objects.get(action="role.add", target="user:alice")
+    assert (joined.detail, joined.address) == ({"group": ADMIN}, "127.0.0.1")
 
 
 def test_operator_with_a_team_loses_operator_when_the_claim_drops_it(sso, live_server):
@@ -294,6 +299,8 @@ def test_a_tampered_state_is_refused_with_a_clear_message(sso, live_server, capl
         "login-failed username=None address=127.0.0.1 method=oidc reason='state mismatch'" in line
         for line in caplog.messages
     ), caplog.messages
+    refused = AuditEvent.objects.get(action="login.failed")
+    assert refused.detail == {"method": "oidc", "reason": "state mismatch"}
 
 
 def test_consent_refused_at_the_provider_says_so(sso, live_server):

@@ -68,6 +68,8 @@ MIDDLEWARE = [
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
+    # After authentication: writes recorded in the audit log take the address from the request.
+    "console.middleware.AuditRequestMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "django_plotly_dash.middleware.BaseMiddleware",
@@ -396,6 +398,8 @@ DECISION_RETENTION_DAYS = env("DECISION_RETENTION_DAYS", 30, _positive_int)
 EPISODE_RETENTION_DAYS = env("EPISODE_RETENTION_DAYS", 30, _positive_int)
 FAULT_RETENTION_DAYS = env("FAULT_RETENTION_DAYS", 30, _positive_int)
 PROGRESS_RETENTION_HOURS = env("PROGRESS_RETENTION_HOURS", 48, _positive_int)
+# The audit log (console.models.AuditEvent): who wrote what, kept a year by default.
+AUDIT_RETENTION_DAYS = env("AUDIT_RETENTION_DAYS", 365, _positive_int)
 # Rows per DELETE (each its own transaction), and how long one purge run may go on.
 RETENTION_BATCH_ROWS = env("RETENTION_BATCH_ROWS", 10_000, _positive_int)
 RETENTION_MAX_SECONDS = env("RETENTION_MAX_SECONDS", 300, _positive_int)

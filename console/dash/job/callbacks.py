@@ -33,6 +33,7 @@ from console.models import FaultInjection, JobUpgrade, Policy
 from console.redis import redis_client
 from console.roles import OPERATOR, has_role
 from console.services.control.record import reconcile_failures
+from console.services.teams import jobs_visible_to
 from spark_runtime.strategies import STRATEGIES
 
 JOB_PATH = re.compile(r"/console/jobs/(\d+)/?$")
@@ -248,7 +249,8 @@ def refresh(n_intervals, window_s, pathname, user=None):
     job_id = job_id_from_path(pathname)
     if not can_view(user) or job_id is None:
         raise PreventUpdate
-    job = data.job_detail(job_id)
+    # Another team's job is as absent as one that does not exist: nothing of it is read.
+    job = data.job_detail(job_id, jobs_visible_to(user))
     if job is None:
         raise PreventUpdate
     now = timezone.now()
@@ -288,7 +290,7 @@ def render_controls(pathname, user=None):
     job_id = job_id_from_path(pathname)
     if job_id is None or not has_role(user, OPERATOR):
         return None
-    job = data.job_detail(job_id)
+    job = data.job_detail(job_id, jobs_visible_to(user))
     if job is None:
         return None
     operators = [op["name"] for op in data.operator_rows(job_id)]

@@ -36,6 +36,7 @@ from console.dash.overview.layout import OPEN_ONLY, PAGE_SIZE
 from console.dash.overview.layout import controls as controls_layout
 from console.models import Job, Node, Policy
 from console.roles import OPERATOR, has_role
+from console.services.teams import jobs_visible_to
 from console.services.topologies import topology_names
 
 STATUSES = {value for value, _ in Job.Status.choices}
@@ -217,10 +218,11 @@ def refresh(
     window_s = window_s or 900
     flt = job_filter(search, status, strategy, topology, node, open_only)
     sort = one_choice(sort, data.JOB_SORTS, data.DEFAULT_JOB_SORT)
-    jobs = data.job_page(flt, sort, page_number(page), PAGE_SIZE)
-    totals = data.fleet_totals()
-    nodes = data.node_rows()
-    episodes = data.episode_rows(since=_hour_ago(), limit=20)
+    visible = jobs_visible_to(user)
+    jobs = data.job_page(flt, sort, page_number(page), PAGE_SIZE, jobs=visible)
+    totals = data.fleet_totals(visible)
+    nodes = data.node_rows(visible)
+    episodes = data.episode_rows(since=_hour_ago(), limit=20, jobs=visible)
     utilisation = data.cluster_utilisation(window_s, MAX_POINTS)
     # The first live jobs of the page shown: a chart of 200 lines says nothing.
     live = [j for j in jobs.rows if j["is_live"]][:THROUGHPUT_LINES]
@@ -251,7 +253,9 @@ def filter_options(pathname, user=None):
     """The topologies jobs run and the nodes, for the job list's filters."""
     if not can_view(user):
         raise PreventUpdate
-    topologies = Job.objects.order_by("topology").values_list("topology", flat=True).distinct()
+    topologies = (
+        jobs_visible_to(user).order_by("topology").values_list("topology", flat=True).distinct()
+    )
     nodes = Node.objects.order_by("name").values_list("name", flat=True)
     return list(topologies), list(nodes)
 
@@ -280,7 +284,7 @@ def turn_page(
         return max(1, page - 1)
     if any(t.startswith("jobs-next.") for t in triggered):
         flt = job_filter(search, status, strategy, topology, node, open_only)
-        matching = data.job_queryset(flt).count()
+        matching = data.job_queryset(flt, jobs=jobs_visible_to(user)).count()
         return page_number(page + 1, max(1, -(-matching // PAGE_SIZE)))
     return 1
 
@@ -300,7 +304,7 @@ def stop_options(n_intervals, user=None):
     """Jobs that can be stopped, refreshed with the page (only fires when the controls exist)."""
     if not has_role(user, OPERATOR):
         raise PreventUpdate
-    return data.live_job_choices()
+    return data.live_job_choices(jobs_visible_to(user))
 
 
 def ask_stop(n_clicks, job_id):

@@ -30,6 +30,7 @@ from console.dash.placement.layout import controls as controls_layout
 from console.policy.config import PolicyConfig
 from console.policy.resources import q_scale
 from console.roles import ADMIN, has_role
+from console.services.teams import jobs_visible_to
 
 # Chips shown per role on a node card; the rest fold into "+N more".
 CHIPS_SHOWN = 8
@@ -236,11 +237,12 @@ def refresh(n_intervals, show=None, job_search=None, user=None):
         raise PreventUpdate
     show = one_choice(show, NODE_SHOW, "all")
     search = text_value(job_search)
-    nodes = data.node_rows()
+    visible = jobs_visible_to(user)
+    nodes = data.node_rows(visible)
     policy = data.policy_thresholds()
     reserve = policy["values"]["resource_reserve"]
     scale = q_scale(PolicyConfig(**policy["values"]))
-    standbys = figures.standby_explanations(data.standby_rows(), nodes)
+    standbys = figures.standby_explanations(data.standby_rows(visible), nodes)
     cards = []
     for rank, node in enumerate(figures.by_q(nodes), start=1):
         if not _shown(node, show, reserve):

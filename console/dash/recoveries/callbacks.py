@@ -24,6 +24,7 @@ from console.dash.common import (
     table,
 )
 from console.dash.recoveries import figures
+from console.services.teams import jobs_visible_to
 
 # More columns than this make each timeline too narrow to read.
 MAX_COMPARED = 4
@@ -33,7 +34,7 @@ def job_options(n_intervals, user=None):
     """Every job, newest first, for the picker."""
     if not can_view(user):
         raise PreventUpdate
-    return data.job_choices()
+    return data.job_choices(jobs=jobs_visible_to(user))
 
 
 def _episode_table(episodes: list[dict]):
@@ -112,9 +113,12 @@ def refresh(n_intervals, job_ids, window_s, user=None):
     window_s = window_s or DEFAULT_WINDOW_S
     now = timezone.now()
     since = now - timedelta(seconds=window_s)
-    choices = data.job_choices()
+    visible = jobs_visible_to(user)
+    choices = data.job_choices(jobs=visible)
     chosen = list(job_ids or [c["value"] for c in choices])[:MAX_COMPARED]
-    jobs = data.job_details(chosen)  # one query for the jobs compared, not one per job
+    # One query for the jobs compared, not one per job; a forged id of another team's job is
+    # left out like one that does not exist.
+    jobs = data.job_details(chosen, jobs=visible)
     ids = [j["id"] for j in jobs]
     series = data.metric_series(
         data.JOB_METRICS,
@@ -126,7 +130,7 @@ def refresh(n_intervals, job_ids, window_s, user=None):
     )
     episodes = data.episode_rows(job_ids=ids, since=since)
     faults = data.fault_rows(job_ids=ids, since=since)
-    comparison = data.strategy_comparison()
+    comparison = data.strategy_comparison(visible)
     return (
         figures.timeline_figure(jobs, series, episodes, faults, now),
         _episode_table(episodes),

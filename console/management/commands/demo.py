@@ -15,9 +15,10 @@ from django.contrib.auth.models import User
 from django.core.management import call_command
 from django.core.management.base import BaseCommand
 
-from console.models import Job
+from console.models import Job, Team
 from console.services.demo_setup import DEMO_NODES, ensure_demo_nodes, ensure_demo_users
 from console.services.jobs import create_job, kill_job_processes, kill_warm_spares
+from console.services.teams import DEFAULT_TEAM
 from console.services.topologies import RegistrationRefused
 from console.services.topologies import register as register_topology
 from infra.launcher import (
@@ -89,6 +90,7 @@ class Command(BaseCommand):
             user=User.objects.get(username="operator"),
             source=DEMO_SOURCE,
             sink=DEMO_SINK,
+            team=Team.named(DEFAULT_TEAM),
         )
 
     def web_server_argv(self, host: str, port: int) -> list[str]:

@@ -6,10 +6,11 @@ import json
 from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand, CommandError
 
-from console.models import FaultInjection, Job, Node
+from console.models import FaultInjection, Node
 from console.roles import OPERATOR, has_role
 from console.services import faults
 from console.services.schedules import schedule_drill
+from console.services.teams import jobs_visible_to
 
 
 class Command(BaseCommand):
@@ -45,9 +46,10 @@ class Command(BaseCommand):
         if user is None or not has_role(user, OPERATOR):
             raise CommandError(f"--as {username}: only operators and admins may inject faults")
         target_job = (
-            Job.objects.filter(pk=int(job)).first()
+            # Another team's job is "not found" for the user the command acts for.
+            jobs_visible_to(user).filter(pk=int(job)).first()
             if job.isdigit()
-            else Job.objects.filter(name=job).order_by("-created_at").first()
+            else jobs_visible_to(user).filter(name=job).order_by("-created_at").first()
         )
         if target_job is None:
             raise CommandError(f"job {job!r} not found")
