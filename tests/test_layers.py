@@ -202,3 +202,17 @@ def test_the_cycle_finder_finds_a_cycle():
     graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
     assert cycles_of(graph) == [["a", "b", "c"]]
     assert "spark_runtime.replicas" in module_graph()["spark_runtime.supervision"]
+
+
+def test_the_api_and_the_services_do_not_import_the_pages():
+    """The REST API and the services read through console.services (queries.py for the job
+    list and the fleet's totals), never through a Dash page's module: pages sit on top."""
+    graph = module_graph()
+    wrong = sorted(
+        f"{module} imports {target}"
+        for module, targets in graph.items()
+        if module.startswith(("console.api", "console.services"))
+        for target in targets
+        if target.startswith("console.dash")
+    )
+    assert not wrong, "\n".join(wrong)

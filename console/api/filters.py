@@ -14,8 +14,8 @@ from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter
 from rest_framework.exceptions import ValidationError
 
-from console.dash.data import DEFAULT_JOB_SORT, JOB_SORTS, JobFilter
 from console.models import FaultInjection, Job, Node, RecoveryEpisode
+from console.services.queries import DEFAULT_JOB_SORT, JOB_SORTS, JobFilter
 
 MAX_TEXT = 100
 TRUE = {"true", "1", "yes"}

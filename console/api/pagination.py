@@ -8,7 +8,7 @@ integers in a range the schema states, and anything else is refused.
 from rest_framework.exceptions import ValidationError
 from rest_framework.pagination import LimitOffsetPagination
 
-from console.dash.data import fleet_totals
+from console.services.queries import fleet_totals
 from console.services.teams import jobs_visible_to
 
 MAX_LIMIT = 1000

@@ -302,7 +302,7 @@ class _NodeTotalsSerializer(serializers.Serializer):
 
 
 class FleetTotalsSerializer(serializers.Serializer):
-    """The whole fleet at a glance (console.dash.data.fleet_totals)."""
+    """The whole fleet at a glance (console.services.queries.fleet_totals)."""
 
     jobs = _JobTotalsSerializer()
     replicas = _ReplicaTotalsSerializer()

@@ -32,7 +32,6 @@ from console.api.serializers import (
     UpgradeRequestSerializer,
 )
 from console.api.sharing import SharedList, SharedRetrieve, shared_read
-from console.dash.data import fleet_totals, job_queryset
 from console.models import (
     Job,
     JobUpgrade,
@@ -51,6 +50,7 @@ from console.services import policy as policy_service
 from console.services import topologies as topology_service
 from console.services import upgrades as upgrade_service
 from console.services.control.record import reconcile_failures
+from console.services.queries import fleet_totals, job_queryset
 from console.services.results import read_results
 from console.services.teams import (
     TeamRequestError,

@@ -7,9 +7,8 @@ from __future__ import annotations
 
 import time
 
-from console.dash import data
 from console.redis import redis_client
-from console.services import kafka_status
+from console.services import kafka_status, queries
 from spark_runtime import keys as data_keys
 
 
@@ -36,8 +35,8 @@ def job_kafka(job: dict, replicas: list[dict]) -> dict | None:
             kafka_status.local_id(r["replica_id"]) for r in replicas if r["role"] == "primary"
         ]
         lags = kafka_status.primary_lags(entries, primaries)
-    stage = lags[0].stage if lags else data.JOB_SCOPE
-    rates = data.latest(("input_rate_eps",), job_id=job["id"], stage=stage)
+    stage = lags[0].stage if lags else queries.JOB_SCOPE
+    rates = queries.latest(("input_rate_eps",), job_id=job["id"], stage=stage)
     return {
         "source": source,
         "sink": sink,

@@ -32,6 +32,7 @@ from console.dash.job.layout import upgrade_actions
 from console.models import FaultInjection, JobUpgrade, Policy
 from console.redis import redis_client
 from console.roles import OPERATOR, has_role
+from console.services import queries
 from console.services.control.record import reconcile_failures
 from console.services.teams import jobs_visible_to
 from spark_runtime.strategies import STRATEGIES
@@ -257,7 +258,9 @@ def refresh(n_intervals, window_s, pathname, user=None):
     window_s = window_s or DEFAULT_WINDOW_S
     operators = data.operator_rows(job_id)
     replicas = data.stage_placement(job_id)
-    current = data.latest(("throughput_eps", "latency_p99_ms"), job_id=job_id, stage=data.JOB_SCOPE)
+    current = queries.latest(
+        ("throughput_eps", "latency_p99_ms"), job_id=job_id, stage=queries.JOB_SCOPE
+    )
     threshold = Policy.current().priority_threshold
     history = data.operator_history(job_id, window_s, MAX_POINTS, end=now)
     job_upgrades = data.upgrade_rows(job_id, limit=TABLE_ROWS)

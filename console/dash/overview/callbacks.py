@@ -36,6 +36,7 @@ from console.dash.overview.layout import OPEN_ONLY, PAGE_SIZE
 from console.dash.overview.layout import controls as controls_layout
 from console.models import Job, Node, Policy
 from console.roles import OPERATOR, has_role
+from console.services import queries
 from console.services.teams import jobs_visible_to
 from console.services.topologies import topology_names
 
@@ -57,10 +58,10 @@ def _kpi(label: str, value: str, tile_id: str, detail: str = ""):
     return html.Div(parts, className="kpi")
 
 
-def job_filter(search, status, strategy, topology, node, open_only) -> data.JobFilter:
+def job_filter(search, status, strategy, topology, node, open_only) -> queries.JobFilter:
     """The job list's filter from the inputs as sent (checked: a forged request gets a filter
     that matches what it can, never an error)."""
-    return data.JobFilter(
+    return queries.JobFilter(
         status=choice_values(status, STATUSES),
         strategy=choice_values(strategy, STRATEGIES),
         topology=choice_values(topology, max_length=48),
@@ -167,8 +168,8 @@ def _node_table(nodes: list[dict]):
     )
 
 
-def _position(page: data.JobPage, flt: data.JobFilter, total: int) -> str:
-    filtered = flt != data.JobFilter()
+def _position(page: data.JobPage, flt: queries.JobFilter, total: int) -> str:
+    filtered = flt != queries.JobFilter()
     matching = (
         f"{page.matching} of {count_of(total, 'job')} match" if filtered else count_of(total, "job")
     )
@@ -217,10 +218,10 @@ def refresh(
         raise PreventUpdate
     window_s = window_s or 900
     flt = job_filter(search, status, strategy, topology, node, open_only)
-    sort = one_choice(sort, data.JOB_SORTS, data.DEFAULT_JOB_SORT)
+    sort = one_choice(sort, queries.JOB_SORTS, queries.DEFAULT_JOB_SORT)
     visible = jobs_visible_to(user)
     jobs = data.job_page(flt, sort, page_number(page), PAGE_SIZE, jobs=visible)
-    totals = data.fleet_totals(visible)
+    totals = queries.fleet_totals(visible)
     nodes = data.node_rows(visible)
     episodes = data.episode_rows(since=_hour_ago(), limit=20, jobs=visible)
     utilisation = data.cluster_utilisation(window_s, MAX_POINTS)
@@ -233,7 +234,7 @@ def refresh(
         # A half-width chart shows no more: 25 lines of 600 points were 0.5 MB per refresh.
         max_points=max(MIN_POINTS, MAX_POINTS * 4 // max(4, len(live_names))),
         job_ids=list(live_names),
-        stage=data.JOB_SCOPE,
+        stage=queries.JOB_SCOPE,
     )
     return (
         _kpis(totals, utilisation),
@@ -284,7 +285,7 @@ def turn_page(
         return max(1, page - 1)
     if any(t.startswith("jobs-next.") for t in triggered):
         flt = job_filter(search, status, strategy, topology, node, open_only)
-        matching = data.job_queryset(flt, jobs=jobs_visible_to(user)).count()
+        matching = queries.job_queryset(flt, jobs=jobs_visible_to(user)).count()
         return page_number(page + 1, max(1, -(-matching // PAGE_SIZE)))
     return 1
 

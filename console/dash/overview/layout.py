@@ -10,7 +10,7 @@ from console.models import Job
 
 # Jobs per page of the overview's list.
 PAGE_SIZE = 25
-# Sort choices of the job list (keys of console.dash.data.JOB_SORTS).
+# Sort choices of the job list (keys of console.services.queries.JOB_SORTS).
 SORT_OPTIONS = [
     {"label": "newest first", "value": "newest"},
     {"label": "oldest first", "value": "oldest"},

@@ -24,6 +24,7 @@ from console.dash.common import (
     table,
 )
 from console.dash.recoveries import figures
+from console.services import queries
 from console.services.teams import jobs_visible_to
 
 # More columns than this make each timeline too narrow to read.
@@ -125,7 +126,7 @@ def refresh(n_intervals, job_ids, window_s, user=None):
         window_s,
         max_points=MAX_POINTS,
         job_ids=ids,
-        stage=data.JOB_SCOPE,
+        stage=queries.JOB_SCOPE,
         end=now,
     )
     episodes = data.episode_rows(job_ids=ids, since=since)
