@@ -134,3 +134,18 @@ def test_a_query_checkpoint_is_named_after_the_query_else_its_place():
     assert query_checkpoint_name("totals", 1) == "query-totals"
     assert query_checkpoint_name("a b/c", 2) == "query-a_b_c"
     assert query_checkpoint_name(None, 2) == "query-2"
+
+
+def test_the_local_runner_records_an_apps_arguments(redis_url, redis_conn, job, tmp_path, jobs):
+    from spark_runtime import keys
+    from spark_runtime.__main__ import main
+
+    with pytest.raises(SystemExit):
+        main(["run", "--topology", "wordcount", "--job", job, "--redis-url", redis_url]
+             + ["--arg=x"] * 65)  # fmt: skip
+    assert redis_conn.get(keys.app_args(job)) is None
+    arguments = ["--in", str(tmp_path / "in"), "--out", str(tmp_path / "out")]
+    # A run of no time: the replica is started and stopped at once, its arguments stay.
+    main(["run", "--topology", "wordcount", "--job", job, "--redis-url", redis_url,
+          "--duration", "0", *(f"--arg={a}" for a in arguments)])  # fmt: skip
+    assert json.loads(redis_conn.get(keys.app_args(job))) == arguments
