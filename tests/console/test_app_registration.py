@@ -17,6 +17,7 @@ from console.models import Job, RegisteredTopology
 from console.redis import redis_client
 from console.roles import ADMIN, OPERATOR
 from console.services.controller import prepare_app_args
+from console.services.recovery import audit_output, has_ground_truth
 from spark_runtime import keys
 from spark_runtime.jobdef import registered_app, registered_path
 
@@ -136,6 +137,10 @@ def test_a_job_of_an_app_takes_bounded_args_recorded_for_its_replicas(api_as, jo
 
     job = Job.objects.get(pk=body["id"])
     redis = redis_client()
+    # The app writes where its code says: Backstop holds no results of it and audits none.
+    results = operator.get(f"/api/jobs/{job.pk}/results/")
+    assert results.status_code == 200 and results.json()["total_keys"] == 0
+    assert audit_output(job, redis) is None and not has_ground_truth(job)
     try:
         prepare_app_args(job, redis)
         assert json.loads(redis.get(keys.app_args(job.key))) == job.args
