@@ -8,8 +8,8 @@ from __future__ import annotations
 import json
 import shutil
 import time
-from collections import Counter, defaultdict
-from datetime import UTC, datetime, timedelta
+from collections import Counter
+from datetime import datetime, timedelta
 from pathlib import Path
 
 import pytest
@@ -19,13 +19,22 @@ from spark_runtime.failover import RestartPolicy
 from spark_runtime.jobdef import registered_path
 from spark_runtime.progress import read_progress
 from spark_runtime.runner import build_runner
+from tests.app_files import (
+    START,
+    USERS,
+    committed_rows,
+    iso,
+    large_found,
+    newest_totals,
+    purchases,
+    spend_expected,
+    write_input,
+)
 from tests.conftest import wait_until
 
 pytestmark = pytest.mark.spark
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "jobs" / "apps"
-START = datetime(2026, 11, 28, 10, 0, tzinfo=UTC)
-USERS = ("u1", "u2", "u3", "u4")
 
 
 @pytest.fixture
@@ -80,36 +89,6 @@ def launch(tmp_path, redis_url, redis_conn):
     for runner in runners:
         runner.shutdown()
         keys.delete_job_keys(redis_conn, runner.job)
-
-
-def write_input(directory: Path, index: int, rows: list[dict]) -> None:
-    """One input file, written aside and renamed in (a file source must see whole files)."""
-    directory.mkdir(parents=True, exist_ok=True)
-    partial = directory.parent / f".{directory.name}-{index}.tmp"
-    partial.write_text("\n".join(json.dumps(row) for row in rows) + "\n")
-    partial.rename(directory / f"part-{index:03d}.json")
-
-
-def iso(moment: datetime) -> str:
-    return moment.strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
-
-
-def committed_rows(out: Path) -> list[dict]:
-    """The rows of the files a file sink committed (those its _spark_metadata log lists; a
-    killed batch may leave other files behind, which readers of the sink never see)."""
-    log = out / "_spark_metadata"
-    if not log.is_dir():
-        return []
-    files = set()
-    for entry in log.iterdir():
-        if entry.name.startswith(".") or entry.name.endswith(".tmp"):
-            continue
-        for line in entry.read_text().splitlines()[1:]:
-            files.add(Path(json.loads(line)["path"].removeprefix("file:")).name)
-    rows = []
-    for name in files:
-        rows += [json.loads(line) for line in (out / name).read_text().splitlines() if line]
-    return rows
 
 
 def serve(runner, seconds: float, until=None):
@@ -183,27 +162,6 @@ def test_window_counts_to_a_file_sink_are_exact_through_a_kill(jobs, tmp_path, l
     assert [p.name for p in checkpoints.iterdir()] == ["query-1"]
 
 
-def purchases(file: int) -> list[dict]:
-    return [
-        {
-            "user": USERS[(file * 7 + n) % 4],
-            "amount": (file * 37 + n * 13) % 100,
-            "ts": iso(START + timedelta(seconds=file * 10 + n)),
-        }
-        for n in range(10)
-    ]
-
-
-def newest_totals(directory: Path) -> dict:
-    """Each user's total and count from the newest batch file that holds the user."""
-    newest = {}
-    files = sorted(directory.glob("batch-*.json"), key=lambda p: int(p.stem.split("-")[1]))
-    for file in files:
-        for row in json.loads(file.read_text()):
-            newest[row["user"]] = (row["total"], row["purchases"])
-    return newest
-
-
 def test_two_queries_with_a_foreach_batch_sink_are_exact_through_a_kill(
     jobs, tmp_path, launch, redis_conn
 ):
@@ -220,21 +178,14 @@ def test_two_queries_with_a_foreach_batch_sink_are_exact_through_a_kill(
     for file in range(3, 8):
         write_input(source, file, purchases(file))
         written += purchases(file)
-    totals = defaultdict(lambda: (0, 0))
-    for row in written:
-        total, count = totals[row["user"]]
-        totals[row["user"]] = (total + row["amount"], count + 1)
-    large = Counter((r["user"], r["amount"], r["ts"]) for r in written if r["amount"] >= 70)
+    totals, large = spend_expected(written, 70)
 
     def done():
-        found = Counter((r["user"], r["amount"], r["ts"]) for r in committed_rows(out / "large"))
-        return newest_totals(out / "totals") == dict(totals) and found == large
+        return newest_totals(out / "totals") == totals and large_found(out) == large
 
     serve(runner, 90, done)
-    assert newest_totals(out / "totals") == dict(totals)
-    assert Counter((r["user"], r["amount"], r["ts"]) for r in committed_rows(out / "large")) == (
-        large
-    )
+    assert newest_totals(out / "totals") == totals  # every user's newest total exact
+    assert large_found(out) == large  # each large purchase once: 0 lost, 0 duplicated
     assert len(runner.starts) == 2
     checkpoints = tmp_path / "checkpoints" / "app-spend" / "job" / "job-1"
     assert sorted(p.name for p in checkpoints.iterdir()) == ["query-large", "query-totals"]
