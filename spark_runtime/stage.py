@@ -75,7 +75,12 @@ from spark_runtime.app_stage import (
     make_app_listener,
 )
 from spark_runtime.command_fence import LEASE_FIELD, FenceMemory, check_command
-from spark_runtime.config import DEFAULT_REDIS_URL, configure_logging, ensure_python_env
+from spark_runtime.config import (
+    DEFAULT_REDIS_URL,
+    build_session,
+    configure_logging,
+    ensure_python_env,
+)
 from spark_runtime.cpu_priority import set_group_nice
 from spark_runtime.disk_space import DiskFull, disk_full_cause
 from spark_runtime.jobdef import registered_app
@@ -488,7 +493,6 @@ def start_runtime(args, client, state: ReplicaState, spark=None):
     """Build the stage's queries and start them (a StageRuntime); `spark` as for run(). Raises
     DiskFull, before anything is built, when the checkpoint directory has no room."""
     from spark_runtime.checkpoint_seed import seed_checkpoint
-    from spark_runtime.config import build_session
     from spark_runtime.jobdef import resolve_topology
     from spark_runtime.runtime import StageRuntime
     from spark_runtime.topology import stage_spec, with_params
@@ -624,18 +628,21 @@ def run_app(args, client, state: ReplicaState, app, stop_beats, spark=None) -> i
     start the app's script, then watch it until it is stopped or fails; returns the exit
     code. A failure is reported with its one-line cause (the app's file and line, or the
     failed query's error) before the process exits."""
-    from spark_runtime.config import build_session
-
     checkpoint = checkpoint_path(args)
-    full = disk_full_cause(checkpoint)
-    if full is not None:
-        log.error("app %s does not start: %s", app.path, full)
+    try:
+        full = disk_full_cause(checkpoint)
+        if full is not None:
+            raise DiskFull(full)
+        if spark is None:
+            spark = build_session(f"backstop-{args.job}-{args.replica_id}")
+    except Exception as exc:
+        # No room for checkpoints, or no session (a JVM that does not start): the next start
+        # meets the same, so say why.
+        log.exception("app %s does not start", app.path)
         stop_beats.set()
-        report_failure(state, full)
+        report_failure(state, str(exc) if isinstance(exc, DiskFull) else failure_cause(str(exc)))
         client.delete(keys.heartbeat(args.job, args.replica_id))
         return EXIT_FAILED
-    if spark is None:
-        spark = build_session(f"backstop-{args.job}-{args.replica_id}")
     run = AppRun(spark, app, app_arguments(client, args.job))
     spark.streams.addListener(
         make_app_listener(

@@ -130,3 +130,5 @@ def test_an_app_that_raises_on_start_fails_naming_its_line(cluster, people, jobs
     assert "apps/raises.py line 7: RuntimeError: cannot read /data/in" in reason
     # Three starts, each failing the same way, then no more (the policy's same-cause limit).
     assert "failed 3 times in a row with the same cause" in reason
+    # The job page shows the reason with the app's last log lines: its traceback.
+    assert 'File "apps/raises.py", line 7, in <module>' in reason

@@ -102,3 +102,23 @@ def test_queries_get_checkpoints_unless_they_have_one_and_stop_first(
     assert app_failure(run, time.time(), time.time()) == (
         "apps/t.py: the app ended and its queries stopped"
     )
+
+
+def test_an_app_without_room_for_checkpoints_fails_before_its_session(
+    redis_conn, job, tmp_path, monkeypatch
+):
+    import threading
+
+    from spark_runtime.disk_space import MIN_FREE_MB_ENV
+    from spark_runtime.stage import EXIT_FAILED, ReplicaState, build_parser, run_app
+
+    monkeypatch.setenv(MIN_FREE_MB_ENV, str(10**9))  # more than any disk here has free
+    args = build_parser().parse_args(
+        ["--job", job, "--topology", "t@1", "--stage", "job", "--operators", "app",
+         "--replica-id", "job-1", "--checkpoint-dir", str(tmp_path / "checkpoints")]
+    )  # fmt: skip
+    state = ReplicaState(redis_conn, args)
+    app = AppDefinition("t", "apps/t.py", "raise SystemExit(0)\n")
+    assert run_app(args, redis_conn, state, app, threading.Event()) == EXIT_FAILED
+    assert state.info["state"] == "failed"
+    assert str(tmp_path / "checkpoints") in state.info["error"]

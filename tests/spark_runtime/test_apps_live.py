@@ -91,18 +91,19 @@ def launch(tmp_path, redis_url, redis_conn):
         keys.delete_job_keys(redis_conn, runner.job)
 
 
-def serve(runner, seconds: float, until=None):
-    """Supervise for up to `seconds`, or until `until()` is true; returns `until()`'s value."""
+def serve(runner, seconds: float, until, what: str):
+    """Supervise until `until()` is true and return its value; fail after `seconds`, or at once
+    if the supervisor gives up."""
     deadline = time.time() + seconds
     while time.time() < deadline:
         runner.tick()
         if runner.supervisor.gave_up:
             raise AssertionError(f"gave up: {runner.supervisor.gave_up}")
-        found = until() if until is not None else None
+        found = until()
         if found:
             return found
         time.sleep(0.25)
-    return until() if until is not None else None
+    raise AssertionError(f"timed out after {seconds:.0f} s waiting for {what}")
 
 
 def kill_app(runner) -> None:
@@ -142,7 +143,7 @@ def test_window_counts_to_a_file_sink_are_exact_through_a_kill(jobs, tmp_path, l
         write_input(source, file, clicks(file))
         written += clicks(file)
     runner = launch(topology, "app-windows", ["--in", str(source), "--out", str(out)])
-    serve(runner, 90, lambda: committed_rows(out))
+    serve(runner, 120, lambda: committed_rows(out), "the first committed windows")
     kill_app(runner)
     for file in range(3, 8):
         write_input(source, file, clicks(file))
@@ -152,7 +153,7 @@ def test_window_counts_to_a_file_sink_are_exact_through_a_kill(jobs, tmp_path, l
     def output():
         return Counter({(r["user"], r["window_start"]): r["clicks"] for r in committed_rows(out)})
 
-    serve(runner, 90, lambda: output() == expected)
+    serve(runner, 120, lambda: output() == expected, "exact windows after the restart")
     rows = committed_rows(out)
     keyed = Counter((r["user"], r["window_start"]) for r in rows)
     assert [k for k, n in keyed.items() if n > 1] == []  # nothing duplicated
@@ -173,7 +174,7 @@ def test_two_queries_with_a_foreach_batch_sink_are_exact_through_a_kill(
         written += purchases(file)
     args = ["--in", str(source), "--out", str(out), "--large", "70"]
     runner = launch(topology, "app-spend", args)
-    serve(runner, 90, lambda: newest_totals(out / "totals") and committed_rows(out / "large"))
+    serve(runner, 120, lambda: newest_totals(out / "totals") and large_found(out), "first output")
     kill_app(runner)
     for file in range(3, 8):
         write_input(source, file, purchases(file))
@@ -183,7 +184,7 @@ def test_two_queries_with_a_foreach_batch_sink_are_exact_through_a_kill(
     def done():
         return newest_totals(out / "totals") == totals and large_found(out) == large
 
-    serve(runner, 90, done)
+    serve(runner, 120, done, "exact totals and large purchases after the restart")
     assert newest_totals(out / "totals") == totals  # every user's newest total exact
     assert large_found(out) == large  # each large purchase once: 0 lost, 0 duplicated
     assert len(runner.starts) == 2
