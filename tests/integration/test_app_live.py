@@ -105,8 +105,6 @@ raise RuntimeError(f"cannot read {source}")
 """
 
 
-# Three JVM starts beside the cluster's controller, agents and warm spares: 142 s measured.
-@pytest.mark.slow
 def test_an_app_that_raises_on_start_fails_naming_its_line(cluster, people, jobs_dir):
     (jobs_dir / "apps" / "raises.py").write_text(RAISES)
     admin = APIClient()
