@@ -149,3 +149,16 @@ def test_a_job_of_an_app_takes_bounded_args_recorded_for_its_replicas(api_as, jo
         assert redis.get(keys.app_args(job.key)) is None
     finally:
         keys.delete_job_keys(redis, job.key)
+
+
+def test_the_admin_lists_apps_and_still_requires_a_module(client, users, api_as, jobs_dir):
+    api_as(ADMIN).post("/api/topologies/", {"app": "apps/window_counts.py"}, format="json")
+    admin = users[ADMIN]
+    admin.is_staff = True
+    admin.save()
+    client.force_login(admin)
+    listed = client.get("/admin/console/registeredtopology/").content.decode()
+    assert "apps/window_counts.py" in listed
+    empty = client.post("/admin/console/registeredtopology/add/", {"module": ""})
+    assert empty.status_code == 200 and "This field is required." in empty.content.decode()
+    assert RegisteredTopology.objects.count() == 1
