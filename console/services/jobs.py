@@ -65,16 +65,24 @@ def validate_params(params: dict) -> dict:
     return cleaned
 
 
-def validate_app_request(spec: Topology, args, params: dict | None, source, sink) -> tuple:
+def validate_app_request(
+    spec: Topology, args, params: dict | None, source, sink, strategy: str
+) -> tuple:
     """`(args, params)` as stored for a job of `spec`: an app's arguments (bounded,
     spark_runtime/apps.py) and its params without a generator (an app reads its own input);
     JobRequestError naming the field for args given to another job, or a generator, Kafka
-    source or sink asked of an app."""
+    source or sink, or a strategy other than restart-all asked of an app."""
     is_app = isinstance(spec.job, apps.AppDefinition)
     if not is_app:
         if args:
             raise JobRequestError("args: only a registered app takes arguments", field="args")
         return [], params
+    if strategy != Job.Strategy.RESTART_ALL:
+        # A standby is a second copy of the app, writing its output a second time: the app's
+        # sinks know nothing of Backstop's fencing.
+        raise JobRequestError(
+            "strategy: an existing app runs as one copy, under restart-all", field="strategy"
+        )
     try:
         args = apps.validate_args(args)
     except apps.AppError as exc:
@@ -159,7 +167,7 @@ def create_job(
         raise JobRequestError(
             f"strategy: must be one of {', '.join(Job.Strategy.values)}", field="strategy"
         )
-    args, params = validate_app_request(spec, args, params, source, sink)
+    args, params = validate_app_request(spec, args, params, source, sink, strategy)
     source, sink, trigger = validate_io(spec, source, sink, trigger)
     job = Job.objects.create(
         name=name,

@@ -123,6 +123,7 @@ def test_a_job_of_an_app_takes_bounded_args_recorded_for_its_replicas(api_as, jo
         ({"args": "--in /data"}, "args", "args: must be a list of strings"),
         ({"params": {"rate": 50}}, "params", "params.rate: an app reads its own input"),
         ({"source": {"kind": "kafka", "topic": "t"}}, "source", "source: an app reads"),
+        ({"strategy": "adaptive"}, "strategy", "strategy: an existing app runs as one copy"),
     ]:
         refused = start(**fields)
         assert refused.status_code == 400, fields
@@ -136,6 +137,14 @@ def test_a_job_of_an_app_takes_bounded_args_recorded_for_its_replicas(api_as, jo
     ]
 
     job = Job.objects.get(pk=body["id"])
+    # No second copy of it either by an upgrade or a strategy change.
+    for request, field in (
+        ({"topology": "windows@1"}, "topology"),
+        ({"strategy": "adaptive"}, "strategy"),
+    ):
+        refused = operator.post(f"/api/jobs/{job.pk}/upgrade/", request, format="json")
+        assert refused.status_code == 400, refused.json()
+        assert "runs as one copy under restart-all" in refused.json()["error"]["detail"][field][0]
     redis = redis_client()
     # The app writes where its code says: Backstop holds no results of it and audits none.
     results = operator.get(f"/api/jobs/{job.pk}/results/")
