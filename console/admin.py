@@ -360,7 +360,10 @@ class PolicyAdmin(VersionedAdmin):
 
 class TopologyRegistrationForm(forms.ModelForm):
     """Register a user job: the module is checked and dry-run (docs/JOBS.md); every problem is
-    shown on the module field."""
+    shown on the module field. (An existing app registers through the API or manage.py.)"""
+
+    # Required here though the model allows it empty (an app's version has no module).
+    module = forms.CharField(max_length=200, help_text="package.module:attribute in the jobs dir")
 
     class Meta:
         model = RegisteredTopology
@@ -388,12 +391,15 @@ class RegisteredTopologyAdmin(VersionedAdmin):
     writes the next version when it changed, with who and when."""
 
     form = TopologyRegistrationForm
-    list_display = ["name", "version", "module", "registered_by", "registered_at", "description"]
+    list_display = [
+        "name", "version", "module", "app", "registered_by", "registered_at", "description",
+    ]  # fmt: skip
     list_filter = ["name"]
     readonly_fields = [
         "name",
         "version",
         "module",
+        "app",
         "description",
         "source_sha256",
         "shape",

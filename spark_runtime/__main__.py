@@ -1,7 +1,9 @@
 """Command line of the data plane (no Django).
 
 python -m spark_runtime run --topology NAME --job ID [--strategy S] [--redis-url URL]
-    (exits 1, saying why, when its supervisor gives up on the job: see spark_runtime.supervision)
+    [--arg=VALUE ...]
+    (exits 1, saying why, when its supervisor gives up on the job: see spark_runtime.supervision;
+    `--arg` gives a registered app its arguments, in order: `--arg=--in --arg=/data/in`)
 python -m spark_runtime generate --topology NAME --job ID [--rate R] [--count N] [--seed S]
     (into the job's Kafka topic when it was launched with a Kafka source)
 """
@@ -9,6 +11,7 @@ python -m spark_runtime generate --topology NAME --job ID [--rate R] [--count N]
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 
@@ -18,7 +21,7 @@ from spark_runtime.strategies import STRATEGIES
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of `python -m spark_runtime`."""
-    from spark_runtime import external_io, generators, keys
+    from spark_runtime import apps, external_io, generators, keys
     from spark_runtime.redis_client import connect
     from spark_runtime.runner import DEFAULT_NODES, build_runner
 
@@ -34,6 +37,9 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("--standby-nice", type=int, default=0)
     run.add_argument("--duration", type=float, default=None, help="seconds; default: forever")
     run.add_argument("--param", action="append", default=[], help="OP.KEY=VALUE")
+    run.add_argument(
+        "--arg", action="append", default=[], help="an app's argument (repeat: --arg=--in ...)"
+    )
     gen = sub.add_parser("generate", help="write seeded input at a controlled rate")
     gen.add_argument("--topology", required=True)
     gen.add_argument("--job", required=True)
@@ -75,6 +81,14 @@ def main(argv: list[str] | None = None) -> int:
         print(f"wrote {sent} entries to the input of {args.job}")
         return 0
     client = connect(args.redis_url)
+    try:
+        app_args = apps.validate_args(args.arg)
+    except apps.AppError as exc:
+        parser.error(str(exc))
+    if app_args:
+        client.set(keys.app_args(args.job), json.dumps(app_args))
+    else:
+        client.delete(keys.app_args(args.job))
     active = {s for s in args.active_stages.split(",") if s}
     runner = build_runner(
         args.topology,

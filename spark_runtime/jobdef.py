@@ -26,6 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from spark_runtime.apps import AppDefinition, load_app_snapshot
 from spark_runtime.topology import (
     OPERATOR_KINDS,
     OUT_CHANNEL,
@@ -328,27 +329,50 @@ def registered_path(name: str, version: int, directory: Path | None = None) -> P
 _LOADED: dict[tuple[Path, str], JobDefinition] = {}
 
 
-def load_registered(ident: str, directory: Path | None = None) -> JobDefinition:
-    """The definition of a registered version, `NAME@VERSION` (its snapshot; see module doc)."""
+def load_registered(ident: str, directory: Path | None = None) -> JobDefinition | AppDefinition:
+    """The definition of a registered version, `NAME@VERSION` (its snapshot; see module doc):
+    a job module's JobDefinition, or an app's AppDefinition (spark_runtime/apps.py)."""
     cache_key = ((directory or jobs_dir()).resolve(), ident)
     if cache_key not in _LOADED:
         _LOADED[cache_key] = _load_registered(ident, directory)
     return _LOADED[cache_key]
 
 
-def _load_registered(ident: str, directory: Path | None) -> JobDefinition:
+def _load_registered(ident: str, directory: Path | None) -> JobDefinition | AppDefinition:
+    path = _snapshot_file(ident, directory)
+    app = load_app_snapshot(path, ident.partition(VERSION_SEPARATOR)[0])
+    if app is not None:
+        return app
     name, _, version = ident.partition(VERSION_SEPARATOR)
-    if not version.isdigit():
-        raise KeyError(f"unknown topology {ident!r}")
-    path = registered_path(name, int(version), directory)
-    if not path.is_file():
-        raise KeyError(f"topology {ident!r}: no registered snapshot at {path}")
     ref_attr = _registered_attribute(path)
     definition = load_file(path, ref_attr, f"backstop_jobs.registered.{name}_v{version}")
     errors = validate(definition)
     if errors:
         raise JobDefinitionError(errors)
     return definition
+
+
+def _snapshot_file(ident: str, directory: Path | None) -> Path:
+    """The snapshot file of `NAME@VERSION`; KeyError when there is none."""
+    name, _, version = ident.partition(VERSION_SEPARATOR)
+    if not version.isdigit():
+        raise KeyError(f"unknown topology {ident!r}")
+    path = registered_path(name, int(version), directory)
+    if not path.is_file():
+        raise KeyError(f"topology {ident!r}: no registered snapshot at {path}")
+    return path
+
+
+def registered_app(name: str, directory: Path | None = None) -> AppDefinition | None:
+    """The app that topology `name` runs, or None for a built-in topology or a job module
+    (only the snapshot's first line is read: a job module is not imported here)."""
+    if not is_registered_ident(name):
+        return None
+    try:
+        path = _snapshot_file(name, directory)
+    except KeyError:
+        return None
+    return load_app_snapshot(path, name.partition(VERSION_SEPARATOR)[0])
 
 
 ATTRIBUTE_MARKER = "# backstop: definition = "

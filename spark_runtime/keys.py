@@ -72,6 +72,12 @@ def external_io(job: str) -> str:
     return make_key(job, "io")
 
 
+def app_args(job: str) -> str:
+    """JSON list of an app job's arguments, its `sys.argv[1:]` (spark_runtime/app_stage.py),
+    written at launch before any replica starts; absent: no arguments."""
+    return make_key(job, "app", "args")
+
+
 def kafka_plans(job: str) -> str:
     """The plan log of the job's Kafka input: a list of JSON end-offset vectors shared by every
     replica that reads it (spark_runtime/kafka_plan.py)."""

@@ -69,10 +69,21 @@ import traceback
 from typing import NoReturn
 
 from spark_runtime import keys
+from spark_runtime.app_stage import (
+    AppRun,
+    install_checkpoint_defaults,
+    make_app_listener,
+)
 from spark_runtime.command_fence import LEASE_FIELD, FenceMemory, check_command
-from spark_runtime.config import DEFAULT_REDIS_URL, configure_logging, ensure_python_env
+from spark_runtime.config import (
+    DEFAULT_REDIS_URL,
+    build_session,
+    configure_logging,
+    ensure_python_env,
+)
 from spark_runtime.cpu_priority import set_group_nice
 from spark_runtime.disk_space import DiskFull, disk_full_cause
+from spark_runtime.jobdef import registered_app
 from spark_runtime.progress import ProgressRecord, publish_progress
 from spark_runtime.redis_client import connect
 from spark_runtime.strategies import (
@@ -447,6 +458,9 @@ def run(args, spark=None) -> int:
     stop_beats = threading.Event()
     beats = threading.Thread(target=heartbeat_loop, args=(state, stop_beats), daemon=True)
     beats.start()
+    app = registered_app(args.topology)
+    if app is not None:
+        return run_app(args, client, state, app, stop_beats, spark)
     try:
         runtime = start_runtime(args, client, state, spark)
     except DiskFull as exc:
@@ -479,7 +493,6 @@ def start_runtime(args, client, state: ReplicaState, spark=None):
     """Build the stage's queries and start them (a StageRuntime); `spark` as for run(). Raises
     DiskFull, before anything is built, when the checkpoint directory has no room."""
     from spark_runtime.checkpoint_seed import seed_checkpoint
-    from spark_runtime.config import build_session
     from spark_runtime.jobdef import resolve_topology
     from spark_runtime.runtime import StageRuntime
     from spark_runtime.topology import stage_spec, with_params
@@ -593,6 +606,111 @@ def supervise_queries(args, client, state: ReplicaState, runtime, stop_beats) ->
     finally:
         stop_beats.set()
         runtime.stop()
+        client.delete(
+            keys.heartbeat(args.job, args.replica_id), keys.batch_pace(args.job, args.replica_id)
+        )
+    return code
+
+
+# An app that has started no query this long after its script began is reported as such (it
+# may still start one later: only a script that returned without one fails at once).
+APP_FIRST_QUERY_S = 120.0
+
+
+def app_arguments(client, job: str) -> list[str]:
+    """The app's `sys.argv[1:]`: the job's `args`, recorded at launch (keys.app_args)."""
+    raw = client.get(keys.app_args(job))
+    return [str(a) for a in json.loads(raw)] if raw else []
+
+
+def run_app(args, client, state: ReplicaState, app, stop_beats, spark=None) -> int:
+    """Run an existing app (spark_runtime/app_stage.py) as this replica: build the session,
+    start the app's script, then watch it until it is stopped or fails; returns the exit
+    code. A failure is reported with its one-line cause (the app's file and line, or the
+    failed query's error) before the process exits."""
+    checkpoint = checkpoint_path(args)
+    try:
+        full = disk_full_cause(checkpoint)
+        if full is not None:
+            raise DiskFull(full)
+        if spark is None:
+            spark = build_session(f"backstop-{args.job}-{args.replica_id}")
+    except Exception as exc:
+        # No room for checkpoints, or no session (a JVM that does not start): the next start
+        # meets the same, so say why.
+        log.exception("app %s does not start", app.path)
+        stop_beats.set()
+        report_failure(state, str(exc) if isinstance(exc, DiskFull) else failure_cause(str(exc)))
+        client.delete(keys.heartbeat(args.job, args.replica_id))
+        return EXIT_FAILED
+    run = AppRun(spark, app, app_arguments(client, args.job))
+    spark.streams.addListener(
+        make_app_listener(
+            client, args.job, args.replica_id, args.stage, args.node, run, state.count_batch
+        )
+    )
+    install_checkpoint_defaults(checkpoint)
+    log.info("running app %s with arguments %s", app.path, run.args)
+    run.start()
+    state.update(
+        state=RUNNING,
+        role="primary",
+        checkpoint=checkpoint,
+        app=app.path,
+        spark_app=spark.sparkContext.applicationId,
+    )
+    return supervise_app(args, client, state, run, stop_beats)
+
+
+def app_failure(run: AppRun, started_at: float, now: float) -> str | None:
+    """Why the app failed, in one line, or None while it runs well: a query failed (its
+    error), the app raised (its file and line), the app's script ended with no query left
+    running, or it has started no query for APP_FIRST_QUERY_S."""
+    failed = run.query_failure()
+    if failed is not None:
+        name, error = failed
+        return f"query {name} of {run.app.path} failed: {failure_cause(error)}"
+    cause = run.app_failure()
+    if cause is not None:
+        return cause
+    if run.finished.is_set() and not run.queries():
+        if run.started_queries == 0:
+            return f"{run.app.path}: the app ended without starting a streaming query"
+        return f"{run.app.path}: the app ended and its queries stopped"
+    if run.started_queries == 0 and now - started_at > APP_FIRST_QUERY_S:
+        return f"{run.app.path}: no streaming query started within {APP_FIRST_QUERY_S:.0f} s"
+    return None
+
+
+def supervise_app(args, client, state: ReplicaState, run: AppRun, stop_beats) -> int:
+    """Serve the control commands (stop; the other commands act on Backstop's own queries and
+    are ignored) and watch the app until it is stopped or fails; returns the exit code."""
+    fence = FenceMemory()
+    started_at = time.time()
+    code = EXIT_FAILED
+    try:
+        while True:
+            popped = client.blpop([keys.control(args.job, args.replica_id)], timeout=0.5)
+            if popped and obeyed(client, fence, args, command := json.loads(popped[1])):
+                if command.get("cmd") == "stop":
+                    log.info("control command %s: stopping the app's queries", command)
+                    run.stop()
+                    state.update(state="stopped")
+                    code = EXIT_STOPPED
+                    break
+                log.warning("ignored command %s: an app runs its own queries", command)
+            if run.stopping:
+                continue
+            cause = app_failure(run, started_at, time.time())
+            if cause is None:
+                continue
+            log.error("app failed: %s\n%s", cause, run.error_text())
+            report_failure(state, cause)
+            break
+    finally:
+        stop_beats.set()
+        if code != EXIT_STOPPED:
+            run.stop()
         client.delete(
             keys.heartbeat(args.job, args.replica_id), keys.batch_pace(args.job, args.replica_id)
         )

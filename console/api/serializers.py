@@ -106,6 +106,7 @@ class JobSerializer(serializers.ModelSerializer):
             "topology",
             "strategy",
             "params",
+            "args",
             "source",
             "sink",
             "trigger",
@@ -257,6 +258,7 @@ class RegisteredTopologySerializer(serializers.ModelSerializer):
             "version",
             "ident",
             "module",
+            "app",
             "description",
             "source_sha256",
             "shape",
@@ -267,11 +269,29 @@ class RegisteredTopologySerializer(serializers.ModelSerializer):
 
 
 class TopologyRegistrationSerializer(serializers.Serializer):
-    """A registration request: the module reference inside the jobs directory."""
+    """A registration request: a job module's reference inside the jobs directory, or an
+    existing app's path there (with the job's name, by default the file's)."""
 
     module = serializers.CharField(
-        max_length=200, help_text="package.module:attribute inside BACKSTOP_JOBS_DIR"
+        max_length=200,
+        required=False,
+        help_text="package.module:attribute inside BACKSTOP_JOBS_DIR",
     )
+    app = serializers.CharField(
+        max_length=200, required=False, help_text="an existing app's path inside BACKSTOP_JOBS_DIR"
+    )
+    name = serializers.CharField(
+        max_length=32, required=False, help_text="the app's job name (default: its file's name)"
+    )
+
+    def validate(self, attrs):
+        if bool(attrs.get("module")) == bool(attrs.get("app")):
+            raise serializers.ValidationError(
+                {"module": ["give either module (package.module:attribute) or app (a path)"]}
+            )
+        if attrs.get("name") and not attrs.get("app"):
+            raise serializers.ValidationError({"name": ["name names an app: give app too"]})
+        return attrs
 
 
 class FleetRecoverySerializer(RecoveryEpisodeSerializer):

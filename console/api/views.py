@@ -150,6 +150,7 @@ class JobViewSet(
                 topology=data["topology"],
                 strategy=data.get("strategy", Job.Strategy.ADAPTIVE),
                 params=data.get("params", {}),
+                args=data.get("args"),
                 user=self.request.user,
                 source=data.get("source"),
                 sink=data.get("sink"),
@@ -345,8 +346,10 @@ class FleetView(APIView):
 class TopologyViewSet(mixins.ListModelMixin, viewsets.GenericViewSet):
     """Registered user jobs, every version (GET), and registration (POST, admin): the module is
     checked against the contract and dry-run on a local Spark session (docs/JOBS.md); a refusal
-    lists every problem, naming the operator. Registering an unchanged module again answers 200
-    with its current version; a changed one becomes the next version (201)."""
+    lists every problem, naming the operator. `{"app": PATH, "name": NAME}` registers an
+    existing app instead: it must compile and import, a refusal naming the app's line.
+    Registering an unchanged module or app again answers 200 with its current version; a
+    changed one becomes the next version (201)."""
 
     permission_classes = [AdminWrites]
     serializer_class = RegisteredTopologySerializer
@@ -358,12 +361,20 @@ class TopologyViewSet(mixins.ListModelMixin, viewsets.GenericViewSet):
     def create(self, request):
         registration = TopologyRegistrationSerializer(data=request.data)
         registration.is_valid(raise_exception=True)
+        data = registration.validated_data
+        field = "app" if data.get("app") else "module"
         try:
-            version, created = topology_service.register(
-                registration.validated_data["module"], user=request.user
-            )
+            if data.get("app"):
+                version, created = topology_service.register_app(
+                    data["app"], data.get("name"), user=request.user
+                )
+            else:
+                version, created = topology_service.register(data["module"], user=request.user)
         except topology_service.RegistrationRefused as exc:
-            raise ValidationError({"module": exc.errors}) from exc
+            named = [e for e in exc.errors if e.startswith("name: ")]
+            if named:
+                raise ValidationError({"name": named}) from exc
+            raise ValidationError({field: exc.errors}) from exc
         code = status.HTTP_201_CREATED if created else status.HTTP_200_OK
         return Response(RegisteredTopologySerializer(version).data, status=code)
 

@@ -65,6 +65,11 @@ class Job(models.Model):
     )
     strategy = models.CharField(max_length=20, choices=Strategy.choices, default=Strategy.ADAPTIVE)
     params = models.JSONField(default=dict, blank=True, help_text="e.g. {'rate': 500}")
+    args = models.JSONField(
+        default=list,
+        blank=True,
+        help_text="An app's sys.argv[1:] (a registered app only), e.g. ['--in', '/data/in']",
+    )
     # Where the job reads and writes outside its own Redis streams (spark_runtime/external_io):
     # {} for its own input stream and results hash only.
     source = models.JSONField(
@@ -204,7 +209,9 @@ class Operator(models.Model):
 
 
 class RegisteredTopology(models.Model):
-    """One registered version of a user job (spark_runtime/jobdef.py, docs/JOBS.md).
+    """One registered version of a user job (spark_runtime/jobdef.py, docs/JOBS.md): a job
+    module written to the contract (`module`), or an existing app run as it is (`app`,
+    spark_runtime/apps.py: checked to compile and import, not dry-run).
 
     Registration checks the module against the contract and dry-runs it on a local Spark session,
     then keeps a snapshot of its source (`source`, also written under the jobs directory's
@@ -215,7 +222,16 @@ class RegisteredTopology(models.Model):
 
     name = models.CharField(max_length=32)
     version = models.PositiveIntegerField()
-    module = models.CharField(max_length=200, help_text="package.module:attribute in the jobs dir")
+    module = models.CharField(
+        max_length=200,
+        blank=True,
+        help_text="package.module:attribute in the jobs dir (empty for an app)",
+    )
+    app = models.CharField(
+        max_length=200,
+        blank=True,
+        help_text="An existing app's path in the jobs dir, run as it is (empty for a job module)",
+    )
     source = models.TextField(help_text="The registered snapshot of the module")
     source_sha256 = models.CharField(max_length=64)
     description = models.CharField(max_length=300, blank=True)

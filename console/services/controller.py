@@ -184,6 +184,7 @@ def _launch(job: Job, client) -> JobPlan | None:
             node=stage.standby_node or stage.primary_node,
         )
     prepare_external_io(job, client)
+    prepare_app_args(job, client)
     execute(start_actions, AgentLauncher(job, client), command_sender(client, job))
     for stage in plan.stages:
         if stage.standby_verdict is not None:
@@ -234,6 +235,15 @@ def prepare_external_io(job: Job, client) -> None:
     external_io.save(client, job.key, io)
 
 
+def prepare_app_args(job: Job, client) -> None:
+    """Record an app's arguments (its sys.argv[1:]) for its replicas, before any starts: every
+    replica, on any node, reads them there (spark_runtime/stage.py, `app_arguments`)."""
+    if job.args:
+        client.set(data_keys.app_args(job.key), json.dumps(job.args))
+    else:
+        client.delete(data_keys.app_args(job.key))
+
+
 def relaunch_given_up(job: Job, supervisor: Supervisor, client, config) -> None:
     """Start a failed job again from its checkpoints. The state is saved before anything is
     started, so a controller killed midway leaves a job whose missing processes the next
@@ -245,6 +255,7 @@ def relaunch_given_up(job: Job, supervisor: Supervisor, client, config) -> None:
     job.mark_starting("relaunched from the checkpoints after giving up")
     decide(job, ControlDecision.Kind.RESTART_JOB, "relaunch: " + describe_actions(actions))
     prepare_external_io(job, client)
+    prepare_app_args(job, client)
     execute(actions, AgentLauncher(job, client), command_sender(client, job))
 
 

@@ -15,7 +15,7 @@ from console.services import audit_log
 from console.services.topologies import job_topology
 from infra import tasks
 from infra.processes import job_processes, spare_processes
-from spark_runtime import external_io
+from spark_runtime import apps, external_io
 from spark_runtime.pipelines import input_field_names
 from spark_runtime.topology import Topology
 
@@ -64,6 +64,41 @@ def validate_params(params: dict) -> dict:
     if unknown:
         raise JobRequestError(f"params: unknown parameters {unknown}", "params")
     return cleaned
+
+
+def validate_app_request(
+    spec: Topology, args, params: dict | None, source, sink, strategy: str
+) -> tuple:
+    """`(args, params)` as stored for a job of `spec`: an app's arguments (bounded,
+    spark_runtime/apps.py) and its params without a generator (an app reads its own input);
+    JobRequestError naming the field for args given to another job, or a generator, Kafka
+    source or sink, or a strategy other than restart-all asked of an app."""
+    is_app = isinstance(spec.job, apps.AppDefinition)
+    if not is_app:
+        if args:
+            raise JobRequestError("args: only a registered app takes arguments", field="args")
+        return [], params
+    if strategy != Job.Strategy.RESTART_ALL:
+        # A standby is a second copy of the app, writing its output a second time: the app's
+        # sinks know nothing of Backstop's fencing.
+        raise JobRequestError(
+            "strategy: an existing app runs as one copy, under restart-all", field="strategy"
+        )
+    try:
+        args = apps.validate_args(args)
+    except apps.AppError as exc:
+        raise JobRequestError(str(exc), field="args") from None
+    params = {"rate": 0, **(params or {})} if isinstance(params, dict) else params
+    if isinstance(params, dict) and params.get("rate"):
+        raise JobRequestError(
+            "params.rate: an app reads its own input; Backstop generates none for it", "params"
+        )
+    for name, value in (("source", source), ("sink", sink)):
+        if value:
+            raise JobRequestError(
+                f"{name}: an app reads and writes where its code says (pass paths in args)", name
+            )
+    return args, params
 
 
 def validate_io(
@@ -119,12 +154,14 @@ def create_job(
     sink: dict | None = None,
     trigger: str | None = None,
     team: Team | None = None,
+    args: list[str] | None = None,
 ) -> Job:
     """Create a job of `team` and one Operator row per operator of its topology (a built-in one,
     or a registered user job: its newest version unless `NAME@VERSION` is asked for). `source`
     and `sink`: a Kafka topic to read and to write results to (spark_runtime/external_io.py);
-    `trigger`: `microbatch` (`realtime` is refused with the reason). Who may give a job to which
-    team is console.services.teams.team_for_new_job's to say."""
+    `trigger`: `microbatch` (`realtime` is refused with the reason); `args`: a registered app's
+    `sys.argv[1:]`. Who may give a job to which team is console.services.teams.team_for_new_job's
+    to say."""
     try:
         topology, spec = job_topology(topology)
     except KeyError as exc:
@@ -133,12 +170,14 @@ def create_job(
         raise JobRequestError(
             f"strategy: must be one of {', '.join(Job.Strategy.values)}", field="strategy"
         )
+    args, params = validate_app_request(spec, args, params, source, sink, strategy)
     source, sink, trigger = validate_io(spec, source, sink, trigger)
     job = Job.objects.create(
         name=name,
         topology=topology,
         strategy=strategy,
         params=validate_params(params or {}),
+        args=args,
         source=source,
         sink=sink,
         trigger=trigger,

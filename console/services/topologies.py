@@ -1,10 +1,13 @@
-"""Registering user jobs (docs/JOBS.md) and resolving the topology a job runs.
+"""Registering user jobs and existing apps (docs/JOBS.md) and resolving the topology a job runs.
 
 The API (`POST /api/topologies/`), the admin and `manage.py register_topology` all go through
 `register`. The module is checked in a child process (`python -m spark_runtime.user_plan
 check`): a module not yet checked may fail to import, hang or exit, and the dry run needs a
 SparkSession, none of which belongs in a web server. A registered version's snapshot is
 imported here to read its operators (its top level runs; its functions run only in stages).
+An existing app goes through `register_app`, checked in a child process too (`python -m
+spark_runtime.apps check`): it must compile and what it imports must import; it is not run, and
+its snapshot is only read here, never imported.
 """
 
 from __future__ import annotations
@@ -21,7 +24,9 @@ from django.db import IntegrityError, transaction
 
 from console.models import RegisteredTopology
 from console.services import audit_log
+from spark_runtime import apps
 from spark_runtime.jobdef import (
+    NAME_PATTERN,
     is_registered_ident,
     jobs_dir,
     registered_path,
@@ -43,19 +48,24 @@ class RegistrationRefused(Exception):
 
 def check_module(ref: str) -> dict:
     """The contract check and dry run of `ref`, in a child process; returns its report."""
-    command = [sys.executable, "-m", "spark_runtime.user_plan", "check", ref]
-    command += ["--jobs-dir", str(jobs_dir())]
+    return run_check("spark_runtime.user_plan", ref, f"module {ref!r}")
+
+
+def run_check(program: str, target: str, what: str) -> dict:
+    """`python -m PROGRAM check TARGET --jobs-dir DIR` in a child process; its JSON report, or
+    one error naming `what` when it timed out or printed none."""
+    command = [sys.executable, "-m", program, "check", target, "--jobs-dir", str(jobs_dir())]
     env = {**os.environ, "PYTHONPATH": str(settings.BASE_DIR)}
     try:
         done = subprocess.run(
             command, capture_output=True, text=True, timeout=CHECK_TIMEOUT_S, env=env
         )
     except subprocess.TimeoutExpired:
-        return {"errors": [f"module {ref!r}: the check took longer than {CHECK_TIMEOUT_S} s"]}
+        return {"errors": [f"{what}: the check took longer than {CHECK_TIMEOUT_S} s"]}
     lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
     if not lines:
         tail = (done.stderr or done.stdout).strip().splitlines()[-3:]
-        return {"errors": [f"module {ref!r}: the check failed: {' | '.join(tail)}"]}
+        return {"errors": [f"{what}: the check failed: {' | '.join(tail)}"]}
     return json.loads(lines[-1])
 
 
@@ -78,6 +88,8 @@ def register(ref: str, user=None) -> tuple[RegisteredTopology, bool]:
         raise RegistrationRefused(report["errors"])
     name = report["name"]
     latest = RegisteredTopology.objects.filter(name=name).order_by("-version").first()
+    if latest is not None and latest.app:
+        raise RegistrationRefused([f"{name}: the name of a registered app; rename the job"])
     shape = {key: report[key] for key in ("operators", "input_fields", "output", "columns")}
     shape["output_mode"] = report["output_mode"]
     shape["has_generator"] = report["has_generator"]
@@ -103,6 +115,73 @@ def register(ref: str, user=None) -> tuple[RegisteredTopology, bool]:
         actor=user,
         target=f"topology:{version.ident}",
         detail={"module": ref, "sha256": digest},
+    )
+    return version, True
+
+
+def check_app(path: str) -> dict:
+    """The registration check of the app at `path` (compiles, imports), in a child process:
+    importing what the app imports runs those packages' top level."""
+    return run_check("spark_runtime.apps", path, f"app {path!r}")
+
+
+def app_name(path: str, name: str | None) -> str:
+    """The name an app registers under: `name`, else its file's name; RegistrationRefused
+    naming `name` when it is not a job name."""
+    chosen = name if name else Path(path).stem.lower().replace("-", "_")
+    if not NAME_PATTERN.match(chosen or ""):
+        raise RegistrationRefused(
+            [f"name: {chosen!r} is not a job name (a lowercase letter, then at most 31 "
+             "lowercase letters, digits or underscores); give one with name"]
+        )  # fmt: skip
+    return chosen
+
+
+def register_app(path: str, name: str | None = None, user=None) -> tuple[RegisteredTopology, bool]:
+    """Check the existing app at `path` (inside the jobs directory) and register it as the next
+    version of job `name` (default: the file's name); returns `(version, created)`. The app is
+    not started: it must compile, and what it imports must import, each failure naming the
+    app's line. Registering an unchanged app again returns its current version. Raises
+    RegistrationRefused."""
+    try:
+        relative = apps.relative_path(path, jobs_dir())
+        source = apps.snapshot_text(path, jobs_dir())
+    except apps.AppError as exc:
+        raise RegistrationRefused([str(exc)]) from None
+    name = app_name(relative, name)
+    versions = RegisteredTopology.objects.filter(name=name).order_by("-version")
+    latest = versions.first()
+    if latest is not None and not latest.app:
+        raise RegistrationRefused(
+            [f"name: {name!r} is a registered job module's; give the app another name"]
+        )
+    digest = hashlib.sha256(source.encode()).hexdigest()
+    if latest is not None and latest.source_sha256 == digest:
+        write_snapshot(latest)  # checked when it was registered
+        return latest, False
+    report = check_app(relative)
+    if report["errors"]:
+        raise RegistrationRefused(report["errors"])
+    try:
+        with transaction.atomic():
+            version = RegisteredTopology.objects.create(
+                name=name,
+                version=(latest.version if latest else 0) + 1,
+                app=relative,
+                source=source,
+                source_sha256=digest,
+                description=f"the streaming app {relative}, run as it is",
+                shape={"app": relative, "operators": [apps.APP_OPERATOR]},
+                registered_by=user if getattr(user, "is_authenticated", False) else None,
+            )
+    except IntegrityError:
+        raise RegistrationRefused([f"{name}: registered concurrently; try again"]) from None
+    write_snapshot(version)
+    audit_log.record(
+        "topology.register",
+        actor=user,
+        target=f"topology:{version.ident}",
+        detail={"app": relative, "sha256": digest},
     )
     return version, True
 

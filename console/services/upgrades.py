@@ -56,6 +56,7 @@ from infra import leases, tasks
 from spark_runtime import keys as data_keys
 from spark_runtime import upgrade as upgrades
 from spark_runtime import upgrade_check
+from spark_runtime.apps import AppDefinition
 from spark_runtime.progress import read_progress
 from spark_runtime.replicas import FAILED, PRIMARY, RUNNING, KillReplica
 from spark_runtime.strategies import STRATEGIES, get_strategy, in_place_refusal
@@ -157,6 +158,14 @@ def request_upgrade(
     if mode not in JobUpgrade.Mode.values:
         raise UpgradeRequestError(
             f"mode: must be one of {', '.join(JobUpgrade.Mode.values)}", "mode"
+        )
+    if isinstance(job_topology(job.topology)[1].job, AppDefinition):
+        # A second copy of an app (the new version, or a standby) would write its output
+        # twice: the app's sinks know nothing of Backstop's fencing.
+        raise UpgradeRequestError(
+            f"{'strategy' if strategy else 'topology'}: an existing app runs as one copy under "
+            "restart-all; it is not upgraded in place: stop it and start a job of the version",
+            "strategy" if strategy else "topology",
         )
     job = Job.objects.select_for_update().get(pk=job.pk)
     if job.status != Job.Status.RUNNING:

@@ -1,0 +1,79 @@
+"""The input files and output readers of the example apps' tests (jobs/apps/): input written
+as a file source must see it, and what the apps' sinks committed, read as their readers read it."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter, defaultdict
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+START = datetime(2026, 11, 28, 10, 0, tzinfo=UTC)
+USERS = ("u1", "u2", "u3", "u4")
+
+
+def write_input(directory: Path, index: int, rows: list[dict]) -> None:
+    """One input file, written aside and renamed in (a file source must see whole files)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    partial = directory.parent / f".{directory.name}-{index}.tmp"
+    partial.write_text("\n".join(json.dumps(row) for row in rows) + "\n")
+    partial.rename(directory / f"part-{index:03d}.json")
+
+
+def iso(moment: datetime) -> str:
+    return moment.strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
+
+
+def committed_rows(out: Path) -> list[dict]:
+    """The rows of the files a file sink committed (those its _spark_metadata log lists; a
+    killed batch may leave other files behind, which readers of the sink never see)."""
+    log = out / "_spark_metadata"
+    if not log.is_dir():
+        return []
+    files = set()
+    for entry in log.iterdir():
+        if entry.name.startswith(".") or entry.name.endswith(".tmp"):
+            continue
+        for line in entry.read_text().splitlines()[1:]:
+            files.add(Path(json.loads(line)["path"].removeprefix("file:")).name)
+    rows = []
+    for name in files:
+        rows += [json.loads(line) for line in (out / name).read_text().splitlines() if line]
+    return rows
+
+
+def purchases(file: int) -> list[dict]:
+    return [
+        {
+            "user": USERS[(file * 7 + n) % 4],
+            "amount": (file * 37 + n * 13) % 100,
+            "ts": iso(START + timedelta(seconds=file * 10 + n)),
+        }
+        for n in range(10)
+    ]
+
+
+def newest_totals(directory: Path) -> dict:
+    """Each user's total and count from the newest batch file that holds the user."""
+    newest = {}
+    files = sorted(directory.glob("batch-*.json"), key=lambda p: int(p.stem.split("-")[1]))
+    for file in files:
+        for row in json.loads(file.read_text()):
+            newest[row["user"]] = (row["total"], row["purchases"])
+    return newest
+
+
+def spend_expected(rows: list[dict], large: int) -> tuple[dict, Counter]:
+    """What spend_totals.py computes from `rows`, in plain Python: each user's (total, count),
+    and the purchases of at least `large` as (user, amount, ts)."""
+    totals = defaultdict(lambda: (0, 0))
+    for row in rows:
+        total, count = totals[row["user"]]
+        totals[row["user"]] = (total + row["amount"], count + 1)
+    big = Counter((r["user"], r["amount"], r["ts"]) for r in rows if r["amount"] >= large)
+    return dict(totals), big
+
+
+def large_found(out: Path) -> Counter:
+    """The large purchases spend_totals.py committed, as (user, amount, ts)."""
+    return Counter((r["user"], r["amount"], r["ts"]) for r in committed_rows(out / "large"))
