@@ -13,11 +13,13 @@ re-exported here, so `from console.models import X` works for all of them:
 - reports: ReportSubscription, SentAlert
 - upgrades: JobUpgrade
 - teams: Team, AuditEvent
+- alerting: AlertRoute, Alert, AlertDelivery
 
 Imports run one way (teams <- jobs <- replicas <- faults, metrics; jobs <- decisions, reports,
-upgrades; policy alone), and none of these modules imports console.services or workers.
+upgrades, alerting; policy alone), and none of these modules imports console.services or workers.
 """
 
+from console.models.alerting import Alert, AlertDelivery, AlertRoute
 from console.models.decisions import ControlDecision
 from console.models.faults import FaultInjection, RecoveryEpisode
 from console.models.jobs import InvalidTransition, Job, Operator, RegisteredTopology
@@ -35,6 +37,9 @@ from console.models.teams import AuditEvent, Team
 from console.models.upgrades import JobUpgrade
 
 __all__ = [
+    "Alert",
+    "AlertDelivery",
+    "AlertRoute",
     "AuditEvent",
     "ControlDecision",
     "FaultInjection",
