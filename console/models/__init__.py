@@ -16,10 +16,11 @@ re-exported here, so `from console.models import X` works for all of them:
 - alerting: AlertRoute, Alert, AlertDelivery
 
 Imports run one way (teams <- jobs <- replicas <- faults, metrics; jobs <- decisions, reports,
-upgrades, alerting; policy alone), and none of these modules imports console.services or workers.
+upgrades; reports <- alerting; policy alone), and none of these modules imports
+console.services or workers.
 """
 
-from console.models.alerting import Alert, AlertDelivery, AlertRoute
+from console.models.alerting import Alert, AlertDelivery, AlertRoute, route_target_error
 from console.models.decisions import ControlDecision
 from console.models.faults import FaultInjection, RecoveryEpisode
 from console.models.jobs import InvalidTransition, Job, Operator, RegisteredTopology
@@ -59,6 +60,7 @@ __all__ = [
     "SentAlert",
     "Team",
     "default_report_crontab",
+    "route_target_error",
     "split_recipients",
     "validate_recipients",
 ]

@@ -8,15 +8,34 @@ console.alerting_payloads'. Imports jobs and teams only.
 
 from __future__ import annotations
 
+from django.core.exceptions import ValidationError
+from django.core.validators import URLValidator
 from django.db import models
 from django.utils import timezone
 
 from console.alerting_payloads import EVENTS, RESOLVE, SEVERITIES, TRIGGER
 from console.models.jobs import Job
+from console.models.reports import validate_recipients
 from console.models.teams import Team
 
 SEVERITY_CHOICES = [(name, name) for name in SEVERITIES]
 EVENT_CHOICES = [(name, name) for name in EVENTS]
+
+
+def route_target_error(channel: str, target: str) -> str | None:
+    """Why `target` cannot be a `channel` route's target (None: it can): an email route takes
+    comma-separated addresses, the others an http(s) URL."""
+    if channel == "email":
+        try:
+            validate_recipients(target)
+        except ValidationError as exc:
+            return exc.messages[0].replace("recipients: ", "")
+        return None
+    try:
+        URLValidator(schemes=["http", "https"])(target)
+    except ValidationError:
+        return f"a {channel} route needs an http(s) URL, not {target!r}"
+    return None
 
 
 class AlertRoute(models.Model):
@@ -50,6 +69,20 @@ class AlertRoute(models.Model):
 
     def __str__(self):
         return f"{self.name} ({self.channel})"
+
+    def clean(self):
+        """The target fits the channel; every event is known (the admin's form runs this)."""
+        errors = {}
+        problem = route_target_error(self.channel, self.target)
+        if problem:
+            errors["target"] = problem
+        unknown = sorted(set(self.events or []) - set(EVENTS))
+        if not isinstance(self.events, list):
+            errors["events"] = "a list of event names"
+        elif unknown:
+            errors["events"] = f"unknown events {unknown}; known: {sorted(EVENTS)}"
+        if errors:
+            raise ValidationError(errors)
 
 
 class Alert(models.Model):

@@ -56,6 +56,20 @@ def new_secret() -> str:
     return secrets.token_hex(16)
 
 
+def route_audit(route: AlertRoute) -> dict:
+    """The route's fields as the audit log keeps them (no secret), for the API and the admin."""
+    return {
+        "name": route.name,
+        "channel": route.channel,
+        "target": route.target,
+        "events": route.events,
+        "min_severity": route.min_severity,
+        "teams": sorted(team.name for team in route.teams.all()),
+        "jobs": sorted(job.pk for job in route.jobs.all()),
+        "enabled": route.enabled,
+    }
+
+
 def routes_for(alert: Alert):
     """The enabled routes that ask for `alert`: its event (or all), its severity or more, and its
     job among theirs or owned by one of their teams (a route naming neither hears every job;

@@ -295,6 +295,8 @@ SPECTACULAR_SETTINGS = {
     "ENUM_NAME_OVERRIDES": {
         "OperatorModeEnum": "console.models.jobs.Operator.Mode",
         "UpgradeModeEnum": "console.models.upgrades.JobUpgrade.Mode",
+        "AlertDeliveryActionEnum": "console.models.alerting.AlertDelivery.Action",
+        "RecoveryActionEnum": "console.models.faults.RecoveryEpisode.Action",
     },
     # drf-spectacular's default enum hook, then the error responses every operation can give.
     "POSTPROCESSING_HOOKS": [
