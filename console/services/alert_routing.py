@@ -29,6 +29,7 @@ from datetime import datetime, timedelta
 from django.conf import settings
 from django.core.mail import EmailMessage
 from django.db import IntegrityError, transaction
+from django.db.models import Count
 from django.utils import timezone
 from kombu.exceptions import OperationalError
 
@@ -266,7 +267,8 @@ def _trigger_pending(delivery: AlertDelivery) -> bool:
 
 def _failed(delivery: AlertDelivery, exc: Exception, now: datetime) -> float | None:
     delivery.attempts += 1
-    delivery.last_error = f"{type(exc).__name__}: {exc}"[:500]
+    # A URLError wraps the cause (refused, timed out): its reason says it without the wrapper.
+    delivery.last_error = f"{type(exc).__name__}: {getattr(exc, 'reason', exc)}"[:500]
     delivery.response_status = getattr(exc, "status", None)
     retry_in = None
     if delivery.attempts >= payloads.MAX_ATTEMPTS:
@@ -344,3 +346,45 @@ def post(request: payloads.HttpRequest) -> int:
             return response.status
     except urllib.error.HTTPError as exc:
         raise SendFailed(exc.code, exc.read().decode(errors="replace")) from exc
+
+
+def route_rows() -> list[dict]:
+    """Every route as the console lists it (no secret); two queries."""
+    routes = AlertRoute.objects.prefetch_related("teams", "jobs").order_by("name")
+    return [{**route_audit(route), "id": route.pk} for route in routes]
+
+
+def delivery_rows(status: str | None = None, limit: int = 50) -> list[dict]:
+    """The newest deliveries (of one status), with their alert and route; one query."""
+    rows = AlertDelivery.objects.select_related("alert", "route").order_by("-created_at", "-id")
+    if status:
+        rows = rows.filter(status=status)
+    return [
+        {
+            "id": row.pk,
+            "created_at": row.created_at,
+            "route": row.route.name,
+            "alert_key": row.alert.key,
+            "event": row.alert.event,
+            "severity": row.alert.severity,
+            "action": row.action,
+            "status": row.status,
+            "attempts": row.attempts,
+            "response_status": row.response_status,
+            "delivered_at": row.delivered_at,
+            "last_error": row.last_error,
+        }
+        for row in rows[:limit]
+    ]
+
+
+def delivery_counts(hours: float = 24.0) -> list[dict]:
+    """Deliveries queued in the last `hours` per route and status: {"route", "status", "n"}."""
+    since = timezone.now() - timedelta(hours=hours)
+    counted = (
+        AlertDelivery.objects.filter(created_at__gte=since)
+        .values("route__name", "status")
+        .annotate(n=Count("id"))
+        .order_by("route__name", "status")
+    )
+    return [{"route": r["route__name"], "status": r["status"], "n": r["n"]} for r in counted]

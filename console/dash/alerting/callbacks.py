@@ -1,0 +1,49 @@
+"""Alerting page callback: thin glue from the alert routing service to the figure and tables.
+
+Routes and deliveries are operators' reading (the API's rule): a viewer's refresh is refused.
+"""
+
+from __future__ import annotations
+
+from dash.exceptions import PreventUpdate
+
+from console.dash.alerting import figures
+from console.dash.common import fmt_time, table
+from console.roles import OPERATOR, has_role
+from console.services import alert_routing
+
+ROUTE_COLUMNS = ["Route", "Channel", "Target", "Events", "Severity", "Scope", "Enabled"]
+DELIVERY_COLUMNS = [
+    "Queued",
+    "Route",
+    "Alert key",
+    "Event",
+    "Action",
+    "Status",
+    "Attempts",
+    "Delivered",
+    "Last error",
+]
+
+
+def refresh(n_intervals, status, user=None):
+    """Every 2 s: the routes, deliveries per route and status, the newest deliveries."""
+    if not has_role(user, OPERATOR):
+        raise PreventUpdate
+    routes = alert_routing.route_rows()
+    deliveries = alert_routing.delivery_rows(status=status or None)
+    return (
+        table(
+            ROUTE_COLUMNS,
+            [figures.route_cells(route) for route in routes],
+            "No routes yet: add one in the admin or with POST /api/alert-routes/.",
+            table_id="routes",
+        ),
+        figures.deliveries_figure(alert_routing.delivery_counts()),
+        table(
+            DELIVERY_COLUMNS,
+            [figures.delivery_cells(delivery, fmt_time) for delivery in deliveries],
+            "No deliveries.",
+            table_id="deliveries",
+        ),
+    )

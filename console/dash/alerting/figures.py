@@ -1,0 +1,61 @@
+"""The alerting page's figure and table rows, from plain dicts (no Django, no Dash I/O)."""
+
+from __future__ import annotations
+
+import plotly.graph_objects as go
+
+STATUS_COLOURS = {"delivered": "#2e7d32", "pending": "#f9a825", "failed": "#c62828"}
+
+
+def deliveries_figure(counts: list[dict]) -> go.Figure:
+    """Deliveries per route, stacked by status; `counts`: {"route", "status", "n"} rows."""
+    routes = sorted({row["route"] for row in counts})
+    figure = go.Figure()
+    for status, colour in STATUS_COLOURS.items():
+        by_route = {row["route"]: row["n"] for row in counts if row["status"] == status}
+        figure.add_bar(
+            name=status,
+            x=routes,
+            y=[by_route.get(route, 0) for route in routes],
+            marker_color=colour,
+        )
+    figure.update_layout(
+        barmode="stack",
+        title="Deliveries per route (last 24 h)",
+        height=260,
+        margin={"l": 40, "r": 10, "t": 40, "b": 40},
+        legend={"orientation": "h", "y": -0.25},
+        yaxis_title="deliveries",
+    )
+    return figure
+
+
+def route_cells(route: dict) -> list[str]:
+    """One route's table cells."""
+    return [
+        route["name"],
+        route["channel"],
+        route["target"],
+        ", ".join(route["events"]) or "every event",
+        f"{route['min_severity']} and up",
+        ", ".join(route["teams"] + [f"job {pk}" for pk in route["jobs"]]) or "every job",
+        "on" if route["enabled"] else "off",
+    ]
+
+
+def delivery_cells(delivery: dict, fmt_time) -> list[str]:
+    """One delivery's table cells; `fmt_time` formats its datetimes."""
+    outcome = delivery["status"]
+    if delivery["response_status"]:
+        outcome += f" (HTTP {delivery['response_status']})"
+    return [
+        fmt_time(delivery["created_at"]),
+        delivery["route"],
+        delivery["alert_key"],
+        f"{delivery['event']} ({delivery['severity']})",
+        delivery["action"],
+        outcome,
+        str(delivery["attempts"]),
+        fmt_time(delivery["delivered_at"]) if delivery["delivered_at"] else "—",
+        delivery["last_error"] or "—",
+    ]
