@@ -7,7 +7,8 @@ from __future__ import annotations
 import json
 import socket
 import threading
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 
@@ -18,6 +19,7 @@ class Received:
     path: str
     headers: dict
     body: bytes
+    at: float = field(default_factory=time.time)  # when it arrived (epoch seconds)
 
     def json(self):
         return json.loads(self.body)

@@ -48,8 +48,6 @@ CLAIM_S = HTTP_TIMEOUT_S + 10.0
 # beat's sweep re-queues a pending delivery only once it is this overdue, so it does not race
 # the message (first send or retry) already on its way.
 SWEEP_GRACE_S = 10.0
-# What a PagerDuty route posts to when its target is left to the default.
-PAGERDUTY_EVENTS_URL = "https://events.pagerduty.com/v2/enqueue"
 
 
 def new_secret() -> str:

@@ -1,0 +1,111 @@
+"""The alerts worker as a real process (the launcher's argv, the demo's), on the test Redis and
+database, against a real HTTP receiver on loopback: a receiver down when the alert is raised
+gets it once it is back, with the attempts counted, one page for many raises and the resolve
+after; the slow test measures the delivery latency (docs/ALERTING.md, "Measuring the
+latency")."""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import statistics
+
+import pytest
+from django.conf import settings
+
+from console.models import AlertDelivery, AlertRoute, Job
+from console.redis import redis_client
+from console.services.alert_routing import clear_alert, raise_alert
+from infra.launcher import ProcessGroup, alerts_argv, wait_for
+from infra.queues import ALERTS_QUEUE
+from tests.cluster import database_url
+from tests.factories import make_job
+from tests.receivers import Receiver, free_port
+
+SECRET = "live-secret"
+# The worker's start (Django, Celery) on a loaded 2-core machine, then the first attempts.
+START_S = 90
+
+
+@pytest.fixture
+def alerts_worker(transactional_db, tmp_path):
+    """The alerts worker, started like LocalCluster starts it; stopped at the end."""
+    # Messages other tests queued for deliveries of their own databases: not this test's.
+    redis_client().delete(ALERTS_QUEUE)
+    group = ProcessGroup(tmp_path, say=None)
+    group.start(
+        "alerts",
+        alerts_argv("it-alerts@%h"),
+        env={
+            "DJANGO_SETTINGS_MODULE": "web.settings.test",
+            "DATABASE_URL": database_url(),
+            "TEST_REDIS_URL": settings.REDIS_URL,
+            "BACKSTOP_VAR_DIR": str(tmp_path),
+        },
+    )
+    yield tmp_path
+    group.stop(grace_s=5)
+
+
+def test_a_receiver_down_when_raised_gets_one_page_after_it_returns_then_the_resolve(
+    alerts_worker,
+):
+    job = make_job(Job.Status.RUNNING, name="live-wc")
+    receiver = Receiver(port=free_port())  # down
+    AlertRoute.objects.create(name="hook", channel="webhook", target=receiver.url, secret=SECRET)
+    key = f"job-unprotected:{job.key}:count"
+    for _ in range(20):  # twenty checks of one condition
+        raise_alert(key, "job-unprotected", job=job, summary="live-wc: count unprotected")
+    delivery = AlertDelivery.objects.get()
+
+    def attempts() -> int:
+        delivery.refresh_from_db()
+        return delivery.attempts
+
+    wait_for(lambda: attempts() >= 2, START_S, f"two attempts (log in {alerts_worker})", 0.2)
+    failed_before = attempts()
+    assert delivery.status == "pending" and "Connection refused" in delivery.last_error
+    receiver.start()
+    try:
+        (request,) = receiver.wait_for(1, timeout_s=45)
+        expected = hmac.new(
+            SECRET.encode(),
+            request.headers["X-Backstop-Timestamp"].encode() + b"." + request.body,
+            hashlib.sha256,
+        )
+        assert request.headers["X-Backstop-Signature"] == "sha256=" + expected.hexdigest()
+        assert request.json()["action"] == "trigger"
+        wait_for(lambda: attempts() > failed_before, 10, "the delivery recorded", 0.2)
+        assert delivery.status == "delivered" and delivery.attempts == failed_before + 1
+        clear_alert(key)
+        trigger, resolve = receiver.wait_for(2, timeout_s=30)
+        assert resolve.json()["action"] == "resolve" and resolve.json()["key"] == key
+    finally:
+        receiver.stop()
+    assert AlertDelivery.objects.filter(status="delivered").count() == 2
+    assert len(receiver.requests) == 2
+
+
+@pytest.mark.slow
+def test_delivery_latency_from_raise_to_the_receivers_request(alerts_worker):
+    """30 alerts, one after another, each timed from the call to raise_alert (the controller's
+    record step) to the receiver's request; p50 and p99 printed for docs/RESULTS.md."""
+    job = make_job(Job.Status.RUNNING, name="latency-wc")
+    latencies = []
+    with Receiver() as receiver:
+        AlertRoute.objects.create(name="hook", channel="webhook", target=receiver.url, secret="k")
+        # One alert first, untimed: the worker's start is not a delivery's latency.
+        raise_alert(f"restarts:{job.key}:warm-up", "restarts", job=job, summary="warm-up")
+        receiver.wait_for(1, timeout_s=START_S)
+        for n in range(30):
+            alert = raise_alert(f"restarts:{job.key}:{n}", "restarts", job=job, summary=f"{n}")
+            request = receiver.wait_for(n + 2, timeout_s=30)[-1]
+            latencies.append(request.at - alert.opened_at.timestamp())
+    latencies.sort()
+    p50 = statistics.median(latencies)
+    p99 = latencies[min(len(latencies) - 1, round(0.99 * (len(latencies) - 1)))]
+    print(
+        f"\nalert delivery latency over {len(latencies)} alerts: p50 {p50 * 1000:.0f} ms, "
+        f"p99 {p99 * 1000:.0f} ms, max {latencies[-1] * 1000:.0f} ms"
+    )
+    assert p99 <= 5.0
