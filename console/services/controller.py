@@ -53,6 +53,7 @@ from console.services.control.record import (
     decide,
     decision_kinds,
     describe_actions,
+    raise_supervision_alerts,
     record_cycle,
     record_failure,
     record_promotion_over_restart,
@@ -418,6 +419,7 @@ def reconcile_job(job: Job, supervisor: Supervisor, client, view, slot) -> bool:
         # The tick gave up on the job: no policy cycle may start replicas for it again.
         job_ended(job, client)
         return False
+    raise_supervision_alerts(job, supervisor, client, view.config)
     if time.monotonic() >= slot.next_cycle:
         cycle_started = time.monotonic()
         if slot.operators is None:

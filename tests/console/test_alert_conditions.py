@@ -201,3 +201,21 @@ def test_the_thresholds_are_bounded_policy_fields_changed_as_audited_versions(ap
         "alert_restarts_count": [5, 3],
     }
     assert policy.created_by.username == "ada" and policy.reason == "page sooner"
+
+
+def test_a_reconcile_raises_a_supervision_condition_before_the_next_cycle(running):
+    job, client = running
+    config = replace(CONFIG, alert_unprotected_s=0.5)
+    machine = supervisor(unprotected={"count": time.time() - 1})
+    key = f"job-unprotected:{job.key}:count"
+    assert record.raise_supervision_alerts(job, machine, client, config) == [key]
+    # Every later reconcile: already raised, nothing written.
+    assert record.raise_supervision_alerts(job, machine, client, config) == []
+    assert Alert.objects.get().seen == 1
+    # The cycle keeps it open while it holds, and clears it once a standby caught up.
+    watch(job, client, machine, time.time(), config=config)
+    assert Alert.objects.get().state == "open"
+    machine.unprotected_since.clear()
+    assert record.raise_supervision_alerts(job, machine, client, config) == []
+    watch(job, client, machine, time.time(), config=config)
+    assert Alert.objects.get().state == "resolved"

@@ -447,6 +447,69 @@ WATCHED_EVENTS = (
 )
 
 
+def supervision_conditions(
+    job: Job, supervisor: Supervisor, config: PolicyConfig, now: float
+) -> dict[str, dict]:
+    """The conditions decided from the supervision state alone (a protected stage without its
+    standby, failures over the count in the window): key -> {"event", "summary", "details"}.
+    No I/O, so every reconcile can ask (raise_supervision_alerts)."""
+    holding = {}
+
+    def hold(key: str, event: str, summary: str, **details) -> None:
+        holding[key] = {"event": event, "summary": summary, "details": details}
+
+    protected = set(supervisor.active_stages)
+    for stage, seconds in alert_conditions.unprotected_stages(
+        supervisor.unprotected_since, protected, now, config.alert_unprotected_s
+    ).items():
+        hold(
+            f"job-unprotected:{job.key}:{stage}",
+            "job-unprotected",
+            f"{job.name}: stage {stage} has run {seconds:.0f} s without its standby "
+            f"(limit {config.alert_unprotected_s:g} s)",
+            stage=stage,
+            unprotected_s=round(seconds, 1),
+            limit_s=config.alert_unprotected_s,
+        )
+    over = alert_conditions.restarts_over(
+        [at for times in supervisor.failures.values() for at in times],
+        now,
+        config.alert_restarts_window_s,
+        config.alert_restarts_count,
+    )
+    if over:
+        hold(
+            f"restarts:{job.key}",
+            "restarts",
+            f"{job.name}: {over} failures in {config.alert_restarts_window_s:g} s "
+            f"(limit {config.alert_restarts_count})",
+            failures=over,
+            window_s=config.alert_restarts_window_s,
+        )
+    return holding
+
+
+def raise_supervision_alerts(job: Job, supervisor: Supervisor, client, config: PolicyConfig):
+    """Every reconcile (0.25 s while a job changes, 1 s once settled): raise at once the
+    supervision-state conditions that hold and were not raised yet, rather than at the next
+    policy cycle (up to cycle_interval_s later). Nothing holding: no I/O at all; holding and
+    raised already: one Redis call. Clearing stays with the cycle (watch_conditions)."""
+    holding = supervision_conditions(job, supervisor, config, time.time())
+    if not holding:
+        return []
+    raised = control_keys.job_alerts(job.key)
+    fresh = [key for key in holding if not client.sismember(raised, key)]
+    for key in fresh:
+        alert = holding[key]
+        alert_routing.raise_alert(
+            key, alert["event"], job=job, summary=alert["summary"], details=alert["details"]
+        )
+    if fresh:
+        client.sadd(raised, *fresh)
+        client.expire(raised, ACTIVITY_TTL_S)
+    return fresh
+
+
 def watch_conditions(
     job: Job,
     supervisor: Supervisor,
@@ -466,19 +529,7 @@ def watch_conditions(
     def hold(key: str, event: str, summary: str, **details) -> None:
         holding[key] = {"event": event, "summary": summary, "details": details}
 
-    protected = set(supervisor.active_stages)
-    for stage, seconds in alert_conditions.unprotected_stages(
-        supervisor.unprotected_since, protected, now, config.alert_unprotected_s
-    ).items():
-        hold(
-            f"job-unprotected:{job.key}:{stage}",
-            "job-unprotected",
-            f"{job.name}: stage {stage} has run {seconds:.0f} s without its standby "
-            f"(limit {config.alert_unprotected_s:g} s)",
-            stage=stage,
-            unprotected_s=round(seconds, 1),
-            limit_s=config.alert_unprotected_s,
-        )
+    holding.update(supervision_conditions(job, supervisor, config, now))
     activity, new_run = _track_activity(client, job, progress, now)
     if alert_conditions.output_stalled(
         activity.get("output"), activity.get("input"), activity["watched"], now,
@@ -492,21 +543,6 @@ def watch_conditions(
             f"(limit {config.alert_no_output_s:g} s)",
             no_output_s=round(now - since, 1),
             limit_s=config.alert_no_output_s,
-        )
-    over = alert_conditions.restarts_over(
-        [at for times in supervisor.failures.values() for at in times],
-        now,
-        config.alert_restarts_window_s,
-        config.alert_restarts_count,
-    )
-    if over:
-        hold(
-            f"restarts:{job.key}",
-            "restarts",
-            f"{job.name}: {over} failures in {config.alert_restarts_window_s:g} s "
-            f"(limit {config.alert_restarts_count})",
-            failures=over,
-            window_s=config.alert_restarts_window_s,
         )
     newest_batch_ms = {}
     for record in sorted(progress, key=lambda r: r.at):
