@@ -9,10 +9,12 @@ from __future__ import annotations
 import hashlib
 import hmac
 import statistics
+import time
 
 import pytest
 from django.conf import settings
 
+from console.alerting_payloads import RETRY_MAX_DELAY_S
 from console.models import AlertDelivery, AlertRoute, Job
 from console.redis import redis_client
 from console.services.alert_routing import clear_alert, raise_alert
@@ -109,3 +111,37 @@ def test_delivery_latency_from_raise_to_the_receivers_request(alerts_worker):
         f"p99 {p99 * 1000:.0f} ms, max {latencies[-1] * 1000:.0f} ms"
     )
     assert p99 <= 5.0
+
+
+@pytest.mark.slow
+def test_a_receiver_down_for_60_s_gets_the_alert_within_the_retry_cap_of_its_return(
+    alerts_worker,
+):
+    """Issue 61's goal: a receiver down for 60 s loses no alert; it is delivered once, at most
+    RETRY_MAX_DELAY_S (30 s) after the receiver is back."""
+    job = make_job(Job.Status.RUNNING, name="outage-wc")
+    receiver = Receiver(port=free_port())
+    AlertRoute.objects.create(name="hook", channel="webhook", target=receiver.url, secret="k")
+    raise_alert(f"job-failed:{job.key}", "job-failed", job=job, summary="outage-wc failed")
+    delivery = AlertDelivery.objects.get()
+
+    def attempts() -> int:
+        delivery.refresh_from_db()
+        return delivery.attempts
+
+    wait_for(lambda: attempts() >= 1, START_S, "the first attempt", 0.2)
+    down_since = time.time()
+    time.sleep(60)  # the outage itself, not a wait for an outcome
+    receiver.start()
+    back_at = time.time()
+    try:
+        (request,) = receiver.wait_for(1, timeout_s=RETRY_MAX_DELAY_S + 15)
+    finally:
+        receiver.stop()
+    wait_for(lambda: delivery.refresh_from_db() or delivery.status == "delivered", 10, "the row")
+    print(
+        f"\nreceiver down {back_at - down_since:.0f} s: {delivery.attempts} attempts, delivered "
+        f"{request.at - back_at:.1f} s after it was back"
+    )
+    assert request.at - back_at <= RETRY_MAX_DELAY_S + 1
+    assert delivery.attempts >= 6  # 1, 2, 4, 8, 16, 30 s apart: six tries within the minute
