@@ -370,6 +370,7 @@ def delivery_rows(status: str | None = None, limit: int = 50) -> list[dict]:
             "attempts": row.attempts,
             "response_status": row.response_status,
             "delivered_at": row.delivered_at,
+            "next_attempt_at": row.next_attempt_at,
             "last_error": row.last_error,
         }
         for row in rows[:limit]

@@ -16,13 +16,12 @@ ROUTE_COLUMNS = ["Route", "Channel", "Target", "Events", "Severity", "Scope", "E
 DELIVERY_COLUMNS = [
     "Queued",
     "Route",
-    "Alert key",
     "Event",
     "Action",
     "Status",
     "Attempts",
-    "Delivered",
     "Last error",
+    "Alert key",
 ]
 
 

@@ -44,18 +44,22 @@ def route_cells(route: dict) -> list[str]:
 
 
 def delivery_cells(delivery: dict, fmt_time) -> list[str]:
-    """One delivery's table cells; `fmt_time` formats its datetimes."""
-    outcome = delivery["status"]
+    """One delivery's table cells; `fmt_time` formats its datetimes. The status says when it
+    was delivered, or when a pending one is tried next."""
+    status = delivery["status"]
+    if status == "delivered":
+        status += f" {fmt_time(delivery['delivered_at'])}"
+    elif status == "pending" and delivery["attempts"]:
+        status += f", next try {fmt_time(delivery['next_attempt_at'])}"
     if delivery["response_status"]:
-        outcome += f" (HTTP {delivery['response_status']})"
+        status += f" (HTTP {delivery['response_status']})"
     return [
         fmt_time(delivery["created_at"]),
         delivery["route"],
-        delivery["alert_key"],
         f"{delivery['event']} ({delivery['severity']})",
         delivery["action"],
-        outcome,
+        status,
         str(delivery["attempts"]),
-        fmt_time(delivery["delivered_at"]) if delivery["delivered_at"] else "—",
         delivery["last_error"] or "—",
+        delivery["alert_key"],
     ]
