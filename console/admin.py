@@ -8,6 +8,7 @@ from django.utils.html import format_html, format_html_join
 
 from console.auth_throttle import LockoutAwareAdminAuthenticationForm
 from console.models import (
+    Alert,
     AlertDelivery,
     AlertRoute,
     FaultInjection,
@@ -570,6 +571,23 @@ class AlertRouteAdmin(admin.ModelAdmin):
     def delete_queryset(self, request, queryset):
         for route in queryset:
             self.delete_model(request, route)
+
+
+@admin.register(Alert)
+class AlertAdmin(ServiceOwnedAdmin):
+    """Every alert by its key: open or resolved, since when, how many checks saw it
+    (read-only: the controller raises and clears them)."""
+
+    list_display = ["key", "event", "severity", "state", "opened_at", "last_seen_at",
+                    "resolved_at", "seen", "summary"]  # fmt: skip
+    list_filter = ["state", "event", "severity"]
+    search_fields = ["key", "summary"]
+
+    def has_module_permission(self, request):
+        return has_role(request.user, OPERATOR)
+
+    def has_view_permission(self, request, obj=None):
+        return has_role(request.user, OPERATOR)
 
 
 @admin.register(AlertDelivery)

@@ -155,3 +155,19 @@ def test_the_admin_writes_routes_through_the_audit_log(users):
     assert refused.status_code == 200 and "needs an http(s) URL" in refused.content.decode()
     browser.post(f"/admin/console/alertroute/{route.pk}/change/", {**form, "enabled": ""})
     assert AuditEvent.objects.get(action="route.change").detail == {"enabled": [True, False]}
+
+
+def test_the_admin_lists_alerts_and_deliveries_read_only(users, monkeypatch):
+    monkeypatch.setattr("console.services.alert_routing.enqueue", lambda ids: None)
+    job = make_job(status=Job.Status.RUNNING)
+    AlertRoute.objects.create(name="hook", channel="webhook", target="http://127.0.0.1:9/")
+    raise_alert(f"job-failed:{job.pk}", "job-failed", job=job, summary="wc failed")
+    users[OPERATOR].is_staff = True
+    users[OPERATOR].save()
+    browser = Client()
+    browser.force_login(users[OPERATOR])
+    for page in ("alert", "alertdelivery"):
+        listing = browser.get(f"/admin/console/{page}/")
+        assert listing.status_code == 200 and "job-failed:" in listing.content.decode()
+        assert browser.get(f"/admin/console/{page}/add/").status_code == 403
+    assert browser.get("/admin/console/alertroute/add/").status_code == 403  # admins only
