@@ -171,3 +171,15 @@ def test_the_admin_lists_alerts_and_deliveries_read_only(users, monkeypatch):
         assert listing.status_code == 200 and "job-failed:" in listing.content.decode()
         assert browser.get(f"/admin/console/{page}/add/").status_code == 403
     assert browser.get("/admin/console/alertroute/add/").status_code == 403  # admins only
+
+
+def test_metrics_count_open_alerts_and_deliveries_by_status(monkeypatch, settings, client):
+    monkeypatch.setattr("console.services.alert_routing.enqueue", lambda ids: None)
+    settings.METRICS_TOKEN = "scrape-token"
+    job = make_job(status=Job.Status.RUNNING)
+    AlertRoute.objects.create(name="hook", channel="webhook", target="http://127.0.0.1:9/")
+    raise_alert(f"job-failed:{job.pk}", "job-failed", job=job, summary="wc failed")
+    raise_alert(f"restarts:{job.pk}", "restarts", job=job, summary="restarts")
+    text = client.get("/metrics", HTTP_AUTHORIZATION="Bearer scrape-token").content.decode()
+    assert 'backstop_alerts_open{event="job-failed",severity="critical"} 1.0' in text
+    assert 'backstop_alert_deliveries{action="trigger",route="hook",status="pending"} 2.0' in text
