@@ -381,8 +381,11 @@ def alert_failed_job(job: Job) -> None:
     """Email the subscriptions that asked to hear about jobs failing for good, and raise the
     job-failed alert (resolved by the first policy cycle of the job restarted)."""
     tasks.send(tasks.ALERT_JOB_FAILED, job.pk)
+    # Keyed by the failure's time: a controller that records the same failure twice raises one
+    # alert, and a job restarted and failed again pages again whatever the reopen throttle.
+    failed_at = int(job.stopped_at.timestamp()) if job.stopped_at else 0
     alert_routing.raise_alert(
-        f"job-failed:{job.key}",
+        f"job-failed:{job.key}:{failed_at}",
         "job-failed",
         job=job,
         summary=f"{job.name} failed: {(job.status_reason or 'no reason given')[:200]}",
