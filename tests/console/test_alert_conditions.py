@@ -107,6 +107,16 @@ def test_no_output_while_input_arrives_pages_and_output_clears_it(running):
     assert Alert.objects.get().state == "resolved"
 
 
+def test_a_stuck_job_whose_input_stream_grows_is_stalled(running):
+    """No batch at all (nothing reads the input), but the generator keeps writing: the input
+    stream's newest entry says input arrives."""
+    job, client = running
+    now = time.time()
+    watch(job, client, supervisor(), now, [progress_record(at=now, input_rows=5, written=5)])
+    client.xadd(data_keys.input_stream(job.key), {"text": "a b"}, id=f"{int((now + 33) * 1000)}-0")
+    assert list(watch(job, client, supervisor(), now + 35)) == [f"output-stalled:{job.key}"]
+
+
 def test_restarts_over_the_count_in_the_window(running):
     job, client = running
     now = time.time()

@@ -632,8 +632,9 @@ def clear_alerts_of_ended_job(job: Job, client) -> None:
 def _track_activity(client, job: Job, progress: list, now: float) -> tuple[dict[str, float], bool]:
     """(the job's newest input and output times (keys.job_activity), moved on by this cycle's
     progress records, whether this is the first cycle watching this run of the job). Input
-    is a primary's batch that read rows, output one that wrote results; `watched`: when this
-    run was first watched (no output yet counts from there)."""
+    is a primary's batch that read rows or, for a job on a Redis stream, the stream's newest
+    entry; output a batch that wrote results; `watched`: when this run was first watched (no
+    output yet counts from there)."""
     key = control_keys.job_activity(job.key)
     stored = {name: float(value) for name, value in client.hgetall(key).items()}
     started = job.started_at.timestamp() if job.started_at else now
@@ -644,6 +645,9 @@ def _track_activity(client, job: Job, progress: list, now: float) -> tuple[dict[
         # (a controller new to the job has not seen the output before it).
         activity = {"watched": now}
     inputs = [r.at for r in progress if r.is_primary and r.segment == "0" and r.input_rows > 0]
+    arrived = _newest_input_at(client, job)
+    if arrived is not None:
+        inputs.append(arrived)
     outputs = [r.at for r in progress if r.is_output]
     if inputs:
         activity["input"] = max(activity.get("input", 0.0), *inputs)
@@ -660,6 +664,20 @@ def _track_activity(client, job: Job, progress: list, now: float) -> tuple[dict[
 
 # A job's activity record outlives a stopped job this long (a restart within it goes on).
 ACTIVITY_TTL_S = 86_400
+
+
+def _newest_input_at(client, job: Job) -> float | None:
+    """When the newest entry reached the job's Redis input stream (an entry's id is the time
+    it was added, in ms), so input that no batch reads (a stuck job) still counts as arriving;
+    None for a Kafka job or an empty stream."""
+    if kafka_status.reads_kafka(job):
+        return None
+    newest = client.xrevrange(data_keys.input_stream(job.key), "+", "-", count=1)
+    if not newest:
+        return None
+    entry_id = newest[0][0]
+    entry_id = entry_id.decode() if isinstance(entry_id, bytes) else entry_id
+    return int(entry_id.split("-")[0]) / 1000.0
 
 
 def _primary_errors(client, job: Job) -> dict[str, str]:
