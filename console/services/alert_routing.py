@@ -3,7 +3,7 @@
 Every condition, wherever it is decided, calls
 
 - `raise_alert(key, event, ...)` each time it finds the condition true. The key names the
-  condition (`job-unprotected:12:count`), not the check: the first call opens the alert and
+  condition (`job-unprotected:<job key>:count`), not the check: the first call opens the alert and
   queues one delivery per matching route; repeats only count (`seen`, `last_seen_at`), so a
   condition checked every cycle pages once. A key raised again within the policy's
   `alert_reopen_throttle_s` after it resolved stays resolved (a flapping condition pages once).
@@ -13,7 +13,7 @@ Every condition, wherever it is decided, calls
 Both only write rows and enqueue one message per delivery on the `alerts` queue after the
 commit; the controller never waits for a receiver. `deliver(delivery_id)` (run by the alerts
 worker, workers/alerting.py) makes one attempt: it claims the row, sends it with a bounded
-timeout and records the outcome, or when the attempt failed when to try again (exponential
+timeout and records the outcome; after a failure it sets when to try again (exponential
 backoff, console.alerting_payloads.retry_delay_s). `due_deliveries()` is what beat's sweep
 re-queues, so a message lost with a worker or the broker delays a delivery but never loses it.
 """
