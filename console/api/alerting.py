@@ -8,7 +8,7 @@ from rest_framework.permissions import SAFE_METHODS, BasePermission
 from rest_framework.response import Response
 
 from console.alerting_payloads import EVENTS
-from console.models import AlertDelivery, AlertRoute, Job, Team, route_target_error
+from console.models import Alert, AlertDelivery, AlertRoute, Job, Team, route_target_error
 from console.roles import ADMIN, OPERATOR, has_role
 from console.services import alert_routing
 from console.services.audit_log import record
@@ -157,4 +157,45 @@ class AlertDeliveryViewSet(mixins.ListModelMixin, viewsets.GenericViewSet):
             rows = rows.filter(route_id=int(params["route"]))
         if params.get("alert_key"):
             rows = rows.filter(alert__key=params["alert_key"])
+        return rows
+
+
+class AlertSerializer(serializers.ModelSerializer):
+    """One alert: its condition's key, state and how many checks saw it."""
+
+    class Meta:
+        model = Alert
+        fields = [
+            "id",
+            "key",
+            "event",
+            "severity",
+            "job",
+            "state",
+            "opened_at",
+            "last_seen_at",
+            "resolved_at",
+            "seen",
+            "summary",
+            "details",
+        ]
+        read_only_fields = fields
+
+
+class AlertViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet):
+    """Alerts, newest opened first: `?state=open|resolved`, `?event=`, `?job=<id>` narrow the
+    list."""
+
+    permission_classes = [RoutePermission]
+    serializer_class = AlertSerializer
+
+    def get_queryset(self):
+        rows = Alert.objects.order_by("-opened_at", "-id")
+        params = self.request.query_params
+        if params.get("state"):
+            rows = rows.filter(state=params["state"])
+        if params.get("event"):
+            rows = rows.filter(event=params["event"])
+        if params.get("job", "").isdigit():
+            rows = rows.filter(job_id=int(params["job"]))
         return rows

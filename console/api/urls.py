@@ -18,6 +18,7 @@ router.register(
 router.register("recoveries", views.RecoveryViewSet, basename="recovery")
 router.register("alert-routes", alerting.AlertRouteViewSet, basename="alert-route")
 router.register("alert-deliveries", alerting.AlertDeliveryViewSet, basename="alert-delivery")
+router.register("alerts", alerting.AlertViewSet, basename="alert")
 
 urlpatterns = [
     path("auth/token/", obtain_auth_token, name="api-token"),

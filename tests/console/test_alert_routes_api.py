@@ -8,7 +8,7 @@ from django.test import Client
 
 from console.models import AlertDelivery, AlertRoute, AuditEvent, Job, Team
 from console.roles import ADMIN, OPERATOR, VIEWER
-from console.services.alert_routing import deliver, raise_alert
+from console.services.alert_routing import clear_alert, deliver, raise_alert
 from tests.factories import make_job
 from tests.receivers import Receiver
 
@@ -183,3 +183,17 @@ def test_metrics_count_open_alerts_and_deliveries_by_status(monkeypatch, setting
     text = client.get("/metrics", HTTP_AUTHORIZATION="Bearer scrape-token").content.decode()
     assert 'backstop_alerts_open{event="job-failed",severity="critical"} 1.0' in text
     assert 'backstop_alert_deliveries{action="trigger",route="hook",status="pending"} 2.0' in text
+
+
+def test_alerts_are_listed_with_how_many_checks_saw_them(api_as, monkeypatch):
+    monkeypatch.setattr("console.services.alert_routing.enqueue", lambda ids: None)
+    job = make_job(status=Job.Status.RUNNING)
+    for _ in range(3):
+        raise_alert(f"restarts:{job.pk}", "restarts", job=job, summary="6 failures")
+    raise_alert(f"job-failed:{job.pk}", "job-failed", job=job, summary="failed")
+    clear_alert(f"job-failed:{job.pk}")
+    rows = api_as(OPERATOR).get("/api/alerts/?state=open").json()["results"]
+    assert [(r["key"], r["seen"], r["severity"], r["job"]) for r in rows] == [
+        (f"restarts:{job.pk}", 3, "warning", job.pk)
+    ]
+    assert api_as(VIEWER).get("/api/alerts/").status_code == 403
