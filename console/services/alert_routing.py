@@ -346,6 +346,14 @@ def post(request: payloads.HttpRequest) -> int:
         raise SendFailed(exc.code, exc.read().decode(errors="replace")) from exc
 
 
+def open_alert_rows(limit: int = 50) -> list[dict]:
+    """The open alerts, newest first, as the console lists them; one query."""
+    rows = Alert.objects.filter(state=Alert.State.OPEN).order_by("-opened_at", "-id")[:limit]
+    return list(
+        rows.values("key", "event", "severity", "summary", "seen", "opened_at", "last_seen_at")
+    )
+
+
 def route_rows() -> list[dict]:
     """Every route as the console lists it (no secret); two queries."""
     routes = AlertRoute.objects.prefetch_related("teams", "jobs").order_by("name")

@@ -60,7 +60,9 @@ def test_the_refresh_lists_routes_and_deliveries_with_status_attempts_and_errors
 ):
     seed_alerts(monkeypatch)
     operator = UserFactory(username="olga", role=OPERATOR)
-    routes, figure, deliveries = callbacks.refresh(1, "", user=operator)
+    alerts, routes, figure, deliveries = callbacks.refresh(1, "", user=operator)
+    assert "payments-wc failed" in str(alerts)
+    assert "count unprotected" not in str(alerts)  # resolved
     text = str(routes) + str(deliveries)
     assert "payments-pagerduty" in text and "every event" in text and "payments" in text
     assert "(HTTP 202)" in text and "next try" in text
@@ -69,7 +71,7 @@ def test_the_refresh_lists_routes_and_deliveries_with_status_attempts_and_errors
     assert list(figure.data[0].x) == ["payments-pagerduty", "sre-webhook"]
     # The webhook: both triggers, and the resolve that waits for its trigger.
     assert bars["delivered"] == [3, 0] and bars["pending"] == [0, 3]
-    _, _, failed_only = callbacks.refresh(2, "failed", user=operator)
+    _, _, _, failed_only = callbacks.refresh(2, "failed", user=operator)
     assert "No deliveries." in str(failed_only)
     with pytest.raises(PreventUpdate):
         callbacks.refresh(1, "", user=UserFactory(username="vera", role=VIEWER))
@@ -91,6 +93,7 @@ def test_the_page_in_a_browser(live_server, browser, transactional_db, monkeypat
     page = _log_in(browser, live_server.url, "olga")
     expect(page.locator("nav a", has_text="Alerts")).to_be_visible()
     page.goto(f"{live_server.url}/console/alerts/")
+    expect(page.locator("#open-alerts")).to_contain_text("payments-wc failed")
     expect(page.locator("#routes")).to_contain_text("payments-pagerduty")
     expect(page.locator("#deliveries")).to_contain_text("(HTTP 202)")
     expect(page.locator("#deliveries")).to_contain_text("Connection refused")

@@ -12,6 +12,7 @@ app.layout = layout.layout
 
 # Not shared between viewers (console.dash.sharing): only operators may read it.
 app.callback(
+    Output("alerts-table", "children"),
     Output("routes-table", "children"),
     Output("deliveries-chart", "figure"),
     Output("deliveries-table", "children"),

@@ -12,6 +12,7 @@ from console.dash.common import fmt_time, table
 from console.roles import OPERATOR, has_role
 from console.services import alert_routing
 
+ALERT_COLUMNS = ["Opened", "Event", "Summary", "Checks", "Last seen", "Key"]
 ROUTE_COLUMNS = ["Route", "Channel", "Target", "Events", "Severity", "Scope", "Enabled"]
 DELIVERY_COLUMNS = [
     "Queued",
@@ -26,12 +27,19 @@ DELIVERY_COLUMNS = [
 
 
 def refresh(n_intervals, status, user=None):
-    """Every 2 s: the routes, deliveries per route and status, the newest deliveries."""
+    """Every 2 s: the open alerts, the routes, deliveries per route and status, the newest
+    deliveries."""
     if not has_role(user, OPERATOR):
         raise PreventUpdate
     routes = alert_routing.route_rows()
     deliveries = alert_routing.delivery_rows(status=status or None)
     return (
+        table(
+            ALERT_COLUMNS,
+            [figures.alert_cells(alert, fmt_time) for alert in alert_routing.open_alert_rows()],
+            "Nothing is wrong: no alert is open.",
+            table_id="open-alerts",
+        ),
         table(
             ROUTE_COLUMNS,
             [figures.route_cells(route) for route in routes],

@@ -30,6 +30,18 @@ def deliveries_figure(counts: list[dict]) -> go.Figure:
     return figure
 
 
+def alert_cells(alert: dict, fmt_time) -> list[str]:
+    """One open alert's table cells; `fmt_time` formats its datetimes."""
+    return [
+        fmt_time(alert["opened_at"]),
+        f"{alert['event']} ({alert['severity']})",
+        alert["summary"],
+        str(alert["seen"]),
+        fmt_time(alert["last_seen_at"]),
+        alert["key"],
+    ]
+
+
 def route_cells(route: dict) -> list[str]:
     """One route's table cells."""
     return [

@@ -1,4 +1,5 @@
-"""Alerting page layout: the routes, deliveries by route and status, the newest deliveries."""
+"""Alerting page layout: open alerts, the routes, deliveries by route and status, the newest
+deliveries."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ def layout():
     return html.Div(
         [
             refresh_timer(),
+            card("Open alerts", html.Div(id="alerts-table")),
             card("Routes", html.Div(id="routes-table")),
             html.Div(dcc.Graph(id="deliveries-chart", config=GRAPH_CONFIG), className="card"),
             html.Div(
