@@ -18,15 +18,27 @@ from console.alerting_payloads import RETRY_MAX_DELAY_S
 from console.models import AlertDelivery, AlertRoute, Job
 from console.redis import redis_client
 from console.services.alert_routing import clear_alert, raise_alert
-from infra.launcher import ProcessGroup, alerts_argv, wait_for
+from infra import leases
+from infra.launcher import ProcessGroup, alerts_argv, controller_argv, wait_for
 from infra.queues import ALERTS_QUEUE
 from tests.cluster import database_url
-from tests.factories import make_job
+from tests.factories import NodeFactory, make_job
 from tests.receivers import Receiver, free_port
 
 SECRET = "live-secret"
 # The worker's start (Django, Celery) on a loaded 2-core machine, then the first attempts.
 START_S = 90
+
+
+def worker_env(var_dir) -> dict:
+    """What the test's worker processes need: the test settings, database and Redis."""
+    return {
+        "DJANGO_SETTINGS_MODULE": "web.settings.test",
+        "DATABASE_URL": database_url(),
+        "TEST_REDIS_URL": settings.REDIS_URL,
+        "CONTROLLER_DISPATCH": "true",
+        "BACKSTOP_VAR_DIR": str(var_dir),
+    }
 
 
 @pytest.fixture
@@ -35,16 +47,7 @@ def alerts_worker(transactional_db, tmp_path):
     # Messages other tests queued for deliveries of their own databases: not this test's.
     redis_client().delete(ALERTS_QUEUE)
     group = ProcessGroup(tmp_path, say=None)
-    group.start(
-        "alerts",
-        alerts_argv("it-alerts@%h"),
-        env={
-            "DJANGO_SETTINGS_MODULE": "web.settings.test",
-            "DATABASE_URL": database_url(),
-            "TEST_REDIS_URL": settings.REDIS_URL,
-            "BACKSTOP_VAR_DIR": str(tmp_path),
-        },
-    )
+    group.start("alerts", alerts_argv("it-alerts@%h"), env=worker_env(tmp_path))
     yield tmp_path
     group.stop(grace_s=5)
 
@@ -145,3 +148,42 @@ def test_a_receiver_down_for_60_s_gets_the_alert_within_the_retry_cap_of_its_ret
     )
     assert request.at - back_at <= RETRY_MAX_DELAY_S + 1
     assert delivery.attempts >= 6  # 1, 2, 4, 8, 16, 30 s apart: six tries within the minute
+
+
+@pytest.mark.slow
+def test_latency_from_a_job_the_controller_must_give_up_to_the_receivers_request(
+    alerts_worker,
+):
+    """End to end with the real controller: a job turns live without a supervision state (as
+    after Redis lost it); the controller's next membership round takes it, finds no state,
+    fails it for good and raises job-failed; the alerts worker sends it. Timed from the job
+    turning live (the condition becoming true) to the receiver's request, over 20 jobs."""
+    NodeFactory(name="lat-node")
+    group = ProcessGroup(alerts_worker / "controller", say=None)
+    group.start("controller", controller_argv("it-controller@%h"), env=worker_env(alerts_worker))
+    client = redis_client()
+    try:
+        wait_for(lambda: leases.live_controllers(client, 3.0), START_S, "the controller", 0.2)
+        end_to_end, delivery = [], []
+        with Receiver() as receiver:
+            AlertRoute.objects.create(
+                name="hook", channel="webhook", target=receiver.url, secret="k"
+            )
+            for n in range(21):  # the first one warms up, untimed
+                became_true = time.time()
+                job = make_job(Job.Status.RUNNING, name=f"lat-{n}")
+                request = receiver.wait_for(n + 1, timeout_s=60)[-1]
+                assert request.json()["key"].startswith(f"job-failed:{job.key}:")
+                if n:
+                    end_to_end.append(request.at - became_true)
+                    delivery.append(request.at - request.json()["opened_at"])
+    finally:
+        group.stop(grace_s=5)
+    for name, latencies in (("end to end", end_to_end), ("raise -> request", delivery)):
+        latencies.sort()
+        p99 = latencies[min(len(latencies) - 1, round(0.99 * (len(latencies) - 1)))]
+        print(
+            f"\n{name} over {len(latencies)} alerts: p50 {statistics.median(latencies):.2f} s, "
+            f"p99 {p99:.2f} s, max {latencies[-1]:.2f} s"
+        )
+    assert max(end_to_end) <= 5.0
