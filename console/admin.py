@@ -9,6 +9,9 @@ from django.utils.html import format_html, format_html_join
 
 from console.auth_throttle import LockoutAwareAdminAuthenticationForm
 from console.models import (
+    Alert,
+    AlertDelivery,
+    AlertRoute,
     FaultInjection,
     Job,
     JobUpgrade,
@@ -27,9 +30,11 @@ from console.models import (
 from console.models.teams import TEAM_GROUP_PREFIX
 from console.policy.config import BOUNDS, PolicyConfig, PolicyConfigError
 from console.roles import ADMIN, OPERATOR, VIEWER, has_role
+from console.services import alert_routing
 from console.services import policy as policy_service
 from console.services import reports as report_service
 from console.services import topologies as topology_service
+from console.services.audit_log import record
 
 
 class ServiceOwnedAdmin(admin.ModelAdmin):
@@ -543,6 +548,115 @@ class PredictorTrainingAdmin(SentAlertAdmin):
     list_display = ["trained_at", "samples", "failures", "r2", "mse", "prior_mse", "used"]
     list_filter = ["used"]
     search_fields = ["reason"]
+
+
+class AlertRouteForm(forms.ModelForm):
+    """A route; the secret is kept when left blank (one is generated for a new route)."""
+
+    secret = forms.CharField(
+        required=False,
+        widget=forms.PasswordInput(render_value=False),
+        help_text="Webhook HMAC secret or PagerDuty routing key; blank keeps the current one "
+        "(a new route gets a generated one, shown in the API's answer to its creation).",
+    )
+
+    class Meta:
+        model = AlertRoute
+        fields = ["name", "enabled", "channel", "target", "events", "min_severity", "teams",
+                  "jobs", "secret"]  # fmt: skip
+
+    def clean_secret(self):
+        given = self.cleaned_data.get("secret")
+        return given or self.instance.secret or alert_routing.new_secret()
+
+
+@admin.register(AlertRoute)
+class AlertRouteAdmin(admin.ModelAdmin):
+    """Alert routes (docs/ALERTING.md): admins edit them, each write goes to the audit log."""
+
+    form = AlertRouteForm
+    list_display = ["name", "enabled", "channel", "target", "min_severity", "events"]
+    list_filter = ["enabled", "channel", "min_severity"]
+    search_fields = ["name", "target"]
+    filter_horizontal = ["teams", "jobs"]
+
+    def has_module_permission(self, request):
+        return has_role(request.user, OPERATOR)
+
+    def has_view_permission(self, request, obj=None):
+        return has_role(request.user, OPERATOR)
+
+    def has_add_permission(self, request):
+        return has_role(request.user, ADMIN)
+
+    def has_change_permission(self, request, obj=None):
+        return has_role(request.user, ADMIN)
+
+    def has_delete_permission(self, request, obj=None):
+        return has_role(request.user, ADMIN)
+
+    def save_model(self, request, obj, form, change):
+        # Read before the save: the teams and jobs are saved after it (save_related).
+        stored = AlertRoute.objects.get(pk=obj.pk) if change else None
+        form.audit_before = alert_routing.route_audit(stored) if stored else None
+        form.secret_changed = stored is not None and stored.secret != obj.secret
+        super().save_model(request, obj, form, change)
+
+    def save_related(self, request, form, formsets, change):
+        super().save_related(request, form, formsets, change)
+        route = form.instance
+        after = alert_routing.route_audit(route)
+        if change:
+            before = form.audit_before
+            detail = {k: [before[k], v] for k, v in after.items() if before[k] != v}
+            if form.secret_changed:
+                detail["secret"] = "changed"
+            record("route.change", request=request, target=f"route:{route.pk}", detail=detail)
+        else:
+            record("route.create", request=request, target=f"route:{route.pk}", detail=after)
+
+    def delete_model(self, request, obj):
+        detail, pk = alert_routing.route_audit(obj), obj.pk
+        super().delete_model(request, obj)
+        record("route.delete", request=request, target=f"route:{pk}", detail=detail)
+
+    def delete_queryset(self, request, queryset):
+        for route in queryset:
+            self.delete_model(request, route)
+
+
+@admin.register(Alert)
+class AlertAdmin(ServiceOwnedAdmin):
+    """Every alert by its key: open or resolved, since when, how many checks saw it
+    (read-only: the controller raises and clears them)."""
+
+    list_display = ["key", "event", "severity", "state", "opened_at", "last_seen_at",
+                    "resolved_at", "seen", "summary"]  # fmt: skip
+    list_filter = ["state", "event", "severity"]
+    search_fields = ["key", "summary"]
+
+    def has_module_permission(self, request):
+        return has_role(request.user, OPERATOR)
+
+    def has_view_permission(self, request, obj=None):
+        return has_role(request.user, OPERATOR)
+
+
+@admin.register(AlertDelivery)
+class AlertDeliveryAdmin(ServiceOwnedAdmin):
+    """Every delivery of an alert to a route, with its attempts and outcome (read-only)."""
+
+    list_display = ["created_at", "alert", "route", "action", "status", "attempts",
+                    "response_status", "last_error"]  # fmt: skip
+    list_filter = ["status", "action", "route"]
+    search_fields = ["alert__key", "last_error"]
+    list_select_related = ["alert", "route"]
+
+    def has_module_permission(self, request):
+        return has_role(request.user, OPERATOR)
+
+    def has_view_permission(self, request, obj=None):
+        return has_role(request.user, OPERATOR)
 
 
 # The admin login says "locked out" when the throttle refused the attempt (console.auth_throttle).

@@ -68,6 +68,20 @@ def kafka_conditions(job_key: str) -> str:
     return make_key(job_key, "kafka-conditions")
 
 
+def job_activity(job_key: str) -> str:
+    """Hash `input`, `output`, `watched`: epoch seconds of the newest batch that read input, of
+    the newest that wrote output, and since when the controller watches them (the output-stalled
+    alert, console.services.control.record.watch_conditions); kept in Redis so a controller
+    that takes the job over goes on from there."""
+    return make_key(job_key, "io-activity")
+
+
+def job_alerts(job_key: str) -> str:
+    """Set of the alert keys the controller raised for the job and has not cleared yet
+    (console.services.control.record.watch_conditions clears those whose condition is gone)."""
+    return make_key(job_key, "alerts")
+
+
 def controller_state(job_key: str) -> str:
     """The supervision state of a job as JSON, so a restarted controller picks it up."""
     return make_key(job_key, "controller-state")
@@ -183,4 +197,6 @@ def controller_job_keys(job_key: str) -> list[str]:
         exit_tails(job_key),
         interval_requests(job_key),
         agent_events_cursor(job_key),
+        job_activity(job_key),
+        job_alerts(job_key),
     ]

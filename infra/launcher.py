@@ -24,7 +24,7 @@ from infra.kafka import KafkaBroker, kafka_bootstrap_servers
 from infra.kafka_outage import BrokerKeeper
 from infra.keys import node_heartbeat
 from infra.process_group import ProcessGroup
-from infra.queues import CONTROL_QUEUE, node_queue
+from infra.queues import ALERTS_QUEUE, CONTROL_QUEUE, node_queue
 from infra.redis_client import redis_client
 from spark_runtime.strategies import CONTROL_PLANE_NICE
 
@@ -133,6 +133,16 @@ def controller_argv(worker_name: str = "controller@%h", concurrency: int = 4) ->
     )  # fmt: skip
 
 
+def alerts_argv(worker_name: str = "alerts@%h", concurrency: int = 4) -> list[str]:
+    """The alerts worker: consumes the alerts queue and sends alert deliveries
+    (workers/alerting.py), so a slow or dead receiver never holds a controller thread."""
+    # threads: a hung receiver holds one thread for at most the HTTP timeout, not the others
+    return celery_argv(
+        "worker", "-Q", ALERTS_QUEUE, "-n", worker_name, "--pool", "threads",
+        "--concurrency", str(concurrency), "--loglevel", "INFO", *QUICK_START,
+    )  # fmt: skip
+
+
 def agent_argv(node: str, worker_name: str | None = None) -> list[str]:
     """The node agent of `node`: consumes that node's queue."""
     # solo pool: tasks run beside the agent's monitor thread (workers/agent.py)
@@ -163,9 +173,10 @@ def agent_env(
 
 @dataclass
 class LocalCluster:
-    """A local Backstop's workers: the Celery controller, beat and one node agent per node, in
-    `group` (so kept running). The one way `manage.py demo`, the benchmark and the integration
-    tests start them; the caller owns Redis, the database and the web server."""
+    """A local Backstop's workers: the Celery controller, the alerts worker, beat and one node
+    agent per node, in `group` (so kept running). The one way `manage.py demo`, the benchmark
+    and the integration tests start them; the caller owns Redis, the database and the web
+    server."""
 
     group: ProcessGroup
     nodes: Sequence[str]
@@ -187,9 +198,16 @@ class LocalCluster:
         )
 
     def start(self, redis_url: str, timeout_s: float = 90) -> None:
-        """Start the controller, the agents and beat; return once every agent heartbeats."""
+        """Start the controller, the alerts worker, the agents and beat; return once every agent
+        heartbeats."""
         started = time.time()
         self.start_controller()
+        self.group.start(
+            "alerts",
+            alerts_argv(f"{self.worker_prefix}alerts@%h"),
+            env=self.env,
+            nice=CONTROL_PLANE_NICE,
+        )
         for node in self.nodes:
             self.group.start(
                 f"agent-{node}",

@@ -1,10 +1,13 @@
 """Celery queue names, in one place.
 
-The controller consumes `control`; each node agent consumes the queue of its own node, so a task
-sent to `node.node-2` runs on node-2's host and nowhere else.
+The controller consumes `control`, the alerts worker `alerts`; each node agent consumes the
+queue of its own node, so a task sent to `node.node-2` runs on node-2's host and nowhere else.
 """
 
 CONTROL_QUEUE = "control"
+# Alert deliveries (workers/alerting.py): a worker of their own, so a slow receiver never
+# delays the controller's tasks.
+ALERTS_QUEUE = "alerts"
 NODE_QUEUE_PREFIX = "node."
 
 

@@ -3,7 +3,7 @@
 from django.urls import include, path
 from rest_framework.routers import DefaultRouter
 
-from console.api import views
+from console.api import alerting, views
 from console.auth_throttle import obtain_auth_token
 
 router = DefaultRouter()
@@ -16,6 +16,9 @@ router.register(
     r"jobs/(?P<job_pk>\d+)/recoveries", views.JobRecoveryViewSet, basename="job-recovery"
 )
 router.register("recoveries", views.RecoveryViewSet, basename="recovery")
+router.register("alert-routes", alerting.AlertRouteViewSet, basename="alert-route")
+router.register("alert-deliveries", alerting.AlertDeliveryViewSet, basename="alert-delivery")
+router.register("alerts", alerting.AlertViewSet, basename="alert")
 
 urlpatterns = [
     path("auth/token/", obtain_auth_token, name="api-token"),

@@ -12,4 +12,5 @@ urlpatterns = [
     path("placement/", views.placement, name="placement"),
     path("recoveries/", views.recoveries, name="recoveries"),
     path("resources/", views.resources, name="resources"),
+    path("alerts/", views.alerting, name="alerts"),
 ]

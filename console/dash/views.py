@@ -1,14 +1,17 @@
 """Django views that host the Dash pages: login required, one template per page."""
 
 from django.contrib.auth.decorators import login_required
+from django.core.exceptions import PermissionDenied
 from django.middleware.csrf import get_token
 from django.shortcuts import render
 
+from console.dash.alerting.app import APP_NAME as ALERTING_APP
 from console.dash.job.app import APP_NAME as JOB_APP
 from console.dash.overview.app import APP_NAME as OVERVIEW_APP
 from console.dash.placement.app import APP_NAME as PLACEMENT_APP
 from console.dash.recoveries.app import APP_NAME as RECOVERIES_APP
 from console.dash.resources.app import APP_NAME as RESOURCES_APP
+from console.roles import OPERATOR, has_role
 from console.services.teams import visible_job_or_404
 
 
@@ -53,3 +56,11 @@ def recoveries(request):
 def resources(request):
     """CPU, memory, disk and network per node over time."""
     return _page(request, "console/page.html", RESOURCES_APP, "resources", title="Resources")
+
+
+@login_required
+def alerting(request):
+    """Alert routes and their deliveries (operators and admins, as in the API)."""
+    if not has_role(request.user, OPERATOR):
+        raise PermissionDenied("alert routes and deliveries are for operators and admins")
+    return _page(request, "console/page.html", ALERTING_APP, "alerts", title="Alerts")

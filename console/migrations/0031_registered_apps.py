@@ -6,7 +6,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('console', '0029_merge_teams_oidc'),
+        ('console', '0030_alert_routing'),
     ]
 
     operations = [

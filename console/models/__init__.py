@@ -14,13 +14,15 @@ re-exported here, so `from console.models import X` works for all of them:
 - upgrades: JobUpgrade
 - teams: Team, AuditEvent
 - accounts: OidcIdentity (users signed in through OpenID Connect)
+- alerting: AlertRoute, Alert, AlertDelivery
 
 Imports run one way (teams <- jobs <- replicas <- faults, metrics; jobs <- decisions, reports,
-upgrades; policy and accounts alone), and none of these modules imports console.services or
-workers.
+upgrades; reports <- alerting; policy and accounts alone), and none of these modules imports
+console.services or workers.
 """
 
 from console.models.accounts import OidcIdentity
+from console.models.alerting import Alert, AlertDelivery, AlertRoute, route_target_error
 from console.models.decisions import ControlDecision
 from console.models.faults import FaultInjection, RecoveryEpisode
 from console.models.jobs import InvalidTransition, Job, Operator, RegisteredTopology
@@ -38,6 +40,9 @@ from console.models.teams import AuditEvent, Team
 from console.models.upgrades import JobUpgrade
 
 __all__ = [
+    "Alert",
+    "AlertDelivery",
+    "AlertRoute",
     "AuditEvent",
     "ControlDecision",
     "FaultInjection",
@@ -58,6 +63,7 @@ __all__ = [
     "SentAlert",
     "Team",
     "default_report_crontab",
+    "route_target_error",
     "split_recipients",
     "validate_recipients",
 ]

@@ -137,6 +137,24 @@ BOUNDS: dict[str, Bound] = {
                                      "behind their topic's end (summed over partitions) for two "
                                      "policy cycles in a row before an alert; 0 turns the alert "
                                      "off"),
+    "alert_unprotected_s": Bound(0.0, 86_400.0, "a stage of a protected operator may run without "
+                                 "its standby this long before the job-unprotected alert; 0 "
+                                 "turns it off; a day at most"),
+    "alert_no_output_s": Bound(0.0, 86_400.0, "a job may write no output this long while input "
+                               "arrives before the output-stalled alert; 0 turns it off"),
+    "alert_restarts_count": Bound(0, 1000, "this many failures of a job's replicas within "
+                                  "alert_restarts_window_s raise the restarts alert; 0 turns it "
+                                  "off"),
+    "alert_restarts_window_s": Bound(10.0, 86_400.0, "the window restarts are counted in: ten "
+                                     "seconds to a day"),
+    "alert_checkpoint_duration_s": Bound(0.0, 3600.0, "a batch (it commits the stage's "
+                                         "checkpoint) longer than this raises checkpoint-slow; "
+                                         "0 turns it off; an hour at most"),
+    "alert_recovery_over_s": Bound(0.0, 86_400.0, "a recovery longer than this raises "
+                                   "recovery-slow; 0 turns it off"),
+    "alert_reopen_throttle_s": Bound(0.0, 86_400.0, "an alert raised again this soon after it "
+                                     "resolved stays resolved (a flapping condition pages once); "
+                                     "a day at most"),
 }  # fmt: skip
 
 
@@ -226,6 +244,15 @@ class PolicyConfig:
     # Alert when the total lag of a Kafka job's primaries (records behind the topic's end) stays
     # above this (console.services.control.record.watch_kafka); 0: never.
     kafka_lag_alert_records: int = 0
+    # The conditions ops teams page on (console/policy/alert_conditions.py, docs/ALERTING.md);
+    # 0 turns a condition off.
+    alert_unprotected_s: float = 120.0
+    alert_no_output_s: float = 120.0
+    alert_restarts_count: int = 5
+    alert_restarts_window_s: float = 600.0
+    alert_checkpoint_duration_s: float = 0.0
+    alert_recovery_over_s: float = 0.0
+    alert_reopen_throttle_s: float = 300.0
 
     def validate(self) -> None:
         """Raise PolicyConfigError listing every invalid field; return None when all is well."""

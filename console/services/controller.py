@@ -48,15 +48,18 @@ from console.services.control.observe import (
 from console.services.control.record import (
     alert_failed_job,
     alert_slow_recoveries,
+    clear_alerts_of_ended_job,
     close_measurements,
     decide,
     decision_kinds,
     describe_actions,
+    raise_supervision_alerts,
     record_cycle,
     record_failure,
     record_promotion_over_restart,
     record_reprotections,
     store_assessment,
+    watch_conditions,
     watch_kafka,
 )
 from console.services.jobs import job_external_io
@@ -327,8 +330,10 @@ def supervise_tick(job: Job, supervisor: Supervisor, client) -> TickReport:
 
 
 def job_ended(job: Job, client) -> None:
-    """The job stopped or failed: its open measurements and its upgrade under way end."""
+    """The job stopped or failed: its open measurements and its upgrade under way end, and its
+    alerts resolve but the one saying it failed (record.clear_alerts_of_ended_job)."""
     close_measurements(job, client)
+    clear_alerts_of_ended_job(job, client)
     upgrade_service.end_open_upgrades(job, f"the job is {job.status}: {job.status_reason}")
 
 
@@ -423,6 +428,7 @@ def reconcile_job(job: Job, supervisor: Supervisor, client, view, slot) -> bool:
         # The tick gave up on the job: no policy cycle may start replicas for it again.
         job_ended(job, client)
         return False
+    raise_supervision_alerts(job, supervisor, client, view.config)
     if time.monotonic() >= slot.next_cycle:
         cycle_started = time.monotonic()
         if slot.operators is None:
@@ -479,7 +485,8 @@ def policy_step(job: Job, supervisor: Supervisor, client, view, operators: dict)
     """Every policy cycle: the policy in force applied to the state machine, replica rows
     synced, progress stored, Algorithm 2 (on `operators`, the job's Operator rows the fleet
     keeps between cycles), the input generator and warm spares asked for, open recovery
-    episodes measured and alerted on, a Kafka job's source and lag watched for alerts."""
+    episodes measured and alerted on, a Kafka job's source and lag watched for alerts, and the
+    conditions ops teams page on raised or cleared (record.watch_conditions)."""
     config = view.config
     supervisor.restart_policy = restart_policy_of(config)  # admin changes apply here
     supervisor.hung_timeout_s = config.hung_timeout_s
@@ -489,7 +496,8 @@ def policy_step(job: Job, supervisor: Supervisor, client, view, operators: dict)
     ensure_generator(job, supervisor, client, view.alive)
     samples = []
     policy_cycle(job, supervisor, client, view, samples=samples, operators=operators)
-    metrics.ingest_job_progress(client, job, also=samples)  # one insert for both
+    progress = []
+    metrics.ingest_job_progress(client, job, also=samples, records_out=progress)  # one insert
     if supervisor.definition.warm_spares:
         keep_warm_spares(
             client,
@@ -512,7 +520,8 @@ def policy_step(job: Job, supervisor: Supervisor, client, view, operators: dict)
     recovery.measure_open_episodes(job, client, config)
     alert_slow_recoveries(job, view.recovery_alerts)
     primaries = [r.id for r in supervisor.replicas.values() if r.role == PRIMARY]
-    watch_kafka(job, client, config, primaries)
+    kafka_due = watch_kafka(job, client, config, primaries)
+    watch_conditions(job, supervisor, client, config, progress, kafka_due)
 
 
 # Replica states in which nothing waits on the controller.

@@ -106,13 +106,18 @@ def progress_samples(job: Job, records: list[ProgressRecord]) -> list[MetricSamp
     return rows
 
 
-def ingest_job_progress(client, job: Job, also: list | None = None) -> int:
+def ingest_job_progress(
+    client, job: Job, also: list | None = None, records_out: list | None = None
+) -> int:
     """Store the job's new progress records as MetricSample rows, with the rows of `also` (the
     policy cycle's, so one insert serves both); return how many progress rows. The stream's
-    cursor moves only once the rows are in."""
+    cursor moves only once the rows are in. `records_out`, when given, is extended with the
+    records read (the alert conditions look at them: console.services.control.record)."""
     stream = data_keys.progress(job.key)
     entries = _read_new(client, stream)
     records = [ProgressRecord.from_fields(fields) for _, fields in entries]
+    if records_out is not None:
+        records_out.extend(records)
     rows = progress_samples(job, records)
     MetricSample.objects.bulk_create([*rows, *(also or [])], batch_size=500)
     _advance(client, stream, entries)

@@ -30,6 +30,8 @@ from prometheus_client.core import (
 )
 
 from console.models import (
+    Alert,
+    AlertDelivery,
     FaultInjection,
     Job,
     MetricSample,
@@ -108,6 +110,7 @@ class BackstopCollector:
         yield from self._replicas()
         yield from self._nodes()
         yield from self._faults_and_recoveries()
+        yield from self._alerting()
         if self.redis is not None:
             yield from self._controller(live_jobs)
             yield from self._kafka(live_jobs)
@@ -243,6 +246,28 @@ class BackstopCollector:
                 if value is not None:
                     family.add_metric([node.name], value)
             yield family
+
+    def _alerting(self) -> Iterator[Metric]:
+        """Open alerts by event and severity; deliveries by route, action and status (a
+        `pending` count that grows means a receiver is down: docs/ALERTING.md)."""
+        alerts = GaugeMetricFamily(
+            "backstop_alerts_open",
+            "Open alerts, by event and severity",
+            labels=["event", "severity"],
+        )
+        open_alerts = Alert.objects.filter(state=Alert.State.OPEN).values("event", "severity")
+        for row in open_alerts.annotate(n=Count("id")).order_by("event", "severity"):
+            alerts.add_metric([row["event"], row["severity"]], row["n"])
+        yield alerts
+        deliveries = GaugeMetricFamily(
+            "backstop_alert_deliveries",
+            "Alert deliveries kept, by route, action and status",
+            labels=["route", "action", "status"],
+        )
+        counted = AlertDelivery.objects.values("route__name", "action", "status")
+        for row in counted.annotate(n=Count("id")).order_by("route__name", "action", "status"):
+            deliveries.add_metric([row["route__name"], row["action"], row["status"]], row["n"])
+        yield deliveries
 
     def _faults_and_recoveries(self) -> Iterator[Metric]:
         faults = CounterMetricFamily(

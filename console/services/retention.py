@@ -15,6 +15,9 @@ What grows without end while jobs run, and how long it is kept (settings, web/se
   lost and duplicated results, do not change.
 - FaultInjection rows no longer pending: FAULT_RETENTION_DAYS (30), unless an episode that is kept
   still names the fault.
+- Alerts resolved before DECISION_RETENTION_DAYS (30) ago, with their deliveries; and the
+  deliveries of alerts still open that ended (delivered or given up) before then. Open alerts
+  and pending deliveries are never purged.
 - The data plane's progress streams in Redis (`spark_runtime.keys.progress`): capped at
   PROGRESS_MAXLEN entries each by the stages, and trimmed here to PROGRESS_RETENTION_HOURS
   (48) by entry id (a stream id is the time it was added); the empty stream of a job that no
@@ -43,6 +46,8 @@ from django.db.models import Count, Max, QuerySet, Sum
 from django.utils import timezone
 
 from console.models import (
+    Alert,
+    AlertDelivery,
     AuditEvent,
     ControlDecision,
     FaultInjection,
@@ -117,6 +122,19 @@ def purge_audit_events(days: float, batch_rows: int, deadline: float, now=None) 
     """Audit log events older than the cutoff."""
     cutoff = (now or timezone.now()) - timedelta(days=days)
     return delete_in_batches(AuditEvent.objects.filter(at__lt=cutoff), batch_rows, deadline)
+
+
+def purge_alerts(days: float, batch_rows: int, deadline: float, now=None) -> int:
+    """Alerts resolved before the cutoff (their deliveries go with them), then the ended
+    deliveries of alerts kept; returns how many alerts, and deliveries of alerts kept, went."""
+    cutoff = (now or timezone.now()) - timedelta(days=days)
+    old_alerts = Alert.objects.filter(state=Alert.State.RESOLVED, resolved_at__lt=cutoff)
+    old_deliveries = AlertDelivery.objects.filter(created_at__lt=cutoff).exclude(
+        status=AlertDelivery.Status.PENDING
+    )
+    return delete_in_batches(old_alerts, batch_rows, deadline) + delete_in_batches(
+        old_deliveries, batch_rows, deadline
+    )
 
 
 def _fold_audits(job_id: int, carrier_pk: int, old_audited: QuerySet) -> int:
@@ -242,6 +260,7 @@ def purge_old_records(client=None, retention: Retention | None = None, now=None)
         "episodes": purge_episodes(retention.episode_days, batch, deadline, now),
         "faults": purge_faults(retention.fault_days, batch, deadline, now),
         "audit_events": purge_audit_events(retention.audit_days, batch, deadline, now),
+        "alerts": purge_alerts(retention.decision_days, batch, deadline, now),
         "progress_entries": (
             trim_progress(client, retention.progress_hours, now.timestamp() if now else None)
             if client is not None

@@ -12,6 +12,9 @@ PERIODIC_TASKS = {
     "backstop: purge old records": ("backstop.purge_old_records", 3600),
     # The policy cycles read the newest run; every 5 min keeps it close to what just happened.
     "backstop: train fault predictor": ("backstop.train_fault_predictor", 300),
+    # Alert deliveries whose message was lost (a worker died, the broker dropped it) are sent
+    # again within this (console/services/alert_routing.py).
+    "backstop: sweep alert deliveries": ("backstop.alerts.sweep", 5),
 }
 
 

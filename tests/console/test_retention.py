@@ -14,6 +14,9 @@ from django.db.models import Sum
 from django.utils import timezone
 
 from console.models import (
+    Alert,
+    AlertDelivery,
+    AlertRoute,
     ControlDecision,
     FaultInjection,
     Job,
@@ -23,6 +26,7 @@ from console.models import (
 )
 from console.redis import redis_client
 from console.services import retention
+from console.services.alert_routing import clear_alert, raise_alert
 from console.services.schedules import PERIODIC_TASKS, ensure_periodic_tasks
 from infra import keys as control_keys
 from infra import tasks
@@ -132,6 +136,7 @@ def test_a_purge_removes_exactly_the_old_rows_of_every_kind(now, redis):
         "episodes": 3,  # two folded, one unaudited
         "faults": 3,  # the refused one and the two whose episodes were folded away
         "audit_events": 0,
+        "alerts": 0,
         "progress_entries": 0,
         "metrics": 4,
         "run_keys": 0,
@@ -156,6 +161,7 @@ def test_a_purge_removes_exactly_the_old_rows_of_every_kind(now, redis):
             "episodes",
             "faults",
             "audit_events",
+            "alerts",
             "progress_entries",
             "metrics",
             "run_keys",
@@ -271,3 +277,23 @@ def test_the_task_purges_with_the_settings(now, settings, redis):
     assert list(MetricSample.objects.values_list("pk", flat=True)) == [new.pk]
     assert old.pk != new.pk
     assert purge_old_metrics(hours=0.5)["metrics"] == 1
+
+
+def test_old_resolved_alerts_and_ended_deliveries_go_open_and_pending_ones_stay(monkeypatch):
+    monkeypatch.setattr("console.services.alert_routing.enqueue", lambda ids: None)
+    now = timezone.now()
+    job = make_job(Job.Status.RUNNING)
+    AlertRoute.objects.create(name="hook", channel="webhook", target="http://127.0.0.1:9/")
+    old = ago(now, days=31)
+    raise_alert(f"job-failed:{job.key}", "job-failed", job=job, summary="old", now=old)
+    clear_alert(f"job-failed:{job.key}", now=old)
+    still_open = raise_alert(f"restarts:{job.key}", "restarts", job=job, summary="s", now=old)
+    AlertDelivery.objects.filter(alert=still_open).update(status="delivered")
+    pending = raise_alert(f"kafka-lag:{job.key}", "kafka-lag", job=job, summary="l", now=old)
+    purged = retention.purge_old_records(None, POLICY, now=now)
+    # The resolved alert (its trigger and resolve with it), and the open one's delivered trigger.
+    assert purged["alerts"] == 1 + 1
+    assert set(Alert.objects.values_list("key", flat=True)) == {still_open.key, pending.key}
+    assert list(AlertDelivery.objects.values_list("alert__key", "status")) == [
+        (pending.key, "pending")
+    ]

@@ -27,6 +27,9 @@ from console.dash.overview import callbacks as overview_callbacks
 from console.dash.placement import callbacks as placement_callbacks
 from console.dash.recoveries import callbacks as recovery_callbacks
 from console.models import (
+    Alert,
+    AlertDelivery,
+    AlertRoute,
     FaultInjection,
     Job,
     JobUpgrade,
@@ -62,9 +65,12 @@ JOB_PATH = {
     "job-upgrade-confirm",
     "job-upgrade-rollback",
     "job-recovery-list",
+    # An alert of another team's job, a route naming another team: not found, as the job.
+    "alert-detail",
+    "alert-route-detail",
 }
 # Routes that answer about many jobs: never one of another team's, nor counted in totals.
-MANY_JOBS = {"job-list", "recovery-list", "fleet"}
+MANY_JOBS = {"job-list", "recovery-list", "fleet", "alert-list", "alert-delivery-list"}
 # Routes with no job data (nodes, the policy, registered code, tokens, the schema, the audit log
 # for admins only): the same for every team.
 NO_JOB_DATA = {
@@ -79,6 +85,8 @@ NO_JOB_DATA = {
     "node-detail",
     "topology-list",
     "audit",
+    # Routes naming no team nor job are everyone's; the others are checked as JOB_PATH.
+    "alert-route-list",
 }
 SECRET = "bravo-secret-job"
 MISSING_ID = 2**31 - 7
@@ -129,24 +137,42 @@ def world(db):
         "alpha": make_job(Job.Status.RUNNING, name="alpha-job", team=alpha),
         "bravo": make_job(Job.Status.RUNNING, name=SECRET, team=bravo),
     }
-    upgrades = {}
+    upgrades, alerts, routes = {}, {}, {}
     for team, job in jobs.items():
         FaultFactory(job=job)
         EpisodeFactory(job=job)
         upgrades[team] = JobUpgrade.objects.create(
             job=job, from_topology=job.topology, to_topology=job.topology
         )
+        routes[team] = AlertRoute.objects.create(
+            name=f"{team}-pager", channel="webhook", target="http://127.0.0.1:9/hook"
+        )
+        routes[team].teams.add(Team.named(team))
+        alerts[team] = Alert.objects.create(
+            key=f"job-failed:{job.key}:1", event="job-failed", severity="critical", job=job,
+            summary=f"{job.name} failed for good",
+        )  # fmt: skip
+        AlertDelivery.objects.create(alert=alerts[team], route=routes[team])
     people = {
         OPERATOR: UserFactory(username="alpha-op", role=OPERATOR, team="alpha"),
         VIEWER: UserFactory(username="alpha-viewer", role=VIEWER, team="alpha"),
         ADMIN: UserFactory(username="root-admin", role=ADMIN, team="alpha"),
     }
-    return {"jobs": jobs, "upgrades": upgrades, "node": node, "people": people, "bravo": bravo}
+    return {
+        "jobs": jobs,
+        "upgrades": upgrades,
+        "alerts": alerts,
+        "routes": routes,
+        "node": node,
+        "people": people,
+        "bravo": bravo,
+    }
 
 
-def url_for(name: str, params, world, job_id: int, upgrade_id: int) -> str:
+def url_for(name: str, params, world, job_id: int, upgrade_id: int, team: str = "") -> str:
     """Route `name` with its path parameters filled: the job and upgrade given where the path
-    names them, the node and the policy version in force elsewhere."""
+    names them (and `team`'s alert and route), the node and the policy version in force
+    elsewhere."""
     values = {}
     for param in params:
         if param == "format":
@@ -155,6 +181,10 @@ def url_for(name: str, params, world, job_id: int, upgrade_id: int) -> str:
             values[param] = job_id
         elif param == "pk" and name.startswith("job-upgrade-"):
             values[param] = upgrade_id
+        elif param == "pk" and name == "alert-detail":
+            values[param] = world["alerts"][team].pk if team else MISSING_ID
+        elif param == "pk" and name == "alert-route-detail":
+            values[param] = world["routes"][team].pk if team else MISSING_ID
         elif param == "pk" and name.startswith("node-"):
             values[param] = world["node"].pk
         elif param == "pk":
@@ -169,7 +199,7 @@ def url_for(name: str, params, world, job_id: int, upgrade_id: int) -> str:
 def team_url(name: str, params, world, team: str) -> str:
     """Route `name` on team `team`'s job and upgrade."""
     job, upgrade = world["jobs"][team], world["upgrades"][team]
-    return url_for(name, params, world, job.pk, upgrade.pk)
+    return url_for(name, params, world, job.pk, upgrade.pk, team)
 
 
 def bravo_state(bravo: Team) -> dict:
@@ -182,6 +212,10 @@ def bravo_state(bravo: Team) -> dict:
             JobUpgrade.objects.filter(job__in=jobs).values_list("pk", "status", "requested_action")
         ),
         "episodes": RecoveryEpisode.objects.filter(job__in=jobs).count(),
+        "alerts": sorted(Alert.objects.filter(job__in=jobs).values_list("pk", "state")),
+        "routes": sorted(
+            AlertRoute.objects.filter(teams=bravo).values_list("pk", "name", "target", "enabled")
+        ),
     }
 
 
@@ -245,7 +279,11 @@ def check_other_route(client, name: str, params, methods, world) -> None:
     answer = client.get(url)
     assert answer.status_code < 500, url
     assert SECRET.encode() not in answer.content, url
-    if name in MANY_JOBS:
+    if name in MANY_JOBS and answer.status_code == 403:
+        # A list the role may not read (alerts and deliveries are for operators): a refusal
+        # says nothing of any job.
+        assert name.startswith("alert"), url
+    elif name in MANY_JOBS:
         assert answer.status_code == 200, url
         mentioned = job_ids_in(json.loads(answer.content))
         assert world["jobs"]["bravo"].pk not in mentioned, url

@@ -39,6 +39,9 @@ def test_defaults_are_valid_and_match_the_brief():
         "upgrade_validation_s",
         "prediction_window_s", "prediction_history_s", "prediction_min_samples",
         "interval_apply_gap_s", "kafka_lag_alert_records",
+        "alert_unprotected_s", "alert_no_output_s", "alert_restarts_count",
+        "alert_restarts_window_s", "alert_checkpoint_duration_s", "alert_recovery_over_s",
+        "alert_reopen_throttle_s",
     ]  # fmt: skip
 
 

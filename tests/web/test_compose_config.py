@@ -17,7 +17,7 @@ COMPOSE = Path(__file__).resolve().parents[2] / "docker" / "compose.yml"
 REQUIRED = {"SECRET_KEY": "s", "METRICS_TOKEN": "t", "GRAFANA_ADMIN_PASSWORD": "g"}
 # The console's server everywhere it runs (the demo adds only --bind).
 GUNICORN = ["gunicorn", "-c", "web/gunicorn.conf.py", "web.wsgi:application"]
-BACKSTOP_ROLES = ("web", "controller", "beat", "agent-1", "agent-2", "agent-3")
+BACKSTOP_ROLES = ("web", "controller", "alerts", "beat", "agent-1", "agent-2", "agent-3")
 DEFAULTED = {"KAFKA_BOOTSTRAP_SERVERS"}
 
 

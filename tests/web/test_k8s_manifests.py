@@ -21,8 +21,8 @@ from django.urls import resolve
 from kubernetes_validate import ValidationError, latest_version, validate
 
 from infra.kafka import KAFKA_VERSION, parse_bootstrap_servers
-from infra.launcher import agent_argv, controller_argv
-from infra.queues import CONTROL_QUEUE, node_queue
+from infra.launcher import agent_argv, alerts_argv, controller_argv
+from infra.queues import ALERTS_QUEUE, CONTROL_QUEUE, node_queue
 
 ROOT = Path(__file__).resolve().parents[2]
 K8S = ROOT / "docker" / "k8s"
@@ -320,11 +320,14 @@ def test_the_controller_beat_and_agents_run_the_launchers_argv():
     concrete = [word.replace("$(BACKSTOP_NODE)", "node-7") for word in command]
     assert concrete == ["celery", *agent_argv("node-7")[3:]]
     assert node_queue("node-7") in concrete
+    alerts = the("Deployment", "alerts")
+    assert container(alerts)["command"] == ["celery", *alerts_argv()[3:]]
+    assert ALERTS_QUEUE in container(alerts)["command"]
     beat = the("Deployment", "beat")
     assert container(beat)["command"][:4] == ["celery", "-A", "web", "beat"]
     assert beat["spec"]["replicas"] == 1
     assert beat["spec"]["strategy"]["type"] == "Recreate"  # never two beats at once
-    for workload in (controller, agent, beat):
+    for workload in (controller, alerts, agent, beat):
         # No `celery inspect ping` exec probes: a restarted agent takes its stages with it.
         assert "livenessProbe" not in container(workload), workload["metadata"]["name"]
 

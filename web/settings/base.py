@@ -338,6 +338,10 @@ SPECTACULAR_SETTINGS = {
     "ENUM_NAME_OVERRIDES": {
         "OperatorModeEnum": "console.models.jobs.Operator.Mode",
         "UpgradeModeEnum": "console.models.upgrades.JobUpgrade.Mode",
+        "AlertDeliveryActionEnum": "console.models.alerting.AlertDelivery.Action",
+        "AlertEventEnum": "console.models.alerting.EVENT_CHOICES",
+        "AlertSeverityEnum": "console.models.alerting.SEVERITY_CHOICES",
+        "RecoveryActionEnum": "console.models.faults.RecoveryEpisode.Action",
     },
     # drf-spectacular's default enum hook, then the error responses every operation can give.
     "POSTPROCESSING_HOOKS": [

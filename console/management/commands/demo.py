@@ -1,6 +1,6 @@
 """`manage.py demo`: migrate, create demo users and nodes, start Redis and a Kafka broker (if
-needed), the Celery controller, node agents and beat, and the web server; run a live job on a
-Kafka topic; print the URL and the logins."""
+needed), the Celery controller, the alerts worker, node agents and beat, and the web server;
+run a live job on a Kafka topic; print the URL and the logins."""
 
 from __future__ import annotations
 
@@ -140,7 +140,7 @@ class Command(BaseCommand):
             os.environ["KAFKA_BOOTSTRAP_SERVERS"] = settings.KAFKA_BOOTSTRAP_SERVERS = bootstrap
             self.stdout.write(f"      Kafka at {bootstrap} (KAFKA_BOOTSTRAP_SERVERS)")
 
-            self.step(4, total, "Celery: controller, node agents, beat")
+            self.step(4, total, "Celery: controller, alerts worker, node agents, beat")
             LocalCluster(
                 group,
                 DEMO_NODES,

@@ -14,6 +14,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from console.models import (
+    Alert,
     ControlDecision,
     FaultInjection,
     Job,
@@ -23,9 +24,10 @@ from console.models import (
     Replica,
     ReportSubscription,
 )
+from console.policy import alert_conditions
 from console.policy.config import PolicyConfig
-from console.services import kafka_status, recovery
-from console.services.alerts import kafka_subscriptions
+from console.services import alert_routing, kafka_status, recovery
+from console.services.alerts import kafka_subscriptions, recovery_elapsed_s
 from console.services.planning import JobPlan
 from infra import keys as control_keys
 from infra import tasks
@@ -318,12 +320,26 @@ def record_reconcile_failure(
     if failures == RECONCILE_ALERT_FAILURES:
         # Named by when the streak began: one streak is emailed once per subscription.
         tasks.send(tasks.ALERT_RECONCILE_FAILING, job.pk, since, failures, entry["error"])
+        alert_routing.raise_alert(
+            reconcile_alert_key(job.key),
+            "reconcile-failing",
+            job=job,
+            summary=f"{job.name}: {failures} reconciles in a row failed: {entry['error'][:120]}",
+            details={"failures": failures, "since": since, "error": entry["error"]},
+        )
     return entry
 
 
+def reconcile_alert_key(job_key: str) -> str:
+    """The alert of a job whose reconciles keep failing."""
+    return f"reconcile-failing:{job_key}"
+
+
 def clear_reconcile_failure(client, job_key: str) -> None:
-    """The job's reconcile succeeded again: its failure record goes."""
-    client.delete(control_keys.reconcile_failures(job_key))
+    """The job's reconcile succeeded again: its failure record goes, and the alert of a streak
+    long enough to have raised one resolves (the database is asked only then)."""
+    if client.delete(control_keys.reconcile_failures(job_key)):
+        alert_routing.clear_alert(reconcile_alert_key(job_key))
 
 
 def reconcile_failures(client, job_keys: list[str]) -> dict[str, dict]:
@@ -362,8 +378,19 @@ def alert_slow_recoveries(job: Job, wanted: bool | None = None) -> None:
 
 
 def alert_failed_job(job: Job) -> None:
-    """Email the subscriptions that asked to hear about jobs failing for good."""
+    """Email the subscriptions that asked to hear about jobs failing for good, and raise the
+    job-failed alert (resolved by the first policy cycle of the job restarted)."""
     tasks.send(tasks.ALERT_JOB_FAILED, job.pk)
+    # Keyed by the failure's time: a controller that records the same failure twice raises one
+    # alert, and a job restarted and failed again pages again whatever the reopen throttle.
+    failed_at = int(job.stopped_at.timestamp()) if job.stopped_at else 0
+    alert_routing.raise_alert(
+        f"job-failed:{job.key}:{failed_at}",
+        "job-failed",
+        job=job,
+        summary=f"{job.name} failed: {(job.status_reason or 'no reason given')[:200]}",
+        details={"reason": job.status_reason or ""},
+    )
 
 
 def watch_kafka(job: Job, client, config: PolicyConfig, primaries) -> list:
@@ -406,6 +433,264 @@ def watch_kafka(job: Job, client, config: PolicyConfig, primaries) -> list:
                 ]
             tasks.send(tasks.ALERT_KAFKA, job.pk, alert.kind, alert.since, detail)
     return due
+
+
+# The events whose alerts watch_conditions owns: each cycle it raises those that hold and clears
+# the job's other open ones. reconcile-failing is the fleet's (record_reconcile_failure).
+WATCHED_EVENTS = (
+    "job-failed",
+    "job-unprotected",
+    "output-stalled",
+    "restarts",
+    "checkpoint-failing",
+    "checkpoint-slow",
+    "kafka-lag",
+    "kafka-source",
+    "recovery-slow",
+)
+
+
+def supervision_conditions(
+    job: Job, supervisor: Supervisor, config: PolicyConfig, now: float
+) -> dict[str, dict]:
+    """The conditions decided from the supervision state alone (a protected stage without its
+    standby, failures over the count in the window): key -> {"event", "summary", "details"}.
+    No I/O, so every reconcile can ask (raise_supervision_alerts)."""
+    holding = {}
+
+    def hold(key: str, event: str, summary: str, **details) -> None:
+        holding[key] = {"event": event, "summary": summary, "details": details}
+
+    protected = set(supervisor.active_stages)
+    for stage, seconds in alert_conditions.unprotected_stages(
+        supervisor.unprotected_since, protected, now, config.alert_unprotected_s
+    ).items():
+        hold(
+            f"job-unprotected:{job.key}:{stage}",
+            "job-unprotected",
+            f"{job.name}: stage {stage} has run {seconds:.0f} s without its standby "
+            f"(limit {config.alert_unprotected_s:g} s)",
+            stage=stage,
+            unprotected_s=round(seconds, 1),
+            limit_s=config.alert_unprotected_s,
+        )
+    over = alert_conditions.restarts_over(
+        [at for times in supervisor.failures.values() for at in times],
+        now,
+        config.alert_restarts_window_s,
+        config.alert_restarts_count,
+    )
+    if over:
+        hold(
+            f"restarts:{job.key}",
+            "restarts",
+            f"{job.name}: {over} failures in {config.alert_restarts_window_s:g} s "
+            f"(limit {config.alert_restarts_count})",
+            failures=over,
+            window_s=config.alert_restarts_window_s,
+        )
+    return holding
+
+
+def raise_supervision_alerts(job: Job, supervisor: Supervisor, client, config: PolicyConfig):
+    """Every reconcile (0.25 s while a job changes, 1 s once settled): raise at once the
+    supervision-state conditions that hold and were not raised yet, rather than at the next
+    policy cycle (up to cycle_interval_s later). Nothing holding: no I/O at all; holding and
+    raised already: one Redis call. Clearing stays with the cycle (watch_conditions)."""
+    holding = supervision_conditions(job, supervisor, config, time.time())
+    if not holding:
+        return []
+    raised = control_keys.job_alerts(job.key)
+    fresh = [key for key in holding if not client.sismember(raised, key)]
+    for key in fresh:
+        alert = holding[key]
+        alert_routing.raise_alert(
+            key, alert["event"], job=job, summary=alert["summary"], details=alert["details"]
+        )
+    if fresh:
+        client.sadd(raised, *fresh)
+        client.expire(raised, ACTIVITY_TTL_S)
+    return fresh
+
+
+def watch_conditions(
+    job: Job,
+    supervisor: Supervisor,
+    client,
+    config: PolicyConfig,
+    progress: list,
+    kafka_due: list,
+    now: float | None = None,
+) -> dict[str, dict]:
+    """Every policy cycle of a live job: decide each condition of docs/ALERTING.md from the
+    numbers (console.policy.alert_conditions, the policy's thresholds), raise the alert of
+    each that holds and clear the job's other open ones. `progress`: the cycle's progress
+    records; `kafka_due`: watch_kafka's answer. Returns key -> what was raised."""
+    now = time.time() if now is None else now
+    holding = {}
+
+    def hold(key: str, event: str, summary: str, **details) -> None:
+        holding[key] = {"event": event, "summary": summary, "details": details}
+
+    holding.update(supervision_conditions(job, supervisor, config, now))
+    activity, new_run = _track_activity(client, job, progress, now)
+    if alert_conditions.output_stalled(
+        activity.get("output"), activity.get("input"), activity["watched"], now,
+        config.alert_no_output_s,
+    ):  # fmt: skip
+        since = activity.get("output") or activity["watched"]
+        hold(
+            f"output-stalled:{job.key}",
+            "output-stalled",
+            f"{job.name}: no output for {now - since:.0f} s while input arrives "
+            f"(limit {config.alert_no_output_s:g} s)",
+            no_output_s=round(now - since, 1),
+            limit_s=config.alert_no_output_s,
+        )
+    newest_batch_ms = {}
+    for record in sorted(progress, key=lambda r: r.at):
+        if record.is_primary and record.batch_ms is not None:
+            newest_batch_ms[record.stage] = record.batch_ms
+    for stage, seconds in alert_conditions.slow_batches(
+        newest_batch_ms, config.alert_checkpoint_duration_s
+    ).items():
+        hold(
+            f"checkpoint-slow:{job.key}:{stage}",
+            "checkpoint-slow",
+            f"{job.name}: stage {stage}'s batch and checkpoint took {seconds:.1f} s "
+            f"(limit {config.alert_checkpoint_duration_s:g} s)",
+            stage=stage,
+            duration_s=round(seconds, 2),
+        )
+    for stage, error in alert_conditions.checkpoint_failures(_primary_errors(client, job)).items():
+        hold(
+            f"checkpoint-failing:{job.key}:{stage}",
+            "checkpoint-failing",
+            f"{job.name}: stage {stage}'s checkpoint failed: {error[:150]}",
+            stage=stage,
+            error=error[:500],
+        )
+    for alert in kafka_due:
+        event = "kafka-lag" if alert.kind == kafka_status.LAG else "kafka-source"
+        detail = {k: v for k, v in alert.detail.items() if k != "stages"}
+        if alert.kind == kafka_status.LAG:
+            summary = f"{job.name}: {detail['total']:,} records behind (limit {detail['limit']:,})"
+        else:
+            summary = f"{job.name}: Kafka source not reading: {detail.get('cause', '-')}"
+        hold(f"{event}:{job.key}", event, summary, **detail)
+    if config.alert_recovery_over_s:
+        for episode in job.recoveries.filter(watched_s__isnull=True, recovery_time_s__isnull=True):
+            elapsed = recovery_elapsed_s(episode, datetime.fromtimestamp(now, tz=UTC))
+            if elapsed > config.alert_recovery_over_s:
+                hold(
+                    f"recovery-slow:{job.key}:{episode.pk}",
+                    "recovery-slow",
+                    f"{job.name}: still recovering after {elapsed:.0f} s "
+                    f"(limit {config.alert_recovery_over_s:g} s; {episode.action})",
+                    episode=episode.pk,
+                    stage=episode.stage,
+                    elapsed_s=round(elapsed, 1),
+                )
+    # The keys raised at earlier cycles are kept in Redis, so a cycle with nothing open asks
+    # the database nothing; a new run of the job also clears its job-failed alert.
+    raised = control_keys.job_alerts(job.key)
+    earlier = set(client.smembers(raised))
+    if new_run:
+        earlier |= set(
+            Alert.objects.filter(
+                job=job, state=Alert.State.OPEN, event__in=WATCHED_EVENTS
+            ).values_list("key", flat=True)
+        )
+    for key, alert in holding.items():
+        alert_routing.raise_alert(
+            key, alert["event"], job=job, summary=alert["summary"], details=alert["details"]
+        )
+    gone = earlier - set(holding)
+    for key in gone:
+        alert_routing.clear_alert(key)
+    if gone or set(holding) - earlier:
+        with client.pipeline(transaction=False) as pipe:
+            if gone:
+                pipe.srem(raised, *gone)
+            if holding:
+                pipe.sadd(raised, *holding)
+            pipe.expire(raised, ACTIVITY_TTL_S)
+            pipe.execute()
+    return holding
+
+
+def clear_alerts_of_ended_job(job: Job, client) -> None:
+    """A job that stopped or failed is no longer unprotected, stalled or lagging: clear the
+    alerts watch_conditions raised for it (job-failed stays open until it runs again)."""
+    raised = control_keys.job_alerts(job.key)
+    for key in client.smembers(raised):
+        if not key.startswith("job-failed:"):
+            alert_routing.clear_alert(key)
+    client.delete(raised)
+
+
+def _track_activity(client, job: Job, progress: list, now: float) -> tuple[dict[str, float], bool]:
+    """(the job's newest input and output times (keys.job_activity), moved on by this cycle's
+    progress records, whether this is the first cycle watching this run of the job). Input
+    is a primary's batch that read rows or, for a job on a Redis stream, the stream's newest
+    entry; output a batch that wrote results; `watched`: when this run was first watched (no
+    output yet counts from there)."""
+    key = control_keys.job_activity(job.key)
+    stored = {name: float(value) for name, value in client.hgetall(key).items()}
+    started = job.started_at.timestamp() if job.started_at else now
+    activity = dict(stored)
+    new_run = activity.get("watched", 0.0) < started
+    if new_run:
+        # Not watched yet, or watched in an earlier run: count from now, not from the start
+        # (a controller new to the job has not seen the output before it).
+        activity = {"watched": now}
+    inputs = [r.at for r in progress if r.is_primary and r.segment == "0" and r.input_rows > 0]
+    arrived = _newest_input_at(client, job)
+    if arrived is not None:
+        inputs.append(arrived)
+    outputs = [r.at for r in progress if r.is_output]
+    if inputs:
+        activity["input"] = max(activity.get("input", 0.0), *inputs)
+    if outputs:
+        activity["output"] = max(activity.get("output", 0.0), *outputs)
+    if activity != stored:
+        with client.pipeline(transaction=False) as pipe:
+            pipe.delete(key)
+            pipe.hset(key, mapping=activity)
+            pipe.expire(key, ACTIVITY_TTL_S)
+            pipe.execute()
+    return activity, new_run
+
+
+# A job's activity record outlives a stopped job this long (a restart within it goes on).
+ACTIVITY_TTL_S = 86_400
+
+
+def _newest_input_at(client, job: Job) -> float | None:
+    """When the newest entry reached the job's Redis input stream (an entry's id is the time
+    it was added, in ms), so input that no batch reads (a stuck job) still counts as arriving;
+    None for a Kafka job or an empty stream."""
+    if kafka_status.reads_kafka(job):
+        return None
+    newest = client.xrevrange(data_keys.input_stream(job.key), "+", "-", count=1)
+    if not newest:
+        return None
+    entry_id = newest[0][0]
+    entry_id = entry_id.decode() if isinstance(entry_id, bytes) else entry_id
+    return int(entry_id.split("-")[0]) / 1000.0
+
+
+def _primary_errors(client, job: Job) -> dict[str, str]:
+    """stage -> the error its primary reported in its replica entry (a failed query)."""
+    errors = {}
+    for raw in client.hvals(data_keys.replicas(job.key)):
+        try:
+            entry = json.loads(raw)
+        except ValueError:
+            continue
+        if entry.get("role") == "primary" and entry.get("state") == "failed" and entry.get("error"):
+            errors[entry.get("stage", "")] = str(entry["error"])
+    return errors
 
 
 def _partition_lags(lag: kafka_status.ReplicaLag) -> str:

@@ -1,0 +1,1 @@
+"""The alerting page: routes and the deliveries of their alerts."""
