@@ -37,6 +37,31 @@ from console.services import topologies as topology_service
 from console.services.audit_log import record
 
 
+class RoleReadable:
+    """Shown in the admin to `read_role` and the roles above it."""
+
+    read_role = VIEWER
+
+    def has_module_permission(self, request):
+        return has_role(request.user, self.read_role)
+
+    def has_view_permission(self, request, obj=None):
+        return has_role(request.user, self.read_role)
+
+
+class AdminsWrite(RoleReadable, admin.ModelAdmin):
+    """Rows an admin edits here (`read_role` and up read them)."""
+
+    def has_add_permission(self, request):
+        return has_role(request.user, ADMIN)
+
+    def has_change_permission(self, request, obj=None):
+        return has_role(request.user, ADMIN)
+
+    def has_delete_permission(self, request, obj=None):
+        return has_role(request.user, ADMIN)
+
+
 class ServiceOwnedAdmin(admin.ModelAdmin):
     """Rows that console/services/ write (for the controller, the API and the console's
     controls): read-only here. An edit in the admin would skip the service's checks and what it
@@ -54,9 +79,10 @@ class ServiceOwnedAdmin(admin.ModelAdmin):
 
 
 @admin.register(Team)
-class TeamAdmin(admin.ModelAdmin):
+class TeamAdmin(AdminsWrite):
     """Teams: admins add them by name (their group `team:<name>` comes with them). Members are
-    the group's users: add or remove them on the user's page (Groups) or the group's."""
+    the group's users: add or remove them on the user's page (Groups) or the group's. An empty
+    team can be deleted; one with jobs cannot (Job.team is PROTECT)."""
 
     list_display = ["name", "group", "member_names"]
     search_fields = ["name"]
@@ -75,22 +101,6 @@ class TeamAdmin(admin.ModelAdmin):
         if not change:
             obj.group, _ = Group.objects.get_or_create(name=f"{TEAM_GROUP_PREFIX}{obj.name}")
         super().save_model(request, obj, form, change)
-
-    def has_module_permission(self, request):
-        return has_role(request.user, VIEWER)
-
-    def has_view_permission(self, request, obj=None):
-        return has_role(request.user, VIEWER)
-
-    def has_add_permission(self, request):
-        return has_role(request.user, ADMIN)
-
-    def has_change_permission(self, request, obj=None):
-        return has_role(request.user, ADMIN)
-
-    def has_delete_permission(self, request, obj=None):
-        # A team's jobs keep it (Job.team is PROTECT); an empty team can go.
-        return has_role(request.user, ADMIN)
 
 
 @admin.register(Node)
@@ -210,15 +220,9 @@ class MetricSampleAdmin(ServiceOwnedAdmin):
     date_hierarchy = "at"
 
 
-class VersionedAdmin(admin.ModelAdmin):
+class VersionedAdmin(RoleReadable, admin.ModelAdmin):
     """Permissions of a history of immutable versions (policies, registered topologies): every
     staff user with a role reads it; only admins add a version; nobody edits or deletes one."""
-
-    def has_module_permission(self, request):
-        return has_role(request.user, VIEWER)
-
-    def has_view_permission(self, request, obj=None):
-        return has_role(request.user, VIEWER)
 
     def has_add_permission(self, request):
         # The role decides, not Django model permissions: an operator who happens to hold
@@ -467,7 +471,7 @@ class ReportSubscriptionForm(forms.ModelForm):
 
 
 @admin.register(ReportSubscription)
-class ReportSubscriptionAdmin(admin.ModelAdmin):
+class ReportSubscriptionAdmin(AdminsWrite):
     """Report subscriptions: admins edit them (the crontab too); operators may "send now"."""
 
     form = ReportSubscriptionForm
@@ -487,21 +491,6 @@ class ReportSubscriptionAdmin(admin.ModelAdmin):
     filter_horizontal = ["jobs"]
     readonly_fields = ["periodic_task", "last_sent_at"]
     actions = ["send_now"]
-
-    def has_module_permission(self, request):
-        return has_role(request.user, VIEWER)
-
-    def has_view_permission(self, request, obj=None):
-        return has_role(request.user, VIEWER)
-
-    def has_add_permission(self, request):
-        return has_role(request.user, ADMIN)
-
-    def has_change_permission(self, request, obj=None):
-        return has_role(request.user, ADMIN)
-
-    def has_delete_permission(self, request, obj=None):
-        return has_role(request.user, ADMIN)
 
     def has_send_permission(self, request):
         return has_role(request.user, OPERATOR)
@@ -526,18 +515,12 @@ class ReportSubscriptionAdmin(admin.ModelAdmin):
 
 
 @admin.register(SentAlert)
-class SentAlertAdmin(ServiceOwnedAdmin):
+class SentAlertAdmin(RoleReadable, ServiceOwnedAdmin):
     """The alerts already emailed (read-only): what was sent to whom and when."""
 
     list_display = ["sent_at", "subscription", "key", "subject"]
     list_filter = ["subscription"]
     search_fields = ["key", "subject"]
-
-    def has_module_permission(self, request):
-        return has_role(request.user, VIEWER)
-
-    def has_view_permission(self, request, obj=None):
-        return has_role(request.user, VIEWER)
 
 
 @admin.register(PredictorTraining)
@@ -571,29 +554,16 @@ class AlertRouteForm(forms.ModelForm):
 
 
 @admin.register(AlertRoute)
-class AlertRouteAdmin(admin.ModelAdmin):
+class AlertRouteAdmin(AdminsWrite):
     """Alert routes (docs/ALERTING.md): admins edit them, each write goes to the audit log."""
+
+    read_role = OPERATOR
 
     form = AlertRouteForm
     list_display = ["name", "enabled", "channel", "target", "min_severity", "events"]
     list_filter = ["enabled", "channel", "min_severity"]
     search_fields = ["name", "target"]
     filter_horizontal = ["teams", "jobs"]
-
-    def has_module_permission(self, request):
-        return has_role(request.user, OPERATOR)
-
-    def has_view_permission(self, request, obj=None):
-        return has_role(request.user, OPERATOR)
-
-    def has_add_permission(self, request):
-        return has_role(request.user, ADMIN)
-
-    def has_change_permission(self, request, obj=None):
-        return has_role(request.user, ADMIN)
-
-    def has_delete_permission(self, request, obj=None):
-        return has_role(request.user, ADMIN)
 
     def save_model(self, request, obj, form, change):
         # Read before the save: the teams and jobs are saved after it (save_related).
@@ -626,37 +596,29 @@ class AlertRouteAdmin(admin.ModelAdmin):
 
 
 @admin.register(Alert)
-class AlertAdmin(ServiceOwnedAdmin):
+class AlertAdmin(RoleReadable, ServiceOwnedAdmin):
     """Every alert by its key: open or resolved, since when, how many checks saw it
     (read-only: the controller raises and clears them)."""
+
+    read_role = OPERATOR
 
     list_display = ["key", "event", "severity", "state", "opened_at", "last_seen_at",
                     "resolved_at", "seen", "summary"]  # fmt: skip
     list_filter = ["state", "event", "severity"]
     search_fields = ["key", "summary"]
 
-    def has_module_permission(self, request):
-        return has_role(request.user, OPERATOR)
-
-    def has_view_permission(self, request, obj=None):
-        return has_role(request.user, OPERATOR)
-
 
 @admin.register(AlertDelivery)
-class AlertDeliveryAdmin(ServiceOwnedAdmin):
+class AlertDeliveryAdmin(RoleReadable, ServiceOwnedAdmin):
     """Every delivery of an alert to a route, with its attempts and outcome (read-only)."""
+
+    read_role = OPERATOR
 
     list_display = ["created_at", "alert", "route", "action", "status", "attempts",
                     "response_status", "last_error"]  # fmt: skip
     list_filter = ["status", "action", "route"]
     search_fields = ["alert__key", "last_error"]
     list_select_related = ["alert", "route"]
-
-    def has_module_permission(self, request):
-        return has_role(request.user, OPERATOR)
-
-    def has_view_permission(self, request, obj=None):
-        return has_role(request.user, OPERATOR)
 
 
 # The admin login says "locked out" when the throttle refused the attempt (console.auth_throttle).
