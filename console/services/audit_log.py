@@ -75,9 +75,17 @@ def search(
 
 def parse_time(raw: str) -> datetime:
     """An ISO 8601 date and time as the audit filters take it (`2026-11-28T10:00:00Z`; without
-    an offset, UTC; a date alone, its midnight UTC). ValueError for anything else."""
+    an offset, UTC; a date alone, its midnight UTC), in UTC. ValueError for anything else,
+    also for a time that exists in no calendar the database keeps (an offset past UTC-12 on
+    1 January of year 1)."""
     value = datetime.fromisoformat(raw.strip())
-    return value if value.tzinfo is not None else value.replace(tzinfo=UTC)
+    if value.tzinfo is None:
+        return value.replace(tzinfo=UTC)
+    try:
+        # In UTC: PostgreSQL refuses offsets beyond +-15:59, which Python accepts up to 24 h.
+        return value.astimezone(UTC)
+    except OverflowError as exc:
+        raise ValueError(f"{raw!r} is before the first day of year 1 in UTC") from exc
 
 
 def actions() -> list[str]:
