@@ -12,6 +12,7 @@ from django.db import transaction
 
 from console.models import InvalidTransition, Job, Operator, Team
 from console.services import audit_log
+from console.services.teams import DEFAULT_TEAM
 from console.services.topologies import job_topology
 from infra import tasks
 from infra.processes import job_processes, spare_processes
@@ -161,7 +162,8 @@ def create_job(
     and `sink`: a Kafka topic to read and to write results to (spark_runtime/external_io.py);
     `trigger`: `microbatch` (`realtime` is refused with the reason); `args`: a registered app's
     `sys.argv[1:]`. Who may give a job to which team is console.services.teams.team_for_new_job's
-    to say."""
+    to say; a job created with no team (a command, a benchmark) is the default team's, so its
+    operators see it as they see the demo's."""
     try:
         topology, spec = job_topology(topology)
     except KeyError as exc:
@@ -181,7 +183,7 @@ def create_job(
         source=source,
         sink=sink,
         trigger=trigger,
-        team=team,
+        team=team or Team.named(DEFAULT_TEAM),
         created_by=user if getattr(user, "is_authenticated", False) else None,
     )
     Operator.objects.bulk_create(
@@ -201,7 +203,7 @@ def create_job(
         "job.create",
         actor=user,
         target=audit_log.job_target(job),
-        detail={"name": name, "topology": topology, "strategy": strategy, "team": str(team or "")},
+        detail={"name": name, "topology": topology, "strategy": strategy, "team": str(job.team)},
     )
     return job
 
