@@ -20,7 +20,6 @@ import os
 import re
 import sys
 import threading
-import time
 import traceback
 
 from spark_runtime.apps import AppDefinition
@@ -118,25 +117,17 @@ def make_app_listener(client, job: str, replica: str, stage: str, node: str, run
         def onQueryProgress(self, event):
             on_batch()
             progress = event.progress
-            ops = progress.stateOperators or []
             sink_rows = progress.sink.numOutputRows if progress.sink is not None else -1
             # foreachBatch and some sinks report no count (-1): the batch's input stands in.
             written = sink_rows if sink_rows >= 0 else progress.numInputRows
-            record = ProgressRecord(
+            record = ProgressRecord.of_batch(
+                progress,
                 replica=replica,
                 stage=stage,
                 role="primary",
                 node=node,
                 query=progress.name or str(progress.id),
                 segment="0",
-                batch=progress.batchId,
-                at=time.time(),
-                input_rows=progress.numInputRows,
-                input_rate=progress.inputRowsPerSecond,
-                processed_rate=progress.processedRowsPerSecond,
-                batch_ms=progress.batchDuration,
-                state_rows=sum(op.numRowsTotal for op in ops),
-                state_memory_bytes=sum(op.memoryUsedBytes for op in ops),
                 rows_out=written,
                 written=written,
                 final=True,

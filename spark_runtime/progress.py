@@ -13,6 +13,7 @@ No Django imports: the stage processes import this module.
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import dataclass, fields
 from typing import get_type_hints
 
@@ -47,6 +48,24 @@ class ProgressRecord:
     latency_p50: float | None = None
     latency_p90: float | None = None
     latency_p99: float | None = None
+
+    @classmethod
+    def of_batch(cls, progress, **fields) -> ProgressRecord:
+        """The record of Spark's StreamingQueryProgress `progress`, received now: its batch,
+        rates, duration and state sizes from Spark; who ran it and what it wrote (`fields`)
+        from the caller."""
+        ops = progress.stateOperators or []
+        return cls(
+            batch=progress.batchId,
+            at=time.time(),
+            input_rows=progress.numInputRows,
+            input_rate=progress.inputRowsPerSecond,
+            processed_rate=progress.processedRowsPerSecond,
+            batch_ms=progress.batchDuration,
+            state_rows=sum(op.numRowsTotal for op in ops),
+            state_memory_bytes=sum(op.memoryUsedBytes for op in ops),
+            **fields,
+        )
 
     @property
     def is_primary(self) -> bool:

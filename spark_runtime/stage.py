@@ -296,11 +296,11 @@ def make_listener(client, job: str, state: ReplicaState, runtime):
                     progress.batchDuration,
                     dict(progress.durationMs),
                 )
-            ops = progress.stateOperators or []
             segment = progress.name.rsplit(".", 1)[-1] if progress.name else ""
             stats = runtime.gate.batch_stats.get(f"{progress.name}:{progress.batchId}", {})
             latency = stats.get("latency", {})
-            record = ProgressRecord(
+            record = ProgressRecord.of_batch(
+                progress,
                 replica=state.replica,
                 stage=state.info["stage"],
                 # The role the batch was written or buffered as, not the one now: a primary
@@ -309,14 +309,6 @@ def make_listener(client, job: str, state: ReplicaState, runtime):
                 node=state.info["node"],
                 query=progress.name or "",
                 segment=segment,
-                batch=progress.batchId,
-                at=time.time(),
-                input_rows=progress.numInputRows,
-                input_rate=progress.inputRowsPerSecond,
-                processed_rate=progress.processedRowsPerSecond,
-                batch_ms=progress.batchDuration,
-                state_rows=sum(op.numRowsTotal for op in ops),
-                state_memory_bytes=sum(op.memoryUsedBytes for op in ops),
                 rows_out=stats.get("rows_out", 0),
                 written=stats.get("written", 0),
                 final=stats.get("final", False),

@@ -20,6 +20,7 @@ from __future__ import annotations
 import random
 import threading
 import time
+from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
@@ -88,7 +89,7 @@ def plan_faults(
     return sorted(planned, key=lambda f: f.offset_s)
 
 
-class PlanThread:
+class PlanThread(ABC):
     """A plan carried out in a thread of its own, named `thread_name`, from `start(start_at)`
     (epoch seconds) until it ends or `stop()` is called (`stopping` is set then)."""
 
@@ -110,9 +111,9 @@ class PlanThread:
         if self.thread is not None:
             self.thread.join(30)
 
+    @abstractmethod
     def _run(self, start_at: float) -> None:
         """Carry the plan out (each subclass its own)."""
-        raise NotImplementedError
 
 
 class FaultRunner(PlanThread):
