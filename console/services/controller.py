@@ -436,7 +436,27 @@ def reconcile_job(job: Job, supervisor: Supervisor, client, view, slot) -> bool:
         policy_step(job, supervisor, client, view, slot.operators)
         record_cycle(client, job, time.monotonic() - cycle_started)
         slot.next_cycle = time.monotonic() + view.config.cycle_interval_s
+        slot.next_watch = time.monotonic() + CONDITIONS_EVERY_S
+    elif time.monotonic() >= slot.next_watch:
+        watch_between_cycles(job, supervisor, client, view.config, slot)
+        slot.next_watch = time.monotonic() + CONDITIONS_EVERY_S
     return True
+
+
+# How often a job's alert conditions are looked at between its policy cycles (every
+# cycle_interval_s, 5 s by default): a condition that turns true is raised within about this
+# long (plus the reconcile's own cadence), for the goal of a page within 5 s of it
+# (docs/ALERTING.md). A look reads Redis only and writes only a condition that is new.
+CONDITIONS_EVERY_S = 1.0
+
+
+def watch_between_cycles(job: Job, supervisor: Supervisor, client, config, slot) -> None:
+    """Look at the job's alert conditions on the progress records since the last look and
+    raise those new since (record.watch_conditions, fresh_only). The policy cycle stores the
+    records, counts repeats, clears what no longer holds and watches Kafka (its conditions
+    keep the cycle's cadence: a lag counts once it is over the bound at two cycles)."""
+    progress, slot.progress_seen = metrics.progress_after(client, job.key, slot.progress_seen)
+    watch_conditions(job, supervisor, client, config, progress, [], fresh_only=True)
 
 
 def upgrade_moved(supervisor: Supervisor, slot) -> bool:

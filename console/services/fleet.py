@@ -137,6 +137,10 @@ class JobSlot:
     job: Job
     supervisor: Supervisor | None
     next_cycle: float = 0.0
+    # The next look at its alert conditions between policy cycles (controller.watch_between_
+    # cycles), on the monotonic clock, and the newest progress entry that look has read.
+    next_watch: float = 0.0
+    progress_seen: str | None = None
     saved: str = ""
     db_status: str = ""  # the status the membership thread last read for it
     operators: dict | None = None  # its Operator rows by name, read at its first policy cycle

@@ -38,6 +38,18 @@ def _read_new(client, stream: str) -> list[tuple[str, dict]]:
     return client.xrange(stream, min=f"({cursor}", count=READ_BATCH)
 
 
+def progress_after(client, job_key: str, after: str | None) -> tuple[list[ProgressRecord], str]:
+    """The job's progress records after entry `after` (None: after what was last stored as
+    samples), at most READ_BATCH, and the id to ask after next time. Reads only: the looks
+    between policy cycles see the new records without storing them (the cycle does)."""
+    stream = data_keys.progress(job_key)
+    if after is None:
+        after = client.get(control_keys.ingest_cursor(stream)) or "0-0"
+    entries = client.xrange(stream, min=f"({after}", count=READ_BATCH)
+    records = [ProgressRecord.from_fields(fields) for _, fields in entries]
+    return records, (entries[-1][0] if entries else after)
+
+
 def _advance(client, stream: str, entries: list[tuple[str, dict]]) -> None:
     if entries:
         client.set(control_keys.ingest_cursor(stream), entries[-1][0])

@@ -18,10 +18,11 @@ from console.models import Alert, AlertDelivery, AlertRoute, Job, Policy
 from console.policy.config import PolicyConfig
 from console.redis import redis_client
 from console.roles import ADMIN
-from console.services import kafka_status
+from console.services import controller, kafka_status
 from console.services.control import record
 from infra import keys as control_keys
 from spark_runtime import keys as data_keys
+from spark_runtime.progress import publish_progress
 from tests.factories import make_job, progress_record
 
 pytestmark = pytest.mark.django_db
@@ -230,3 +231,38 @@ def test_a_reconcile_raises_a_supervision_condition_before_the_next_cycle(runnin
     assert record.raise_supervision_alerts(job, machine, client, config) == []
     watch(job, client, machine, time.time(), config=config)
     assert Alert.objects.get().state == "resolved"
+
+
+def test_a_condition_turning_true_between_policy_cycles_is_raised_at_the_next_look(running):
+    """Policy cycles are cycle_interval_s apart (5 s by default); the looks between them
+    (controller.watch_between_cycles) read the progress records the stages published since
+    the last look and raise a new condition at once. Repeats are counted and conditions
+    cleared by the cycle only."""
+    job, client = running
+    config = replace(CONFIG, alert_no_output_s=2.0)
+    now = time.time()
+    watch(job, client, supervisor(), now - 10, config=config)  # the cycle watched this run
+    slot = SimpleNamespace(progress_seen=None)
+    output = progress_record(at=now - 3, input_rows=20, written=20)
+    publish_progress(client, job.key, output)
+    controller.watch_between_cycles(job, supervisor(), client, config, slot)
+    assert Alert.objects.count() == 0  # input and output 3 s ago: idle, not stalled
+    starving = progress_record(at=now, input_rows=20, written=0, batch=1)
+    publish_progress(client, job.key, starving)
+    # The activity moved on with the first record: output 3 s ago, input now, limit 2 s.
+    controller.watch_between_cycles(job, supervisor(), client, config, slot)
+    alert = Alert.objects.get()
+    assert (alert.key, alert.state, alert.seen) == (f"output-stalled:{job.key}", "open", 1)
+    # The next looks read nothing new and write nothing.
+    for _ in range(3):
+        controller.watch_between_cycles(job, supervisor(), client, config, slot)
+    alert.refresh_from_db()
+    assert alert.seen == 1
+    # The cycle still counts it, then clears it once output comes back.
+    watch(job, client, supervisor(), now + 1, config=config)
+    alert.refresh_from_db()
+    assert alert.seen == 2
+    back = progress_record(at=now + 2, input_rows=20, written=20, batch=2)
+    watch(job, client, supervisor(), now + 2, [back], config=config)
+    alert.refresh_from_db()
+    assert alert.state == "resolved"

@@ -6,11 +6,11 @@ from __future__ import annotations
 import pytest
 from django.test import Client
 
+from bench.receivers import Receiver
 from console.models import AlertDelivery, AlertRoute, AuditEvent, Job, Team
 from console.roles import ADMIN, OPERATOR, VIEWER
 from console.services.alert_routing import clear_alert, deliver, raise_alert
 from tests.factories import make_job
-from tests.receivers import Receiver
 
 pytestmark = pytest.mark.django_db
 

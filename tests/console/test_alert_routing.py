@@ -14,11 +14,11 @@ import pytest
 from django.core import mail
 from django.utils import timezone
 
+from bench.receivers import Receiver, free_port
 from console.models import Alert, AlertDelivery, AlertRoute, Job, Policy, Team
 from console.services import alert_routing
 from console.services.alert_routing import clear_alert, deliver, raise_alert
 from tests.factories import make_job
-from tests.receivers import Receiver, free_port
 
 pytestmark = pytest.mark.django_db
 

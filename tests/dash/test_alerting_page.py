@@ -9,13 +9,13 @@ import pytest
 from dash.exceptions import PreventUpdate
 from django.utils import timezone
 
+from bench.receivers import Receiver, free_port
 from console.dash.alerting import callbacks
 from console.models import AlertDelivery, AlertRoute, Job, Team
 from console.roles import OPERATOR, VIEWER
 from console.services.alert_routing import clear_alert, deliver, raise_alert
 from tests.dash.test_browser import CHROMIUM, _log_in, _shoot, browser  # noqa: F401 (fixture)
 from tests.factories import UserFactory, make_job
-from tests.receivers import Receiver, free_port
 
 PASSWORD = "browser-test-pw-1"
 

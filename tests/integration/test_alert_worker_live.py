@@ -14,6 +14,7 @@ import time
 import pytest
 from django.conf import settings
 
+from bench.receivers import Receiver, free_port
 from console.alerting_payloads import RETRY_MAX_DELAY_S
 from console.models import AlertDelivery, AlertRoute, Job
 from console.redis import redis_client
@@ -23,7 +24,6 @@ from infra.launcher import ProcessGroup, alerts_argv, controller_argv, wait_for
 from infra.queues import ALERTS_QUEUE
 from tests.cluster import database_url
 from tests.factories import NodeFactory, make_job
-from tests.receivers import Receiver, free_port
 
 SECRET = "live-secret"
 # The worker's start (Django, Celery) on a loaded 2-core machine, then the first attempts.

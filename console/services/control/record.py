@@ -497,7 +497,14 @@ def raise_supervision_alerts(job: Job, supervisor: Supervisor, client, config: P
     supervision-state conditions that hold and were not raised yet, rather than at the next
     policy cycle (up to cycle_interval_s later). Nothing holding: no I/O at all; holding and
     raised already: one Redis call. Clearing stays with the cycle (watch_conditions)."""
-    holding = supervision_conditions(job, supervisor, config, time.time())
+    return raise_fresh(job, client, supervision_conditions(job, supervisor, config, time.time()))
+
+
+def raise_fresh(job: Job, client, holding: dict[str, dict]) -> list[str]:
+    """Raise the conditions of `holding` (key -> {"event", "summary", "details"}) that were not
+    raised yet (control_keys.job_alerts), and add them there; returns their keys. What was
+    raised already is left to the cycle's watch_conditions (its count, its clearing), so a
+    look between cycles writes to the database only when a condition is new."""
     if not holding:
         return []
     raised = control_keys.job_alerts(job.key)
@@ -521,11 +528,15 @@ def watch_conditions(
     progress: list,
     kafka_due: list,
     now: float | None = None,
+    fresh_only: bool = False,
 ) -> dict[str, dict]:
     """Every policy cycle of a live job: decide each condition of docs/ALERTING.md from the
     numbers (console.policy.alert_conditions, the policy's thresholds), raise the alert of
-    each that holds and clear the job's other open ones. `progress`: the cycle's progress
-    records; `kafka_due`: watch_kafka's answer. Returns key -> what was raised."""
+    each that holds and clear the job's other open ones. `progress`: the progress records
+    since the last look; `kafka_due`: watch_kafka's answer. `fresh_only` (the looks between
+    cycles, console.services.controller.watch_between_cycles): raise only the conditions not
+    raised yet (raise_fresh), unless this is the first look at a new run of the job. Returns
+    key -> what holds."""
     now = time.time() if now is None else now
     holding = {}
 
@@ -591,6 +602,9 @@ def watch_conditions(
                     stage=episode.stage,
                     elapsed_s=round(elapsed, 1),
                 )
+    if fresh_only and not new_run:
+        raise_fresh(job, client, holding)
+        return holding
     # The keys raised at earlier cycles are kept in Redis, so a cycle with nothing open asks
     # the database nothing; a new run of the job also clears its job-failed alert.
     raised = control_keys.job_alerts(job.key)

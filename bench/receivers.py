@@ -1,6 +1,6 @@
-"""Real HTTP receivers on loopback for the alerting tests: an http.server in a thread, on a free
-port, that records every request; it can go down and come back on the same port (an outage) or
-hang without answering."""
+"""Real HTTP receivers on loopback, for the alerting tests and the alert latency benchmark
+(bench/alert_latency.py): an http.server in a thread, on a free port, that records every
+request; it can go down and come back on the same port (an outage) or hang without answering."""
 
 from __future__ import annotations
 
