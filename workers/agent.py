@@ -245,13 +245,7 @@ def stage_process_env() -> dict[str, str]:
     return stage_environment(REDIS_URL=settings.REDIS_URL, PYSPARK_PYTHON=worker_python())
 
 
-@shared_task(
-    name=tasks.START_REPLICA.name,
-    acks_late=True,
-    expires=tasks.START_REPLICA.expires_s,
-    time_limit=30,
-    soft_time_limit=25,
-)
+@shared_task(**tasks.START_REPLICA.options())
 def start_replica(
     module: str,
     args: list[str],
@@ -451,13 +445,7 @@ def idle_spares(client, node: str) -> int:
     return sum(1 for e in _spare_entries(client, node).values() if e.get("state") == "idle")
 
 
-@shared_task(
-    name=tasks.START_GENERATOR.name,
-    acks_late=True,
-    expires=tasks.START_GENERATOR.expires_s,
-    time_limit=30,
-    soft_time_limit=25,
-)
+@shared_task(**tasks.START_GENERATOR.options())
 def start_generator(
     job_key: str,
     topology: str,
@@ -483,13 +471,7 @@ def start_generator(
     )
 
 
-@shared_task(
-    name=tasks.KILL_REPLICA.name,
-    acks_late=True,
-    expires=tasks.KILL_REPLICA.expires_s,
-    time_limit=30,
-    soft_time_limit=25,
-)
+@shared_task(**tasks.KILL_REPLICA.options())
 def kill_replica(
     replica_id: str,
     signal_name: str = "SIGKILL",
@@ -528,13 +510,7 @@ def kill_replica(
     return True
 
 
-@shared_task(
-    name=tasks.KILL_NODE.name,
-    acks_late=True,
-    expires=tasks.KILL_NODE.expires_s,
-    time_limit=30,
-    soft_time_limit=25,
-)
+@shared_task(**tasks.KILL_NODE.options())
 def kill_node(job_key: str | None = None) -> list[int]:
     """SIGKILL every stage process of this node (of one job, when given); return their pids."""
     procs = node_stage_processes(job_key)
@@ -594,13 +570,7 @@ def spark_apps_of(procs: list[psutil.Process]) -> list[str]:
     return sorted(apps)
 
 
-@shared_task(
-    name=tasks.KILL_SPARK_PROCESS.name,
-    acks_late=True,
-    expires=tasks.KILL_SPARK_PROCESS.expires_s,
-    time_limit=30,
-    soft_time_limit=25,
-)
+@shared_task(**tasks.KILL_SPARK_PROCESS.options())
 def kill_spark_process(
     app_id: str, fault_kind: str, fault_id: int | None = None, job_key: str | None = None
 ) -> list[int]:
@@ -707,12 +677,7 @@ def resume_due(client: redis.Redis, node: str, now: float | None = None) -> list
     return resumed
 
 
-@shared_task(
-    name=tasks.PAUSE_NODE.name,
-    expires=tasks.PAUSE_NODE.expires_s,
-    time_limit=30,
-    soft_time_limit=25,
-)
+@shared_task(**tasks.PAUSE_NODE.options())
 def pause_node(
     duration_s: float, job_key: str | None = None, fault_id: int | None = None
 ) -> list[int]:
@@ -742,12 +707,7 @@ def _resume_due_quietly(node: str) -> None:
         log.warning("node %s: could not resume paused groups now (the loop retries): %s", node, exc)
 
 
-@shared_task(
-    name=tasks.STRESS_NODE.name,
-    expires=tasks.STRESS_NODE.expires_s,
-    time_limit=30,
-    soft_time_limit=25,
-)
+@shared_task(**tasks.STRESS_NODE.options())
 def stress_node(
     duration_s: float, workers: int = 1, fault_id: int | None = None, job_key: str | None = None
 ) -> list[int]:

@@ -16,18 +16,7 @@ from console.services import alert_routing
 from infra import tasks
 
 
-@shared_task(
-    bind=True,
-    name=tasks.DELIVER_ALERT.name,
-    acks_late=True,
-    reject_on_worker_lost=True,
-    # The service counts attempts and gives up (alerting_payloads.MAX_ATTEMPTS); Celery's own
-    # count must not stop it sooner.
-    max_retries=None,
-    # One HTTP attempt is bounded by alert_routing.HTTP_TIMEOUT_S; this only stops a hung SMTP.
-    time_limit=60,
-    soft_time_limit=45,
-)
+@shared_task(**tasks.DELIVER_ALERT.options(bind=True))
 def deliver_alert(self, delivery_id: int) -> str:
     """Make one attempt at delivery `delivery_id`; on failure, try again after the backoff."""
     retry_in_s = alert_routing.deliver(delivery_id)
@@ -36,7 +25,7 @@ def deliver_alert(self, delivery_id: int) -> str:
     return "done"
 
 
-@shared_task(name=tasks.SWEEP_ALERT_DELIVERIES.name, expires=tasks.SWEEP_ALERT_DELIVERIES.expires_s)
+@shared_task(**tasks.SWEEP_ALERT_DELIVERIES.options())
 def sweep_alert_deliveries() -> int:
     """Queue again the pending deliveries that are overdue; return how many."""
     due = alert_routing.due_deliveries()

@@ -29,21 +29,7 @@ log = logging.getLogger(__name__)
 _fleet: FleetController | None = None
 
 
-@shared_task(
-    name=tasks.LAUNCH_JOB.name,
-    acks_late=True,  # idempotent: a job that is not in `created` is not launched again
-    # A database that is briefly unavailable (a locked SQLite file, a PostgreSQL restart) must
-    # not leave the job `created` for ever. Retrying is safe: before the job turns `starting`
-    # nothing has started; after, a controller's fleet supervision takes the job (it is live)
-    # and restarts replicas that never came up. A lease still held by a controller stopping the
-    # job is waited for the same way.
-    autoretry_for=(OperationalError, controller.LaunchBusy),
-    retry_backoff=2,
-    max_retries=5,
-    expires=tasks.LAUNCH_JOB.expires_s,
-    time_limit=120,
-    soft_time_limit=100,
-)
+@shared_task(**tasks.LAUNCH_JOB.options(autoretry_for=(OperationalError, controller.LaunchBusy)))
 def launch_job(job_id: int) -> str:
     """Plan and start a created job; a controller's fleet supervision takes it from there."""
 
@@ -59,13 +45,7 @@ def launch_job(job_id: int) -> str:
     return f"launched job {job_id}"
 
 
-@shared_task(
-    name=tasks.WATCHDOG.name,
-    # A watchdog run that waited longer than the next one is worthless.
-    expires=tasks.WATCHDOG.expires_s,
-    time_limit=30,
-    soft_time_limit=25,
-)
+@shared_task(**tasks.WATCHDOG.options())
 def watchdog() -> list[int]:
     """Refresh node states, metrics and Q scores, release warm spares no live job can use,
     give the open recovery episodes of ended jobs their final figures, ask again for the audit
@@ -84,16 +64,7 @@ def watchdog() -> list[int]:
     return unsupervised
 
 
-@shared_task(
-    name=tasks.AUDIT_EPISODES.name,
-    acks_late=True,  # idempotent: an audited episode is left alone
-    autoretry_for=(OperationalError,),
-    retry_backoff=2,
-    max_retries=3,
-    expires=tasks.AUDIT_EPISODES.expires_s,
-    time_limit=300,
-    soft_time_limit=280,
-)
+@shared_task(**tasks.AUDIT_EPISODES.options(autoretry_for=(OperationalError,)))
 def audit_episodes(job_id: int) -> int:
     """Audit the output of job `job_id` for its closed, not yet audited recovery episodes."""
 
@@ -105,15 +76,11 @@ def audit_episodes(job_id: int) -> int:
 
 
 @shared_task(
-    name=tasks.CHECK_UPGRADE.name,
-    acks_late=True,  # idempotent: an upgrade checked already is left alone
-    autoretry_for=(OperationalError,),
-    retry_backoff=2,
-    max_retries=3,
-    expires=tasks.CHECK_UPGRADE.expires_s,
-    # The dry run starts a SparkSession in a child process (upgrades.CHECK_TIMEOUT_S).
-    time_limit=upgrades.CHECK_TIMEOUT_S + 60,
-    soft_time_limit=upgrades.CHECK_TIMEOUT_S + 30,
+    **tasks.CHECK_UPGRADE.options(
+        autoretry_for=(OperationalError,),
+        time_limit=upgrades.CHECK_TIMEOUT_S + 60,
+        soft_time_limit=upgrades.CHECK_TIMEOUT_S + 30,
+    )
 )
 def check_upgrade(upgrade_id: int) -> str:
     """Decide a requested upgrade's case by a dry run on the running version's state; refuse
@@ -130,17 +97,7 @@ def check_upgrade(upgrade_id: int) -> str:
     return f"upgrade {upgrade_id}: {upgrade.case} ({upgrade.reason})"
 
 
-@shared_task(
-    name=tasks.AUDIT_UPGRADE.name,
-    acks_late=True,  # idempotent: an audited upgrade is left alone
-    autoretry_for=(OperationalError,),
-    retry_backoff=2,
-    max_retries=3,
-    expires=tasks.AUDIT_UPGRADE.expires_s,
-    # It reads the job's whole input, as audit_episodes does.
-    time_limit=300,
-    soft_time_limit=280,
-)
+@shared_task(**tasks.AUDIT_UPGRADE.options(autoretry_for=(OperationalError,)))
 def audit_upgrade(upgrade_id: int) -> str:
     """Measure an ended upgrade's output gap across its switch and audit the job's output
     against the version in force; the figures go on the upgrade's record."""
@@ -151,13 +108,7 @@ def audit_upgrade(upgrade_id: int) -> str:
         client.close()
 
 
-@shared_task(
-    name=tasks.INJECT_FAULT.name,
-    acks_late=True,  # idempotent: only pending faults are injected
-    expires=tasks.INJECT_FAULT.expires_s,
-    time_limit=30,
-    soft_time_limit=25,
-)
+@shared_task(**tasks.INJECT_FAULT.options())
 def inject_fault(fault_id: int) -> str:
     """Inject a requested fault."""
 
@@ -167,12 +118,7 @@ def inject_fault(fault_id: int) -> str:
     return f"fault {fault_id}: {fault.outcome} ({fault.outcome_detail})"
 
 
-@shared_task(
-    name=tasks.DRILL.name,
-    expires=tasks.DRILL.expires_s,
-    time_limit=30,
-    soft_time_limit=25,
-)
+@shared_task(**tasks.DRILL.options())
 def drill(job_id: int, kind: str, target_operator: str = "", target_node: str = "") -> str:
     """A scheduled chaos drill (django-celery-beat): request and inject one fault."""
 

@@ -30,24 +30,8 @@ TRANSIENT_SMTP_ERRORS = (
     TimeoutError,
 )
 
-# No queue here: controller tasks default to `control` (web/celery.py).
-EMAIL_TASK_OPTIONS = {
-    "autoretry_for": TRANSIENT_SMTP_ERRORS,
-    "max_retries": 4,
-    "retry_backoff": 30,  # 30 s, 60 s, 120 s, 240 s (with jitter)
-    "retry_backoff_max": 600,
-    "retry_jitter": True,
-    "time_limit": 180,
-    "soft_time_limit": 150,
-}
 
-
-@shared_task(
-    name=tasks.SEND_REPORT.name,
-    # A report that could not start within an hour is dropped; the next scheduled one covers it.
-    expires=tasks.SEND_REPORT.expires_s,
-    **EMAIL_TASK_OPTIONS,
-)
+@shared_task(**tasks.SEND_REPORT.options(autoretry_for=TRANSIENT_SMTP_ERRORS))
 def send_report(subscription_id: int) -> str:
     """Send subscription `subscription_id`'s report now (skipped when gone or disabled)."""
 
@@ -59,9 +43,7 @@ def send_report(subscription_id: int) -> str:
     return "sent"
 
 
-@shared_task(
-    name=tasks.ALERT_RECOVERY.name, expires=tasks.ALERT_RECOVERY.expires_s, **EMAIL_TASK_OPTIONS
-)
+@shared_task(**tasks.ALERT_RECOVERY.options(autoretry_for=TRANSIENT_SMTP_ERRORS))
 def alert_recovery(episode_id: int) -> int:
     """Check episode `episode_id` against every recovery-time alert; return emails sent."""
 
@@ -71,9 +53,7 @@ def alert_recovery(episode_id: int) -> int:
     return alerts.check_alerts_for_episode(episode)
 
 
-@shared_task(
-    name=tasks.ALERT_JOB_FAILED.name, expires=tasks.ALERT_JOB_FAILED.expires_s, **EMAIL_TASK_OPTIONS
-)
+@shared_task(**tasks.ALERT_JOB_FAILED.options(autoretry_for=TRANSIENT_SMTP_ERRORS))
 def alert_job_failed(job_id: int) -> int:
     """Alert the subscriptions that ask for it that job `job_id` failed; return emails sent."""
 
@@ -83,7 +63,7 @@ def alert_job_failed(job_id: int) -> int:
     return alerts.alert_job_failed(job)
 
 
-@shared_task(name=tasks.ALERT_KAFKA.name, expires=tasks.ALERT_KAFKA.expires_s, **EMAIL_TASK_OPTIONS)
+@shared_task(**tasks.ALERT_KAFKA.options(autoretry_for=TRANSIENT_SMTP_ERRORS))
 def alert_kafka(job_id: int, kind: str, since: str, detail: dict) -> int:
     """Alert a Kafka condition of job `job_id` (console.services.alerts.alert_kafka); return
     emails sent."""
@@ -94,11 +74,7 @@ def alert_kafka(job_id: int, kind: str, since: str, detail: dict) -> int:
     return alerts.alert_kafka(job, kind, since, detail)
 
 
-@shared_task(
-    name=tasks.ALERT_RECONCILE_FAILING.name,
-    expires=tasks.ALERT_RECONCILE_FAILING.expires_s,
-    **EMAIL_TASK_OPTIONS,
-)
+@shared_task(**tasks.ALERT_RECONCILE_FAILING.options(autoretry_for=TRANSIENT_SMTP_ERRORS))
 def alert_reconcile_failing(job_id: int, since: float, failures: int, error: str) -> int:
     """Alert that the reconciles of job `job_id` keep failing
     (console.services.alerts.alert_reconcile_failing); return emails sent."""
