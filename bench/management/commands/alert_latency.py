@@ -49,8 +49,10 @@ class Command(BaseCommand):
         started = time.time()
         load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
         self.stdout.write(f"job {target.name} ({target.key}), {rounds} round(s)")
-        measured = AlertLatencyRun(target, redis_client(), rounds, self.stdout.write).run()
+        run = AlertLatencyRun(target, redis_client(), rounds, self.stdout.write)
+        measured = run.run()
         summary = summarize(measured)
+        summary["missed"] = [{"event": event, "round": round_} for event, round_ in run.missed]
         Path(out).mkdir(parents=True, exist_ok=True)
         path = Path(out) / "alert-latency.json"
         path.write_text(
