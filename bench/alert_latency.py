@@ -7,12 +7,13 @@ loopback (bench.receivers), sets low thresholds through a new, audited policy ve
 faults into the live job through the same service as the API, and for each alert that arrives
 works out when its condition became true:
 
-- `job-unprotected` (kill-standby): the alert's details say how long the stage had run
-  without its standby at the raise (`unprotected_s`); the condition held from `limit` on;
+- `job-unprotected` (kill-driver: the standby is promoted, the stage runs without one until
+  a new one caught up): the alert's details say how long at the raise (`unprotected_s`); the
+  condition held from `limit` on;
 - `output-stalled` (slow-driver: batches late, heartbeats on): `no_output_s` past the limit;
 - `checkpoint-slow` (the same fault): the first progress record of a batch over the bound, at
   the time its stage published it (its Redis stream entry id);
-- `recovery-slow` (kill-driver): `elapsed_s` past the limit, counted from the fault.
+- `recovery-slow` (the same fault): `elapsed_s` past the limit, counted from the fault.
 
 The previous thresholds are restored (another audited version) and the route deleted at the
 end, however the run ends.
@@ -62,13 +63,12 @@ class Scenario:
 
 
 SCENARIOS = (
-    Scenario("kill-standby", ("job-unprotected",), {}),
+    Scenario("kill-driver", ("job-unprotected", "recovery-slow"), {}),
     Scenario(
         "slow-driver",
         ("output-stalled", "checkpoint-slow"),
         {"delay_s": SLOW_DELAY_S, "duration_s": SLOW_FOR_S},
     ),
-    Scenario("kill-driver", ("recovery-slow",), {}),
 )
 EVENTS = tuple(event for scenario in SCENARIOS for event in scenario.events)
 

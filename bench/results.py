@@ -1,4 +1,5 @@
-"""The one writer of docs/RESULTS.md: every benchmark puts its figures there through here.
+"""The one writer of docs/RESULTS.md and of the benchmarks' JSON reports: every benchmark puts
+its figures there through here (`write_report` for its own DIR/NAME.json).
 
 The file is a list of `## ` sections; a section is either written whole (`write_section`, e.g.
 the load test's) or holds `### ` subsections that benchmarks replace one at a time
@@ -9,6 +10,7 @@ data-plane benchmarks use it too.
 
 from __future__ import annotations
 
+import json
 import logging
 import re
 from pathlib import Path
@@ -16,6 +18,19 @@ from pathlib import Path
 log = logging.getLogger(__name__)
 
 RESULTS_MD = Path(__file__).resolve().parent.parent / "docs" / "RESULTS.md"
+
+
+def write_report(out_dir: Path | str, name: str, data) -> Path:
+    """Write a benchmark's JSON report `out_dir/name` (the directory made if missing), whole or
+    not at all: a reader, or a run killed half-way, never sees half a file. Values JSON does
+    not know (datetimes, paths) are written as their str()."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / name
+    partial = path.with_name(path.name + ".partial")
+    partial.write_text(json.dumps(data, indent=2, default=str) + "\n", encoding="utf-8")
+    partial.replace(path)
+    return path
 
 
 def _read(path: Path) -> str:

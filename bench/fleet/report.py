@@ -7,7 +7,7 @@ import json
 import time
 from pathlib import Path
 
-from bench.results import RESULTS_MD, write_section
+from bench.results import RESULTS_MD, write_report, write_section
 from console.services.fleet import LEASE_S, RENEW_S
 
 SECTION = "## Fleet scale"
@@ -74,9 +74,7 @@ def fleet_json(results: list[dict], command: str) -> dict:
 
 
 def write_json(out_dir: Path, results: list[dict], command: str) -> Path:
-    path = out_dir / "fleet.json"
-    path.write_text(json.dumps(fleet_json(results, command), indent=2, default=str) + "\n")
-    return path
+    return write_report(out_dir, "fleet.json", fleet_json(results, command))
 
 
 def plot(out_dir: Path, results: list[dict]) -> Path:

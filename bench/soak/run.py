@@ -41,7 +41,6 @@ left of them (processes, Redis keys) is reported.
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import signal
 import time
@@ -66,6 +65,7 @@ from bench.fleet.services import (
     postgres_bin_dir,
     worker_env,
 )
+from bench.results import write_report
 from bench.soak import processes as soak_processes
 from bench.soak import report as soak_report
 from bench.soak.faults import LIVE_REPLICA_STATES, FaultPlay, Pending, soak_user
@@ -210,9 +210,7 @@ class Soak(FaultPlay):
             audits=self.audits,
             samples=self.samples,
         )
-        path = self.out / "soak.json"
-        path.write_text(json.dumps(self.report, indent=1, default=str))
-        return path
+        return write_report(self.out, "soak.json", self.report)
 
     # --- the run ----------------------------------------------------------------------------
 

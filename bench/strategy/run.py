@@ -14,7 +14,6 @@ then runs on Apache Flink (bench/flink_peer/peer.py).
 from __future__ import annotations
 
 import contextlib
-import json
 import platform
 import time
 from collections.abc import Callable
@@ -26,7 +25,7 @@ from django.conf import settings as django_settings
 from django.contrib.auth.models import Group, User
 
 from bench.flink_peer.peer import run_flink_peer
-from bench.results import RESULTS_MD, write_subsection
+from bench.results import RESULTS_MD, write_report, write_subsection
 from bench.strategy import report
 from bench.strategy import topics as topics_audit
 from bench.strategy.harness import (
@@ -605,7 +604,7 @@ def remeasure(result: dict) -> dict:
 
 def write_outputs(result: dict, out: Path) -> None:
     """bench.json, bench.md and bench.png into `out`."""
-    (out / "bench.json").write_text(json.dumps(result, indent=1))
+    write_report(out, "bench.json", result)
     (out / "bench.md").write_text(report.to_markdown(result))
     report.plot_png(result, out / "bench.png")
 

@@ -14,14 +14,13 @@ and the output gap at the rollback is measured the same way. Writes DIR/upgrade.
 
 from __future__ import annotations
 
-import json
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from django.db import transaction
 
-from bench.results import write_subsection
+from bench.results import write_report, write_subsection
 from bench.strategy.harness import BenchSettings, drain, measure_progress, topology_params
 from bench.strategy.run import (
     BenchCluster,
@@ -337,7 +336,7 @@ def longest_gap(records, start: float, end: float | None) -> float | None:
 
 
 def write(result: dict, out: Path) -> None:
-    (out / "upgrade.json").write_text(json.dumps(result, indent=2, default=str) + "\n")
+    write_report(out, "upgrade.json", result)
 
 
 RESULTS_SECTION = "## Upgrades (manage.py bench_upgrade)"

@@ -4,17 +4,17 @@ webhook (bench/alert_latency.py)."""
 
 from __future__ import annotations
 
-import json
 import os
 import shlex
+import signal
 import sys
 import time
-from pathlib import Path
 
 from django.core.management.base import BaseCommand, CommandError
 
 from bench.alert_latency import AlertLatencyRun, render, summarize, when_text
-from bench.results import RESULTS_MD, write_subsection
+from bench.results import RESULTS_MD, write_report, write_subsection
+from bench.signals import exit_on_first_sigterm
 from console.models import Job
 from console.redis import redis_client
 
@@ -26,7 +26,7 @@ class Command(BaseCommand):
     help = (
         "Measure alert latency on the running console: set low alert thresholds (a new, "
         "audited policy version, restored at the end), route the alerts to a webhook on "
-        "loopback, inject kill-standby, slow-driver and kill-driver into a running job with "
+        "loopback, inject kill-driver and slow-driver into a running job with "
         "standbys, and print for each alert the seconds from its condition becoming true to "
         "the receiver's request. Needs the controller, agents and alerts worker up (the demo)."
     )
@@ -49,17 +49,16 @@ class Command(BaseCommand):
         started = time.time()
         load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
         self.stdout.write(f"job {target.name} ({target.key}), {rounds} round(s)")
+        # Stopped with SIGTERM, it still restores the thresholds and removes its route.
+        signal.signal(signal.SIGTERM, exit_on_first_sigterm)
         run = AlertLatencyRun(target, redis_client(), rounds, self.stdout.write)
         measured = run.run()
         summary = summarize(measured)
         summary["missed"] = [{"event": event, "round": round_} for event, round_ in run.missed]
-        Path(out).mkdir(parents=True, exist_ok=True)
-        path = Path(out) / "alert-latency.json"
-        path.write_text(
-            json.dumps(
-                {"job": target.name, "summary": summary, "alerts": [m.__dict__ for m in measured]},
-                indent=2,
-            )
+        path = write_report(
+            out,
+            "alert-latency.json",
+            {"job": target.name, "summary": summary, "alerts": [m.__dict__ for m in measured]},
         )
         command = "python manage.py alert_latency " + shlex.join(sys.argv[2:])
         table = render(summary, command, when_text(started), load)
