@@ -82,6 +82,13 @@ def job_alerts(job_key: str) -> str:
     return make_key(job_key, "alerts")
 
 
+def job_strays(job_key: str) -> str:
+    """Hash replica id -> its heartbeat time, of the job's replicas that ran without being in
+    its supervision state at the last policy cycle (console.services.control.act.kill_strays
+    kills those still beating at the next one)."""
+    return make_key(job_key, "strays")
+
+
 def controller_state(job_key: str) -> str:
     """The supervision state of a job as JSON, so a restarted controller picks it up."""
     return make_key(job_key, "controller-state")
@@ -199,4 +206,5 @@ def controller_job_keys(job_key: str) -> list[str]:
         agent_events_cursor(job_key),
         job_activity(job_key),
         job_alerts(job_key),
+        job_strays(job_key),
     ]

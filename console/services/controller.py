@@ -32,6 +32,7 @@ from console.services.control.act import (
     carry_out,
     ensure_generator,
     keep_warm_spares,
+    kill_strays,
     stop_everything,
     stop_generator,
 )
@@ -510,7 +511,8 @@ def policy_step(job: Job, supervisor: Supervisor, client, view, operators: dict)
     config = view.config
     supervisor.restart_policy = restart_policy_of(config)  # admin changes apply here
     supervisor.hung_timeout_s = config.hung_timeout_s
-    sync_replicas(job, client, supervisor)
+    strays = sync_replicas(job, client, supervisor)
+    kill_strays(job, client, strays)
     if job.status == Job.Status.STARTING and supervisor.all_running():
         job.mark_running("every primary is running")
     ensure_generator(job, supervisor, client, view.alive)

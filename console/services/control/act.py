@@ -17,6 +17,7 @@ from console.models import ControlDecision, Job, Node, Operator, Replica
 from console.policy.checkpoint import stage_interval, state_store_confs
 from console.policy.resources import node_capacities
 from console.policy.spares import spare_needed, spares_wanted, stages_covered
+from console.policy.strays import confirmed_strays
 from console.services.control.commands import command_sender, send_kill
 from console.services.control.fence import delete_state, lease_fields, write_state
 from console.services.control.observe import alive_nodes, node_history, spares_by_state
@@ -348,3 +349,40 @@ def apply_give_up(job: Job, client, replica_id: str, verdict: GiveUp, actions: l
     decide(job, ControlDecision.Kind.GIVE_UP, reason, stage=verdict.stage, replica_id=replica_id)
     if job.mark_failed(reason):
         alert_failed_job(job)
+
+
+def kill_strays(job: Job, client, candidates: dict[str, dict]) -> list[str]:
+    """Every policy cycle: kill the replicas that beat without being in the supervision state
+    (`candidates`, from observe.sync_replicas) at this cycle and the one before, their
+    heartbeat moving on in between (console.policy.strays); remember this cycle's candidates
+    for the next. The kill is fenced like every other and idempotent at the agent. Returns the
+    replica ids killed."""
+    key = control_keys.job_strays(job.key)
+    before = {replica_id: float(beat) for replica_id, beat in client.hgetall(key).items()}
+    beats = {rid: float(entry.get("updated") or 0) for rid, entry in candidates.items()}
+    strays = confirmed_strays(beats, before)
+    if strays:
+        nodes = {replica_id: candidates[replica_id].get("node") for replica_id in strays}
+        launcher = AgentLauncher(job, client, nodes={k: v for k, v in nodes.items() if v})
+        for replica_id in strays:
+            launcher.kill(replica_id)
+        decide(
+            job,
+            ControlDecision.Kind.KILL_STRAY,
+            "killed "
+            + ", ".join(f"{replica_id} on {nodes[replica_id] or '?'}" for replica_id in strays)
+            + ": running, but not in the job's supervision state (a lost kill, or a start "
+            "under a state that was lost)",
+        )
+    if beats or before:  # a job without strays, the common case, writes nothing
+        with client.pipeline(transaction=False) as pipe:
+            pipe.delete(key)
+            if beats:
+                pipe.hset(key, mapping=beats)
+                pipe.expire(key, STRAYS_TTL_S)
+            pipe.execute()
+    return strays
+
+
+# The candidates of a cycle are kept this long: the next cycle, however late, still finds them.
+STRAYS_TTL_S = 3600

@@ -16,6 +16,7 @@ from django.utils import timezone
 
 from console.models import Job, MetricSample, Node, Policy, Replica
 from console.policy.resources import node_score
+from console.policy.strays import stray_candidates
 from console.services import metrics
 from console.services.control.fence import write_state
 from console.services.faults import record_refusal, record_spark_kill
@@ -182,20 +183,26 @@ SYNCED_REPLICA_FIELDS = (
 )  # fmt: skip
 
 
-def sync_replicas(job: Job, client, supervisor: Supervisor) -> None:
+def sync_replicas(job: Job, client, supervisor: Supervisor) -> dict[str, dict]:
     """Copy what replicas report about themselves (pid, state, epoch, heartbeat, checkpoint
     interval, CPU priority and batch pace) into the DB; a replica the supervisor holds for slow
     (silent but busy) shows as such. One query reads the job's rows and one writes those that
     changed (none while nothing did but the heartbeat, refreshed every
-    HEARTBEAT_ROW_REFRESH_S)."""
+    HEARTBEAT_ROW_REFRESH_S). Returns the replicas that beat but that the supervisor does not
+    list (console.policy.strays): id -> their entry."""
     reported = client.hgetall(data_keys.replicas(job.key))
     if not reported:
-        return
+        return {}
     ids = list(reported)
     with client.pipeline(transaction=False) as pipe:
         for replica_id in ids:
             pipe.exists(data_keys.heartbeat(job.key, replica_id))
         alive_by_id = dict(zip(ids, pipe.execute(), strict=True))
+    strays = stray_candidates(
+        {replica_id: json.loads(raw) for replica_id, raw in reported.items()},
+        alive_by_id,
+        supervisor.replicas,
+    )
     slow = set(supervisor.slow())
     rows = {
         row.replica_id: row
@@ -250,6 +257,7 @@ def sync_replicas(job: Job, client, supervisor: Supervisor) -> None:
             changed.append(row)
     if changed:
         Replica.objects.bulk_update(changed, SYNCED_REPLICA_FIELDS)
+    return strays
 
 
 def save_supervisor(client, job: Job, supervisor: Supervisor) -> None:
