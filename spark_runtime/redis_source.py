@@ -200,6 +200,7 @@ class RedisStreamReader(DataSourceStreamReader):
         # the policy's light_input_wait_s, docs/POLICY.md "Idle replicas").
         self.light_wait_s = float(opts.get("lightinputwaits", "0") or 0)
         self._batched_at = time.monotonic()  # the last offset that moved forward, held or not
+        self._paced = False  # whether the previous call found a pace
         self.fields = fields
         self._client = None
 
@@ -246,7 +247,10 @@ class RedisStreamReader(DataSourceStreamReader):
         # Returning `start` means no new input: Spark runs no batch on this trigger.
         if pace is not None and time.monotonic() - self._read_new_at < pace:
             return start
-        if pace is None and self.hold_light_input(start):
+        # A pace just lifted (a promotion, or a standby fallen behind) reads at once: the
+        # input it left is what the new primary owes its output.
+        paced_before, self._paced = self._paced, pace is not None
+        if pace is None and not paced_before and self.hold_light_input(start):
             return start
         max_count = 0 if isinstance(limit, ReadAllAvailable) else int(limit.max_rows)
         bounds = self._plan(start["id"], "+", max_count)

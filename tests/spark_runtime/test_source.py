@@ -119,6 +119,32 @@ def test_light_input_is_held_until_its_oldest_entry_waited_the_bound(
     assert held.latestOffset({"id": fresh[-1]}, ReadMaxRows(10_000)) == {"id": heavy[-1]}
 
 
+def test_a_lifted_pace_reads_at_once_then_holds_light_input(
+    redis_conn, job, redis_url, monkeypatch
+):
+    """A promotion lifts the standby's pace: its next trigger reads what waits, held or not;
+    light input after that is held again."""
+    clock = [1000.0]
+    monkeypatch.setattr(redis_source.time, "monotonic", lambda: clock[0])
+    pace = keys.batch_pace(job, "r-2")
+    redis_conn.set(pace, "6", px=10_000)
+    reader = make_reader(redis_url, job, paceKey=pace, lightInputWaitS=2)
+    first = add_at(redis_conn, job, server_ms(redis_conn) - 100)
+    start = reader.initialOffset()
+    assert reader.latestOffset(start, ReadMaxRows(100)) == {"id": first[-1]}
+    clock[0] += 1.0
+    fresh = add_at(redis_conn, job, server_ms(redis_conn))
+    assert reader.latestOffset({"id": first[-1]}, ReadMaxRows(100)) == {"id": first[-1]}  # paced
+    redis_conn.delete(pace)  # promoted
+    clock[0] += 0.3
+    assert reader.latestOffset({"id": first[-1]}, ReadMaxRows(100)) == {"id": fresh[-1]}
+    clock[0] += 0.3
+    light = add_at(redis_conn, job, server_ms(redis_conn))
+    assert reader.latestOffset({"id": fresh[-1]}, ReadMaxRows(100)) == {"id": fresh[-1]}  # held
+    clock[0] += 2.0
+    assert reader.latestOffset({"id": fresh[-1]}, ReadMaxRows(100)) == {"id": light[-1]}
+
+
 def test_held_input_is_read_once_the_last_batch_is_as_old_as_the_bound(
     redis_conn, job, redis_url, monkeypatch
 ):
