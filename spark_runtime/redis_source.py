@@ -52,6 +52,23 @@ end
 return bounds
 """
 
+# Counts the entries after an exclusive start id, up to ARGV[2] of them, and returns that count
+# and the age in ms of the oldest (the server's clock against its entry id's milliseconds): what
+# a held batch of light input (RedisStreamReader.hold_light_input) decides on, in one round trip.
+PENDING_LUA = """
+local r = redis.call('XRANGE', KEYS[1], '(' .. ARGV[1], '+', 'COUNT', tonumber(ARGV[2]))
+if #r == 0 then return {0, 0} end
+local t = redis.call('TIME')
+local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local first_ms = tonumber(string.match(r[1][1], '^(%d+)'))
+return {#r, now_ms - first_ms}
+"""
+
+# Light input: fewer entries than this waiting. A held batch runs at once when this many wait:
+# by then the batch's cost grows with its rows rather than being its fixed part (about 0.2-0.3 s
+# of CPU a batch, docs/RESULTS.md "Batch cost"), and holding it would only add latency.
+LIGHT_INPUT_RECORDS = 500
+
 # Dead-letters an entry once per stage: HSETNX on the seen-hash gates the XADD and the counter.
 DEAD_LUA = """
 if redis.call('HSETNX', KEYS[2], ARGV[1], '1') == 1 then
@@ -179,6 +196,11 @@ class RedisStreamReader(DataSourceStreamReader):
         # new input only that long after the previous one did (a paced standby, keys.batch_pace).
         self.pace_key = opts.get("pacekey")
         self._read_new_at = 0.0  # time.monotonic() of the last offset that moved forward
+        # Light input is held this many seconds at most before a batch reads it (0: never held;
+        # the policy's light_input_wait_s, docs/POLICY.md "Idle replicas").
+        self.light_wait_s = float(opts.get("lightinputwaits", "0") or 0)
+        self._batched_at = time.monotonic()  # the last offset that moved forward, held or not
+        self._paced = False  # whether the previous call found a pace
         self.fields = fields
         self._client = None
 
@@ -205,16 +227,37 @@ class RedisStreamReader(DataSourceStreamReader):
         pace = self._redis().get(self.pace_key)
         return None if pace is None else float(pace)
 
+    def hold_light_input(self, start: dict) -> bool:
+        """Whether to run no batch on this trigger: fewer than LIGHT_INPUT_RECORDS entries wait,
+        the oldest of them arrived less than `light_wait_s` ago, and the last batch read less
+        than `light_wait_s` ago (the bound when entry ids are not the server's clock). Nothing
+        waiting holds too: Spark would run no batch anyway. A replica with light input then
+        pays a batch's fixed cost every `light_wait_s` instead of on every trigger."""
+        if self.light_wait_s <= 0:
+            return False
+        if time.monotonic() - self._batched_at >= self.light_wait_s:
+            return False
+        count, age_ms = self._redis().eval(
+            PENDING_LUA, 1, self.stream, start["id"], LIGHT_INPUT_RECORDS
+        )
+        return count == 0 or (count < LIGHT_INPUT_RECORDS and age_ms < 1000 * self.light_wait_s)
+
     def latestOffset(self, start: dict, limit) -> dict:
         pace = self._pace_s()
         # Returning `start` means no new input: Spark runs no batch on this trigger.
         if pace is not None and time.monotonic() - self._read_new_at < pace:
+            return start
+        # A pace just lifted (a promotion, or a standby fallen behind) reads at once: the
+        # input it left is what the new primary owes its output.
+        paced_before, self._paced = self._paced, pace is not None
+        if pace is None and not paced_before and self.hold_light_input(start):
             return start
         max_count = 0 if isinstance(limit, ReadAllAvailable) else int(limit.max_rows)
         bounds = self._plan(start["id"], "+", max_count)
         if not bounds:
             return start
         end = bounds[-1]
+        self._batched_at = time.monotonic()
         if pace is not None:
             # A read cut short by the limit left input behind: the pace waits only after a read
             # that reached the newest entry, so a paced replica is never held further behind.
@@ -260,7 +303,8 @@ class RedisStreamReader(DataSourceStreamReader):
 
 class RedisStreamDataSource(DataSource):
     """`spark.readStream.format("redis_stream")` with options `stream`, `fields`, `redisUrl`,
-    `job`, `stage`, `startId`, `maxRecordsPerBatch`, `partitionSize`."""
+    `job`, `stage`, `startId`, `maxRecordsPerBatch`, `partitionSize`, `paceKey`,
+    `lightInputWaitS`."""
 
     @classmethod
     def name(cls) -> str:

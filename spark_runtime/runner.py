@@ -44,12 +44,14 @@ def stage_args(
     max_records: int = 5000,
     checkpoint_interval_s: float | None = None,
     spark_conf: dict[str, str] | None = None,
+    light_input_wait_s: float = 0.0,
 ) -> list[str]:
     """The arguments of `python -m spark_runtime.stage` for a replica, with its checkpoint at
     `{checkpoint_root}/{job}/{stage}/{replica}` (the same replica id resumes the same checkpoint;
     a seeded standby copies its primary's from the same layout). Shared by every launcher (local
     subprocesses here, node agents in the controller). `checkpoint_interval_s` and `spark_conf`
-    (the state-store settings realising it) start the replica with its stage's interval."""
+    (the state-store settings realising it) start the replica with its stage's interval.
+    `light_input_wait_s`: how long its sources may hold light input (the policy's; 0: never)."""
     stage_root = os.path.join(checkpoint_root, replica.job, replica.stage)
     checkpoint = os.path.join(stage_root, replica.replica_id)
     seed = ["--seed-from", os.path.join(stage_root, replica.seed_from)] if replica.seed_from else []
@@ -66,6 +68,7 @@ def stage_args(
         str(max_records),
         *(["--checkpoint-interval", str(checkpoint_interval_s)] if checkpoint_interval_s else []),
         *(arg for k, v in (spark_conf or {}).items() for arg in ("--spark-conf", f"{k}={v}")),
+        *(["--light-input-wait-s", str(light_input_wait_s)] if light_input_wait_s else []),
     ]
 
 
@@ -85,8 +88,10 @@ class SubprocessLauncher:
         trigger_seconds: float = 0.5,
         max_records: int = 5000,
         standby_nice: int = 0,
+        light_input_wait_s: float = 0.0,
     ):
         self.redis_url = redis_url
+        self.light_input_wait_s = light_input_wait_s
         self.checkpoint_root = checkpoint_root
         self.log_dir = log_dir
         self.trigger_seconds = trigger_seconds
@@ -102,6 +107,7 @@ class SubprocessLauncher:
             self.checkpoint_root,
             trigger_seconds=self.trigger_seconds,
             max_records=self.max_records,
+            light_input_wait_s=self.light_input_wait_s,
         )
         return [sys.executable, "-m", "spark_runtime.stage", *args]
 
@@ -300,11 +306,13 @@ def build_runner(
     chaining: str | None = None,
     active_operators: frozenset[str] = frozenset(),
     restart_policy: RestartPolicy | None = None,
+    light_input_wait_s: float = 0.0,
 ) -> LocalRunner:
     """Assemble a runner for `topology` under `strategy`, cut into stages by the strategy's
     chaining rule (or `chaining`); `active_operators` are the ones the policy would protect.
     `trigger_seconds`: the stages' trigger, by default the topology's. `restart_policy`: when
-    to back off and give up (the defaults of RestartPolicy if None)."""
+    to back off and give up (the defaults of RestartPolicy if None). `light_input_wait_s`: how
+    long the replicas' sources may hold light input (0: a batch on every trigger with input)."""
     rule = chaining or get_strategy(strategy).chaining
     spec = resolve_topology(topology)
     stages = {s.name: s.operators for s in compile_stages(spec, rule, active=active_operators)}
@@ -325,5 +333,6 @@ def build_runner(
         trigger_seconds=spec.trigger_s if trigger_seconds is None else trigger_seconds,
         max_records=max_records,
         standby_nice=standby_nice,
+        light_input_wait_s=light_input_wait_s,
     )
     return LocalRunner(supervisor, launcher, client, job)

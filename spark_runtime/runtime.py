@@ -506,6 +506,7 @@ class StageRuntime:
         buffer_max: int = 200_000,
         pace_key: str | None = None,
         replica: str | None = None,
+        light_input_wait_s: float = 0.0,
     ):
         self.spark = spark
         # The replica id this runtime runs as (its Kafka lag is published under it); None: none.
@@ -519,6 +520,8 @@ class StageRuntime:
         self.max_records = max_records
         # The replica's batch pace key (keys.batch_pace), read by its sources; None: no pacing.
         self.pace_key = pace_key
+        # How long its Redis sources may hold light input before a batch reads it (0: never).
+        self.light_input_wait_s = light_input_wait_s
         # A standby of a stage with several queries buffers what its first query would write to
         # the stage's internal channel; its later queries read that channel as the primary
         # writes it (the same records, exactly once), and after a promotion as it writes it.
@@ -651,6 +654,7 @@ class StageRuntime:
             .option("job", self.job)
             .option("stage", self.stage.name)
             .option("maxRecordsPerBatch", str(self.max_records))
+            .option("lightInputWaitS", str(self.light_input_wait_s))
         )
 
     def start(self) -> None:

@@ -4,12 +4,15 @@
         --role primary|standby --replica-id ID --node NODE [--redis-url URL] \
         [--checkpoint-dir DIR] [--seed-from DIR] [--cpu-priorities] [--successor] \
         [--trigger-seconds S] [--checkpoint-interval S --spark-conf KEY=VALUE ...] \
-        [--param OP.KEY=VALUE ...]
+        [--light-input-wait-s S] [--param OP.KEY=VALUE ...]
 
 A standby started with `--seed-from` (its primary's checkpoint) begins from a copy of the
 primary's latest committed batch instead of replaying the input from the beginning. With
 `--cpu-priorities` a primary runs above the normal CPU priority (where the process may raise
 it) and a caught-up standby below it (spark_runtime/strategies.py has the levels).
+`--light-input-wait-s` lets its Redis sources hold light input up to that long before a batch
+reads it (spark_runtime/redis_source.py, RedisStreamReader.hold_light_input): a replica with
+little input pays a micro-batch's fixed cost that often instead of on every trigger.
 `--successor` marks the new version of an upgrade (spark_runtime/upgrade.py): a standby about
 to take the output over, which runs every batch at the normal priority instead of being paced
 down like a caught-up standby; a primary that handed over to one (`demote`) runs every batch
@@ -146,6 +149,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--trigger-seconds", type=float, default=None, help="default: the topology's"
     )
     parser.add_argument("--max-records", type=int, default=5000)
+    parser.add_argument(
+        "--light-input-wait-s",
+        type=float,
+        default=0.0,
+        help="hold light input up to S seconds before a batch reads it (0: never)",
+    )
     parser.add_argument("--buffer-max", type=int, default=200_000)
     parser.add_argument("--param", action="append", default=[])
     parser.add_argument("--checkpoint-interval", type=float, default=None)
@@ -517,6 +526,7 @@ def start_runtime(args, client, state: ReplicaState, spark=None):
         buffer_max=args.buffer_max,
         pace_key=keys.batch_pace(args.job, args.replica_id),
         replica=args.replica_id,
+        light_input_wait_s=args.light_input_wait_s,
     )
     spark.streams.addListener(make_listener(client, args.job, state, runtime))
     confs = interval_confs(args.spark_conf)

@@ -131,6 +131,9 @@ BOUNDS: dict[str, Bound] = {
     "interval_apply_gap_s": Bound(10.0, 86_400.0, "each change restarts a replica's queries (a "
                                   "few seconds of its output): at most every ten seconds, at "
                                   "least once a day"),
+    "light_input_wait_s": Bound(0.0, 5.0, "latency a replica with light input may add to save "
+                                "batches (0: none); above 5 s Spark's idle events (every 10 s "
+                                "without a batch) would tell a standby it read everything"),
     "prediction_min_samples": Bound(10, 100_000, "a regression on eight features needs at least "
                                     "ten rows; the newest 30% are held out to judge it"),
     "kafka_lag_alert_records": Bound(0, 10_000_000, "records a Kafka job's primaries may be "
@@ -241,6 +244,11 @@ class PolicyConfig:
     # A running replica takes a new checkpoint interval (restarting its queries) at most this
     # often, and only at a quiet moment (see checkpoint.interval_rollout).
     interval_apply_gap_s: float = 300.0
+    # A replica's Redis sources hold light input (fewer than redis_source.LIGHT_INPUT_RECORDS
+    # entries waiting) up to this many seconds before a batch reads it: a micro-batch's CPU is
+    # nearly all fixed, so a replica of a 20 lines/s job batching on every 0.5 s trigger spent
+    # half a core (docs/POLICY.md, "Idle replicas"). It is latency the policy accepts; 0: none.
+    light_input_wait_s: float = 2.0
     # Alert when the total lag of a Kafka job's primaries (records behind the topic's end) stays
     # above this (console.services.control.record.watch_kafka); 0: never.
     kafka_lag_alert_records: int = 0

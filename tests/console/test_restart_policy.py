@@ -16,6 +16,7 @@ from console.roles import OPERATOR
 from console.services import alerts, controller
 from console.services.control import act, observe
 from console.services.fleet import JobSlot, read_fleet_view
+from console.services.policy import change_policy
 from infra import keys as control_keys
 from infra.queues import CONTROL_QUEUE, node_queue
 from spark_runtime import keys as data_keys
@@ -265,3 +266,23 @@ def test_a_reconcile_that_gives_up_starts_nothing_more(redis_conn):
     assert not job.decisions.filter(kind=ControlDecision.Kind.ADD_STANDBY).exists()
     assert not MetricSample.objects.filter(job=job, name="priority").exists()  # no policy cycle
     redis_conn.delete(*(control_keys.node_heartbeat(n) for n in NODES))
+
+
+def test_a_replica_starts_with_the_light_input_wait_of_the_policy_in_force(redis_conn):
+    """The controller's start command carries the audited policy's light_input_wait_s; at 0
+    it carries none (the stage's default: input never held)."""
+    for name in NODES:
+        NodeFactory(name=name)
+
+    def started_with(wait_s: float) -> list[str]:
+        change_policy({"light_input_wait_s": wait_s}, reason="idle replicas")
+        job = make_job(status=Job.Status.RUNNING, strategy="local-restart")
+        sup = Supervisor(job.key, job.topology, {"wc": ("split", "count")}, job.strategy, NODES)
+        execute(sup.start(time.time()), act.AgentLauncher(job, redis_conn), lambda *a: None)
+        (args,) = [args for queue in NODE_QUEUES for _, args in queued(redis_conn, queue)]
+        redis_conn.delete(*NODE_QUEUES)
+        return args[1]  # start_replica(module, stage args, replica id, job)
+
+    held = started_with(3.5)
+    assert held[held.index("--light-input-wait-s") + 1] == "3.5"
+    assert "--light-input-wait-s" not in started_with(0.0)

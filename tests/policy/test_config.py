@@ -38,7 +38,7 @@ def test_defaults_are_valid_and_match_the_brief():
         "restart_failure_window_s", "same_cause_failures_limit", "hung_timeout_s",
         "upgrade_validation_s",
         "prediction_window_s", "prediction_history_s", "prediction_min_samples",
-        "interval_apply_gap_s", "kafka_lag_alert_records",
+        "interval_apply_gap_s", "light_input_wait_s", "kafka_lag_alert_records",
         "alert_unprotected_s", "alert_no_output_s", "alert_restarts_count",
         "alert_restarts_window_s", "alert_checkpoint_duration_s", "alert_recovery_over_s",
         "alert_reopen_throttle_s",
@@ -97,6 +97,8 @@ def test_integer_fields_refuse_floats_and_bools():
         ({"reference_window_s": 0.0}, "reference_window_s"),
         ({"same_cause_failures_limit": 0}, "same_cause_failures_limit"),
         ({"same_cause_failures_limit": 3.0}, "same_cause_failures_limit"),
+        ({"light_input_wait_s": -0.5}, "light_input_wait_s"),
+        ({"light_input_wait_s": 5.5}, "light_input_wait_s"),
     ],
 )
 def test_ranges(changes, field):
@@ -114,7 +116,9 @@ def test_boundaries_that_are_allowed():
         warmup_s=0.0,
         q_decay_lambda=0.0,
         same_cause_failures_limit=1,
+        light_input_wait_s=5.0,
     ).validate()
+    replace(PolicyConfig(), light_input_wait_s=0.0).validate()
 
 
 def test_same_cause_failures_limit_is_named_in_its_message():

@@ -76,6 +76,96 @@ def test_a_paced_reader_reads_new_input_once_per_pace(redis_conn, job, redis_url
     assert reader.latestOffset({"id": newest[-1]}, ReadMaxRows(100)) == {"id": last[-1]}
 
 
+def server_ms(client) -> int:
+    seconds, micros = client.time()
+    return seconds * 1000 + micros // 1000
+
+
+def add_at(client, job, ms: int, n: int = 1) -> list[str]:
+    """`n` entries with ids at `ms` (the server's clock in an entry id: its arrival time)."""
+    ids = [f"{ms}-{seq}" for seq in range(n)]
+    pipe = client.pipeline()
+    for seq, entry in enumerate(ids):
+        fields = {"id": f"a{ms}-{seq}", "ts": str(ms), "text": "w"}
+        pipe.xadd(keys.input_stream(job), fields, id=entry)
+    pipe.execute()
+    return ids
+
+
+def test_light_input_is_held_until_its_oldest_entry_waited_the_bound(
+    redis_conn, job, redis_url, monkeypatch
+):
+    """With lightInputWaitS, fewer than LIGHT_INPUT_RECORDS waiting entries make no batch until
+    the oldest of them waited that long (or the last batch is that old); without it, and with
+    heavy input, every call reads."""
+    clock = [1000.0]
+    monkeypatch.setattr(redis_source.time, "monotonic", lambda: clock[0])
+    now = server_ms(redis_conn)
+    fresh = add_at(redis_conn, job, now - 500, 3)
+    plain = make_reader(redis_url, job)
+    assert plain.latestOffset(plain.initialOffset(), ReadMaxRows(100)) == {"id": fresh[-1]}
+    held = make_reader(redis_url, job, lightInputWaitS=2)
+    start = held.initialOffset()
+    assert held.latestOffset(start, ReadMaxRows(100)) == start  # 0.5 s old: held
+    redis_conn.delete(keys.input_stream(job))
+    add_at(redis_conn, job, now - 2500)
+    fresh = add_at(redis_conn, job, now - 100, 2)
+    assert held.latestOffset(start, ReadMaxRows(100)) == {"id": fresh[-1]}  # 2.5 s old: read
+    clock[0] += 0.5
+    # Nothing waiting: no batch either way.
+    assert held.latestOffset({"id": fresh[-1]}, ReadMaxRows(100)) == {"id": fresh[-1]}
+    # Heavy input is not held: LIGHT_INPUT_RECORDS entries waiting are read at once.
+    heavy = add_at(redis_conn, job, server_ms(redis_conn), redis_source.LIGHT_INPUT_RECORDS)
+    assert held.latestOffset({"id": fresh[-1]}, ReadMaxRows(10_000)) == {"id": heavy[-1]}
+
+
+def test_a_lifted_pace_reads_at_once_then_holds_light_input(
+    redis_conn, job, redis_url, monkeypatch
+):
+    """A promotion lifts the standby's pace: its next trigger reads what waits, held or not;
+    light input after that is held again."""
+    clock = [1000.0]
+    monkeypatch.setattr(redis_source.time, "monotonic", lambda: clock[0])
+    pace = keys.batch_pace(job, "r-2")
+    redis_conn.set(pace, "6", px=10_000)
+    reader = make_reader(redis_url, job, paceKey=pace, lightInputWaitS=2)
+    first = add_at(redis_conn, job, server_ms(redis_conn) - 100)
+    start = reader.initialOffset()
+    assert reader.latestOffset(start, ReadMaxRows(100)) == {"id": first[-1]}
+    clock[0] += 1.0
+    fresh = add_at(redis_conn, job, server_ms(redis_conn))
+    assert reader.latestOffset({"id": first[-1]}, ReadMaxRows(100)) == {"id": first[-1]}  # paced
+    redis_conn.delete(pace)  # promoted
+    clock[0] += 0.3
+    assert reader.latestOffset({"id": first[-1]}, ReadMaxRows(100)) == {"id": fresh[-1]}
+    clock[0] += 0.3
+    light = add_at(redis_conn, job, server_ms(redis_conn))
+    assert reader.latestOffset({"id": fresh[-1]}, ReadMaxRows(100)) == {"id": fresh[-1]}  # held
+    clock[0] += 2.0
+    assert reader.latestOffset({"id": fresh[-1]}, ReadMaxRows(100)) == {"id": light[-1]}
+
+
+def test_held_input_is_read_once_the_last_batch_is_as_old_as_the_bound(
+    redis_conn, job, redis_url, monkeypatch
+):
+    """Entry ids ahead of the server's clock (a user's own ids) are held at most the bound
+    after the last batch: the reader's own clock ends the hold."""
+    clock = [1000.0]
+    monkeypatch.setattr(redis_source.time, "monotonic", lambda: clock[0])
+    reader = make_reader(redis_url, job, lightInputWaitS=1.5)
+    ahead = add_at(redis_conn, job, server_ms(redis_conn) + 60_000)
+    start = reader.initialOffset()
+    clock[0] += 1.4
+    assert reader.latestOffset(start, ReadMaxRows(100)) == start
+    clock[0] += 0.1
+    assert reader.latestOffset(start, ReadMaxRows(100)) == {"id": ahead[-1]}
+    more = add_at(redis_conn, job, server_ms(redis_conn) + 61_000)
+    clock[0] += 1.0
+    assert reader.latestOffset({"id": ahead[-1]}, ReadMaxRows(100)) == {"id": ahead[-1]}
+    clock[0] += 0.5
+    assert reader.latestOffset({"id": ahead[-1]}, ReadMaxRows(100)) == {"id": more[-1]}
+
+
 def test_replay_from_any_offset_returns_the_same_rows(redis_conn, job, redis_url):
     ids = fill(redis_conn, job, 12)
     reader = make_reader(redis_url, job)

@@ -224,6 +224,12 @@ def test_stage_args_resume_the_replica_checkpoint():
     assert args[args.index("--checkpoint-dir") + 1] == "/ck/j/count/count-1"
     assert args[args.index("--trigger-seconds") + 1] == "2"
     assert args[args.index("--replica-id") + 1] == "count-1"
+    assert "--light-input-wait-s" not in args  # 0: the stage's default, never held
+    held = stage_args(start.replica, "redis://h:1/2", "/ck", 2, light_input_wait_s=1.5)
+    assert held[held.index("--light-input-wait-s") + 1] == "1.5"
+    from spark_runtime.stage import build_parser
+
+    assert build_parser().parse_args(held).light_input_wait_s == 1.5
 
 
 def test_a_new_standby_after_a_promotion_is_seeded_from_the_new_primary_and_timed():

@@ -28,6 +28,7 @@ from console.services.control.record import (
     describe_actions,
     failure_report,
 )
+from console.services.policy import policy_in_force
 from infra import keys as control_keys
 from infra import tasks
 from infra.queues import node_queue
@@ -111,6 +112,9 @@ class AgentLauncher:
             # Started with its stage's interval in force; later changes: roll_out_intervals.
             checkpoint_interval_s=interval,
             spark_conf=state_store_confs(interval, trigger) if interval else None,
+            # The policy in force when it starts; a changed value reaches replicas as they
+            # (re)start, as an interval does not need to: it only bounds added latency.
+            light_input_wait_s=policy_in_force().light_input_wait_s,
         )
         tasks.send(
             tasks.START_REPLICA,
