@@ -13,6 +13,6 @@ class Migration(migrations.Migration):
         migrations.AddField(
             model_name='policy',
             name='light_input_wait_s',
-            field=models.FloatField(default=2.0, help_text="latency a replica with light input may add to save batches (0: none); above 5 s Spark's idle events (every 10 s without a batch) would tell a standby it read everything"),
+            field=models.FloatField(default=0.0, help_text="latency a replica with light input may add to save batches (0: none); above 5 s Spark's idle events (every 10 s without a batch) would tell a standby it read everything"),
         ),
     ]

@@ -248,7 +248,9 @@ class PolicyConfig:
     # entries waiting) up to this many seconds before a batch reads it: a micro-batch's CPU is
     # nearly all fixed, so a replica of a 20 lines/s job batching on every 0.5 s trigger spent
     # half a core (docs/POLICY.md, "Idle replicas"). It is latency the policy accepts; 0: none.
-    light_input_wait_s: float = 2.0
+    # Off by default: results and a promotion's output gap stay as measured (about 1 s); a
+    # host packed with jobs turns it on (2 s halved a 20 lines/s primary's CPU).
+    light_input_wait_s: float = 0.0
     # Alert when the total lag of a Kafka job's primaries (records behind the topic's end) stays
     # above this (console.services.control.record.watch_kafka); 0: never.
     kafka_lag_alert_records: int = 0

@@ -13,7 +13,6 @@ import time
 
 import pytest
 
-from console.policy.config import PolicyConfig
 from spark_runtime import generators, keys
 from spark_runtime.checkpoint_seed import committed_batch
 from spark_runtime.runner import build_runner
@@ -27,9 +26,7 @@ LINES = 600  # about 4,500 words
 RATE = 60  # lines per second: the input keeps flowing for ~10 s, across the kills
 
 
-def start_runner(
-    client, redis_url, job, tmp_path, strategy, active=None, chaining=None, light_wait_s=0.0
-):
+def start_runner(client, redis_url, job, tmp_path, strategy, active=None, chaining=None):
     runner = build_runner(
         "wordcount",
         job,
@@ -40,7 +37,6 @@ def start_runner(
         checkpoint_root=str(tmp_path / "checkpoints"),
         log_dir=str(tmp_path / "logs"),
         chaining=chaining,
-        light_input_wait_s=light_wait_s,
     )
     runner.start()
     stop = threading.Event()
@@ -127,19 +123,12 @@ def test_a_seeded_standby_takes_over_after_a_second_kill(redis_conn, redis_url, 
     """Adaptive wordcount chains split and count into one stage with a hot standby. Kill its
     primary: the standby is promoted and a new standby starts from a copy of the new primary's
     checkpoint (not from the start of the input); once it is caught up, kill the second primary:
-    the seeded standby is promoted. Counts equal the plain-Python ground truth. The replicas
-    hold light input as the policy's default says (what the controller starts them with)."""
+    the seeded standby is promoted. Counts equal the plain-Python ground truth."""
     seed = int(os.environ.get("BACKSTOP_TEST_SEED", time.time()))
     rng = random.Random(seed)
     print(f"seed {seed}")
     runner, stop, thread = start_runner(
-        redis_conn,
-        redis_url,
-        job,
-        tmp_path,
-        "adaptive",
-        active={"count"},
-        light_wait_s=PolicyConfig().light_input_wait_s,
+        redis_conn, redis_url, job, tmp_path, "adaptive", active={"count"}
     )
     try:
         assert runner.supervisor.stage_operators == {"count": ("split", "count")}
