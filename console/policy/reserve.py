@@ -38,6 +38,9 @@ RESTORE_MARGIN = 0.1
 RESTORE_HOLD_S = 60.0
 # Claims a job's cycle has not renewed within this long belong to a job no longer supervised.
 CLAIM_FRESH_S = 30.0
+# Shares within this of the reserve are at it: agents round their figures to a thousandth, and
+# a float difference must not drop a standby from a host that is exactly at its reserve.
+SHARE_EPSILON = 1e-9
 
 
 @dataclass(frozen=True)
@@ -64,7 +67,7 @@ class HostLoad:
     def keeps_reserve(self, reserve: float, cpu: float = 0.0, mem: float = 0.0) -> bool:
         """Whether both free shares stay >= `reserve` once `cpu` and `mem` more are used."""
         free_cpu, free_mem = self.free_shares(cpu, mem)
-        return free_cpu >= reserve and free_mem >= reserve
+        return free_cpu >= reserve - SHARE_EPSILON and free_mem >= reserve - SHARE_EPSILON
 
     def describe(self, reserve: float, cpu: float = 0.0, mem: float = 0.0) -> str:
         """ "host h: cpu 12% / mem 40% free (measured) vs reserve 20%", for reasons."""
