@@ -6,18 +6,30 @@ Two CPU-bound processes, each in a session of its own as node agents start stage
 are pinned to one CPU so they compete for it; one runs at nice 0, the other at a lower priority
 set either with the nice level alone or with `cpu_priority.set_group_nice` (nice level and
 autogroup). Prints the low-priority process's share of the CPU time the two got.
+
+    python -m bench.dataplane.cpu_priority --recovery [--runs 2] [--load 4]
+
+Recovery first: `--load` processes stand for the steady primaries of other jobs (each in a
+session of its own at strategies.PRIMARY_NICE, spinning on every CPU) while a recovering stage
+starts: a new Python process that builds the stages' SparkSession (spark_runtime.config's, the
+JVM included) and computes its first result, as a restarted stage does before its first output.
+Prints its time to first output at the normal level (what a restarting stage had before the
+recovery class), at the steady primaries' level and at strategies.RECOVERING_NICE.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import signal
+import statistics
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 from spark_runtime.cpu_priority import set_group_nice
+from spark_runtime.strategies import PRIMARY_NICE, RECOVERING_NICE
 
 NICE_ONLY = "nice only"
 NICE_AND_AUTOGROUP = "nice and autogroup"
@@ -64,12 +76,88 @@ def low_priority_share(level: int, how: str, seconds: float = 3.0, cpu: int = 0)
     return low_s / (normal_s + low_s)
 
 
+def _load_forever(level: int) -> None:
+    """Child body: a steady primary of another job, at `level`, using a whole CPU."""
+    set_group_nice(level)
+    while True:
+        pass
+
+
+def _first_output(level: int) -> None:
+    """Child body: a stage restarting at `level`; print the seconds from its start to its first
+    result (its imports, the JVM and session, a first aggregation)."""
+    started = time.monotonic()
+    set_group_nice(level)
+    from spark_runtime.config import build_session
+
+    spark = build_session("backstop-recovery-bench")
+    rows = spark.range(200_000).selectExpr("id % 100 AS k").groupBy("k").count().collect()
+    print(time.monotonic() - started, len(rows))
+    spark.stop()
+
+
+def _child(body: str) -> subprocess.Popen:
+    """A process in a session of its own (as a node agent starts a stage) running `body`."""
+    root = str(Path(__file__).resolve().parents[2])
+    paths = [root, os.environ.get("PYTHONPATH", "")]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(path for path in paths if path)}
+    code = f"from bench.dataplane.cpu_priority import _first_output, _load_forever; {body}"
+    return subprocess.Popen(
+        [sys.executable, "-c", code], start_new_session=True, env=env, stdout=subprocess.PIPE
+    )
+
+
+def time_to_first_output(level: int, load: int) -> float:
+    """Seconds a stage restarting at `level` takes to its first result while `load` steady
+    primaries (at PRIMARY_NICE) keep every CPU busy."""
+    loaders = [_child(f"_load_forever({PRIMARY_NICE})") for _ in range(load)]
+    try:
+        time.sleep(2.0)  # the load is on every CPU before the stage restarts
+        out = _child(f"_first_output({level})").communicate()[0].split()
+        seconds, groups = float(out[0]), int(out[1])
+        if groups != 100:
+            raise RuntimeError(f"the first result has {groups} groups, not 100")
+        return seconds
+    finally:
+        for loader in loaders:
+            os.killpg(loader.pid, signal.SIGKILL)
+            loader.wait()
+
+
+def recovery_table(runs: int, load: int) -> list[str]:
+    """Markdown rows: time to first output per level, runs interleaved so that the machine's
+    other load falls on every level alike."""
+    levels = [("normal (0: before the recovery class)", 0),
+              (f"steady primary ({PRIMARY_NICE})", PRIMARY_NICE),
+              (f"recovering ({RECOVERING_NICE})", RECOVERING_NICE)]  # fmt: skip
+    times: dict[int, list[float]] = {level: [] for _, level in levels}
+    for _ in range(runs):
+        for _, level in levels:
+            times[level].append(time_to_first_output(level, load))
+    rows = ["| recovering stage at | time to first output, s (runs) | median |", "|---|---|---|"]
+    for label, level in levels:
+        runs_s = ", ".join(f"{t:.1f}" for t in times[level])
+        rows.append(f"| {label} | {runs_s} | {statistics.median(times[level]):.1f} |")
+    return rows
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point: print the low-priority share per level, both ways."""
     parser = argparse.ArgumentParser(prog="python -m bench.dataplane.cpu_priority")
     parser.add_argument("--seconds", type=float, default=5.0)
     parser.add_argument("--levels", default="5,10,19")
+    parser.add_argument("--recovery", action="store_true", help="time to first output instead")
+    parser.add_argument("--runs", type=int, default=2)
+    parser.add_argument("--load", type=int, default=4, help="steady primaries spinning")
     args = parser.parse_args(argv)
+    if args.recovery:
+        print(
+            f"Time to first output of a restarting stage while {args.load} steady primaries "
+            f"(nice {PRIMARY_NICE}) spin on {os.cpu_count()} CPUs"
+        )
+        for row in recovery_table(args.runs, args.load):
+            print(row, flush=True)
+        return 0
     levels = [int(level) for level in args.levels.split(",")]
     print(
         f"CPU share of the lower-priority process of two on one CPU ({args.seconds:g} s each; "
