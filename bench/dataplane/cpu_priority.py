@@ -7,20 +7,23 @@ are pinned to one CPU so they compete for it; one runs at nice 0, the other at a
 set either with the nice level alone or with `cpu_priority.set_group_nice` (nice level and
 autogroup). Prints the low-priority process's share of the CPU time the two got.
 
-    python -m bench.dataplane.cpu_priority --recovery [--runs 2] [--load 4]
+    python -m bench.dataplane.cpu_priority --recovery [--runs 2] [--load 2] [--timeout 60]
 
 Recovery first: `--load` processes stand for the steady primaries of other jobs (each in a
 session of its own at strategies.PRIMARY_NICE, spinning on every CPU) while a recovering stage
 starts: a new Python process that builds the stages' SparkSession (spark_runtime.config's, the
 JVM included) and computes its first result, as a restarted stage does before its first output.
-Prints its time to first output at the normal level (what a restarting stage had before the
+Prints its time to first output (as its parent sees it, which gives the new session its
+priority at once, as node agents do) at the normal level (what a restarting stage had before the
 recovery class), at the steady primaries' level and at strategies.RECOVERING_NICE.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
+import select
 import signal
 import statistics
 import subprocess
@@ -28,7 +31,8 @@ import sys
 import time
 from pathlib import Path
 
-from spark_runtime.cpu_priority import set_group_nice
+from spark_runtime.config import build_session
+from spark_runtime.cpu_priority import set_group_nice, set_session_nice
 from spark_runtime.strategies import PRIMARY_NICE, RECOVERING_NICE
 
 NICE_ONLY = "nice only"
@@ -83,16 +87,12 @@ def _load_forever(level: int) -> None:
         pass
 
 
-def _first_output(level: int) -> None:
-    """Child body: a stage restarting at `level`; print the seconds from its start to its first
-    result (its imports, the JVM and session, a first aggregation)."""
-    started = time.monotonic()
-    set_group_nice(level)
-    from spark_runtime.config import build_session
-
+def _first_output() -> None:
+    """Child body: a restarting stage's work up to its first output (the stages' SparkSession,
+    its JVM included, and a first aggregation); prints the result's group count."""
     spark = build_session("backstop-recovery-bench")
     rows = spark.range(200_000).selectExpr("id % 100 AS k").groupBy("k").count().collect()
-    print(time.monotonic() - started, len(rows))
+    print(len(rows), flush=True)
     spark.stop()
 
 
@@ -107,37 +107,49 @@ def _child(body: str) -> subprocess.Popen:
     )
 
 
-def time_to_first_output(level: int, load: int) -> float:
+def time_to_first_output(level: int, load: int, timeout_s: float) -> float | None:
     """Seconds a stage restarting at `level` takes to its first result while `load` steady
-    primaries (at PRIMARY_NICE) keep every CPU busy."""
+    primaries (at PRIMARY_NICE) keep the CPUs busy; None if it took over `timeout_s`."""
     loaders = [_child(f"_load_forever({PRIMARY_NICE})") for _ in range(load)]
+    stage = None
     try:
         time.sleep(2.0)  # the load is on every CPU before the stage restarts
-        out = _child(f"_first_output({level})").communicate()[0].split()
-        seconds, groups = float(out[0]), int(out[1])
-        if groups != 100:
-            raise RuntimeError(f"the first result has {groups} groups, not 100")
+        started = time.monotonic()
+        stage = _child("_first_output()")
+        # As a node agent does: the priority is the new session's before it has run a line.
+        set_session_nice(stage.pid, level)
+        ready, _, _ = select.select([stage.stdout], [], [], timeout_s)
+        if not ready:
+            return None  # no output within timeout_s: the stage is killed below
+        line = stage.stdout.readline()  # its first output, or nothing if it died
+        seconds = time.monotonic() - started
+        if line.strip() != b"100":
+            raise RuntimeError(f"the first result is {line!r}, not 100 groups")
         return seconds
     finally:
-        for loader in loaders:
-            os.killpg(loader.pid, signal.SIGKILL)
-            loader.wait()
+        # Every child leads a session of its own: its whole group goes (the stage's JVM too).
+        for child in [*loaders, *([stage] if stage else [])]:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(child.pid, signal.SIGKILL)
+            child.wait()
 
 
-def recovery_table(runs: int, load: int) -> list[str]:
+def recovery_table(runs: int, load: int, timeout_s: float) -> list[str]:
     """Markdown rows: time to first output per level, runs interleaved so that the machine's
-    other load falls on every level alike."""
-    levels = [("normal (0: before the recovery class)", 0),
+    other load falls on every level alike (a run over `timeout_s` counts as that, "> N")."""
+    levels = [(f"recovering ({RECOVERING_NICE})", RECOVERING_NICE),
               (f"steady primary ({PRIMARY_NICE})", PRIMARY_NICE),
-              (f"recovering ({RECOVERING_NICE})", RECOVERING_NICE)]  # fmt: skip
-    times: dict[int, list[float]] = {level: [] for _, level in levels}
+              ("normal (0: before the recovery class)", 0)]  # fmt: skip
+    times: dict[int, list[float | None]] = {level: [] for _, level in levels}
     for _ in range(runs):
         for _, level in levels:
-            times[level].append(time_to_first_output(level, load))
+            times[level].append(time_to_first_output(level, load, timeout_s))
     rows = ["| recovering stage at | time to first output, s (runs) | median |", "|---|---|---|"]
     for label, level in levels:
-        runs_s = ", ".join(f"{t:.1f}" for t in times[level])
-        rows.append(f"| {label} | {runs_s} | {statistics.median(times[level]):.1f} |")
+        over = f"> {timeout_s:g}"
+        runs_s = ", ".join(over if t is None else f"{t:.1f}" for t in times[level])
+        median = statistics.median(timeout_s if t is None else t for t in times[level])
+        rows.append(f"| {label} | {runs_s} | {median:.1f} |")
     return rows
 
 
@@ -148,14 +160,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--levels", default="5,10,19")
     parser.add_argument("--recovery", action="store_true", help="time to first output instead")
     parser.add_argument("--runs", type=int, default=2)
-    parser.add_argument("--load", type=int, default=4, help="steady primaries spinning")
+    parser.add_argument("--load", type=int, default=2, help="steady primaries spinning")
+    parser.add_argument("--timeout", type=float, default=60.0, help="longest wait per restart")
     args = parser.parse_args(argv)
     if args.recovery:
         print(
             f"Time to first output of a restarting stage while {args.load} steady primaries "
             f"(nice {PRIMARY_NICE}) spin on {os.cpu_count()} CPUs"
         )
-        for row in recovery_table(args.runs, args.load):
+        # A SIGTERM (a `timeout`) unwinds, so the children are killed with their groups.
+        signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+        for row in recovery_table(args.runs, args.load, args.timeout):
             print(row, flush=True)
         return 0
     levels = [int(level) for level in args.levels.split(",")]
