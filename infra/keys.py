@@ -35,6 +35,13 @@ def agent_events() -> str:
     return make_key("agent-events")
 
 
+def reserve_claims() -> str:
+    """Hash "job:stage" -> JSON StandbyClaim (console.policy.reserve): every stage the policy
+    gives a standby, its priority, cost and whether the host reserve downgraded it, renewed by
+    its job's policy cycle; every cycle reads all of them to decide across jobs."""
+    return make_key("reserve", "claims")
+
+
 def controllers() -> str:
     """Sorted set of the live controller processes, scored by when each last said so."""
     return make_key("controllers")

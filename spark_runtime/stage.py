@@ -92,6 +92,9 @@ from spark_runtime.redis_client import connect
 from spark_runtime.strategies import (
     CATCHING_UP_NICE,
     PRIMARY_NICE,
+    RECOVERING_NICE,
+    RECOVERY_PRIORITY_S,
+    REPROTECTING_NICE,
     STANDBY_BATCH_EVERY_S,
     STANDBY_NICE,
 )
@@ -340,7 +343,13 @@ def readiness(gate) -> str:
 
 
 def wanted_nice(
-    cpu_priorities: bool, role: str, ready: str, started: bool, successor: bool = False
+    cpu_priorities: bool,
+    role: str,
+    ready: str,
+    started: bool,
+    successor: bool = False,
+    recovering: bool = False,
+    seeded: bool = False,
 ) -> int:
     """The nice level of this replica's processes under the strategy's CPU priorities
     (`cpu_priorities`; else the normal level): a primary runs above the normal priority, a
@@ -351,14 +360,51 @@ def wanted_nice(
     started: the standby has run a batch or found its input idle. Before that its query is
     starting, and Spark gives the Python worker of its source a fixed 10 s to connect back: a
     standby niced at launch (caught up, as its primary had written nothing yet) failed that
-    again and again on a busy machine (fresh-clone CI runs, 2026-11-23)."""
+    again and again on a busy machine (fresh-clone CI runs, 2026-11-23).
+
+    Recovery first: a primary `recovering` (it took over within RECOVERY_PRIORITY_S:
+    `recovering_since`) runs at RECOVERING_NICE, and a `seeded` standby catching up (it
+    re-protects a stage that ran) at REPROTECTING_NICE, both above steady primaries."""
     if not cpu_priorities:
         return 0
     if role == "primary":
-        return PRIMARY_NICE
+        return RECOVERING_NICE if recovering else PRIMARY_NICE
     if not started or successor:
         return 0
-    return CATCHING_UP_NICE if ready == CATCHING_UP else STANDBY_NICE
+    if ready == CATCHING_UP:
+        return REPROTECTING_NICE if seeded else CATCHING_UP_NICE
+    return STANDBY_NICE
+
+
+def recovering_since(role: str, started_at: float, resumed: bool, promoted_at) -> float | None:
+    """When this replica began to restore service, or None: its promotion, or for a primary
+    that resumed a checkpoint (a restart) its start."""
+    if role != "primary":
+        return None
+    if promoted_at is not None:
+        return float(promoted_at)
+    return started_at if resumed else None
+
+
+def is_recovering(since: float | None, now: float) -> bool:
+    """Whether a replica that began to restore service at `since` still has the recovery
+    class: for RECOVERY_PRIORITY_S."""
+    return since is not None and now - since < RECOVERY_PRIORITY_S
+
+
+def resumes_checkpoint(args) -> bool:
+    """Whether this replica starts from a checkpoint that holds committed batches (a restart,
+    a relaunch) or is seeded from its primary's: not a job's first start."""
+    from spark_runtime.checkpoint_seed import committed_batch
+
+    if args.seed_from:
+        return True
+    checkpoint = checkpoint_path(args)
+    try:
+        queries = [os.path.join(checkpoint, name) for name in os.listdir(checkpoint)]
+    except FileNotFoundError:
+        return False
+    return any(committed_batch(query) is not None for query in [checkpoint, *queries])
 
 
 def batch_every_s(nice: int, full_pace: bool = False) -> float | None:
@@ -455,7 +501,11 @@ def run(args, spark=None) -> int:
     session of a warm spare taking this replica over (else one is built here)."""
     client = connect(args.redis_url)
     state = ReplicaState(client, args)
-    state.update(nice=set_group_nice(0))  # the normal priority until its first batch
+    resumed = resumes_checkpoint(args)
+    # The normal priority until its first batch; a primary restarted from its checkpoint
+    # restores service, from its JVM's start: the recovery class (wanted_nice).
+    restarting = args.cpu_priorities and args.role == "primary" and resumed
+    state.update(nice=set_group_nice(RECOVERING_NICE if restarting else 0), resumed=resumed)
     stop_beats = threading.Event()
     beats = threading.Thread(target=heartbeat_loop, args=(state, stop_beats), daemon=True)
     beats.start()
@@ -562,8 +612,20 @@ def supervise_queries(args, client, state: ReplicaState, runtime, stop_beats) ->
                 ready = readiness(runtime.gate)
                 lag = runtime.gate.standby_lag_s
                 full_pace = args.successor or runtime.gate.handed_over
+                since = recovering_since(
+                    runtime.gate.role,
+                    state.info["started_at"],
+                    state.info.get("resumed", False),
+                    state.info.get("promoted_at"),
+                )
                 wanted = wanted_nice(
-                    args.cpu_priorities, runtime.gate.role, ready, lag is not None, args.successor
+                    args.cpu_priorities,
+                    runtime.gate.role,
+                    ready,
+                    lag is not None,
+                    args.successor,
+                    recovering=is_recovering(since, time.time()),
+                    seeded=bool(args.seed_from),
                 )
                 pace = batch_every_s(wanted, full_pace)
                 if (

@@ -40,7 +40,16 @@ ALL_STANDBYS = "all"  # every stage, the reserve not kept (the resource upper bo
 #   numbers after 26 s (its layout request alone took 7 s) and the browser test gave up in 2
 #   runs of 3; at this level it passed 3 of 3. Its work comes in short bursts (a refresh every
 #   2 s), which at a primary's weight wait little and take little from a primary;
-# - a primary at PRIMARY_NICE, where its process may raise its priority (CAP_SYS_NICE or an
+# - recovery first (issue 59): work that restores service runs above the steady work of every
+#   job. A primary that takes over (a promoted standby, or a stage restarted from its
+#   checkpoint, by a restart or a relaunch) runs at RECOVERING_NICE from its start or promotion
+#   for RECOVERY_PRIORITY_S, time for a restart's JVM and state restore, its first output and
+#   the backlog of the gap, then at PRIMARY_NICE: bounded, so a stage that keeps failing does
+#   not hold the class for ever. A standby seeded from its primary's checkpoint (a new standby
+#   after a promotion, a standby the policy adds or restores: the stage is unprotected until it
+#   has caught up) catches up at REPROTECTING_NICE, above the steady primaries, below the
+#   recovering primary it protects. Measured: docs/RESULTS.md, "Recovery first";
+# - a steady primary at PRIMARY_NICE, where its process may raise its priority (CAP_SYS_NICE or an
 #   RLIMIT_NICE of 25; elsewhere as high as its limit lets it). After a promotion the new
 #   primary works off the input of the failover gap while a taken spare starts the new standby
 #   and catches it up;
@@ -61,6 +70,9 @@ ALL_STANDBYS = "all"  # every stage, the reserve not kept (the resource upper bo
 #   about a minute, and one at SPARE_NICE during every re-protection was not warm a minute later;
 # - an idle warm spare at SPARE_NICE (it uses no CPU).
 CONTROL_PLANE_NICE = -10
+RECOVERING_NICE = -8
+REPROTECTING_NICE = -6
+RECOVERY_PRIORITY_S = 30.0
 PRIMARY_NICE = -5
 CONSOLE_NICE = PRIMARY_NICE
 STANDBY_NICE = 5

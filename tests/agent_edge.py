@@ -18,17 +18,19 @@ def publish_usage(
     ttl_s=5,
     idle_spares: dict[str, int] | None = None,
     hosts: dict[str, str] | None = None,
+    mem_used: float = 1024.0,
 ) -> None:
     """What each node agent publishes every second: a heartbeat and a usage sample (2 cores,
     4 GB; CPU used 0.2 cores unless `cpu_used` says otherwise; no idle spare unless
-    `idle_spares` says otherwise; each node a host of its own unless `hosts` says otherwise)."""
+    `idle_spares` says otherwise; each node a host of its own unless `hosts` says otherwise;
+    `mem_used` MiB each)."""
     for name in nodes:
         usage = {
             "at": time.time(),
             "cpu_total": 2.0,
             "cpu_used": (cpu_used or {}).get(name, 0.2),
             "mem_total": 4096.0,
-            "mem_used": 1024.0,
+            "mem_used": mem_used,
             "disk_throughput": 5.0,
             "disk_max_throughput": 200.0,
             "bw_used": 10.0,

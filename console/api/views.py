@@ -50,6 +50,7 @@ from console.services import policy as policy_service
 from console.services import topologies as topology_service
 from console.services import upgrades as upgrade_service
 from console.services.control.record import reconcile_failures
+from console.services.control.reserve import admission_refusal
 from console.services.queries import fleet_totals, job_queryset
 from console.services.results import read_results
 from console.services.teams import (
@@ -58,6 +59,17 @@ from console.services.teams import (
     team_for_new_job,
     visible_job_or_404,
 )
+
+
+def launch_admission(topology: str, strategy: str) -> str | None:
+    """Why a job of `topology` may not launch now (it would push a host past the resource
+    reserve, measured), or None; None too for a topology create_job refuses (it names why)."""
+    try:
+        _, spec = topology_service.job_topology(topology)
+    except KeyError:
+        return None
+    config = Policy.current().to_config()
+    return admission_refusal(redis_client(), spec, strategy, config)
 
 
 class Refused(APIException):
@@ -143,12 +155,18 @@ class JobViewSet(
             team = team_for_new_job(self.request.user, getattr(data.get("team"), "name", None))
         except TeamRequestError as exc:
             raise ValidationError({exc.field: [str(exc)]}) from exc
+        strategy = data.get("strategy", Job.Strategy.ADAPTIVE)
+        refusal = launch_admission(data["topology"], strategy)
+        if refusal is not None:
+            # Nothing is created: the client may try again once the hosts have room.
+            unavailable = status.HTTP_503_SERVICE_UNAVAILABLE
+            raise Refused(f"launch refused: {refusal}", unavailable, "reserve")
         try:
             serializer.instance = job_service.create_job(
                 team=team,
                 name=data["name"],
                 topology=data["topology"],
-                strategy=data.get("strategy", Job.Strategy.ADAPTIVE),
+                strategy=strategy,
                 params=data.get("params", {}),
                 args=data.get("args"),
                 user=self.request.user,

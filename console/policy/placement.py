@@ -328,6 +328,9 @@ class CycleInput:
       missing operators use their primary node's newest sample, else the cluster rates.
     - `standby_age_s`: operator -> seconds its standby has run on its node (missing = long
       enough to be judged for a move).
+    - `vetoed`: operator -> why it may have no standby now (the host reserve downgraded it to
+      checkpoint-only: console.policy.reserve.plan_reserve); its standby is dropped and none is
+      added while it is vetoed.
     """
 
     priorities: Sequence[OperatorPriority]
@@ -340,6 +343,7 @@ class CycleInput:
     intervals: Mapping[str, float] = field(default_factory=dict)
     utilisation: Mapping[str, tuple[float, float]] = field(default_factory=dict)
     standby_age_s: Mapping[str, float] = field(default_factory=dict)
+    vetoed: Mapping[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -437,15 +441,14 @@ def run_cycle(state: CycleInput, config: PolicyConfig) -> CycleResult:
             actions.append(DropStandby(name, node, "operator is no longer in the topology"))
             touched.add(name)
             continue
-        if op.mode != ACTIVE:
+        if op.mode != ACTIVE or name in state.vetoed:
             ledger.release(node, op.cpu, op.mem)
-            actions.append(
-                DropStandby(
-                    name,
-                    node,
-                    f"now passive: P_eff {op.P_eff:.3f} <= threshold {config.priority_threshold:g}",
-                )
+            reason = (
+                f"now passive: P_eff {op.P_eff:.3f} <= threshold {config.priority_threshold:g}"
+                if op.mode != ACTIVE
+                else state.vetoed[name]
             )
+            actions.append(DropStandby(name, node, reason))
             touched.add(name)
             continue
         primary = state.primaries.get(name)
@@ -513,10 +516,13 @@ def run_cycle(state: CycleInput, config: PolicyConfig) -> CycleResult:
     waiting = [
         p
         for p in _by_priority(state.priorities)
-        if p.mode == ACTIVE and p.name not in standbys and p.name not in touched
+        if p.mode == ACTIVE
+        and p.name not in standbys
+        and p.name not in touched
+        and p.name not in state.vetoed
     ]
     placed, fallbacks = _place_in_order(waiting, state.primaries, ledger)
-    reasons = {f.operator: f.reason for f in fallbacks}
+    reasons = {**state.vetoed, **{f.operator: f.reason for f in fallbacks}}
     for p in waiting:
         if p.name in placed:
             node, why = placed[p.name]

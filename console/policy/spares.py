@@ -18,6 +18,8 @@ from collections import Counter
 from collections.abc import Collection, Mapping, Sequence
 
 from console.policy.config import PolicyConfig
+from console.policy.reserve import HostLoad
+from console.policy.reserve import host_of as host_named
 from console.policy.resources import NodeCapacity
 
 # The measured footprint of an idle spare on this machine's Spark 4 defaults (driver JVM with a
@@ -34,6 +36,7 @@ def spares_wanted(
     cover: Mapping[str, int] | None = None,
     measured: Mapping[str, int] | None = None,
     asked: Mapping[str, int] | None = None,
+    loads: Mapping[str, HostLoad] | None = None,
 ) -> dict[str, int]:
     """Spares wanted per alive node.
 
@@ -48,7 +51,11 @@ def spares_wanted(
     job's stages a spare on each node would cover (`stages_covered`). A host over its limit
     keeps the spares that cover most, then those on the best Q; a new spare goes to the host
     and node with the fewest, then where it covers most, then by Q. (While a stage is
-    re-protected the agents start none of them: spark_runtime.spare.hold_spare_refills.)"""
+    re-protected the agents start none of them: spark_runtime.spare.hold_spare_refills.)
+    `loads`: each host's measured use (console.policy.reserve.host_loads, keyed like `hosts`
+    names them); given, a new spare must leave its own host at the reserve, not only the
+    cluster: several agents on one machine each report its cores, and counted over them the
+    cluster looks idle while the machine is saturated."""
     alive = [c for c in capacities.values() if c.alive]
     cpu_total = sum(c.cpu_total for c in alive)
     mem_total = sum(c.mem_total for c in alive)
@@ -58,7 +65,7 @@ def spares_wanted(
     mem_free = sum(c.mem_free for c in alive)
     limit = config.warm_spares_per_node
     measured = current if measured is None else measured
-    host_of = {c.name: (hosts or {}).get(c.name) or f"node:{c.name}" for c in alive}
+    host_of = {c.name: host_named(c.name, hosts or {}) for c in alive}
 
     def preference(c: NodeCapacity) -> tuple:
         return -(cover or {}).get(c.name, 0), -c.score, c.name
@@ -82,8 +89,19 @@ def spares_wanted(
 
     # Spares kept but not idle yet (warming up, or asked for) are not in the measured usage.
     added = sum(max(0, wanted[c.name] - measured.get(c.name, 0)) for c in alive)
+    added_on: Counter[str] = Counter()
+    for c in alive:
+        added_on[host_of[c.name]] += max(0, wanted[c.name] - measured.get(c.name, 0))
+
+    def host_keeps_reserve(c: NodeCapacity) -> bool:
+        load = (loads or {}).get(host_of[c.name])
+        if load is None:
+            return True
+        extra = added_on[host_of[c.name]] + 1
+        return load.keeps_reserve(config.resource_reserve, extra * SPARE_CPU, extra * SPARE_MEM_MB)
+
     while True:
-        short = [c for c in alive if on_host[host_of[c.name]] < limit]
+        short = [c for c in alive if on_host[host_of[c.name]] < limit and host_keeps_reserve(c)]
         if not short or not keeps_reserve(added + 1):
             break
         # Round robin: the host, then the node, with the fewest spares first.
@@ -92,6 +110,7 @@ def spares_wanted(
         on_host[host_of[node.name]] += 1
         if wanted[node.name] > measured.get(node.name, 0):
             added += 1
+            added_on[host_of[node.name]] += 1
     return wanted
 
 

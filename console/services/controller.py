@@ -63,6 +63,7 @@ from console.services.control.record import (
     watch_conditions,
     watch_kafka,
 )
+from console.services.control.reserve import launch_refusal
 from console.services.jobs import job_external_io
 from console.services.planning import JobPlan, plan_job
 from infra import keys as control_keys
@@ -151,10 +152,14 @@ def _launch(job: Job, client) -> JobPlan | None:
         return None
     nodes = alive_nodes(client)
     topology = resolve_topology(job.topology)
+    history = node_history(client, nodes)
     try:
-        plan = plan_job(topology, job.strategy, node_history(client, nodes), config)
+        plan = plan_job(topology, job.strategy, history, config)
     except ValueError as exc:
         raise LaunchError(str(exc)) from exc
+    refusal = launch_refusal(nodes, history, plan.primary_demands(), config.resource_reserve)
+    if refusal is not None:
+        raise LaunchError(f"refused: {refusal}")
     supervisor = Supervisor(
         job.key,
         job.topology,

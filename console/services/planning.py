@@ -15,7 +15,7 @@ No Django imports: the controller feeds it plain data, tests call it directly.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from console.policy.checkpoint import initial_interval
@@ -50,6 +50,11 @@ class JobPlan:
     stages: list[StagePlan]
     node_scores: dict[str, float]
     fallbacks: list[dict] = field(default_factory=list)
+
+    def primary_demands(self) -> dict[str, tuple[float, float]]:
+        """node -> (cpu, mem) the plan's primaries will use there: their operators' demand."""
+        by_operator = {p.name: p for p in self.priorities}
+        return primary_demands(((s.primary_node, s.operators) for s in self.stages), by_operator)
 
     def stage(self, name: str) -> StagePlan:
         for stage in self.stages:
@@ -124,13 +129,7 @@ def plan_job(
         staged = [by_operator[op] for s in stages for op in s.operators]
         # The primaries are not running yet, so the samples do not show them: Algorithm 1 charges
         # them to their nodes, or a standby could land on a node the plan already loads.
-        planned: dict[str, tuple[float, float]] = {}
-        for stage in stages:
-            cpu, mem = planned.get(primaries[stage.name], (0.0, 0.0))
-            planned[primaries[stage.name]] = (
-                cpu + sum(by_operator[op].cpu for op in stage.operators),
-                mem + sum(by_operator[op].mem for op in stage.operators),
-            )
+        planned = primary_demands(((primaries[s.name], s.operators) for s in stages), by_operator)
         placement = place_standbys(
             staged, operator_primary, node_capacities(history, config), config, planned
         )
@@ -170,6 +169,21 @@ def plan_job(
         for s in stages
     ]
     return JobPlan(strategy, priorities, intervals, plans, scores, fallbacks)
+
+
+def primary_demands(
+    placed: Iterable[tuple[str, Sequence[str]]], by_operator: Mapping[str, OperatorPriority]
+) -> dict[str, tuple[float, float]]:
+    """node -> (cpu, mem) summed over the operators of the stages whose primaries `placed` puts
+    there ((node, operators) per stage)."""
+    planned: dict[str, tuple[float, float]] = {}
+    for node, operators in placed:
+        cpu, mem = planned.get(node, (0.0, 0.0))
+        planned[node] = (
+            cpu + sum(by_operator[op].cpu for op in operators),
+            mem + sum(by_operator[op].mem for op in operators),
+        )
+    return planned
 
 
 def _place_primaries(

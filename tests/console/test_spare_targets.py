@@ -114,7 +114,9 @@ def test_two_jobs_cycles_a_moment_apart_ask_for_the_hosts_spare_on_one_node(redi
         NodeFactory(name=name, cpu_total=2.0, mem_total_mb=4096.0)
     nodes = NODES + ["wt-node-3"]
     config = PolicyConfig(warm_spares_per_node=1)
-    publish_usage(redis_conn, nodes, hosts={n: "one-machine" for n in nodes})
+    # Three agents' processes on one 4 GB machine, 300 MiB each: room for a spare within the
+    # host's reserve (at 1 GB each it would not fit: console.policy.reserve).
+    publish_usage(redis_conn, nodes, hosts={n: "one-machine" for n in nodes}, mem_used=300.0)
     try:
         # Job A's stage runs on nodes 1 and 2: its spare belongs on node 3.
         keep_warm_spares(redis_conn, config, {"count": ("wt-node-1", "wt-node-2")})

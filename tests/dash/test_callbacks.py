@@ -121,7 +121,7 @@ def test_job_id_comes_from_the_path():
 
 def test_placement_refresh_lists_replicas_per_node_and_the_reserve(seeded, users):
     outputs = placement_callbacks.refresh(1, user=users[VIEWER])
-    summary, idle, q, q_note, cards, shown, standbys, policy, predictor = outputs
+    summary, idle, q, q_note, cards, shown, standbys, policy, predictor, _reserve = outputs
     assert shown == "3 of 3 nodes shown, in queue order by Q"
     reserve = Policy.current().resource_reserve
     assert f"{reserve * 100:.0f}%" in text_of(summary)
@@ -148,13 +148,13 @@ def test_placement_shows_the_predictor_runs_and_which_is_in_force(seeded, users)
         samples=40, failures=6, holdout_samples=12, used=True, mse=0.08, prior_mse=0.12, r2=0.21,
         reason="used (held-out MSE 0.0800 vs prior 0.1200 on 12 samples)", **common,
     )  # fmt: skip
-    *_, predictor = placement_callbacks.refresh(1, user=users[VIEWER])
+    *_, predictor, _reserve = placement_callbacks.refresh(1, user=users[VIEWER])
     assert f"In force: model #{older.pk}" in text_of(predictor)
     assert "0.0800 / 0.1200" in text_of(predictor) and "0.210" in text_of(predictor)
     newer = PredictorTraining.objects.create(
         samples=8, failures=0, used=False, reason="not used: 8 samples < minimum 20", **common
     )
-    *_, predictor = placement_callbacks.refresh(1, user=users[VIEWER])
+    *_, predictor, _reserve = placement_callbacks.refresh(1, user=users[VIEWER])
     text = text_of(predictor)
     assert f"the newest model (#{newer.pk}) is not used" in text
     assert text.index("not used: 8 samples < minimum 20") < text.index("used (held-out MSE")

@@ -62,6 +62,58 @@ def test_a_primary_runs_above_the_normal_level_and_only_a_caught_up_standby_belo
     assert wanted_nice(True, "primary", RUNNING, started=True, successor=True) == -5
 
 
+def test_recovery_first_a_recovering_primary_and_a_reseeding_standby_run_above_steady_work():
+    from spark_runtime.stage import (
+        CATCHING_UP,
+        RUNNING,
+        is_recovering,
+        recovering_since,
+        wanted_nice,
+    )
+    from spark_runtime.strategies import (
+        CONTROL_PLANE_NICE,
+        PRIMARY_NICE,
+        RECOVERING_NICE,
+        RECOVERY_PRIORITY_S,
+        REPROTECTING_NICE,
+    )
+
+    # The order: control plane, recovering primary, re-protecting standby, steady primaries.
+    assert CONTROL_PLANE_NICE < RECOVERING_NICE < REPROTECTING_NICE < PRIMARY_NICE
+    assert wanted_nice(True, "primary", RUNNING, True, recovering=True) == RECOVERING_NICE
+    assert wanted_nice(False, "primary", RUNNING, True, recovering=True) == 0
+    # A standby seeded from its primary's checkpoint re-protects a stage: above steady work
+    # while it catches up, then below its primary as any caught-up standby.
+    assert wanted_nice(True, "standby", CATCHING_UP, True, seeded=True) == REPROTECTING_NICE
+    assert wanted_nice(True, "standby", CATCHING_UP, True, seeded=False) == 0
+    assert wanted_nice(True, "standby", RUNNING, True, seeded=True) == 5
+    # Recovering since the promotion, or a restarted primary's start; a first start is not.
+    assert recovering_since("primary", 100.0, resumed=False, promoted_at=250.0) == 250.0
+    assert recovering_since("primary", 100.0, resumed=True, promoted_at=None) == 100.0
+    assert recovering_since("primary", 100.0, resumed=False, promoted_at=None) is None
+    assert recovering_since("standby", 100.0, resumed=True, promoted_at=None) is None
+    # For RECOVERY_PRIORITY_S, then back to the steady primary's level.
+    assert is_recovering(100.0, 100.0 + RECOVERY_PRIORITY_S - 0.1)
+    assert not is_recovering(100.0, 100.0 + RECOVERY_PRIORITY_S)
+    assert not is_recovering(None, 100.0)
+
+
+def test_a_replica_resumes_a_checkpoint_with_commits_or_a_seed(tmp_path):
+    from argparse import Namespace
+
+    from spark_runtime.stage import resumes_checkpoint
+
+    fresh = Namespace(seed_from=None, checkpoint_dir=str(tmp_path / "cp"), job="j", stage="s",
+                      replica_id="r")  # fmt: skip
+    assert not resumes_checkpoint(fresh)
+    (tmp_path / "cp" / "q0" / "commits").mkdir(parents=True)
+    assert not resumes_checkpoint(fresh)  # a query that never committed a batch
+    (tmp_path / "cp" / "q0" / "commits" / "0").write_text("v1")
+    assert resumes_checkpoint(fresh)
+    assert resumes_checkpoint(Namespace(**{**vars(fresh), "checkpoint_dir": str(tmp_path / "x"),
+                                           "seed_from": "/elsewhere"}))  # fmt: skip
+
+
 def test_only_a_standby_below_its_primary_is_paced():
     from spark_runtime.stage import batch_every_s
     from spark_runtime.strategies import (

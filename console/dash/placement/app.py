@@ -26,6 +26,7 @@ share_refresh(
         Output("standby-table", "children"),
         Output("policy-table", "children"),
         Output("predictor-table", "children"),
+        Output("host-reserve", "children"),
     ],
     [Input("refresh", "n_intervals"), Input("node-show", "value"), Input("node-job", "value")],
 )

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dash import html
 from dash.exceptions import PreventUpdate
 
-from console.dash import controls, data
+from console.dash import controls, data, reserve_data
 from console.dash.common import (
     badge,
     can_view,
@@ -154,6 +154,60 @@ def _standby_table(rows: list[dict]):
     )  # fmt: skip
 
 
+def _host_reserve(reserve_rows: dict, reserve: float):
+    """Each host's measured free CPU and memory against the reserve, and the standbys the
+    reserve downgraded to checkpoint-only (highest priority first), with why."""
+    hosts = table(
+        ["Host", "Nodes", "Cores", "Memory MiB", "CPU free", "Memory free", "Reserve"],
+        [
+            [
+                row["host"],
+                ", ".join(row["nodes"]),
+                fmt_num(row["cpu_total"], 1),
+                fmt_num(row["mem_total"], 0),
+                fmt_pct(row["cpu_free"]),
+                fmt_pct(row["mem_free"]),
+                html.Span(
+                    [
+                        fmt_pct(reserve),
+                        badge("kept", "up")
+                        if min(row["cpu_free"], row["mem_free"]) >= reserve
+                        else badge("crossed", "failed"),
+                    ]
+                ),
+            ]
+            for row in reserve_rows["hosts"]
+        ],
+        "No host reports samples.",
+        table_id="host-reserve-hosts",
+    )
+    downgraded = table(
+        ["Stage", "P_eff", "Downgraded", "Why"],
+        [
+            [
+                html.A(f"{row['job']}/{row['stage']}", href=f"/console/jobs/{row['job_id']}/"),
+                fmt_num(row["priority"], 3),
+                f"{fmt_num(row['since_s'], 0)} s ago",
+                html.Span(row["reason"], className="reason small"),
+            ]
+            for row in reserve_rows["downgraded"]
+        ],
+        "No standby is downgraded: every stage the policy protects has its standby.",
+        table_id="host-reserve-downgraded",
+    )
+    return [
+        html.P(
+            "Measured use per host (its agents' processes, the mean of their last 5 samples; "
+            "each machine's cores counted once). Past the reserve a launch is refused, a spare "
+            "is not started, and standbys run checkpoint-only, lowest priority first; one is "
+            "restored 60 s later at the earliest, once the reserve plus 10% stays free with it.",
+            className="muted small",
+        ),
+        hosts,
+        downgraded,
+    ]
+
+
 def _policy_table(policy: dict):
     items = [
         html.Div([html.Span(name, className="muted"), html.Span(f"{value:g}")], className="kv")
@@ -230,9 +284,10 @@ def _of_jobs(replicas: list[dict], search: str) -> list[dict]:
 
 def refresh(n_intervals, show=None, job_search=None, user=None):
     """Every 2 s: reserve tiles, idle and Q charts with what Q's scale is, node cards with
-    replicas, why each standby sits where it is, the policy and the fault predictor's training
-    runs. `show` picks the node cards (NODE_SHOW_OPTIONS) and `job_search` keeps the replicas
-    of jobs whose name contains it; the charts always show every node."""
+    replicas, why each standby sits where it is, the policy, the fault predictor's training
+    runs and the host reserve. `show` picks the node cards (NODE_SHOW_OPTIONS) and
+    `job_search` keeps the replicas of jobs whose name contains it; the charts always show
+    every node."""
     if not can_view(user):
         raise PreventUpdate
     show = one_choice(show, NODE_SHOW, "all")
@@ -268,6 +323,7 @@ def refresh(n_intervals, show=None, job_search=None, user=None):
         scroll_box(_standby_table(standbys)),
         _policy_table(policy),
         _predictor_table(data.predictor_trainings(), policy["values"]["prediction_window_s"]),
+        _host_reserve(reserve_data.host_reserve(visible), reserve),
     )
 
 

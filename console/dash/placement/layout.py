@@ -55,6 +55,7 @@ def layout():
                 className="toolbar filters",
             ),
             html.Div(id="node-cards", className="node-cards scroll-box"),
+            card("Host reserve (measured)", html.Div(id="host-reserve")),
             card("Why each standby sits where it is", html.Div(id="standby-table")),
             card("Fault prediction", html.Div(id="predictor-table")),
             card("Policy in force", html.Div(id="policy-table")),

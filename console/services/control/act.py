@@ -15,6 +15,7 @@ from django.utils import timezone
 
 from console.models import ControlDecision, Job, Node, Operator, Replica
 from console.policy.checkpoint import stage_interval, state_store_confs
+from console.policy.reserve import host_loads
 from console.policy.resources import node_capacities
 from console.policy.spares import spare_needed, spares_wanted, stages_covered
 from console.policy.strays import confirmed_strays
@@ -277,6 +278,7 @@ def keep_warm_spares(
         stages_covered(placements, names),
         measured=idle,
         asked=asked,
+        loads=host_loads(history, hosts),
     )
     with client.pipeline(transaction=False) as pipe:
         for name, count in wanted.items():

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import time
+from dataclasses import replace
 from datetime import UTC, datetime
 
 from django.utils import timezone
@@ -21,11 +22,13 @@ from console.policy.checkpoint import (
 )
 from console.policy.placement import CycleInput, StandbyVerdict, run_cycle
 from console.policy.priority import ACTIVE, measured_demands, operator_priorities
+from console.policy.reserve import StandbyClaim
 from console.services import prediction, recovery
 from console.services.control.act import carry_out, stage_interval_of, trigger_of
 from console.services.control.commands import send_command
 from console.services.control.observe import alive_nodes, node_history, stage_usage
 from console.services.control.record import decide, priority_fields
+from console.services.control.reserve import ReserveOutcome, apply_reserve
 from infra import keys as control_keys
 from spark_runtime import keys as data_keys
 from spark_runtime.jobdef import resolve_topology
@@ -48,10 +51,12 @@ def policy_cycle(
     """
     if view is None:
         config = Policy.current().to_config()  # re-read every cycle: admin changes apply here
-        history = node_history(client, alive_nodes(client))
+        beats = alive_nodes(client)
+        history = node_history(client, beats)
         latest_model = prediction.latest_training()
     else:
         config, history, latest_model = view.config, view.history, view.latest_model
+        beats = view.alive
     if not history:
         return []
     topology = resolve_topology(job.topology)
@@ -85,6 +90,11 @@ def policy_cycle(
             # A standby still starting or being promoted has not settled anywhere: it is kept.
             running = standby.state == RUNNING
             standby_age_s[top] = time.time() - standby.launched_at if running else 0.0
+    outcome = ReserveOutcome({}, {})
+    if moves_standbys:  # the strategy lets the policy drop and add standbys
+        outcome = hold_reserve(
+            job, supervisor, client, priorities, (primaries, standbys), (beats, history), config
+        )
     state = CycleInput(
         priorities=[p for p in priorities if p.name in stage_of],
         primaries=primaries,
@@ -98,9 +108,15 @@ def policy_cycle(
             if op.checkpoint_interval_s
         },
         standby_age_s=standby_age_s,
+        vetoed=outcome.vetoed,
     )
     result = run_cycle(state, config)
-    actions = result.actions
+    actions = [
+        replace(a, reason=f"restored: {outcome.restored[a.operator]}; {a.reason}")
+        if isinstance(a, policy_actions.AddStandby) and a.operator in outcome.restored
+        else a
+        for a in result.actions
+    ]
     if not moves_standbys:
         actions = [a for a in actions if isinstance(a, policy_actions.SetCheckpointInterval)]
     apply_cycle(job, supervisor, client, actions, stage_of, operators)
@@ -116,6 +132,41 @@ def policy_cycle(
     else:
         samples.extend(rows)
     return actions
+
+
+def hold_reserve(
+    job: Job, supervisor: Supervisor, client, priorities, placed: tuple, fleet: tuple, config
+) -> ReserveOutcome:
+    """The host reserve's part of the cycle (console/services/control/reserve.py): publish a
+    claim for each stage whose policy wants a standby (its top active operator's P_eff, the
+    stage's measured demand as the standby's cost), and return which of them must run
+    checkpoint-only and which are restored. `placed`: (primary node, standby node) by
+    operator; `fleet`: (the alive nodes' heartbeats, their recent samples)."""
+    primaries, standbys = placed
+    beats, history = fleet
+    now = time.time()
+    wanted, top_of = [], {}
+    for stage, ops in supervisor.stage_operators.items():
+        top = top_operator(ops, priorities)
+        if top is None:
+            continue
+        of_stage = [p for p in priorities if p.name in ops]
+        key = f"{job.key}:{stage}"
+        top_of[key] = top
+        wanted.append(
+            StandbyClaim(
+                key=key,
+                priority=next(p.P_eff for p in of_stage if p.name == top),
+                primary_node=primaries.get(top),
+                node=standbys.get(top),
+                cpu=sum(p.cpu for p in of_stage),
+                mem=sum(p.mem for p in of_stage),
+                at=now,
+            )
+        )
+    return apply_reserve(
+        client, job.key, wanted, top_of, beats, history, config.resource_reserve, now
+    )
 
 
 def store_priorities(job: Job, operators: dict, priorities, predicted: dict, now) -> list:
