@@ -157,7 +157,11 @@ def _launch(job: Job, client) -> JobPlan | None:
         plan = plan_job(topology, job.strategy, history, config)
     except ValueError as exc:
         raise LaunchError(str(exc)) from exc
-    refusal = launch_refusal(nodes, history, plan.primary_demands(), config.resource_reserve)
+    refusal = (
+        launch_refusal(nodes, history, plan.primary_demands(), config.resource_reserve)
+        if config.hold_host_reserve
+        else None
+    )
     if refusal is not None:
         raise LaunchError(f"refused: {refusal}")
     supervisor = Supervisor(

@@ -18,6 +18,7 @@ from console.policy.reserve import RESTORE_HOLD_S
 from console.roles import OPERATOR
 from console.services import controller
 from console.services.control import cycle, observe
+from console.services.policy import change_policy
 from infra import keys as control_keys
 from infra.queues import node_queue
 from tests.factories import NodeFactory, make_job
@@ -29,6 +30,12 @@ HOST = "boot:rs-test-host"
 IDLE = dict.fromkeys(NODES, 0.0)
 # The three agents' own processes on the one 2-core machine: 1.7 cores, 15% free < 20%.
 BUSY = {"rs-node-1": 0.9, "rs-node-2": 0.5, "rs-node-3": 0.3}
+
+
+@pytest.fixture(autouse=True)
+def reserve_held():
+    """The policy holds the reserve per host (off by default)."""
+    change_policy({"hold_host_reserve": 1}, reason="hold the reserve per host")
 
 
 @pytest.fixture(autouse=True)

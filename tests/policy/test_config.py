@@ -29,7 +29,7 @@ def test_defaults_are_valid_and_match_the_brief():
         "w_type", "w_resource", "w_dependency", "alpha_cpu", "beta_mem",
         "priority_threshold", "fault_risk_weight",
         "q_w_cpu", "q_w_mem", "q_w_disk", "q_w_bw", "q_decay_lambda", "q_samples",
-        "resource_reserve", "checkpoint_min_s", "checkpoint_max_s",
+        "resource_reserve", "hold_host_reserve", "checkpoint_min_s", "checkpoint_max_s",
         "interval_horizon_s", "checkpoint_cost_s", "recovery_cost_s",
         "cpu_const", "mem_const", "slow_task_limit", "fault_rate_prior",
         "warm_spares_per_node", "heartbeat_timeout_s", "cycle_interval_s",

@@ -278,7 +278,7 @@ def keep_warm_spares(
         stages_covered(placements, names),
         measured=idle,
         asked=asked,
-        loads=host_loads(history, hosts),
+        loads=host_loads(history, hosts) if config.hold_host_reserve else None,
     )
     with client.pipeline(transaction=False) as pipe:
         for name, count in wanted.items():

@@ -91,7 +91,8 @@ def policy_cycle(
             running = standby.state == RUNNING
             standby_age_s[top] = time.time() - standby.launched_at if running else 0.0
     outcome = ReserveOutcome({}, {})
-    if moves_standbys:  # the strategy lets the policy drop and add standbys
+    # The strategy lets the policy drop and add standbys, and the policy holds the host reserve.
+    if moves_standbys and config.hold_host_reserve:
         outcome = hold_reserve(
             job, supervisor, client, priorities, (primaries, standbys), (beats, history), config
         )

@@ -127,7 +127,10 @@ def launch_refusal(
 def admission_refusal(client, topology: Topology, strategy: str, config) -> str | None:
     """Why a job of `topology` under `strategy` may not launch now (the reserve), or None: the
     launch's plan on the alive nodes, its primaries charged to their hosts' measured use. None
-    too where no node is alive or the plan fails: the launch itself says why."""
+    too where no node is alive or the plan fails (the launch itself says why), and while the
+    policy holds the reserve at placement only (hold_host_reserve 0)."""
+    if not config.hold_host_reserve:
+        return None
     beats = alive_nodes(client)
     history = node_history(client, beats)
     try:
