@@ -44,6 +44,7 @@ def test_a_standby_overtaking_a_restart_turns_the_open_restart_episode_into_a_pr
         action=RecoveryEpisode.Action.RESTART_STAGE,
         detected_at=timezone.now(),
         notes="count-2 on node-2: ProcessExited",
+        phases={"detected": 10.0, "commanded": 10.5, "replica": "count-2", "process_started": 12},
     )
     node = NodeFactory(name="node-2")
     restarted, standby = (
@@ -72,6 +73,8 @@ def test_a_standby_overtaking_a_restart_turns_the_open_restart_episode_into_a_pr
     standby.refresh_from_db()
     assert standby.state == Replica.State.RUNNING
     assert "restart overtaken by count-3" in episode.notes
+    # Its phases are now the promoted standby's: the abandoned restart's start is not one.
+    assert episode.phases == {"detected": 10.0, "commanded": 10.5, "replica": "count-3"}
     decision = ControlDecision.objects.get(job=job, kind=ControlDecision.Kind.PROMOTE)
     assert decision.replica_id == "count-3" and decision.stage == "count"
     assert "caught up before the restarted primary produced output" in decision.reason

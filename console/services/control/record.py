@@ -122,6 +122,10 @@ def failure_report(client, job: Job, replica_id: str, event_name: str) -> tuple[
     return status, f"{status}\n{tail}"
 
 
+# The marks the controller takes itself (the others come from the replica that took over).
+CONTROLLER_MARKS = ("fault", "detected", "decided", "commanded")
+
+
 def taker_of(actions: list, stage: str) -> str:
     """The replica id that restores `stage`'s service in the state machine's `actions` (the
     promoted standby, the restarted replica), "" when none does."""
@@ -243,7 +247,11 @@ def record_promotion_over_restart(job: Job, event: HeartbeatSeen, actions: list)
     if episode is not None:
         episode.action = RecoveryEpisode.Action.PROMOTE
         episode.notes += f"; restart overtaken by {event.replica_id}, promoted when caught up"
-        episode.save(update_fields=["action", "notes"])
+        # The standby restores service now: the abandoned restart's marks are not this
+        # recovery's (its catch-up ends when the standby took over).
+        controller_marks = {k: v for k, v in episode.phases.items() if k in CONTROLLER_MARKS}
+        episode.phases = {**controller_marks, "replica": event.replica_id}
+        episode.save(update_fields=["action", "notes", "phases"])
 
 
 def decision_kinds(actions: list) -> tuple[str, str]:
