@@ -10,9 +10,10 @@ An episode keeps its marks (epoch seconds) in `RecoveryEpisode.phases`:
   (spark_runtime/stage.py): its process started (`started_at`; a warm spare: when it took the
   replica over), its queries started on the checkpoint's state (`queries_started_at`; so the
   restore includes building the replica's Spark session and JVM unless a warm spare had one),
-  its first batch ended (`first_batch_at`: the backlog since the checkpoint read). A promoted standby ran
-  already with its state: no process start or restore, and its catch-up ends when it has taken
-  over and written what it buffered (`promoted_at`);
+  its first batch ended (`first_batch_at`: the backlog since the checkpoint read). A promoted
+  standby ran already with its state: no process start or restore, and its catch-up ends when
+  it has taken over and written what it buffered (`promoted_at`; after a restart it overtook,
+  its catch-up is the wait for it to catch up);
 - `first_output`: the job's first output after that (its progress records).
 
 A phase runs from the latest mark before it that is present to its own end mark; a phase whose
