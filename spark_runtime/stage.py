@@ -299,6 +299,8 @@ def make_listener(client, job: str, state: ReplicaState, runtime):
             first = state.count_batch() == 1
             progress = event.progress
             if first:
+                # The end of a recovery's catch-up phase (console/policy/recovery_phases.py).
+                state.note(first_batch_at=time.time())
                 # Where a replica's first batch spends its time (planning, source offsets,
                 # state loading in addBatch) is what a restart or a new standby waits for.
                 log.info(
@@ -593,6 +595,8 @@ def start_runtime(args, client, state: ReplicaState, spark=None):
         state_partitions=runtime.state_partitions,
         # Names the executors of this replica on a cluster (kill-executor, kill-worker).
         spark_app=spark.sparkContext.applicationId,
+        # The end of a recovery's state-restore phase (console/policy/recovery_phases.py).
+        queries_started_at=time.time(),
     )
     return runtime
 

@@ -29,6 +29,7 @@ from bench.soak.schedule import (
 )
 from bench.strategy.run import bench_user
 from console.models import FaultInjection, Job, Node, Replica
+from console.policy.recovery_phases import phase_seconds
 from console.redis import redis_client
 from console.services.demo_setup import DEMO_NODES
 from console.services.faults import FaultRefused, kafka_bootstrap_of, request_fault
@@ -308,6 +309,10 @@ class FaultPlay:
             if any(e.watched_s is None for e in episodes):
                 return False  # still being measured
             actions = "+".join(sorted({e.action for e in episodes}))
+            # Where each episode's time went (console/policy/recovery_phases.py).
+            row["phases_s"] = [
+                {"episode": e.pk, "stage": e.stage, **phase_seconds(e.phases)} for e in episodes
+            ]
             recovered = all(e.recovered_at is not None for e in episodes)
             times = [e.recovery_time_s for e in episodes if e.recovery_time_s is not None]
             self.conclude(

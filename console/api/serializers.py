@@ -15,6 +15,7 @@ from console.models import (
     Replica,
     Team,
 )
+from console.policy import recovery_phases
 
 
 class NodeSerializer(serializers.ModelSerializer):
@@ -196,6 +197,14 @@ class FaultInjectionSerializer(serializers.ModelSerializer):
 
 
 class RecoveryEpisodeSerializer(serializers.ModelSerializer):
+    # Where the recovery's time went: each phase's seconds, null where not seen
+    # (console/policy/recovery_phases.py); `phase_marks` the epoch seconds they come from.
+    phases = serializers.SerializerMethodField()
+    phase_marks = serializers.JSONField(source="phases", read_only=True)
+
+    def get_phases(self, episode) -> dict[str, float | None]:
+        return recovery_phases.phase_seconds(episode.phases)
+
     class Meta:
         model = RecoveryEpisode
         fields = [
@@ -214,6 +223,8 @@ class RecoveryEpisodeSerializer(serializers.ModelSerializer):
             "lost",
             "duplicates",
             "notes",
+            "phases",
+            "phase_marks",
         ]
         read_only_fields = fields
 

@@ -466,6 +466,7 @@ def _episode_dict(episode: Episode) -> dict:
         "watched_s": episode.watched_s,
         "lost": episode.lost,
         "duplicates": episode.duplicates,
+        "phases": episode.phases,
         "fault_kind": fault.kind if fault else "",
         "fault_target": _fault_target(fault) if fault else "",
     }

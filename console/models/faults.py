@@ -116,6 +116,9 @@ class RecoveryEpisode(models.Model):
     lost = models.IntegerField(null=True, blank=True)
     duplicates = models.IntegerField(null=True, blank=True)
     notes = models.TextField(blank=True)
+    # Where the recovery's time went: mark -> epoch s, and "replica": the replica that took over
+    # (console/policy/recovery_phases.py names the marks and who takes them).
+    phases = models.JSONField(default=dict, blank=True)
 
     class Meta:
         ordering = ["-detected_at"]

@@ -54,6 +54,7 @@ from console.services.control.record import (
     decide,
     decision_kinds,
     describe_actions,
+    mark_commanded,
     raise_supervision_alerts,
     record_cycle,
     record_failure,
@@ -300,8 +301,10 @@ def supervise_tick(job: Job, supervisor: Supervisor, client) -> TickReport:
         launched_at = watched.launched_at if watched else now
         phase_before = upgrade_phase(supervisor)
         actions = supervisor.handle(event)
+        decided_at = time.time()
         if not actions:
             continue
+        episode = None
         report.events += 1
         report.actions += len(actions)
         if isinstance(event, HeartbeatSeen) and upgrade_phase(supervisor) != phase_before:
@@ -323,8 +326,9 @@ def supervise_tick(job: Job, supervisor: Supervisor, client) -> TickReport:
                 stage=event.reported.get("stage", ""),
             )
         else:
-            record_failure(job, client, event, actions, launched_at)
+            episode = record_failure(job, client, event, actions, launched_at, decided_at)
         carry_out(job, supervisor, client, actions, launcher)
+        mark_commanded(episode, time.time())
         waiting = [
             Replica.full_id(job.key, a.replica_id)
             for a in actions

@@ -11,6 +11,7 @@ job's output is audited against ground truth (`audit_closed_episodes`, a Celery 
 from __future__ import annotations
 
 import bisect
+import json
 import logging
 from datetime import UTC, datetime, timedelta
 
@@ -20,7 +21,7 @@ from django.db.models import Sum
 from django.utils import timezone
 
 from console.models import ControlDecision, Job, Operator, RecoveryEpisode, RegisteredTopology
-from console.policy import truth
+from console.policy import recovery_phases, truth
 from console.policy.config import PolicyConfig
 from console.policy.recovery import (
     SAME_FAULT_S,
@@ -280,6 +281,33 @@ def record_measurement(episode: RecoveryEpisode, measured: FaultMeasurement) -> 
     )  # fmt: skip
 
 
+def record_phases(
+    episode: RecoveryEpisode, client, fault_at: float, output_times, closing: bool = False
+) -> None:
+    """Complete the episode's phase marks (console/policy/recovery_phases.py): the fault, what
+    the replica that took over reported in its entry, and the first output after them (once
+    that replica caught up, or when the episode closes without it saying so). Saved only when
+    a mark was added; marks already taken stay."""
+    marks = dict(episode.phases)
+    marks.setdefault("fault", fault_at)
+    taker = marks.get("replica")
+    if taker:
+        raw = client.hget(data_keys.replicas(episode.job.key), taker)
+        if raw:
+            promoted = episode.action == RecoveryEpisode.Action.PROMOTE
+            since = marks.get("commanded") or marks.get("detected") or fault_at
+            reported = recovery_phases.stage_marks(json.loads(raw), promoted, since)
+            marks.update({k: v for k, v in reported.items() if k not in marks})
+    if "first_output" not in marks:
+        since = recovery_phases.last_mark(marks)
+        first = recovery_phases.first_output_after(output_times, since or fault_at)
+        if first is not None and ("caught_up" in marks or not taker or closing):
+            marks["first_output"] = first
+    if marks != episode.phases:
+        episode.phases = marks
+        episode.save(update_fields=["phases"])
+
+
 def stored_measurement(episode: RecoveryEpisode, fault_at: float) -> FaultMeasurement:
     """A closed episode's figures as the measurement that produced them (what the next fault's
     downtime and reference depend on)."""
@@ -343,11 +371,13 @@ def measure_open_episodes(job: Job, client, config: PolicyConfig, now: float | N
         settings=recovery_settings(config),
         previous=previous,
     )
+    output_times = [r.at for r in records if r.is_output]
     closed = 0
     for episode in open_episodes:
         at = fault_time(episode, config).timestamp()
         # The fault this episode belongs to: the latest grouped fault time at or before it.
         figures = [m for m in measured if m.fault_at <= at][-1]
+        record_phases(episode, client, at, output_times, closing=figures.final)
         if figures.final:
             record_measurement(episode, figures)
             closed += 1
@@ -365,6 +395,7 @@ def episode_measurement(episode: RecoveryEpisode) -> dict:
         "recovery_time_s": episode.recovery_time_s,
         "peak_p99_ms": episode.peak_p99_ms,
         "watched_s": episode.watched_s,
+        "phases_s": recovery_phases.phase_seconds(episode.phases),
     }
 
 

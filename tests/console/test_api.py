@@ -8,7 +8,7 @@ from rest_framework.test import APIClient
 from console.models import FaultInjection, Job, Policy
 from console.roles import ADMIN, OPERATOR, VIEWER
 from spark_runtime import keys as data_keys
-from tests.factories import NodeFactory, ReplicaFactory, make_job
+from tests.factories import EpisodeFactory, NodeFactory, ReplicaFactory, make_job
 
 pytestmark = pytest.mark.django_db
 
@@ -157,6 +157,19 @@ def test_recoveries_and_results_are_readable(api_as):
     assert client.get(f"/api/jobs/{job.pk}/recoveries/").json()["results"] == []
     results = client.get(f"/api/jobs/{job.pk}/results/").json()
     assert results["key"] == data_keys.results(job.key)
+
+
+def test_a_recovery_says_where_its_time_went(api_as):
+    job = make_job(status=Job.Status.RUNNING)
+    marks = {"fault": 100.0, "detected": 101.5, "decided": 101.5, "commanded": 102.0,
+             "caught_up": 103.0, "first_output": 105.5, "replica": "count-3"}  # fmt: skip
+    EpisodeFactory(job=job, action="promote", phases=marks)
+    (row,) = api_as(VIEWER).get(f"/api/jobs/{job.pk}/recoveries/").json()["results"]
+    assert row["phases"] == {
+        "detection": 1.5, "decision": 0.0, "command": 0.5, "process start": None,
+        "state restore": None, "catch-up": 1.0, "first output": 2.5,
+    }  # fmt: skip
+    assert row["phase_marks"] == marks
 
 
 def test_nodes_are_listed(api_as):

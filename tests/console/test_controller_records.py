@@ -44,6 +44,7 @@ def test_a_standby_overtaking_a_restart_turns_the_open_restart_episode_into_a_pr
         action=RecoveryEpisode.Action.RESTART_STAGE,
         detected_at=timezone.now(),
         notes="count-2 on node-2: ProcessExited",
+        phases={"detected": 10.0, "commanded": 10.5, "replica": "count-2", "process_started": 12},
     )
     node = NodeFactory(name="node-2")
     restarted, standby = (
@@ -72,6 +73,8 @@ def test_a_standby_overtaking_a_restart_turns_the_open_restart_episode_into_a_pr
     standby.refresh_from_db()
     assert standby.state == Replica.State.RUNNING
     assert "restart overtaken by count-3" in episode.notes
+    # Its phases are now the promoted standby's: the abandoned restart's start is not one.
+    assert episode.phases == {"detected": 10.0, "commanded": 10.5, "replica": "count-3"}
     decision = ControlDecision.objects.get(job=job, kind=ControlDecision.Kind.PROMOTE)
     assert decision.replica_id == "count-3" and decision.stage == "count"
     assert "caught up before the restarted primary produced output" in decision.reason
@@ -216,3 +219,35 @@ def test_the_episode_names_a_recent_injected_fault_and_not_an_old_or_refused_one
     FaultInjection.objects.filter(pk=recent.pk).delete()
     assert FaultInjection.behind_failure(job, now) is None
     assert FaultInjection.behind_failure(job, now - timedelta(seconds=60)) == old
+
+
+def test_a_restart_episode_carries_the_marks_of_the_controller_and_the_stage(redis_conn):
+    from console.policy.recovery_phases import phase_seconds
+    from console.services.control.record import mark_commanded
+    from console.services.recovery import record_phases
+
+    job = make_job(status=Job.Status.RUNNING, strategy="local-restart")
+    ReplicaFactory(
+        job=job, replica_id=Replica.full_id(job.key, "count-1"), stage="count", node=NodeFactory()
+    )
+    spec = ReplicaSpec(job.key, "wordcount", "count", "primary", "count-2", "node-1")
+    seen = time.time()
+    episode = record_failure(
+        job,
+        redis_conn,
+        HeartbeatMissed("count-1", seen),
+        [RestartStage(spec)],
+        seen - 30,
+        decided_at=seen + 0.2,
+    )
+    mark_commanded(episode, seen + 0.5)
+    # The restarted replica's own entry, as spark_runtime/stage.py writes it.
+    entry = {"started_at": seen + 2.0, "queries_started_at": seen + 6.0, "first_batch_at": seen + 9}
+    redis_conn.hset(data_keys.replicas(job.key), "count-2", json.dumps(entry))
+    record_phases(episode, redis_conn, seen - 3.0, [seen - 4.0, seen + 8.0, seen + 9.5, seen + 12])
+    episode.refresh_from_db()
+    assert episode.phases["replica"] == "count-2"
+    assert phase_seconds(episode.phases) == pytest.approx({
+        "detection": 3.0, "decision": 0.2, "command": 0.3, "process start": 1.5,
+        "state restore": 4.0, "catch-up": 3.0, "first output": 0.5,
+    })  # fmt: skip

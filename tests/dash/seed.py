@@ -255,8 +255,21 @@ def seed_console(minutes: int = 30, step_s: int = 5, now: datetime | None = None
             peak_p99_ms=8400.0 if action == "promote" else 26_000.0,
             lost=0,
             duplicates=0,
+            phases=_phase_marks(fault.injected_at.timestamp(), action),
         )
     return Seeded(nodes=nodes, adaptive=adaptive, baseline=baseline, now=now)
+
+
+def _phase_marks(fault_at: float, action: str) -> dict:
+    """Marks of a recovery's phases (console/policy/recovery_phases.py) as a promotion (no
+    process start, no restore) or a restart takes them, in seconds after the fault."""
+    steps = {"detected": 1.0, "decided": 1.02, "commanded": 1.05}
+    if action == "promote":
+        steps |= {"caught_up": 1.6, "first_output": 2.1}
+    else:
+        steps |= {"process_started": 3.0, "state_restored": 14.0, "caught_up": 21.0,
+                  "first_output": 24.0}  # fmt: skip
+    return {"fault": fault_at, "replica": "r9", **{k: fault_at + v for k, v in steps.items()}}
 
 
 # The user job of docs/JOBS.md (jobs/examples/clickstream.py): name: (kind, upstream, P, interval)

@@ -255,6 +255,21 @@ def test_viewer_sees_numbers_but_no_controls(live_server, browser, seeded_job, c
         assert page.locator(controls).count() == 0, path
 
 
+def test_the_recovery_timeline_shows_a_phase_bar_per_episode(
+    live_server, browser, seeded_job, console_users
+):
+    from playwright.sync_api import expect
+
+    page = _log_in(browser, live_server.url, "victor")
+    page.goto(f"{live_server.url}/console/recoveries/")
+    phases = page.locator("#phases")
+    # The seeded promotion and restart-job episodes, each split into its phases.
+    for text in ("Phases of each recovery", "detection", "state restore", "first output"):
+        expect(phases).to_contain_text(text)
+    assert page.locator("#phases .bars .point").count() >= 2 * 5
+    _shoot(page, "recovery-phases")
+
+
 def test_pages_run_under_the_csp_and_send_the_csrf_token(
     live_server, browser, seeded_job, console_users
 ):

@@ -161,10 +161,17 @@ def test_placement_shows_the_predictor_runs_and_which_is_in_force(seeded, users)
 
 
 def test_recoveries_refresh_compares_the_newest_jobs(seeded, users):
-    timelines, episodes, strategies, strategy_table = recovery_callbacks.refresh(
+    timelines, phases, episodes, strategies, strategy_table = recovery_callbacks.refresh(
         1, None, 3600, user=users[VIEWER]
     )
     titles = {a.text for a in timelines.layout.annotations}
+    # A bar per episode, split into its phases: the promotion started no process.
+    by_phase = {trace.name: dict(zip(trace.y, trace.x, strict=True)) for trace in phases.data}
+    promoted = next(label for label in by_phase["detection"] if "promote" in label)
+    restarted = next(label for label in by_phase["detection"] if "restart-job" in label)
+    assert by_phase["process start"][promoted] == 0.0
+    assert by_phase["state restore"][restarted] == pytest.approx(11.0)
+    assert sum(by_phase[name][restarted] for name in by_phase) == pytest.approx(24.0)
     assert {"wc-adaptive · adaptive", "wc-restart · restart-all"} <= titles
     assert "restart-job" in text_of(episodes)
     assert {"adaptive", "restart-all"} <= set(strategies.data[0].x)

@@ -18,6 +18,7 @@ share_refresh(
     callbacks.refresh,
     [
         Output("timelines", "figure"),
+        Output("phases", "figure"),
         Output("episodes-table", "children"),
         Output("strategies", "figure"),
         Output("strategies-table", "children"),

@@ -108,7 +108,8 @@ def _strategy_table(rows: list[dict]):
 
 
 def refresh(n_intervals, job_ids, window_s, user=None):
-    """Every 2 s: the timelines of the chosen jobs (or the newest ones), episodes, strategies."""
+    """Every 2 s: the timelines of the chosen jobs (or the newest ones), the phases of their
+    episodes, the episodes, strategies."""
     if not can_view(user):
         raise PreventUpdate
     window_s = window_s or DEFAULT_WINDOW_S
@@ -134,6 +135,7 @@ def refresh(n_intervals, job_ids, window_s, user=None):
     comparison = data.strategy_comparison(visible)
     return (
         figures.timeline_figure(jobs, series, episodes, faults, now),
+        figures.phase_figure(episodes),
         _episode_table(episodes),
         figures.strategy_figure(comparison),
         _strategy_table(comparison),

@@ -10,6 +10,7 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from console.dash.common import BASE_LAYOUT, FAULT, GRID, RECOVERY
+from console.policy import recovery_phases
 
 THROUGHPUT_COLOUR = "#2457d6"
 P50_COLOUR = "#12b5cb"
@@ -166,5 +167,44 @@ def strategy_figure(rows: list[dict]) -> go.Figure:
         yaxis={"title": "s", "rangemode": "tozero", **GRID},
         uirevision="strategies",
         height=320,
+    )
+    return fig
+
+
+# One colour per phase (recovery_phases.PHASES order): the controller's steps in greys and
+# blues, the stage's in greens, the output last in amber.
+PHASE_COLOURS = ("#9aa0a6", "#5f6368", "#2457d6", "#12b5cb", "#188038", "#81c995", "#f29900")
+
+
+def phase_figure(episodes: list[dict]) -> go.Figure:
+    """One horizontal bar per episode, split into its phases (seconds from the fault): where
+    each recovery's time went. Episodes without any phase seen are left out."""
+    fig = go.Figure()
+    shown = []
+    for episode in episodes:
+        phases = recovery_phases.phases_of(episode.get("phases") or {})
+        if any(p.seconds is not None for p in phases):
+            shown.append((episode, phases))
+    labels = [f"{e['job']} · {e['stage'] or '-'} · {e['action']} #{e['id']}" for e, _ in shown]
+    for index, (name, _mark) in enumerate(recovery_phases.PHASES):
+        seconds = [phases[index].seconds or 0.0 for _, phases in shown]
+        fig.add_trace(
+            go.Bar(
+                y=labels,
+                x=seconds,
+                orientation="h",
+                name=name,
+                marker_color=PHASE_COLOURS[index],
+                hovertemplate=f"{name}: %{{x:.2f}} s<extra>%{{y}}</extra>",
+            )
+        )
+    fig.update_layout(
+        **{**BASE_LAYOUT, "hovermode": "closest", "legend": {"orientation": "h", "y": -0.2}},
+        title={"text": "Phases of each recovery (s from the fault)", "x": 0.01},
+        barmode="stack",
+        xaxis={"title": "s", "rangemode": "tozero", **GRID},
+        yaxis={"autorange": "reversed"},
+        uirevision="phases",
+        height=max(220, 90 + 28 * len(shown)),
     )
     return fig

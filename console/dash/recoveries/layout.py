@@ -42,6 +42,7 @@ def layout():
                 ],
                 className="card",
             ),
+            html.Div(dcc.Graph(id="phases", config=GRAPH_CONFIG), className="card"),
             card("Recovery episodes", html.Div(id="episodes-table")),
             html.Div(
                 [

@@ -122,10 +122,43 @@ def failure_report(client, job: Job, replica_id: str, event_name: str) -> tuple[
     return status, f"{status}\n{tail}"
 
 
+# The marks the controller takes itself (the others come from the replica that took over).
+CONTROLLER_MARKS = ("fault", "detected", "decided", "commanded")
+
+
+def taker_of(actions: list, stage: str) -> str:
+    """The replica id that restores `stage`'s service in the state machine's `actions` (the
+    promoted standby, the restarted replica), "" when none does."""
+    for action in actions:
+        if isinstance(action, PromoteStandby) and action.stage == stage:
+            return action.replica_id
+        if isinstance(action, RestartStage) and action.replica.stage == stage:
+            return action.replica.replica_id
+        if isinstance(action, ScheduleRestart) and action.stage == stage:
+            return action.replica_id
+        if isinstance(action, RestartJob):
+            for spec in action.replicas:
+                if spec.stage == stage and spec.role == "primary":
+                    return spec.replica_id
+    return ""
+
+
+def mark_commanded(episode: RecoveryEpisode | None, at: float) -> None:
+    """The recovery's commands were sent at `at` (epoch s): its `commanded` mark."""
+    if episode is None:
+        return
+    episode.phases = {**episode.phases, "commanded": at}
+    episode.save(update_fields=["phases"])
+
+
 @transaction.atomic
-def record_failure(job: Job, client, event, actions: list, launched_at: float) -> None:
+def record_failure(
+    job: Job, client, event, actions: list, launched_at: float, decided_at: float | None = None
+) -> RecoveryEpisode | None:
     """A failure and the action taken: a ControlDecision pair and an open RecoveryEpisode,
-    written together so nobody sees the decision without its episode.
+    written together so nobody sees the decision without its episode. Returns the episode (None
+    when none opens). `event.at` is the failure's detection, `decided_at` when the state
+    machine answered it: the recovery's first controller marks (recovery_phases).
 
     Once per run of the replica (`launched_at`: when the failed process was asked for): a
     controller that died after recording a failure but before saving its supervision state is
@@ -136,7 +169,7 @@ def record_failure(job: Job, client, event, actions: list, launched_at: float) -
     if job.decisions.filter(
         kind=ControlDecision.Kind.FAILURE, replica_id=replica_id, detail__run=run
     ).exists():
-        return
+        return None
     stored_id = Replica.full_id(job.key, replica_id)
     row = Replica.objects.filter(replica_id=stored_id).select_related("node").first()
     status, tail = failure_report(client, job, replica_id, type(event).__name__)
@@ -157,7 +190,7 @@ def record_failure(job: Job, client, event, actions: list, launched_at: float) -
         )
     action_kind, episode_action = decision_kinds(actions)
     if action_kind == ControlDecision.Kind.GIVE_UP:
-        return  # no recovery follows: apply_give_up (control/act.py) records the verdict
+        return None  # no recovery follows: apply_give_up (control/act.py) records the verdict
     decide(
         job,
         action_kind,
@@ -167,8 +200,11 @@ def record_failure(job: Job, client, event, actions: list, launched_at: float) -
         replica_id=replica_id,
     )
     if row is not None and row.role == Replica.Role.STANDBY and episode_action == "restart-stage":
-        return  # a lost standby costs no output: nothing to recover from
-    RecoveryEpisode.objects.create(
+        return None  # a lost standby costs no output: nothing to recover from
+    phases = {"detected": float(event.at), "replica": taker_of(actions, stage)}
+    if decided_at is not None:
+        phases["decided"] = decided_at
+    return RecoveryEpisode.objects.create(
         job=job,
         fault=FaultInjection.behind_failure(job, timezone.now()),
         strategy=job.strategy,
@@ -176,6 +212,7 @@ def record_failure(job: Job, client, event, actions: list, launched_at: float) -
         action=episode_action,
         detected_at=timezone.now(),
         notes=f"{replica_id} on {node}: {type(event).__name__}",
+        phases=phases,
     )
 
 
@@ -210,7 +247,11 @@ def record_promotion_over_restart(job: Job, event: HeartbeatSeen, actions: list)
     if episode is not None:
         episode.action = RecoveryEpisode.Action.PROMOTE
         episode.notes += f"; restart overtaken by {event.replica_id}, promoted when caught up"
-        episode.save(update_fields=["action", "notes"])
+        # The standby restores service now: the abandoned restart's marks are not this
+        # recovery's (its catch-up ends when the standby took over).
+        controller_marks = {k: v for k, v in episode.phases.items() if k in CONTROLLER_MARKS}
+        episode.phases = {**controller_marks, "replica": event.replica_id}
+        episode.save(update_fields=["action", "notes", "phases"])
 
 
 def decision_kinds(actions: list) -> tuple[str, str]:
