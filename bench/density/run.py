@@ -21,7 +21,6 @@ harness: its Redis, database, controller, beat and node agents, bench/soak/run.p
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -31,6 +30,7 @@ import psutil
 from django.db import close_old_connections
 
 from bench.density import report as density_report
+from bench.results import write_report
 from bench.soak.faults import LIVE_REPLICA_STATES, soak_user
 from bench.soak.run import Soak, SoakSettings, soak_services
 from bench.strategy.measure import steady_figures
@@ -121,9 +121,7 @@ class Density(Soak):
     def write(self, complete: bool = False) -> Path:
         """density.json as it stands (again after every job count)."""
         self.report.update(complete=complete, runs=self.runs)
-        path = self.out / "density.json"
-        path.write_text(json.dumps(self.report, indent=1, default=str))
-        return path
+        return write_report(self.out, "density.json", self.report)
 
     def run(self) -> dict:
         s = self.density
