@@ -113,6 +113,7 @@ class Command(BaseCommand):
         )
         parser.add_argument(
             "--args",
+            dest="app_args",  # not `args`: BaseCommand.execute takes *args
             default=None,
             help="a registered app's arguments (--topology NAME@VERSION of an app, strategies "
             f"{','.join(APP_STRATEGIES)}); {{in}}, {{out}} and {{checkpoint}} are each run's own "
@@ -219,7 +220,7 @@ class Command(BaseCommand):
             raise CommandError(f"--trigger realtime is refused: {REALTIME_REASON}", returncode=2)
         if registered_app(opts["topology"]) is not None:
             return self.handle_app(opts)
-        if opts["args"] is not None:
+        if opts["app_args"] is not None:
             raise CommandError("--args: only a registered app (--topology NAME@VERSION) takes them")
         quick = QUICK if opts["quick"] else {}
         faults = opts["faults"] if opts["faults"] is not None else quick.get("faults", 4)
@@ -281,7 +282,7 @@ class Command(BaseCommand):
         try:
             bench = AppBenchSettings(
                 topology=opts["topology"],
-                args=opts["args"] or DEFAULT_ARGS,
+                args=opts["app_args"] or DEFAULT_ARGS,
                 strategies=tuple(
                     s.strip()
                     for s in (opts["strategies"] or ",".join(APP_STRATEGIES)).split(",")
