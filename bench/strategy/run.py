@@ -94,11 +94,24 @@ def is_backstop_worker(cmdline: list[str]) -> bool:
     return celery and cmdline_arg(args, "-A") == "web"
 
 
+def shares_our_redis(proc) -> bool:
+    """Whether a Backstop worker may consume this benchmark's queues: unless its environment
+    names another Redis (`REDIS_URL`), e.g. another checkout's cluster on a Redis of its own
+    on a shared machine, which reads none of our node queues."""
+    try:
+        url = proc.environ().get("REDIS_URL")
+    except (psutil.AccessDenied, psutil.NoSuchProcess):
+        return True
+    return url is None or url == django_settings.REDIS_URL
+
+
 def other_backstop_workers() -> list[str]:
-    """Celery workers of Backstop already running on this machine (e.g. the demo's)."""
+    """Celery workers of Backstop already running on this machine (e.g. the demo's) on our
+    Redis."""
     return [
         f"pid {proc.pid}: {' '.join(argv_of(proc.info['cmdline']))[:120]}"
         for proc in processes_matching(is_backstop_worker)
+        if shares_our_redis(proc)
     ]
 
 
