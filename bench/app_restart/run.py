@@ -48,9 +48,9 @@ FILE_EVERY_S = 3.0
 RESULTS_SECTION = "## Existing apps: a warm restart against spark-submit (manage.py bench)"
 # How long a run waits for the app's first batch, a kill to be seen, a recovery, exact output.
 FIRST_BATCH_TIMEOUT_S = 600.0
-KILL_SEEN_TIMEOUT_S = 30.0
+KILL_SEEN_TIMEOUT_S = 120.0
 RECOVERY_TIMEOUT_S = 240.0
-EXACT_TIMEOUT_S = 180.0
+EXACT_TIMEOUT_S = 300.0
 # How long the Backstop run waits for an idle warm spare on the app's node before its first
 # fault (a spare starts when the app's job asks for it and warms up in about a minute here).
 SPARE_READY_TIMEOUT_S = 300.0
