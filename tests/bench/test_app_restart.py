@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 from collections import Counter
+from io import StringIO
+from pathlib import Path
 
 import pytest
 
@@ -80,3 +83,38 @@ def test_the_summary_and_the_warm_to_cold_fraction():
     assert workload.summary([None])["mean_s"] is None
     assert workload.warm_to_cold(3.0, 12.0) == 0.25
     assert workload.warm_to_cold(None, 12.0) is None
+
+
+@pytest.fixture
+def windows(tmp_path, monkeypatch, db):
+    """windows@1: jobs/apps/window_counts.py registered in a jobs directory of the test's."""
+    from django.core.management import call_command
+
+    jobs = tmp_path / "jobs"
+    shutil.copytree(Path(__file__).resolve().parents[2] / "jobs" / "apps", jobs / "apps")
+    monkeypatch.setenv("BACKSTOP_JOBS_DIR", str(jobs))
+    call_command(
+        "register_topology", app="apps/window_counts.py", name="windows", stdout=StringIO()
+    )
+    return "windows@1"
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        ({"topology": "wordcount"}, "--topology: 'wordcount' is not a registered app"),
+        (
+            {"strategies": ("adaptive",)},
+            "--strategies: an app's runs are cold-restart, restart-all",
+        ),
+        ({"faults": 0}, "--faults: an app benchmark needs 1 to 10 faults"),
+        ({"args": "--in {in}"}, r"--args: must place the run's directories \{in\} and \{out\}"),
+        ({"args": "--in {in} --out {out} --tmp {tmp}"}, r"--args: '\{tmp\}'"),
+    ],
+)
+def test_the_app_benchmark_refuses_what_it_cannot_run_naming_the_option(windows, changes, message):
+    from bench.app_restart.run import AppBenchSettings
+
+    assert AppBenchSettings(topology=windows).strategies == ("cold-restart", "restart-all")
+    with pytest.raises(ValueError, match=message):
+        AppBenchSettings(**{"topology": windows, **changes})
