@@ -94,15 +94,19 @@ def is_backstop_worker(cmdline: list[str]) -> bool:
     return celery and cmdline_arg(args, "-A") == "web"
 
 
+# The Redis a Backstop process without REDIS_URL uses (web/settings/base.py).
+DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
+
+
 def shares_our_redis(proc) -> bool:
-    """Whether a Backstop worker may consume this benchmark's queues: unless its environment
-    names another Redis (`REDIS_URL`), e.g. another checkout's cluster on a Redis of its own
-    on a shared machine, which reads none of our node queues."""
+    """Whether a Backstop worker may consume this benchmark's queues: its `REDIS_URL` (else
+    the settings' default) is ours. Another checkout's cluster on a Redis of its own, on a
+    shared machine, reads none of our node queues."""
     try:
-        url = proc.environ().get("REDIS_URL")
+        url = proc.environ().get("REDIS_URL", DEFAULT_REDIS_URL)
     except (psutil.AccessDenied, psutil.NoSuchProcess):
         return True
-    return url is None or url == django_settings.REDIS_URL
+    return url == django_settings.REDIS_URL
 
 
 def other_backstop_workers() -> list[str]:
