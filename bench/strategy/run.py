@@ -94,28 +94,11 @@ def is_backstop_worker(cmdline: list[str]) -> bool:
     return celery and cmdline_arg(args, "-A") == "web"
 
 
-# The Redis a Backstop process without REDIS_URL uses (web/settings/base.py).
-DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
-
-
-def shares_our_redis(proc) -> bool:
-    """Whether a Backstop worker may consume this benchmark's queues: its `REDIS_URL` (else
-    the settings' default) is ours. Another checkout's cluster on a Redis of its own, on a
-    shared machine, reads none of our node queues."""
-    try:
-        url = proc.environ().get("REDIS_URL", DEFAULT_REDIS_URL)
-    except (psutil.AccessDenied, psutil.NoSuchProcess):
-        return True
-    return url == django_settings.REDIS_URL
-
-
 def other_backstop_workers() -> list[str]:
-    """Celery workers of Backstop already running on this machine (e.g. the demo's) on our
-    Redis."""
+    """Celery workers of Backstop already running on this machine (e.g. the demo's)."""
     return [
         f"pid {proc.pid}: {' '.join(argv_of(proc.info['cmdline']))[:120]}"
         for proc in processes_matching(is_backstop_worker)
-        if shares_our_redis(proc)
     ]
 
 

@@ -1,12 +1,10 @@
 """What the benchmark checks before it starts: jobs an interrupted run left live (ended), and
 Backstop workers already running on this machine, such as the demo's (refused)."""
 
-import os
 import subprocess
 import sys
 
 import pytest
-from django.conf import settings
 
 from bench.strategy.run import (
     end_abandoned_bench_jobs,
@@ -39,11 +37,7 @@ def test_a_running_celery_worker_of_backstop_is_found_by_its_renamed_title():
         "import setproctitle, sys, time; setproctitle.setproctitle(sys.argv[1]); "
         "print('ready', flush=True); time.sleep(30)"
     )
-    # On the benchmark's Redis: a worker on another Redis reads none of its queues.
-    env = {**os.environ, "REDIS_URL": settings.REDIS_URL}
-    child = subprocess.Popen(
-        [sys.executable, "-c", code, title], stdout=subprocess.PIPE, text=True, env=env
-    )
+    child = subprocess.Popen([sys.executable, "-c", code, title], stdout=subprocess.PIPE, text=True)
     try:
         assert child.stdout.readline().strip() == "ready"
         found = [line for line in other_backstop_workers() if line.startswith(f"pid {child.pid}:")]
