@@ -319,9 +319,12 @@ def warm_while_idle(spark, client, args, done: set[str]) -> list[str]:
         watcher.join()
 
 
-def become(argv: list[str], spark) -> NoReturn:
-    """Run the stage described by `argv` (stage CLI arguments) in this process and session,
-    then end the process with the stage's exit code.
+def become(argv: list[str], spark, spare_id: str) -> NoReturn:
+    """Run the stage described by `argv` (stage CLI arguments) in this process and session
+    (of spare `spare_id`), then end the process with the stage's exit code. An existing app's
+    stage runs the app's file here too (spark_runtime/app_stage.py): its
+    `SparkSession.builder.getOrCreate()` returns this session, so its restart skips the JVM and
+    session start.
     The replica's command line and the normal priority come first: the stage's imports take a
     while for a spare idling at nice 19 on busy cores, and a kill must find the replica."""
     take_stage_title(argv)
@@ -331,7 +334,7 @@ def become(argv: list[str], spark) -> NoReturn:
     args = stage.build_parser().parse_args(argv)
     log.info("spare becomes %s (%s of %s)", args.replica_id, args.role, args.stage)
     # Ends as a stage process ends (at once: stage.exit_now), so its exit follows its report.
-    stage.exit_now(stage.run(args, spark=spark))
+    stage.exit_now(stage.run(args, spark=spark, spare=spare_id))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -399,7 +402,7 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         if command.get("cmd") == "become":
             # The agent already took this spare out of the idle set.
-            return become([str(a) for a in command["args"]], spark)
+            return become([str(a) for a in command["args"]], spark, args.spare_id)
         log.warning("ignored unknown command %s", command)
 
 

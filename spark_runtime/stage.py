@@ -498,11 +498,15 @@ def handle_command(command: dict, runtime, state: ReplicaState) -> int | None:
     return None
 
 
-def run(args, spark=None) -> int:
+def run(args, spark=None, spare: str | None = None) -> int:
     """Run the replica until stopped, fenced or failed; returns the exit code. `spark` is the
-    session of a warm spare taking this replica over (else one is built here)."""
+    session of warm spare `spare` taking this replica over (else one is built here); the
+    replica's entry names the spare (`warm_spare`), so a takeover can be told from a cold
+    start."""
     client = connect(args.redis_url)
     state = ReplicaState(client, args)
+    if spare is not None:
+        state.note(warm_spare=spare)
     resumed = resumes_checkpoint(args)
     # The normal priority until its first batch; a primary restarted from its checkpoint
     # restores service, from its JVM's start: the recovery class (wanted_nice).

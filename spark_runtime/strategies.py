@@ -140,7 +140,8 @@ RESTART_ALL = Strategy(
     standbys=NO_STANDBYS,
     policy_moves_standbys=False,
     on_failure=RestartJobFailover(),
-    # The plain Spark baseline: none of Backstop's mechanisms.
+    # The plain Spark baseline: none of Backstop's mechanisms. (An existing app's restarts take
+    # over warm spares all the same: SupervisorState.takes_warm_spares says why.)
     seeded_standbys=False,
     warm_spares=False,
     cpu_priorities=False,

@@ -228,6 +228,7 @@ class Supervisor(StandbyChanges):
         placement: dict[str, tuple[str, str | None]] | None = None,
         restart_policy: RestartPolicy | None = None,
         hung_timeout_s: float = 30.0,
+        app: bool = False,
     ):
         if not nodes:
             raise ValueError("at least one node is needed")
@@ -243,6 +244,7 @@ class Supervisor(StandbyChanges):
             placement=dict(placement or {}),
             restart_policy=restart_policy or RestartPolicy(),
             hung_timeout_s=hung_timeout_s,
+            app=app,
         )
         self.standby_nodes = []
 

@@ -102,6 +102,9 @@ class SupervisorState:
     # Stages that get a hot standby.
     active_stages: set[str] = _persisted(default_factory=set, load=set)
     params: tuple[str, ...] = _persisted(default=(), load=tuple)
+    # Whether the job runs an existing app (spark_runtime/apps.py): its restarts take over warm
+    # spares under restart-all too (`takes_warm_spares`).
+    app: bool = False
     startup_grace: float = 90.0
     # Optional (primary node, standby node) per stage chosen by the policy; else round robin.
     placement: dict[str, tuple[str, str | None]] = _persisted(
@@ -180,6 +183,15 @@ class SupervisorState:
         return get_strategy(self.strategy)
 
     @property
+    def takes_warm_spares(self) -> bool:
+        """Whether new and restarted replicas take over a warm spare: as the strategy says, and
+        always for an existing app. An app runs as one copy under restart-all, so its restart is
+        its only recovery: a spare's JVM and session, already up, are what make it faster than
+        a cold `spark-submit` (docs/JOBS.md, "A warm spare takes over a failed app"). The
+        restart-all of Backstop's own jobs stays the plain Spark baseline."""
+        return self.definition.warm_spares or self.app
+
+    @property
     def failover(self) -> FailoverStrategy:
         """Which replicas a failure restarts, or which standby takes over."""
         return self.definition.on_failure
@@ -246,7 +258,7 @@ class SupervisorState:
             operators=self.stage_operators[stage],
             params=self.params,
             seed_from=seed,
-            warm=strategy.warm_spares,
+            warm=self.takes_warm_spares,
             cpu_priorities=strategy.cpu_priorities,
         )
 

@@ -71,6 +71,7 @@ from infra import keys as control_keys
 from infra import leases
 from spark_runtime import external_io
 from spark_runtime import keys as data_keys
+from spark_runtime.apps import AppDefinition
 from spark_runtime.jobdef import resolve_topology
 from spark_runtime.kafka_admin import ensure_topics
 from spark_runtime.replicas import (
@@ -178,6 +179,7 @@ def _launch(job: Job, client) -> JobPlan | None:
         placement={s.name: (s.primary_node, s.standby_node) for s in plan.stages},
         restart_policy=restart_policy_of(config),
         hung_timeout_s=config.hung_timeout_s,
+        app=isinstance(topology.job, AppDefinition),
     )
     # The supervision state is saved before the job turns live: the watchdog supervises every
     # live job, and a window that found no state would fail the job ("supervision state lost").
@@ -533,7 +535,7 @@ def policy_step(job: Job, supervisor: Supervisor, client, view, operators: dict)
     policy_cycle(job, supervisor, client, view, samples=samples, operators=operators)
     progress = []
     metrics.ingest_job_progress(client, job, also=samples, records_out=progress)  # one insert
-    if supervisor.definition.warm_spares:
+    if supervisor.takes_warm_spares:
         keep_warm_spares(
             client,
             config,
@@ -541,7 +543,10 @@ def policy_step(job: Job, supervisor: Supervisor, client, view, operators: dict)
             reprotecting=bool(supervisor.unprotected_since),
             view=view,
         )
-        # What the spares warm up: the plans of the stages they may take over.
+    if supervisor.definition.warm_spares and not supervisor.app:
+        # What the spares warm up: the plans of the stages they may take over. An app has none
+        # a spare could run: its queries read and write where its code says, so a spare runs
+        # only its own warm-up (spark_runtime.spare.warm_up).
         publish_plans(
             client,
             job.key,

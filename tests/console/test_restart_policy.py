@@ -6,10 +6,14 @@ from __future__ import annotations
 
 import base64
 import json
+import shutil
 import time
+from io import StringIO
+from pathlib import Path
 
 import pytest
 from django.core import mail
+from django.core.management import call_command
 
 from console.models import ControlDecision, Job, MetricSample, Policy, SentAlert
 from console.roles import OPERATOR
@@ -241,6 +245,25 @@ def test_spares_are_released_when_no_live_job_can_use_them(redis_conn):
     Job.objects.filter(pk=adaptive.pk).update(status=Job.Status.STOPPED)
     assert act.release_unused_spares(redis_conn)  # only the plain-Spark baseline runs
     assert {redis_conn.get(data_keys.spares_wanted(n)) for n in NODES} == {"0"}
+    redis_conn.delete(*(data_keys.spares_wanted(n) for n in NODES))
+
+
+def test_spares_are_kept_while_an_app_runs_under_restart_all(redis_conn, tmp_path, monkeypatch):
+    # An existing app's restart takes over a warm spare (SupervisorState.takes_warm_spares).
+    jobs = tmp_path / "jobs"
+    shutil.copytree(Path(__file__).resolve().parents[2] / "jobs" / "apps", jobs / "apps")
+    monkeypatch.setenv("BACKSTOP_JOBS_DIR", str(jobs))
+    call_command(
+        "register_topology", app="apps/window_counts.py", name="windows", stdout=StringIO()
+    )
+    for name in NODES:
+        NodeFactory(name=name)
+        redis_conn.set(data_keys.spares_wanted(name), 1)
+    app = make_job(status=Job.Status.RUNNING, topology="windows@1", strategy="restart-all")
+    assert not act.release_unused_spares(redis_conn)
+    assert {redis_conn.get(data_keys.spares_wanted(n)) for n in NODES} == {"1"}
+    Job.objects.filter(pk=app.pk).update(status=Job.Status.STOPPED)
+    assert act.release_unused_spares(redis_conn)
     redis_conn.delete(*(data_keys.spares_wanted(n) for n in NODES))
 
 

@@ -631,3 +631,22 @@ def test_a_machine_saved_by_a_newer_version_with_fields_unknown_here_loads(caplo
     assert sorted(m.split()[0] for m in unknown) == [
         "CauseStreak", "Replica", "ReplicaSpec", "RestartPolicy",
     ]  # fmt: skip
+
+
+def test_an_app_restarts_into_a_warm_spare_under_restart_all_and_keeps_it_saved():
+    # Backstop's own restart-all job stays the plain Spark baseline: no warm spare.
+    plain = Supervisor("j", "wordcount", {"job": ("split", "count")}, "restart-all", NODES)
+    assert [a.replica.warm for a in plain.start(0.0)] == [False]
+    app = Supervisor("a", "spend@1", {"job": ("app",)}, "restart-all", NODES, app=True)
+    [start] = app.start(0.0)
+    assert start.replica.warm
+    running(app)
+    # A controller taking the job over restores the flag with the state it loads.
+    app = Supervisor.from_dict(json.loads(json.dumps(app.to_dict())))
+    assert app.app and app.takes_warm_spares
+    [restart] = app.handle(ProcessExited("job-1", 5.0, -9))
+    assert isinstance(restart, RestartJob)
+    assert [spec.warm for spec in restart.replicas] == [True]
+    # A state saved before the flag existed loads as a job's, not an app's.
+    older = {k: v for k, v in plain.to_dict().items() if k != "app"}
+    assert not Supervisor.from_dict(older).takes_warm_spares

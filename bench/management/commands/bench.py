@@ -10,12 +10,22 @@ from pathlib import Path
 from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError
 
+from bench.app_restart.run import (
+    APP_STRATEGIES,
+    AppBenchSettings,
+    run_app_bench,
+    to_markdown,
+)
+from bench.app_restart.run import write_outputs as write_app_outputs
+from bench.app_restart.run import write_results as write_app_results
+from bench.app_restart.workload import DEFAULT_ARGS
 from bench.flink_peer.cluster import OPTIONS as FLINK_OPTIONS
 from bench.flink_peer.cluster import PROFILES, RESTART_STRATEGIES, flink_settings
 from bench.signals import exit_on_first_sigterm
 from bench.strategy.harness import FAULT_KINDS, PEERS, REALTIME_REASON, BenchSettings
 from bench.strategy.run import remeasure, run_bench, write_outputs, write_results
 from bench.strategy.topics import SOURCES, TRIGGERS
+from spark_runtime.jobdef import registered_app
 from spark_runtime.strategies import STRATEGIES
 
 # Small enough for a few minutes on 2 cores: the baseline and the adaptive strategy, one fault.
@@ -100,6 +110,14 @@ class Command(BaseCommand):
             default=None,
             help=f"comma-separated, from {','.join(STRATEGIES)} (default: all; --quick: "
             f"{QUICK['strategies']})",
+        )
+        parser.add_argument(
+            "--args",
+            dest="app_args",  # not `args`: BaseCommand.execute takes *args
+            default=None,
+            help="a registered app's arguments (--topology NAME@VERSION of an app, strategies "
+            f"{','.join(APP_STRATEGIES)}); {{in}}, {{out}} and {{checkpoint}} are each run's own "
+            f"directories (default: {DEFAULT_ARGS!r})",
         )
         parser.add_argument("--faults", type=int, default=None, help="faults per run, 0 to 4")
         parser.add_argument("--fault-kind", default="kill-driver", choices=FAULT_KINDS)
@@ -200,6 +218,10 @@ class Command(BaseCommand):
         if opts["trigger"] == "realtime":
             # Exit status 2, as for an option argparse refuses: nothing can run this.
             raise CommandError(f"--trigger realtime is refused: {REALTIME_REASON}", returncode=2)
+        if registered_app(opts["topology"]) is not None:
+            return self.handle_app(opts)
+        if opts["app_args"] is not None:
+            raise CommandError("--args: only a registered app (--topology NAME@VERSION) takes them")
         quick = QUICK if opts["quick"] else {}
         faults = opts["faults"] if opts["faults"] is not None else quick.get("faults", 4)
         try:
@@ -253,3 +275,35 @@ class Command(BaseCommand):
             self.stdout.write(
                 "wrote " + write_results(result, result["settings"].get("command", command))
             )
+
+    def handle_app(self, opts) -> None:
+        """An existing app restarted cold by a `spark-submit` loop and warm by Backstop, side by
+        side (bench/app_restart/run.py)."""
+        try:
+            bench = AppBenchSettings(
+                topology=opts["topology"],
+                args=opts["app_args"] or DEFAULT_ARGS,
+                strategies=tuple(
+                    s.strip()
+                    for s in (opts["strategies"] or ",".join(APP_STRATEGIES)).split(",")
+                    if s.strip()
+                ),
+                faults=opts["faults"] if opts["faults"] is not None else 3,
+                warmup_s=opts["warmup"] if opts["warmup"] is not None else 20.0,
+                out=Path(opts["out"]),
+            )
+        except ValueError as exc:
+            raise CommandError(str(exc)) from None
+        command = "python manage.py " + " ".join(sys.argv[1:])
+        signal.signal(signal.SIGTERM, exit_on_first_sigterm)
+        call_command("migrate", interactive=False, verbosity=0)
+        try:
+            result = run_app_bench(bench, say=self.stdout.write)
+        except RuntimeError as exc:
+            raise CommandError(str(exc)) from None
+        result["settings"]["command"] = command
+        write_app_outputs(result, bench.out)
+        self.stdout.write(to_markdown(result))
+        self.stdout.write(f"wrote {bench.out / 'bench.json'} and bench.md")
+        if opts["write_results"]:
+            self.stdout.write("wrote " + write_app_results(result, command))

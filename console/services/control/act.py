@@ -35,7 +35,7 @@ from infra import tasks
 from infra.queues import node_queue
 from spark_runtime import keys as data_keys
 from spark_runtime.generators import GENERATED, generator_replica_id
-from spark_runtime.jobdef import resolve_topology
+from spark_runtime.jobdef import registered_app, resolve_topology
 from spark_runtime.replicas import (
     JOB,
     GiveUp,
@@ -299,8 +299,12 @@ def release_unused_spares(client) -> bool:
     jobs' cycles set them. Returns whether it released them. Spares hold a JVM each: left running
     under a job that cannot use them they only take memory and CPU (and would load the plain-Spark
     baseline of the benchmark)."""
-    live = Job.objects.filter(status__in=Job.LIVE_STATUSES).values_list("strategy", flat=True)
-    if any(get_strategy(strategy).warm_spares for strategy in live):
+    live = Job.objects.filter(status__in=Job.LIVE_STATUSES).values_list("strategy", "topology")
+    # An existing app takes over spares under any strategy (SupervisorState.takes_warm_spares).
+    if any(
+        get_strategy(strategy).warm_spares or registered_app(topology) is not None
+        for strategy, topology in live
+    ):
         return False
     for node in Node.objects.values_list("name", flat=True):
         client.set(data_keys.spares_wanted(node), 0)
