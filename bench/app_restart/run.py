@@ -26,7 +26,7 @@ import psutil
 
 from bench.app_restart import workload
 from bench.app_restart.cold import SparkSubmitLoop
-from bench.results import write_subsection
+from bench.results import write_report, write_subsection
 from bench.strategy.run import BenchCluster, bench_user, sleep_until, wait_status
 from console.models import Job
 from console.redis import redis_client
@@ -362,7 +362,7 @@ def to_markdown(result: dict) -> str:
 
 def write_outputs(result: dict, out: Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
-    (out / "bench.json").write_text(json.dumps(result, indent=2))
+    write_report(out, "bench.json", result)
     (out / "bench.md").write_text(to_markdown(result))
 
 
