@@ -86,6 +86,7 @@ from spark_runtime.disk_space import DiskFull, disk_full_cause
 from spark_runtime.jobdef import registered_app
 from spark_runtime.progress import ProgressRecord, publish_progress
 from spark_runtime.redis_client import connect
+from spark_runtime.replicas import of_an_earlier_run
 from spark_runtime.strategies import (
     CATCHING_UP_NICE,
     PRIMARY_NICE,
@@ -684,6 +685,12 @@ def supervise_app(args, client, state: ReplicaState, run: AppRun, stop_beats) ->
         while True:
             popped = client.blpop([keys.control(args.job, args.replica_id)], timeout=0.5)
             if popped and obeyed(client, fence, args, command := json.loads(popped[1])):
+                sent_at = command.get("sent_at")
+                if sent_at is not None and of_an_earlier_run(sent_at, state.info["started_at"]):
+                    # An upgrade's stop, sent to the run before this one (which ended first):
+                    # obeyed, it would stop the version that just started.
+                    log.warning("ignored command %s: sent before this process started", command)
+                    continue
                 if command.get("cmd") == "stop":
                     log.info("control command %s: stopping the app's queries", command)
                     run.stop()

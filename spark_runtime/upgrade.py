@@ -28,6 +28,15 @@ failing after it handed over leaves nothing to roll back to: the upgrade is conf
 as green writes, and the stage gets an ordinary standby again. While an upgrade runs the two
 replicas are apart from the stage's ordinary standbys (`apart`): the failover strategy never
 promotes green in place of a failed blue, and the policy never moves or drops either.
+
+An existing app (spark_runtime/apps.py) runs as one copy whose sinks know nothing of Backstop's
+fencing, so it is upgraded by a stop and a start from the same checkpoints (APP_RESTART, the
+same BlueGreen record with `blue == green`, the app's one replica): HANDING_OVER while its
+queries stop (StopApp; killed after APP_STOP_WITHIN_S), VALIDATING once the new version is
+launched there. Spark's own rules decide whether the checkpoints suit the new version: it is
+confirmed when it has completed APP_FIRST_BATCHES batches, and rolled back (the old version
+restarted from the checkpoints as the new one left them) when it fails first, or has not
+completed them APP_FIRST_BATCHES_WITHIN_S after its launch (`app_tick`).
 """
 
 from __future__ import annotations
@@ -75,6 +84,17 @@ DEAD_LETTER_SLACK = 5
 # How an upgrade replaces the running version.
 BLUE_GREEN = "blue_green"
 STOP_RESTART = "stop_restart"  # the baseline other consoles do: restart from the checkpoint
+APP_RESTART = "app_restart"  # an existing app: stop it, start the new version on its checkpoints
+# An app's new version is confirmed once it has completed this many batches (all its queries
+# together: the first batch after a restart loads each stateful operator's state, and Spark
+# checks the state's compatibility there), and rolled back when it has not within this long
+# after its launch (a JVM and a session start, then the batches; 120 s is also how long an app
+# may take to start its first query, spark_runtime/stage.py).
+APP_FIRST_BATCHES = 2
+APP_FIRST_BATCHES_WITHIN_S = 120.0
+# The old version stops its queries (each ends its batch) and exits; one that has not within
+# this long is killed (its checkpoints are consistent either way) and the new version starts.
+APP_STOP_WITHIN_S = 30.0
 # Phases in which the upgrade is under way (the others are final).
 UNDER_WAY = (STARTING, HANDING_OVER, SWITCHING, VALIDATING)
 
@@ -94,6 +114,16 @@ class DemoteReplica:
     stage: str
     successor: str = ""
     compare: bool = False  # check green's results against its own (BlueGreen.compare_results)
+
+
+@dataclass(frozen=True)
+class StopApp:
+    """Tell an app's stage to stop its queries and exit (spark_runtime/stage.py, `supervise_app`).
+    `sent_at`: a stage started later ignores it, a command meant for an earlier run of the
+    replica left in its command list."""
+
+    replica_id: str
+    sent_at: float
 
 
 @dataclass
@@ -377,6 +407,8 @@ def on_heartbeat(sup: UpgradeHost, replica, reported: dict, now: float) -> list 
     """What a heartbeat of green or blue means for the upgrade under way: the actions, or None
     for the supervisor's ordinary handling."""
     upgrade = sup.upgrade
+    if upgrade.mode == APP_RESTART:
+        return _on_app_heartbeat(upgrade, reported)
     if replica.id == upgrade.green and upgrade.phase == STARTING:
         lag = reported.get("lag_s")
         if reported.get("state") != RUNNING or lag is None or float(lag) > SWITCH_LAG_S:
@@ -478,6 +510,9 @@ def confirm(sup: UpgradeHost, now: float, why: str) -> list:
     upgrade = _under_way(sup)
     if upgrade.phase != VALIDATING:
         raise UpgradeRefused(f"upgrade {upgrade.upgrade_id} has not switched yet ({upgrade.phase})")
+    if upgrade.mode == APP_RESTART:
+        _end(sup, CONFIRMED, now, why)  # the new version is the app's one copy already
+        return []
     actions: list = []
     if upgrade.blue in sup.replicas:
         del sup.replicas[upgrade.blue]
@@ -501,6 +536,8 @@ def roll_back(sup: UpgradeHost, now: float, why: str) -> list:
     from its checkpoint rather than leave the stage without a writer."""
 
     upgrade = _under_way(sup)
+    if upgrade.mode == APP_RESTART:
+        return _restart_app(sup, upgrade.from_topology, upgrade.from_params, now, ROLLED_BACK, why)
     blue = sup.replicas.get(upgrade.blue)
     if blue is None or blue.state == FAILED:
         raise UpgradeRefused(f"{upgrade.blue} (the version before) is gone: no rollback possible")
@@ -532,6 +569,8 @@ def on_failure(sup: UpgradeHost, replica_id: str, now: float, reason: str) -> tu
     upgrade = sup.upgrade
     if upgrade is None or not upgrade.under_way or replica_id not in (upgrade.green, upgrade.blue):
         return [], False
+    if upgrade.mode == APP_RESTART:
+        return _on_app_exit(sup, now, reason), True
     if replica_id == upgrade.green:
         when = "before the switch" if upgrade.phase in (STARTING, HANDING_OVER) else "after it"
         why = f"{replica_id} (the new version) failed {when}: {reason}"
@@ -586,3 +625,110 @@ def _end(sup: UpgradeHost, phase: str, now: float, why: str) -> None:
     upgrade = sup.upgrade
     upgrade.phase, upgrade.ended_at, upgrade.outcome = phase, now, why
     sup.history.append((now, f"upgrade {upgrade.upgrade_id} {phase.replace('_', ' ')}: {why}"))
+
+
+# --- an existing app: stop, start from the same checkpoints, validate -------------------------
+
+
+def begin_app_restart(sup: UpgradeHost, upgrade_id: int, stage: str, to_topology: str, now: float):
+    """Start the upgrade of an app (APP_RESTART): its one replica is told to stop its queries
+    and exit; its exit starts the new version on the same checkpoints (`on_failure`). Raises
+    UpgradeRefused when the app does not run or an upgrade is under way."""
+    if sup.upgrade is not None and sup.upgrade.under_way:
+        raise UpgradeRefused(f"upgrade {sup.upgrade.upgrade_id} of this job is under way")
+    if sup.gave_up:
+        raise UpgradeRefused(f"the job was given up on: {sup.gave_up}")
+    running = [r for r in sup.of_stage(stage, PRIMARY) if r.state == RUNNING]
+    if not running:
+        raise UpgradeRefused(f"stage {stage} has no running app to upgrade")
+    app = running[0]
+    sup.upgrade = BlueGreen(
+        upgrade_id=upgrade_id, stage=stage, blue=app.id, green=app.id,
+        from_topology=sup.topology, to_topology=to_topology, from_params=tuple(sup.params),
+        to_params=tuple(sup.params), seeded=True, phase=HANDING_OVER, started_at=now,
+        mode=APP_RESTART,
+    )  # fmt: skip
+    sup.history.append(
+        (now, f"upgrade {upgrade_id}: {app.id} ({sup.topology}) stops its queries; "
+         f"{to_topology} starts from its checkpoints")
+    )  # fmt: skip
+    return [StopApp(app.id, now)]
+
+
+def app_tick(sup: UpgradeHost, now: float) -> list:
+    """The timed steps of an app's upgrade (the controller's every reconcile): the old version
+    killed if it has not stopped within APP_STOP_WITHIN_S (the new one starts); the new version
+    confirmed once it completed APP_FIRST_BATCHES batches, or rolled back when it has not within
+    APP_FIRST_BATCHES_WITHIN_S of its launch. No upgrade of an app under way: nothing."""
+    upgrade = sup.upgrade
+    if upgrade is None or upgrade.mode != APP_RESTART or not upgrade.under_way:
+        return []
+    if upgrade.phase == HANDING_OVER:
+        if now - upgrade.started_at < APP_STOP_WITHIN_S:
+            return []
+        why = f"{upgrade.blue} had not stopped {APP_STOP_WITHIN_S:g} s after it was asked: killed"
+        return _start_new_version(sup, now, why)
+    if upgrade.phase != VALIDATING:
+        return []
+    since = now - upgrade.switched_at
+    if upgrade.green_batches >= APP_FIRST_BATCHES:
+        why = (
+            f"the new version completed {upgrade.green_batches} batches from the checkpoints "
+            f"within {since:.0f} s of its start"
+        )
+        return confirm(sup, now, why)
+    if since >= APP_FIRST_BATCHES_WITHIN_S:
+        why = (
+            f"the new version completed {upgrade.green_batches} of its first "
+            f"{APP_FIRST_BATCHES} batches within {APP_FIRST_BATCHES_WITHIN_S:g} s of its start"
+        )
+        return roll_back(sup, now, why)
+    return []
+
+
+def _on_app_heartbeat(upgrade: BlueGreen, reported: dict) -> list | None:
+    """A heartbeat of the app's replica while it is upgraded: the new version's batches count
+    toward its validation; the stopping old version's news is none."""
+    if upgrade.phase == VALIDATING:
+        upgrade.green_batches = int(reported.get("batches") or 0)
+        return None
+    return []
+
+
+def _on_app_exit(sup: UpgradeHost, now: float, reason: str) -> list:
+    """The app's replica ended while upgraded: the old version stopping (as asked, or failing
+    meanwhile) starts the new one; the new version failing before it was confirmed rolls back."""
+    upgrade = sup.upgrade
+    if upgrade.phase == HANDING_OVER:
+        return _start_new_version(sup, now, f"{upgrade.blue} stopped ({reason})")
+    return roll_back(sup, now, f"the new version failed before its first batches: {reason}")
+
+
+def _start_new_version(sup: UpgradeHost, now: float, why: str) -> list:
+    """Launch the new version on the app's checkpoints (a restart kills what is left of the old
+    process first); its validation starts now."""
+    upgrade = sup.upgrade
+    actions = _restart_app(sup, upgrade.to_topology, upgrade.to_params, now, VALIDATING, why)
+    upgrade.switched_at = now
+    upgrade.green_batches_at_switch, upgrade.green_batches = 0, 0
+    return actions
+
+
+def _restart_app(
+    sup: UpgradeHost, topology: str, params: tuple[str, ...], now: float, phase: str, why: str
+) -> list:
+    """Restart the app's replica from its own checkpoints running `topology`; the upgrade moves
+    to `phase` (VALIDATING: the new version; ROLLED_BACK: the old one, ending it)."""
+    upgrade = sup.upgrade
+    app = sup.replicas[upgrade.blue]
+    app.spec = replace(app.spec, topology=topology, params=tuple(params))
+    relaunched(app, now)
+    sup.topology, sup.params = topology, tuple(params)
+    if phase == VALIDATING:
+        upgrade.phase = VALIDATING
+        sup.history.append(
+            (now, f"upgrade {upgrade.upgrade_id}: {why}; {app.id} restarts as {topology}")
+        )
+    else:
+        _end(sup, phase, now, why)
+    return [RestartStage(app.spec)]
