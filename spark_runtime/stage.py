@@ -700,6 +700,7 @@ def supervise_app(args, client, state: ReplicaState, run: AppRun, stop_beats) ->
                 log.warning("ignored command %s: an app runs its own queries", command)
             if run.stopping:
                 continue
+            state.note(query_batches=run.batches_by_query())  # with the next heartbeat
             cause = app_failure(run, started_at, time.time())
             if cause is None:
                 continue

@@ -34,14 +34,14 @@ fencing, so it is upgraded by a stop and a start from the same checkpoints (APP_
 same BlueGreen record with `blue == green`, the app's one replica): HANDING_OVER while its
 queries stop (StopApp; killed after APP_STOP_WITHIN_S), VALIDATING once the new version is
 launched there. Spark's own rules decide whether the checkpoints suit the new version: it is
-confirmed when it has completed APP_FIRST_BATCHES batches, and rolled back (the old version
+confirmed when each of its queries has completed a batch, and rolled back (the old version
 restarted from the checkpoints as the new one left them) when it fails first, or has not
-completed them APP_FIRST_BATCHES_WITHIN_S after its launch (`app_tick`).
+done so APP_FIRST_BATCHES_WITHIN_S after its launch (`app_tick`).
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 from typing import Protocol
 
 from spark_runtime.replicas import (
@@ -85,12 +85,11 @@ DEAD_LETTER_SLACK = 5
 BLUE_GREEN = "blue_green"
 STOP_RESTART = "stop_restart"  # the baseline other consoles do: restart from the checkpoint
 APP_RESTART = "app_restart"  # an existing app: stop it, start the new version on its checkpoints
-# An app's new version is confirmed once it has completed this many batches (all its queries
-# together: the first batch after a restart loads each stateful operator's state, and Spark
-# checks the state's compatibility there), and rolled back when it has not within this long
-# after its launch (a JVM and a session start, then the batches; 120 s is also how long an app
-# may take to start its first query, spark_runtime/stage.py).
-APP_FIRST_BATCHES = 2
+# An app's new version is confirmed once each of its queries has completed a batch (a query's
+# first batch after a restart loads its stateful operators' state, and Spark checks the state's
+# compatibility there; one query's batches say nothing of another's state), and rolled back
+# when they have not within this long after its launch (a JVM and a session start, then the
+# batches; 120 s is also how long an app may take to start its first query, stage.py).
 APP_FIRST_BATCHES_WITHIN_S = 120.0
 # The old version stops its queries (each ends its batch) and exits; one that has not within
 # this long is killed (its checkpoints are consistent either way) and the new version starts.
@@ -164,6 +163,8 @@ class BlueGreen:
     results_compared: int = 0
     results_differing: int = 0
     results_examples: tuple[str, ...] = ()
+    # An app's new version (APP_RESTART): the batches each of its queries completed so far.
+    app_query_batches: dict[str, int] = field(default_factory=dict)
 
     @property
     def green_ran_since_switch(self) -> bool:
@@ -658,8 +659,8 @@ def begin_app_restart(sup: UpgradeHost, upgrade_id: int, stage: str, to_topology
 def app_tick(sup: UpgradeHost, now: float) -> list:
     """The timed steps of an app's upgrade (the controller's every reconcile): the old version
     killed if it has not stopped within APP_STOP_WITHIN_S (the new one starts); the new version
-    confirmed once it completed APP_FIRST_BATCHES batches, or rolled back when it has not within
-    APP_FIRST_BATCHES_WITHIN_S of its launch. No upgrade of an app under way: nothing."""
+    confirmed once each of its queries completed a batch, or rolled back when they have not
+    within APP_FIRST_BATCHES_WITHIN_S of its launch. No upgrade of an app under way: nothing."""
     upgrade = sup.upgrade
     if upgrade is None or upgrade.mode != APP_RESTART or not upgrade.under_way:
         return []
@@ -671,26 +672,30 @@ def app_tick(sup: UpgradeHost, now: float) -> list:
     if upgrade.phase != VALIDATING:
         return []
     since = now - upgrade.switched_at
-    if upgrade.green_batches >= APP_FIRST_BATCHES:
+    queries = upgrade.app_query_batches
+    if queries and all(batches >= 1 for batches in queries.values()):
         why = (
-            f"the new version completed {upgrade.green_batches} batches from the checkpoints "
-            f"within {since:.0f} s of its start"
+            f"each query of the new version ({', '.join(sorted(queries))}) completed a batch "
+            f"from the checkpoints within {since:.0f} s of its start"
         )
         return confirm(sup, now, why)
     if since >= APP_FIRST_BATCHES_WITHIN_S:
+        done = ", ".join(f"{name} {n}" for name, n in sorted(queries.items())) or "none started"
         why = (
-            f"the new version completed {upgrade.green_batches} of its first "
-            f"{APP_FIRST_BATCHES} batches within {APP_FIRST_BATCHES_WITHIN_S:g} s of its start"
+            f"the new version's queries had not each completed a batch within "
+            f"{APP_FIRST_BATCHES_WITHIN_S:g} s of its start (batches: {done})"
         )
         return roll_back(sup, now, why)
     return []
 
 
 def _on_app_heartbeat(upgrade: BlueGreen, reported: dict) -> list | None:
-    """A heartbeat of the app's replica while it is upgraded: the new version's batches count
-    toward its validation; the stopping old version's news is none."""
+    """A heartbeat of the app's replica while it is upgraded: the new version's batches per
+    query count toward its validation; the stopping old version's news is none."""
     if upgrade.phase == VALIDATING:
         upgrade.green_batches = int(reported.get("batches") or 0)
+        per_query = reported.get("query_batches") or {}
+        upgrade.app_query_batches = {str(name): int(n) for name, n in per_query.items()}
         return None
     return []
 
@@ -711,6 +716,7 @@ def _start_new_version(sup: UpgradeHost, now: float, why: str) -> list:
     actions = _restart_app(sup, upgrade.to_topology, upgrade.to_params, now, VALIDATING, why)
     upgrade.switched_at = now
     upgrade.green_batches_at_switch, upgrade.green_batches = 0, 0
+    upgrade.app_query_batches = {}
     return actions
 
 

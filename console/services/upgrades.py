@@ -436,9 +436,9 @@ def check_app_upgrade(upgrade: JobUpgrade, supervisor: Supervisor | None, client
     upgrade.reason = (
         f"an app is upgraded by a stop and a start: {app} stops its queries, then "
         f"{upgrade.to_topology} starts from the same checkpoints, where Spark decides whether "
-        f"they suit it; confirmed once it has completed {upgrades.APP_FIRST_BATCHES} batches, "
-        f"rolled back (the old version restarts from the checkpoints) if it fails first or has "
-        f"not within {upgrades.APP_FIRST_BATCHES_WITHIN_S:g} s"
+        f"they suit it; confirmed once each of its queries has completed a batch, rolled back "
+        f"(the old version restarts from the checkpoints) if it fails first or they have not "
+        f"within {upgrades.APP_FIRST_BATCHES_WITHIN_S:g} s"
     )
     if not record_case(upgrade):
         return upgrade

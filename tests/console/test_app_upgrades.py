@@ -127,12 +127,13 @@ def test_the_record_follows_a_stop_a_start_and_the_confirmation(windows, users):
     windows.refresh_from_db()
     assert upgrade.status == "validating" and upgrade.switched_at is not None
     assert windows.topology == "windows@2"
-    reported = {"role": "primary", "state": "running", "batches": 2, "started_at": 20.0}
+    reported = {"role": "primary", "state": "running", "batches": 2, "started_at": 20.0,
+                "query_batches": {"query-1": 2}}  # fmt: skip
     sup.handle(HeartbeatSeen("job-1", 30.0, reported))
     assert upgrades.reconcile_upgrade(windows, sup, 30.0) == []
     upgrade.refresh_from_db()
     assert upgrade.status == "confirmed"
-    assert upgrade.outcome.startswith("the new version completed 2 batches")
+    assert upgrade.outcome.startswith("each query of the new version (query-1) completed")
     windows.refresh_from_db()
     assert windows.topology == "windows@2"
 

@@ -26,8 +26,10 @@ def running_app() -> Supervisor:
     return sup
 
 
-def beat(sup, at, batches=0, state="running"):
-    reported = {"role": "primary", "state": state, "batches": batches, "started_at": at - 0.5}
+def beat(sup, at, batches=0, per_query=None):
+    """A heartbeat of job-1; `per_query`: the batches each query of the app completed."""
+    reported = {"role": "primary", "state": "running", "batches": batches, "started_at": at - 0.5,
+                "query_batches": per_query or {}}  # fmt: skip
     return sup.handle(HeartbeatSeen("job-1", at, reported))
 
 
@@ -53,13 +55,17 @@ def test_the_old_version_stops_then_the_new_one_starts_on_the_same_checkpoints_a
     assert sup.topology == "windows@2"
     assert sup.replicas["job-1"].failures_in_a_row == 0
     assert not sup.failures.get("job/primary")
-    # One batch is not enough; the second confirms.
-    beat(sup, 30.0, batches=1)
+    # One query's batches say nothing of the other's state (the one Spark may refuse): each
+    # query must complete a batch.
+    beat(sup, 30.0, batches=3, per_query={"totals": 0, "large": 3})
     assert upgrades.app_tick(sup, 30.0) == []
-    beat(sup, 33.0, batches=upgrades.APP_FIRST_BATCHES)
+    beat(sup, 33.0, batches=4, per_query={"totals": 1, "large": 3})
     assert upgrades.app_tick(sup, 33.0) == []
     assert sup.upgrade.phase == upgrades.CONFIRMED
-    assert f"completed {upgrades.APP_FIRST_BATCHES} batches" in sup.upgrade.outcome
+    assert sup.upgrade.outcome == (
+        "each query of the new version (large, totals) completed a batch from the checkpoints "
+        "within 21 s of its start"
+    )
     assert sup.topology == "windows@2" and "job-1" in sup.replicas
 
 
@@ -68,9 +74,10 @@ def test_a_heartbeat_of_the_old_run_does_not_count_toward_the_new_versions_batch
     upgrades.begin_app_restart(sup, 5, "job", "windows@2", 10.0)
     stopped(sup)
     # The old process's last heartbeat (it started at 0.5), read after the relaunch at 12.0.
-    reported = {"role": "primary", "state": "running", "batches": 40, "started_at": 0.5}
+    reported = {"role": "primary", "state": "running", "batches": 40, "started_at": 0.5,
+                "query_batches": {"counts": 40}}  # fmt: skip
     sup.handle(HeartbeatSeen("job-1", 12.5, reported))
-    assert sup.upgrade.green_batches == 0
+    assert sup.upgrade.green_batches == 0 and sup.upgrade.app_query_batches == {}
     assert upgrades.app_tick(sup, 13.0) == [] and sup.upgrade.phase == upgrades.VALIDATING
 
 
@@ -96,12 +103,15 @@ def test_a_new_version_without_its_first_batches_in_time_is_rolled_back():
     sup = running_app()
     upgrades.begin_app_restart(sup, 5, "job", "windows@2", 10.0)
     stopped(sup)
-    beat(sup, 20.0, batches=1)
+    beat(sup, 20.0, batches=1, per_query={"counts": 0, "large": 1})
     assert upgrades.app_tick(sup, 12.0 + upgrades.APP_FIRST_BATCHES_WITHIN_S - 1) == []
     (restart,) = upgrades.app_tick(sup, 12.0 + upgrades.APP_FIRST_BATCHES_WITHIN_S)
     assert restart.replica.topology == "windows@1"
     assert sup.upgrade.phase == upgrades.ROLLED_BACK
-    assert "completed 1 of its first 2 batches within 120 s" in sup.upgrade.outcome
+    assert sup.upgrade.outcome == (
+        "the new version's queries had not each completed a batch within 120 s of its start "
+        "(batches: counts 0, large 1)"
+    )
 
 
 def test_an_old_version_that_does_not_stop_in_time_is_killed_and_the_new_one_starts():
@@ -140,7 +150,9 @@ def test_an_app_upgrade_goes_on_from_a_snapshot_in_every_phase():
     (restart,) = stopped(restored)
     assert restart.replica.topology == "windows@2"
     restored = Supervisor.from_dict(json.loads(json.dumps(restored.to_dict())))
-    beat(restored, 30.0, batches=2)
+    beat(restored, 30.0, batches=2, per_query={"counts": 2})
+    restored = Supervisor.from_dict(json.loads(json.dumps(restored.to_dict())))
+    assert restored.upgrade.app_query_batches == {"counts": 2}
     upgrades.app_tick(restored, 30.0)
     assert restored.upgrade.phase == upgrades.CONFIRMED
 
@@ -154,3 +166,17 @@ def test_an_app_upgrade_needs_the_app_running_and_none_under_way():
     fresh.start(0.0)
     with pytest.raises(UpgradeRefused, match="no running app"):
         upgrades.begin_app_restart(fresh, 7, "job", "windows@2", 1.0)
+
+
+def test_the_app_reports_each_started_querys_batches_by_name():
+    """What an app's stage puts in its heartbeat for the validation (spark_runtime/app_stage)."""
+    from spark_runtime.app_stage import AppRun
+    from spark_runtime.apps import AppDefinition
+
+    run = AppRun(None, AppDefinition("w", "apps/w.py", "pass"), [])
+    run.query_started("id-1", "totals")
+    run.query_started("id-2", None)
+    assert run.batches_by_query() == {"totals": 0, "query-2": 0}
+    run.batch_done("id-2")
+    run.batch_done("id-2")
+    assert run.batches_by_query() == {"totals": 0, "query-2": 2}
