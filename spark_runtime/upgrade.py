@@ -36,7 +36,8 @@ queries stop (StopApp; killed after APP_STOP_WITHIN_S), VALIDATING once the new 
 launched there. Spark's own rules decide whether the checkpoints suit the new version: it is
 confirmed when each of its queries has completed a batch, and rolled back (the old version
 restarted from the checkpoints as the new one left them) when it fails first, or has not
-done so APP_FIRST_BATCHES_WITHIN_S after its launch (`app_tick`).
+done so APP_FIRST_BATCHES_WITHIN_S after its script started (APP_START_WITHIN_S after its
+launch, for a session that never comes up) (`app_tick`).
 """
 
 from __future__ import annotations
@@ -88,9 +89,12 @@ APP_RESTART = "app_restart"  # an existing app: stop it, start the new version o
 # An app's new version is confirmed once each of its queries has completed a batch (a query's
 # first batch after a restart loads its stateful operators' state, and Spark checks the state's
 # compatibility there; one query's batches say nothing of another's state), and rolled back
-# when they have not within this long after its launch (a JVM and a session start, then the
-# batches; 120 s is also how long an app may take to start its first query, stage.py).
-APP_FIRST_BATCHES_WITHIN_S = 120.0
+# when they have not within this long after its script started. Counted from there, not from
+# the launch: on this 2-core machine under other loads a stage's session took 2.5 min to come
+# up and a first batch 71 s (measured 2026-11-29, load average 43), which are no fault of the
+# new version. A session that does not come up within APP_START_WITHIN_S rolls back too.
+APP_FIRST_BATCHES_WITHIN_S = 300.0
+APP_START_WITHIN_S = 600.0
 # The old version stops its queries (each ends its batch) and exits; one that has not within
 # this long is killed (its checkpoints are consistent either way) and the new version starts.
 APP_STOP_WITHIN_S = 30.0
@@ -409,7 +413,7 @@ def on_heartbeat(sup: UpgradeHost, replica, reported: dict, now: float) -> list 
     for the supervisor's ordinary handling."""
     upgrade = sup.upgrade
     if upgrade.mode == APP_RESTART:
-        return _on_app_heartbeat(upgrade, reported)
+        return _on_app_heartbeat(upgrade, reported, now)
     if replica.id == upgrade.green and upgrade.phase == STARTING:
         lag = reported.get("lag_s")
         if reported.get("state") != RUNNING or lag is None or float(lag) > SWITCH_LAG_S:
@@ -660,7 +664,8 @@ def app_tick(sup: UpgradeHost, now: float) -> list:
     """The timed steps of an app's upgrade (the controller's every reconcile): the old version
     killed if it has not stopped within APP_STOP_WITHIN_S (the new one starts); the new version
     confirmed once each of its queries completed a batch, or rolled back when they have not
-    within APP_FIRST_BATCHES_WITHIN_S of its launch. No upgrade of an app under way: nothing."""
+    within APP_FIRST_BATCHES_WITHIN_S of its script's start (or it has not started within
+    APP_START_WITHIN_S of its launch). No upgrade of an app under way: nothing."""
     upgrade = sup.upgrade
     if upgrade is None or upgrade.mode != APP_RESTART or not upgrade.under_way:
         return []
@@ -671,15 +676,19 @@ def app_tick(sup: UpgradeHost, now: float) -> list:
         return _start_new_version(sup, now, why)
     if upgrade.phase != VALIDATING:
         return []
-    since = now - upgrade.switched_at
     queries = upgrade.app_query_batches
     if queries and all(batches >= 1 for batches in queries.values()):
         why = (
             f"each query of the new version ({', '.join(sorted(queries))}) completed a batch "
-            f"from the checkpoints within {since:.0f} s of its start"
+            f"from the checkpoints, {now - upgrade.switched_at:.0f} s after its launch"
         )
         return confirm(sup, now, why)
-    if since >= APP_FIRST_BATCHES_WITHIN_S:
+    if upgrade.green_ready_at is None:
+        if now - upgrade.switched_at < APP_START_WITHIN_S:
+            return []
+        why = f"the new version's app had not started {APP_START_WITHIN_S:g} s after its launch"
+        return roll_back(sup, now, why)
+    if now - upgrade.green_ready_at >= APP_FIRST_BATCHES_WITHIN_S:
         done = ", ".join(f"{name} {n}" for name, n in sorted(queries.items())) or "none started"
         why = (
             f"the new version's queries had not each completed a batch within "
@@ -689,10 +698,13 @@ def app_tick(sup: UpgradeHost, now: float) -> list:
     return []
 
 
-def _on_app_heartbeat(upgrade: BlueGreen, reported: dict) -> list | None:
-    """A heartbeat of the app's replica while it is upgraded: the new version's batches per
-    query count toward its validation; the stopping old version's news is none."""
+def _on_app_heartbeat(upgrade: BlueGreen, reported: dict, now: float) -> list | None:
+    """A heartbeat of the app's replica while it is upgraded: the new version's start (its
+    script runs) and batches per query count toward its validation; the stopping old
+    version's news is none."""
     if upgrade.phase == VALIDATING:
+        if reported.get("state") == RUNNING and upgrade.green_ready_at is None:
+            upgrade.green_ready_at = now
         upgrade.green_batches = int(reported.get("batches") or 0)
         per_query = reported.get("query_batches") or {}
         upgrade.app_query_batches = {str(name): int(n) for name, n in per_query.items()}
@@ -716,7 +728,7 @@ def _start_new_version(sup: UpgradeHost, now: float, why: str) -> list:
     actions = _restart_app(sup, upgrade.to_topology, upgrade.to_params, now, VALIDATING, why)
     upgrade.switched_at = now
     upgrade.green_batches_at_switch, upgrade.green_batches = 0, 0
-    upgrade.app_query_batches = {}
+    upgrade.app_query_batches, upgrade.green_ready_at = {}, None
     return actions
 
 

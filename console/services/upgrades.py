@@ -438,7 +438,7 @@ def check_app_upgrade(upgrade: JobUpgrade, supervisor: Supervisor | None, client
         f"{upgrade.to_topology} starts from the same checkpoints, where Spark decides whether "
         f"they suit it; confirmed once each of its queries has completed a batch, rolled back "
         f"(the old version restarts from the checkpoints) if it fails first or they have not "
-        f"within {upgrades.APP_FIRST_BATCHES_WITHIN_S:g} s"
+        f"within {upgrades.APP_FIRST_BATCHES_WITHIN_S:g} s of its start"
     )
     if not record_case(upgrade):
         return upgrade

@@ -26,9 +26,9 @@ def running_app() -> Supervisor:
     return sup
 
 
-def beat(sup, at, batches=0, per_query=None):
+def beat(sup, at, batches=0, per_query=None, state="running"):
     """A heartbeat of job-1; `per_query`: the batches each query of the app completed."""
-    reported = {"role": "primary", "state": "running", "batches": batches, "started_at": at - 0.5,
+    reported = {"role": "primary", "state": state, "batches": batches, "started_at": at - 0.5,
                 "query_batches": per_query or {}}  # fmt: skip
     return sup.handle(HeartbeatSeen("job-1", at, reported))
 
@@ -63,8 +63,8 @@ def test_the_old_version_stops_then_the_new_one_starts_on_the_same_checkpoints_a
     assert upgrades.app_tick(sup, 33.0) == []
     assert sup.upgrade.phase == upgrades.CONFIRMED
     assert sup.upgrade.outcome == (
-        "each query of the new version (large, totals) completed a batch from the checkpoints "
-        "within 21 s of its start"
+        "each query of the new version (large, totals) completed a batch from the checkpoints, "
+        "21 s after its launch"
     )
     assert sup.topology == "windows@2" and "job-1" in sup.replicas
 
@@ -100,18 +100,34 @@ def test_a_new_version_that_fails_on_start_rolls_back_to_the_old_one_on_its_chec
 
 
 def test_a_new_version_without_its_first_batches_in_time_is_rolled_back():
+    """The bound counts from the new version's start (its script runs), not from its launch:
+    a slow JVM and session start on a loaded machine is no fault of the new version."""
     sup = running_app()
     upgrades.begin_app_restart(sup, 5, "job", "windows@2", 10.0)
     stopped(sup)
-    beat(sup, 20.0, batches=1, per_query={"counts": 0, "large": 1})
-    assert upgrades.app_tick(sup, 12.0 + upgrades.APP_FIRST_BATCHES_WITHIN_S - 1) == []
-    (restart,) = upgrades.app_tick(sup, 12.0 + upgrades.APP_FIRST_BATCHES_WITHIN_S)
+    bound = upgrades.APP_FIRST_BATCHES_WITHIN_S
+    beat(sup, 100.0, state="starting")  # the session still coming up
+    assert upgrades.app_tick(sup, 12.0 + bound) == []
+    beat(sup, 150.0, batches=1, per_query={"counts": 0, "large": 1})
+    assert upgrades.app_tick(sup, 150.0 + bound - 1) == []
+    (restart,) = upgrades.app_tick(sup, 150.0 + bound)
     assert restart.replica.topology == "windows@1"
     assert sup.upgrade.phase == upgrades.ROLLED_BACK
     assert sup.upgrade.outcome == (
-        "the new version's queries had not each completed a batch within 120 s of its start "
+        "the new version's queries had not each completed a batch within 300 s of its start "
         "(batches: counts 0, large 1)"
     )
+
+
+def test_a_new_version_whose_app_never_starts_is_rolled_back():
+    sup = running_app()
+    upgrades.begin_app_restart(sup, 5, "job", "windows@2", 10.0)
+    stopped(sup)
+    beat(sup, 100.0, state="starting")
+    assert upgrades.app_tick(sup, 12.0 + upgrades.APP_START_WITHIN_S - 1) == []
+    (restart,) = upgrades.app_tick(sup, 12.0 + upgrades.APP_START_WITHIN_S)
+    assert restart.replica.topology == "windows@1"
+    assert sup.upgrade.outcome == "the new version's app had not started 600 s after its launch"
 
 
 def test_an_old_version_that_does_not_stop_in_time_is_killed_and_the_new_one_starts():
