@@ -117,6 +117,7 @@ def make_app_listener(client, job: str, replica: str, stage: str, node: str, run
         def onQueryProgress(self, event):
             on_batch()
             progress = event.progress
+            run.batch_done(str(progress.id))
             sink_rows = progress.sink.numOutputRows if progress.sink is not None else -1
             # foreachBatch and some sinks report no count (-1): the batch's input stands in.
             written = sink_rows if sink_rows >= 0 else progress.numInputRows
@@ -150,6 +151,7 @@ class AppRun:
         self.stopping = False
         self.names: dict[str, str] = {}  # query id -> name, of every query the app started
         self.failed: list[tuple[str, str]] = []  # (query name, error) of queries that failed
+        self.batches: dict[str, int] = {}  # query id -> batches it completed in this process
         self.lock = threading.Lock()
         self.thread = threading.Thread(target=self._run, name="app", daemon=True)
 
@@ -206,6 +208,17 @@ class AppRun:
         if error:
             with self.lock:
                 self.failed.append((self.names.get(query_id, query_id), error))
+
+    def batch_done(self, query_id: str) -> None:
+        """A query of the app completed a batch (the listener's call)."""
+        with self.lock:
+            self.batches[query_id] = self.batches.get(query_id, 0) + 1
+
+    def batches_by_query(self) -> dict[str, int]:
+        """The batches each query the app started has completed, by query name: what an
+        upgrade's validation waits for (spark_runtime/upgrade.py, `app_tick`)."""
+        with self.lock:
+            return {name: self.batches.get(query, 0) for query, name in self.names.items()}
 
     @property
     def started_queries(self) -> int:

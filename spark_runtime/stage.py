@@ -89,6 +89,7 @@ from spark_runtime.disk_space import DiskFull, disk_full_cause
 from spark_runtime.jobdef import registered_app
 from spark_runtime.progress import ProgressRecord, publish_progress
 from spark_runtime.redis_client import connect
+from spark_runtime.replicas import of_an_earlier_run
 from spark_runtime.strategies import (
     CATCHING_UP_NICE,
     PRIMARY_NICE,
@@ -764,6 +765,12 @@ def supervise_app(args, client, state: ReplicaState, run: AppRun, stop_beats) ->
         while True:
             popped = client.blpop([keys.control(args.job, args.replica_id)], timeout=0.5)
             if popped and obeyed(client, fence, args, command := json.loads(popped[1])):
+                sent_at = command.get("sent_at")
+                if sent_at is not None and of_an_earlier_run(sent_at, state.info["started_at"]):
+                    # An upgrade's stop, sent to the run before this one (which ended first):
+                    # obeyed, it would stop the version that just started.
+                    log.warning("ignored command %s: sent before this process started", command)
+                    continue
                 if command.get("cmd") == "stop":
                     log.info("control command %s: stopping the app's queries", command)
                     run.stop()
@@ -773,6 +780,7 @@ def supervise_app(args, client, state: ReplicaState, run: AppRun, stop_beats) ->
                 log.warning("ignored command %s: an app runs its own queries", command)
             if run.stopping:
                 continue
+            state.note(query_batches=run.batches_by_query())  # with the next heartbeat
             cause = app_failure(run, started_at, time.time())
             if cause is None:
                 continue

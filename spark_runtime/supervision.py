@@ -102,7 +102,7 @@ from spark_runtime.replicas import (
 )
 from spark_runtime.strategies import get_strategy
 from spark_runtime.supervisor_state import SupervisorState
-from spark_runtime.upgrade import DemoteReplica
+from spark_runtime.upgrade import DemoteReplica, StopApp
 
 
 class StandbyChanges(SupervisorState):
@@ -609,6 +609,8 @@ def execute(actions: list, launcher: Launcher, send_command) -> None:
                 action.replica_id,
                 {"cmd": "demote", "successor": action.successor, "compare": action.compare},
             )
+        elif isinstance(action, StopApp):
+            send_command(action.replica_id, {"cmd": "stop", "sent_at": action.sent_at})
         elif isinstance(action, RestartStage):
             launcher.kill(action.replica.replica_id)
             launcher.start(action.replica)

@@ -28,11 +28,21 @@ failing after it handed over leaves nothing to roll back to: the upgrade is conf
 as green writes, and the stage gets an ordinary standby again. While an upgrade runs the two
 replicas are apart from the stage's ordinary standbys (`apart`): the failover strategy never
 promotes green in place of a failed blue, and the policy never moves or drops either.
+
+An existing app (spark_runtime/apps.py) runs as one copy whose sinks know nothing of Backstop's
+fencing, so it is upgraded by a stop and a start from the same checkpoints (APP_RESTART, the
+same BlueGreen record with `blue == green`, the app's one replica): HANDING_OVER while its
+queries stop (StopApp; killed after APP_STOP_WITHIN_S), VALIDATING once the new version is
+launched there. Spark's own rules decide whether the checkpoints suit the new version: it is
+confirmed when each of its queries has completed a batch, and rolled back (the old version
+restarted from the checkpoints as the new one left them) when it fails first, or has not
+done so APP_FIRST_BATCHES_WITHIN_S after its script started (APP_START_WITHIN_S after its
+launch, for a session that never comes up) (`app_tick`).
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 from typing import Protocol
 
 from spark_runtime.replicas import (
@@ -75,6 +85,19 @@ DEAD_LETTER_SLACK = 5
 # How an upgrade replaces the running version.
 BLUE_GREEN = "blue_green"
 STOP_RESTART = "stop_restart"  # the baseline other consoles do: restart from the checkpoint
+APP_RESTART = "app_restart"  # an existing app: stop it, start the new version on its checkpoints
+# An app's new version is confirmed once each of its queries has completed a batch (a query's
+# first batch after a restart loads its stateful operators' state, and Spark checks the state's
+# compatibility there; one query's batches say nothing of another's state), and rolled back
+# when they have not within this long after its script started. Counted from there, not from
+# the launch: on this 2-core machine under other loads a stage's session took 2.5 min to come
+# up and a first batch 71 s (measured 2026-11-29, load average 43), which are no fault of the
+# new version. A session that does not come up within APP_START_WITHIN_S rolls back too.
+APP_FIRST_BATCHES_WITHIN_S = 300.0
+APP_START_WITHIN_S = 600.0
+# The old version stops its queries (each ends its batch) and exits; one that has not within
+# this long is killed (its checkpoints are consistent either way) and the new version starts.
+APP_STOP_WITHIN_S = 30.0
 # Phases in which the upgrade is under way (the others are final).
 UNDER_WAY = (STARTING, HANDING_OVER, SWITCHING, VALIDATING)
 
@@ -94,6 +117,16 @@ class DemoteReplica:
     stage: str
     successor: str = ""
     compare: bool = False  # check green's results against its own (BlueGreen.compare_results)
+
+
+@dataclass(frozen=True)
+class StopApp:
+    """Tell an app's stage to stop its queries and exit (spark_runtime/stage.py, `supervise_app`).
+    `sent_at`: a stage started later ignores it, a command meant for an earlier run of the
+    replica left in its command list."""
+
+    replica_id: str
+    sent_at: float
 
 
 @dataclass
@@ -134,6 +167,8 @@ class BlueGreen:
     results_compared: int = 0
     results_differing: int = 0
     results_examples: tuple[str, ...] = ()
+    # An app's new version (APP_RESTART): the batches each of its queries completed so far.
+    app_query_batches: dict[str, int] = field(default_factory=dict)
 
     @property
     def green_ran_since_switch(self) -> bool:
@@ -377,6 +412,8 @@ def on_heartbeat(sup: UpgradeHost, replica, reported: dict, now: float) -> list 
     """What a heartbeat of green or blue means for the upgrade under way: the actions, or None
     for the supervisor's ordinary handling."""
     upgrade = sup.upgrade
+    if upgrade.mode == APP_RESTART:
+        return _on_app_heartbeat(upgrade, reported, now)
     if replica.id == upgrade.green and upgrade.phase == STARTING:
         lag = reported.get("lag_s")
         if reported.get("state") != RUNNING or lag is None or float(lag) > SWITCH_LAG_S:
@@ -478,6 +515,9 @@ def confirm(sup: UpgradeHost, now: float, why: str) -> list:
     upgrade = _under_way(sup)
     if upgrade.phase != VALIDATING:
         raise UpgradeRefused(f"upgrade {upgrade.upgrade_id} has not switched yet ({upgrade.phase})")
+    if upgrade.mode == APP_RESTART:
+        _end(sup, CONFIRMED, now, why)  # the new version is the app's one copy already
+        return []
     actions: list = []
     if upgrade.blue in sup.replicas:
         del sup.replicas[upgrade.blue]
@@ -501,6 +541,8 @@ def roll_back(sup: UpgradeHost, now: float, why: str) -> list:
     from its checkpoint rather than leave the stage without a writer."""
 
     upgrade = _under_way(sup)
+    if upgrade.mode == APP_RESTART:
+        return _restart_app(sup, upgrade.from_topology, upgrade.from_params, now, ROLLED_BACK, why)
     blue = sup.replicas.get(upgrade.blue)
     if blue is None or blue.state == FAILED:
         raise UpgradeRefused(f"{upgrade.blue} (the version before) is gone: no rollback possible")
@@ -532,6 +574,8 @@ def on_failure(sup: UpgradeHost, replica_id: str, now: float, reason: str) -> tu
     upgrade = sup.upgrade
     if upgrade is None or not upgrade.under_way or replica_id not in (upgrade.green, upgrade.blue):
         return [], False
+    if upgrade.mode == APP_RESTART:
+        return _on_app_exit(sup, now, reason), True
     if replica_id == upgrade.green:
         when = "before the switch" if upgrade.phase in (STARTING, HANDING_OVER) else "after it"
         why = f"{replica_id} (the new version) failed {when}: {reason}"
@@ -586,3 +630,123 @@ def _end(sup: UpgradeHost, phase: str, now: float, why: str) -> None:
     upgrade = sup.upgrade
     upgrade.phase, upgrade.ended_at, upgrade.outcome = phase, now, why
     sup.history.append((now, f"upgrade {upgrade.upgrade_id} {phase.replace('_', ' ')}: {why}"))
+
+
+# --- an existing app: stop, start from the same checkpoints, validate -------------------------
+
+
+def begin_app_restart(sup: UpgradeHost, upgrade_id: int, stage: str, to_topology: str, now: float):
+    """Start the upgrade of an app (APP_RESTART): its one replica is told to stop its queries
+    and exit; its exit starts the new version on the same checkpoints (`on_failure`). Raises
+    UpgradeRefused when the app does not run or an upgrade is under way."""
+    if sup.upgrade is not None and sup.upgrade.under_way:
+        raise UpgradeRefused(f"upgrade {sup.upgrade.upgrade_id} of this job is under way")
+    if sup.gave_up:
+        raise UpgradeRefused(f"the job was given up on: {sup.gave_up}")
+    running = [r for r in sup.of_stage(stage, PRIMARY) if r.state == RUNNING]
+    if not running:
+        raise UpgradeRefused(f"stage {stage} has no running app to upgrade")
+    app = running[0]
+    sup.upgrade = BlueGreen(
+        upgrade_id=upgrade_id, stage=stage, blue=app.id, green=app.id,
+        from_topology=sup.topology, to_topology=to_topology, from_params=tuple(sup.params),
+        to_params=tuple(sup.params), seeded=True, phase=HANDING_OVER, started_at=now,
+        mode=APP_RESTART,
+    )  # fmt: skip
+    sup.history.append(
+        (now, f"upgrade {upgrade_id}: {app.id} ({sup.topology}) stops its queries; "
+         f"{to_topology} starts from its checkpoints")
+    )  # fmt: skip
+    return [StopApp(app.id, now)]
+
+
+def app_tick(sup: UpgradeHost, now: float) -> list:
+    """The timed steps of an app's upgrade (the controller's every reconcile): the old version
+    killed if it has not stopped within APP_STOP_WITHIN_S (the new one starts); the new version
+    confirmed once each of its queries completed a batch, or rolled back when they have not
+    within APP_FIRST_BATCHES_WITHIN_S of its script's start (or it has not started within
+    APP_START_WITHIN_S of its launch). No upgrade of an app under way: nothing."""
+    upgrade = sup.upgrade
+    if upgrade is None or upgrade.mode != APP_RESTART or not upgrade.under_way:
+        return []
+    if upgrade.phase == HANDING_OVER:
+        if now - upgrade.started_at < APP_STOP_WITHIN_S:
+            return []
+        why = f"{upgrade.blue} had not stopped {APP_STOP_WITHIN_S:g} s after it was asked: killed"
+        return _start_new_version(sup, now, why)
+    if upgrade.phase != VALIDATING:
+        return []
+    queries = upgrade.app_query_batches
+    if queries and all(batches >= 1 for batches in queries.values()):
+        why = (
+            f"each query of the new version ({', '.join(sorted(queries))}) completed a batch "
+            f"from the checkpoints, {now - upgrade.switched_at:.0f} s after its launch"
+        )
+        return confirm(sup, now, why)
+    if upgrade.green_ready_at is None:
+        if now - upgrade.switched_at < APP_START_WITHIN_S:
+            return []
+        why = f"the new version's app had not started {APP_START_WITHIN_S:g} s after its launch"
+        return roll_back(sup, now, why)
+    if now - upgrade.green_ready_at >= APP_FIRST_BATCHES_WITHIN_S:
+        done = ", ".join(f"{name} {n}" for name, n in sorted(queries.items())) or "none started"
+        why = (
+            f"the new version's queries had not each completed a batch within "
+            f"{APP_FIRST_BATCHES_WITHIN_S:g} s of its start (batches: {done})"
+        )
+        return roll_back(sup, now, why)
+    return []
+
+
+def _on_app_heartbeat(upgrade: BlueGreen, reported: dict, now: float) -> list | None:
+    """A heartbeat of the app's replica while it is upgraded: the new version's start (its
+    script runs) and batches per query count toward its validation; the stopping old
+    version's news is none."""
+    if upgrade.phase == VALIDATING:
+        if reported.get("state") == RUNNING and upgrade.green_ready_at is None:
+            upgrade.green_ready_at = now
+        upgrade.green_batches = int(reported.get("batches") or 0)
+        per_query = reported.get("query_batches") or {}
+        upgrade.app_query_batches = {str(name): int(n) for name, n in per_query.items()}
+        return None
+    return []
+
+
+def _on_app_exit(sup: UpgradeHost, now: float, reason: str) -> list:
+    """The app's replica ended while upgraded: the old version stopping (as asked, or failing
+    meanwhile) starts the new one; the new version failing before it was confirmed rolls back."""
+    upgrade = sup.upgrade
+    if upgrade.phase == HANDING_OVER:
+        return _start_new_version(sup, now, f"{upgrade.blue} stopped ({reason})")
+    return roll_back(sup, now, f"the new version failed before its first batches: {reason}")
+
+
+def _start_new_version(sup: UpgradeHost, now: float, why: str) -> list:
+    """Launch the new version on the app's checkpoints (a restart kills what is left of the old
+    process first); its validation starts now."""
+    upgrade = sup.upgrade
+    actions = _restart_app(sup, upgrade.to_topology, upgrade.to_params, now, VALIDATING, why)
+    upgrade.switched_at = now
+    upgrade.green_batches_at_switch, upgrade.green_batches = 0, 0
+    upgrade.app_query_batches, upgrade.green_ready_at = {}, None
+    return actions
+
+
+def _restart_app(
+    sup: UpgradeHost, topology: str, params: tuple[str, ...], now: float, phase: str, why: str
+) -> list:
+    """Restart the app's replica from its own checkpoints running `topology`; the upgrade moves
+    to `phase` (VALIDATING: the new version; ROLLED_BACK: the old one, ending it)."""
+    upgrade = sup.upgrade
+    app = sup.replicas[upgrade.blue]
+    app.spec = replace(app.spec, topology=topology, params=tuple(params))
+    relaunched(app, now)
+    sup.topology, sup.params = topology, tuple(params)
+    if phase == VALIDATING:
+        upgrade.phase = VALIDATING
+        sup.history.append(
+            (now, f"upgrade {upgrade.upgrade_id}: {why}; {app.id} restarts as {topology}")
+        )
+    else:
+        _end(sup, phase, now, why)
+    return [RestartStage(app.spec)]

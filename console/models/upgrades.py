@@ -35,6 +35,7 @@ class JobUpgrade(models.Model):
         REBUILD = "rebuild", "incompatible state: rebuilt from the input the job retains"
         REFUSED = "refused", "refused"
         IN_PLACE = "in_place", "strategy only: the running replicas go on, the protection changes"
+        APP_RESTART = "app_restart", "an app: stopped, started from its checkpoints, validated"
 
     class Mode(models.TextChoices):
         BLUE_GREEN = "blue_green", "blue/green: the new version beside the running one"

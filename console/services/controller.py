@@ -71,6 +71,7 @@ from infra import keys as control_keys
 from infra import leases
 from spark_runtime import external_io
 from spark_runtime import keys as data_keys
+from spark_runtime import upgrade as upgrades
 from spark_runtime.apps import AppDefinition
 from spark_runtime.jobdef import resolve_topology
 from spark_runtime.kafka_admin import ensure_topics
@@ -311,6 +312,16 @@ def supervise_tick(job: Job, supervisor: Supervisor, client) -> TickReport:
         report.actions += len(actions)
         if isinstance(event, HeartbeatSeen) and upgrade_phase(supervisor) != phase_before:
             pass  # a step of an upgrade: its record says so (console.services.upgrades)
+        elif app_stopped_for_upgrade(supervisor, phase_before):
+            # The app's old version ended as its upgrade asked: no failure, the new version
+            # starts (its record and decisions say so).
+            decide(
+                job,
+                ControlDecision.Kind.UPGRADE,
+                f"upgrade {phase_before[0]}: {event.replica_id} ended; "
+                + describe_actions(actions),
+                replica_id=event.replica_id,
+            )
         elif isinstance(event, HeartbeatSeen) and any(
             isinstance(a, PromoteStandby) for a in actions
         ):
@@ -351,6 +362,18 @@ def job_ended(job: Job, client) -> None:
     close_measurements(job, client)
     clear_alerts_of_ended_job(job, client)
     upgrade_service.end_open_upgrades(job, f"the job is {job.status}: {job.status_reason}")
+
+
+def app_stopped_for_upgrade(supervisor: Supervisor, phase_before: tuple | None) -> bool:
+    """Whether the event just handled was an app's old version ending while its upgrade waited
+    for that (spark_runtime.upgrade, APP_RESTART: handing over -> validating)."""
+    machine = supervisor.upgrade
+    return (
+        machine is not None
+        and machine.mode == upgrades.APP_RESTART
+        and phase_before == (machine.upgrade_id, upgrades.HANDING_OVER)
+        and machine.phase == upgrades.VALIDATING
+    )
 
 
 def upgrade_phase(supervisor: Supervisor) -> tuple | None:

@@ -159,14 +159,23 @@ def request_upgrade(
         raise UpgradeRequestError(
             f"mode: must be one of {', '.join(JobUpgrade.Mode.values)}", "mode"
         )
-    if isinstance(job_topology(job.topology)[1].job, AppDefinition):
+    if is_app(job.topology):
         # A second copy of an app (the new version, or a standby) would write its output
-        # twice: the app's sinks know nothing of Backstop's fencing.
-        raise UpgradeRequestError(
-            f"{'strategy' if strategy else 'topology'}: an existing app runs as one copy under "
-            "restart-all; it is not upgraded in place: stop it and start a job of the version",
-            "strategy" if strategy else "topology",
-        )
+        # twice: the app's sinks know nothing of Backstop's fencing. Its one copy stops and
+        # the new version starts from the same checkpoints (spark_runtime/upgrade.py).
+        if strategy is not None and strategy != job.strategy:
+            raise UpgradeRequestError(
+                "strategy: an existing app runs as one copy under restart-all; its strategy "
+                "does not change",
+                "strategy",
+            )
+        if result_preserving:
+            raise UpgradeRequestError(
+                "result_preserving: an app's old version does not run beside the new one, so "
+                "there are no results to compare",
+                "result_preserving",
+            )
+        mode = JobUpgrade.Mode.STOP_RESTART  # the only way an app is upgraded
     job = Job.objects.select_for_update().get(pk=job.pk)
     if job.status != Job.Status.RUNNING:
         raise UpgradeRequestError(
@@ -251,6 +260,11 @@ def request_upgrade(
         detail={"upgrade": upgrade.pk, "change": change},
     )
     return upgrade
+
+
+def is_app(topology: str) -> bool:
+    """Whether `topology` (NAME@VERSION) is an existing app (spark_runtime/apps.py)."""
+    return isinstance(job_topology(topology)[1].job, AppDefinition)
 
 
 def current_upgrade_params(job: Job) -> dict[str, str]:
@@ -360,6 +374,8 @@ def _check(upgrade: JobUpgrade, client) -> JobUpgrade:
     supervisor = load_supervisor(client, job)
     if upgrade.changes_strategy:
         return check_strategy_change(upgrade, supervisor, client)
+    if is_app(upgrade.to_topology):
+        return check_app_upgrade(upgrade, supervisor, client)
     changed = {name.split(".", 1)[0] for name in upgrade.to_params}
     try:
         stage, blue = stage_to_upgrade(supervisor, changed)
@@ -407,6 +423,27 @@ def record_case(upgrade: JobUpgrade) -> bool:
     if not written:
         upgrade.refresh_from_db()
     return bool(written)
+
+
+def check_app_upgrade(upgrade: JobUpgrade, supervisor: Supervisor | None, client):
+    """An app has no dry run: only its own code knows its queries, and starting a copy of it
+    would run its sinks. Its case is APP_RESTART once it runs; Spark's own rules judge its
+    checkpoints when the new version starts on them (a failure there rolls back)."""
+    stage, app = stage_to_upgrade(supervisor)
+    if app is None:
+        return refuse(upgrade, stage or "", "the app is not running: nothing to upgrade")
+    upgrade.stage, upgrade.case = stage, JobUpgrade.Case.APP_RESTART
+    upgrade.reason = (
+        f"an app is upgraded by a stop and a start: {app} stops its queries, then "
+        f"{upgrade.to_topology} starts from the same checkpoints, where Spark decides whether "
+        f"they suit it; confirmed once each of its queries has completed a batch, rolled back "
+        f"(the old version restarts from the checkpoints) if it fails first or they have not "
+        f"within {upgrades.APP_FIRST_BATCHES_WITHIN_S:g} s of its start"
+    )
+    if not record_case(upgrade):
+        return upgrade
+    wake(upgrade.job, client)
+    return upgrade
 
 
 def check_strategy_change(upgrade: JobUpgrade, supervisor: Supervisor | None, client):
@@ -646,6 +683,8 @@ def reconcile_upgrade(job: Job, supervisor: Supervisor, now: float, client=None)
             actions = upgrades.roll_back(supervisor, now, ended_by_whom(upgrade, "rolled back"))
         elif upgrade.requested_action == CONFIRM and machine.phase == upgrades.VALIDATING:
             actions = upgrades.confirm(supervisor, now, ended_by_whom(upgrade, "confirmed"))
+        elif machine.mode == upgrades.APP_RESTART:
+            actions = upgrades.app_tick(supervisor, now)
         elif machine.phase == upgrades.VALIDATING:
             policy = Policy.current()  # one read per reconcile: this runs every 0.25 s
             validation_s = policy.upgrade_validation_s
@@ -793,6 +832,21 @@ def begin(
         upgrade.refresh_from_db()
         return []
     upgrade.status = JobUpgrade.Status.STARTING
+    if upgrade.case == JobUpgrade.Case.APP_RESTART:
+        actions = upgrades.begin_app_restart(
+            supervisor, upgrade.pk, upgrade.stage, upgrade.to_topology, now
+        )
+        upgrade.blue_replica = upgrade.green_replica = supervisor.upgrade.blue
+        name_replicas(upgrade)
+        decide(
+            upgrade.job,
+            ControlDecision.Kind.UPGRADE,
+            f"upgrade {upgrade.pk}: {upgrade.blue_replica} stops the app's queries; "
+            f"{upgrade.to_topology} starts from its checkpoints",
+            stage=upgrade.stage,
+            replica_id=upgrade.blue_replica,
+        )
+        return actions
     if upgrade.mode == JobUpgrade.Mode.STOP_RESTART:
         actions = upgrades.restart_in_place(
             supervisor, upgrade.pk, upgrade.stage, upgrade.to_topology,

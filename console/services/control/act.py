@@ -50,6 +50,7 @@ from spark_runtime.spare import REFILL_HOLD_S, hold_spare_refills
 from spark_runtime.spare_plans import withdraw_plans
 from spark_runtime.strategies import get_strategy
 from spark_runtime.supervision import Supervisor, execute
+from spark_runtime.upgrade import StopApp
 
 # An agent's activity entry older than this (it publishes every second) does not count.
 ACTIVITY_FRESH_S = 5.0
@@ -162,8 +163,10 @@ class AgentLauncher:
         return Replica.full_id(self.job.key, replica_id)
 
 
-# Actions that start a replica process (under an id the supervisor gave out).
-STARTING_ACTIONS = (StartReplica, RestartStage, RestartJob)
+# Actions that start a replica process (under an id the supervisor gave out), or stop an app
+# for its upgrade (a successor that knew nothing of the upgrade would restart the stopped app
+# as a failure and abandon the upgrade).
+STARTING_ACTIONS = (StartReplica, RestartStage, RestartJob, StopApp)
 
 
 def carry_out(job: Job, supervisor: Supervisor, client, actions: list, launcher=None) -> None:

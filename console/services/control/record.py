@@ -44,6 +44,7 @@ from spark_runtime.replicas import (
     StartReplica,
 )
 from spark_runtime.supervision import Supervisor
+from spark_runtime.upgrade import StopApp
 
 log = logging.getLogger(__name__)
 
@@ -91,6 +92,8 @@ def describe_actions(actions: list) -> str:
                 f"restart {action.replica_id} in {action.delay_s:g} s (backoff: it keeps failing "
                 "before it finishes a batch)"
             )
+        elif isinstance(action, StopApp):
+            words.append(f"ask {action.replica_id} to stop its queries and exit (an upgrade)")
         elif isinstance(action, GiveUp) and action.scope == JOB:
             words.append(f"give up the job: {action.reason}")
         elif isinstance(action, GiveUp):
