@@ -159,4 +159,4 @@ def test_input_files_arrive_in_the_order_they_are_written(tmp_path):
     for index in range(8):
         write_input(source, index, [{"n": index}])
     times = [(source / f"part-{i:03d}.json").stat().st_mtime_ns // 1_000_000 for i in range(8)]
-    assert all(earlier < later for earlier, later in zip(times, times[1:]))
+    assert all(earlier < later for earlier, later in zip(times, times[1:], strict=False))
