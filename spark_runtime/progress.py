@@ -104,6 +104,8 @@ class ProgressRecord:
             text, kind = raw.get(f.name), _TYPES[f.name]
             if kind is str:
                 values[f.name] = "" if text is None else str(text)
+            elif kind == str | None:
+                values[f.name] = str(text) if text not in (None, "", "None") else None
             elif kind is bool:
                 values[f.name] = text == "True"
             elif kind in (int, float):

@@ -77,6 +77,11 @@ def adopt_app_operators(
     )
     for row in Operator.objects.filter(job=job, name__in=[op.name for op in new]):
         operators[row.name] = row
+    for row in operators.values():  # `app` (or an operator found earlier) reads into them
+        downstream = list(topology.downstream(row.name))
+        if row.downstream != downstream:
+            row.downstream = downstream
+            row.save(update_fields=["downstream", "updated_at"])
     stage_ops = supervisor.stage_operators[stage]
     supervisor.stage_operators[stage] = (
         *stage_ops,
@@ -112,19 +117,24 @@ def query_history(client, job_key: str) -> list[ProgressRecord]:
     return [ProgressRecord.from_fields(raw) for _, raw in reversed(entries)]
 
 
-def app_view(job: Job, client, history: list[ProgressRecord] | None = None) -> dict | None:
-    """What is shown of an app job (None for any other job): `queries`, one entry per query
-    with its newest batch's figures and its stateful operators (`_query_view`), and `output`,
-    the newest OUTPUT_LINES lines of the app's output (oldest first)."""
-    if registered_app(job.topology) is None:
+def app_view(topology: str, job_key: str, client) -> dict | None:
+    """What is shown of an app job (`topology`, its key `job_key`; None for any other job):
+    `queries`, one entry per query with its newest batch's figures and its stateful operators
+    (`_query_view`), `history`, the newest progress records (oldest first, for the rates
+    chart), and `output`, the newest OUTPUT_LINES lines of the app's output (oldest first)."""
+    if registered_app(topology) is None:
         return None
-    history = query_history(client, job.key) if history is None else history
+    history = query_history(client, job_key)
     newest: dict[str, ProgressRecord] = {}
     for record in history:
         newest[record.query] = record
-    found = found_operators(client, job.key)
+    found = found_operators(client, job_key)
     queries = [
         _query_view(record, [op for op in found if op.query == name])
         for name, record in sorted(newest.items())
     ]
-    return {"queries": queries, "output": read_output(client, job.key, OUTPUT_LINES)}
+    return {
+        "queries": queries,
+        "history": history,
+        "output": read_output(client, job_key, OUTPUT_LINES),
+    }
