@@ -59,8 +59,10 @@ class OutputTail:
         self.client, self.job, self.replica = client, job, replica
         self.pending: deque[str] = deque(maxlen=keys.APP_OUTPUT_LINES)
         self.lock = threading.Lock()
+        self.pushing = threading.Lock()
         self.stopped = threading.Event()
         self.thread = threading.Thread(target=self._flush_loop, name="app-output", daemon=True)
+        self.streams = (sys.stdout, sys.stderr)  # the originals, put back by stop()
 
     def add(self, stream: str, line: str) -> None:
         """Queue one line of `stream` (stdout or stderr)."""
@@ -76,12 +78,17 @@ class OutputTail:
 
     def start(self) -> None:
         """Tee sys.stdout and sys.stderr into the tail and start pushing it."""
+        self.streams = (sys.stdout, sys.stderr)
         sys.stdout = _Stream(sys.stdout, "stdout", self)
         sys.stderr = _Stream(sys.stderr, "stderr", self)
         self.thread.start()
 
     def flush(self) -> None:
         """Push the queued lines now (newest first in the list, capped)."""
+        with self.pushing:  # one push at a time, so the list keeps the lines' order
+            self._push()
+
+    def _push(self) -> None:
         with self.lock:
             lines = list(self.pending)
             self.pending.clear()
@@ -98,9 +105,13 @@ class OutputTail:
             log.warning("app output not pushed (%d lines): %s", len(lines), exc)
 
     def stop(self) -> None:
-        """Push what is left and stop the thread."""
+        """Push what is left, stop the thread and give sys.stdout and sys.stderr back."""
         self.stopped.set()
         self.flush()
+        if isinstance(sys.stdout, _Stream) and sys.stdout.tail is self:
+            sys.stdout = self.streams[0]
+        if isinstance(sys.stderr, _Stream) and sys.stderr.tail is self:
+            sys.stderr = self.streams[1]
 
     def _flush_loop(self) -> None:
         while not self.stopped.wait(FLUSH_S):

@@ -158,17 +158,17 @@ class QueryPlans:
         from py4j.protocol import Py4JError
 
         for query in self.run.queries():
-            query_id = str(query.id)
-            if query_id in self.described:
-                continue
             try:
+                query_id = str(query.id)
+                if query_id in self.described:
+                    continue
                 if query.lastProgress is None:
                     continue  # no batch yet: no physical plan
                 plan = query._jsq.explainInternal(False)
-            except Py4JError as exc:  # the query ended meanwhile: the next one is described
-                log.info("no plan of query %s yet: %s", query_id, exc)
+                name = self.run.query_name(query_id, query.name)
+            except Py4JError as exc:  # the query ended meanwhile: the next look describes it
+                log.info("no plan of a query yet: %s", exc)
                 continue
-            name = self.run.query_name(query_id, query.name)
             found = stateful_operators(plan, name)
             self.client.hset(
                 keys.app_operators(self.job), name, json.dumps([op.to_dict() for op in found])

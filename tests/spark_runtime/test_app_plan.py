@@ -192,3 +192,37 @@ def test_a_sources_lag_is_latest_less_end():
     assert summary[0]["end"] == json.dumps(kafka_end, sort_keys=True)
     assert len(summary[2]["source"]) == 240
     assert source_summary([]) == ""
+
+
+def test_the_output_tail_keeps_the_newest_lines_in_order_and_gives_stdout_back(redis_conn):
+    import sys
+
+    from spark_runtime import keys
+    from spark_runtime.app_output import LINE_CHARS, OutputTail, read_output
+
+    keys.delete_job_keys(redis_conn, "tail-job")
+    original = sys.stdout
+    tail = OutputTail(redis_conn, "tail-job", "job-1")
+    tail.start()
+    try:
+        sys.stdout.write("par")
+        sys.stdout.write("tial\nsecond\n")
+        print("x" * (LINE_CHARS + 10), file=sys.stderr)
+        for n in range(keys.APP_OUTPUT_LINES):
+            print(f"line {n}")
+    finally:
+        tail.stop()
+    assert sys.stdout is original
+    entries = read_output(redis_conn, "tail-job")
+    assert len(entries) == keys.APP_OUTPUT_LINES  # capped: the oldest three are gone
+    assert [e["line"] for e in entries] == [f"line {n}" for n in range(keys.APP_OUTPUT_LINES)]
+    tail = OutputTail(redis_conn, "tail-job", "job-1")
+    tail.add("stdout", "partial")
+    tail.add("stderr", "y" * (LINE_CHARS + 10))
+    tail.flush()
+    newest = read_output(redis_conn, "tail-job", 2)
+    assert [(e["stream"], len(e["line"])) for e in newest] == [
+        ("stdout", 7),
+        ("stderr", LINE_CHARS),
+    ]
+    keys.delete_job_keys(redis_conn, "tail-job")
