@@ -82,7 +82,13 @@ def test_a_running_apps_queries_operators_and_output(
         queries = {q["query"]: q for q in app_of(job)["queries"]}
         return queries if set(queries) == {"totals", "large"} else None
 
-    wait_until(both_queries_ran, 240, "both queries' first batches", poll_s=1)
+    def state() -> str:
+        fresh = Job.objects.get(pk=job.pk)
+        replicas = list(fresh.replicas.values_list("replica_id", "state"))
+        return f"both queries' first batches: job {fresh.status} {replicas} {app_of(job)}"
+
+    # Long: the cluster and the app's session start on 2 shared cores (425 s of setup seen).
+    wait_until(both_queries_ran, 480, state, poll_s=2)
     for file in range(3, 6):
         write_input(source, file, purchases(file))
         written += purchases(file)
