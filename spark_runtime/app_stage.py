@@ -16,12 +16,16 @@ same order and resumes each from its own checkpoint. An app that sets its own lo
 from __future__ import annotations
 
 import itertools
+import json
+import logging
 import os
 import re
 import sys
 import threading
 import traceback
 
+from spark_runtime import keys
+from spark_runtime.app_plan import stateful_operators
 from spark_runtime.apps import AppDefinition
 from spark_runtime.listener import JsonProgressListener
 from spark_runtime.progress import ProgressRecord, publish_progress
@@ -29,6 +33,8 @@ from spark_runtime.progress import ProgressRecord, publish_progress
 CHECKPOINT_OPTION = "checkpointlocation"  # Spark reads option keys case-insensitively
 # How long a stopped app may take to return from its awaitTermination and end.
 APP_STOP_WAIT_S = 10.0
+
+log = logging.getLogger(__name__)
 
 
 def query_checkpoint_name(name: str | None, index: int) -> str:
@@ -127,7 +133,7 @@ def make_app_listener(client, job: str, replica: str, stage: str, node: str, run
                 stage=stage,
                 role="primary",
                 node=node,
-                query=progress.name or str(progress.id),
+                query=run.query_name(str(progress.id), progress.name),
                 segment="0",
                 rows_out=written,
                 written=written,
@@ -137,6 +143,39 @@ def make_app_listener(client, job: str, replica: str, stage: str, node: str, run
             publish_progress(client, job, record)
 
     return AppProgressPublisher()
+
+
+class QueryPlans:
+    """Publishes the stateful operators of each of the app's queries once, after the query's
+    first batch (when its physical plan exists): keys.app_operators, query name -> JSON list
+    (spark_runtime/app_plan.py)."""
+
+    def __init__(self, client, job: str, run: AppRun):
+        self.client, self.job, self.run = client, job, run
+        self.described: set[str] = set()
+
+    def publish_new(self) -> None:
+        """Read and publish the plan of every running query not described yet."""
+        from py4j.protocol import Py4JError
+
+        for query in self.run.queries():
+            try:
+                query_id = str(query.id)
+                if query_id in self.described:
+                    continue
+                if query.lastProgress is None:
+                    continue  # no batch yet: no physical plan
+                plan = query._jsq.explainInternal(False)
+                name = self.run.query_name(query_id, query.name)
+            except Py4JError as exc:  # the query ended meanwhile: the next look describes it
+                log.info("no plan of a query yet: %s", exc)
+                continue
+            found = stateful_operators(plan, name)
+            self.client.hset(
+                keys.app_operators(self.job), name, json.dumps([op.to_dict() for op in found])
+            )
+            self.described.add(query_id)
+            log.info("query %s: stateful operators %s", name, [op.name for op in found])
 
 
 class AppRun:
@@ -202,6 +241,14 @@ class AppRun:
         """A query of the app started (the listener's call)."""
         with self.lock:
             self.names[query_id] = name or f"query-{len(self.names) + 1}"
+
+    def query_name(self, query_id: str, name: str | None = None) -> str:
+        """A query's name on the job page: its own, else `query-N` by its place among the
+        queries the app started (its default checkpoint's name), else its id."""
+        if name:
+            return name
+        with self.lock:
+            return self.names.get(query_id, query_id)
 
     def query_ended(self, query_id: str, error: str | None) -> None:
         """A query of the app ended, with Spark's error if it failed (the listener's call)."""

@@ -48,14 +48,18 @@ class AppDefinition:
     path: str
     source: str
 
-    def to_topology(self, version: int | None = None) -> Topology:
-        """The app as a topology: one operator, `app`, which runs the whole script. Until its
-        measured figures exist the policy assumes a core and 1 GiB: it is a whole application."""
+    def to_topology(
+        self, version: int | None = None, found: tuple[OperatorSpec, ...] = ()
+    ) -> Topology:
+        """The app as a topology: one operator, `app`, which runs the whole script, then the
+        stateful operators its running queries were `found` to have (spark_runtime/app_plan.py,
+        `operator_specs`: each reads `app`). Until its measured figures exist the policy
+        assumes a core and 1 GiB for `app`: it is a whole application."""
         name = self.name if version is None else f"{self.name}@{version}"
         return Topology(
             name=name,
             description=f"the streaming app {self.path}, run as it is",
-            operators=(OperatorSpec(APP_OPERATOR, MAP, cpu=1.0, mem=1024.0),),
+            operators=(OperatorSpec(APP_OPERATOR, MAP, cpu=1.0, mem=1024.0), *found),
             job=self,
         )
 

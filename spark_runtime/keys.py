@@ -78,6 +78,19 @@ def app_args(job: str) -> str:
     return make_key(job, "app", "args")
 
 
+def app_operators(job: str) -> str:
+    """Hash query name -> JSON list of the stateful operators an app job's stage found in that
+    query's physical plan (spark_runtime/app_plan.py); the controller makes them the job's
+    operators (console/services/app_operators.py)."""
+    return make_key(job, "app", "operators")
+
+
+def app_output(job: str) -> str:
+    """List of an app job's newest output lines (its stdout and stderr), newest first, capped
+    at APP_OUTPUT_LINES (spark_runtime/app_output.py)."""
+    return make_key(job, "app", "output")
+
+
 def kafka_plans(job: str) -> str:
     """The plan log of the job's Kafka input: a list of JSON end-offset vectors shared by every
     replica that reads it (spark_runtime/kafka_plan.py)."""
@@ -222,6 +235,7 @@ def spare_plans() -> str:
 
 
 PROGRESS_MAXLEN = 10_000
+APP_OUTPUT_LINES = 200
 EVENTS_MAXLEN = 10_000
 REFUSED_COMMANDS_MAXLEN = 10_000
 

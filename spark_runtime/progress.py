@@ -12,6 +12,7 @@ No Django imports: the stage processes import this module.
 
 from __future__ import annotations
 
+import json
 import math
 import time
 from dataclasses import dataclass, fields
@@ -48,6 +49,10 @@ class ProgressRecord:
     latency_p50: float | None = None
     latency_p90: float | None = None
     latency_p99: float | None = None
+    # Spark's event-time watermark after the batch (ISO text; None for a query without one).
+    watermark: str | None = None
+    # JSON list of the batch's sources: {source, start, end, latest, lag} (source_summary).
+    sources: str = ""
 
     @classmethod
     def of_batch(cls, progress, **fields) -> ProgressRecord:
@@ -64,8 +69,18 @@ class ProgressRecord:
             batch_ms=progress.batchDuration,
             state_rows=sum(op.numRowsTotal for op in ops),
             state_memory_bytes=sum(op.memoryUsedBytes for op in ops),
+            watermark=(progress.eventTime or {}).get("watermark"),
+            sources=source_summary(progress.sources or []),
             **fields,
         )
+
+    def source_list(self) -> list[dict]:
+        """The batch's sources as `source_summary` wrote them (empty for older records)."""
+        try:
+            decoded = json.loads(self.sources) if self.sources else []
+        except ValueError:
+            return []
+        return decoded if isinstance(decoded, list) else []
 
     @property
     def is_primary(self) -> bool:
@@ -89,6 +104,8 @@ class ProgressRecord:
             text, kind = raw.get(f.name), _TYPES[f.name]
             if kind is str:
                 values[f.name] = "" if text is None else str(text)
+            elif kind == str | None:
+                values[f.name] = str(text) if text not in (None, "", "None") else None
             elif kind is bool:
                 values[f.name] = text == "True"
             elif kind in (int, float):
@@ -97,6 +114,66 @@ class ProgressRecord:
             else:
                 values[f.name] = _number(text)
         return cls(**values)
+
+
+# A source's description and offsets are cut to this many characters, and at most this many
+# sources are kept: every batch of every query carries them in the capped progress stream.
+SOURCE_TEXT_CHARS = 240
+SOURCES_KEPT = 8
+
+
+def offset_lag(end, latest) -> int | None:
+    """How many offsets `end` (read up to) is behind `latest` (the source's newest): the sum
+    over the offsets' numeric leaves (Kafka: topic -> partition -> offset; a file source: its
+    log offset), None when the two are not comparable numbers (a Redis stream id, no latest)."""
+    if isinstance(end, bool) or isinstance(latest, bool):
+        return None
+    if isinstance(end, int | float) and isinstance(latest, int | float):
+        return max(0, int(latest) - int(end))
+    if isinstance(end, dict) and isinstance(latest, dict) and end and set(end) == set(latest):
+        parts = [offset_lag(end[key], latest[key]) for key in end]
+        return None if any(part is None for part in parts) else sum(parts)
+    return None
+
+
+def _offset(value):
+    """An offset as Spark's progress JSON holds it (text of JSON, or already decoded)."""
+    if isinstance(value, str):
+        try:
+            return json.loads(value)
+        except ValueError:
+            return value
+    return value
+
+
+def _cut(value) -> str | None:
+    if value is None:
+        return None
+    text = value if isinstance(value, str) else json.dumps(value, sort_keys=True)
+    return text[:SOURCE_TEXT_CHARS]
+
+
+def source_summary(sources) -> str:
+    """The JSON the record keeps of Spark's SourceProgress list: each source's description and
+    start, end and latest offsets (cut to SOURCE_TEXT_CHARS) and its lag (`offset_lag` of end
+    against latest, else the source's own `maxOffsetsBehindLatest` metric, else None)."""
+    summary = []
+    for source in list(sources)[:SOURCES_KEPT]:
+        end, latest = _offset(source.endOffset), _offset(source.latestOffset)
+        lag = offset_lag(end, latest)
+        behind = (source.metrics or {}).get("maxOffsetsBehindLatest")
+        if lag is None and behind not in (None, ""):
+            lag = int(float(behind))
+        summary.append(
+            {
+                "source": _cut(source.description),
+                "start": _cut(_offset(source.startOffset)),
+                "end": _cut(end),
+                "latest": _cut(latest),
+                "lag": lag,
+            }
+        )
+    return json.dumps(summary) if summary else ""
 
 
 # The decoded type of each field (annotations are strings under `from __future__`).

@@ -72,8 +72,10 @@ import traceback
 from typing import NoReturn
 
 from spark_runtime import keys
+from spark_runtime.app_output import OutputTail
 from spark_runtime.app_stage import (
     AppRun,
+    QueryPlans,
     install_checkpoint_defaults,
     make_app_listener,
 )
@@ -716,6 +718,8 @@ def run_app(args, client, state: ReplicaState, app, stop_beats, spark=None) -> i
         report_failure(state, str(exc) if isinstance(exc, DiskFull) else failure_cause(str(exc)))
         client.delete(keys.heartbeat(args.job, args.replica_id))
         return EXIT_FAILED
+    output = OutputTail(client, args.job, args.replica_id)
+    output.start()
     run = AppRun(spark, app, app_arguments(client, args.job))
     spark.streams.addListener(
         make_app_listener(
@@ -732,7 +736,10 @@ def run_app(args, client, state: ReplicaState, app, stop_beats, spark=None) -> i
         app=app.path,
         spark_app=spark.sparkContext.applicationId,
     )
-    return supervise_app(args, client, state, run, stop_beats)
+    try:
+        return supervise_app(args, client, state, run, stop_beats, output)
+    finally:
+        output.stop()
 
 
 def app_failure(run: AppRun, started_at: float, now: float) -> str | None:
@@ -755,14 +762,19 @@ def app_failure(run: AppRun, started_at: float, now: float) -> str | None:
     return None
 
 
-def supervise_app(args, client, state: ReplicaState, run: AppRun, stop_beats) -> int:
+def supervise_app(
+    args, client, state: ReplicaState, run: AppRun, stop_beats, output: OutputTail
+) -> int:
     """Serve the control commands (stop; the other commands act on Backstop's own queries and
-    are ignored) and watch the app until it is stopped or fails; returns the exit code."""
+    are ignored), publish each query's stateful operators once it has a plan, and watch the
+    app until it is stopped or fails; returns the exit code."""
     fence = FenceMemory()
+    plans = QueryPlans(client, args.job, run)
     started_at = time.time()
     code = EXIT_FAILED
     try:
         while True:
+            plans.publish_new()
             popped = client.blpop([keys.control(args.job, args.replica_id)], timeout=0.5)
             if popped and obeyed(client, fence, args, command := json.loads(popped[1])):
                 sent_at = command.get("sent_at")
@@ -785,6 +797,7 @@ def supervise_app(args, client, state: ReplicaState, run: AppRun, stop_beats) ->
             if cause is None:
                 continue
             log.error("app failed: %s\n%s", cause, run.error_text())
+            output.add_text("stderr", f"{cause}\n{run.error_text()}")
             report_failure(state, cause)
             break
     finally:

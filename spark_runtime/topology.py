@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from spark_runtime import keys
 
 # Operator kinds. The policy maps them to Da-Stream type scores (stateless 0.1, aggregation 0.5,
-# join or other stateful operators such as windows and top-N 0.8).
+# join or other stateful operators such as windows, top-N and an app's arbitrary state 0.8).
 SOURCE = "source"
 MAP = "map"
 FILTER = "filter"
@@ -21,10 +21,14 @@ AGGREGATE = "aggregate"
 WINDOW_AGGREGATE = "window_aggregate"
 JOIN = "join"
 TOPN = "topn"
+# State the code keeps as it likes: transformWithState, (flat)mapGroupsWithState.
+STATEFUL = "stateful"
 SINK = "sink"
 
-OPERATOR_KINDS = (SOURCE, MAP, FILTER, FLATMAP, AGGREGATE, WINDOW_AGGREGATE, JOIN, TOPN, SINK)
-STATEFUL_KINDS = frozenset({AGGREGATE, WINDOW_AGGREGATE, JOIN, TOPN})
+OPERATOR_KINDS = (
+    SOURCE, MAP, FILTER, FLATMAP, AGGREGATE, WINDOW_AGGREGATE, JOIN, TOPN, STATEFUL, SINK,
+)  # fmt: skip
+STATEFUL_KINDS = frozenset({AGGREGATE, WINDOW_AGGREGATE, JOIN, TOPN, STATEFUL})
 
 
 @dataclass(frozen=True)

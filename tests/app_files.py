@@ -4,6 +4,8 @@ as a file source must see it, and what the apps' sinks committed, read as their 
 from __future__ import annotations
 
 import json
+import os
+import time
 from collections import Counter, defaultdict
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -13,10 +15,21 @@ USERS = ("u1", "u2", "u3", "u4")
 
 
 def write_input(directory: Path, index: int, rows: list[dict]) -> None:
-    """One input file, written aside and renamed in (a file source must see whole files)."""
+    """One input file, written aside and renamed in (a file source must see whole files), its
+    modification time at least a millisecond after every file already there: files arrive in
+    the order they are written, as files written seconds apart do.
+
+    Spark's file source takes new files in modification-time order (milliseconds), and files
+    with the same time in directory-listing order (on ext4 a hash of the name): five files
+    written in a loop often share a millisecond, and a batch could take part-005 before
+    part-004, whose windows part-005's events had already put behind the watermark, so an
+    event-time app dropped them as late (the CI failure of the window-count test)."""
     directory.mkdir(parents=True, exist_ok=True)
     partial = directory.parent / f".{directory.name}-{index}.tmp"
     partial.write_text("\n".join(json.dumps(row) for row in rows) + "\n")
+    newest = max((p.stat().st_mtime_ns for p in directory.iterdir()), default=0)
+    arrived = max(time.time_ns(), newest + 1_000_000)
+    os.utime(partial, ns=(arrived, arrived))
     partial.rename(directory / f"part-{index:03d}.json")
 
 

@@ -49,6 +49,7 @@ from console.services import jobs as job_service
 from console.services import policy as policy_service
 from console.services import topologies as topology_service
 from console.services import upgrades as upgrade_service
+from console.services.app_operators import app_view
 from console.services.control.record import reconcile_failures
 from console.services.control.reserve import admission_refusal
 from console.services.queries import fleet_totals, job_queryset
@@ -148,6 +149,20 @@ class JobViewSet(
         return jobs.select_related("created_by", "team").prefetch_related(
             "operators", REPLICAS_WITH_NODES
         )
+
+    def retrieve(self, request, *args, **kwargs):
+        """The job; for an app (spark_runtime/apps.py) also `app`: each query's newest batch
+        (rates, batch duration, state rows, watermark, sources' offsets and lag) with its
+        stateful operators, and the tail of the app's output (console.services.app_operators)."""
+
+        def respond():
+            response = mixins.RetrieveModelMixin.retrieve(self, request, *args, **kwargs)
+            view = app_view(response.data["topology"], response.data["key"], redis_client())
+            if view is not None:
+                response.data["app"] = {"queries": view["queries"], "output": view["output"]}
+            return response
+
+        return shared_read(request, respond)
 
     def perform_create(self, serializer):
         data = serializer.validated_data

@@ -207,6 +207,22 @@ class Operator(models.Model):
     def __str__(self):
         return f"{self.job.name}/{self.name}"
 
+    @classmethod
+    def from_spec(cls, job: Job, spec, topology, stage: str = "") -> Operator:
+        """The (unsaved) row of operator `spec` (a spark_runtime.topology.OperatorSpec) of
+        `topology`: how a job's operators come to be, declared by a topology or found in a
+        running app's plans (console/services/app_operators.py)."""
+        return cls(
+            job=job,
+            name=spec.name,
+            kind=spec.kind,
+            stage=stage,
+            upstream=list(spec.upstream),
+            downstream=list(topology.downstream(spec.name)),
+            cpu_demand=spec.cpu,
+            mem_demand_mb=spec.mem,
+        )
+
 
 class RegisteredTopology(models.Model):
     """One registered version of a user job (spark_runtime/jobdef.py, docs/JOBS.md): a job

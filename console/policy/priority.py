@@ -33,6 +33,7 @@ TYPE_SCORES: dict[str, float] = {
     "join": 0.8,
     "window_aggregate": 0.8,
     "topn": 0.8,
+    "stateful": 0.8,
 }
 
 

@@ -186,18 +186,7 @@ def create_job(
         team=team or Team.named(DEFAULT_TEAM),
         created_by=user if getattr(user, "is_authenticated", False) else None,
     )
-    Operator.objects.bulk_create(
-        Operator(
-            job=job,
-            name=op.name,
-            kind=op.kind,
-            upstream=list(op.upstream),
-            downstream=list(spec.downstream(op.name)),
-            cpu_demand=op.cpu,
-            mem_demand_mb=op.mem,
-        )
-        for op in spec.operators
-    )
+    Operator.objects.bulk_create(Operator.from_spec(job, op, spec) for op in spec.operators)
     dispatch(lambda: tasks.send(tasks.LAUNCH_JOB, job.pk))
     audit_log.record(
         "job.create",

@@ -15,6 +15,7 @@ from spark_runtime import apps
 from spark_runtime.app_stage import query_checkpoint_name
 from spark_runtime.jobdef import registered_app, registered_path, resolve_topology
 from spark_runtime.topology import compile_stages
+from tests.app_files import write_input
 
 GOOD_APP = """\
 import argparse
@@ -149,3 +150,13 @@ def test_the_local_runner_records_an_apps_arguments(redis_url, redis_conn, job, 
     main(["run", "--topology", "wordcount", "--job", job, "--redis-url", redis_url,
           "--duration", "0", *(f"--arg={a}" for a in arguments)])  # fmt: skip
     assert json.loads(redis_conn.get(keys.app_args(job))) == arguments
+
+
+def test_input_files_arrive_in_the_order_they_are_written(tmp_path):
+    # A file source takes files by modification time, ties in listing order: files written in
+    # a loop must not share one, or an event-time app drops a later-listed earlier file as late.
+    source = tmp_path / "in"
+    for index in range(8):
+        write_input(source, index, [{"n": index}])
+    times = [(source / f"part-{i:03d}.json").stat().st_mtime_ns // 1_000_000 for i in range(8)]
+    assert all(earlier < later for earlier, later in zip(times, times[1:], strict=False))

@@ -31,6 +31,10 @@ REFRESH_OUTPUTS = [
     ("upgrades-table", "children"),
     ("kafka-card", "hidden"),
     ("kafka-panel", "children"),
+    ("app-card", "hidden"),
+    ("app-queries", "children"),
+    ("app-rates", "figure"),
+    ("app-output", "children"),
 ]
 
 share_refresh(

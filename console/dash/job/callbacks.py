@@ -26,13 +26,14 @@ from console.dash.common import (
     message,
     table,
 )
-from console.dash.job import figures, upgrades
+from console.dash.job import app_queries, figures, upgrades
 from console.dash.job.layout import controls as controls_layout
 from console.dash.job.layout import upgrade_actions
 from console.models import FaultInjection, JobUpgrade, Policy
 from console.redis import redis_client
 from console.roles import OPERATOR, has_role
 from console.services import queries
+from console.services.app_operators import app_view
 from console.services.control.record import reconcile_failures
 from console.services.teams import jobs_visible_to
 from spark_runtime.strategies import STRATEGIES
@@ -246,7 +247,8 @@ def _fault_table(faults: list[dict]):
 def refresh(n_intervals, window_s, pathname, user=None):
     """Every 2 s: summary tiles, DAG, replicas, operators, history (with upgrade markers),
     decisions, failures, faults, then the upgrade under way and the upgrade history, then the
-    Kafka panel (hidden for a job without Kafka)."""
+    Kafka panel (hidden for a job without Kafka), then an app's queries and output (hidden for
+    a job that is not an app)."""
     job_id = job_id_from_path(pathname)
     if not can_view(user) or job_id is None:
         raise PreventUpdate
@@ -284,6 +286,7 @@ def refresh(n_intervals, window_s, pathname, user=None):
         upgrades.upgrade_table(job_upgrades, now),
         kafka is None,
         figures.kafka_panel(kafka, current.get("throughput_eps")),
+        *app_queries.app_panel(app_view(job["topology"], job["key"], redis_client())),
     )
 
 

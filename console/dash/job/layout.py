@@ -44,6 +44,19 @@ def layout():
                 className="card kafka-card",
                 hidden=True,
             ),
+            # Shown for an app (spark_runtime/apps.py) only: its queries and its output.
+            html.Section(
+                [
+                    html.H2("App queries"),
+                    html.Div(id="app-queries"),
+                    dcc.Graph(id="app-rates", config=GRAPH_CONFIG),
+                    html.H3("Output (newest last)"),
+                    html.Div(id="app-output"),
+                ],
+                id="app-card",
+                className="card app-card",
+                hidden=True,
+            ),
             html.Div(
                 [
                     html.Div(dcc.Graph(id="dag", config=GRAPH_CONFIG), className="card"),

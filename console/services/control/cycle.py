@@ -24,6 +24,7 @@ from console.policy.placement import CycleInput, StandbyVerdict, run_cycle
 from console.policy.priority import ACTIVE, measured_demands, operator_priorities
 from console.policy.reserve import StandbyClaim
 from console.services import prediction, recovery
+from console.services.app_operators import adopt_app_operators
 from console.services.control.act import carry_out, stage_interval_of, trigger_of
 from console.services.control.commands import send_command
 from console.services.control.observe import alive_nodes, node_history, stage_usage
@@ -31,7 +32,6 @@ from console.services.control.record import decide, priority_fields
 from console.services.control.reserve import ReserveOutcome, apply_reserve
 from infra import keys as control_keys
 from spark_runtime import keys as data_keys
-from spark_runtime.jobdef import resolve_topology
 from spark_runtime.replicas import FAILED, RUNNING, STANDBY
 from spark_runtime.supervision import Supervisor
 
@@ -59,10 +59,11 @@ def policy_cycle(
         beats = view.alive
     if not history:
         return []
-    topology = resolve_topology(job.topology)
     newest = [samples[0] for samples in history.values() if samples]
     if operators is None:
         operators = {op.name: op for op in job.operators.all()}
+    # An app's operators found in its running queries' plans are scored like declared ones.
+    topology = adopt_app_operators(job, supervisor, client, operators)
     stage_of = {op: name for name, ops in supervisor.stage_operators.items() for op in ops}
     # fr from the newest trained model where it is used, else the prior (with why).
     predicted = prediction.predicted_fault_rates(job, stage_of, config, latest=latest_model)

@@ -1,0 +1,108 @@
+"""The job page's app card (an existing app, spark_runtime/apps.py): each query's newest
+figures and stateful operators, their input and processed rates over time, and the tail of the
+app's output. Pure builders of console.services.app_operators.app_view's data: no database,
+no Redis."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+import plotly.graph_objects as go
+from dash import html
+
+from console.dash.common import fmt_num, table
+
+QUERY_COLUMNS = [
+    "Query",
+    "Batch",
+    "Input (rows/s)",
+    "Processed (rows/s)",
+    "Batch (ms)",
+    "State rows",
+    "Watermark",
+    "Sources: offset (lag)",
+    "Stateful operators",
+]
+
+
+def _sources_text(sources: list[dict]) -> str:
+    parts = []
+    for source in sources:
+        lag = "—" if source.get("lag") is None else fmt_num(source["lag"], 0)
+        parts.append(f"{source.get('source') or '?'}: {source.get('end') or '—'} (lag {lag})")
+    return "; ".join(parts) or "—"
+
+
+def query_rows(queries: list[dict]) -> list[list]:
+    """One table row per query (app_view's `queries`)."""
+    return [
+        [
+            q["query"],
+            q["batch"],
+            fmt_num(q["input_rate"], 1),
+            fmt_num(q["processed_rate"], 1),
+            fmt_num(q["batch_ms"], 0),
+            fmt_num(q["state_rows"], 0),
+            q["watermark"] or "—",
+            _sources_text(q["sources"]),
+            ", ".join(f"{op['name']} ({op['kind']})" for op in q["operators"]) or "none",
+        ]
+        for q in queries
+    ]
+
+
+def query_rates_figure(history: list) -> go.Figure:
+    """Input and processed rows per second of each query over time, one line each (records:
+    spark_runtime.progress.ProgressRecord, oldest first)."""
+    figure = go.Figure()
+    by_query: dict[str, list] = {}
+    for record in history:
+        by_query.setdefault(record.query, []).append(record)
+    for query, records in sorted(by_query.items()):
+        times = [datetime.fromtimestamp(r.at, UTC) for r in records]
+        for label, field, dash in (
+            ("input", "input_rate", "dot"),
+            ("processed", "processed_rate", "solid"),
+        ):
+            figure.add_trace(
+                go.Scatter(
+                    x=times,
+                    y=[getattr(r, field) for r in records],
+                    mode="lines+markers",
+                    name=f"{query} {label}",
+                    line={"dash": dash},
+                )
+            )
+    figure.update_layout(
+        title="Queries: rows per second",
+        height=260,
+        margin={"l": 50, "r": 20, "t": 40, "b": 30},
+        yaxis_title="rows/s",
+    )
+    return figure
+
+
+def output_tail(lines: list[dict]):
+    """The app's newest output lines (oldest first), stderr marked."""
+    if not lines:
+        return html.P("The app has printed nothing yet.", className="muted")
+    text = "\n".join(
+        f"{datetime.fromtimestamp(line.get('at', 0), UTC):%H:%M:%S} "
+        f"{'!' if line.get('stream') == 'stderr' else ' '} {line.get('line', '')}"
+        for line in lines
+    )
+    return html.Pre(text, className="app-output", id="app-output-text")
+
+
+def app_panel(view: dict | None):
+    """(card hidden, queries table, rates figure, output tail) of `view` (app_view's; None:
+    not an app, the card stays hidden)."""
+    if view is None:
+        return True, None, go.Figure(), None
+    queries = table(
+        QUERY_COLUMNS,
+        query_rows(view["queries"]),
+        "No query of the app has completed a batch yet.",
+        table_id="app-queries-table",
+    )
+    return False, queries, query_rates_figure(view["history"]), output_tail(view["output"])
