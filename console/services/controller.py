@@ -24,7 +24,7 @@ from console.models import ControlDecision, Job, Policy, Replica
 from console.policy import redis_loss
 from console.policy.spares import standby_node_preference
 from console.redis import redis_client
-from console.services import metrics, recovery
+from console.services import kafka_status, metrics, recovery
 from console.services import upgrades as upgrade_service
 from console.services.control.act import (
     AgentLauncher,
@@ -490,12 +490,13 @@ CONDITIONS_EVERY_S = 1.0
 
 
 def watch_between_cycles(job: Job, supervisor: Supervisor, client, config, slot) -> None:
-    """Look at the job's alert conditions on the progress records since the last look and
-    raise those new since (record.watch_conditions, fresh_only). The policy cycle stores the
-    records, counts repeats, clears what no longer holds and watches Kafka (its conditions
-    keep the cycle's cadence: a lag counts once it is over the bound at two cycles)."""
+    """Look at the job's alert conditions on the progress records since the last look, and at
+    a Kafka source that cannot read, and raise those new since (record.watch_conditions,
+    fresh_only). The policy cycle stores the records, counts repeats, clears what no longer
+    holds and watches the Kafka lag (it counts once over the bound at two cycles)."""
     progress, slot.progress_seen = metrics.progress_after(client, job.key, slot.progress_seen)
-    watch_conditions(job, supervisor, client, config, progress, [], fresh_only=True)
+    source = kafka_status.source_due_now(client, job)
+    watch_conditions(job, supervisor, client, config, progress, source, fresh_only=True)
 
 
 def upgrade_moved(supervisor: Supervisor, slot) -> bool:

@@ -193,6 +193,16 @@ class KafkaAlert:
     detail: dict
 
 
+def source_due_now(client, job: Job) -> list[KafkaAlert]:
+    """A Kafka job's source that cannot read now, for the controller's looks between policy
+    cycles: `since` is left empty, as the cycle's watch_kafka keeps when the condition began
+    (and the lag, which counts only once over at two cycles, stays with it)."""
+    if not reads_kafka(job):
+        return []
+    cause = source_cause(client.hgetall(data_keys.stats(job.key)))
+    return [KafkaAlert(SOURCE, "", {"cause": cause})] if cause else []
+
+
 def conditions_now(cause: str, total: int | None, limit: int) -> dict[str, dict]:
     """The conditions that hold now, each with what an alert says of it: the source's cause
     set, the total lag over `limit` (0: the lag alert is off)."""

@@ -19,11 +19,11 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
-from console.models import Job, Policy, SentAlert
+from console.models import Alert, AlertRoute, Job, Policy, SentAlert
 from console.policy.config import PolicyConfig
 from console.redis import redis_client
 from console.roles import ADMIN
-from console.services import controller, kafka_status
+from console.services import alert_routing, controller, kafka_status
 from console.services.control import observe
 from console.services.control.record import watch_kafka
 from console.services.fleet import JobSlot, read_fleet_view
@@ -368,3 +368,28 @@ def test_the_bound_is_on_the_admin_form(client, users):
     assert response.status_code == 302
     assert Policy.current().kafka_lag_alert_records == 5000
     assert Policy.current().changes_from_previous() == {"kafka_lag_alert_records": [0, 5000]}
+
+
+def test_a_source_that_cannot_read_is_raised_between_cycles_and_the_lag_waits(
+    redis_keys, kafka_job, monkeypatch
+):
+    """The controller's look between policy cycles (controller.watch_between_cycles) raises a
+    Kafka source that cannot read at once; a lag over the bound is left to the cycles (it
+    counts once over at two of them). No email from the look: the subscriptions' emails are
+    the cycle's."""
+    conn, _ = redis_keys
+    monkeypatch.setattr(alert_routing, "enqueue", lambda ids: None)  # no worker here
+    AlertRoute.objects.create(name="all", channel="webhook", target="http://127.0.0.1:9/")
+    machine = type("Machine", (), {"active_stages": set(), "unprotected_since": {}, "failures": {}})
+    slot = type("Slot", (), {"progress_seen": None})()
+    lag_key = data_keys.kafka_lag(kafka_job.key)
+    conn.hset(lag_key, "split-1", lag_entry("split", {0: (0, 90_000)}))
+    config = replace(PolicyConfig(), kafka_lag_alert_records=10)
+    controller.watch_between_cycles(kafka_job, machine, conn, config, slot)
+    assert Alert.objects.count() == 0  # only a lag: the cycles' to decide
+    conn.hset(data_keys.stats(kafka_job.key), "kafka:source", BROKER_DOWN)
+    controller.watch_between_cycles(kafka_job, machine, conn, config, slot)
+    controller.watch_between_cycles(kafka_job, machine, conn, config, slot)
+    alert = Alert.objects.get()
+    assert (alert.key, alert.state, alert.seen) == (f"kafka-source:{kafka_job.key}", "open", 1)
+    assert alert.details == {"cause": BROKER_DOWN} and mail.outbox == []
