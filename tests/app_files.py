@@ -10,6 +10,8 @@ from collections import Counter, defaultdict
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
+from bench.app_restart.workload import committed_rows
+
 START = datetime(2026, 11, 28, 10, 0, tzinfo=UTC)
 USERS = ("u1", "u2", "u3", "u4")
 
@@ -35,24 +37,6 @@ def write_input(directory: Path, index: int, rows: list[dict]) -> None:
 
 def iso(moment: datetime) -> str:
     return moment.strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
-
-
-def committed_rows(out: Path) -> list[dict]:
-    """The rows of the files a file sink committed (those its _spark_metadata log lists; a
-    killed batch may leave other files behind, which readers of the sink never see)."""
-    log = out / "_spark_metadata"
-    if not log.is_dir():
-        return []
-    files = set()
-    for entry in log.iterdir():
-        if entry.name.startswith(".") or entry.name.endswith(".tmp"):
-            continue
-        for line in entry.read_text().splitlines()[1:]:
-            files.add(Path(json.loads(line)["path"].removeprefix("file:")).name)
-    rows = []
-    for name in files:
-        rows += [json.loads(line) for line in (out / name).read_text().splitlines() if line]
-    return rows
 
 
 def purchases(file: int) -> list[dict]:
