@@ -41,8 +41,8 @@ import psutil
 from confluent_kafka import KafkaException
 from confluent_kafka.admin import AdminClient
 
-from infra.env import env
 from infra.processes import processes_matching
+from spark_runtime.env import env
 
 # Kafka 4.1: KRaft only (ZooKeeper is gone since 4.0), a broker that runs on Java 17 (Spark's
 # Java here), new clusters formatted with transaction protocol 2. Pinned: the jar cache is per
@@ -230,7 +230,7 @@ def java_runtime() -> tuple[str, str]:
     """(path, id) of the JVM the broker runs on: `$JAVA_HOME/bin/java` or `java` on PATH,
     checked to be Java 17 or newer (Kafka 4's broker needs it); the id names this very build
     (the class-data archive is valid for that build only)."""
-    home = os.environ.get("JAVA_HOME")
+    home = env("JAVA_HOME", None)
     java = str(Path(home) / "bin" / "java") if home else shutil.which("java")
     if not java or not Path(java).exists():
         raise RuntimeError("Java 17 or newer is needed for the Kafka broker: no java found")

@@ -45,10 +45,10 @@ from dataclasses import asdict, dataclass
 import redis
 
 from infra import keys
-from infra.env import env
 from infra.kafka import KafkaBroker
 from infra.process_group import ProcessGroup
 from infra.redis_client import redis_client
+from spark_runtime.env import env
 
 log = logging.getLogger(__name__)
 

@@ -12,7 +12,6 @@ on one machine the demo's nodes really do share one network interface.
 
 from __future__ import annotations
 
-import os
 import socket
 import time
 from dataclasses import asdict, dataclass, fields
@@ -28,6 +27,7 @@ from infra.processes import node_processes, safe_read
 from infra.processes import spare_processes as spare_processes
 from infra.processes import stage_processes as stage_processes
 from infra.processes import with_children as with_children
+from spark_runtime.env import env
 
 HOST = "host"
 PROCESSES = "processes"
@@ -39,7 +39,7 @@ def host_identity() -> str:
     """The host a node agent stands for, so the policy sees which nodes share one
     (console.policy.spares): BACKSTOP_NODE_HOST if set (a simulated node that stands for a host
     of its own), else the machine it runs on (`machine_identity`)."""
-    named = os.environ.get("BACKSTOP_NODE_HOST", "").strip()
+    named = env("BACKSTOP_NODE_HOST", "").strip()
     return named or machine_identity()
 
 

@@ -5,17 +5,20 @@ from __future__ import annotations
 
 import os
 
+from spark_runtime.env import env
+
 
 def _positive_int(name: str, default: int) -> int:
-    raw = os.environ.get(name, "").strip()
-    if not raw:
-        return default
-    try:
-        value = int(raw)
-    except ValueError:
-        raise SystemExit(f"{name} must be a whole number, got {raw!r}") from None
+    """`name` as a whole number of at least 1 (spark_runtime.env: a bad value stops the
+    process, naming the variable), `default` when unset or empty."""
+    value = env(name, "", lambda raw: at_least_one(raw) if raw.strip() else "")
+    return default if value == "" else value
+
+
+def at_least_one(raw: str) -> int:
+    value = int(raw)
     if value < 1:
-        raise SystemExit(f"{name} must be at least 1, got {value}")
+        raise ValueError(f"must be at least 1, got {value}")
     return value
 
 

@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 
 from spark_runtime.config import DEFAULT_REDIS_URL, configure_logging
+from spark_runtime.env import env
 from spark_runtime.strategies import STRATEGIES
 
 
@@ -55,7 +55,7 @@ def main(argv: list[str] | None = None) -> int:
     gen.add_argument("--replica-id", default="generator")
     gen.add_argument("--node", default="")
     for p in (run, gen):
-        p.add_argument("--redis-url", default=os.environ.get("REDIS_URL", DEFAULT_REDIS_URL))
+        p.add_argument("--redis-url", default=env("REDIS_URL", DEFAULT_REDIS_URL))
     args = parser.parse_args(argv)
     configure_logging()
     if args.command == "generate":

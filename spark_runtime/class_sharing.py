@@ -43,6 +43,7 @@ import threading
 from importlib.metadata import version
 from pathlib import Path
 
+from spark_runtime.env import env
 from spark_runtime.stage_env import stage_environment
 
 log = logging.getLogger(__name__)
@@ -56,17 +57,17 @@ def default_archive() -> Path:
     """The archive for this PySpark and this JDK, under BACKSTOP_VAR_DIR (default: `var/` of
     the project): a JVM maps only an archive dumped by its own JDK from the same jars. Read
     without importing PySpark: node agents call it at their start."""
-    java = shutil.which("java", path=os.path.join(os.environ.get("JAVA_HOME", ""), "bin"))
+    java = shutil.which("java", path=os.path.join(env("JAVA_HOME", ""), "bin"))
     java = java or shutil.which("java") or "java"
     jdk = hashlib.sha256(os.path.realpath(java).encode()).hexdigest()[:8]
-    var = Path(os.environ.get("BACKSTOP_VAR_DIR") or Path(__file__).resolve().parents[1] / "var")
+    var = Path(env("BACKSTOP_VAR_DIR", "") or Path(__file__).resolve().parents[1] / "var")
     return var / "cds" / f"spark-{version('pyspark')}-jdk-{jdk}.jsa"
 
 
 def archive_path() -> Path | None:
     """Where the archive is (or goes): BACKSTOP_CDS_ARCHIVE if set (empty: no sharing), else
     `default_archive()`."""
-    configured = os.environ.get(ARCHIVE_ENV)
+    configured = env(ARCHIVE_ENV, None)
     if configured is not None:
         return Path(configured) if configured.strip() else None
     return default_archive()

@@ -23,6 +23,7 @@ from pyspark import SparkContext
 from spark_runtime import keys
 from spark_runtime.class_sharing import ARCHIVE_ENV, BUILD_TIMEOUT_S, archive_path
 from spark_runtime.config import DEFAULT_REDIS_URL, build_session, jvm_options
+from spark_runtime.env import env
 from spark_runtime.redis_client import connect
 from spark_runtime.spare import warm_up
 
@@ -63,7 +64,7 @@ def main(argv: list[str] | None = None) -> int:
     lowest CPU priority (its JVM inherits it): nothing waits for it."""
     os.nice(BUILD_NICE)
     parser = argparse.ArgumentParser(prog="python -m spark_runtime.class_sharing_build")
-    parser.add_argument("--redis-url", default=os.environ.get("REDIS_URL", DEFAULT_REDIS_URL))
+    parser.add_argument("--redis-url", default=env("REDIS_URL", DEFAULT_REDIS_URL))
     parser.add_argument("--archive", type=Path, default=None)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")

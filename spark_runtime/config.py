@@ -7,6 +7,7 @@ import os
 import sys
 
 from spark_runtime.class_sharing import sharing_options
+from spark_runtime.env import env
 
 log = logging.getLogger(__name__)
 
@@ -58,7 +59,7 @@ JVM_OPTIONS_ENV = "BACKSTOP_JVM_OPTIONS"
 def jvm_options() -> str:
     """The extra JVM options of a data-plane process: `BACKSTOP_JVM_OPTIONS` if set (empty:
     none), else JVM_OPTIONS."""
-    return os.environ.get(JVM_OPTIONS_ENV, JVM_OPTIONS).strip()
+    return env(JVM_OPTIONS_ENV, JVM_OPTIONS).strip()
 
 
 # On a standalone cluster (SPARK_MASTER=spark://...) every stage process is an application of
@@ -77,7 +78,7 @@ CLUSTER_CONF = {
 
 def spark_master() -> str:
     """The Spark master: env SPARK_MASTER, else local[2]."""
-    return os.environ.get("SPARK_MASTER") or DEFAULT_MASTER
+    return env("SPARK_MASTER", "") or DEFAULT_MASTER
 
 
 SPARK_LOG_LEVELS = ("ALL", "TRACE", "DEBUG", "INFO", "WARN", "ERROR", "FATAL", "OFF")
@@ -110,7 +111,7 @@ def session_conf(master: str, extra_conf: dict | None = None) -> dict[str, str]:
         conf["spark.executor.extraJavaOptions"] = options
     if master.startswith("spark://"):
         conf.update(CLUSTER_CONF)
-        conf["spark.pyspark.python"] = os.environ.get("PYSPARK_PYTHON", worker_python())
+        conf["spark.pyspark.python"] = env("PYSPARK_PYTHON", "") or worker_python()
     conf.update(extra_conf or {})
     return conf
 
@@ -156,7 +157,7 @@ def build_session(app_name: str, extra_conf: dict | None = None):
     # setLogLevel does nothing for the level the root logger already has (INFO, shown from WARN
     # up in a PySpark driver), so INFO is reached through another level first.
     try:
-        level = spark_log_level(os.environ.get("SPARK_LOG_LEVEL") or "WARN")
+        level = spark_log_level(env("SPARK_LOG_LEVEL", "") or "WARN")
     except ValueError as exc:
         raise ValueError(f"environment variable SPARK_LOG_LEVEL: {exc}") from exc
     if level == "INFO":

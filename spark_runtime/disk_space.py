@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import os
 
+from spark_runtime.env import env
+
 # What an operating system's "disk full" looks like in an error's text (Java's IOException
 # message is strerror's; Python's OSError adds the errno). EDQUOT too: a user's quota on the
 # checkpoint filesystem is full in the same way, and waits for an operator in the same way.
@@ -38,11 +40,7 @@ class DiskFull(RuntimeError):
 
 def min_free_bytes() -> int:
     """The free space a stage needs on its checkpoint's filesystem to start (bytes)."""
-    raw = os.environ.get(MIN_FREE_MB_ENV, "")
-    try:
-        mb = float(raw) if raw else DEFAULT_MIN_FREE_MB
-    except ValueError:
-        mb = DEFAULT_MIN_FREE_MB
+    mb = env(MIN_FREE_MB_ENV, DEFAULT_MIN_FREE_MB, float)
     return int(max(0.0, mb) * MB)
 
 

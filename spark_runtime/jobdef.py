@@ -19,7 +19,6 @@ directory are imported (`load_definition`).
 from __future__ import annotations
 
 import importlib.util
-import os
 import re
 import sys
 from collections.abc import Callable
@@ -27,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from spark_runtime.apps import AppDefinition, load_app_snapshot
+from spark_runtime.env import env
 from spark_runtime.topology import (
     OPERATOR_KINDS,
     OUT_CHANNEL,
@@ -273,7 +273,7 @@ def _operator_errors(operators) -> list[str]:
 
 def jobs_dir() -> Path:
     """The allow-listed jobs directory: env BACKSTOP_JOBS_DIR, else `jobs/` in the project."""
-    configured = os.environ.get("BACKSTOP_JOBS_DIR")
+    configured = env("BACKSTOP_JOBS_DIR", "")
     return Path(configured) if configured else Path(__file__).resolve().parent.parent / "jobs"
 
 

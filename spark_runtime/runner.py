@@ -18,6 +18,7 @@ from spark_runtime import keys
 from spark_runtime.activity import cpu_share_over, is_busy
 from spark_runtime.config import worker_python
 from spark_runtime.cpu_priority import set_group_nice
+from spark_runtime.env import env
 from spark_runtime.jobdef import resolve_topology
 from spark_runtime.replicas import (
     HeartbeatMissed,
@@ -117,15 +118,15 @@ class SubprocessLauncher:
         logfile = open(os.path.join(self.log_dir, f"{replica.replica_id}.log"), "ab")  # noqa: SIM115
         nice = self.standby_nice if replica.role == "standby" else 0
         # The data plane's variables only: the replica runs users' code (stage_env.py).
-        env = stage_environment(
+        environment = stage_environment(
             REDIS_URL=self.redis_url,
-            PYSPARK_PYTHON=os.environ.get("PYSPARK_PYTHON", worker_python()),
+            PYSPARK_PYTHON=env("PYSPARK_PYTHON", "") or worker_python(),
         )
         proc = subprocess.Popen(
             self.command(replica),
             stdout=logfile,
             stderr=subprocess.STDOUT,
-            env=env,
+            env=environment,
             # Own process group: a kill takes the JVM and the Python workers down with the driver.
             start_new_session=True,
             # In the child, after setsid: the nice level and the new session's autogroup (a

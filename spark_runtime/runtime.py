@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from spark_runtime import external_io, kafka_audit, keys, user_plan
 from spark_runtime.buffer import OutputBuffer
 from spark_runtime.checkpoint_seed import remove_orphan_temp_files
+from spark_runtime.env import env
 from spark_runtime.external_io import KafkaSink
 from spark_runtime.kafka_sink import KafkaResultWriter
 from spark_runtime.kafka_source import FORMAT_NAME as KAFKA_FORMAT
@@ -457,7 +458,7 @@ def spark_python_path() -> list[str]:
     pip-installed PySpark is its own Spark home)."""
     import pyspark
 
-    spark_home = os.environ.get("SPARK_HOME") or os.path.dirname(pyspark.__file__)
+    spark_home = env("SPARK_HOME", "") or os.path.dirname(pyspark.__file__)
     return sorted(glob.glob(os.path.join(spark_home, "python", "lib", "*.zip")))
 
 
@@ -473,11 +474,11 @@ def worker_start_failure(python: str, timeout_s: float = WORKER_PROBE_TIMEOUT_S)
     not the time recovery is measured on.
     """
     pythonpath = [*spark_python_path(), os.environ.get("PYTHONPATH", "")]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in pythonpath if p)}
+    environment = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in pythonpath if p)}
     command = [python, "-c", "import " + ", ".join(WORKER_IMPORTS)]
     try:
         done = subprocess.run(
-            command, env=env, capture_output=True, text=True, timeout=timeout_s, check=False
+            command, env=environment, capture_output=True, text=True, timeout=timeout_s, check=False
         )
     except subprocess.TimeoutExpired:
         return None

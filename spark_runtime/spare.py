@@ -47,6 +47,7 @@ from spark_runtime.config import (
     ensure_python_env,
 )
 from spark_runtime.cpu_priority import can_raise_priority, set_group_nice
+from spark_runtime.env import env
 from spark_runtime.redis_client import connect
 from spark_runtime.spare_plans import warm_up_plans
 from spark_runtime.strategies import NEEDED_SPARE_HELD_NICE, SPARE_NICE
@@ -149,7 +150,7 @@ def build_parser() -> argparse.ArgumentParser:
         "machine: the lock it releases once warm)",
     )
     parser.add_argument("--spare-id", required=True)
-    parser.add_argument("--redis-url", default=os.environ.get("REDIS_URL", DEFAULT_REDIS_URL))
+    parser.add_argument("--redis-url", default=env("REDIS_URL", DEFAULT_REDIS_URL))
     return parser
 
 

@@ -88,6 +88,7 @@ from spark_runtime.config import (
 )
 from spark_runtime.cpu_priority import set_group_nice
 from spark_runtime.disk_space import DiskFull, disk_full_cause
+from spark_runtime.env import env
 from spark_runtime.jobdef import registered_app
 from spark_runtime.progress import ProgressRecord, publish_progress
 from spark_runtime.redis_client import connect
@@ -144,7 +145,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--role", choices=("primary", "standby"), default="primary")
     parser.add_argument("--replica-id", required=True)
     parser.add_argument("--node", default=socket.gethostname())
-    parser.add_argument("--redis-url", default=os.environ.get("REDIS_URL", DEFAULT_REDIS_URL))
+    parser.add_argument("--redis-url", default=env("REDIS_URL", DEFAULT_REDIS_URL))
     parser.add_argument("--checkpoint-dir", default=None)
     parser.add_argument("--seed-from", default=None, help="checkpoint to copy before a first start")
     parser.add_argument("--cpu-priorities", action="store_true")

@@ -31,6 +31,7 @@ import time
 
 from spark_runtime.checkpoint_seed import seed_checkpoint
 from spark_runtime.config import DEFAULT_REDIS_URL
+from spark_runtime.env import env
 
 log = logging.getLogger(__name__)
 
@@ -76,7 +77,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--operators", required=True)
     parser.add_argument("--from-checkpoint", required=True)
     parser.add_argument("--param", action="append", default=[])
-    parser.add_argument("--redis-url", default=os.environ.get("REDIS_URL", DEFAULT_REDIS_URL))
+    parser.add_argument("--redis-url", default=env("REDIS_URL", DEFAULT_REDIS_URL))
     parser.add_argument("--timeout", type=float, default=90.0)
     return parser
 

@@ -7,11 +7,10 @@ GUNICORN_TIMEOUT (infra/web_server.py says how each default is chosen) and GUNIC
 (default off; `-` logs every request to stderr).
 """
 
-import os
-
 from infra.web_server import thread_count, timeout_s, worker_count
+from spark_runtime.env import env
 
-bind = os.environ.get("GUNICORN_BIND", "0.0.0.0:8000")
+bind = env("GUNICORN_BIND", "0.0.0.0:8000")
 workers = worker_count()
 threads = thread_count()
 worker_class = "gthread"
@@ -27,7 +26,7 @@ keepalive = 5
 # leak in a library could take over days.
 max_requests = 5000
 max_requests_jitter = 500
-accesslog = os.environ.get("GUNICORN_ACCESS_LOG") or None
+accesslog = env("GUNICORN_ACCESS_LOG", "") or None
 errorlog = "-"
 proc_name = "backstop-web"
 

@@ -38,7 +38,6 @@ from console.policy.fault_params import (
 )
 from console.redis import redis_client
 from infra import keys, tasks
-from infra.env import env
 from infra.node_metrics import (
     PROCESSES,
     Capacity,
@@ -60,6 +59,7 @@ from spark_runtime.activity import ActivityMeter, is_busy, tree_rss_mb
 from spark_runtime.class_sharing import ensure_archive
 from spark_runtime.command_fence import FenceMemory, check_command
 from spark_runtime.config import worker_python
+from spark_runtime.env import env
 
 # SPARE_START_TIMEOUT_S: a spare not idle within it is replaced; its clock restarts while the
 # spare yields its CPU (spark_runtime.spare.mark_yielding).
@@ -112,7 +112,7 @@ _fence = FenceMemory()
 
 def this_node() -> str:
     """The node this agent serves (env BACKSTOP_NODE); tasks for other nodes are refused."""
-    node = os.environ.get("BACKSTOP_NODE", "")
+    node = env("BACKSTOP_NODE", "")
     if not node:
         raise RuntimeError("BACKSTOP_NODE is not set: this worker is not a node agent")
     return node
@@ -875,7 +875,7 @@ def capacity_from_env() -> Capacity:
 @worker_ready.connect
 def start_agent_loop(sender=None, **kwargs) -> None:
     """Begin publishing when this worker is a node agent (BACKSTOP_NODE set)."""
-    node = os.environ.get("BACKSTOP_NODE")
+    node = env("BACKSTOP_NODE", None)
     if not node:
         return
     scope = env("BACKSTOP_NODE_SCOPE", PROCESSES)

@@ -24,6 +24,7 @@ def test_control_plane_keys_are_unchanged():
     assert control_keys.kafka_conditions("wc-7") == "backstop:wc-7:kafka-conditions"
     assert control_keys.job_activity("wc-7") == "backstop:wc-7:io-activity"
     assert control_keys.job_alerts("wc-7") == "backstop:wc-7:alerts"
+    assert control_keys.job_strays("wc-7") == "backstop:wc-7:strays"
     assert control_keys.reconcile_failures("wc-7") == "backstop:wc-7:reconcile-failures"
     assert control_keys.controller_stats("h:1:ab") == "backstop:controller:h:1:ab:stats"
     assert control_keys.controller_job_keys("wc-7") == [
@@ -31,6 +32,7 @@ def test_control_plane_keys_are_unchanged():
         "backstop:wc-7:reconcile-failures", "backstop:wc-7:kafka-conditions",
         "backstop:wc-7:exits", "backstop:wc-7:exit-tails", "backstop:wc-7:interval-requests",
         "backstop:wc-7:agent-events-cursor", "backstop:wc-7:io-activity", "backstop:wc-7:alerts",
+        "backstop:wc-7:strays",
     ]  # fmt: skip
     assert (
         control_keys.ingest_cursor("backstop:wc-7:progress")

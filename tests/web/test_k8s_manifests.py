@@ -30,7 +30,7 @@ K8S = ROOT / "docker" / "k8s"
 SCHEMA_VERSIONS = ("1.30", latest_version())
 GUNICORN = ["gunicorn", "-c", "web/gunicorn.conf.py", "web.wsgi:application"]
 SOURCE_PACKAGES = ("web", "infra", "console", "workers", "spark_runtime")
-# How the code reads a variable: env("NAME", ...) (infra.env), os.environ.get / setdefault /
+# How the code reads a variable: env("NAME", ...) (spark_runtime.env), os.environ.get / setdefault /
 # [...], os.getenv, and the gunicorn settings' _positive_int("NAME", ...) (web/gunicorn.conf.py).
 READS = re.compile(
     r"""(?:\benv|\bgetenv|environ\.get|environ\.setdefault|_positive_int)\(\s*["']([A-Z][A-Z0-9_]*)["']"""

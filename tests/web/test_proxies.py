@@ -101,7 +101,7 @@ def test_audit_log_names_the_real_client(users, settings, caplog):
 
 
 def test_a_bad_trusted_proxies_value_stops_start_up(monkeypatch):
-    from infra.env import ImproperlyConfiguredEnv, env
+    from spark_runtime.env import ImproperlyConfiguredEnv, env
     from web.settings.base import _networks
 
     monkeypatch.setenv("TRUSTED_PROXIES", "10.0.0.5, 10.0.0.300/8")

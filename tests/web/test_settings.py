@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from infra.env import ImproperlyConfiguredEnv, env, parse_bool, parse_list, parse_url
+from spark_runtime.env import ImproperlyConfiguredEnv, env, parse_bool, parse_list, parse_url
 from web.settings.base import _email_settings
 
 

@@ -10,9 +10,9 @@ import dj_database_url
 
 from console.oidc import OIDC_BACKEND
 from console.oidc.mapping import parse_group_map
-from infra.env import ImproperlyConfiguredEnv, env, parse_bool, parse_list, parse_url
 from infra.kafka import kafka_bootstrap_servers
 from spark_runtime.config import spark_log_level
+from spark_runtime.env import ImproperlyConfiguredEnv, env, parse_bool, parse_list, parse_url
 
 BASE_DIR = Path(__file__).resolve().parent.parent.parent
 VAR_DIR = Path(env("BACKSTOP_VAR_DIR", str(BASE_DIR / "var")))

@@ -6,7 +6,7 @@ Behind a reverse proxy that terminates TLS, set SECURE_PROXY_SSL_HEADER (e.g.
 the proxy overwrites that header on every request; see also TRUSTED_PROXIES in base.py.
 """
 
-from infra.env import env, parse_bool, parse_list
+from spark_runtime.env import env, parse_bool, parse_list
 from web.settings import base, inherit
 
 inherit(globals(), base)

@@ -2,7 +2,7 @@
 
 import os
 
-from infra.env import env, parse_url
+from spark_runtime.env import env, parse_url
 from web.settings import base, inherit
 
 inherit(globals(), base)

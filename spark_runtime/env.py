@@ -1,9 +1,10 @@
 """Read settings from the environment through one helper that fails loudly on a bad value.
 
-The Django settings read every variable through `env()`, so a typo such as
-`CELERY_TASK_TIME_LIMIT=ten` stops the process at start-up with a message naming the variable,
-instead of surfacing later as a confusing runtime error. docs/CONFIGURATION.md says which
-variables are read elsewhere (the data plane may not import this module).
+Every package reads its settings through `env()`: the Django settings, the node agents, the
+Kafka helpers and the data plane (which may import nothing else of the project, hence its
+place here). A typo such as `CELERY_TASK_TIME_LIMIT=ten` stops the process at start-up with a
+message naming the variable, instead of surfacing later as a confusing runtime error.
+docs/CONFIGURATION.md lists the variables and where each is read.
 """
 
 from __future__ import annotations
