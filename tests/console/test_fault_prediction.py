@@ -210,7 +210,7 @@ def test_a_node_killed_again_and_again_raises_its_stages_fr_and_earns_a_standby(
 
     # The placement page shows the run and that it is in force.
     admin = users[ADMIN]
-    *_, predictor_card = placement_callbacks.refresh(1, user=admin)
+    *_, predictor_card, _host_reserve = placement_callbacks.refresh(1, user=admin)
     text = json.dumps(predictor_card, default=lambda c: c.to_plotly_json())
     assert f"In force: model #{run.pk}" in text
     assert "held-out MSE" in text

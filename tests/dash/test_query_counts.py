@@ -31,12 +31,13 @@ pytestmark = pytest.mark.django_db
 # fleet totals, replicas and nodes, episodes, node ids and cluster use, throughput, policy. Job:
 # role, job, operators, replicas, 2 newest values, policy, history, upgrades, decisions,
 # failures and their responses, faults. Placement: role, replicas and nodes, policy, standbys,
-# predictor. Recoveries: role, job choices, the jobs compared, series, episodes, faults, strategies.
-# Resources: role, nodes, series.
+# the jobs of the standbys the host reserve downgraded, predictor. Recoveries: role, job
+# choices, the jobs compared, series, episodes, faults, strategies. Resources: role, nodes,
+# series.
 MAX_QUERIES = {
     "overview": 14,
     "job": 13,
-    "placement": 6,
+    "placement": 7,
     "recoveries": 7,
     "resources": 3,
 }
@@ -162,7 +163,7 @@ def test_recoveries_refresh_queries_do_not_grow_with_the_jobs_compared(fleet):
     small = fleet.small()
     chosen = small.jobs
     recoveries.refresh(1, [job.pk for job in chosen], 900, user=fleet.viewer)  # warm up
-    at_small, (timelines, episodes, _, strategies) = counted(
+    at_small, (timelines, _, episodes, _, strategies) = counted(
         lambda: recoveries.refresh(1, [job.pk for job in chosen], 900, user=fleet.viewer)
     )
     assert len(timelines.layout.annotations) == len(chosen)  # one column title per job
@@ -171,7 +172,7 @@ def test_recoveries_refresh_queries_do_not_grow_with_the_jobs_compared(fleet):
 
     large = fleet.grow()
     chosen = large.jobs[: recoveries.MAX_COMPARED]
-    at_large, (timelines, episodes, _, strategies) = counted(
+    at_large, (timelines, _, episodes, _, strategies) = counted(
         lambda: recoveries.refresh(1, [job.pk for job in chosen], 900, user=fleet.viewer)
     )
     assert [a.text.split(" · ")[0] for a in timelines.layout.annotations] == [

@@ -198,9 +198,11 @@ def _host_reserve(reserve_rows: dict, reserve: float):
     return [
         html.P(
             "Measured use per host (its agents' processes, the mean of their last 5 samples; "
-            "each machine's cores counted once). Past the reserve a launch is refused, a spare "
-            "is not started, and standbys run checkpoint-only, lowest priority first; one is "
-            "restored 60 s later at the earliest, once the reserve plus 10% stays free with it.",
+            "each machine's cores counted once). With the policy's hold_host_reserve at 1, past "
+            "the reserve a launch is refused, a spare is not started, and standbys run "
+            "checkpoint-only, lowest priority first; one is restored 60 s later at the "
+            "earliest, once the reserve plus 10% stays free with it. At 0 (the default) the "
+            "reserve is kept at placement only.",
             className="muted small",
         ),
         hosts,
