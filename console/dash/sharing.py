@@ -23,6 +23,7 @@ from datetime import UTC, datetime
 from dash import Output, html
 from django.http import HttpResponse
 
+from console.clock import utc
 from console.dash.common import REFRESH_MS, WINDOWS
 from console.services.shared_data import entry_key, shared
 
@@ -129,5 +130,5 @@ def shared_response(app_name: str, body: dict, respond, scope: str) -> HttpRespo
     )
     status, content, content_type = answer.value
     response = HttpResponse(content.encode("utf-8"), status=status, content_type=content_type)
-    response["X-Data-Computed-At"] = datetime.fromtimestamp(answer.computed_at, UTC).isoformat()
+    response["X-Data-Computed-At"] = utc(answer.computed_at).isoformat()
     return response

@@ -24,7 +24,6 @@ mail server never delays a supervision cycle):
 from __future__ import annotations
 
 import logging
-from datetime import UTC, datetime
 
 from django.conf import settings
 from django.core.mail import EmailMessage
@@ -33,6 +32,7 @@ from django.db.models import Q
 from django.template.loader import render_to_string
 from django.utils import timezone
 
+from console.clock import utc
 from console.models import Job, RecoveryEpisode, ReportSubscription, SentAlert
 from console.services.kafka_status import LAG, SOURCE
 
@@ -137,7 +137,7 @@ def alert_kafka(job: Job, kind: str, since: str, detail: dict) -> int:
     condition is alerted once); return emails sent."""
     if kind not in (SOURCE, LAG):
         return 0
-    started = _time_or(datetime.fromtimestamp(float(since), tz=UTC), "unknown")
+    started = _time_or(utc(since), "unknown")
     topic = (job.source or {}).get("topic", "-")
     facts = [("Job", f"{job.name} (id {job.pk}, {job.topology}, {job.strategy})"), ("Topic", topic)]
     if kind == SOURCE:
@@ -165,7 +165,7 @@ def alert_reconcile_failing(job: Job, since: float, failures: int, error: str) -
     """Alert that the controller's reconciles of `job` have failed `failures` times in a row
     since `since` (epoch seconds: the streak is alerted once), the last with `error`; the job
     is retried with a growing delay meanwhile (console.services.fleet). Returns emails sent."""
-    started = _time_or(datetime.fromtimestamp(float(since), tz=UTC), "unknown")
+    started = _time_or(utc(since), "unknown")
     subject = (
         f"{settings.EMAIL_SUBJECT_PREFIX}Supervision failing: {job.name}: "
         f"{failures} reconciles in a row failed"

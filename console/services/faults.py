@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from functools import partial
 
 import redis
@@ -12,6 +12,7 @@ from django.db import transaction
 from django.utils import timezone
 from kombu.exceptions import OperationalError
 
+from console.clock import utc
 from console.models import ControlDecision, FaultInjection, Job, Node, RecoveryEpisode, Replica
 from console.policy.fault_params import (
     DEFAULT_BATCH_DELAY_S,
@@ -349,7 +350,7 @@ def record_spark_kill(job: Job, fault_id: str, detail: str, at: float) -> Recove
         strategy=job.strategy,
         stage=stage or "",
         action=RecoveryEpisode.Action.SPARK_RETRY,
-        detected_at=datetime.fromtimestamp(at, tz=UTC),
+        detected_at=utc(at),
         notes=detail,
     )
     fault.outcome_detail = f"{fault.outcome_detail}; {detail}"

@@ -20,8 +20,8 @@ Metric names written (MetricSample.name):
 from __future__ import annotations
 
 import json
-from datetime import UTC, datetime
 
+from console.clock import utc
 from console.models import Job, MetricSample, Node
 from console.policy.resources import NodeSample, idle_rates
 from infra import keys as control_keys
@@ -55,10 +55,6 @@ def _advance(client, stream: str, entries: list[tuple[str, dict]]) -> None:
         client.set(control_keys.ingest_cursor(stream), entries[-1][0])
 
 
-def _at(epoch_s: float) -> datetime:
-    return datetime.fromtimestamp(float(epoch_s), tz=UTC)
-
-
 def _ms(seconds: float | None) -> float | None:
     return None if seconds is None else seconds * 1000.0
 
@@ -89,7 +85,7 @@ def progress_samples(job: Job, records: list[ProgressRecord]) -> list[MetricSamp
     for stage, mine in by_stage.items():
         mine.sort(key=lambda r: r.at)
         newest = mine[-1]
-        at = _at(newest.at)
+        at = utc(newest.at)
         stage_metrics = {
             "throughput_eps": _mean(r.processed_rate for r in mine),
             "input_rate_eps": _mean(r.input_rate for r in mine),
@@ -111,7 +107,7 @@ def progress_samples(job: Job, records: list[ProgressRecord]) -> list[MetricSamp
             "latency_p90_ms": _ms(_max(r.latency_p90 for r in final)),
             "latency_p99_ms": _ms(_max(r.latency_p99 for r in final)),
         }
-        at = _at(final[-1].at)
+        at = utc(final[-1].at)
         for name, value in job_metrics.items():
             if value is not None:
                 rows.append(MetricSample(at=at, job=job, stage="", name=name, value=value))
@@ -148,7 +144,7 @@ def usage_samples(node: Node, usages: list[dict]) -> list[MetricSample]:
     if not usages:
         return []
     rates = [idle_rates(node_sample_from_usage(node.name, usage)) for usage in usages]
-    at = _at(max(float(usage["at"]) for usage in usages))
+    at = utc(max(float(usage["at"]) for usage in usages))
     values = {
         "cpu_util": 1 - _mean(r.cpu for r in rates),
         "mem_util": 1 - _mean(r.mem for r in rates),

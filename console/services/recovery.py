@@ -13,13 +13,14 @@ from __future__ import annotations
 import bisect
 import json
 import logging
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 
 import redis
 from django.db import transaction
 from django.db.models import Sum
 from django.utils import timezone
 
+from console.clock import utc
 from console.models import ControlDecision, Job, Operator, RecoveryEpisode, RegisteredTopology
 from console.policy import recovery_phases, truth
 from console.policy.config import PolicyConfig
@@ -62,10 +63,6 @@ def judged_until(config: PolicyConfig) -> float:
 
 
 logger = logging.getLogger(__name__)
-
-
-def _datetime(epoch_s: float) -> datetime:
-    return datetime.fromtimestamp(epoch_s, tz=UTC)
 
 
 def recovery_settings(config: PolicyConfig) -> RecoverySettings:
@@ -267,11 +264,11 @@ def record_measurement(episode: RecoveryEpisode, measured: FaultMeasurement) -> 
     recovered = measured.recovered_at
     episode.downtime_s = measured.downtime_s
     episode.recovery_time_s = measured.recovery_time_s
-    episode.recovered_at = None if recovered is None else _datetime(recovered)
+    episode.recovered_at = None if recovered is None else utc(recovered)
     episode.peak_p99_ms = measured.peak_p99_ms
     episode.watched_s = measured.watched_s
     if measured.reference is not None:
-        episode.reference_from, episode.reference_to = map(_datetime, measured.reference)
+        episode.reference_from, episode.reference_to = map(utc, measured.reference)
     episode.notes = f"{episode.notes}; {measured.note}" if episode.notes else measured.note
     episode.save(
         update_fields=[
@@ -345,8 +342,7 @@ def measure_open_episodes(job: Job, client, config: PolicyConfig, now: float | N
         (fault_time(e, config).timestamp(), e)
         for e in job.recoveries.filter(
             watched_s__isnull=False,
-            detected_at__lte=datetime.fromtimestamp(faults[0], tz=UTC)
-            + timedelta(seconds=config.heartbeat_timeout_s),
+            detected_at__lte=utc(faults[0]) + timedelta(seconds=config.heartbeat_timeout_s),
         )
         .select_related("fault")
         .order_by("-detected_at")[:5]

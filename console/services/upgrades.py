@@ -35,12 +35,12 @@ import logging
 import os
 import subprocess
 import sys
-from datetime import UTC, datetime
 
 from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
+from console.clock import utc
 from console.models import ControlDecision, Job, JobUpgrade, Policy, Replica
 from console.policy.recovery import latency_limit_ms, p90_per_second_ms
 from console.redis import redis_client
@@ -477,13 +477,13 @@ def change_strategy(job: Job, upgrade: JobUpgrade, now: float) -> None:
         outcome = f"strategy changed in place: {upgrade.reason}"
         if not JobUpgrade.objects.filter(pk=upgrade.pk, status=JobUpgrade.Status.REQUESTED).update(
             status=JobUpgrade.Status.CONFIRMED,
-            switched_at=_at(now),
-            ended_at=_at(now),
+            switched_at=utc(now),
+            ended_at=utc(now),
             outcome=outcome,
         ):
             return  # cancelled meanwhile: the job keeps its strategy
         upgrade.status = JobUpgrade.Status.CONFIRMED
-        upgrade.switched_at = upgrade.ended_at = _at(now)
+        upgrade.switched_at = upgrade.ended_at = utc(now)
         upgrade.outcome = outcome
         job.strategy = upgrade.to_strategy
         job.save(update_fields=["strategy"])
@@ -922,10 +922,10 @@ def record_phase(job: Job, upgrade: JobUpgrade, supervisor: Supervisor) -> None:
     # confirm or rollback written meanwhile stays for the next reconcile to carry out.
     changes: dict = {"status": status}
     if machine.switched_at and not upgrade.switched_at:
-        changes["switched_at"] = _at(machine.switched_at)
+        changes["switched_at"] = utc(machine.switched_at)
     if machine.ended_at:
         # Ended: what was asked is done or moot.
-        changes.update(ended_at=_at(machine.ended_at), outcome=machine.outcome, requested_action="")
+        changes.update(ended_at=utc(machine.ended_at), outcome=machine.outcome, requested_action="")
     moved = JobUpgrade.objects.filter(pk=upgrade.pk, status=upgrade.status).update(**changes)
     if not moved:
         # The record ended meanwhile (the job stopped): the next reconcile ends the supervisor's
@@ -966,7 +966,3 @@ def sync_roles(job: Job, supervisor: Supervisor, machine) -> None:
             Replica.objects.filter(replica_id=Replica.full_id(job.key, replica_id)).update(
                 role=replica.role
             )
-
-
-def _at(epoch_s: float) -> datetime:
-    return datetime.fromtimestamp(epoch_s, tz=UTC)

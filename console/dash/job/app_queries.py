@@ -5,11 +5,10 @@ no Redis."""
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
-
 import plotly.graph_objects as go
 from dash import html
 
+from console.clock import utc
 from console.dash.common import fmt_num, table
 
 QUERY_COLUMNS = [
@@ -59,7 +58,7 @@ def query_rates_figure(history: list) -> go.Figure:
     for record in history:
         by_query.setdefault(record.query, []).append(record)
     for query, records in sorted(by_query.items()):
-        times = [datetime.fromtimestamp(r.at, UTC) for r in records]
+        times = [utc(r.at) for r in records]
         for label, field, dash in (
             ("input", "input_rate", "dot"),
             ("processed", "processed_rate", "solid"),
@@ -87,7 +86,7 @@ def output_tail(lines: list[dict]):
     if not lines:
         return html.P("The app has printed nothing yet.", className="muted")
     text = "\n".join(
-        f"{datetime.fromtimestamp(line.get('at', 0), UTC):%H:%M:%S} "
+        f"{utc(line.get('at', 0)):%H:%M:%S} "
         f"{'!' if line.get('stream') == 'stderr' else ' '} {line.get('line', '')}"
         for line in lines
     )

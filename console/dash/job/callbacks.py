@@ -8,12 +8,13 @@ Each function is a Dash callback (wired in job/app.py) and can be called directl
 from __future__ import annotations
 
 import re
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 
 from dash import html
 from dash.exceptions import PreventUpdate
 from django.utils import timezone
 
+from console.clock import utc
 from console.dash import controls, data, kafka_data
 from console.dash.common import (
     DEFAULT_WINDOW_S,
@@ -92,7 +93,7 @@ def _reconcile_failing(failure: dict | None):
     growing delay): how many in a row, since when, the last error."""
     if failure is None:
         return None
-    since = datetime.fromtimestamp(float(failure.get("since", 0)), tz=UTC)
+    since = utc(failure.get("since", 0))
     return html.Div(
         [
             html.B("Supervision failing: "),

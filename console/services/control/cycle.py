@@ -8,10 +8,10 @@ from __future__ import annotations
 import json
 import time
 from dataclasses import replace
-from datetime import UTC, datetime
 
 from django.utils import timezone
 
+from console.clock import utc
 from console.models import ControlDecision, Job, MetricSample, Operator, Policy, Replica
 from console.policy import actions as policy_actions
 from console.policy.checkpoint import (
@@ -219,7 +219,7 @@ def roll_out_intervals(job: Job, supervisor: Supervisor, client, config, operato
             and info.get("interval_since", 0) >= request["sent_at"]
         ):
             client.hdel(requests_key, replica_id)
-            since = datetime.fromtimestamp(info["interval_since"], tz=UTC)
+            since = utc(info["interval_since"])
             decide(
                 job,
                 ControlDecision.Kind.SET_INTERVAL,

@@ -14,6 +14,7 @@ from datetime import UTC, datetime
 
 from django.utils import timezone
 
+from console.clock import utc
 from console.models import Job, MetricSample, Node, Policy, Replica
 from console.policy.resources import node_score
 from console.policy.strays import stray_candidates
@@ -235,17 +236,11 @@ def sync_replicas(job: Job, client, supervisor: Supervisor) -> dict[str, dict]:
             "fencing_epoch": info.get("epoch") or 0,
             "state": state,
             "checkpoint_interval_s": info.get("checkpoint_interval_s"),
-            "interval_since": datetime.fromtimestamp(info["interval_since"], tz=UTC)
-            if info.get("interval_since")
-            else None,
+            "interval_since": utc(info["interval_since"]) if info.get("interval_since") else None,
             "nice": info.get("nice"),
             "batch_every_s": info.get("batch_every_s"),
         }
-        beat = (
-            datetime.fromtimestamp(info["updated"], tz=UTC)
-            if alive and info.get("updated")
-            else None
-        )
+        beat = utc(info["updated"]) if alive and info.get("updated") else None
         stale_beat = (beat is None) != (row.last_heartbeat is None) or (
             beat is not None
             and (now - row.last_heartbeat).total_seconds() >= HEARTBEAT_ROW_REFRESH_S

@@ -8,11 +8,11 @@ import json
 import logging
 import signal
 import time
-from datetime import UTC, datetime
 
 from django.db import transaction
 from django.utils import timezone
 
+from console.clock import utc
 from console.models import (
     Alert,
     ControlDecision,
@@ -280,7 +280,7 @@ def record_reprotections(job: Job, supervisor: Supervisor) -> None:
             job.recoveries.filter(
                 stage=stage,
                 action=RecoveryEpisode.Action.PROMOTE,
-                detected_at__lte=datetime.fromtimestamp(promoted_at + 5, tz=UTC),
+                detected_at__lte=utc(promoted_at + 5),
             )
             .order_by("-detected_at")
             .first()
@@ -635,7 +635,7 @@ def watch_conditions(
         hold(f"{event}:{job.key}", event, summary, **detail)
     if config.alert_recovery_over_s:
         for episode in job.recoveries.filter(watched_s__isnull=True, recovery_time_s__isnull=True):
-            elapsed = recovery_elapsed_s(episode, datetime.fromtimestamp(now, tz=UTC))
+            elapsed = recovery_elapsed_s(episode, utc(now))
             if elapsed > config.alert_recovery_over_s:
                 hold(
                     f"recovery-slow:{job.key}:{episode.pk}",
