@@ -13,12 +13,13 @@ from types import SimpleNamespace
 import pytest
 from rest_framework.test import APIClient
 
-from console.models import Job, MetricSample, Operator
+from console.models import ControlDecision, Job, MetricSample, Operator
 from console.roles import ADMIN
 from console.services import controller
 from console.services.control import cycle, observe
 from console.services.jobs import create_job
 from console.services.topologies import register_app
+from infra import keys as control_keys
 from spark_runtime import keys
 from spark_runtime.app_output import OutputTail
 from spark_runtime.app_plan import stateful_operators
@@ -62,6 +63,7 @@ def publish_plans(client, job: Job) -> None:
 
 def test_found_operators_become_the_jobs_scored_operators_once(app_job, redis_conn):
     job = app_job
+    launched_at = ControlDecision.objects.filter(job=job).latest("at").at
     supervisor = observe.load_supervisor(redis_conn, job)
     cycle.policy_cycle(job, supervisor, redis_conn)
     assert list(job.operators.values_list("name", flat=True)) == ["app"]  # nothing found yet
@@ -81,6 +83,10 @@ def test_found_operators_become_the_jobs_scored_operators_once(app_job, redis_co
 
     cycle.policy_cycle(job, supervisor, redis_conn)  # again: nothing new
     assert Operator.objects.filter(job=job).count() == 3
+    # The app's own code sets its queries' intervals: the cycles send or log none for them.
+    intervals = ControlDecision.objects.filter(job=job, kind=ControlDecision.Kind.SET_INTERVAL)
+    assert intervals.filter(at__gt=launched_at).count() == 0
+    assert not redis_conn.exists(control_keys.interval_requests(job.key))
     assert supervisor.stage_operators[stage] == ("app", "large:deduplicate", "totals:aggregate")
 
 

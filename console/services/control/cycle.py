@@ -121,13 +121,18 @@ def policy_cycle(
     ]
     if not moves_standbys:
         actions = [a for a in actions if isinstance(a, policy_actions.SetCheckpointInterval)]
+    if supervisor.app:
+        # An existing app's queries keep the trigger and state-store settings its own code
+        # sets: its stage takes no interval command, so none is sent, stored or logged.
+        actions = [a for a in actions if not isinstance(a, policy_actions.SetCheckpointInterval)]
     apply_cycle(job, supervisor, client, actions, stage_of, operators)
     if moves_standbys:
         for stage, ops in supervisor.stage_operators.items():
             verdict = result.verdicts.get(top_operator(ops, priorities))
             if verdict is not None:
                 record_standby_verdict(job, supervisor, stage, verdict)
-    roll_out_intervals(job, supervisor, client, config, operators)
+    if not supervisor.app:
+        roll_out_intervals(job, supervisor, client, config, operators)
     rows = store_priorities(job, operators, priorities, predicted, now)
     if samples is None:
         MetricSample.objects.bulk_create(rows)
