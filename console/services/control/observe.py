@@ -199,11 +199,8 @@ def sync_replicas(job: Job, client, supervisor: Supervisor) -> dict[str, dict]:
         for replica_id in ids:
             pipe.exists(data_keys.heartbeat(job.key, replica_id))
         alive_by_id = dict(zip(ids, pipe.execute(), strict=True))
-    strays = stray_candidates(
-        {replica_id: json.loads(raw) for replica_id, raw in reported.items()},
-        alive_by_id,
-        supervisor.replicas,
-    )
+    entries = {replica_id: json.loads(raw) for replica_id, raw in reported.items()}
+    strays = stray_candidates(entries, alive_by_id, supervisor.replicas)
     slow = set(supervisor.slow())
     rows = {
         row.replica_id: row
@@ -213,11 +210,10 @@ def sync_replicas(job: Job, client, supervisor: Supervisor) -> dict[str, dict]:
     }
     now = datetime.now(tz=UTC)
     changed = []
-    for replica_id, raw in reported.items():
+    for replica_id, info in entries.items():
         row = rows.get(Replica.full_id(job.key, replica_id))
         if row is None:
             continue
-        info = json.loads(raw)
         alive = bool(alive_by_id[replica_id])
         if replica_id in slow:
             state = Replica.State.SLOW
