@@ -6,14 +6,10 @@ with its file and line in the job's reason."""
 
 from __future__ import annotations
 
-import shutil
-from pathlib import Path
-
 import pytest
 from rest_framework.test import APIClient
 
 from console.models import Job, RecoveryEpisode
-from console.roles import ADMIN, OPERATOR
 from infra.launcher import wait_for
 from tests.app_files import (
     large_found,
@@ -23,28 +19,15 @@ from tests.app_files import (
     write_input,
 )
 from tests.conftest import wait_until
-from tests.factories import UserFactory
 from tests.integration.live import api, inject
 
-pytestmark = [pytest.mark.spark, pytest.mark.django_db(transaction=True)]
+pytestmark = [
+    pytest.mark.spark,
+    pytest.mark.django_db(transaction=True),
+    pytest.mark.usefixtures("jobs_dir", "people"),
+]
 
-APPS = Path(__file__).resolve().parents[2] / "jobs" / "apps"
 LARGE = 70
-
-
-@pytest.fixture(autouse=True)
-def jobs_dir(tmp_path, monkeypatch):
-    """A jobs directory with the example apps, set before the cluster starts."""
-    directory = tmp_path / "jobs"
-    shutil.copytree(APPS, directory / "apps")
-    monkeypatch.setenv("BACKSTOP_JOBS_DIR", str(directory))
-    return directory
-
-
-@pytest.fixture(autouse=True)
-def people(transactional_db):
-    UserFactory(username="opal", role=OPERATOR)
-    return UserFactory(username="adam", role=ADMIN)
 
 
 def test_an_app_survives_the_kill_of_its_process(cluster, people, tmp_path):

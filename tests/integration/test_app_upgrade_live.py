@@ -9,7 +9,6 @@ lost, 0 duplicated)."""
 from __future__ import annotations
 
 import json
-import shutil
 import time
 from pathlib import Path
 
@@ -17,15 +16,17 @@ import pytest
 from rest_framework.test import APIClient
 
 from console.models import ControlDecision, Job, JobUpgrade
-from console.roles import ADMIN, OPERATOR
 from infra.launcher import wait_for
 from tests.app_files import large_found, newest_totals, purchases, spend_expected, write_input
-from tests.factories import UserFactory
 from tests.integration.live import api
 
-pytestmark = [pytest.mark.spark, pytest.mark.slow, pytest.mark.django_db(transaction=True)]
+pytestmark = [
+    pytest.mark.spark,
+    pytest.mark.slow,
+    pytest.mark.django_db(transaction=True),
+    pytest.mark.usefixtures("jobs_dir", "people"),
+]
 
-APPS = Path(__file__).resolve().parents[2] / "jobs" / "apps"
 LARGE = 70
 # The compatible new version: its totals carry the version (its output is told apart); the
 # aggregation, and so its state, is the same.
@@ -40,21 +41,6 @@ ANOTHER_STATE = (
     '.agg(F.sum("amount").alias("total"), F.count(F.lit(1)).alias("purchases"), '
     'F.max("amount").alias("top"))',
 )
-
-
-@pytest.fixture(autouse=True)
-def jobs_dir(tmp_path, monkeypatch):
-    """A jobs directory with the example apps, set before the cluster starts."""
-    directory = tmp_path / "jobs"
-    shutil.copytree(APPS, directory / "apps")
-    monkeypatch.setenv("BACKSTOP_JOBS_DIR", str(directory))
-    return directory
-
-
-@pytest.fixture(autouse=True)
-def people(transactional_db):
-    UserFactory(username="opal", role=OPERATOR)
-    return UserFactory(username="adam", role=ADMIN)
 
 
 def register(people, jobs_dir: Path, edit: tuple[str, str] | None = None) -> str:

@@ -6,9 +6,7 @@ committed windows equal a plain-Python computation of its input (0 lost, 0 dupli
 from __future__ import annotations
 
 import json
-import shutil
 import time
-from pathlib import Path
 
 import psutil
 import pytest
@@ -17,31 +15,17 @@ from rest_framework.test import APIClient
 from bench.app_restart import workload
 from console.models import Job
 from console.redis import redis_client
-from console.roles import ADMIN, OPERATOR
 from infra.launcher import wait_for
 from spark_runtime import keys
-from tests.factories import UserFactory
 from tests.integration.live import api, inject, replica_entry
 
 # A spare's JVM and warm-up take a minute or more on 2 busy cores before the fault can find it.
-pytestmark = [pytest.mark.spark, pytest.mark.slow, pytest.mark.django_db(transaction=True)]
-
-APPS = Path(__file__).resolve().parents[2] / "jobs" / "apps"
-
-
-@pytest.fixture(autouse=True)
-def jobs_dir(tmp_path, monkeypatch):
-    """A jobs directory with the example apps, set before the cluster starts."""
-    directory = tmp_path / "jobs"
-    shutil.copytree(APPS, directory / "apps")
-    monkeypatch.setenv("BACKSTOP_JOBS_DIR", str(directory))
-    return directory
-
-
-@pytest.fixture(autouse=True)
-def people(transactional_db):
-    UserFactory(username="opal", role=OPERATOR)
-    return UserFactory(username="adam", role=ADMIN)
+pytestmark = [
+    pytest.mark.spark,
+    pytest.mark.slow,
+    pytest.mark.django_db(transaction=True),
+    pytest.mark.usefixtures("jobs_dir", "people"),
+]
 
 
 def idle_spares(client, node: str) -> int:
