@@ -229,7 +229,7 @@ class PolicyConfig:
     reference_window_s: float = 60.0
     warmup_s: float = 20.0
     # Restart policy (Flink's exponential-delay restarts with a failure-rate limit): see
-    # spark_runtime.supervision.RestartPolicy.
+    # spark_runtime.failover.RestartPolicy.
     restart_initial_delay_s: float = 2.0
     restart_max_delay_s: float = 60.0
     restart_max_failures: int = 8

@@ -53,11 +53,11 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 import redis
-from django.conf import settings
 from django.db import DatabaseError, connection
 
 from console.models import Job, JobUpgrade, Policy, PredictorTraining
 from console.policy.config import PolicyConfig
+from console.redis import redis_client
 from console.services import controller
 from console.services.control.act import stop_deleted_job
 from console.services.control.fence import LeaseLost, acting_under
@@ -171,7 +171,7 @@ class FleetController:
 
     def __init__(self, workers: int, client=None, owner: str | None = None):
         self.workers = workers
-        self.client = client or redis.Redis.from_url(settings.REDIS_URL, decode_responses=True)
+        self.client = client or redis_client()
         self.owner = owner or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self.leases = leases.Leases(self.client, self.owner, LEASE_S)
         self.queue = WorkQueue()

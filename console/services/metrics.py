@@ -14,7 +14,8 @@ Metric names written (MetricSample.name):
 - stage level (stage = stage name): `throughput_eps`, `input_rate_eps`, `batch_duration_ms`,
   `state_rows`, `state_memory_bytes`;
 - node level: `cpu_util`, `mem_util`, `disk_util`, `net_util` (fractions 0..1), `cpu_idle`,
-  `mem_idle`, `disk_idle`, `bw_idle`, and `q_score` (written by the controller's cycle).
+  `mem_idle`, `disk_idle`, `bw_idle`, and `q_score` (written once per watchdog run,
+  console.services.control.observe.update_nodes).
 """
 
 from __future__ import annotations

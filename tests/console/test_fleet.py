@@ -85,6 +85,16 @@ def holders(redis_conn, jobs) -> dict[str, str | None]:
     return leases.holders(redis_conn, [job.key for job in jobs])
 
 
+def test_a_controller_given_no_client_opens_the_settings_redis(settings, redis_url):
+    """The Celery worker gives none: the controller opens console.redis's client at
+    settings.REDIS_URL (read when it starts), as the rest of the console does."""
+    settings.REDIS_URL = redis_url.rsplit("/", 1)[0] + "/7"
+    controller = fleet.FleetController(1, owner="ctl-default")
+    options = controller.client.connection_pool.connection_kwargs
+    assert (options["db"], options["decode_responses"]) == (7, True)
+    assert controller.leases.client is controller.client
+
+
 def test_two_controllers_split_the_jobs_and_a_dead_ones_jobs_are_taken_over(
     redis_conn, controllers
 ):
