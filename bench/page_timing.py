@@ -90,7 +90,7 @@ def run(settings: PageTimingSettings, metrics_token: str, say: Callable[[str], N
         "nodes": len(fleet.nodes),
         "metric_samples": samples,
         "seeded_s": round(seeded_s, 1),
-        "database": connection.vendor,
+        "database": connection.display_name,
         "goal_p95_ms": GOAL_P95_MS,
         "over_goal": slow,
         **timed,
