@@ -22,7 +22,7 @@ def test_every_page_is_timed_on_a_seeded_fleet_of_its_own(tmp_path):
     jobs, nodes, minutes, step = 4, 2, 1, 5
     call_command(
         "page_timing", "--jobs", str(jobs), "--nodes", str(nodes), "--minutes", str(minutes),
-        "--step", str(step), "--requests", "2", "--out", str(tmp_path),
+        "--step", str(step), "--requests", "1", "--out", str(tmp_path),
     )  # fmt: skip
     report = json.loads((tmp_path / "page-timing.json").read_text())
     pages = set(page_requests("any"))
@@ -34,7 +34,11 @@ def test_every_page_is_timed_on_a_seeded_fleet_of_its_own(tmp_path):
     steps = minutes * 60 // step
     assert report["metric_samples"] == jobs * steps * JOB_SERIES + nodes * steps * NODE_SERIES
     assert (report["jobs"], report["live_jobs"], report["nodes"]) == (jobs, jobs, nodes)
-    assert report["requests"] == 2
+    assert report["requests"] == 1
+    assert report["command"] == (  # called from code: the options, not pytest's argv
+        f"manage.py page_timing --jobs 4 --nodes 2 --minutes 1.0 --step 5 --requests 1 "
+        f"--out {tmp_path}"
+    )
     # The fleet went into a database of the run's own, not into the configured one.
     assert not Job.objects.exists() and not Node.objects.exists()
     assert not MetricSample.objects.exists()

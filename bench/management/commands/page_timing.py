@@ -13,8 +13,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import shlex
-import sys
 import time
 from pathlib import Path
 
@@ -23,7 +21,7 @@ from django.core.management.base import BaseCommand, CommandError
 from bench.alert_latency import when_text
 from bench.fleet.services import METRICS_TOKEN, PrivateRedis, Services, django_pointed_at
 from bench.page_timing import PageTimingSettings, render, run
-from bench.results import RESULTS_MD, write_report, write_section
+from bench.results import RESULTS_MD, command_line, write_report, write_section
 from bench.scratch import ScratchDatabaseError, scratch_database
 
 RESULTS_SECTION = "## Pages at fleet size (manage.py page_timing)"
@@ -67,7 +65,11 @@ class Command(BaseCommand):
             raise CommandError(f"--{exc}") from None
         started = time.time()
         load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
-        command = "python manage.py page_timing " + shlex.join(sys.argv[2:])
+        command = command_line(
+            "page_timing",
+            options,
+            ("jobs", "nodes", "minutes", "step", "requests", "out", "redis_url"),
+        )
         with contextlib.ExitStack() as stack:
             redis_url = options["redis_url"]
             if not redis_url:

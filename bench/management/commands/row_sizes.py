@@ -7,15 +7,13 @@ says how nothing of a user's is touched).
 
 from __future__ import annotations
 
-import shlex
-import sys
 import time
 
 from django.core.management.base import BaseCommand, CommandError
 from django.db import connection
 
 from bench.alert_latency import when_text
-from bench.results import write_report
+from bench.results import command_line, write_report
 from bench.row_sizes import RowSizeSettings, render, run
 from bench.scratch import ScratchDatabaseError, scratch_database
 from console.redis import redis_client
@@ -52,7 +50,9 @@ class Command(BaseCommand):
                 "DATABASE_URL to a PostgreSQL (the run makes a database of its own there)"
             )
         started = time.time()
-        command = "python manage.py row_sizes " + shlex.join(sys.argv[2:])
+        command = command_line(
+            "row_sizes", options, ("rows", "purge_rows", "stream_entries", "out")
+        )
         try:
             with scratch_database(self._say):
                 report = run(settings, redis_client(), self._say)
