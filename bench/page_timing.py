@@ -1,5 +1,5 @@
 """`manage.py page_timing`: the server time of the console's pages and API endpoints at fleet
-size (issue 32's goal: p95 <= 500 ms on a 2-core machine with 200 jobs on 50 nodes).
+size (the goal: p95 <= 500 ms on a 2-core machine with 200 jobs on 50 nodes).
 
 A fleet is seeded (bench.fleet.seed: `jobs` jobs on `nodes` nodes, `minutes` of samples every
 `step_s` seconds of every node's usage and every live job's throughput and latency, as the
