@@ -13,11 +13,29 @@ from __future__ import annotations
 import json
 import logging
 import re
+import shlex
+import sys
 from pathlib import Path
 
 log = logging.getLogger(__name__)
 
 RESULTS_MD = Path(__file__).resolve().parent.parent / "docs" / "RESULTS.md"
+
+
+def command_line(name: str, options: dict, shown: tuple[str, ...]) -> str:
+    """`manage.py NAME ...` as run, for a report and RESULTS.md: the command line when this
+    process is that command, else (called from code, e.g. a test) the options of `shown` that
+    have a value, a flag bare."""
+    if sys.argv[1:2] == [name]:
+        return f"manage.py {name} " + shlex.join(sys.argv[2:])
+    given = []
+    for option in shown:
+        value, flag = options.get(option), "--" + option.replace("_", "-")
+        if value is True:
+            given.append(flag)
+        elif value:
+            given += [flag, str(value)]
+    return f"manage.py {name} " + shlex.join(given)
 
 
 def write_report(out_dir: Path | str, name: str, data) -> Path:

@@ -30,14 +30,12 @@ setting:
 - Redis: INFO's total_commands_processed over the window per second, with the simulator's own
   commands (it counts them) and the Sampler's shown apart, and the busiest commands;
 - table growth: rows of every console table before and after the window, per minute;
-- pages: server time of the console's pages through Django's test Client in this process, with
-  the Dash callback that brings each Dash page its data (the page is nothing without it).
+- pages: bench/pages.py (server time through Django's test Client in this process).
 """
 
 from __future__ import annotations
 
 import bisect
-import json
 import logging
 import math
 import threading
@@ -50,14 +48,9 @@ import redis
 from django.apps import apps
 from django.db import DatabaseError, connection, connections
 from django.db.utils import load_backend
-from django.test import Client
-from django_plotly_dash.dash_wrapper import get_local_stateless_by_name
 
-from console.dash.overview.app import APP_NAME as OVERVIEW_APP
-from console.dash.placement.app import APP_NAME as PLACEMENT_APP
 from console.models import Job
 from console.services.fleet import LEASE_S
-from console.services.shared_data import invalidate_all
 from infra import keys as control_keys
 from infra import tasks
 from spark_runtime import keys as data_keys
@@ -600,104 +593,4 @@ def row_counts() -> dict[str, int]:
     return {
         model._meta.db_table: model._default_manager.count()
         for model in apps.get_app_config("console").get_models()
-    }
-
-
-# --- pages --------------------------------------------------------------------------------------
-
-
-def refresh_callback(app_name: str, pathname: str) -> dict:
-    """The body of the request a browser showing the page sends for its data: the page's
-    callback whose input is the refresh timer, with the layout's first values."""
-    app = get_local_stateless_by_name(app_name)
-    for callback, _ in app._callback_sets:
-        inputs = [(i.component_id, i.component_property) for i in callback["inputs"]]
-        outputs = callback["output"]
-        if ("refresh", "n_intervals") not in inputs or not isinstance(outputs, list | tuple):
-            continue
-        values = {("refresh", "n_intervals"): 1, ("window", "value"): 900,
-                  ("url", "pathname"): pathname}  # fmt: skip
-        return {
-            "output": ".." + "...".join(str(o) for o in outputs) + "..",
-            "outputs": [{"id": o.component_id, "property": o.component_property} for o in outputs],
-            "inputs": [
-                {"id": cid, "property": prop, "value": values.get((cid, prop))}
-                for cid, prop in inputs
-            ],
-            "state": [],
-            "changedPropIds": ["refresh.n_intervals"],
-        }
-    raise LookupError(f"{app_name} has no refresh callback")
-
-
-def page_requests(metrics_token: str) -> dict[str, list[tuple[str, str, dict]]]:
-    """What each page costs the server: (method, path, options) per request."""
-    dash = "/django_plotly_dash/app/{app}/_dash-update-component"
-    return {
-        "overview": [
-            ("GET", "/console/", {}),
-            (
-                "POST",
-                dash.format(app=OVERVIEW_APP),
-                {"body": refresh_callback(OVERVIEW_APP, "/console/")},
-            ),
-        ],
-        "jobs_api": [("GET", "/api/jobs/", {})],
-        "placement": [
-            ("GET", "/console/placement/", {}),
-            (
-                "POST",
-                dash.format(app=PLACEMENT_APP),
-                {"body": refresh_callback(PLACEMENT_APP, "/console/placement/")},
-            ),
-        ],
-        "metrics": [
-            ("GET", "/metrics", {"headers": {"HTTP_AUTHORIZATION": f"Bearer {metrics_token}"}})
-        ],
-    }
-
-
-def time_pages(user, metrics_token: str, requests: int = 20) -> dict:
-    """p95 server time per page (ms, the page and its data callback together) over `requests`
-    rounds after one unmeasured round, with each part's p95 and any error. Each request finds
-    the shared page data stale (console.services.shared_data): the figures are what the
-    computation costs, not a cache read."""
-    client = Client()
-    client.force_login(user)
-    plan = page_requests(metrics_token)
-    parts: dict[str, list[float]] = {}
-    totals: dict[str, list[float]] = {page: [] for page in plan}
-    errors: dict[str, str] = {}
-    failed: set[str] = set()
-    for round_no in range(requests + 1):
-        for page, calls in plan.items():
-            total = 0.0
-            for method, path, options in calls:
-                # The cost of the viewer who computes the shared data, not of one who reads it.
-                invalidate_all()
-                started = time.perf_counter()
-                if method == "GET":
-                    response = client.get(path, **options.get("headers", {}))
-                else:
-                    response = client.post(
-                        path, json.dumps(options["body"]), content_type="application/json"
-                    )
-                elapsed = (time.perf_counter() - started) * 1000
-                if response.status_code != 200:
-                    errors[f"{method} {path}"] = f"HTTP {response.status_code}"
-                    failed.add(page)
-                total += elapsed
-                if round_no:
-                    parts.setdefault(f"{method} {path}", []).append(elapsed)
-            if round_no:
-                totals[page].append(total)
-    # A page that answered with an error has no server time worth reporting.
-    return {
-        "p95_ms": {
-            page: None if page in failed else _round(percentile(values, 95))
-            for page, values in totals.items()
-        },
-        "parts_p95_ms": {name: _round(percentile(v, 95)) for name, v in parts.items()},
-        "requests": requests,
-        "errors": errors,
     }

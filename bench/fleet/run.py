@@ -37,6 +37,7 @@ from bench.fleet.schedule import (
 from bench.fleet.services import METRICS_TOKEN, Services, empty_database, worker_env
 from bench.fleet.sim import FleetSim
 from bench.fleet.sim_model import SimTiming
+from bench.pages import time_pages
 from console.models import ControlDecision, Job, Node, Policy
 from console.services.jobs import create_job
 from console.services.schedules import ensure_periodic_tasks
@@ -401,7 +402,7 @@ def run_size(
         connection.close()
 
     say(f"{label} {config.jobs} jobs: timing the pages ({config.page_requests} requests each)")
-    pages = measure.time_pages(admin, METRICS_TOKEN, config.page_requests)
+    pages = time_pages(admin, METRICS_TOKEN, config.page_requests)
 
     window = t1 - t0
     process_failures, node_failures = failures_of(sim, faults.records)

@@ -8,9 +8,9 @@ from collections import Counter
 
 import pytest
 
+from bench.fleet.seed import seed_fleet
 from console.models import FaultInjection, Job, Node, RecoveryEpisode, Replica
 from console.roles import VIEWER
-from tests.dash.fleet_seed import seed_fleet
 
 pytestmark = pytest.mark.django_db
 

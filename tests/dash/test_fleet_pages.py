@@ -10,6 +10,7 @@ from types import SimpleNamespace
 import pytest
 from dash import html
 
+from bench.fleet.seed import seed_fleet
 from console.dash.overview import callbacks as overview
 from console.dash.overview.layout import PAGE_SIZE
 from console.dash.placement import callbacks as placement
@@ -17,7 +18,6 @@ from console.dash.resources import callbacks as resources
 from console.models import Job, Node, RecoveryEpisode
 from console.roles import VIEWER
 from tests.dash.components import text_of
-from tests.dash.fleet_seed import seed_fleet
 
 pytestmark = pytest.mark.django_db
 

@@ -14,6 +14,7 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
+from bench.fleet.seed import seed_fleet
 from console.dash.overview import callbacks as overview
 from console.dash.placement import callbacks as placement
 from console.dash.resources import callbacks as resources
@@ -21,7 +22,6 @@ from console.roles import VIEWER
 from console.services.policy import change_policy
 from console.services.reports import build_report
 from console.services.shared_data import invalidate_all
-from tests.dash.fleet_seed import seed_fleet
 
 pytestmark = pytest.mark.django_db
 

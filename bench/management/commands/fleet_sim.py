@@ -18,8 +18,6 @@ Writes DIR/fleet.json, DIR/fleet.png and the controllers' logs under DIR/logs-<j
 from __future__ import annotations
 
 import contextlib
-import shlex
-import sys
 from pathlib import Path
 
 import redis
@@ -38,7 +36,7 @@ from bench.fleet.services import (
     postgres_bin_dir,
 )
 from bench.fleet.sim_model import SimTiming
-from bench.results import RESULTS_MD
+from bench.results import RESULTS_MD, command_line
 
 DEFAULT_CURVE = "10,50,100,200,500"
 
@@ -53,19 +51,10 @@ def parse_sizes(text: str) -> list[int]:
     return sizes
 
 
-def command_line(options: dict) -> str:
-    """The command as run (for fleet.json and RESULTS.md), also when called from code."""
-    if sys.argv[1:2] == ["fleet_sim"]:
-        return "manage.py fleet_sim " + " ".join(shlex.quote(a) for a in sys.argv[2:])
-    shown = (
-        "jobs", "nodes", "controllers", "pause_controllers", "kill_during_upgrade", "duration",
-        "out", "seed", "curve",
-    )  # fmt: skip
-    return "manage.py fleet_sim " + " ".join(
-        f"--{name.replace('_', '-')} {shlex.quote(str(options[name]))}"
-        for name in shown
-        if options.get(name)
-    )
+SHOWN_OPTIONS = (
+    "jobs", "nodes", "controllers", "pause_controllers", "kill_during_upgrade", "duration",
+    "out", "seed", "curve",
+)  # fmt: skip
 
 
 def ensure_keyspace_events(url: str) -> None:
@@ -171,7 +160,7 @@ class Command(BaseCommand):
             raise CommandError(str(exc)) from exc
         out = Path(options["out"]).resolve()
         out.mkdir(parents=True, exist_ok=True)
-        command = command_line(options)
+        command = command_line("fleet_sim", options, SHOWN_OPTIONS)
         say = self._say
         with contextlib.ExitStack() as stack:
             redis_url, private_redis = options["redis_url"], False

@@ -1,5 +1,7 @@
 """A fleet for tests, timings and screenshots at the size Backstop supervises: hundreds of jobs on
-tens of nodes (`seed_fleet(jobs=200, nodes=50)`), deterministic like tests/dash/seed.py.
+tens of nodes (`seed_fleet(jobs=200, nodes=50)`), deterministic like tests/dash/seed.py. The
+rows only: no controller is asked to launch the jobs (`manage.py page_timing` times the pages on
+it, in a database of its own).
 
 Jobs cycle through the strategies and two topologies; most run, some start, some failed or
 stopped. Each live job has a primary per stage (split and count) and, under adaptive and
@@ -8,7 +10,7 @@ throughput and latency and every node's usage and Q are sampled over the last `m
 a few jobs have an open recovery episode, more have closed ones, with their faults. Rows are
 written with bulk_create, so 200 jobs and 50 nodes take seconds.
 
-    .venv/bin/python manage.py shell -c "from tests.dash.fleet_seed import seed_fleet; \
+    .venv/bin/python manage.py shell -c "from bench.fleet.seed import seed_fleet; \
         seed_fleet(200, 50, minutes=30)"    # into DATABASE_URL's database, for a dev server
 """
 
@@ -18,10 +20,12 @@ import math
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
+from django.test.utils import override_settings
 from django.utils import timezone
 
-from console.models import FaultInjection, Job, MetricSample, Node, RecoveryEpisode, Replica
-from tests.factories import make_job
+from console.models import FaultInjection, Job, MetricSample, Node, RecoveryEpisode, Replica, Team
+from console.services.jobs import create_job
+from console.services.teams import DEFAULT_TEAM
 
 STRATEGIES = ("adaptive", "restart-all", "local-restart", "active-all")
 WITH_STANDBY = ("adaptive", "active-all")
@@ -51,6 +55,16 @@ def _status(index: int) -> str:
     if index % 25 == 3:
         return Job.Status.STARTING
     return Job.Status.RUNNING
+
+
+def _make_job(status: str, **fields) -> Job:
+    """A job with its operators, made by the real service, in `status`; its launch is not
+    sent to any controller (the fleet's rows are for reading)."""
+    with override_settings(CONTROLLER_DISPATCH=False):
+        job = create_job(team=Team.named(DEFAULT_TEAM), **fields)
+    Job.objects.filter(pk=job.pk).update(status=status)
+    job.refresh_from_db()
+    return job
 
 
 def _node_usage(index: int, i: int) -> dict[str, float]:
@@ -105,7 +119,7 @@ def seed_fleet(
         strategy = STRATEGIES[index % len(STRATEGIES)]
         topology = TOPOLOGIES[(index // len(STRATEGIES)) % len(TOPOLOGIES)]
         made.append(
-            make_job(
+            _make_job(
                 _status(index),
                 topology=topology,
                 name=f"{prefix}{topology[:2]}-{strategy}-{index:03d}",
