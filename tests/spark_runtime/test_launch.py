@@ -14,6 +14,8 @@ import sys
 import pytest
 
 from spark_runtime.launch import start_stage_process
+from spark_runtime.replicas import ReplicaSpec
+from spark_runtime.runner import SubprocessLauncher
 from tests.conftest import wait_until
 
 CHILD = "tests.spark_runtime.launched_child"
@@ -92,3 +94,42 @@ def test_without_a_log_the_output_is_discarded_and_fds_are_passed(started, tmp_p
     assert os.readlink(f"/proc/{proc.pid}/fd/1") == os.readlink(f"/proc/{proc.pid}/fd/2")
     assert os.readlink(f"/proc/{proc.pid}/fd/1") == os.devnull
     assert list(tmp_path.iterdir()) == [tmp_path / "lock"]  # no log written anywhere here
+
+
+def environ_of(pid: int) -> dict[str, str]:
+    with open(f"/proc/{pid}/environ", "rb") as handle:
+        entries = handle.read().split(b"\0")
+    return dict(entry.decode().split("=", 1) for entry in entries if entry)
+
+
+def test_the_local_runner_starts_a_standby_below_its_primary(tmp_path, monkeypatch):
+    """The local runner's replicas through the launcher: a standby at `standby_nice`, a primary
+    at this process's level, each leading its session, logged under log_dir, with the data
+    plane's Redis and the operator's PYSPARK_PYTHON. Killed before their Spark session starts."""
+    monkeypatch.setenv("PYSPARK_PYTHON", "/opt/python-of-the-workers")
+    monkeypatch.setenv("SECRET_KEY", "console-signing-key")
+    level = min(19, os.getpriority(os.PRIO_PROCESS, 0) + 4)
+    launcher = SubprocessLauncher(
+        "redis://127.0.0.1:1/3", str(tmp_path / "ck"), str(tmp_path / "logs"), standby_nice=level
+    )
+    replicas = {
+        role: ReplicaSpec("j-launch", "wordcount", "count", role, f"count-{n}", "node-1")
+        for n, role in enumerate(("primary", "standby"), start=1)
+    }
+    try:
+        for replica in replicas.values():
+            launcher.start(replica)
+        # The nice level is set in the child before it runs the stage's first line.
+        expected = {"primary": os.getpriority(os.PRIO_PROCESS, 0), "standby": level}
+        for role, replica in replicas.items():
+            pid = launcher.pid(replica.replica_id)
+            assert os.getpriority(os.PRIO_PROCESS, pid) == expected[role], role
+            assert os.getsid(pid) == pid != os.getsid(0)
+            assert (tmp_path / "logs" / f"{replica.replica_id}.log").is_file()
+            seen = environ_of(pid)
+            assert seen["REDIS_URL"] == "redis://127.0.0.1:1/3"
+            assert seen["PYSPARK_PYTHON"] == "/opt/python-of-the-workers"
+            assert "SECRET_KEY" not in seen
+    finally:
+        launcher.kill_all()
+    assert not any(launcher.alive(r.replica_id) for r in replicas.values())
