@@ -15,8 +15,8 @@ from collections.abc import Callable, Iterable
 
 import psutil
 
-STAGE_MODULE = "spark_runtime.stage"
-SPARE_MODULE = "spark_runtime.spare"
+from spark_runtime.launch import SPARE_MODULE, STAGE_MODULE
+
 CPU_HOG_MODULE = "workers.cpu_hog"
 
 

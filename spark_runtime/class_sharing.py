@@ -38,13 +38,12 @@ import logging
 import os
 import shutil
 import subprocess
-import sys
 import threading
 from importlib.metadata import version
 from pathlib import Path
 
 from spark_runtime.env import env
-from spark_runtime.stage_env import stage_environment
+from spark_runtime.launch import start_stage_process
 
 log = logging.getLogger(__name__)
 
@@ -121,15 +120,14 @@ def ensure_archive(redis_url: str, log_path: Path) -> subprocess.Popen | None:
         # Nobody builds: what an earlier builder left half-written goes.
         for partial in archive.parent.glob(f"{archive.stem}.*.tmp"):
             partial.unlink(missing_ok=True)
-        log_path.parent.mkdir(parents=True, exist_ok=True)
-        with open(log_path, "ab") as out:
-            proc = subprocess.Popen(
-                [sys.executable, "-m", "spark_runtime.class_sharing_build",
-                 "--redis-url", redis_url, "--archive", str(archive)],
-                stdout=out, stderr=subprocess.STDOUT, start_new_session=True, pass_fds=(fd,),
-                # It runs Spark like a stage: none of this process's secrets (stage_env.py).
-                env=stage_environment(REDIS_URL=redis_url),
-            )  # fmt: skip
+        # It runs Spark like a stage: none of this process's secrets (stage_env.py).
+        proc = start_stage_process(
+            "spark_runtime.class_sharing_build",
+            ["--redis-url", redis_url, "--archive", str(archive)],
+            log_path,
+            env_overrides={"REDIS_URL": redis_url},
+            pass_fds=(fd,),
+        )
     finally:
         os.close(fd)  # the builder's copy holds the lock from here on
     threading.Thread(target=proc.wait, name="class-sharing-build", daemon=True).start()

@@ -129,6 +129,14 @@ def worker_python() -> str:
     return script if os.access(script, os.X_OK) else sys.executable
 
 
+def stage_env_overrides(redis_url: str) -> dict[str, str]:
+    """What a stage process or warm spare is given on top of the stage environment
+    (spark_runtime/stage_env.py), whoever starts it (a node agent, the local runner): the data
+    plane's Redis, and the interpreter of Spark's Python workers (the operator's PYSPARK_PYTHON,
+    else `worker_python`)."""
+    return {"REDIS_URL": redis_url, "PYSPARK_PYTHON": env("PYSPARK_PYTHON", "") or worker_python()}
+
+
 def ensure_python_env() -> None:
     """Make Spark's Python workers run this interpreter (they need pyarrow, pandas, redis)."""
     os.environ.setdefault("PYSPARK_PYTHON", worker_python())

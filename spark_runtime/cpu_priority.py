@@ -1,6 +1,6 @@
 """CPU priority of a stage or spare process: its nice level, and its autogroup's.
 
-Node agents start every stage and spare in a session of its own (`start_new_session`), so that
+Every stage and spare starts in a session of its own (spark_runtime/launch.py), so that
 a kill reaches its whole process tree (driver, JVM, Python workers). On Linux with
 `kernel.sched_autogroup_enabled = 1` (Debian's default) the scheduler first shares the CPU
 fairly between autogroups, one per session, and only then between the processes of a group by

@@ -11,15 +11,14 @@ import logging
 import os
 import signal
 import subprocess
-import sys
 import time
+from pathlib import Path
 
 from spark_runtime import keys
 from spark_runtime.activity import cpu_share_over, is_busy
-from spark_runtime.config import worker_python
-from spark_runtime.cpu_priority import set_group_nice
-from spark_runtime.env import env
+from spark_runtime.config import stage_env_overrides
 from spark_runtime.jobdef import resolve_topology
+from spark_runtime.launch import STAGE_MODULE, start_stage_process
 from spark_runtime.replicas import (
     HeartbeatMissed,
     HeartbeatSeen,
@@ -27,7 +26,6 @@ from spark_runtime.replicas import (
     ReplicaSpec,
     reported_cause,
 )
-from spark_runtime.stage_env import stage_environment
 from spark_runtime.strategies import get_strategy
 from spark_runtime.supervision import RestartPolicy, Supervisor, execute
 from spark_runtime.topology import compile_stages
@@ -100,9 +98,9 @@ class SubprocessLauncher:
         self.standby_nice = standby_nice
         self.processes: dict[str, subprocess.Popen] = {}
 
-    def command(self, replica: ReplicaSpec) -> list[str]:
-        """The command line of a replica."""
-        args = stage_args(
+    def arguments(self, replica: ReplicaSpec) -> list[str]:
+        """The arguments of a replica's `python -m spark_runtime.stage`."""
+        return stage_args(
             replica,
             self.redis_url,
             self.checkpoint_root,
@@ -110,30 +108,17 @@ class SubprocessLauncher:
             max_records=self.max_records,
             light_input_wait_s=self.light_input_wait_s,
         )
-        return [sys.executable, "-m", "spark_runtime.stage", *args]
 
     def start(self, replica: ReplicaSpec) -> None:
         """Launch the replica's process (its output goes to `{log_dir}/{replica}.log`)."""
-        os.makedirs(self.log_dir, exist_ok=True)
-        logfile = open(os.path.join(self.log_dir, f"{replica.replica_id}.log"), "ab")  # noqa: SIM115
-        nice = self.standby_nice if replica.role == "standby" else 0
-        # The data plane's variables only: the replica runs users' code (stage_env.py).
-        environment = stage_environment(
-            REDIS_URL=self.redis_url,
-            PYSPARK_PYTHON=env("PYSPARK_PYTHON", "") or worker_python(),
+        proc = start_stage_process(
+            STAGE_MODULE,
+            self.arguments(replica),
+            Path(self.log_dir) / f"{replica.replica_id}.log",
+            # The data plane's variables only: the replica runs users' code (stage_env.py).
+            env_overrides=stage_env_overrides(self.redis_url),
+            nice=self.standby_nice if replica.role == "standby" else 0,
         )
-        proc = subprocess.Popen(
-            self.command(replica),
-            stdout=logfile,
-            stderr=subprocess.STDOUT,
-            env=environment,
-            # Own process group: a kill takes the JVM and the Python workers down with the driver.
-            start_new_session=True,
-            # In the child, after setsid: the nice level and the new session's autogroup (a
-            # nice level alone does nothing across sessions, see cpu_priority).
-            preexec_fn=(lambda: set_group_nice(nice)) if nice else None,
-        )
-        logfile.close()
         self.processes[replica.replica_id] = proc
         log.info(
             "started %s (%s of %s on %s) pid %s",

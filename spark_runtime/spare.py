@@ -48,6 +48,7 @@ from spark_runtime.config import (
 )
 from spark_runtime.cpu_priority import can_raise_priority, set_group_nice
 from spark_runtime.env import env
+from spark_runtime.launch import STAGE_MODULE
 from spark_runtime.redis_client import connect
 from spark_runtime.spare_plans import warm_up_plans
 from spark_runtime.strategies import NEEDED_SPARE_HELD_NICE, SPARE_NICE
@@ -66,7 +67,6 @@ def hold_spare_refills(client) -> None:
 
 log = logging.getLogger("spark_runtime.spare")
 
-STAGE_ENTRY = "spark_runtime.stage"
 # A warm-up query that has not finished by then is stopped; the spare is still usable.
 WARM_UP_TIMEOUT_S = 120
 # How often a warming spare checks whether it has been taken.
@@ -211,7 +211,7 @@ def take_stage_title(argv: list[str]) -> None:
     sampler, shutdown) find, kill and count replicas by their command line."""
     import setproctitle
 
-    setproctitle.setproctitle(" ".join([sys.executable, "-m", STAGE_ENTRY, *argv]))
+    setproctitle.setproctitle(" ".join([sys.executable, "-m", STAGE_MODULE, *argv]))
 
 
 def warming_nice(held: bool, needed: bool, can_raise: bool) -> int:

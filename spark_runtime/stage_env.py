@@ -1,14 +1,14 @@
 """The environment of a stage process: what the data plane reads, and nothing else (no Django).
 
 A stage process (a primary, a standby, a warm spare, the input generator, the class-data
-archive's builder) runs users' job code. It is started by a node agent or the local runner,
-whose own environment holds the console's secrets: SECRET_KEY (which signs sessions and
-password-reset links), DATABASE_URL, EMAIL_URL, METRICS_TOKEN, OIDC_CLIENT_SECRET. Inherited,
-they would let a job read the database or forge an admin's session. `stage_environment` is the
-one place that builds a stage's environment: from an allow-list of names the data plane, Spark
-and Python read, plus the names an operator adds in BACKSTOP_STAGE_ENV (comma-separated, e.g. the
-credentials of S3A checkpoints, AWS_ACCESS_KEY_ID,AWS_SECRET_ACCESS_KEY); the console's secrets
-never, even when listed there.
+archive's builder) runs users' job code. It is started (spark_runtime/launch.py) by a node
+agent or the local runner, whose own environment holds the console's secrets: SECRET_KEY (which
+signs sessions and password-reset links), DATABASE_URL, EMAIL_URL, METRICS_TOKEN,
+OIDC_CLIENT_SECRET. Inherited, they would let a job read the database or forge an admin's
+session. `stage_environment` is the one place that builds a stage's environment: from an
+allow-list of names the data plane, Spark and Python read, plus the names an operator adds in
+BACKSTOP_STAGE_ENV (comma-separated, e.g. the credentials of S3A checkpoints,
+AWS_ACCESS_KEY_ID,AWS_SECRET_ACCESS_KEY); the console's secrets never, even when listed there.
 """
 
 from __future__ import annotations

@@ -15,7 +15,6 @@ import os
 import signal
 import socket
 import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
@@ -58,19 +57,19 @@ from spark_runtime import keys as data_keys
 from spark_runtime.activity import ActivityMeter, is_busy, tree_rss_mb
 from spark_runtime.class_sharing import ensure_archive
 from spark_runtime.command_fence import FenceMemory, check_command
-from spark_runtime.config import worker_python
+from spark_runtime.config import stage_env_overrides
 from spark_runtime.env import env
 
 # SPARE_START_TIMEOUT_S: a spare not idle within it is replaced; its clock restarts while the
 # spare yields its CPU (spark_runtime.spare.mark_yielding).
 from spark_runtime.generators import generator_replica_id
+from spark_runtime.launch import start_stage_process
 from spark_runtime.spare import (
     SPARE_START_TIMEOUT_S,
     hold_spare_refills,
     release_warmup_lock,
     take_warmup_lock,
 )
-from spark_runtime.stage_env import stage_environment
 
 log = logging.getLogger(__name__)
 
@@ -238,13 +237,6 @@ def _signal_group(proc: psutil.Process, sig: int) -> None:
         return
 
 
-def stage_process_env() -> dict[str, str]:
-    """The environment of the stage processes and warm spares this agent starts: the data
-    plane's variables only (spark_runtime/stage_env.py; never the console's secrets), with the
-    data plane's Redis and the interpreter of Spark's Python workers."""
-    return stage_environment(REDIS_URL=settings.REDIS_URL, PYSPARK_PYTHON=worker_python())
-
-
 @shared_task(**tasks.START_REPLICA.options())
 def start_replica(
     module: str,
@@ -291,17 +283,11 @@ def start_replica(
         if pid is not None:
             return pid
     path = stage_log_path(replica_id, job_key)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "ab") as log_file:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", module, *args],
-            stdout=log_file,
-            stderr=subprocess.STDOUT,
-            # Its own session: killing the group takes the JVM too, and an agent restart does
-            # not take the stage down.
-            start_new_session=True,
-            env=stage_process_env(),
-        )
+    # Its own session: killing the group takes the JVM too, and an agent restart does not take
+    # the stage down; the data plane's variables only (never the console's secrets).
+    proc = start_stage_process(
+        module, args, path, env_overrides=stage_env_overrides(settings.REDIS_URL)
+    )
     with _children_lock:
         _children[(job_key, replica_id)] = (proc, job_key, path)
         _became_replica_at[(job_key, replica_id)] = time.time()
@@ -421,16 +407,11 @@ def reconcile_spares(client, node: str) -> None:
 def start_spare(client, node: str, spare_id: str) -> int:
     """Start warm spare `spare_id` on this node; returns its pid."""
     path = stage_log_path(spare_id)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "ab") as log_file:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", SPARE_MODULE, "--node", node, "--machine", machine_identity(),
-             "--spare-id", spare_id, "--redis-url", settings.REDIS_URL],
-            stdout=log_file,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-            env=stage_process_env(),
-        )  # fmt: skip
+    args = ["--node", node, "--machine", machine_identity(), "--spare-id", spare_id,
+            "--redis-url", settings.REDIS_URL]  # fmt: skip
+    proc = start_stage_process(
+        SPARE_MODULE, args, path, env_overrides=stage_env_overrides(settings.REDIS_URL)
+    )
     # Registered here too, so a spare that dies while starting is noticed and replaced.
     entry = {"pid": proc.pid, "state": "starting", "since": time.time()}
     client.hset(data_keys.spares(node), spare_id, json.dumps(entry))
@@ -721,13 +702,8 @@ def stress_node(
     )
     pids = []
     for _ in range(checked["workers"]):
-        proc = subprocess.Popen(
-            [sys.executable, "-m", CPU_HOG_MODULE, str(checked["duration_s"]), this_node()],
-            start_new_session=True,
-            env=stage_environment(),
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
+        # No log: a hog has nothing to say. No Redis either: it only burns CPU.
+        proc = start_stage_process(CPU_HOG_MODULE, [str(checked["duration_s"]), this_node()], None)
         pids.append(proc.pid)
     return pids
 

@@ -26,7 +26,6 @@ import os
 import signal
 import statistics
 import subprocess
-import sys
 import time
 
 import psutil
@@ -36,7 +35,8 @@ from infra.node_metrics import machine_identity
 from spark_runtime import keys
 from spark_runtime.activity import pss_mb
 from spark_runtime.class_sharing import ARCHIVE_ENV, archive_path
-from spark_runtime.config import JVM_OPTIONS_ENV, jvm_options
+from spark_runtime.config import JVM_OPTIONS_ENV, jvm_options, stage_env_overrides
+from spark_runtime.launch import SPARE_MODULE, start_stage_process
 from spark_runtime.redis_client import connect
 
 log = logging.getLogger("bench.dataplane.spare_footprint")
@@ -98,11 +98,12 @@ def start_spare(client, redis_url: str, options: str) -> tuple[str, subprocess.P
     spare_id = f"spare-{NODE}-{time.time_ns()}"
     entry = {"pid": 0, "state": "starting", "since": time.time()}
     client.hset(keys.spares(NODE), spare_id, json.dumps(entry))
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "spark_runtime.spare", "--node", NODE, "--spare-id", spare_id,
-         "--machine", machine_identity(), "--redis-url", redis_url],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
-        env={**os.environ, JVM_OPTIONS_ENV: options},
+    proc = start_stage_process(
+        SPARE_MODULE,
+        ["--node", NODE, "--spare-id", spare_id, "--machine", machine_identity(),
+         "--redis-url", redis_url],
+        None,
+        env_overrides={**stage_env_overrides(redis_url), JVM_OPTIONS_ENV: options},
     )  # fmt: skip
     return spare_id, proc
 

@@ -24,8 +24,6 @@ next fault again finds a spare; operator-exception raises in the job's result-wr
 
 from __future__ import annotations
 
-import subprocess
-import sys
 import threading
 import time
 from dataclasses import asdict
@@ -54,7 +52,9 @@ from console.services.recovery import PROGRESS_READ_LIMIT, input_started_at
 from infra.launcher import wait_for
 from spark_runtime import external_io
 from spark_runtime import keys as data_keys
+from spark_runtime.config import stage_env_overrides
 from spark_runtime.generators import topic_record_count
+from spark_runtime.launch import start_stage_process
 from spark_runtime.progress import percentiles, read_progress
 
 FLINK_FAULTS = {
@@ -144,13 +144,13 @@ def run_flink_peer(bench: BenchSettings, say, flink: FlinkSettings | None = None
             ).start()
         # The generator Backstop's agents start for a job, with the same seed, rate and count
         # (into the input topic when the job key's recorded source is one).
-        generator = subprocess.Popen(
-            [sys.executable, "-m", "spark_runtime", "generate",
-             "--topology", bench.topology, "--job", job_key, "--rate", str(bench.rate),
-             "--seed", str(bench.seed), "--count", str(bench.events), "--redis-url", redis_url],
-            stdout=(run_dir / "log" / "generator.log").open("ab"),
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
+        generator = start_stage_process(
+            "spark_runtime",
+            ["generate", "--topology", bench.topology, "--job", job_key,
+             "--rate", str(bench.rate), "--seed", str(bench.seed), "--count", str(bench.events),
+             "--redis-url", redis_url],
+            run_dir / "log" / "generator.log",
+            env_overrides=stage_env_overrides(redis_url),
         )  # fmt: skip
         if on_kafka:
             wait_for(

@@ -36,6 +36,7 @@ from infra.queues import node_queue
 from spark_runtime import keys as data_keys
 from spark_runtime.generators import GENERATED, generator_replica_id
 from spark_runtime.jobdef import registered_app, resolve_topology
+from spark_runtime.launch import STAGE_MODULE
 from spark_runtime.replicas import (
     JOB,
     GiveUp,
@@ -120,7 +121,7 @@ class AgentLauncher:
         )
         tasks.send(
             tasks.START_REPLICA,
-            "spark_runtime.stage",
+            STAGE_MODULE,
             args,
             replica.replica_id,
             self.job.key,

@@ -1,0 +1,67 @@
+"""The one launcher of stage processes: `python -m MODULE ARGS` in a session of its own.
+
+Every process that runs the data plane's code on a node starts here: a stage replica and a warm
+spare (node agents, workers/agent.py, and the local runner, runner.py), the class-data archive's
+builder (class_sharing.py), the input generator and the node agents' CPU hogs. What they share:
+
+- this interpreter, `-m` the module;
+- a session (and process group) of its own: a kill of the group takes the JVM and the Python
+  workers down with the driver, and a restart of whoever started it does not take it down;
+- the stage environment (stage_env.py: the data plane's variables, never the console's
+  secrets), plus what the caller adds;
+- its output appended to its log file, or discarded;
+- optionally a lower CPU priority, set in the child after `setsid` and before it runs a line:
+  the nice level of its group and of its session's autogroup (cpu_priority.py: a nice level
+  alone does nothing across sessions).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import subprocess
+import sys
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+from spark_runtime.cpu_priority import set_group_nice
+from spark_runtime.stage_env import stage_environment
+
+# The entry points of a stage replica and of a warm spare (infra.processes finds them by these).
+STAGE_MODULE = "spark_runtime.stage"
+SPARE_MODULE = "spark_runtime.spare"
+
+
+def start_stage_process(
+    module: str,
+    args: Sequence[str],
+    log_path: Path | None,
+    *,
+    env_overrides: Mapping[str, str] | None = None,
+    nice: int = 0,
+    pass_fds: Sequence[int] = (),
+) -> subprocess.Popen:
+    """Start `python -m module args...` in a new session and return its Popen (the caller reaps
+    it). Its stdout and stderr are appended to `log_path` (its directory created), or discarded
+    when `log_path` is None; its environment is `stage_environment(**env_overrides)`; a non-zero
+    `nice` is set in the child for its group and autogroup (`set_group_nice`); `pass_fds` are
+    inherited by the child (a lock it holds for its life)."""
+    command = [sys.executable, "-m", module, *args]
+    environment = stage_environment(**(env_overrides or {}))
+    # In the child, after setsid: the nice level and the new session's autogroup.
+    renice = (lambda: set_group_nice(nice)) if nice else None
+    with contextlib.ExitStack() as opened:
+        if log_path is None:
+            stdout, stderr = subprocess.DEVNULL, subprocess.DEVNULL
+        else:
+            log_path.parent.mkdir(parents=True, exist_ok=True)
+            # The child keeps its own descriptor of the log; this process's copy closes here.
+            stdout, stderr = opened.enter_context(open(log_path, "ab")), subprocess.STDOUT
+        return subprocess.Popen(
+            command,
+            stdout=stdout,
+            stderr=stderr,
+            env=environment,
+            start_new_session=True,
+            preexec_fn=renice,
+            pass_fds=tuple(pass_fds),
+        )
