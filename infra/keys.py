@@ -180,7 +180,8 @@ def upgrade_audit_asked(job_key: str, upgrade_id: int) -> str:
 
 def upgrade_check_runner(job_key: str, upgrade_id: int) -> str:
     """The controller process running an upgrade's state check, set while it runs: the job's
-    reconcile sends the check again when that process is gone (console/services/upgrades.py)."""
+    reconcile sends the check again when that process is gone
+    (console/services/upgrade_state_check.py)."""
     return make_key(job_key, "upgrade-check-runner", upgrade_id)
 
 

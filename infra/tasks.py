@@ -122,7 +122,7 @@ INJECT_FAULT = TaskName(  # idempotent: only pending faults are injected
 )
 DRILL = TaskName("backstop.controller.drill", expires_s=60, time_limit_s=30, soft_time_limit_s=25)
 # Idempotent: an upgrade checked already is left alone. Its time limits follow the dry run's
-# bound (console.services.upgrades.CHECK_TIMEOUT_S), given at the task.
+# bound (console.services.upgrade_state_check.CHECK_TIMEOUT_S), given at the task.
 CHECK_UPGRADE = TaskName(
     "backstop.controller.check_upgrade", expires_s=600, acks_late=True, retry=Retry(max_retries=3)
 )

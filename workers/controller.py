@@ -17,7 +17,7 @@ from django.db import OperationalError
 
 from console.models import FaultInjection, Job, JobUpgrade, Node
 from console.redis import redis_client
-from console.services import controller, faults, recovery, upgrade_audit, upgrades
+from console.services import controller, faults, recovery, upgrade_audit, upgrade_state_check
 from console.services.control import act, observe, record
 from console.services.fleet import FleetController
 from infra import tasks
@@ -78,8 +78,8 @@ def audit_episodes(job_id: int) -> int:
 @shared_task(
     **tasks.CHECK_UPGRADE.options(
         autoretry_for=(OperationalError,),
-        time_limit=upgrades.CHECK_TIMEOUT_S + 60,
-        soft_time_limit=upgrades.CHECK_TIMEOUT_S + 30,
+        time_limit=upgrade_state_check.CHECK_TIMEOUT_S + 60,
+        soft_time_limit=upgrade_state_check.CHECK_TIMEOUT_S + 30,
     )
 )
 def check_upgrade(upgrade_id: int) -> str:
@@ -87,7 +87,7 @@ def check_upgrade(upgrade_id: int) -> str:
     it or have the job's controller start the new version."""
     client = redis_client()
     try:
-        upgrade = upgrades.check_upgrade(
+        upgrade = upgrade_state_check.check_upgrade(
             JobUpgrade.objects.select_related("job").get(pk=upgrade_id),
             client,
             runner=_fleet.owner if _fleet is not None else "",

@@ -24,8 +24,7 @@ from console.models import ControlDecision, Job, Policy, Replica
 from console.policy import redis_loss
 from console.policy.spares import standby_node_preference
 from console.redis import redis_client
-from console.services import kafka_status, metrics, recovery
-from console.services import upgrades as upgrade_service
+from console.services import kafka_status, metrics, recovery, upgrade_control
 from console.services.control.act import (
     AgentLauncher,
     apply_give_up,
@@ -67,6 +66,7 @@ from console.services.control.record import (
 from console.services.control.reserve import launch_refusal
 from console.services.jobs import job_external_io
 from console.services.planning import JobPlan, plan_job
+from console.services.upgrades import as_cli_params, current_upgrade_params
 from infra import keys as control_keys
 from infra import leases
 from spark_runtime import external_io
@@ -176,7 +176,7 @@ def _launch(job: Job, client) -> JobPlan | None:
         active_stages={s.name for s in plan.stages if s.standby_node},
         # The operator parameters of the job's last confirmed upgrade: a job stopped and
         # started again runs what it ran.
-        params=upgrade_service.as_cli_params(upgrade_service.current_upgrade_params(job)),
+        params=as_cli_params(current_upgrade_params(job)),
         placement={s.name: (s.primary_node, s.standby_node) for s in plan.stages},
         restart_policy=restart_policy_of(config),
         hung_timeout_s=config.hung_timeout_s,
@@ -311,7 +311,7 @@ def supervise_tick(job: Job, supervisor: Supervisor, client) -> TickReport:
         report.events += 1
         report.actions += len(actions)
         if isinstance(event, HeartbeatSeen) and upgrade_phase(supervisor) != phase_before:
-            pass  # a step of an upgrade: its record says so (console.services.upgrades)
+            pass  # a step of an upgrade: its record says so (console.services.upgrade_control)
         elif app_stopped_for_upgrade(supervisor, phase_before):
             # The app's old version ended as its upgrade asked: no failure, the new version
             # starts (its record and decisions say so).
@@ -361,7 +361,7 @@ def job_ended(job: Job, client) -> None:
     alerts resolve but the one saying it failed (record.clear_alerts_of_ended_job)."""
     close_measurements(job, client)
     clear_alerts_of_ended_job(job, client)
-    upgrade_service.end_open_upgrades(job, f"the job is {job.status}: {job.status_reason}")
+    upgrade_control.end_open_upgrades(job, f"the job is {job.status}: {job.status_reason}")
 
 
 def app_stopped_for_upgrade(supervisor: Supervisor, phase_before: tuple | None) -> bool:
@@ -438,7 +438,7 @@ def lost_state(job: Job, client) -> None:
     decide(job, ControlDecision.Kind.GIVE_UP, verdict.reason)
     if job.mark_failed(verdict.reason):
         alert_failed_job(job)
-    upgrade_service.end_open_upgrades(job, verdict.reason)
+    upgrade_control.end_open_upgrades(job, verdict.reason)
 
 
 def reconcile_job(job: Job, supervisor: Supervisor, client, view, slot) -> bool:
@@ -512,11 +512,11 @@ def upgrade_moved(supervisor: Supervisor, slot) -> bool:
 
 
 def look_at_upgrade(job: Job, supervisor: Supervisor, client, slot) -> None:
-    """Act on the job's upgrade (console.services.upgrades) and record where it stands."""
+    """Act on the job's upgrade (console.services.upgrade_control) and record where it stands."""
     # Looked at now: the fleet's next round says again whether a record is under way (a
     # wake-up is only a hint to look sooner; it is consumed before the state is saved).
     slot.upgrade_open = False
-    actions = upgrade_service.reconcile_upgrade(job, supervisor, time.time(), client)
+    actions = upgrade_control.reconcile_upgrade(job, supervisor, time.time(), client)
     if actions:
         carry_out(job, supervisor, client, actions)
     machine = supervisor.upgrade

@@ -144,7 +144,7 @@ class JobSlot:
     saved: str = ""
     db_status: str = ""  # the status the membership thread last read for it
     operators: dict | None = None  # its Operator rows by name, read at its first policy cycle
-    # (upgrade id, phase) of the job's upgrade as last recorded (console.services.upgrades).
+    # (upgrade id, phase) of the job's upgrade as last recorded (console.services.upgrade_control).
     upgrade_seen: tuple | None = None
     # The database may hold an upgrade of the job under way: its next reconcile looks at it.
     # True when the job is taken (a predecessor may have died mid-upgrade), then set by each

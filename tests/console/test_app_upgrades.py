@@ -1,7 +1,8 @@
-"""Upgrading an existing app on the console side (console.services.upgrades, the API, `manage.py
-upgrade_job`): asked for like any upgrade, no dry run (case app_restart), the record following
-the supervisor through stop, start and confirm or rollback, and the controller's decisions
-(real Redis and database; on real Spark: tests/integration/test_app_upgrade_live.py)."""
+"""Upgrading an existing app on the console side (console.services.upgrades, upgrade_state_check
+and upgrade_control, the API, `manage.py upgrade_job`): asked for like any upgrade, no dry run
+(case app_restart), the record following the supervisor through stop, start and confirm or
+rollback, and the controller's decisions (real Redis and database; on real Spark:
+tests/integration/test_app_upgrade_live.py)."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ import pytest
 from console.models import ControlDecision, Job, JobUpgrade, RegisteredTopology
 from console.redis import redis_client
 from console.roles import OPERATOR
-from console.services import upgrades
+from console.services import upgrade_control, upgrade_state_check, upgrades
 from infra import keys as control_keys
 from infra.queues import node_queue
 from spark_runtime import apps
@@ -67,8 +68,8 @@ def started(job: Job, sup: Supervisor, users) -> JobUpgrade:
     """An upgrade to windows@2 asked for, checked and begun at 10.0 (the stop sent)."""
     upgrade = upgrades.request_upgrade(job, topology="windows@2", user=users[OPERATOR])
     saved(job, sup)
-    upgrades.check_upgrade(upgrade, redis_client())
-    assert upgrades.reconcile_upgrade(job, sup, 10.0) == [StopApp("job-1", 10.0)]
+    upgrade_state_check.check_upgrade(upgrade, redis_client())
+    assert upgrade_control.reconcile_upgrade(job, sup, 10.0) == [StopApp("job-1", 10.0)]
     upgrade.refresh_from_db()
     return upgrade
 
@@ -96,7 +97,7 @@ def test_an_app_upgrade_is_asked_for_through_the_api_and_checked_without_a_dry_r
     assert body["mode"] == "stop_restart"  # the only way an app is upgraded
     upgrade = JobUpgrade.objects.get(pk=body["id"])
     saved(windows, app_supervisor(windows))
-    upgrades.check_upgrade(upgrade, redis_client())
+    upgrade_state_check.check_upgrade(upgrade, redis_client())
     upgrade.refresh_from_db()
     assert (upgrade.status, upgrade.case, upgrade.stage) == ("requested", "app_restart", "job")
     assert "job-1 stops its queries, then windows@2 starts from the same checkpoints" in (
@@ -109,7 +110,7 @@ def test_an_app_that_is_not_running_is_refused_at_the_check(windows, users):
     sup = Supervisor(windows.key, "windows@1", {"job": ("app",)}, "restart-all", ["node-1"])
     sup.start(0.0)  # starting, not running yet
     saved(windows, sup)
-    upgrades.check_upgrade(upgrade, redis_client())
+    upgrade_state_check.check_upgrade(upgrade, redis_client())
     upgrade.refresh_from_db()
     assert upgrade.status == "refused" and "not running" in upgrade.outcome
 
@@ -122,7 +123,7 @@ def test_the_record_follows_a_stop_a_start_and_the_confirmation(windows, users):
     # The old version stops, the new one starts on the same replica's checkpoints.
     (restart,) = sup.handle(ProcessExited("job-1", 12.0, 0))
     assert isinstance(restart, RestartStage) and restart.replica.topology == "windows@2"
-    assert upgrades.reconcile_upgrade(windows, sup, 12.0) == []
+    assert upgrade_control.reconcile_upgrade(windows, sup, 12.0) == []
     upgrade.refresh_from_db()
     windows.refresh_from_db()
     assert upgrade.status == "validating" and upgrade.switched_at is not None
@@ -130,7 +131,7 @@ def test_the_record_follows_a_stop_a_start_and_the_confirmation(windows, users):
     reported = {"role": "primary", "state": "running", "batches": 2, "started_at": 20.0,
                 "query_batches": {"query-1": 2}}  # fmt: skip
     sup.handle(HeartbeatSeen("job-1", 30.0, reported))
-    assert upgrades.reconcile_upgrade(windows, sup, 30.0) == []
+    assert upgrade_control.reconcile_upgrade(windows, sup, 30.0) == []
     upgrade.refresh_from_db()
     assert upgrade.status == "confirmed"
     assert upgrade.outcome.startswith("each query of the new version (query-1) completed")
@@ -142,9 +143,9 @@ def test_a_rollback_by_hand_restarts_the_old_version(windows, users):
     sup = app_supervisor(windows)
     upgrade = started(windows, sup, users)
     sup.handle(ProcessExited("job-1", 12.0, 0))
-    upgrades.reconcile_upgrade(windows, sup, 12.0)
+    upgrade_control.reconcile_upgrade(windows, sup, 12.0)
     upgrades.request_end(upgrade, upgrades.ROLLBACK, users[OPERATOR])
-    (restart,) = upgrades.reconcile_upgrade(windows, sup, 20.0)
+    (restart,) = upgrade_control.reconcile_upgrade(windows, sup, 20.0)
     assert restart.replica.topology == "windows@1"
     upgrade.refresh_from_db()
     windows.refresh_from_db()
@@ -179,7 +180,7 @@ def test_the_planned_stop_is_an_upgrade_step_and_a_failed_new_version_a_failure(
         assert sup.upgrade.phase == machine.ROLLED_BACK
         assert sup.replicas["job-1"].spec.topology == "windows@1"
         assert decisions.filter(kind=ControlDecision.Kind.FAILURE).count() == 1
-        upgrades.reconcile_upgrade(windows, sup, sup.upgrade.ended_at)
+        upgrade_control.reconcile_upgrade(windows, sup, sup.upgrade.ended_at)
         upgrade.refresh_from_db()
         assert upgrade.status == "rolled_back"
         assert "the new version failed before its first batches" in upgrade.outcome

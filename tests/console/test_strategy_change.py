@@ -1,6 +1,7 @@
-"""Changing a running job's strategy through an upgrade (console.services.upgrades, the API and
-`manage.py upgrade_job --strategy`): refused where the new strategy cuts the job into other
-stages, else recorded, made in place by the job's reconcile and audited (real Redis and
+"""Changing a running job's strategy through an upgrade (console.services.upgrades,
+upgrade_state_check and upgrade_control, the API and `manage.py upgrade_job --strategy`):
+refused where the new strategy cuts the job into other stages, else recorded, made in place by
+the job's reconcile and audited (real Redis and
 database; the supervisor's part is tested purely in tests/spark_runtime/test_strategy_change.py,
 a live job in tests/integration/test_upgrade_live.py)."""
 
@@ -15,7 +16,7 @@ from django.core.management import CommandError, call_command
 from console.models import ControlDecision, Job, JobUpgrade
 from console.redis import redis_client
 from console.roles import OPERATOR
-from console.services import controller, upgrades
+from console.services import controller, upgrade_control, upgrade_state_check, upgrades
 from console.services.control.observe import load_supervisor, save_supervisor
 from spark_runtime.replicas import HeartbeatSeen
 from spark_runtime.supervision import Supervisor
@@ -66,11 +67,11 @@ def test_a_strategy_change_is_checked_recorded_and_made_in_place(api_as):
     assert (body["from_topology"], body["to_topology"], body["to_params"]) == (
         "wordcount", "wordcount", {},
     )  # fmt: skip
-    upgrade = upgrades.check_upgrade(JobUpgrade.objects.get(pk=body["id"]), client)
+    upgrade = upgrade_state_check.check_upgrade(JobUpgrade.objects.get(pk=body["id"]), client)
     assert upgrade.case == JobUpgrade.Case.IN_PLACE, upgrade.reason
     assert "cut this job into the same stages (count)" in upgrade.reason
     # The job's reconcile: the record first (with the Job row), then the supervisor.
-    assert upgrades.reconcile_upgrade(job, sup, time.time(), client) == []
+    assert upgrade_control.reconcile_upgrade(job, sup, time.time(), client) == []
     upgrade.refresh_from_db()
     assert upgrade.status == JobUpgrade.Status.CONFIRMED and upgrade.switched_at is not None
     assert Job.objects.get(pk=job.pk).strategy == "active-all" == job.strategy
@@ -126,7 +127,7 @@ def test_a_strategy_that_cuts_the_job_otherwise_is_refused_and_nothing_changes(u
     apart = {"window_count": ("window_count",), "topn": ("topn",)}
     job, sup = running_job("local-restart", "topn", apart)
     upgrade = upgrades.request_upgrade(job, strategy="active-all", user=users[OPERATOR])
-    upgrade = upgrades.check_upgrade(upgrade, redis_client())
+    upgrade = upgrade_state_check.check_upgrade(upgrade, redis_client())
     assert (upgrade.status, upgrade.case) == ("refused", "refused")
     assert upgrade.reason.startswith(
         "active-all cuts this job into other stages (window_count: window_count, topn) "
@@ -142,7 +143,7 @@ def test_adaptive_takes_topns_operators_apart_as_local_restart_runs_them(users):
     apart = {"window_count": ("window_count",), "topn": ("topn",)}
     job, sup = running_job("local-restart", "topn", apart)
     upgrade = upgrades.request_upgrade(job, strategy="adaptive", user=users[OPERATOR])
-    upgrade = upgrades.check_upgrade(upgrade, redis_client())
+    upgrade = upgrade_state_check.check_upgrade(upgrade, redis_client())
     assert upgrade.case == JobUpgrade.Case.IN_PLACE, upgrade.reason
     assert "cut this job into the same stages (window_count, topn)" in upgrade.reason
 
@@ -153,10 +154,10 @@ def test_restart_all_changes_in_place_under_its_stages_name(users):
     job, sup = running_job("restart-all", stages={"job": ("split", "count")})
     client = redis_client()
     upgrade = upgrades.request_upgrade(job, strategy="active-all", user=users[OPERATOR])
-    upgrade = upgrades.check_upgrade(upgrade, client)
+    upgrade = upgrade_state_check.check_upgrade(upgrade, client)
     assert upgrade.case == JobUpgrade.Case.IN_PLACE, upgrade.reason
     assert "cut this job into the same stages (job)" in upgrade.reason
-    assert upgrades.reconcile_upgrade(job, sup, time.time(), client) == []
+    assert upgrade_control.reconcile_upgrade(job, sup, time.time(), client) == []
     job.refresh_from_db()
     controller.reconcile_strategy(job, sup, client)
     assert sup.strategy == "active-all" and sup.stages == ["job"]

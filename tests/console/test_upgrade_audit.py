@@ -18,7 +18,7 @@ from django.utils import timezone
 from console.models import ControlDecision, Job, JobUpgrade, Policy
 from console.policy.recovery import RecoverySettings, measure_switch
 from console.roles import OPERATOR
-from console.services import upgrade_audit, upgrades
+from console.services import upgrade_audit, upgrade_control, upgrades
 from infra import keys, tasks
 from spark_runtime import keys as data_keys
 from spark_runtime.progress import publish_progress
@@ -205,7 +205,7 @@ def test_the_end_of_a_switched_upgrade_enqueues_its_audit(
     sup.start(0.0)
     sup.handle(HeartbeatSeen("topn-1", 1.0, {"role": "primary", "state": "running"}))
     with django_capture_on_commit_callbacks(execute=True):
-        upgrades.reconcile_upgrade(job, sup, 10.0)
+        upgrade_control.reconcile_upgrade(job, sup, 10.0)
         # Green caught up (no lag behind blue) takes over.
         for replica, role in (("topn-2", "standby"), ("topn-1", "standby"), ("topn-2", "primary")):
             sup.handle(
@@ -213,13 +213,13 @@ def test_the_end_of_a_switched_upgrade_enqueues_its_audit(
                     replica, 11.0, {"role": role, "state": "running", "lag_s": 0, "batches": 1}
                 )
             )
-        upgrades.reconcile_upgrade(job, sup, 11.0)
+        upgrade_control.reconcile_upgrade(job, sup, 11.0)
     assert [task for task, _ in sent] == [tasks.CHECK_UPGRADE]  # switched, not ended: no audit
     with django_capture_on_commit_callbacks(execute=True):
         # Green ran a batch as the primary, and the window is over: confirmed.
         beat = {"role": "primary", "state": "running", "batches": 2}
         sup.handle(HeartbeatSeen("topn-2", sup.upgrade.switched_at + 30, beat))
-        upgrades.reconcile_upgrade(job, sup, sup.upgrade.switched_at + 31)
+        upgrade_control.reconcile_upgrade(job, sup, sup.upgrade.switched_at + 31)
     upgrade.refresh_from_db()
     assert upgrade.status == JobUpgrade.Status.CONFIRMED
     assert sent[-1] == (tasks.AUDIT_UPGRADE, (upgrade.pk,))

@@ -14,7 +14,7 @@ import pytest
 from console.models import ControlDecision, Job, JobUpgrade, Policy, Replica
 from console.redis import redis_client
 from console.roles import OPERATOR
-from console.services import controller, fleet, upgrades
+from console.services import controller, fleet, upgrade_control, upgrade_state_check, upgrades
 from console.services.control.observe import load_supervisor, save_supervisor
 from infra import keys, leases, tasks
 from spark_runtime import keys as data_keys
@@ -77,7 +77,9 @@ def test_a_rollback_asked_while_a_reconcile_holds_its_copy_survives_the_reconcil
     upgrade = upgrades.request_upgrade(job, params={"topn.n": 3}, user=users[OPERATOR])
     JobUpgrade.objects.filter(pk=upgrade.pk).update(case="seeded", stage="topn")
     sup = running_supervisor(job, client, now)
-    upgrades.reconcile_upgrade(job, sup, now)  # green topn-2 starts: the record says starting
+    upgrade_control.reconcile_upgrade(
+        job, sup, now
+    )  # green topn-2 starts: the record says starting
     switch(sup, "topn-2", "topn-1", now + 1)
     assert sup.upgrade.phase == "validating"
     # The reconcile reads its copy of the record (still `starting`)...
@@ -86,12 +88,12 @@ def test_a_rollback_asked_while_a_reconcile_holds_its_copy_survives_the_reconcil
     response = api_as(OPERATOR).post(f"/api/jobs/{job.pk}/upgrades/{upgrade.pk}/rollback/")
     assert response.status_code == 202
     # ... and the reconcile writes the phase it saw.
-    upgrades.record_phase(job, copy, sup)
+    upgrade_control.record_phase(job, copy, sup)
     upgrade.refresh_from_db()
     assert upgrade.status == "validating"
     assert (upgrade.requested_action, upgrade.ended_by_id) == ("rollback", users[OPERATOR].pk)
     # The next reconcile carries the rollback out.
-    actions = upgrades.reconcile_upgrade(job, sup, now + 2)
+    actions = upgrade_control.reconcile_upgrade(job, sup, now + 2)
     assert actions == [KillReplica("topn-2"), PromoteStandby("topn-1", "topn")]
     upgrade.refresh_from_db()
     assert (upgrade.status, upgrade.outcome) == ("rolled_back", "rolled back by otto")
@@ -104,7 +106,7 @@ def test_a_cancel_during_the_state_check_is_not_overwritten_by_its_verdict(clien
     # cancels it (rollback before anything started); then the check refuses it.
     copy = JobUpgrade.objects.get(pk=refused.pk)
     api_as(OPERATOR).post(f"/api/jobs/{job.pk}/upgrades/{refused.pk}/rollback/")
-    upgrades.refuse(copy, "topn", "Spark refuses the new version: AnalysisException")
+    upgrade_state_check.refuse(copy, "topn", "Spark refuses the new version: AnalysisException")
     refused.refresh_from_db()
     assert (refused.status, refused.outcome) == ("abandoned", "cancelled before it started by otto")
     assert refused.ended_by.username == "otto" and refused.case == ""
@@ -113,7 +115,7 @@ def test_a_cancel_during_the_state_check_is_not_overwritten_by_its_verdict(clien
     copy = JobUpgrade.objects.get(pk=checked.pk)
     api_as(OPERATOR).post(f"/api/jobs/{job.pk}/upgrades/{checked.pk}/rollback/")
     copy.stage, copy.case, copy.reason = "topn", JobUpgrade.Case.SEEDED, "compatible"
-    assert not upgrades.record_case(copy)
+    assert not upgrade_state_check.record_case(copy)
     checked.refresh_from_db()
     assert (checked.status, checked.case) == ("abandoned", "")
     assert not job.decisions.filter(reason__contains="refused").exists()
@@ -128,8 +130,8 @@ def test_a_cancel_between_the_reconciles_read_and_its_start_wins(client, users, 
     copy = job.upgrades.filter(status__in=JobUpgrade.UNDER_WAY).first()  # the reconcile's read
     api_as(OPERATOR).post(f"/api/jobs/{job.pk}/upgrades/{upgrade.pk}/rollback/")
     # What the reconcile does next with its copy: start green, write the phase.
-    actions = upgrades.begin(copy, sup, now)
-    upgrades.record_phase(job, copy, sup)
+    actions = upgrade_control.begin(copy, sup, now)
+    upgrade_control.record_phase(job, copy, sup)
     assert actions == [] and sup.upgrade is None and set(sup.replicas) == {"topn-1"}
     upgrade.refresh_from_db()
     assert (upgrade.status, upgrade.outcome) == ("abandoned", "cancelled before it started by otto")
@@ -141,7 +143,7 @@ def test_an_abandon_keeps_an_end_written_meanwhile(client, users, api_as):
     upgrade = upgrades.request_upgrade(job, params={"topn.n": 3}, user=users[OPERATOR])
     copy = JobUpgrade.objects.get(pk=upgrade.pk)  # a reconcile whose start will be refused
     api_as(OPERATOR).post(f"/api/jobs/{job.pk}/upgrades/{upgrade.pk}/rollback/")
-    upgrades.abandon(copy, "could not start: stage topn has no running primary to upgrade")
+    upgrade_control.abandon(copy, "could not start: stage topn has no running primary to upgrade")
     upgrade.refresh_from_db()
     assert upgrade.outcome == "cancelled before it started by otto"
     assert upgrade.ended_by.username == "otto"
@@ -167,7 +169,7 @@ def test_a_controller_that_takes_over_mid_upgrade_ends_it_and_stops_the_orphaned
     view = fleet.read_fleet_view(client)
     # Controller A: the upgrade's step decided and recorded, not carried out (A dies first).
     a = load_supervisor(client, job)
-    assert upgrades.reconcile_upgrade(job, a, now, client)
+    assert upgrade_control.reconcile_upgrade(job, a, now, client)
     upgrade.refresh_from_db()
     assert (upgrade.status, upgrade.green_replica) == ("starting", "topn-2")
     # Controller B takes over: the saved state, a fresh slot.
@@ -243,7 +245,7 @@ def test_a_state_check_that_cannot_run_refuses_the_upgrade_with_the_reason(clien
         job=job, from_topology="topn", to_topology="topn", to_params={"topn.n": "9" * 200_000},
         from_strategy=job.strategy, to_strategy=job.strategy,
     )  # fmt: skip
-    upgrades.check_upgrade(upgrade, client)
+    upgrade_state_check.check_upgrade(upgrade, client)
     upgrade.refresh_from_db()
     assert (upgrade.status, upgrade.case) == ("refused", "refused")
     assert upgrade.outcome.startswith("the state check failed: OSError")
@@ -259,10 +261,10 @@ def test_an_upgrade_whose_state_check_never_reported_is_refused_after_the_deadli
     now = time.time()
     sup = running_supervisor(job, client, now)
     upgrade = upgrades.request_upgrade(job, params={"topn.n": 3}, user=users[OPERATOR])
-    assert upgrades.reconcile_upgrade(job, sup, now + 60) == []  # the check may still report
+    assert upgrade_control.reconcile_upgrade(job, sup, now + 60) == []  # the check may still report
     upgrade.refresh_from_db()
     assert upgrade.status == "requested"
-    assert upgrades.reconcile_upgrade(job, sup, now + 15 * 60) == []
+    assert upgrade_control.reconcile_upgrade(job, sup, now + 15 * 60) == []
     upgrade.refresh_from_db()
     assert upgrade.status == "refused" and sup.upgrade is None
     assert upgrade.outcome.startswith("the state check did not report within 840 s")
@@ -295,13 +297,13 @@ def test_a_state_check_whose_controller_died_is_sent_again_at_once(client, users
     runner_key = keys.upgrade_check_runner(job.key, upgrade.pk)
     leases.heartbeat(client, "ctl-checking")
     client.set(runner_key, "ctl-checking")
-    assert upgrades.reconcile_upgrade(job, sup, now + 5, client) == []
+    assert upgrade_control.reconcile_upgrade(job, sup, now + 5, client) == []
     assert sent == []  # its runner is alive: the check may still report
     client.zrem(keys.controllers(), "ctl-checking")  # killed: it says nothing any more
-    assert upgrades.reconcile_upgrade(job, sup, now + 6, client) == []
+    assert upgrade_control.reconcile_upgrade(job, sup, now + 6, client) == []
     assert sent == [(tasks.CHECK_UPGRADE, (upgrade.pk,))]
     assert not client.exists(runner_key)
-    assert upgrades.reconcile_upgrade(job, sup, now + 7, client) == []
+    assert upgrade_control.reconcile_upgrade(job, sup, now + 7, client) == []
     assert len(sent) == 1  # once
     upgrade.refresh_from_db()
     assert upgrade.status == "requested"
@@ -319,7 +321,7 @@ def test_a_check_says_who_runs_it_while_it_runs(client, users, monkeypatch):
         seen.append(client.get(runner_key))
         raise OSError("no dry run here")
 
-    monkeypatch.setattr(upgrades, "dry_run", dry_run_that_looks)
-    upgrades.check_upgrade(upgrade, client, runner="ctl-a")
+    monkeypatch.setattr(upgrade_state_check, "dry_run", dry_run_that_looks)
+    upgrade_state_check.check_upgrade(upgrade, client, runner="ctl-a")
     assert seen == ["ctl-a"] and not client.exists(runner_key)
     assert sup.upgrade is None

@@ -1,7 +1,8 @@
-"""Upgrades of running jobs on the console side (console.services.upgrades, the API and
-`manage.py upgrade_job`): what is refused and why, the case decided from a dry run's verdict,
-and the record following the supervisor through an upgrade (real Redis and database; the dry
-run and the switching on real Spark are in tests/integration/test_upgrade_live.py)."""
+"""Upgrades of running jobs on the console side (console.services.upgrades, upgrade_state_check
+and upgrade_control, the API and `manage.py upgrade_job`): what is refused and why, the case
+decided from a dry run's verdict, and the record following the supervisor through an upgrade
+(real Redis and database; the dry run and the switching on real Spark are in
+tests/integration/test_upgrade_live.py)."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from django.utils import timezone
 from console.models import ControlDecision, Job, JobUpgrade, Policy
 from console.redis import redis_client
 from console.roles import OPERATOR, VIEWER
-from console.services import controller, upgrades
+from console.services import controller, upgrade_control, upgrade_state_check, upgrades
 from console.services.control.observe import load_supervisor
 from spark_runtime import keys as data_keys
 from spark_runtime import upgrade_check
@@ -156,14 +157,14 @@ def test_the_case_follows_the_dry_run_and_the_input_the_job_still_has(users):
 
     def case(verdict, detail="x"):
         found = {"verdict": verdict, "batch": 7, "detail": detail}
-        return upgrades.decide_case(job, upgrade, "topn", found, client)
+        return upgrade_state_check.decide_case(job, upgrade, "topn", found, client)
 
     assert case(upgrade_check.COMPATIBLE)[0] == JobUpgrade.Case.SEEDED
     assert "committed batch 7" in case(upgrade_check.COMPATIBLE)[1]
     assert case(upgrade_check.UNTESTED)[0] == JobUpgrade.Case.SEEDED
     found = {"verdict": upgrade_check.COMPATIBLE, "batch": 7, "detail": "x",
              "repartitioned": "repartitioned from 1 to 3 partitions"}  # fmt: skip
-    assert upgrades.decide_case(job, upgrade, "topn", found, client)[1].endswith(
+    assert upgrade_state_check.decide_case(job, upgrade, "topn", found, client)[1].endswith(
         "it starts from that checkpoint, its state repartitioned from 1 to 3 partitions first "
         "(another parallelism)"
     )
@@ -199,9 +200,9 @@ def test_the_record_follows_the_supervisor_from_the_start_to_a_rollback(users):
             )
         )
     # Not checked yet: nothing starts.
-    assert upgrades.reconcile_upgrade(job, sup, time.time()) == []
+    assert upgrade_control.reconcile_upgrade(job, sup, time.time()) == []
     JobUpgrade.objects.filter(pk=upgrade.pk).update(case="seeded", stage="topn")
-    (start,) = upgrades.reconcile_upgrade(job, sup, time.time())
+    (start,) = upgrade_control.reconcile_upgrade(job, sup, time.time())
     assert isinstance(start, StartReplica)
     assert start.replica.params == ("topn.n=3",) and start.replica.seed_from == "topn-1"
     upgrade.refresh_from_db()
@@ -224,12 +225,12 @@ def test_the_record_follows_the_supervisor_from_the_start_to_a_rollback(users):
             "topn-3", now, {"role": "primary", "state": "running", "lag_s": 0.5, "batches": 1}
         )
     )
-    assert upgrades.reconcile_upgrade(job, sup, now) == []
+    assert upgrade_control.reconcile_upgrade(job, sup, now) == []
     upgrade.refresh_from_db()
     job.refresh_from_db()
     assert upgrade.status == "validating" and upgrade.switched_at is not None
     upgrades.request_end(upgrade, upgrades.ROLLBACK, users[OPERATOR])
-    actions = upgrades.reconcile_upgrade(job, sup, time.time())
+    actions = upgrade_control.reconcile_upgrade(job, sup, time.time())
     assert actions == [KillReplica("topn-3"), PromoteStandby("topn-1", "topn")]
     upgrade.refresh_from_db()
     assert upgrade.status == "rolled_back" and upgrade.outcome == "rolled back by otto"
@@ -250,24 +251,24 @@ def switched_upgrade(
     )
     JobUpgrade.objects.filter(pk=upgrade.pk).update(case="seeded", stage="topn")
     sup = running_supervisor(job)
-    upgrades.reconcile_upgrade(job, sup, 10.0)
+    upgrade_control.reconcile_upgrade(job, sup, 10.0)
     for replica, role in (("topn-2", "standby"), ("topn-1", "standby"), ("topn-2", "primary")):
         reported = {"role": role, "state": "running", "lag_s": 0.5, "batches": 1}
         sup.handle(HeartbeatSeen(replica, 11.0, reported))
-    upgrades.reconcile_upgrade(job, sup, 11.0)
+    upgrade_control.reconcile_upgrade(job, sup, 11.0)
     return job, upgrade, sup
 
 
 def test_the_controller_confirms_once_green_wrote_for_the_validation_window(users):
     job, upgrade, sup = switched_upgrade(users[OPERATOR], validation_s=30)
     switched = sup.upgrade.switched_at
-    assert upgrades.reconcile_upgrade(job, sup, switched + 29) == []
+    assert upgrade_control.reconcile_upgrade(job, sup, switched + 29) == []
     # The window is over, but green has run no batch since the switch (idle input): its state
     # has not been loaded yet, so time alone does not confirm it.
-    assert upgrades.reconcile_upgrade(job, sup, switched + 31) == []
+    assert upgrade_control.reconcile_upgrade(job, sup, switched + 31) == []
     sup.handle(HeartbeatSeen("topn-2", switched + 32, {"role": "primary", "state": "running",
                                                        "batches": 2}))  # fmt: skip
-    assert upgrades.reconcile_upgrade(job, sup, switched + 33) == [KillReplica("topn-1")]
+    assert upgrade_control.reconcile_upgrade(job, sup, switched + 33) == [KillReplica("topn-1")]
     upgrade.refresh_from_db()
     assert upgrade.status == "confirmed"
     assert upgrade.outcome == "the new version wrote for 30 s without a failure"
@@ -285,11 +286,11 @@ def test_a_result_preserving_upgrade_is_confirmed_once_blue_compared_results(use
     green = {"role": "primary", "state": "running", "batches": 2}
     sup.handle(HeartbeatSeen("topn-2", switched + 32, green))
     # Green ran, the window is over, but blue has compared nothing yet: not confirmed by time.
-    assert upgrades.reconcile_upgrade(job, sup, switched + 33) == []
+    assert upgrade_control.reconcile_upgrade(job, sup, switched + 33) == []
     check = {"compared": 12, "differing": 0, "examples": []}
     blue = {"role": "standby", "state": "running", "batches": 9, "result_check": check}
     sup.handle(HeartbeatSeen("topn-1", switched + 34, blue))
-    assert upgrades.reconcile_upgrade(job, sup, switched + 35) == [KillReplica("topn-1")]
+    assert upgrade_control.reconcile_upgrade(job, sup, switched + 35) == [KillReplica("topn-1")]
     upgrade.refresh_from_db()
     assert upgrade.status == "confirmed"
     assert (upgrade.results_compared, upgrade.results_differing) == (12, 0)
@@ -302,7 +303,7 @@ def test_a_result_preserving_upgrade_whose_results_differ_is_rolled_back(users):
     check = {"compared": 30, "differing": 1, "examples": ["results 'w1': old 7, new 8"]}
     blue = {"role": "standby", "state": "running", "batches": 9, "result_check": check}
     sup.handle(HeartbeatSeen("topn-1", sup.upgrade.switched_at + 3, blue))
-    actions = upgrades.reconcile_upgrade(
+    actions = upgrade_control.reconcile_upgrade(
         job, sup, sup.upgrade.switched_at + 4, client=redis_client()
     )
     assert PromoteStandby("topn-1", "topn") in actions
@@ -339,13 +340,13 @@ def test_record_and_saved_state_are_brought_together_after_a_controller_died_bet
     JobUpgrade.objects.filter(pk=stale.pk).update(
         case="seeded", stage="topn", status="starting", green_replica="topn-2"
     )
-    assert upgrades.reconcile_upgrade(job, sup, 5.0) == [KillReplica("topn-2")]
+    assert upgrade_control.reconcile_upgrade(job, sup, 5.0) == [KillReplica("topn-2")]
     stale.refresh_from_db()
     assert stale.status == "abandoned" and "restarted before" in stale.outcome
     # The record was confirmed; the saved state still validates: confirmed there too.
     upgrade = upgrades.request_upgrade(job, params={"topn.n": 3}, user=users[OPERATOR])
     JobUpgrade.objects.filter(pk=upgrade.pk).update(case="seeded", stage="topn")
-    upgrades.reconcile_upgrade(job, sup, 10.0)
+    upgrade_control.reconcile_upgrade(job, sup, 10.0)
     green = sup.upgrade.green
     for replica, role in ((green, "standby"), ("topn-1", "standby"), (green, "primary")):
         sup.handle(
@@ -353,10 +354,10 @@ def test_record_and_saved_state_are_brought_together_after_a_controller_died_bet
                 replica, 11.0, {"role": role, "state": "running", "lag_s": 0.5, "batches": 1}
             )
         )
-    upgrades.reconcile_upgrade(job, sup, 11.0)
+    upgrade_control.reconcile_upgrade(job, sup, 11.0)
     assert sup.upgrade.phase == "validating"
     JobUpgrade.objects.filter(pk=upgrade.pk).update(status="confirmed", outcome="confirmed by otto")
-    assert upgrades.reconcile_upgrade(job, sup, 12.0) == [KillReplica("topn-1")]
+    assert upgrade_control.reconcile_upgrade(job, sup, 12.0) == [KillReplica("topn-1")]
     assert sup.upgrade.phase == "confirmed"
 
 
@@ -365,7 +366,7 @@ def test_a_job_that_stops_ends_its_upgrade_under_way(users):
     upgrade = upgrades.request_upgrade(job, params={"topn.n": 3}, user=users[OPERATOR])
     JobUpgrade.objects.filter(pk=upgrade.pk).update(status="validating")
     job.request_stop("stopped by otto")
-    upgrades.end_open_upgrades(job, f"the job is {job.status}: {job.status_reason}")
+    upgrade_control.end_open_upgrades(job, f"the job is {job.status}: {job.status_reason}")
     upgrade.refresh_from_db()
     assert upgrade.status == "abandoned"
     assert upgrade.outcome == "the job is stopping: stopped by otto"
@@ -390,7 +391,7 @@ def test_a_green_whose_latency_leaves_blues_band_is_rolled_back(users):
     upgrade = upgrades.request_upgrade(job, params={"topn.n": 3}, user=users[OPERATOR])
     JobUpgrade.objects.filter(pk=upgrade.pk).update(case="seeded", stage="topn")
     sup = running_supervisor(job)
-    upgrades.reconcile_upgrade(job, sup, now, client)
+    upgrade_control.reconcile_upgrade(job, sup, now, client)
     # Blue's band: 0.3 s steady, so the limit is the floor's half a second above it.
     assert sup.upgrade.latency_limit_ms == pytest.approx(800.0)
     for replica, role in (("topn-2", "standby"), ("topn-1", "standby"), ("topn-2", "primary")):
@@ -399,15 +400,17 @@ def test_a_green_whose_latency_leaves_blues_band_is_rolled_back(users):
                 replica, now + 1, {"role": role, "state": "running", "lag_s": 0.5, "batches": 1}
             )
         )
-    upgrades.reconcile_upgrade(job, sup, now + 1, client)
+    upgrade_control.reconcile_upgrade(job, sup, now + 1, client)
     assert sup.upgrade.phase == "validating"
     # Green writes at 0.5 s for 15 s (in band), then at 1.2 s; latency is judged from 10 s after
     # the switch on, over 10 s: out of band once most of the window is slow.
     publish_output(client, job, "topn-2", [now + 2 + i for i in range(15)], p90_s=0.5)
     publish_output(client, job, "topn-2", [now + 17 + i for i in range(20)], p90_s=1.2)
-    assert upgrades.reconcile_upgrade(job, sup, now + 10.5, client) == []  # the switch's grace
-    assert upgrades.reconcile_upgrade(job, sup, now + 21.5, client) == []
-    actions = upgrades.reconcile_upgrade(job, sup, now + 31.5, client)
+    assert (
+        upgrade_control.reconcile_upgrade(job, sup, now + 10.5, client) == []
+    )  # the switch's grace
+    assert upgrade_control.reconcile_upgrade(job, sup, now + 21.5, client) == []
+    actions = upgrade_control.reconcile_upgrade(job, sup, now + 31.5, client)
     assert KillReplica("topn-2") in actions and PromoteStandby("topn-1", "topn") in actions
     upgrade.refresh_from_db()
     assert upgrade.status == "rolled_back"
@@ -438,7 +441,7 @@ def test_a_rollback_the_controller_cannot_carry_out_leaves_no_one_as_having_ende
     job, upgrade, sup = switched_upgrade(users[OPERATOR], validation_s=3600)
     del sup.replicas["topn-1"]  # blue died after the switch: nothing to roll back to
     upgrades.request_end(upgrade, upgrades.ROLLBACK, users[OPERATOR])
-    assert upgrades.reconcile_upgrade(job, sup, 12.0) == []
+    assert upgrade_control.reconcile_upgrade(job, sup, 12.0) == []
     upgrade.refresh_from_db()
     assert (upgrade.status, upgrade.requested_action, upgrade.ended_by) == ("validating", "", None)
     last = ControlDecision.objects.filter(job=job).order_by("-pk").first()

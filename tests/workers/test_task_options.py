@@ -9,7 +9,7 @@ import pytest
 from celery import current_app
 from django.db import OperationalError
 
-from console.services import upgrades
+from console.services import upgrade_state_check
 from infra import tasks
 from workers import agent, alerting, controller, reporting  # noqa: F401 (registers the tasks)
 from workers import tasks as housekeeping  # noqa: F401
@@ -29,7 +29,7 @@ def test_a_registered_task_has_the_options_of_its_name(name):
     assert task.acks_late is name.acks_late
     assert task.reject_on_worker_lost is (True if name.reject_on_worker_lost else None)
     if name is tasks.CHECK_UPGRADE:  # its limits follow the dry run's bound
-        assert task.time_limit == upgrades.CHECK_TIMEOUT_S + 60
+        assert task.time_limit == upgrade_state_check.CHECK_TIMEOUT_S + 60
     else:
         # None: the app's defaults (web/settings: CELERY_TASK_TIME_LIMIT and the soft one).
         assert task.time_limit == (name.time_limit_s or current_app.conf.task_time_limit)
