@@ -6,6 +6,7 @@ import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from enum import StrEnum
 from functools import partial
 
 import redis
@@ -107,7 +108,7 @@ def request_fault(
                 f"{field}: {kind} takes no target (it acts on the job's Kafka broker)",
                 field=field,
             )
-    elif entry.target == NODE:
+    elif entry.target == Target.NODE:
         if target_node is None:
             raise FaultRefused(f"target_node: {kind} needs a node", field="target_node")
     else:
@@ -214,26 +215,28 @@ class Aimed:
 
 @dataclass(frozen=True)
 class FaultKind:
-    """One kind of fault: what a request for it names as its target (OPERATOR, NODE, or None:
-    it acts on what the job uses), the replica of the operator's stage it hits (operator
+    """One kind of fault: what a request for it names as its target (None: it acts on what
+    the job uses), the replica of the operator's stage it hits (operator
     faults), a check of the job it may be asked for (beyond its target and params), and `aim`,
     which finds the target of a pending fault and returns it Aimed, or the reason it cannot be
     injected."""
 
-    target: str | None
+    target: Target | None
     aim: Callable[[FaultInjection], Aimed | str]
     role: str | None = None
     check_request: Callable[[Job], object] | None = None
 
 
-# What a request names as a fault's target.
-OPERATOR = "operator"
-NODE = "node"
+class Target(StrEnum):
+    """What a request for a fault names as its target."""
+
+    OPERATOR = "operator"
+    NODE = "node"
 
 
 def on_operator(aim: Callable[..., Aimed | str], role: str = Replica.Role.PRIMARY) -> FaultKind:
     """A fault of the live `role` replica of an operator's stage; `aim` is given the role."""
-    return FaultKind(OPERATOR, partial(aim, role=role), role=role)
+    return FaultKind(Target.OPERATOR, partial(aim, role=role), role=role)
 
 
 def _no_replica(fault: FaultInjection, role: str) -> str:
@@ -381,20 +384,20 @@ FAULT_KINDS: dict[str, FaultKind] = {
         partial(_kill_spark_process, process="executor")
     ),
     FaultInjection.Kind.KILL_WORKER: on_operator(partial(_kill_spark_process, process="worker")),
-    FaultInjection.Kind.KILL_NODE: FaultKind(NODE, _kill_node),
-    FaultInjection.Kind.PAUSE_NODE: FaultKind(NODE, _pause_node),
-    FaultInjection.Kind.STRESS_NODE: FaultKind(NODE, _stress_node),
+    FaultInjection.Kind.KILL_NODE: FaultKind(Target.NODE, _kill_node),
+    FaultInjection.Kind.PAUSE_NODE: FaultKind(Target.NODE, _pause_node),
+    FaultInjection.Kind.STRESS_NODE: FaultKind(Target.NODE, _stress_node),
     FaultInjection.Kind.KAFKA_BROKER: FaultKind(
         None, _stop_kafka_broker, check_request=check_kafka_broker
     ),
 }
 
 
-def target_of(kind) -> str | None:
-    """What a request for a `kind` fault names as its target: OPERATOR, NODE, or None (the
-    fault takes none). OPERATOR for a value that is no kind, which request_fault refuses."""
+def target_of(kind) -> Target | None:
+    """What a request for a `kind` fault names as its target (None: it takes none); an
+    operator for a value that is no kind, which request_fault then refuses by its kind."""
     entry = FAULT_KINDS.get(kind) if isinstance(kind, str) else None
-    return entry.target if entry is not None else OPERATOR
+    return entry.target if entry is not None else Target.OPERATOR
 
 
 def inject(fault: FaultInjection) -> FaultInjection:
