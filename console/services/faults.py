@@ -1,4 +1,5 @@
-"""Asking for a fault: validation, rate limit, and the record of who asked."""
+"""Asking for a fault and carrying it out: validation, rate limit, the record of who asked,
+and FAULT_KINDS, one entry per kind (its target, and how `inject` finds and sends it)."""
 
 from __future__ import annotations
 
@@ -205,6 +206,13 @@ def _replica_of(job: Job, operator: str, role: str):
     )
 
 
+class Target(StrEnum):
+    """What a request for a fault names as its target."""
+
+    OPERATOR = "operator"
+    NODE = "node"
+
+
 @dataclass(frozen=True)
 class Aimed:
     """A fault ready to go: the detail it is recorded with, and the send that carries it out."""
@@ -215,11 +223,13 @@ class Aimed:
 
 @dataclass(frozen=True)
 class FaultKind:
-    """One kind of fault: what a request for it names as its target (None: it acts on what
-    the job uses), the replica of the operator's stage it hits (operator
-    faults), a check of the job it may be asked for (beyond its target and params), and `aim`,
-    which finds the target of a pending fault and returns it Aimed, or the reason it cannot be
-    injected."""
+    """One kind of fault (an entry of FAULT_KINDS).
+
+    target: what a request names (None: the fault acts on what the job uses, no target).
+    aim: finds the target of a pending fault and returns it Aimed, or the reason it cannot be
+    injected. role: the replica of the operator's stage an operator fault hits.
+    check_request: refuses a request for the job beyond its target and params (FaultRefused).
+    """
 
     target: Target | None
     aim: Callable[[FaultInjection], Aimed | str]
@@ -227,14 +237,7 @@ class FaultKind:
     check_request: Callable[[Job], object] | None = None
 
 
-class Target(StrEnum):
-    """What a request for a fault names as its target."""
-
-    OPERATOR = "operator"
-    NODE = "node"
-
-
-def on_operator(aim: Callable[..., Aimed | str], role: str = Replica.Role.PRIMARY) -> FaultKind:
+def _on_operator(aim: Callable[..., Aimed | str], role: str = Replica.Role.PRIMARY) -> FaultKind:
     """A fault of the live `role` replica of an operator's stage; `aim` is given the role."""
     return FaultKind(Target.OPERATOR, partial(aim, role=role), role=role)
 
@@ -376,14 +379,14 @@ def _duration_of(fault: FaultInjection) -> float:
 # Every kind of fault: adding a kind is adding its entry here (and its params in
 # console/policy/fault_params.py); tests/console/test_fault_kinds.py checks none is missing.
 FAULT_KINDS: dict[str, FaultKind] = {
-    FaultInjection.Kind.KILL_DRIVER: on_operator(_kill_replica),
-    FaultInjection.Kind.KILL_STANDBY: on_operator(_kill_replica, role=Replica.Role.STANDBY),
-    FaultInjection.Kind.OPERATOR_EXCEPTION: on_operator(_arm_exception),
-    FaultInjection.Kind.SLOW_DRIVER: on_operator(_slow_batches),
-    FaultInjection.Kind.KILL_EXECUTOR: on_operator(
+    FaultInjection.Kind.KILL_DRIVER: _on_operator(_kill_replica),
+    FaultInjection.Kind.KILL_STANDBY: _on_operator(_kill_replica, role=Replica.Role.STANDBY),
+    FaultInjection.Kind.OPERATOR_EXCEPTION: _on_operator(_arm_exception),
+    FaultInjection.Kind.SLOW_DRIVER: _on_operator(_slow_batches),
+    FaultInjection.Kind.KILL_EXECUTOR: _on_operator(
         partial(_kill_spark_process, process="executor")
     ),
-    FaultInjection.Kind.KILL_WORKER: on_operator(partial(_kill_spark_process, process="worker")),
+    FaultInjection.Kind.KILL_WORKER: _on_operator(partial(_kill_spark_process, process="worker")),
     FaultInjection.Kind.KILL_NODE: FaultKind(Target.NODE, _kill_node),
     FaultInjection.Kind.PAUSE_NODE: FaultKind(Target.NODE, _pause_node),
     FaultInjection.Kind.STRESS_NODE: FaultKind(Target.NODE, _stress_node),

@@ -233,3 +233,10 @@ def test_request_fault_checks_the_target_each_kind_takes(job, node, kind):
         faults.request_fault(job, kind, target_operator="nope")
     assert str(refused.value) == "target_operator: job 'kinds' has no operator 'nope'"
     assert faults.request_fault(job, kind, target_operator="count").target_operator == "count"
+
+
+def test_a_stored_kind_without_an_entry_fails_with_the_reason(job, redis_conn):
+    """A row of a kind this code does not know (written by a newer version) is not sent."""
+    fault = inject(job, "melt-disk", target_operator="count")
+    assert (fault.outcome, fault.outcome_detail) == ("failed", "unknown fault kind 'melt-disk'")
+    assert redis_conn.llen(QUEUE) == 0
