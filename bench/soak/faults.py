@@ -32,7 +32,13 @@ from console.models import FaultInjection, Job, Node, Replica
 from console.policy.recovery_phases import phase_seconds
 from console.redis import redis_client
 from console.services.demo_setup import DEMO_NODES
-from console.services.faults import FaultRefused, kafka_bootstrap_of, request_fault
+from console.services.faults import (
+    FAULT_KINDS,
+    FaultRefused,
+    Target,
+    kafka_bootstrap_of,
+    request_fault,
+)
 from console.services.recovery import GIVE_UP_AFTER_S
 from infra import keys as control_keys
 from infra.kafka_outage import UP, outage
@@ -121,6 +127,7 @@ class FaultPlay:
 
     def fire_job_fault(self, row: dict, rng) -> Pending | None:
         kind = row["kind"]
+        entry = FAULT_KINDS[kind]
         candidates = {}
         for job in self.jobs:
             stages = dict(
@@ -128,13 +135,12 @@ class FaultPlay:
             )
             live = Replica.objects.filter(job=job, state__in=LIVE_REPLICA_STATES)
             roles = set(live.values_list("stage", "role"))
-            if kind == KAFKA_BROKER:
+            if entry.target is None:
                 if job.source or job.sink:  # the broker of a job on Kafka
                     candidates[(job.name, "kafka")] = (job, "", None, "")
-            elif kind in ("kill-driver", "operator-exception", "kill-standby"):
-                role = "standby" if kind == "kill-standby" else "primary"
+            elif entry.target == Target.OPERATOR:
                 for operator, stage in stages.items():
-                    if (stage, role) in roles:
+                    if (stage, entry.role) in roles:
                         candidates[(job.name, operator)] = (job, operator, None, stage)
             else:
                 for node in set(live.values_list("node__name", flat=True)):

@@ -44,7 +44,13 @@ from console.redis import redis_client
 from console.roles import OPERATOR
 from console.services.control.observe import load_supervisor
 from console.services.demo_setup import DEMO_NODES, ensure_demo_nodes
-from console.services.faults import FaultRefused, kafka_bootstrap_of, request_fault
+from console.services.faults import (
+    FAULT_KINDS,
+    FaultRefused,
+    Target,
+    kafka_bootstrap_of,
+    request_fault,
+)
 from console.services.jobs import (
     JobRequestError,
     create_job,
@@ -240,9 +246,10 @@ def inject_fault(
     of its stage's primary."""
     client = redis_client()
     try:
-        if kind in FaultInjection.UNTARGETED_KINDS:
+        target = FAULT_KINDS[kind].target
+        if target is None:
             fault = request_fault(job, kind, params=params, requested_by=user)
-        elif kind not in FaultInjection.NODE_KINDS:
+        elif target == Target.OPERATOR:
             fault = request_fault(
                 job, kind, target_operator=target, params=params, requested_by=user
             )

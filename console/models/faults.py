@@ -32,10 +32,6 @@ class FaultInjection(models.Model):
         FAILED = "failed", "failed"
         REFUSED = "refused", "refused"
 
-    NODE_KINDS = (Kind.KILL_NODE, Kind.PAUSE_NODE, Kind.STRESS_NODE)
-    # Faults of what the job uses rather than of one of its operators or nodes: no target.
-    UNTARGETED_KINDS = (Kind.KAFKA_BROKER,)
-
     job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="faults")
     kind = models.CharField(max_length=24, choices=Kind.choices)
     target_operator = models.CharField(max_length=64, blank=True)

@@ -1,9 +1,13 @@
-"""Asking for a fault: validation, rate limit, and the record of who asked."""
+"""Asking for a fault and carrying it out: validation, rate limit, the record of who asked,
+and FAULT_KINDS, one entry per kind (its target, and how `inject` finds and sends it)."""
 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import datetime, timedelta
+from enum import StrEnum
 from functools import partial
 
 import redis
@@ -97,14 +101,15 @@ def request_fault(
             f"job {job.name!r} is {job.status}; faults can only be injected into running jobs",
             status=409,
         )
-    if kind in FaultInjection.UNTARGETED_KINDS:
+    entry = FAULT_KINDS[kind]
+    if entry.target is None:
         if target_operator or target_node is not None:
             field = "target_operator" if target_operator else "target_node"
             raise FaultRefused(
                 f"{field}: {kind} takes no target (it acts on the job's Kafka broker)",
                 field=field,
             )
-    elif kind in FaultInjection.NODE_KINDS:
+    elif entry.target == Target.NODE:
         if target_node is None:
             raise FaultRefused(f"target_node: {kind} needs a node", field="target_node")
     else:
@@ -121,8 +126,8 @@ def request_fault(
         params = validate_params(kind, params, fault_limits(target_node))
     except FaultParamsError as exc:
         raise FaultRefused(str(exc), field="params") from exc
-    if kind == FaultInjection.Kind.KAFKA_BROKER:
-        check_kafka_broker(job)
+    if entry.check_request is not None:
+        entry.check_request(job)
     recent = job.faults.filter(requested_at__gte=timezone.now() - timedelta(minutes=1)).count()
     if recent >= fault_rate_limit_per_minute():
         raise FaultRefused(
@@ -201,121 +206,225 @@ def _replica_of(job: Job, operator: str, role: str):
     )
 
 
-def inject(fault: FaultInjection) -> FaultInjection:
-    """Carry out a pending fault through the node agents or the replica's control channel.
+class Target(StrEnum):
+    """What a request for a fault names as its target."""
 
-    Idempotent: a fault that is no longer pending is left as it is. The fault is recorded as
-    injected, with its time, just before it is sent: the controller may see the failure it
-    causes at once, and the episode it records then finds the fault and measures from its time
-    (FaultInjection.behind_failure). A send that fails marks it failed.
+    OPERATOR = "operator"
+    NODE = "node"
+
+
+@dataclass(frozen=True)
+class Aimed:
+    """A fault ready to go: the detail it is recorded with, and the send that carries it out."""
+
+    detail: str
+    send: Callable[[], object]
+
+
+@dataclass(frozen=True)
+class FaultKind:
+    """One kind of fault (an entry of FAULT_KINDS).
+
+    target: what a request names (None: the fault acts on what the job uses, no target).
+    aim: finds the target of a pending fault and returns it Aimed, or the reason it cannot be
+    injected. role: the replica of the operator's stage an operator fault hits.
+    check_request: refuses a request for the job beyond its target and params (FaultRefused).
     """
-    if fault.outcome != FaultInjection.Outcome.PENDING:
-        return fault
-    job = fault.job
-    duration = float(fault.params.get("duration_s", DEFAULT_DURATION_S))
-    if fault.kind in (FaultInjection.Kind.KILL_DRIVER, FaultInjection.Kind.KILL_STANDBY):
-        role = "primary" if fault.kind == FaultInjection.Kind.KILL_DRIVER else "standby"
-        replica = _replica_of(job, fault.target_operator, role)
-        if replica is None:
-            return _finish(
-                fault,
-                FaultInjection.Outcome.FAILED,
-                f"no running {role} for operator {fault.target_operator!r}",
-            )
-        local_id = replica.local_id
-        detail = f"SIGKILL to {local_id} (pid {replica.pid}) on {replica.node.name}"
-        send = partial(
+
+    target: Target | None
+    aim: Callable[[FaultInjection], Aimed | str]
+    role: str | None = None
+    check_request: Callable[[Job], object] | None = None
+
+
+def _on_operator(aim: Callable[..., Aimed | str], role: str = Replica.Role.PRIMARY) -> FaultKind:
+    """A fault of the live `role` replica of an operator's stage; `aim` is given the role."""
+    return FaultKind(Target.OPERATOR, partial(aim, role=role), role=role)
+
+
+def _no_replica(fault: FaultInjection, role: str) -> str:
+    return f"no running {role} for operator {fault.target_operator!r}"
+
+
+def _kill_replica(fault: FaultInjection, role: str) -> Aimed | str:
+    replica = _replica_of(fault.job, fault.target_operator, role)
+    if replica is None:
+        return _no_replica(fault, role)
+    return Aimed(
+        f"SIGKILL to {replica.local_id} (pid {replica.pid}) on {replica.node.name}",
+        partial(
             tasks.send,
             tasks.KILL_REPLICA,
-            local_id,
-            job_key=job.key,
+            replica.local_id,
+            job_key=fault.job.key,
             queue=node_queue(replica.node.name),
+        ),
+    )
+
+
+def _command(fault: FaultInjection, replica: Replica, detail: str, command: dict) -> Aimed:
+    """`command` on the replica's control list, fenced with the lease this thread acts under
+    (send_command)."""
+    return Aimed(
+        detail, partial(send_command, redis_client(), fault.job, replica.local_id, command)
+    )
+
+
+def _arm_exception(fault: FaultInjection, role: str) -> Aimed | str:
+    replica = _replica_of(fault.job, fault.target_operator, role)
+    if replica is None:
+        return _no_replica(fault, role)
+    return _command(
+        fault,
+        replica,
+        f"armed an exception in the next batch of {replica.local_id}",
+        {"cmd": "fault", "kind": "operator_exception", "after_batches": 1},
+    )
+
+
+def _slow_batches(fault: FaultInjection, role: str) -> Aimed | str:
+    replica = _replica_of(fault.job, fault.target_operator, role)
+    if replica is None:
+        return _no_replica(fault, role)
+    delay = float(fault.params.get("delay_s", DEFAULT_BATCH_DELAY_S))
+    duration = _duration_of(fault)
+    return _command(
+        fault,
+        replica,
+        f"each batch of {replica.local_id} {delay:g} s longer for {duration:g} s",
+        {"cmd": "fault", "kind": "slow_batches", "delay_s": delay, "duration_s": duration},
+    )
+
+
+def _kill_spark_process(fault: FaultInjection, role: str, process: str) -> Aimed | str:
+    replica = _replica_of(fault.job, fault.target_operator, role)
+    app = spark_app_of(fault.job, replica)
+    if app is None or app.startswith("local-"):
+        return (
+            f"operator {fault.target_operator!r} has no primary running on a Spark cluster "
+            f"(application {app or 'unknown'}): {fault.kind} needs SPARK_MASTER=spark://..."
         )
-    elif fault.kind in (FaultInjection.Kind.OPERATOR_EXCEPTION, FaultInjection.Kind.SLOW_DRIVER):
-        replica = _replica_of(job, fault.target_operator, "primary")
-        if replica is None:
-            return _finish(
-                fault,
-                FaultInjection.Outcome.FAILED,
-                f"no running primary for operator {fault.target_operator!r}",
-            )
-        local_id = replica.local_id
-        if fault.kind == FaultInjection.Kind.OPERATOR_EXCEPTION:
-            detail = f"armed an exception in the next batch of {local_id}"
-            command = {"cmd": "fault", "kind": "operator_exception", "after_batches": 1}
-        else:
-            delay = float(fault.params.get("delay_s", DEFAULT_BATCH_DELAY_S))
-            detail = f"each batch of {local_id} {delay:g} s longer for {duration:g} s"
-            command = {"cmd": "fault", "kind": "slow_batches", "delay_s": delay,
-                       "duration_s": duration}  # fmt: skip
-        send = partial(send_command, redis_client(), job, local_id, command)
-    elif fault.kind in (FaultInjection.Kind.KILL_EXECUTOR, FaultInjection.Kind.KILL_WORKER):
-        replica = _replica_of(job, fault.target_operator, "primary")
-        app = spark_app_of(job, replica)
-        if app is None or app.startswith("local-"):
-            return _finish(
-                fault,
-                FaultInjection.Outcome.FAILED,
-                f"operator {fault.target_operator!r} has no primary running on a Spark cluster "
-                f"(application {app or 'unknown'}): {fault.kind} needs SPARK_MASTER=spark://...",
-            )
-        what = "worker" if fault.kind == FaultInjection.Kind.KILL_WORKER else "executor"
-        detail = f"SIGKILL to a Spark {what} of application {app} (asked {replica.node.name})"
-        # A kill the agent never carries out is failed by `expire_unreported_spark_kills`.
-        send = partial(
+    # A kill the agent never carries out is failed by `expire_unreported_spark_kills`.
+    return Aimed(
+        f"SIGKILL to a Spark {process} of application {app} (asked {replica.node.name})",
+        partial(
             tasks.send,
             tasks.KILL_SPARK_PROCESS,
             app,
             fault.kind,
             fault_id=fault.pk,
-            job_key=job.key,
+            job_key=fault.job.key,
             queue=node_queue(replica.node.name),
-        )
-    elif fault.kind == FaultInjection.Kind.KILL_NODE:
-        detail = f"SIGKILL to every replica of the job on {fault.target_node.name}"
-        send = partial(
-            tasks.send, tasks.KILL_NODE, job.key, queue=node_queue(fault.target_node.name)
-        )
-    elif fault.kind == FaultInjection.Kind.PAUSE_NODE:
-        detail = f"SIGSTOP for {duration:g} s on {fault.target_node.name}"
-        send = partial(
+        ),
+    )
+
+
+def _kill_node(fault: FaultInjection) -> Aimed:
+    node = fault.target_node.name
+    return Aimed(
+        f"SIGKILL to every replica of the job on {node}",
+        partial(tasks.send, tasks.KILL_NODE, fault.job.key, queue=node_queue(node)),
+    )
+
+
+def _pause_node(fault: FaultInjection) -> Aimed:
+    node, duration = fault.target_node.name, _duration_of(fault)
+    return Aimed(
+        f"SIGSTOP for {duration:g} s on {node}",
+        partial(
             tasks.send,
             tasks.PAUSE_NODE,
             duration,
-            job.key,
+            fault.job.key,
             fault_id=fault.pk,
-            queue=node_queue(fault.target_node.name),
-        )
-    elif fault.kind == FaultInjection.Kind.KAFKA_BROKER:
-        bootstrap = kafka_bootstrap_of(job)
-        if bootstrap is None:
-            return _finish(fault, FaultInjection.Outcome.FAILED, "the job uses no Kafka")
-        hard = bool(fault.params.get("hard", True))
-        how = "SIGKILL" if hard else "SIGTERM"
-        detail = (
-            f"{how} to the Kafka broker at {bootstrap}, started again on its data after "
-            f"{duration:g} s (by the process that keeps it)"
-        )
-        send = partial(request_outage, redis_client(), bootstrap, fault.pk, job.key, duration, hard)
-    elif fault.kind == FaultInjection.Kind.STRESS_NODE:
-        workers = int(fault.params.get("workers", DEFAULT_STRESS_WORKERS))
-        detail = f"{workers} CPU hogs for {duration:g} s on {fault.target_node.name}"
-        send = partial(
+            queue=node_queue(node),
+        ),
+    )
+
+
+def _stress_node(fault: FaultInjection) -> Aimed:
+    node, duration = fault.target_node.name, _duration_of(fault)
+    workers = int(fault.params.get("workers", DEFAULT_STRESS_WORKERS))
+    return Aimed(
+        f"{workers} CPU hogs for {duration:g} s on {node}",
+        partial(
             tasks.send,
             tasks.STRESS_NODE,
             duration,
             workers,
             fault_id=fault.pk,
-            job_key=job.key,
-            queue=node_queue(fault.target_node.name),
-        )
-    else:
+            job_key=fault.job.key,
+            queue=node_queue(node),
+        ),
+    )
+
+
+def _stop_kafka_broker(fault: FaultInjection) -> Aimed | str:
+    bootstrap = kafka_bootstrap_of(fault.job)
+    if bootstrap is None:
+        return "the job uses no Kafka"
+    duration = _duration_of(fault)
+    hard = bool(fault.params.get("hard", True))
+    return Aimed(
+        f"{'SIGKILL' if hard else 'SIGTERM'} to the Kafka broker at {bootstrap}, started again "
+        f"on its data after {duration:g} s (by the process that keeps it)",
+        partial(request_outage, redis_client(), bootstrap, fault.pk, fault.job.key, duration, hard),
+    )
+
+
+def _duration_of(fault: FaultInjection) -> float:
+    return float(fault.params.get("duration_s", DEFAULT_DURATION_S))
+
+
+# Every kind of fault: adding a kind is adding its entry here (and its params in
+# console/policy/fault_params.py); tests/console/test_fault_kinds.py checks none is missing.
+FAULT_KINDS: dict[str, FaultKind] = {
+    FaultInjection.Kind.KILL_DRIVER: _on_operator(_kill_replica),
+    FaultInjection.Kind.KILL_STANDBY: _on_operator(_kill_replica, role=Replica.Role.STANDBY),
+    FaultInjection.Kind.OPERATOR_EXCEPTION: _on_operator(_arm_exception),
+    FaultInjection.Kind.SLOW_DRIVER: _on_operator(_slow_batches),
+    FaultInjection.Kind.KILL_EXECUTOR: _on_operator(
+        partial(_kill_spark_process, process="executor")
+    ),
+    FaultInjection.Kind.KILL_WORKER: _on_operator(partial(_kill_spark_process, process="worker")),
+    FaultInjection.Kind.KILL_NODE: FaultKind(Target.NODE, _kill_node),
+    FaultInjection.Kind.PAUSE_NODE: FaultKind(Target.NODE, _pause_node),
+    FaultInjection.Kind.STRESS_NODE: FaultKind(Target.NODE, _stress_node),
+    FaultInjection.Kind.KAFKA_BROKER: FaultKind(
+        None, _stop_kafka_broker, check_request=check_kafka_broker
+    ),
+}
+
+
+def target_of(kind) -> Target | None:
+    """What a request for a `kind` fault names as its target (None: it takes none); an
+    operator for a value that is no kind, which request_fault then refuses by its kind."""
+    entry = FAULT_KINDS.get(kind) if isinstance(kind, str) else None
+    return entry.target if entry is not None else Target.OPERATOR
+
+
+def inject(fault: FaultInjection) -> FaultInjection:
+    """Carry out a pending fault through the node agents or the replica's control channel.
+
+    Idempotent: a fault that is no longer pending is left as it is. Its kind's entry in
+    FAULT_KINDS finds the target and says what to send. The fault is recorded as injected,
+    with its time, just before it is sent: the controller may see the failure it causes at
+    once, and the episode it records then finds the fault and measures from its time
+    (FaultInjection.behind_failure). A send that fails marks it failed.
+    """
+    if fault.outcome != FaultInjection.Outcome.PENDING:
+        return fault
+    entry = FAULT_KINDS.get(fault.kind)
+    if entry is None:
         return _finish(fault, FaultInjection.Outcome.FAILED, f"unknown fault kind {fault.kind!r}")
-    fault = _finish(fault, FaultInjection.Outcome.INJECTED, detail)
+    aimed = entry.aim(fault)
+    if isinstance(aimed, str):
+        return _finish(fault, FaultInjection.Outcome.FAILED, aimed)
+    fault = _finish(fault, FaultInjection.Outcome.INJECTED, aimed.detail)
     try:
-        send()
+        aimed.send()
     except (redis.RedisError, OperationalError) as exc:
-        return _finish(fault, FaultInjection.Outcome.FAILED, f"{detail}: not sent ({exc})")
+        return _finish(fault, FaultInjection.Outcome.FAILED, f"{aimed.detail}: not sent ({exc})")
     except OutageRefused as exc:
         return _finish(fault, FaultInjection.Outcome.REFUSED, str(exc))
     return fault

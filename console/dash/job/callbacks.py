@@ -30,12 +30,13 @@ from console.dash.common import (
 from console.dash.job import app_queries, figures, upgrades
 from console.dash.job.layout import controls as controls_layout
 from console.dash.job.layout import upgrade_actions
-from console.models import FaultInjection, JobUpgrade, Policy
+from console.models import JobUpgrade, Policy
 from console.redis import redis_client
 from console.roles import OPERATOR, has_role
 from console.services import queries
 from console.services.app_operators import app_view
 from console.services.control.record import reconcile_failures
+from console.services.faults import Target, target_of
 from console.services.teams import jobs_visible_to
 from spark_runtime.strategies import STRATEGIES
 
@@ -322,17 +323,17 @@ def render_upgrade_actions(pathname, user=None):
 
 def target_fields(kind):
     """Enable the operator picker for operator faults and the node picker for node faults
-    (neither for a fault without a target: kafka-broker)."""
-    if kind in FaultInjection.UNTARGETED_KINDS:
-        return True, True
-    node_fault = kind in FaultInjection.NODE_KINDS
-    return node_fault, not node_fault
+    (neither for a fault without a target: kafka-broker), as the kind's entry in the fault
+    service's table says."""
+    target = target_of(kind)
+    return target != Target.OPERATOR, target != Target.NODE
 
 
 def _fault_target(kind, operator, node_id) -> str:
-    if kind in FaultInjection.UNTARGETED_KINDS:
+    target = target_of(kind)
+    if target is None:
         return "the Kafka broker"
-    return f"node #{node_id}" if kind in FaultInjection.NODE_KINDS else f"operator {operator}"
+    return f"node #{node_id}" if target == Target.NODE else f"operator {operator}"
 
 
 def ask_fault(n_clicks, kind, operator, node_id, pathname):
@@ -350,15 +351,14 @@ def inject_confirmed(
     checks the params (duration, CPU hogs) against the target node's bounds."""
     if not submit_n_clicks:
         raise PreventUpdate
-    node_fault = kind in FaultInjection.NODE_KINDS
-    untargeted = kind in FaultInjection.UNTARGETED_KINDS
+    target = target_of(kind)
     try:
         fault = controls.inject_fault(
             user,
             job_id_from_path(pathname),
             kind=kind,
-            operator=None if node_fault or untargeted else operator,
-            node_id=node_id if node_fault else None,
+            operator=operator if target == Target.OPERATOR else None,
+            node_id=node_id if target == Target.NODE else None,
             duration_s=duration_s,
             workers=workers,
         )
