@@ -86,7 +86,8 @@ def test_nodes_whose_agents_share_a_host_share_its_spares(redis_conn):
     for name in NODES:
         NodeFactory(name=name, cpu_total=2.0, mem_total_mb=4096.0)
     config = PolicyConfig(warm_spares_per_node=1)
-    # The agents' heartbeats name their host (workers/agent.py: infra.node_metrics.host_identity).
+    # The agents' heartbeats name their host (workers/node/loops.py:
+    # infra.node_metrics.host_identity).
     publish_usage(redis_conn, NODES, hosts={n: "one-machine" for n in NODES})
     assert sum(keep_warm_spares(redis_conn, config, {}).values()) == 1
     assert sum(targets(redis_conn).values()) == 1
