@@ -145,7 +145,7 @@ def alerts_argv(worker_name: str = "alerts@%h", concurrency: int = 4) -> list[st
 
 def agent_argv(node: str, worker_name: str | None = None) -> list[str]:
     """The node agent of `node`: consumes that node's queue."""
-    # solo pool: tasks run beside the agent's monitor thread (workers/agent.py)
+    # solo pool: tasks run beside the agent's monitor thread (workers/node/loops.py)
     return celery_argv(
         "worker", "-Q", node_queue(node), "-n", worker_name or f"agent-{node}@%h",
         "--pool", "solo", "--loglevel", "INFO", *QUICK_START,

@@ -1,7 +1,7 @@
 """The one launcher of stage processes: `python -m MODULE ARGS` in a session of its own.
 
 Every process that runs the data plane's code on a node starts here: a stage replica and a warm
-spare (node agents, workers/agent.py, and the local runner, runner.py), the class-data archive's
+spare (node agents, workers/node/, and the local runner, runner.py), the class-data archive's
 builder (class_sharing.py), the input generator and the node agents' CPU hogs. What they share:
 
 - this interpreter, `-m` the module;

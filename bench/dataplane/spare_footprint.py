@@ -94,7 +94,7 @@ def wait_idle(client, spare_id: str, proc: subprocess.Popen) -> float:
 
 def start_spare(client, redis_url: str, options: str) -> tuple[str, subprocess.Popen]:
     """Start one spare as a node agent does: registered `starting` first
-    (workers/agent.py, start_spare), then `python -m spark_runtime.spare`."""
+    (workers/node/spares.py, start_spare), then `python -m spark_runtime.spare`."""
     spare_id = f"spare-{NODE}-{time.time_ns()}"
     entry = {"pid": 0, "state": "starting", "since": time.time()}
     client.hset(keys.spares(NODE), spare_id, json.dumps(entry))

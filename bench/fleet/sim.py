@@ -16,9 +16,9 @@ core:
 - the beat thread writes, every 0.1 s, what is due: each replica's heartbeat and replicas-hash
   entry every 0.5 s (spark_runtime.stage.ReplicaState.publish), its progress records after each
   micro-batch (spark_runtime.progress), each node's heartbeat and usage sample every second
-  (infra.node_metrics.NodeUsage, workers.agent.publish_forever), the replicas' activity, the
+  (infra.node_metrics.NodeUsage, workers.node.loops.publish_forever), the replicas' activity, the
   warm spares the controller asks for, a trickle of input per generator, and the agents' exit
-  events (workers.agent._publish_exit, within EXIT_POLL_S of the exit).
+  events (workers.node.children._publish_exit, within EXIT_POLL_S of the exit).
 
 A controller's command carries its lease token (spark_runtime.command_fence): each simulated
 agent and each simulated stage judges it with `check_command`, the function the real ones call,
@@ -33,8 +33,8 @@ that finds its stage's fencing epoch moved on exits with code 3 at its next batc
 
 Which process a message names: replica ids (`{stage}-{n}`: every restart-all job's one replica
 is `job-1`) repeat across jobs, so the agent knows a replica by its job and its id
-(workers.agent.find_replica_process, running_replica), as the simulated one does: a start names
-its job and is taken for done only when that job's replica runs; a kill names its job
+(workers.node.children.find_replica_process, running_replica), as the simulated one does: a
+start names its job and is taken for done only when that job's replica runs; a kill names its job
 (`job_key`) and ends only that job's process. A kill naming no job, queued by a controller older
 than the job key, is carried out as the agent does: on the oldest process of that id, of
 whichever job. Such a kill of an id several jobs used on the node lately could end another

@@ -171,7 +171,7 @@ class AgentSide:
         return True
 
     def _kill_node_stages(self, node: str, job: str | None) -> None:
-        """workers.agent.kill_node: every stage process of the node (not the generators)."""
+        """workers.node.faults.kill_node: every stage process of the node (not the generators)."""
         for replica in self.live_on(node):
             if not replica.generator and job in (None, replica.job):
                 self._end(replica, -9, "kill_node")
@@ -279,7 +279,7 @@ class AgentSide:
             return self.pushed[node].popleft()
 
     def _publish_node(self, pipe, agent: Agent, now: float) -> None:
-        """workers.agent.publish_forever: heartbeat, usage sample, replica activity, spares."""
+        """workers.node.loops.publish_forever: heartbeat, usage sample, replica activity, spares."""
         live = list(self.by_node[agent.name].values())
         stages = [p for p in live if p.state in ("starting", "running")]
         self._reconcile_spares(pipe, agent, now)
@@ -328,7 +328,7 @@ class AgentSide:
                 self.agents[name].refill_held = bool(held)
 
     def _reconcile_spares(self, pipe, agent: Agent, now: float) -> None:
-        """workers.agent.reconcile_spares: one spare more or fewer per round; a spare warms up
+        """workers.node.spares.reconcile_spares: one spare more or fewer per round; a spare warms up
         in spare_warmup_s."""
         for spare_id, entry in agent.spares.items():
             if entry["state"] == "starting" and now - entry["since"] >= self.timing.spare_warmup_s:
@@ -347,7 +347,7 @@ class AgentSide:
             pipe.hdel(data_keys.spares(agent.name), extra)
 
     def _spare_taken(self, node: str, spare_id: str) -> None:
-        """workers.agent.hand_to_spare: the spare's entry goes and refills are held (written
+        """workers.node.spares.hand_to_spare: the spare's entry goes and refills are held (written
         with the next tick)."""
         self.spares_taken.append((node, spare_id))
 

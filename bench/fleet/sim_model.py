@@ -12,9 +12,9 @@ from infra import tasks
 from spark_runtime.generators import generator_replica_id
 
 TICK_S = 0.1
-NODE_PUBLISH_S = 1.0  # workers.agent.PUBLISH_INTERVAL_S
-NODE_HEARTBEAT_TTL_S = 5  # workers.agent.HEARTBEAT_TTL_S
-EXIT_POLL_S = 0.1  # workers.agent.EXIT_POLL_S: an exit is reported within this
+NODE_PUBLISH_S = 1.0  # workers.node.loops.PUBLISH_INTERVAL_S
+NODE_HEARTBEAT_TTL_S = 5  # workers.node.loops.HEARTBEAT_TTL_S
+EXIT_POLL_S = 0.1  # workers.node.loops.EXIT_POLL_S: an exit is reported within this
 PIPELINE_CHUNK = 2000
 RECENT_S = 60.0  # how long an ended process is remembered for matching kills
 FAKE_PID_BASE = 9_000_000  # above any real pid: nothing on this machine answers to these

@@ -255,8 +255,9 @@ def test_the_simulated_agent_tells_apart_two_jobs_running_the_same_replica_id(se
         "--replica-id", "count-1", "--node", "n1", "--operators", "split,count",
     ]  # fmt: skip
     other = [a if a != "j1" else "j2" for a in args]
-    # As workers/agent.py does: a replica is its job's and its id, so j2's start is a second
-    # process, a start naming j1 again is j1's running one, and a kill naming j2 ends j2's only.
+    # As workers/node/children.py does: a replica is its job's and its id, so j2's start is a
+    # second process, a start naming j1 again is j1's running one, and a kill naming j2 ends
+    # j2's only.
     sim = FleetSim(settings.REDIS_URL, ["n1"], SimTiming())
     with sim.lock:
         assert sim._start("n1", args, "count-1", "j1", warm=False) == "started"

@@ -19,13 +19,16 @@ from console.services.control.act import keep_warm_spares
 from infra import keys as control_keys
 from infra.launcher import wait_for
 from infra.node_metrics import machine_identity
+from infra.processes import SPARE_MODULE, STAGE_MODULE
 from spark_runtime import keys as data_keys
 from spark_runtime import spare
 from spark_runtime.cpu_priority import can_raise_priority
+from spark_runtime.spare import SPARE_START_TIMEOUT_S, release_warmup_lock, take_warmup_lock
 from spark_runtime.strategies import NEEDED_SPARE_HELD_NICE, SPARE_NICE
 from tests.agent_edge import publish_usage
 from tests.factories import NodeFactory
 from workers import agent
+from workers.node import children, spares
 
 pytestmark = pytest.mark.django_db
 
@@ -53,7 +56,7 @@ def spare_process():
     its command line): it stands in for the spare's JVM, which these checks do not need."""
     proc = subprocess.Popen(
         [sys.executable, "-c", "import time; time.sleep(60)",
-         "-m", agent.SPARE_MODULE, "--spare-id", "spare-x"]
+         "-m", SPARE_MODULE, "--spare-id", "spare-x"]
     )  # fmt: skip
     yield proc
     proc.kill()
@@ -83,7 +86,8 @@ def test_nodes_whose_agents_share_a_host_share_its_spares(redis_conn):
     for name in NODES:
         NodeFactory(name=name, cpu_total=2.0, mem_total_mb=4096.0)
     config = PolicyConfig(warm_spares_per_node=1)
-    # The agents' heartbeats name their host (workers/agent.py: infra.node_metrics.host_identity).
+    # The agents' heartbeats name their host (workers/node/loops.py:
+    # infra.node_metrics.host_identity).
     publish_usage(redis_conn, NODES, hosts={n: "one-machine" for n in NODES})
     assert sum(keep_warm_spares(redis_conn, config, {}).values()) == 1
     assert sum(targets(redis_conn).values()) == 1
@@ -166,7 +170,7 @@ def test_a_node_under_the_hold_starts_no_spare_and_stops_none(redis_conn, spare_
     redis_conn.hset(data_keys.spares(node), "spare-x", json.dumps(entry))
     redis_conn.set(data_keys.spares_wanted(node), 2)
     spare.hold_spare_refills(redis_conn)
-    agent.reconcile_spares(redis_conn, node)
+    spares.reconcile_spares(redis_conn, node)
     assert list(redis_conn.hgetall(data_keys.spares(node))) == ["spare-x"], "none started"
     assert not redis_conn.exists(data_keys.spare_control(node, "spare-x")), "none told to stop"
     assert spare_process.poll() is None
@@ -179,7 +183,9 @@ def test_a_spare_taking_over_a_replica_holds_refills_at_once(
     monkeypatch.setenv("BACKSTOP_NODE", node)
     entry = {"pid": spare_process.pid, "state": "idle", "since": 0}
     redis_conn.hset(data_keys.spares(node), "spare-x", json.dumps(entry))
-    assert agent.hand_to_spare(["--replica-id", "count-3"], "count-3", "job-x") == spare_process.pid
+    assert (
+        spares.hand_to_spare(["--replica-id", "count-3"], "count-3", "job-x") == spare_process.pid
+    )
     assert 0 < redis_conn.ttl(data_keys.spare_refill_hold()) <= spare.REFILL_HOLD_S
     command = json.loads(redis_conn.lpop(data_keys.spare_control(node, "spare-x")))
     assert command == {"cmd": "become", "args": ["--replica-id", "count-3"]}
@@ -193,11 +199,11 @@ def test_with_no_idle_spare_a_replica_takes_the_spare_still_warming_up(redis_con
     entries = {
         "spare-new": {"state": "starting", "since": now - 2},
         "spare-old": {"state": "starting", "since": now - 20},
-        "spare-hung": {"state": "starting", "since": now - agent.SPARE_START_TIMEOUT_S - 1},
+        "spare-hung": {"state": "starting", "since": now - SPARE_START_TIMEOUT_S - 1},
     }
-    assert agent.spares_to_take(entries, now) == ["spare-old", "spare-new"]
+    assert spares.spares_to_take(entries, now) == ["spare-old", "spare-new"]
     entries["spare-z"] = {"state": "idle", "since": now}
-    assert agent.spares_to_take(entries, now)[0] == "spare-z"
+    assert spares.spares_to_take(entries, now)[0] == "spare-z"
 
 
 def test_a_spare_taken_while_warming_up_does_not_turn_idle(redis_conn, spare_process, monkeypatch):
@@ -207,7 +213,9 @@ def test_a_spare_taken_while_warming_up_does_not_turn_idle(redis_conn, spare_pro
     monkeypatch.setenv("BACKSTOP_NODE", node)
     entry = {"pid": spare_process.pid, "state": "starting", "since": time.time()}
     redis_conn.hset(data_keys.spares(node), "spare-x", json.dumps(entry))
-    assert agent.hand_to_spare(["--replica-id", "count-3"], "count-3", "job-x") == spare_process.pid
+    assert (
+        spares.hand_to_spare(["--replica-id", "count-3"], "count-3", "job-x") == spare_process.pid
+    )
     assert not spare.mark_idle(redis_conn, node, "spare-x")
     assert not redis_conn.hexists(data_keys.spares(node), "spare-x"), "not offered to another taker"
     command = json.loads(redis_conn.lpop(data_keys.spare_control(node, "spare-x")))
@@ -227,30 +235,30 @@ def test_a_spare_taken_while_its_jvm_starts_is_found_and_killed_as_that_replica(
     node = NODES[0]
     monkeypatch.setenv("BACKSTOP_NODE", node)
     spare_id = "spare-w"
-    assert agent.take_warmup_lock(redis_conn, MACHINE, spare_id, agent.SPARE_START_TIMEOUT_S)
-    pid = agent.start_spare(redis_conn, node, spare_id)
+    assert take_warmup_lock(redis_conn, MACHINE, spare_id, SPARE_START_TIMEOUT_S)
+    pid = spares.start_spare(redis_conn, node, spare_id)
     args = ["--job", "job-w", "--stage", "count", "--replica-id", "count-9", "--node", node]
     try:
-        assert agent.hand_to_spare(args, "count-9", "job-w") == pid
+        assert spares.hand_to_spare(args, "count-9", "job-w") == pid
         wait_for(
-            lambda: agent.find_replica_process("count-9", "job-w") is not None, 20, "the replica"
+            lambda: children.find_replica_process("count-9", "job-w") is not None, 20, "the replica"
         )
-        assert agent.find_replica_process("count-9", "job-w").pid == pid
-        assert agent.find_replica_process("count-9", "job-other") is None, "another job's id"
-        assert "is warm" not in agent.stage_log_path(spare_id).read_text(), "still warming up"
+        assert children.find_replica_process("count-9", "job-w").pid == pid
+        assert children.find_replica_process("count-9", "job-other") is None, "another job's id"
+        assert "is warm" not in children.stage_log_path(spare_id).read_text(), "still warming up"
         assert not agent.kill_replica("count-9", job_key="job-other")
         assert agent.kill_replica("count-9", job_key="job-w")
         wait_for(lambda: not psutil.pid_exists(pid) or is_zombie(pid), 20, "the spare killed")
-        agent._report_exits(redis_conn, node)
-        assert agent.take_warmup_lock(redis_conn, MACHINE, "spare-next", 5), "the lock was released"
+        children.report_exits(redis_conn, node)
+        assert take_warmup_lock(redis_conn, MACHINE, "spare-next", 5), "the lock was released"
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(pid, signal.SIGKILL)
-        agent.release_warmup_lock(redis_conn, MACHINE, "spare-next")
-        agent.release_warmup_lock(redis_conn, MACHINE, spare_id)
-        with agent._children_lock:
-            agent._children.pop(("job-w", "count-9"), None)
-            agent._taken_while_warming.pop(("job-w", "count-9"), None)
+        release_warmup_lock(redis_conn, MACHINE, "spare-next")
+        release_warmup_lock(redis_conn, MACHINE, spare_id)
+        with children._children_lock:
+            children._children.pop(("job-w", "count-9"), None)
+            children._taken_while_warming.pop(("job-w", "count-9"), None)
         events = redis_conn.xrange(control_keys.agent_events())
         exits = [event_id for event_id, event in events if event.get("job") == "job-w"]
         if exits:
@@ -281,12 +289,12 @@ def test_a_spare_warming_up_yields_while_a_stage_is_re_protected_but_not_once_ta
     node = NODES[0]
     monkeypatch.setenv("BACKSTOP_NODE", node)
     spare_id = "spare-v"
-    assert agent.take_warmup_lock(redis_conn, MACHINE, spare_id, agent.SPARE_START_TIMEOUT_S)
+    assert take_warmup_lock(redis_conn, MACHINE, spare_id, SPARE_START_TIMEOUT_S)
     # Held for as long as the test may take (the agent's hold lasts 10 s unless renewed).
     hold, needed = data_keys.spare_refill_hold(), data_keys.spare_needed()
     # The spare's log is appended to: an earlier run's "is warm" must not count below.
-    agent.stage_log_path(spare_id).unlink(missing_ok=True)
-    pid = agent.start_spare(redis_conn, node, spare_id)
+    children.stage_log_path(spare_id).unlink(missing_ok=True)
+    pid = spares.start_spare(redis_conn, node, spare_id)
     args = ["--job", "job-v", "--stage", "count", "--replica-id", "count-8", "--node", node]
     try:
         wait_for(lambda: priority(pid) == (SPARE_NICE, SPARE_NICE), 20, "a refill to yield")
@@ -300,19 +308,19 @@ def test_a_spare_warming_up_yields_while_a_stage_is_re_protected_but_not_once_ta
         wait_for(lambda: priority(pid) == (0, 0), 20, "the normal priority after the hold")
         redis_conn.set(hold, "1", ex=120)
         wait_for(lambda: priority(pid) == yielded, 20, "yield to re-protection")
-        assert agent.hand_to_spare(args, "count-8", "job-v") == pid
+        assert spares.hand_to_spare(args, "count-8", "job-v") == pid
         assert redis_conn.exists(hold), "taken under the hold"
         wait_for(lambda: priority(pid) == (0, 0), 20, "the replica at the normal priority")
-        assert "is warm" not in agent.stage_log_path(spare_id).read_text(), "still warming up"
+        assert "is warm" not in children.stage_log_path(spare_id).read_text(), "still warming up"
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(pid, signal.SIGKILL)
-        agent.release_warmup_lock(redis_conn, MACHINE, spare_id)
+        release_warmup_lock(redis_conn, MACHINE, spare_id)
         redis_conn.delete(needed)
-        with agent._children_lock:
-            agent._children.pop(("job-v", "count-8"), None)
-            agent._children.pop(("", spare_id), None)
-            agent._taken_while_warming.pop(("job-v", "count-8"), None)
+        with children._children_lock:
+            children._children.pop(("job-v", "count-8"), None)
+            children._children.pop(("", spare_id), None)
+            children._taken_while_warming.pop(("job-v", "count-8"), None)
         redis_conn.delete(data_keys.spare_control(node, spare_id))
 
 
@@ -336,17 +344,17 @@ def test_a_replica_handed_to_a_spare_is_found_before_the_spare_takes_its_command
     become the replica and fenced the standby promoted in its place."""
     node = NODES[0]
     monkeypatch.setenv("BACKSTOP_NODE", node)
-    monkeypatch.setattr(agent, "SPARE_MODULE", "tests.sleeping_spare")
-    pid = agent.start_spare(redis_conn, node, "spare-u")
+    monkeypatch.setattr(spares, "SPARE_MODULE", "tests.sleeping_spare")
+    pid = spares.start_spare(redis_conn, node, "spare-u")
     redis_conn.hset(data_keys.spares(node), "spare-u", json.dumps({"pid": pid, "state": "idle"}))
     args = ["--job", "job-u", "--stage", "count", "--replica-id", "count-7", "--node", node]
     try:
-        assert agent.start_replica(agent.STAGE_MODULE, args, "count-7", "job-u", warm=True) == pid
-        assert agent.find_replica_process("count-7", "job-u") is None, "no command line yet"
-        assert agent.start_replica(agent.STAGE_MODULE, args, "count-7", "job-u", warm=True) == pid
-        assert pid in [p.pid for p in agent.node_stage_processes("job-u")], "a node fault's"
-        assert pid not in [p.pid for p in agent.node_stage_processes("job-other")]
-        assert agent.running_replica("count-7", "job-other") is None, "not another job's"
+        assert agent.start_replica(STAGE_MODULE, args, "count-7", "job-u", warm=True) == pid
+        assert children.find_replica_process("count-7", "job-u") is None, "no command line yet"
+        assert agent.start_replica(STAGE_MODULE, args, "count-7", "job-u", warm=True) == pid
+        assert pid in [p.pid for p in children.node_stage_processes("job-u")], "a node fault's"
+        assert pid not in [p.pid for p in children.node_stage_processes("job-other")]
+        assert children.running_replica("count-7", "job-other") is None, "not another job's"
         assert not agent.kill_replica("count-7", job_key="job-other")
         assert agent.kill_replica("count-7", job_key="job-u")
         wait_for(lambda: not psutil.pid_exists(pid) or is_zombie(pid), 20, "the spare killed")
@@ -354,9 +362,9 @@ def test_a_replica_handed_to_a_spare_is_found_before_the_spare_takes_its_command
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(pid, signal.SIGKILL)
-        with agent._children_lock:
-            agent._children.pop(("job-u", "count-7"), None)
-            agent._children.pop(("", "spare-u"), None)
+        with children._children_lock:
+            children._children.pop(("job-u", "count-7"), None)
+            children._children.pop(("", "spare-u"), None)
         redis_conn.delete(data_keys.spare_control(node, "spare-u"))
 
 
@@ -372,18 +380,18 @@ def test_a_yielding_spare_restarts_its_start_up_clock_and_keeps_the_warm_up_lock
     machine's warm-up lock it holds are renewed, so the agent does not replace it and no second
     spare starts warming beside it. Taken or idle, nothing is renewed."""
     node = NODES[0]
-    long_ago = time.time() - agent.SPARE_START_TIMEOUT_S - 60
+    long_ago = time.time() - SPARE_START_TIMEOUT_S - 60
     entry = {"pid": 4242, "state": "starting", "since": long_ago}
     redis_conn.hset(data_keys.spares(node), "spare-y", json.dumps(entry))
-    assert agent.take_warmup_lock(redis_conn, MACHINE, "spare-y", 5)
+    assert take_warmup_lock(redis_conn, MACHINE, "spare-y", 5)
     try:
         assert spare.mark_yielding(redis_conn, MACHINE, node, "spare-y")
         renewed = json.loads(redis_conn.hget(data_keys.spares(node), "spare-y"))
         assert renewed["pid"] == 4242 and renewed["state"] == "starting"
         assert time.time() - renewed["since"] < 5
-        assert agent.spares_to_take({"spare-y": renewed}, time.time()) == ["spare-y"]
+        assert spares.spares_to_take({"spare-y": renewed}, time.time()) == ["spare-y"]
         lock_ttl_ms = redis_conn.pttl(data_keys.spare_warmup_lock(MACHINE))
-        assert lock_ttl_ms > (agent.SPARE_START_TIMEOUT_S - 5) * 1000
+        assert lock_ttl_ms > (SPARE_START_TIMEOUT_S - 5) * 1000
         # Idle, or taken (its entry deleted): no clock to restart.
         redis_conn.hset(data_keys.spares(node), "spare-y", json.dumps({**entry, "state": "idle"}))
         assert not spare.mark_yielding(redis_conn, MACHINE, node, "spare-y")
@@ -391,7 +399,7 @@ def test_a_yielding_spare_restarts_its_start_up_clock_and_keeps_the_warm_up_lock
         redis_conn.hdel(data_keys.spares(node), "spare-y")
         assert not spare.mark_yielding(redis_conn, MACHINE, node, "spare-y")
     finally:
-        agent.release_warmup_lock(redis_conn, MACHINE, "spare-y")
+        release_warmup_lock(redis_conn, MACHINE, "spare-y")
 
 
 def test_agents_with_hosts_of_their_own_on_one_machine_warm_up_one_spare_at_a_time(
@@ -404,15 +412,15 @@ def test_agents_with_hosts_of_their_own_on_one_machine_warm_up_one_spare_at_a_ti
     node = NODES[1]
     monkeypatch.setenv("BACKSTOP_NODE_HOST", node)
     started = []
-    monkeypatch.setattr(agent, "start_spare", lambda client, node, spare_id: started.append(node))
+    monkeypatch.setattr(spares, "start_spare", lambda client, node, spare_id: started.append(node))
     redis_conn.set(data_keys.spares_wanted(node), 1)
     # A spare of another agent of this machine holds its lock.
-    assert agent.take_warmup_lock(redis_conn, MACHINE, "spare-of-container-a", 30)
+    assert take_warmup_lock(redis_conn, MACHINE, "spare-of-container-a", 30)
     try:
-        agent.reconcile_spares(redis_conn, node)
+        spares.reconcile_spares(redis_conn, node)
         assert started == [], "a second warm-up on the machine"
-        agent.release_warmup_lock(redis_conn, MACHINE, "spare-of-container-a")
-        agent.reconcile_spares(redis_conn, node)
+        release_warmup_lock(redis_conn, MACHINE, "spare-of-container-a")
+        spares.reconcile_spares(redis_conn, node)
         assert started == [node]
     finally:
         redis_conn.delete(data_keys.spare_warmup_lock(MACHINE))

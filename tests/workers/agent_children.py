@@ -4,17 +4,17 @@ import contextlib
 import os
 import signal
 
-from workers import agent
+from workers.node import children
 
 
 def kill_children_of(jobs: set[str]) -> None:
     """Forget the agent's children of `jobs` and kill their process groups (SIGKILL), waiting
     for each to end, so the next test starts with none of them."""
-    with agent._children_lock:
-        ours = {k: v for k, v in agent._children.items() if k[0] in jobs}
+    with children._children_lock:
+        ours = {k: v for k, v in children._children.items() if k[0] in jobs}
         for key in ours:
-            del agent._children[key]
-            agent._became_replica_at.pop(key, None)
+            del children._children[key]
+            children._became_replica_at.pop(key, None)
     for popen, _job, _path in ours.values():
         with contextlib.suppress(ProcessLookupError):
             os.killpg(popen.pid, signal.SIGKILL)

@@ -21,6 +21,7 @@ from spark_runtime.replicas import CLOCK_SLACK_S
 from tests.factories import make_job
 from tests.workers.agent_children import kill_children_of
 from workers import agent
+from workers.node import children
 
 NODE = "tn-runs"
 REPLICA = "count-1"
@@ -49,7 +50,7 @@ def job_events_cleared(redis_conn, job):
 def stage_agent(monkeypatch, tmp_path, settings, job):
     """The agent of NODE, allowed to start the sleeping stand-in instead of a Spark stage."""
     monkeypatch.setenv("BACKSTOP_NODE", NODE)
-    monkeypatch.setattr(agent, "ALLOWED_ENTRY_POINTS", {FAKE_STAGE: None})
+    monkeypatch.setattr(children, "ALLOWED_ENTRY_POINTS", {FAKE_STAGE: None})
     settings.VAR_DIR = tmp_path
     yield agent
     kill_children_of({job.key})
@@ -69,7 +70,7 @@ def start_and_kill(job_key: str) -> tuple[float, float]:
     after = time.time()
     os.killpg(pid, signal.SIGKILL)
     deadline = time.time() + 10
-    while agent.running_replica(REPLICA, job_key) is not None and time.time() < deadline:
+    while children.running_replica(REPLICA, job_key) is not None and time.time() < deadline:
         time.sleep(0.05)
     return before, after
 
@@ -90,7 +91,7 @@ def test_an_exit_of_the_replicas_earlier_run_does_not_end_the_run_asked_for(
     relaunched_at = time.time()  # the supervisor asks for the replica again
     launcher = AgentLauncher(job, redis_conn)
     launcher.client.hdel(keys.exits(job.key), REPLICA)  # what AgentLauncher.start clears
-    agent._report_exits(redis_conn, NODE)  # the first run's exit, published after the relaunch
+    children.report_exits(redis_conn, NODE)  # the first run's exit, published after the relaunch
 
     [first_exit] = exit_events(redis_conn, job.key)
     assert first_before <= float(first_exit["since"]) <= first_after
@@ -99,7 +100,7 @@ def test_an_exit_of_the_replicas_earlier_run_does_not_end_the_run_asked_for(
 
     # The run asked for ends: its exit is the replica's.
     second_before, second_after = start_and_kill(job.key)
-    agent._report_exits(redis_conn, NODE)
+    children.report_exits(redis_conn, NODE)
     second_exit = exit_events(redis_conn, job.key)[-1]
     assert second_before <= float(second_exit["since"]) <= second_after
     read_agent_events(redis_conn, job, {REPLICA: relaunched_at})
@@ -129,7 +130,7 @@ def test_a_start_right_after_a_kill_starts_a_new_process(stage_agent, redis_conn
     for _ in range(3):
         time.sleep(2)  # its memory filled
         assert agent.kill_replica(REPLICA, "SIGKILL", job.key)
-        assert agent.running_replica(REPLICA, job.key) is None
+        assert children.running_replica(REPLICA, job.key) is None
         restarted = agent.start_replica(FAKE_STAGE, argv, REPLICA, job.key)
         assert restarted != pid
         pid = restarted
@@ -145,10 +146,10 @@ def test_a_start_that_finds_the_killed_process_still_dying_starts_anew(
             "--node", NODE, "--hold-mb", "1500"]  # fmt: skip
     pid = agent.start_replica(FAKE_STAGE, argv, REPLICA, job.key)
     time.sleep(2)  # its memory filled
-    real_wait_gone = agent.wait_gone
-    monkeypatch.setattr(agent, "wait_gone", lambda proc, timeout_s: True)
+    real_wait_gone = children.wait_gone
+    monkeypatch.setattr(children, "wait_gone", lambda proc, timeout_s: True)
     assert agent.kill_replica(REPLICA, "SIGKILL", job.key)
-    monkeypatch.setattr(agent, "wait_gone", real_wait_gone)
+    monkeypatch.setattr(children, "wait_gone", real_wait_gone)
     restarted = agent.start_replica(FAKE_STAGE, argv, REPLICA, job.key)
     assert restarted != pid
-    assert agent.running_replica(REPLICA, job.key).pid == restarted
+    assert children.running_replica(REPLICA, job.key).pid == restarted

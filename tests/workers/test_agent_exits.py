@@ -12,7 +12,7 @@ import pytest
 import redis
 
 from infra import keys
-from workers import agent
+from workers.node import children, loops
 
 NODE = "tn-exits"
 JOB = "jk-exits"
@@ -32,11 +32,11 @@ def ended_child(tmp_path):
     log.write_text("last words\n")
     proc = subprocess.Popen([sys.executable, "-c", "raise SystemExit(3)"])
     proc.wait()
-    with agent._children_lock:
-        agent._children[(JOB, "ex-1")] = (proc, JOB, log)
+    with children._children_lock:
+        children._children[(JOB, "ex-1")] = (proc, JOB, log)
     yield proc
-    with agent._children_lock:
-        agent._children.pop((JOB, "ex-1"), None)
+    with children._children_lock:
+        children._children.pop((JOB, "ex-1"), None)
 
 
 def exits_of(client) -> list[dict]:
@@ -48,14 +48,14 @@ def test_an_exit_the_agent_could_not_publish_is_published_on_the_next_round(
 ):
     unreachable = redis.Redis(port=1, socket_connect_timeout=0.2, decode_responses=True)
     with pytest.raises(redis.RedisError):
-        agent._report_exits(unreachable, NODE)
-    assert (JOB, "ex-1") in agent._children
-    agent._report_exits(redis_conn, NODE)
+        children.report_exits(unreachable, NODE)
+    assert (JOB, "ex-1") in children._children
+    children.report_exits(redis_conn, NODE)
     [event] = exits_of(redis_conn)
     assert (event["replica_id"], event["returncode"], event["node"]) == ("ex-1", "3", NODE)
     assert "last words" in event["log_tail"]
-    assert (JOB, "ex-1") not in agent._children
-    agent._report_exits(redis_conn, NODE)
+    assert (JOB, "ex-1") not in children._children
+    children.report_exits(redis_conn, NODE)
     assert len(exits_of(redis_conn)) == 1, "published once"
 
 
@@ -63,9 +63,9 @@ def test_the_exit_watcher_publishes_an_exit_well_within_a_heartbeat(
     redis_conn, ended_child, monkeypatch
 ):
     stop = threading.Event()
-    monkeypatch.setattr(agent, "_stop", stop)
+    monkeypatch.setattr(loops, "_stop", stop)
     started = time.monotonic()
-    watcher = threading.Thread(target=agent.report_exits_forever, args=(NODE,))
+    watcher = threading.Thread(target=loops.report_exits_forever, args=(NODE,))
     watcher.start()
     try:
         while not exits_of(redis_conn) and time.monotonic() - started < 5:
@@ -75,4 +75,4 @@ def test_the_exit_watcher_publishes_an_exit_well_within_a_heartbeat(
         stop.set()
         watcher.join()
     assert exits_of(redis_conn), "no exit published"
-    assert elapsed < agent.PUBLISH_INTERVAL_S, f"published after {elapsed:.2f} s"
+    assert elapsed < loops.PUBLISH_INTERVAL_S, f"published after {elapsed:.2f} s"

@@ -16,6 +16,7 @@ from infra import keys
 from infra.processes import CPU_HOG_MODULE, processes_matching
 from spark_runtime.generators import generator_replica_id
 from workers import agent
+from workers.node import children, faults
 
 NODE = "tn-pause"
 
@@ -77,32 +78,32 @@ def _wait_for_states(leaders, wanted: set[str], timeout_s: float = 5.0) -> set[s
 
 def test_paused_groups_stop_and_resume_when_due(redis_conn, groups):
     pgids = [p.pid for p in groups]
-    agent.pause_groups(redis_conn, NODE, pgids, duration_s=30)
+    faults.pause_groups(redis_conn, NODE, pgids, duration_s=30)
     assert _wait_for_states(groups, {psutil.STATUS_STOPPED}) == {psutil.STATUS_STOPPED}
     deadline = json.loads(redis_conn.hget(keys.paused_groups(NODE), str(pgids[0])))["resume_at"]
     assert time.time() + 25 < deadline <= time.time() + 30
-    assert agent.resume_due(redis_conn, NODE) == []  # not due yet: still stopped
+    assert faults.resume_due(redis_conn, NODE) == []  # not due yet: still stopped
     assert _states(groups) == {psutil.STATUS_STOPPED}
-    assert sorted(agent.resume_due(redis_conn, NODE, now=deadline + 0.1)) == sorted(pgids)
+    assert sorted(faults.resume_due(redis_conn, NODE, now=deadline + 0.1)) == sorted(pgids)
     assert _wait_for_states(groups, {psutil.STATUS_SLEEPING}) == {psutil.STATUS_SLEEPING}
     assert redis_conn.hgetall(keys.paused_groups(NODE)) == {}
 
 
 def test_a_restarted_agent_resumes_pauses_that_ended_while_it_was_down(redis_conn, groups):
     """Only Redis carries the deadline: a fresh connection (a new agent) finds and ends it."""
-    agent.pause_groups(redis_conn, NODE, [p.pid for p in groups], duration_s=0.5)
+    faults.pause_groups(redis_conn, NODE, [p.pid for p in groups], duration_s=0.5)
     assert _wait_for_states(groups, {psutil.STATUS_STOPPED}) == {psutil.STATUS_STOPPED}
     time.sleep(0.6)
     restarted = redis.Redis.from_url(settings.REDIS_URL, decode_responses=True)
-    assert len(agent.resume_due(restarted, NODE)) == 2
+    assert len(faults.resume_due(restarted, NODE)) == 2
     assert _wait_for_states(groups, {psutil.STATUS_SLEEPING}) == {psutil.STATUS_SLEEPING}
 
 
 def test_a_group_that_ended_meanwhile_is_forgotten(redis_conn):
     gone = subprocess.Popen(["true"], start_new_session=True)
     gone.wait()
-    agent.pause_groups(redis_conn, NODE, [gone.pid], duration_s=0.1)
-    assert agent.resume_due(redis_conn, NODE, now=time.time() + 1) == [gone.pid]
+    faults.pause_groups(redis_conn, NODE, [gone.pid], duration_s=0.1)
+    assert faults.resume_due(redis_conn, NODE, now=time.time() + 1) == [gone.pid]
     assert redis_conn.hgetall(keys.paused_groups(NODE)) == {}
 
 
@@ -110,7 +111,7 @@ def test_the_pause_node_task_stops_the_stage_group_until_due(redis_conn, node_en
     groups = agent.pause_node(5, "jk-pause")
     assert groups == [fake_stage.pid]
     assert _wait_for_states([fake_stage], {psutil.STATUS_STOPPED}) == {psutil.STATUS_STOPPED}
-    agent.resume_due(redis_conn, NODE, now=time.time() + 6)
+    faults.resume_due(redis_conn, NODE, now=time.time() + 6)
     assert _wait_for_states([fake_stage], {psutil.STATUS_SLEEPING}) == {psutil.STATUS_SLEEPING}
 
 
@@ -127,7 +128,7 @@ def test_the_pause_node_task_stops_the_stage_group_until_due(redis_conn, node_en
 def test_the_agent_refuses_out_of_bound_faults_and_reports_it(redis_conn, node_env, call, message):
     """The agent does not trust the controller: the same bounds, from its own capacity."""
     before = {p.pid for p in processes_matching(lambda argv: CPU_HOG_MODULE in argv)}
-    with pytest.raises(agent.FaultRefusedByAgent, match=message):
+    with pytest.raises(faults.FaultRefusedByAgent, match=message):
         call()
     events = [fields for _, fields in redis_conn.xrange(keys.agent_events())]
     assert [(e["kind"], e["node"]) for e in events] == [("refused", NODE)]
@@ -155,7 +156,7 @@ def test_a_fault_the_agent_refuses_is_marked_refused_not_injected(redis_conn, no
     fault = FaultInjection.objects.create(
         job=job, kind=FaultInjection.Kind.STRESS_NODE, outcome=FaultInjection.Outcome.INJECTED
     )
-    with pytest.raises(agent.FaultRefusedByAgent):
+    with pytest.raises(faults.FaultRefusedByAgent):
         agent.stress_node(10, 3, fault_id=fault.pk, job_key=job.key)  # 3 hogs on 2 cores
     read_agent_events(redis_conn, job)
     fault.refresh_from_db()
@@ -177,18 +178,18 @@ def test_kill_node_kills_a_handed_replica_but_not_the_jobs_input_generator(node_
         rid: subprocess.Popen(["sleep", "60"], start_new_session=True)
         for rid in (generator_replica_id(job), "count-9")
     }
-    with agent._children_lock:
+    with children._children_lock:
         for rid, proc in procs.items():
-            agent._children[(job, rid)] = (proc, job, None)
+            children._children[(job, rid)] = (proc, job, None)
     try:
         killed = agent.kill_node(job)
         assert killed == [procs["count-9"].pid]
         assert procs["count-9"].wait(timeout=5) == -9
         assert procs[generator_replica_id(job)].poll() is None, "the generator runs on"
     finally:
-        with agent._children_lock:
+        with children._children_lock:
             for rid in procs:
-                agent._children.pop((job, rid), None)
+                children._children.pop((job, rid), None)
         for proc in procs.values():
             proc.kill()
             proc.wait()

@@ -10,8 +10,10 @@ import pytest
 from infra import keys, leases
 from infra.processes import argv_of, cmdline_arg
 from spark_runtime import keys as data_keys
+from spark_runtime.command_fence import FenceMemory
 from tests.workers.agent_children import kill_children_of
 from workers import agent
+from workers.node import children
 
 NODE = "tn-fence"
 JOB = "jk-fence"
@@ -30,8 +32,8 @@ def lease_keys_cleared(redis_conn):
 @pytest.fixture
 def stage_agent(monkeypatch, tmp_path, settings):
     monkeypatch.setenv("BACKSTOP_NODE", NODE)
-    monkeypatch.setattr(agent, "ALLOWED_ENTRY_POINTS", {FAKE_STAGE: None})
-    monkeypatch.setattr(agent, "_fence", agent.FenceMemory())
+    monkeypatch.setattr(children, "ALLOWED_ENTRY_POINTS", {FAKE_STAGE: None})
+    monkeypatch.setattr(agent, "_fence", FenceMemory())
     settings.VAR_DIR = tmp_path
     yield agent
     kill_children_of({JOB})

@@ -17,6 +17,7 @@ from infra.processes import argv_of, cmdline_arg
 from tests.conftest import wait_until
 from tests.workers.agent_children import kill_children_of
 from workers import agent
+from workers.node import children
 
 NODE = "tn-apart"
 JOBS = ("jk-apart-a", "jk-apart-b")
@@ -37,7 +38,7 @@ def stage_agent(monkeypatch, tmp_path, settings):
     """The agent of NODE, allowed to start the sleeping stand-in instead of a Spark stage; the
     processes it starts are killed and forgotten afterwards."""
     monkeypatch.setenv("BACKSTOP_NODE", NODE)
-    monkeypatch.setattr(agent, "ALLOWED_ENTRY_POINTS", {FAKE_STAGE: None})
+    monkeypatch.setattr(children, "ALLOWED_ENTRY_POINTS", {FAKE_STAGE: None})
     settings.VAR_DIR = tmp_path
     yield agent
     kill_children_of(set(JOBS))
@@ -101,7 +102,7 @@ def test_two_jobs_run_the_same_replica_id_on_one_node_and_a_kill_ends_only_its_j
     assert live(pid_b), "job A's kill ended job B's process"
     assert processes_of(job_b) == [pid_b]
 
-    agent._report_exits(redis_conn, NODE)
+    children.report_exits(redis_conn, NODE)
     [exit_a] = exits_of(redis_conn, job_a)
     assert (exit_a["replica_id"], exit_a["returncode"], exit_a["node"]) == (REPLICA, "-9", NODE)
     assert exits_of(redis_conn, job_b) == []
@@ -115,7 +116,7 @@ def test_two_jobs_run_the_same_replica_id_on_one_node_and_a_kill_ends_only_its_j
     wait_until(lambda: not live(pid_b), 10, "not live(pid_b)")
     time.sleep(0.3)
     assert live(pid_a2), "job B's kill ended job A's process"
-    agent._report_exits(redis_conn, NODE)
+    children.report_exits(redis_conn, NODE)
     [exit_b] = exits_of(redis_conn, job_b)
     assert (exit_b["replica_id"], exit_b["returncode"]) == (REPLICA, "-15")
     assert len(exits_of(redis_conn, job_a)) == 1, "A's second process still runs"

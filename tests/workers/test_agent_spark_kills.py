@@ -14,14 +14,16 @@ import psutil
 import pytest
 
 from infra import keys
+from infra.processes import argv_of
 from workers import agent
+from workers.node import faults
 
 NODE = "tn-spark"
 SLEEP = "import time; time.sleep(60)"
 
 
 def executor_argv(app: str, executor_id: int) -> list[str]:
-    return [sys.executable, "-c", SLEEP, agent.SPARK_EXECUTOR_CLASS,
+    return [sys.executable, "-c", SLEEP, faults.SPARK_EXECUTOR_CLASS,
             "--executor-id", str(executor_id), "--app-id", app]  # fmt: skip
 
 
@@ -46,7 +48,7 @@ def worker():
     )
     children = [executor_argv("app-a", 1), executor_argv("app-a", 0), executor_argv("app-b", 0)]
     proc = subprocess.Popen(
-        [sys.executable, "-c", spawn, agent.SPARK_WORKER_CLASS, *map(json.dumps, children)]
+        [sys.executable, "-c", spawn, faults.SPARK_WORKER_CLASS, *map(json.dumps, children)]
     )
     parent = psutil.Process(proc.pid)
     deadline = time.monotonic() + 20
@@ -66,19 +68,19 @@ def events(client) -> list[dict]:
 
 
 def test_kill_executor_kills_the_applications_first_executor_only(redis_conn, worker):
-    executors = agent.spark_executors("app-a")
-    assert [agent.argv_of(p.cmdline())[-3] for p in executors] == ["0", "1"]
+    executors = faults.spark_executors("app-a")
+    assert [argv_of(p.cmdline())[-3] for p in executors] == ["0", "1"]
     killed = agent.kill_spark_process("app-a", "kill-executor", fault_id=901, job_key="j1")
     assert killed == [executors[0].pid]
     psutil.wait_procs([executors[0]], timeout=5)
-    assert [p.pid for p in agent.spark_executors("app-a")] == [executors[1].pid]
+    assert [p.pid for p in faults.spark_executors("app-a")] == [executors[1].pid]
     assert worker.is_running()
     (event,) = events(redis_conn)
     assert (event["kind"], event["fault_id"], event["job"]) == ("spark-killed", "901", "j1")
     assert "killed Spark executor of app-a" in event["detail"]
     # The same task delivered again (acks_late) kills nothing more.
     assert agent.kill_spark_process("app-a", "kill-executor", fault_id=901, job_key="j1") == []
-    assert len(agent.spark_executors("app-a")) == 1 and len(events(redis_conn)) == 1
+    assert len(faults.spark_executors("app-a")) == 1 and len(events(redis_conn)) == 1
 
 
 def test_kill_worker_kills_the_worker_with_every_executor_it_launched(redis_conn, worker):

@@ -18,7 +18,7 @@ from console.services.control.act import AgentLauncher
 from infra import keys
 from spark_runtime.activity import ActivityMeter, cpu_share_over, is_busy
 from tests.factories import make_job
-from workers import agent
+from workers.node import children, loops
 
 # A parent that spins in a child (like a stage whose JVM does the work), and an idle one.
 SPINNING_CHILD = (
@@ -98,15 +98,15 @@ def test_the_agent_publishes_activity_and_the_controller_reads_it(processes, mon
     client = redis.Redis.from_url(settings.REDIS_URL, decode_responses=True)
     job = make_job()
     spinning, idle = processes(SPINNING_CHILD), processes(IDLE)
-    children = {
+    agent_children = {
         (job.key, "count-1"): (spinning, job.key, None),
         (job.key, "split-1"): (idle, job.key, None),
         ("", "spare-x"): (processes(IDLE), "", None),  # a warm spare: no job, not published
     }
-    monkeypatch.setattr(agent, "_children", children)
-    agent.publish_activity(client)  # the first round only takes a sample
+    monkeypatch.setattr(children, "_children", agent_children)
+    loops.publish_activity(client)  # the first round only takes a sample
     time.sleep(1.0)
-    agent.publish_activity(client)
+    loops.publish_activity(client)
     published = client.hgetall(keys.replica_activity(job.key))
     assert sorted(published) == ["count-1", "split-1"]
     # The policy's figures: the average starts at the first share, and the memory is the whole

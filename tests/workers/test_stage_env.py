@@ -10,6 +10,7 @@ from django.conf import settings
 from spark_runtime.stage_env import stage_environment
 from tests.workers.agent_children import kill_children_of
 from workers import agent
+from workers.node import children
 
 NODE = "tn-env"
 JOB = "jk-env"
@@ -37,7 +38,7 @@ def stage_agent(monkeypatch, tmp_path, settings):
     for name, value in SECRETS.items():
         monkeypatch.setenv(name, value)
     monkeypatch.setenv("SPARK_LOG_LEVEL", "WARN")
-    monkeypatch.setattr(agent, "ALLOWED_ENTRY_POINTS", {FAKE_STAGE: None})
+    monkeypatch.setattr(children, "ALLOWED_ENTRY_POINTS", {FAKE_STAGE: None})
     settings.VAR_DIR = tmp_path
     yield agent
     kill_children_of({JOB})
