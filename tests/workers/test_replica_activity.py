@@ -27,11 +27,13 @@ SPINNING_CHILD = (
 )
 IDLE = "import time; time.sleep(60)"
 # A parent that does its work in short-lived children, one after the other (like a JVM running
-# commands): each spins 0.2 s and ends.
+# commands): each spins 0.2 s and ends, appending its own CPU seconds and its end to the file
+# named by the parent's argument, so the test knows what they used without asking the meter.
 SHORT_LIVED_CHILDREN = (
     "import subprocess, sys\n"
-    "spin = 'import time\\nt = time.time()\\nwhile time.time() - t < 0.2: pass'\n"
-    "while True: subprocess.run([sys.executable, '-c', spin])"
+    "spin = ('import sys, time\\nt = time.time()\\nwhile time.time() - t < 0.2: pass\\n'\n"
+    '        \'open(sys.argv[1], "a").write(f"{time.process_time()} {time.time()}\\\\n")\')\n'
+    "while True: subprocess.run([sys.executable, '-c', spin, sys.argv[1]])"
 )
 
 
@@ -46,16 +48,16 @@ def proc_tree_rss_mb(pid: int) -> float:
     return total_kb / 1024
 
 
-def _start(code: str) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-c", code], start_new_session=True)
+def _start(code: str, *args: str) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-c", code, *args], start_new_session=True)
 
 
 @pytest.fixture
 def processes():
     started = []
 
-    def start(code):
-        proc = _start(code)
+    def start(code, *args):
+        proc = _start(code, *args)
         started.append(proc)
         return proc
 
@@ -83,14 +85,24 @@ def test_busy_is_the_cpu_of_the_whole_tree_and_a_stopped_tree_is_not_busy(proces
     assert meter.cpu_share(idle.pid) is None  # gone
 
 
-def test_the_cpu_of_children_that_ended_counts_for_their_tree(processes):
+def test_the_cpu_of_children_that_ended_counts_for_their_tree(processes, tmp_path):
     """Children that ran and ended in the window are charged to the tree (their time is in
-    their parent's children times once reaped): the tree of a parent that does its work in
-    short-lived children is busy (about one core on an idle machine)."""
-    parent = processes(SHORT_LIVED_CHILDREN)
+    their parent's children times once reaped). What they used is what they wrote down
+    themselves, so the check holds however busy the machine is (about one core when idle)."""
+    spent = tmp_path / "children-cpu"
+    parent = processes(SHORT_LIVED_CHILDREN, str(spent))
     time.sleep(0.5)
-    # Without the ended children it read 0.02 here.
-    assert cpu_share_over(parent.pid, 2.0) > 0.25
+    started = time.time()
+    share = cpu_share_over(parent.pid, 2.0)
+    ended = time.time()
+    children = [tuple(map(float, line.split())) for line in spent.read_text().splitlines()]
+    # CPU of the children that ended inside the window; one that began before it is charged
+    # whole when reaped, so the meter may count up to one child's 0.2 s more, or a reap late.
+    inside = sum(cpu for cpu, end in children if started <= end <= ended) / (ended - started)
+    assert inside >= 0.05  # children ran and ended in the window
+    # Without the ended children it read 0.02 on an idle machine, a fortieth of what they
+    # used; a child reaped after the window is missing from the meter's share (0.1 at most).
+    assert 0.5 * inside <= share <= inside + 0.25, (share, inside)
 
 
 @pytest.mark.django_db
