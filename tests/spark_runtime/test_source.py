@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows
 
 from spark_runtime import keys, redis_source
@@ -81,15 +83,18 @@ def server_ms(client) -> int:
     return seconds * 1000 + micros // 1000
 
 
+ADDED = itertools.count()  # record ids unique across calls within one millisecond
+
+
 def add_at(client, job, ms: int, n: int = 1) -> list[str]:
-    """`n` entries with ids at `ms` (the server's clock in an entry id: its arrival time)."""
-    ids = [f"{ms}-{seq}" for seq in range(n)]
+    """`n` entries with ids at `ms` (the server's clock in an entry id: its arrival time). The
+    server numbers them within the millisecond (`ms-*`): an earlier call may have taken the
+    same millisecond."""
     pipe = client.pipeline()
-    for seq, entry in enumerate(ids):
-        fields = {"id": f"a{ms}-{seq}", "ts": str(ms), "text": "w"}
-        pipe.xadd(keys.input_stream(job), fields, id=entry)
-    pipe.execute()
-    return ids
+    for _ in range(n):
+        fields = {"id": f"a{ms}-{next(ADDED)}", "ts": str(ms), "text": "w"}
+        pipe.xadd(keys.input_stream(job), fields, id=f"{ms}-*")
+    return pipe.execute()
 
 
 def test_light_input_is_held_until_its_oldest_entry_waited_the_bound(
