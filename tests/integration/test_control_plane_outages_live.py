@@ -53,7 +53,7 @@ from tests.integration.live import (
 )
 from tests.postgres_server import default_database
 
-pytestmark = [pytest.mark.spark, pytest.mark.django_db(transaction=True)]
+pytestmark = [pytest.mark.slow, pytest.mark.spark, pytest.mark.django_db(transaction=True)]
 
 LINES = 4200  # 70 s of input at RATE: the generator is still writing when Redis goes down
 DOWN_S = 3.0  # how long Redis, then PostgreSQL, stay down (at least)

@@ -39,7 +39,7 @@ from tests.integration.live import (
     wait_for_exact_results,
 )
 
-pytestmark = [pytest.mark.spark, pytest.mark.django_db(transaction=True)]
+pytestmark = [pytest.mark.slow, pytest.mark.spark, pytest.mark.django_db(transaction=True)]
 
 LINES = 7200  # 120 s of input at 60 lines/s: the stress and the slow-down come while input flows
 STRESS_S = 8.0

@@ -32,7 +32,12 @@ from tests.integration.live import api, inject, results
 from tests.integration.test_kafka_live import expected_counts, output_counts
 from tests.kafka_topics import committed
 
-pytestmark = [pytest.mark.spark, pytest.mark.django_db(transaction=True), pytest.mark.kafka]
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.spark,
+    pytest.mark.django_db(transaction=True),
+    pytest.mark.kafka,
+]
 
 RATE, LINES = 50, 3000  # a minute of input: it goes on through the outage and after it
 DOWN_S = 10

@@ -178,6 +178,7 @@ def wait_primary(job: Job, local_id: str, stage: str = "per_window") -> None:
     )
 
 
+@pytest.mark.slow
 def test_a_compatible_upgrade_is_seeded_switched_and_confirmed_with_exact_results(
     cluster, admin, jobs_dir
 ):

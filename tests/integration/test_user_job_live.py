@@ -29,7 +29,7 @@ from tests.integration.live import (
     wait_for_caught_up_standby,
 )
 
-pytestmark = [pytest.mark.spark, pytest.mark.django_db(transaction=True)]
+pytestmark = [pytest.mark.slow, pytest.mark.spark, pytest.mark.django_db(transaction=True)]
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "jobs" / "examples"
 CLICKS = 3000  # 50 s of input at 60 clicks/s: the kill comes while input flows

@@ -590,6 +590,7 @@ def feed_in_chunks(spark, client, redis_url, job, topology, tmp_path, chunks) ->
         stop(runtimes)
 
 
+@pytest.mark.slow
 def test_watermarks_bound_the_state_of_topn_and_traffic(
     spark, redis_conn, redis_url, job, tmp_path
 ):
