@@ -13,6 +13,7 @@ from datetime import datetime, timedelta
 
 from django.utils import timezone
 
+from bench.row_sizes import ERROR_TAIL
 from console.models import (
     ControlDecision,
     Job,
@@ -26,13 +27,6 @@ from console.models import (
 )
 from console.services.teams import DEFAULT_TEAM
 from tests.factories import EpisodeFactory, FaultFactory, NodeFactory, ReplicaFactory, make_job
-
-ERROR_TAIL = """pyspark.errors.exceptions.captured.StreamingQueryException: [STREAM_FAILED]
-Query [id = 5f1c..., runId = 9a0e...] terminated with exception:
-Python worker exited unexpectedly (crashed)
-  File "spark_runtime/stage.py", line 212, in run
-    query.awaitTermination()
-Killed (signal 9)"""
 
 # name: (mode, S, R, L, P, interval, fr)
 OPERATOR_SCORES = {
