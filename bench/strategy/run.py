@@ -241,15 +241,32 @@ def sleep_until(when: float) -> None:
 def inject_fault(
     job: Job, kind: str, target: str, user: User, params: dict | None = None
 ) -> tuple[FaultInjection | None, str]:
-    """Request one fault like an operator would (with `params`, else the kind's defaults) and
-    wait for the controller to inject it. `target` is an operator; a node fault takes the node
-    of its stage's primary."""
+    """Request one fault like an operator would (`request_bench_fault`) and wait for the
+    controller to inject it; (None, why) when it was refused."""
+    fault, refusal = request_bench_fault(job, kind, target, user, params)
+    if fault is None:
+        return None, refusal
+
+    def injected() -> bool:
+        fault.refresh_from_db()
+        return fault.outcome != FaultInjection.Outcome.PENDING
+
+    wait_for(injected, 30, f"fault {fault.pk} to be injected", poll_s=0.2)
+    return fault, fault.outcome_detail
+
+
+def request_bench_fault(
+    job: Job, kind: str, target: str, user: User, params: dict | None = None
+) -> tuple[FaultInjection | None, str]:
+    """Request one fault like an operator would (with `params`, else the kind's defaults):
+    `target` is an operator; a node fault takes the node of its stage's primary, and a fault
+    without a target (the Kafka broker) ignores it. (None, why) when it was refused."""
     client = redis_client()
     try:
-        target = FAULT_KINDS[kind].target
-        if target is None:
+        aimed_at = FAULT_KINDS[kind].target
+        if aimed_at is None:
             fault = request_fault(job, kind, params=params, requested_by=user)
-        elif target == Target.OPERATOR:
+        elif aimed_at == Target.OPERATOR:
             fault = request_fault(
                 job, kind, target_operator=target, params=params, requested_by=user
             )
@@ -272,13 +289,7 @@ def inject_fault(
         return None, f"refused: {exc}"
     finally:
         client.close()
-
-    def injected() -> bool:
-        fault.refresh_from_db()
-        return fault.outcome != FaultInjection.Outcome.PENDING
-
-    wait_for(injected, 30, f"fault {fault.pk} to be injected", poll_s=0.2)
-    return fault, fault.outcome_detail
+    return fault, ""
 
 
 def broker_outage_of(client, job: Job, fault: FaultInjection, say) -> Outage | None:
