@@ -240,12 +240,19 @@ def kill_job_processes(job_keys: set[str]) -> int:
     """SIGKILL this machine's stage and generator processes of the given jobs; returns how many.
 
     For whoever started the node agents on this machine (the demo, the benchmark) and must leave
-    nothing behind: stage processes outlive their agent on purpose.
+    nothing behind: stage processes outlive their agent on purpose. A process that leads its
+    own process group (every stage and generator starts in a session of its own,
+    spark_runtime/launch.py) is killed with its group: its Spark JVM and the JVM's Python
+    workers, which a kill of the driver alone left running (a Kafka source's runner outlived
+    `bin/demo --check`).
     """
     ended = 0
     for proc in job_processes(job_keys):
-        with contextlib.suppress(psutil.NoSuchProcess):
-            proc.kill()
+        with contextlib.suppress(psutil.NoSuchProcess, ProcessLookupError):
+            if os.getpgid(proc.pid) == proc.pid:
+                os.killpg(proc.pid, signal.SIGKILL)
+            else:
+                proc.kill()
             ended += 1
     return ended
 
