@@ -8,7 +8,9 @@ are not all known asks for `redis_flushed`.
 """
 
 import os
+import shutil
 import time
+from pathlib import Path
 
 import pytest
 import redis
@@ -188,3 +190,12 @@ def kafka_broker(tmp_path_factory):
         yield broker
     finally:
         broker.stop()
+
+
+@pytest.fixture
+def jobs_dir(tmp_path, monkeypatch):
+    """A jobs directory with the example apps (jobs/apps/), set before a cluster starts."""
+    directory = tmp_path / "jobs"
+    shutil.copytree(Path(__file__).resolve().parent.parent / "jobs" / "apps", directory / "apps")
+    monkeypatch.setenv("BACKSTOP_JOBS_DIR", str(directory))
+    return directory

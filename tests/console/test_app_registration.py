@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import io
 import json
-import shutil
-from pathlib import Path
 
 import pytest
 from django.core.management import CommandError, call_command
@@ -22,16 +20,6 @@ from spark_runtime import keys
 from spark_runtime.jobdef import registered_app, registered_path
 
 pytestmark = [pytest.mark.django_db]
-
-EXAMPLES = Path(__file__).resolve().parents[2] / "jobs" / "apps"
-
-
-@pytest.fixture
-def jobs_dir(tmp_path, monkeypatch):
-    directory = tmp_path / "jobs"
-    shutil.copytree(EXAMPLES, directory / "apps")
-    monkeypatch.setenv("BACKSTOP_JOBS_DIR", str(directory))
-    return directory
 
 
 def test_manage_py_registers_an_app_and_prints_its_version_last(jobs_dir):

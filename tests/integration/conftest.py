@@ -4,24 +4,10 @@ starts, which reads the jobs directory."""
 
 from __future__ import annotations
 
-import shutil
-from pathlib import Path
-
 import pytest
 
 from console.roles import ADMIN, OPERATOR
 from tests.factories import UserFactory
-
-APPS = Path(__file__).resolve().parents[2] / "jobs" / "apps"
-
-
-@pytest.fixture
-def jobs_dir(tmp_path, monkeypatch):
-    """A jobs directory with the example apps, set before the cluster starts."""
-    directory = tmp_path / "jobs"
-    shutil.copytree(APPS, directory / "apps")
-    monkeypatch.setenv("BACKSTOP_JOBS_DIR", str(directory))
-    return directory
 
 
 @pytest.fixture
