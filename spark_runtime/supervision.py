@@ -278,6 +278,34 @@ class Supervisor(StandbyChanges):
         self.replicas.clear()
         return actions
 
+    def ask_app_to_stop(self, now: float, alive) -> list | None:
+        """An app's stop, queries first (each ends on what it has committed), then the process.
+        The first call asks the app's running primaries to stop their queries and exit
+        (StopApp) and returns that; later calls return [] while one of them still runs
+        (`alive(replica_id)`), up to APP_STOP_WITHIN_S after the ask. None once there is
+        nothing (more) to wait for: the caller takes the job down with `stop()`, which kills
+        whatever still runs. Backstop's own jobs are never asked: their sinks are fenced and
+        idempotent, so a kill loses nothing and stops sooner."""
+        if not self.app:
+            return None
+        if self.stop_asked_at is None:
+            primaries = [r for r in self.replicas.values() if r.role == PRIMARY]
+            running = [r.id for r in primaries if r.state == RUNNING]
+            if not running:
+                return None
+            self.stop_asked_at = now
+            self.history.append((now, f"stop: {', '.join(running)} asked to stop its queries"))
+            return [StopApp(replica_id, now, why="the job's stop") for replica_id in running]
+        waiting = [r.id for r in self.replicas.values() if r.role == PRIMARY and alive(r.id)]
+        if waiting and now - self.stop_asked_at < upgrades.APP_STOP_WITHIN_S:
+            return []
+        if waiting:
+            self.history.append(
+                (now, f"stop: {', '.join(waiting)} still ran {upgrades.APP_STOP_WITHIN_S:g} s "
+                 "after it was asked to stop: killed")
+            )  # fmt: skip
+        return None
+
     def handle(self, event) -> list:
         """Apply one event; returns the actions to carry out (possibly none)."""
         replica = self.replicas.get(event.replica_id)

@@ -138,6 +138,9 @@ class SupervisorState:
     unprotectable: set[str] = _persisted(default_factory=set, load=set)
     # Why the job was given up on (None while it is supervised).
     gave_up: str | None = None
+    # When the job's stop asked an app's queries to stop (Supervisor.ask_app_to_stop), None
+    # before that and for Backstop's own jobs.
+    stop_asked_at: float | None = None
     # Stage -> how many replica ids it has handed out ("<stage>-<n>").
     _counter: dict[str, int] = _persisted(key="counter", default_factory=dict)
     # (time, description) of every recovery step.

@@ -127,6 +127,7 @@ class StopApp:
 
     replica_id: str
     sent_at: float
+    why: str = "an upgrade"  # for the decision log
 
 
 @dataclass

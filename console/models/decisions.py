@@ -28,6 +28,7 @@ class ControlDecision(models.Model):
         GIVE_UP = "give-up", "gave up"
         UPGRADE = "upgrade", "upgrade"
         KILL_STRAY = "kill-stray", "kill stray replica"
+        STOP = "stop", "stop"
 
     job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="decisions")
     at = models.DateTimeField(default=timezone.now, db_index=True)

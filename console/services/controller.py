@@ -32,6 +32,7 @@ from console.services.control.act import (
     ensure_generator,
     keep_warm_spares,
     kill_strays,
+    stop_app_queries_first,
     stop_everything,
     stop_generator,
 )
@@ -447,6 +448,8 @@ def reconcile_job(job: Job, supervisor: Supervisor, client, view, slot) -> bool:
     `view` holds the reads every job shares (policy, nodes, spares). Returns whether the job is
     still live; the caller saves the supervision state after it."""
     if job.status == Job.Status.STOPPING:
+        if stop_app_queries_first(job, supervisor, client):
+            return True
         stop_everything(job, supervisor, client)
         job.mark_stopped(job.status_reason or "stopped")
         job_ended(job, client)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 from rest_framework.test import APIClient
 
-from console.models import Job, RecoveryEpisode
+from console.models import ControlDecision, Job, RecoveryEpisode
 from infra.launcher import wait_for
 from tests.app_files import (
     large_found,
@@ -75,6 +75,9 @@ def test_an_app_survives_the_kill_of_its_process(cluster, people, tmp_path):
     assert stopped.status_code == 200, stopped.content
     wait_for(lambda: Job.objects.get(pk=job.pk).status == Job.Status.STOPPED, 60, "job stopped")
     assert newest_totals(out / "totals") == totals and large_found(out) == large
+    # Stopped queries first, then the process (Supervisor.ask_app_to_stop), within the bound.
+    (asked,) = job.decisions.filter(kind=ControlDecision.Kind.STOP)
+    assert asked.reason.endswith("asked to stop its queries"), asked.reason
 
 
 RAISES = """\

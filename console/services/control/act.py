@@ -315,6 +315,23 @@ def release_unused_spares(client) -> bool:
     return True
 
 
+def stop_app_queries_first(job: Job, supervisor: Supervisor, client) -> bool:
+    """A stopping app's queries are asked to stop before its process goes
+    (Supervisor.ask_app_to_stop); True while the controller waits for them, and then the job
+    is still stopping. The ask is saved with the supervision state before it is sent
+    (`carry_out`), so a successor of a controller killed in between waits, then kills."""
+    launcher = AgentLauncher(job, client)
+    noted = len(supervisor.history)
+    actions = supervisor.ask_app_to_stop(time.time(), launcher.alive)
+    for _, text in supervisor.history[noted:]:  # the ask, or that it went unanswered
+        decide(job, ControlDecision.Kind.STOP, text)
+    if actions is None:
+        return False
+    if actions:
+        carry_out(job, supervisor, client, actions, launcher)
+    return True
+
+
 def stop_everything(job: Job, supervisor: Supervisor, client) -> None:
     """Kill the job's replicas and its generator; the sinks are idempotent, checkpoints stay.
     The supervision state goes last: a controller killed before that stops the job again (the

@@ -93,7 +93,7 @@ def describe_actions(actions: list) -> str:
                 "before it finishes a batch)"
             )
         elif isinstance(action, StopApp):
-            words.append(f"ask {action.replica_id} to stop its queries and exit (an upgrade)")
+            words.append(f"ask {action.replica_id} to stop its queries and exit ({action.why})")
         elif isinstance(action, GiveUp) and action.scope == JOB:
             words.append(f"give up the job: {action.reason}")
         elif isinstance(action, GiveUp):
