@@ -170,6 +170,23 @@ def holders(client, job_keys: list[str]) -> dict[str, str | None]:
     return {k: holder_of(v) for k, v in zip(job_keys, values, strict=True)}
 
 
+def expired(client, job_keys: list[str]) -> set[str]:
+    """The jobs among `job_keys` whose lease ran out: none is held or released now, yet the job
+    was taken before (its tenure counter exists). Their controller died or stalled; a job never
+    taken (just launched) or given up (released) is not among them. One round trip."""
+    if not job_keys:
+        return set()
+    lease_keys = [keys.controller_lease(k) for k in job_keys]
+    tenure_keys = [keys.controller_tenure(k) for k in job_keys]
+    values = client.mget(lease_keys + tenure_keys)
+    leases_now, tenures = values[: len(job_keys)], values[len(job_keys) :]
+    return {
+        k
+        for k, lease, tenure in zip(job_keys, leases_now, tenures, strict=True)
+        if lease is None and tenure is not None
+    }
+
+
 def heartbeat(client, owner: str) -> None:
     """Say that controller `owner` is alive now."""
     client.zadd(keys.controllers(), {owner: time.time()})

@@ -13,8 +13,10 @@ Jobs are spread over the live controller processes by per-job leases in Redis
 taking hundreds of jobs over never delays it past a lease), and the membership thread reads the
 live jobs in one query and takes unleased jobs up to its fair share (live jobs / live
 controllers, rounded up), preferring the jobs that rendezvous hashing gives it so controllers
-rarely compete for one; a controller over its share (one joined) gives the surplus up. A dead
-controller's leases expire after LEASE_S and the others take its jobs within a renewal more.
+rarely compete for one; a controller over its share gives the surplus up while another is
+below its own (one joined) to take it. A dead or stalled controller's leases expire after
+LEASE_S, and the others take those jobs at their next renewal, over their share too (a lease
+that ran out is told from a released one and from a new job's, `leases.expired`).
 The supervision state is written only while the lease is ours (a compare-and-set on it), so a
 controller that stalled past its lease cannot act on a job twice. The same thread reads what is
 the same for every job once per renewal (`FleetView`: policy in force, alive nodes, their recent
@@ -156,6 +158,16 @@ class JobSlot:
     # Given up to a controller that joined: the job's next reconcile releases its lease, so a
     # reconcile under way ends before the lease is free (its commands are not refused halfway).
     hand_over: bool = False
+
+
+def below_share(
+    holders: dict[str, str | None], controllers: list[str], share: int, me: str
+) -> bool:
+    """Whether a live controller other than `me` holds fewer than `share` of the jobs
+    (`holders`: the holder of each live job `me` does not hold): only then is a surplus
+    handed over, since a job given up with nobody below their share to take it would wait."""
+    held = Counter(holders.values())
+    return any(held[owner] < share for owner in controllers if owner != me)
 
 
 def rendezvous_rank(owner: str, job_key: str) -> str:
@@ -352,23 +364,28 @@ class FleetController:
                 self.queue.add(key)  # a stop request or an end: handled at once
         for key in upgrading_jobs(held):
             held[key].upgrade_open = True
+        wanted = [key for key in live if key not in held]
+        holders = self.leases.holders(wanted)
         surplus = len(held) - share
-        if surplus > 0 and len(controllers) > 1:
+        if surplus > 0 and below_share(holders, controllers, share, self.owner):
             # Give up the jobs others rank first, at most a few per round to avoid churn.
             for key in sorted(held, key=lambda k: rendezvous_rank(self.owner, k))[:surplus][:5]:
                 held[key].hand_over = True
                 self.queue.add(key, urgent=True)
-            return
-        wanted = [key for key in live if key not in held]
-        if not wanted or len(held) >= share:
-            return
-        holders = self.leases.holders(wanted)
         free = sorted(
             (key for key in wanted if holders[key] is None),
             key=lambda k: rendezvous_rank(self.owner, k),
             reverse=True,
         )
-        for key in free[: share - len(held)]:
+        # A job whose lease ran out is taken at once, over our share too: its controller died
+        # or stalled, and its replacement may take seconds to come up (6.5 s at load 10 in the
+        # chaos run of 2026-11-29) while the job goes unsupervised. The split evens out by
+        # hand-overs once a controller below its share is there to take them.
+        orphans = leases.expired(self.client, free)
+        room = max(0, share - len(held))
+        taking = [key for key in free if key in orphans]
+        taking += [key for key in free if key not in orphans][:room]
+        for key in taking:
             if self.stopping.is_set():
                 return  # given up meanwhile: take nothing more
             if self.leases.try_acquire(key):

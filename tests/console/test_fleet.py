@@ -7,6 +7,7 @@ from __future__ import annotations
 import base64
 import json
 import re
+import threading
 import time
 
 import pytest
@@ -474,3 +475,55 @@ def test_a_job_handed_to_a_joining_controller_is_released_after_its_reconcile_un
     leases.heartbeat(redis_conn, "ctl-b")
     wait_until(lambda: holders(redis_conn, jobs)[handed] is None, 10, "released after it")
     assert first.held() == [k for k in sorted(j.key for j in jobs) if k != handed]
+
+
+def test_a_dead_controllers_jobs_are_taken_over_share_while_its_replacement_is_not_up(
+    redis_conn, controllers
+):
+    # The chaos run (2026-11-29): a SIGKILLed controller's replacement, counted live at once,
+    # kept the survivors at their share, and the dead one's jobs went unsupervised until the
+    # replacement came up (6.5 s at load 10).
+    jobs = live_jobs(redis_conn, 6)
+    first, second = controllers("ctl-a"), controllers("ctl-b")
+    wait_until(lambda: len(first.held()) == len(second.held()) == 3, 15, "a 3/3 split")
+    # A third member, alive but not taking anything yet (the replacement coming up): the share
+    # is 2 each, so each of the two hands one job over to it.
+    stop_newcomer = threading.Event()
+
+    def newcomer_alive():
+        while True:
+            leases.heartbeat(redis_conn, "ctl-new")
+            if stop_newcomer.wait(fleet.RENEW_S / 2):
+                return
+
+    beating = threading.Thread(target=newcomer_alive, daemon=True)
+    beating.start()
+    try:
+        wait_until(lambda: len(first.held()) == len(second.held()) == 2, 15, "1 each handed over")
+        dead = sorted(first.held())
+        handed = [j.key for j in jobs if j.key not in dead and j.key not in second.held()]
+        tenure_before = {k: int(redis_conn.get(keys.controller_tenure(k))) for k in dead}
+        crash(first)
+        crashed_at = time.monotonic()
+
+        def retaken() -> bool:
+            return all(int(redis_conn.get(keys.controller_tenure(k))) > n
+                       for k, n in tenure_before.items())  # fmt: skip
+
+        wait_until(retaken, 15, "ctl-b taking the dead controller's jobs over its share")
+        # Only ctl-b takes anything here. The leases expire after LEASE_S; it takes them at
+        # its next renewal.
+        assert time.monotonic() - crashed_at <= fleet.LEASE_S + 2 * fleet.RENEW_S + 1
+        # The two jobs handed to the newcomer were released, not expired: left for it.
+        assert len(handed) == 2 and leases.expired(redis_conn, handed) == set()
+    finally:
+        stop_newcomer.set()
+        beating.join(2)
+        leases.leave(redis_conn, "ctl-new")
+
+
+def test_a_surplus_is_handed_over_only_to_a_controller_below_its_share():
+    held_by_others = {"j1": "ctl-b", "j2": "ctl-b", "j3": "ctl-b", "j4": None}
+    assert not fleet.below_share(held_by_others, ["ctl-a", "ctl-b"], 3, "ctl-a")
+    assert fleet.below_share(held_by_others, ["ctl-a", "ctl-b", "ctl-c"], 3, "ctl-a")
+    assert not fleet.below_share(held_by_others, ["ctl-a"], 3, "ctl-a")
