@@ -16,7 +16,8 @@ controllers, rounded up), preferring the jobs that rendezvous hashing gives it s
 rarely compete for one; a controller over its share gives the surplus up while another is
 below its own (one joined) to take it. A dead or stalled controller's leases expire after
 LEASE_S, and the others take those jobs at their next renewal, over their share too (a lease
-that ran out is told from a released one and from a new job's, `leases.expired`).
+that ran out is told from a released one and from a new job's, `leases.expired`); so is any job
+left free for FREE_WAIT_S (handed to a controller that did not take it).
 The supervision state is written only while the lease is ours (a compare-and-set on it), so a
 controller that stalled past its lease cannot act on a job twice. The same thread reads what is
 the same for every job once per renewal (`FleetView`: policy in force, alive nodes, their recent
@@ -96,6 +97,9 @@ ERROR_RETRY_S = 1.0  # agent events unreadable: read again after this
 TRANSIENT_RETRY_CAP_S = 5.0
 # How long an abdicating controller waits for its reconciles under way before it gives up.
 ABDICATE_WAIT_S = 5.0
+# A job seen free this long (given up to a controller below its share that has not taken it: a
+# replacement still starting, one paused) is taken by any controller, over its share too.
+FREE_WAIT_S = 2 * RENEW_S
 # How long a controller's published figures (keys.controller_stats) outlive its last renewal.
 STATS_TTL_S = 10 * CONTROLLER_ALIVE_S
 
@@ -188,6 +192,8 @@ class FleetController:
         self.leases = leases.Leases(self.client, self.owner, LEASE_S)
         self.queue = WorkQueue()
         self.slots: dict[str, JobSlot] = {}
+        # Each free live job since the membership round that first saw it free (monotonic).
+        self.free_since: dict[str, float] = {}
         self.slots_lock = threading.Lock()
         self.view: FleetView | None = None
         self.stopping = threading.Event()
@@ -379,9 +385,14 @@ class FleetController:
         )
         # A job whose lease ran out is taken at once, over our share too: its controller died
         # or stalled, and its replacement may take seconds to come up (6.5 s at load 10 in the
-        # chaos run of 2026-11-29) while the job goes unsupervised. The split evens out by
-        # hand-overs once a controller below its share is there to take them.
+        # chaos run of 2026-11-29) while the job goes unsupervised. So is a job left free for
+        # FREE_WAIT_S: handed to a controller that has not taken it (paused, or still coming
+        # up: 6 s unsupervised in the next chaos run). The split evens out by hand-overs once
+        # a controller below its share is there to take them.
+        now = time.monotonic()
+        self.free_since = {key: self.free_since.get(key, now) for key in free}
         orphans = leases.expired(self.client, free)
+        orphans |= {key for key in free if now - self.free_since[key] >= FREE_WAIT_S}
         room = max(0, share - len(held))
         taking = [key for key in free if key in orphans]
         taking += [key for key in free if key not in orphans][:room]
