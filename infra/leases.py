@@ -92,6 +92,25 @@ class Leases:
         self._tokens[job_key] = token
         return token
 
+    def try_acquire_all(self, job_keys: list[str]) -> list[str]:
+        """`try_acquire` for many jobs in one round trip (a controller taking a dead one's
+        jobs takes dozens at once); returns those taken, in the order given."""
+        if not job_keys:
+            return []
+        pipe = self.client.pipeline(transaction=False)
+        for job_key in job_keys:
+            self._acquire(
+                keys=[keys.controller_lease(job_key), keys.controller_tenure(job_key)],
+                args=[self.owner, self.ttl_ms, RELEASED_PREFIX],
+                client=pipe,
+            )
+        taken = []
+        for job_key, token in zip(job_keys, pipe.execute(), strict=True):
+            if token is not None:
+                self._tokens[job_key] = token
+                taken.append(job_key)
+        return taken
+
     def token(self, job_key: str) -> str | None:
         """The token of our tenure of the job (None: we never took it, or gave it up)."""
         return self._tokens.get(job_key)

@@ -396,26 +396,28 @@ class FleetController:
         room = max(0, share - len(held))
         taking = [key for key in free if key in orphans]
         taking += [key for key in free if key not in orphans][:room]
-        for key in taking:
-            if self.stopping.is_set():
-                return  # given up meanwhile: take nothing more
-            if self.leases.try_acquire(key):
-                self._take(key, *live[key])
+        if taking and not self.stopping.is_set():
+            self._take(self.leases.try_acquire_all(taking), live)
 
-    def _take(self, key: str, pk: int, status: str) -> None:
-        try:
-            job = Job.objects.get(pk=pk)
-        except Job.DoesNotExist:
-            # Deleted since this round read the live jobs: nothing to supervise.
-            self.leases.release(key)
-            return
-        # The supervision state is read by the job's first reconcile, not here: a state this
-        # version cannot read fails that job's reconciles (retried, reported), not the round.
-        slot = JobSlot(job=job, supervisor=None, db_status=status, reload=True)
-        with self.slots_lock:
-            self.slots[key] = slot
-        self.queue.add(key)
-        log.info("controller %s: supervising %s", self.owner, key)
+    def _take(self, taken: list[str], live: dict[str, tuple[int, str]]) -> None:
+        """Supervise the jobs whose leases were just taken: their rows in one query (dozens at
+        once after a controller died), each queued for its first reconcile."""
+        jobs = Job.objects.in_bulk([live[key][0] for key in taken])
+        for key in taken:
+            pk, status = live[key]
+            job = jobs.get(pk)
+            if job is None:
+                # Deleted since this round read the live jobs: nothing to supervise.
+                self.leases.release(key)
+                continue
+            # The supervision state is read by the job's first reconcile, not here: a state
+            # this version cannot read fails that job's reconciles (retried, reported), not
+            # the round.
+            slot = JobSlot(job=job, supervisor=None, db_status=status, reload=True)
+            with self.slots_lock:
+                self.slots[key] = slot
+            self.queue.add(key)
+            log.info("controller %s: supervising %s", self.owner, key)
 
     def _drop(self, key: str) -> None:
         """Stop supervising `key`: no reconcile of it is queued again and its lease token is

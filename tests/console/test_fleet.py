@@ -555,3 +555,18 @@ def test_a_surplus_is_handed_over_only_to_a_controller_below_its_share():
     assert not fleet.below_share(held_by_others, ["ctl-a", "ctl-b"], 3, "ctl-a")
     assert fleet.below_share(held_by_others, ["ctl-a", "ctl-b", "ctl-c"], 3, "ctl-a")
     assert not fleet.below_share(held_by_others, ["ctl-a"], 3, "ctl-a")
+
+
+def test_leases_are_taken_many_at_once_and_only_the_free_ones(redis_conn):
+    names = ["lease-many-free-1", "lease-many-held", "lease-many-free-2"]
+    mine, other = leases.Leases(redis_conn, "ctl-x", 30), leases.Leases(redis_conn, "ctl-y", 30)
+    try:
+        held_token = other.try_acquire("lease-many-held")
+        assert mine.try_acquire_all(names) == ["lease-many-free-1", "lease-many-free-2"]
+        assert mine.holds("lease-many-free-1") and mine.holds("lease-many-free-2")
+        assert other.holds("lease-many-held") and mine.token("lease-many-held") is None
+        assert held_token.endswith("#1") and mine.token("lease-many-free-2").endswith("#1")
+    finally:
+        redis_conn.delete(
+            *(keys.controller_lease(n) for n in names), *(keys.controller_tenure(n) for n in names)
+        )
