@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import platform
 import threading
 import time
@@ -308,6 +309,7 @@ def run_app_bench(bench: AppBenchSettings, say) -> dict:
     Backstop run has its cluster (bench.strategy.run.BenchCluster) for its duration only: the
     `spark-submit` loop runs on a machine without it."""
     runs = []
+    load_at_start = os.getloadavg()
     for strategy in bench.strategies:
         say(f"   {strategy}: {bench.topology}, kill-driver x{bench.faults}, "
             f"{bench.interval_s:g} s apart")  # fmt: skip
@@ -317,7 +319,14 @@ def run_app_bench(bench: AppBenchSettings, say) -> dict:
         with BenchCluster(bench.out / "logs", say):
             runs.append(run_strategy(bench, strategy, say))
     means = {run["strategy"]: run["recovery"]["mean_s"] for run in runs}
-    settings = {**asdict(bench), "out": str(bench.out), "machine": machine()}
+    settings = {
+        **asdict(bench),
+        "out": str(bench.out),
+        "machine": machine(),
+        # The machine is shared: how busy it was says how far the figures are from an idle one.
+        "loadavg_start": [round(x, 2) for x in load_at_start],
+        "loadavg_end": [round(x, 2) for x in os.getloadavg()],
+    }
     return {
         "kind": "app-restart",
         "settings": settings,
@@ -373,11 +382,16 @@ def write_results(result: dict, command: str) -> str:
         f"{settings['topology']}, kill-driver x{settings['faults']} "
         f"{settings['interval_s']:g} s apart"
     )
+    load = ""
+    if "loadavg_start" in settings:
+        load = (
+            f"; load average {', '.join(map(str, settings['loadavg_start']))} at the start, "
+            f"{', '.join(map(str, settings['loadavg_end']))} at the end"
+        )
     body = (
-        f"`{command}` on {time.strftime('%Y-%m-%d')} ({settings['machine']}; other engineers' "
-        "work was running on the same 2 cores). Recovery: from the killed driver seen gone to the "
-        "first batch its query completed after the restart (its checkpoint's next commit file).\n\n"
-        + to_markdown(result)
+        f"`{command}` on {time.strftime('%Y-%m-%d')} ({settings['machine']}{load}). Recovery: "
+        "from the killed driver seen gone to the first batch its query completed after the "
+        "restart (its checkpoint's next commit file).\n\n" + to_markdown(result)
     )
     write_subsection(RESULTS_SECTION, subsection, body)
     return f"docs/RESULTS.md / {subsection}"
