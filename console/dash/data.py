@@ -707,7 +707,7 @@ def _upgrade_dict(upgrade: JobUpgrade) -> dict:
         "case": upgrade.case,
         "reason": upgrade.reason,
         "status": upgrade.status,
-        "status_label": JobUpgrade.Status(upgrade.status).label,
+        "status_label": upgrade.status_label,
         "under_way": upgrade.under_way,
         "requested_action": upgrade.requested_action,
         "stage": upgrade.stage,

@@ -109,7 +109,24 @@ class JobUpgrade(models.Model):
         return self.status in self.UNDER_WAY
 
     @property
+    def status_label(self) -> str:
+        """What the status means for this upgrade: an existing app (case APP_RESTART) runs as
+        one copy, stopped and started again, never beside its new version."""
+        if self.case == self.Case.APP_RESTART and self.status in APP_STATUS_LABELS:
+            return APP_STATUS_LABELS[self.status]
+        return self.Status(self.status).label
+
+    @property
     def changes_strategy(self) -> bool:
         """Whether the upgrade changes the job's strategy (and nothing else: a strategy change
         is an upgrade of its own). Records from before strategies changed leave both empty."""
         return bool(self.to_strategy) and self.to_strategy != self.from_strategy
+
+
+# The statuses whose general label (the new version beside the old one) is wrong for an app.
+APP_STATUS_LABELS = {
+    JobUpgrade.Status.SWITCHING: "the app's queries stopping; the new version then starts "
+    "from their checkpoints",
+    JobUpgrade.Status.VALIDATING: "the new version runs from the checkpoints; confirmed once "
+    "each query completes a batch, else the old version restarts from them",
+}

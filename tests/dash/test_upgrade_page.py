@@ -507,3 +507,24 @@ def test_an_operator_sees_the_upgrade_and_rolls_it_back(
     expect(panel).to_contain_text("rollback asked by olga")
 
     _shoot(page, "job-upgrade")
+
+
+def test_an_apps_upgrade_reads_as_a_stop_and_restart_of_its_one_replica():
+    app = _row(
+        from_topology="windows@1", to_topology="windows@2", to_params={}, mode="blue_green",
+        case="app_restart", stage="job", blue_replica="job-1", green_replica="job-1",
+        status="validating",
+        status_label=JobUpgrade(case="app_restart", status="validating").status_label,
+    )  # fmt: skip
+    text = " ".join(text_of(upgrades.upgrade_panel(app, NOW)).split())
+    assert "windows@1 → windows@2 · stop and restart" in text
+    assert "replica job-1" in text and "blue" not in text and "green" not in text
+    assert "the old one stands by" not in text
+    assert "confirmed once each query completes a batch" in text
+    (row,) = upgrades.upgrade_table_rows([app], NOW)
+    assert text_of(row[3]) == "stop and restart"
+    # Backstop's own jobs keep the general labels.
+    own = JobUpgrade(case="seeded", status="validating")
+    assert own.status_label == "new version writes; the old one stands by"
+    stopping = JobUpgrade(case="app_restart", status="switching")
+    assert stopping.status_label.startswith("the app's queries stopping")

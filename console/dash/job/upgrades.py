@@ -8,6 +8,7 @@ from datetime import datetime
 from dash import html
 
 from console.dash.common import badge, fmt_num, fmt_time, table
+from console.models import JobUpgrade
 
 MODE_LABELS = {"blue_green": "blue/green", "stop_restart": "stop and restart"}
 
@@ -45,10 +46,18 @@ def changes_strategy(upgrade: dict) -> bool:
     return bool(upgrade.get("to_strategy")) and upgrade["to_strategy"] != upgrade["from_strategy"]
 
 
+def is_app(upgrade: dict) -> bool:
+    """Whether the upgrade is of an existing app (one copy, stopped and started again)."""
+    return upgrade["case"] == JobUpgrade.Case.APP_RESTART
+
+
 def how(upgrade: dict) -> str:
-    """`blue/green`, `stop and restart`, or `in place` for a strategy change."""
+    """`blue/green`, `stop and restart`, or `in place` for a strategy change; an app's is
+    always a stop and restart, whatever mode was asked for."""
     if changes_strategy(upgrade):
         return "in place"
+    if is_app(upgrade):
+        return MODE_LABELS["stop_restart"]
     return MODE_LABELS.get(upgrade["mode"], upgrade["mode"])
 
 
@@ -141,8 +150,7 @@ def upgrade_panel(upgrade: dict | None, now: datetime):
             ),
             html.Div(
                 [
-                    _field("blue", _replica(upgrade["blue_replica"], upgrade["from_topology"])),
-                    _field("green", _replica(upgrade["green_replica"], upgrade["to_topology"])),
+                    *_replica_fields(upgrade),
                     _field("checkpoint batch", fmt_num(upgrade["checkpoint_batch"], 0)),
                     _field("requested", _requested(upgrade, now)),
                     _field("switched", ago(upgrade["switched_at"], now)),
@@ -153,6 +161,16 @@ def upgrade_panel(upgrade: dict | None, now: datetime):
             html.P(asked, className="control-ok", id="upgrade-asked") if asked else None,
         ]
     )
+
+
+def _replica_fields(upgrade: dict) -> list:
+    """Blue and green, each with its version; an app's one replica runs both in turn."""
+    if is_app(upgrade):
+        return [_field("replica", upgrade["blue_replica"] or "—")]
+    return [
+        _field("blue", _replica(upgrade["blue_replica"], upgrade["from_topology"])),
+        _field("green", _replica(upgrade["green_replica"], upgrade["to_topology"])),
+    ]
 
 
 def results_check(upgrade: dict) -> str:
