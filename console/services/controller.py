@@ -16,9 +16,12 @@ import os
 import socket
 import time
 from dataclasses import dataclass
+from datetime import timedelta
 
 from confluent_kafka import KafkaException
 from django.conf import settings
+from django.db.models import Q
+from django.utils import timezone
 
 from console.models import ControlDecision, Job, Policy, Replica
 from console.policy import redis_loss
@@ -384,14 +387,36 @@ def upgrade_phase(supervisor: Supervisor) -> tuple | None:
 
 
 def without_state(job: Job, client) -> None:
-    """A job held for supervision whose supervision state is gone. Stopping: stop_everything
-    deletes the state last, so a controller killed after it and before marking the job
-    stopped left nothing to stop. Live: the state was lost (Redis lost it), see `lost_state`."""
+    """A job held for supervision whose supervision state is gone. Stopping or stopped: its
+    last holder ran stop_everything (which deletes the state last), and may have died before
+    marking the job stopped. Its kills may still have been refused: sent under its lease, they
+    reached an agent only after another controller had taken the lease (seen in the 200-job
+    chaos run: a stop left two processes running). So they are sent again under ours, which is
+    harmless when they were carried out. Live: the state was lost (Redis lost it), see
+    `lost_state`."""
+    if job.status in (Job.Status.STOPPING, Job.Status.STOPPED):
+        kill_again(job, client)
     if job.status == Job.Status.STOPPING:
         job.mark_stopped(job.status_reason or "stopped")
         job_ended(job, client)
     elif job.is_live:
         lost_state(job, client)
+
+
+# A stop's kills that were refused were sent at most this long before a successor finds the
+# job without state: as long as a released lease stays readable (infra/leases.py).
+KILL_AGAIN_WITHIN_S = leases.RELEASED_KEEP_S
+
+
+def kill_again(job: Job, client) -> None:
+    """Kill again, under this thread's lease, the job's replicas that were running or ended
+    within KILL_AGAIN_WITHIN_S, and its generator (idempotent: an agent kills only what runs)."""
+    recent = timezone.now() - timedelta(seconds=KILL_AGAIN_WITHIN_S)
+    launcher = AgentLauncher(job, client)
+    rows = job.replicas.filter(Q(ended_at__isnull=True) | Q(ended_at__gte=recent))
+    for local_id in sorted({row.local_id for row in rows}):
+        launcher.kill(local_id)
+    stop_generator(job)
 
 
 def what_remains(client, job: Job) -> redis_loss.Remains:

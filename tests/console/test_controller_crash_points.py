@@ -175,6 +175,24 @@ def test_a_controller_killed_while_a_job_stops_finishes_the_stop(nodes_up, redis
     assert job.status_reason == "by the operator"
 
 
+def test_a_stop_whose_kills_were_refused_is_finished_by_the_next_holder(nodes_up, redis_conn):
+    # Seen in the 200-job chaos run: a controller stopped a job and released its lease; another
+    # took the lease before the agents read the kills, so they refused them (the lease was no
+    # longer the sender's, released or not), and two processes outlived the stopped job.
+    job, sup = running_adaptive_job(redis_conn)
+    job.request_stop("by the operator")
+    act.stop_everything(job, sup, redis_conn)
+    job.mark_stopped("by the operator")
+    redis_conn.delete(*NODE_QUEUES)  # refused by the agents: nothing was killed
+    # The next controller takes the job and finds no supervision state.
+    assert observe.load_supervisor(redis_conn, job) is None
+    controller.without_state(job, redis_conn)
+    killed = {args[0] for _, args in asked(redis_conn, "backstop.agent.kill_replica")}
+    assert killed == {"wc-1", "wc-2", f"generator-{job.key}"}
+    job.refresh_from_db()
+    assert job.status == Job.Status.STOPPED
+
+
 def test_a_controller_killed_during_a_restart_backoff_restarts_the_replica_once(
     nodes_up, redis_conn
 ):
