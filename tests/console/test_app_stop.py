@@ -87,8 +87,13 @@ def test_a_stopping_app_stops_its_queries_before_its_process_is_killed(running_a
     job.refresh_from_db()
     assert job.status == Job.Status.STOPPING
 
-    # The stage stopped its queries and exited; its agent reports the exit.
-    redis_conn.hset(control_keys.exits(job.key), "job-1", json.dumps({"returncode": 0}))
+    # The stage stopped its queries and exited; its agent reports the exit on its events
+    # stream (workers.node.children._publish_exit).
+    redis_conn.xadd(
+        control_keys.agent_events(),
+        {"kind": control_keys.EVENT_EXIT, "node": NODES[0], "job": job.key, "replica_id": "job-1",
+         "returncode": "0", "log_tail": "", "at": str(time.time()), "since": ""},
+    )  # fmt: skip
     assert reconcile(redis_conn, job, sup) is False
     job.refresh_from_db()
     assert (job.status, job.status_reason) == (Job.Status.STOPPED, "by the operator")

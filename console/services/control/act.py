@@ -21,7 +21,12 @@ from console.policy.spares import spare_needed, spares_wanted, stages_covered
 from console.policy.strays import confirmed_strays
 from console.services.control.commands import command_sender, send_kill
 from console.services.control.fence import delete_state, lease_fields, write_state
-from console.services.control.observe import alive_nodes, node_history, spares_by_state
+from console.services.control.observe import (
+    alive_nodes,
+    node_history,
+    read_agent_events,
+    spares_by_state,
+)
 from console.services.control.record import (
     FAILURE_TAIL_LINES,
     alert_failed_job,
@@ -320,6 +325,9 @@ def stop_app_queries_first(job: Job, supervisor: Supervisor, client) -> bool:
     (Supervisor.ask_app_to_stop); True while the controller waits for them, and then the job
     is still stopping. The ask is saved with the supervision state before it is sent
     (`carry_out`), so a successor of a controller killed in between waits, then kills."""
+    # The agents report the exit on their events stream; `alive` reads the exits copied from
+    # there (a stopping job's reconcile runs no tick, which would read them).
+    read_agent_events(client, job, {r.id: r.launched_at for r in supervisor.replicas.values()})
     launcher = AgentLauncher(job, client)
     noted = len(supervisor.history)
     actions = supervisor.ask_app_to_stop(time.time(), launcher.alive)
