@@ -83,18 +83,12 @@ class Leases:
     def try_acquire(self, job_key: str) -> str | None:
         """Take the job's lease if nobody holds it (a released one is free), under a new tenure;
         returns the token of that tenure, None when another controller holds it."""
-        token = self._acquire(
-            keys=[keys.controller_lease(job_key), keys.controller_tenure(job_key)],
-            args=[self.owner, self.ttl_ms, RELEASED_PREFIX],
-        )
-        if token is None:
-            return None
-        self._tokens[job_key] = token
-        return token
+        return self._tokens[job_key] if self.try_acquire_all([job_key]) else None
 
     def try_acquire_all(self, job_keys: list[str]) -> list[str]:
-        """`try_acquire` for many jobs in one round trip (a controller taking a dead one's
-        jobs takes dozens at once); returns those taken, in the order given."""
+        """Take the leases of `job_keys` that nobody holds, each under a new tenure, in one
+        round trip (a controller taking a dead one's jobs takes dozens at once); returns the
+        jobs taken, in the order given."""
         if not job_keys:
             return []
         pipe = self.client.pipeline(transaction=False)

@@ -52,3 +52,8 @@ def queued(client, queue: str) -> list[tuple[str, list]]:
         args = json.loads(base64.b64decode(message["body"]))[0]
         messages.append((message["headers"]["task"], args))
     return messages
+
+
+def task_args(client, queues: list[str], task: str) -> list[list]:
+    """The args of every `task` message waiting on `queues`, queue by queue, oldest first."""
+    return [args for queue in queues for name, args in queued(client, queue) if name == task]

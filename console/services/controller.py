@@ -39,7 +39,7 @@ from console.services.control.act import (
     stop_everything,
     stop_generator,
 )
-from console.services.control.commands import command_sender
+from console.services.control.commands import command_sender, send_kill
 from console.services.control.cycle import policy_cycle, record_standby_verdict
 from console.services.control.fence import acting_under, write_state
 from console.services.control.observe import (
@@ -410,12 +410,14 @@ KILL_AGAIN_WITHIN_S = leases.RELEASED_KEEP_S
 
 def kill_again(job: Job, client) -> None:
     """Kill again, under this thread's lease, the job's replicas that were running or ended
-    within KILL_AGAIN_WITHIN_S, and its generator (idempotent: an agent kills only what runs)."""
-    recent = timezone.now() - timedelta(seconds=KILL_AGAIN_WITHIN_S)
-    launcher = AgentLauncher(job, client)
+    within KILL_AGAIN_WITHIN_S, and its generator (idempotent: an agent kills only what runs).
+    A row that had ended keeps its state and end time: only the kill is repeated."""
+    now = timezone.now()
+    recent = now - timedelta(seconds=KILL_AGAIN_WITHIN_S)
     rows = job.replicas.filter(Q(ended_at__isnull=True) | Q(ended_at__gte=recent))
-    for local_id in sorted({row.local_id for row in rows}):
-        launcher.kill(local_id)
+    for row in rows.select_related("node"):
+        send_kill(job.key, row.local_id, row.node.name)
+    rows.filter(ended_at__isnull=True).update(state=Replica.State.STOPPED, ended_at=now)
     stop_generator(job)
 
 

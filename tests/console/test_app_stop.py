@@ -3,7 +3,7 @@ to stop first (a fenced stop command on the replica's command list), the job sta
 until the agent reports the process gone, and only then are its replicas killed and the job
 marked stopped; one that does not stop in time is killed (real database and Redis; the node
 agent and the stage played at their Redis edge; on real Spark: tests/integration/
-test_user_job_live.py)."""
+test_app_live.py)."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ from infra.queues import node_queue
 from spark_runtime import keys as data_keys
 from spark_runtime import upgrade as upgrades
 from spark_runtime.supervision import Supervisor, execute
-from tests.agent_edge import queued
+from tests.agent_edge import task_args
 from tests.factories import NodeFactory, make_job
 
 pytestmark = pytest.mark.django_db
@@ -51,12 +51,7 @@ def running_app(redis_conn, jobs_dir):
 
 
 def kills(client) -> list[str]:
-    return [
-        args[0]
-        for queue in NODE_QUEUES
-        for name, args in queued(client, queue)
-        if name == "backstop.agent.kill_replica"
-    ]
+    return [args[0] for args in task_args(client, NODE_QUEUES, "backstop.agent.kill_replica")]
 
 
 def commands(client, job: Job) -> list[dict]:

@@ -184,11 +184,14 @@ def test_a_stop_whose_kills_were_refused_is_finished_by_the_next_holder(nodes_up
     act.stop_everything(job, sup, redis_conn)
     job.mark_stopped("by the operator")
     redis_conn.delete(*NODE_QUEUES)  # refused by the agents: nothing was killed
+    ended = dict(job.replicas.values_list("replica_id", "ended_at"))
     # The next controller takes the job and finds no supervision state.
     assert observe.load_supervisor(redis_conn, job) is None
     controller.without_state(job, redis_conn)
     killed = {args[0] for _, args in asked(redis_conn, "backstop.agent.kill_replica")}
     assert killed == {"wc-1", "wc-2", f"generator-{job.key}"}
+    # Only the kills are repeated: the replicas' rows keep when they ended.
+    assert dict(job.replicas.values_list("replica_id", "ended_at")) == ended
     job.refresh_from_db()
     assert job.status == Job.Status.STOPPED
 

@@ -26,7 +26,7 @@ from infra.queues import CONTROL_QUEUE, node_queue
 from spark_runtime import keys as data_keys
 from spark_runtime.generators import generator_replica_id
 from spark_runtime.supervision import RestartPolicy, Supervisor, execute
-from tests.agent_edge import publish_usage, queued
+from tests.agent_edge import publish_usage, queued, task_args
 from tests.factories import NodeFactory, ReportSubscriptionFactory, make_job
 
 pytestmark = pytest.mark.django_db
@@ -45,12 +45,7 @@ def node_queues_cleared(redis_conn):
 
 
 def started_replicas(client) -> list[str]:
-    return [
-        args[2]
-        for queue in NODE_QUEUES
-        for name, args in queued(client, queue)
-        if name == "backstop.agent.start_replica"
-    ]
+    return [args[2] for args in task_args(client, NODE_QUEUES, "backstop.agent.start_replica")]
 
 
 def kills_on(client, queue: str) -> list[tuple[str, str | None]]:
