@@ -4,6 +4,7 @@ builds these too."""
 
 # A job's controller lease and tenure are read by the stages too (spark_runtime.command_fence):
 # defined with the data plane's keys, named here with the control plane's.
+from spark_runtime.keys import commands_in_progress as commands_in_progress
 from spark_runtime.keys import controller_lease as controller_lease
 from spark_runtime.keys import controller_tenure as controller_tenure
 from spark_runtime.keys import make_key

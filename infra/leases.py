@@ -5,9 +5,10 @@ token of the controller's tenure of the job (its name and a number that goes up 
 taking, spark_runtime.command_fence) with a short expiry, renewed for all its jobs in one round
 trip. Every command it sends for the job carries the token, and receivers refuse it once the
 lease holds another. A controller that dies stops renewing, its leases expire and the others
-take the jobs over. Every write of a job's supervision state is a compare-and-set on the lease
-(`replace_if_held`, `delete_if_held`), so a controller that stalled past its lease cannot
-overwrite its successor's state.
+take the jobs over, each as soon as no receiver is carrying out a command of the old holder
+(spark_runtime.command_fence.carrying_out). Every write of a job's supervision state is a
+compare-and-set on the lease (`replace_if_held`, `delete_if_held`), so a controller that stalled
+past its lease cannot overwrite its successor's state.
 
 Membership: each live controller scores itself in a sorted set every renewal; the live ones
 split the live jobs between them (`fair_share`), so adding a controller adds capacity.
@@ -21,11 +22,14 @@ import time
 from infra import keys
 from spark_runtime.command_fence import RELEASED_PREFIX, holder_of
 
-# Takes a free lease (none, or one its holder released) under a new tenure: KEYS lease,
-# tenure; ARGV owner, ttl ms, the released prefix. Returns the token (command_fence.lease_token).
+# Takes a free lease (none, or one its holder released) under a new tenure, unless a receiver
+# is carrying out a command of the job's last holder (command_fence.carrying_out): KEYS lease,
+# tenure, commands in progress; ARGV owner, ttl ms, the released prefix. Returns the token
+# (command_fence.lease_token).
 _ACQUIRE = """
 local current = redis.call('get', KEYS[1])
 if current and string.sub(current, 1, string.len(ARGV[3])) ~= ARGV[3] then return false end
+if redis.call('exists', KEYS[3]) == 1 then return false end
 local token = ARGV[1] .. '#' .. redis.call('incr', KEYS[2])
 redis.call('set', KEYS[1], token, 'PX', ARGV[2])
 return token
@@ -94,7 +98,11 @@ class Leases:
         pipe = self.client.pipeline(transaction=False)
         for job_key in job_keys:
             self._acquire(
-                keys=[keys.controller_lease(job_key), keys.controller_tenure(job_key)],
+                keys=[
+                    keys.controller_lease(job_key),
+                    keys.controller_tenure(job_key),
+                    keys.commands_in_progress(job_key),
+                ],
                 args=[self.owner, self.ttl_ms, RELEASED_PREFIX],
                 client=pipe,
             )

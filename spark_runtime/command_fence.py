@@ -13,6 +13,13 @@ saw for the job is refused without looking further: Kleppmann's fencing tokens, 
 the authority. A controller that stalled past its lease (a pause, a long GC) finds its commands
 refused, whoever took the job over.
 
+A check and the action after it are two steps: a lease taken over between them would let a
+stale command through. So a receiver judges a command with `carrying_out`, which marks the job's
+command as in progress in the same step as it reads the lease (`keys.commands_in_progress`), and
+clears the mark when the command is carried out; infra/leases.py does not hand a lease to a new
+holder while a mark is there. The mark expires after CARRYING_OUT_MS, so a receiver that dies
+mid-command holds a takeover back that long at most.
+
 Commands without a token are not a controller's: an operator's fault injection, a stage handing
 over to its successor in an upgrade, the standalone runner. They are carried out as before.
 """
@@ -21,6 +28,9 @@ from __future__ import annotations
 
 import logging
 import time
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 from spark_runtime import keys
@@ -33,6 +43,21 @@ LEASE_FIELD = "lease"
 # still count until someone does (they were sent while it held the job).
 RELEASED_PREFIX = "released#"
 _SEPARATOR = "#"
+# How long a receiver's mark of a command in progress holds a lease still at most: starting a
+# process or sending a signal takes milliseconds; a receiver that died mid-command lets go then.
+CARRYING_OUT_MS = 2000
+
+# Reads the job's lease and, when it holds the command's token (or that token released), marks
+# a command in progress: KEYS lease, marks; ARGV token, the released prefix, this mark, its
+# expiry (ms). Returns the lease's value.
+_READ_AND_MARK = """
+local lease = redis.call('get', KEYS[1])
+if lease and (lease == ARGV[1] or lease == ARGV[2] .. ARGV[1]) then
+  redis.call('sadd', KEYS[2], ARGV[3])
+  redis.call('pexpire', KEYS[2], ARGV[4])
+end
+return lease
+"""
 
 
 def lease_token(owner: str, tenure: int) -> str:
@@ -97,18 +122,31 @@ class FenceMemory:
         return verdict
 
 
-def check_command(
+@contextmanager
+def carrying_out(
     client, memory: FenceMemory, job: str, token: str | None, receiver: str, command: str
-) -> Verdict:
-    """Judge a command of `job` carrying `token` against the job's lease as Redis holds it now;
-    a refusal is logged and put on the refused-commands stream (`receiver`: who refused,
-    `command`: what it was, for people reading it). No Redis read for a command without one."""
+) -> Iterator[Verdict]:
+    """Judge a command of `job` carrying `token` against the job's lease as Redis holds it now,
+    and while the body carries an accepted one out, keep the lease from changing hands (a mark
+    of the command in progress, cleared at the end). A refusal is logged and put on the
+    refused-commands stream (`receiver`: who refused, `command`: what it was, for people
+    reading it). No Redis call for a command without a token."""
     if token is None:
-        return Verdict(True)
-    verdict = memory.judge(job, token, client.get(keys.controller_lease(job)))
-    if not verdict.accepted:
-        report_refusal(client, job, receiver, command, token, verdict.reason)
-    return verdict
+        yield Verdict(True)
+        return
+    marks = keys.commands_in_progress(job)
+    mark = f"{receiver} {uuid.uuid4().hex[:12]}"
+    lease_value = client.register_script(_READ_AND_MARK)(
+        keys=[keys.controller_lease(job), marks],
+        args=[token, RELEASED_PREFIX, mark, CARRYING_OUT_MS],
+    )
+    verdict = memory.judge(job, token, lease_value)
+    try:
+        if not verdict.accepted:
+            report_refusal(client, job, receiver, command, token, verdict.reason)
+        yield verdict
+    finally:
+        client.srem(marks, mark)
 
 
 def report_refusal(client, job: str, receiver: str, command: str, token: str, reason: str) -> None:

@@ -148,6 +148,13 @@ def controller_tenure(job: str) -> str:
     return make_key(job, "controller-tenure")
 
 
+def commands_in_progress(job: str) -> str:
+    """Set of the controller commands of a job that receivers are carrying out now, each marked
+    in the step that checked its lease (spark_runtime.command_fence.carrying_out); while it is
+    not empty the job's lease does not change hands. Expires on its own."""
+    return make_key(job, "commands-in-progress")
+
+
 def refused_commands() -> str:
     """Capped stream of the controller commands receivers refused (spark_runtime.command_fence):
     job, receiver, command, token, lease, reason."""

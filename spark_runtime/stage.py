@@ -69,6 +69,8 @@ import sys
 import threading
 import time
 import traceback
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import NoReturn
 
 from spark_runtime import keys
@@ -79,7 +81,7 @@ from spark_runtime.app_stage import (
     install_checkpoint_defaults,
     make_app_listener,
 )
-from spark_runtime.command_fence import LEASE_FIELD, FenceMemory, check_command
+from spark_runtime.command_fence import LEASE_FIELD, FenceMemory, carrying_out
 from spark_runtime.config import (
     DEFAULT_REDIS_URL,
     build_session,
@@ -653,8 +655,10 @@ def supervise_queries(args, client, state: ReplicaState, runtime, stop_beats) ->
                     state.update(lag_s=lag)  # a standby's lag, current after each batch
             runtime.gate.demote_if_overdue(DEMOTE_WAIT_S)
             popped = client.blpop([keys.control(args.job, args.replica_id)], timeout=0.5)
-            if popped and obeyed(client, fence, args, command := json.loads(popped[1])):
-                result = handle_command(command, runtime, state)
+            if popped:
+                command = json.loads(popped[1])
+                with carrying_out_command(client, fence, args, command) as accepted:
+                    result = handle_command(command, runtime, state) if accepted else None
                 if result is not None:
                     code = result
                     break
@@ -777,20 +781,12 @@ def supervise_app(
         while True:
             plans.publish_new()
             popped = client.blpop([keys.control(args.job, args.replica_id)], timeout=0.5)
-            if popped and obeyed(client, fence, args, command := json.loads(popped[1])):
-                sent_at = command.get("sent_at")
-                if sent_at is not None and of_an_earlier_run(sent_at, state.info["started_at"]):
-                    # An upgrade's stop, sent to the run before this one (which ended first):
-                    # obeyed, it would stop the version that just started.
-                    log.warning("ignored command %s: sent before this process started", command)
-                    continue
-                if command.get("cmd") == "stop":
-                    log.info("control command %s: stopping the app's queries", command)
-                    run.stop()
-                    state.update(state="stopped")
-                    code = EXIT_STOPPED
-                    break
-                log.warning("ignored command %s: an app runs its own queries", command)
+            if popped:
+                command = json.loads(popped[1])
+                with carrying_out_command(client, fence, args, command) as accepted:
+                    if accepted and app_command_stops(command, run, state):
+                        code = EXIT_STOPPED
+                        break
             if run.stopping:
                 continue
             state.note(query_batches=run.batches_by_query())  # with the next heartbeat
@@ -811,14 +807,34 @@ def supervise_app(
     return code
 
 
-def obeyed(client, fence: FenceMemory, args, command: dict) -> bool:
-    """Whether to carry out `command`: a controller's only while its lease token is still
-    the job's lease (spark_runtime.command_fence)."""
-    verdict = check_command(
+def app_command_stops(command: dict, run, state) -> bool:
+    """Carry out a control command for an app's run; True when it stopped the app's queries
+    (a stop). An app runs its own queries: other commands are ignored."""
+    sent_at = command.get("sent_at")
+    if sent_at is not None and of_an_earlier_run(sent_at, state.info["started_at"]):
+        # An upgrade's stop, sent to the run before this one (which ended first): obeyed, it
+        # would stop the version that just started.
+        log.warning("ignored command %s: sent before this process started", command)
+        return False
+    if command.get("cmd") != "stop":
+        log.warning("ignored command %s: an app runs its own queries", command)
+        return False
+    log.info("control command %s: stopping the app's queries", command)
+    run.stop()
+    state.update(state="stopped")
+    return True
+
+
+@contextmanager
+def carrying_out_command(client, fence: FenceMemory, args, command: dict) -> Iterator[bool]:
+    """Whether to carry out `command`: a controller's only while its lease token is still the
+    job's lease, which stays put while the body carries it out
+    (spark_runtime.command_fence.carrying_out)."""
+    with carrying_out(
         client, fence, args.job, command.get(LEASE_FIELD), f"stage {args.replica_id}",
         str(command.get("cmd")),
-    )  # fmt: skip
-    return verdict.accepted
+    ) as verdict:  # fmt: skip
+        yield verdict.accepted
 
 
 def exit_now(code: int) -> NoReturn:

@@ -6,13 +6,15 @@ worker's main process, so the Popen handles of the stage processes live next to 
 thread that reaps them and reports their exits.
 
 This module holds the agent's Celery tasks (each checks its message, checks a controller's
-command against the job's lease through `obeyed`, and calls the work) and the worker's signal
+command against the job's lease through `fenced`, and calls the work) and the worker's signal
 hooks; the work is in workers/node/ (children, spares, replicas, faults, loops).
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 from celery import shared_task
 from celery.signals import worker_ready, worker_shutting_down
@@ -22,7 +24,7 @@ from console.policy.fault_params import KILL_EXECUTOR, KILL_WORKER
 from console.redis import redis_client
 from infra import tasks
 from infra.processes import cmdline_arg
-from spark_runtime.command_fence import FenceMemory, check_command
+from spark_runtime.command_fence import FenceMemory, carrying_out
 from spark_runtime.env import env
 from spark_runtime.generators import generator_replica_id
 from workers.node import children, faults, loops, replicas
@@ -35,15 +37,20 @@ log = logging.getLogger(__name__)
 _fence = FenceMemory()
 
 
-def obeyed(job_key: str, lease: str | None, command: str) -> bool:
+@contextmanager
+def fenced(job_key: str, lease: str | None, command: str) -> Iterator[bool]:
     """Whether to carry out a controller's `command` for `job_key` sent under `lease`: only
-    while the job's lease still holds it (spark_runtime.command_fence); a refusal is logged and
-    put on the refused-commands stream."""
+    while the job's lease still holds it, and the lease stays put while the body carries it out
+    (spark_runtime.command_fence.carrying_out); a refusal is logged and put on the
+    refused-commands stream."""
     if lease is None:
-        return True
-    with redis_client() as client:
-        verdict = check_command(client, _fence, job_key, lease, f"agent {this_node()}", command)
-    return verdict.accepted
+        yield True
+        return
+    with (
+        redis_client() as client,
+        carrying_out(client, _fence, job_key, lease, f"agent {this_node()}", command) as verdict,
+    ):
+        yield verdict.accepted
 
 
 @shared_task(**tasks.START_REPLICA.options())
@@ -76,9 +83,8 @@ def start_replica(
         raise ValueError(
             "args must carry this replica's --job and --replica-id and this node's --node"
         )
-    if not obeyed(job_key, lease, f"start {replica_id}"):
-        return 0
-    return replicas.start(module, args, replica_id, job_key, warm)
+    with fenced(job_key, lease, f"start {replica_id}") as accepted:
+        return replicas.start(module, args, replica_id, job_key, warm) if accepted else 0
 
 
 @shared_task(**tasks.START_GENERATOR.options())
@@ -128,10 +134,9 @@ def kill_replica(
             "first process of that replica id, of whichever job",
             replica_id,
         )
-        job_key = None
-    elif not obeyed(job_key, lease, f"kill {replica_id}"):
-        return False
-    return children.kill(replica_id, signal_name, job_key)
+        return children.kill(replica_id, signal_name, None)
+    with fenced(job_key, lease, f"kill {replica_id}") as accepted:
+        return children.kill(replica_id, signal_name, job_key) if accepted else False
 
 
 @shared_task(**tasks.KILL_NODE.options())

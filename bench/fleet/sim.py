@@ -21,11 +21,13 @@ core:
   events (workers.node.children._publish_exit, within EXIT_POLL_S of the exit).
 
 A controller's command carries its lease token (spark_runtime.command_fence): each simulated
-agent and each simulated stage judges it with `check_command`, the function the real ones call,
-with a FenceMemory of its own, and refuses (does not carry out) what the fence refuses. Apart
-from the fence, every controller's command carried out is audited against the job's lease read
-right after (`_audit`: stale when the lease holds neither its token nor the token released), and
-a start of a replica id of a job while that replica runs on another node is a duplicate.
+agent and each simulated stage judges it with `carrying_out`, the function the real ones call,
+with a FenceMemory of its own, and refuses (does not carry out) what the fence refuses; the
+job's lease stays put while an accepted command is carried out and audited. Apart from the
+fence, every controller's command carried out is audited against the job's lease read right
+after (`_audit`: stale when the lease holds neither its token nor the token released, or another
+controller took the job since), and a start of a replica id of a job while that replica runs on
+another node is a duplicate.
 
 What a replica reports follows its simulated life: `starting` when its process boots, `running`
 with its epoch once its (cold or warm) start is over, one batch per trigger after that. A primary
@@ -70,7 +72,7 @@ from bench.fleet.sim_model import (
 from bench.fleet.sim_stages import StageSide
 from infra import keys as control_keys
 from spark_runtime import keys as data_keys
-from spark_runtime.command_fence import RELEASED_PREFIX, FenceMemory
+from spark_runtime.command_fence import RELEASED_PREFIX, FenceMemory, tenure_of
 from spark_runtime.spare import REFILL_HOLD_S
 from spark_runtime.stage import (
     HEARTBEAT_INTERVAL,
@@ -220,19 +222,24 @@ class FleetSim(AgentSide, StageSide):
 
     def _audit(self, client, job: str, token: str, command: str, receiver: str) -> None:
         """Judge a controller's command carried out just now, apart from the fence: it is stale
-        when the job's lease, read now, holds neither its token nor the token released (its
-        sender no longer held the job)."""
-        lease = client.get(data_keys.controller_lease(job))
+        when the job's lease, read now, holds neither its token nor the token released, unless
+        it merely ran out with nobody taking the job since (the tenure counter still at the
+        command's tenure): then no other controller can have acted on the job."""
+        lease, tenure = client.mget(
+            data_keys.controller_lease(job), data_keys.controller_tenure(job)
+        )
         self.count()
         with self.lock:
             self.fence_counts["carried_out"] += 1
             if lease in (token, RELEASED_PREFIX + token):
                 return
+            if lease is None and int(tenure or 0) == tenure_of(token):
+                return
             self.fence_counts["stale_executed"] += 1
             if len(self.stale_examples) < 5:
                 self.stale_examples.append(
                     {"at": time.time(), "job": job, "command": command, "token": token,
-                     "lease": lease, "receiver": receiver}
+                     "lease": lease, "tenure": tenure, "receiver": receiver}
                 )  # fmt: skip
 
     def _beat_loop(self) -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import random
 import time
+from contextlib import nullcontext
 
 import redis
 
@@ -29,7 +30,7 @@ from infra.node_metrics import NodeUsage
 from infra.processes import STAGE_MODULE, cmdline_arg
 from infra.queues import node_queue
 from spark_runtime import keys as data_keys
-from spark_runtime.command_fence import LEASE_FIELD, check_command
+from spark_runtime.command_fence import LEASE_FIELD, Verdict, carrying_out
 from spark_runtime.generators import generator_replica_id, make_payload_factory
 from spark_runtime.jobdef import resolve_topology
 from spark_runtime.stage import (
@@ -188,17 +189,30 @@ class AgentSide:
         token = kwargs.get(LEASE_FIELD)
         about = job_named(task, args, kwargs)
         what = command_named(task, args)
-        refused = False
-        if token is not None and not late and about:
-            # A worker drops an expired message before its task runs: no fence check then.
-            verdict = check_command(
-                client, self.agent_fences[node], about, token, f"agent {node}", what
-            )
-            self.count()
+        # A worker drops an expired message before its task runs: no fence check then. A
+        # command carried out holds its job's lease still until it is audited.
+        judged = token is not None and not late and bool(about)
+        fence_check = (
+            carrying_out(client, self.agent_fences[node], about, token, f"agent {node}", what)
+            if judged
+            else nullcontext(Verdict(True))
+        )
+        with fence_check as verdict:
+            if judged:
+                self.count(2)  # the lease read with the mark, the mark cleared
             refused = not verdict.accepted
             if refused:
                 self._refused(about, what, token, verdict.reason, f"agent {node}")
-        carry_out = not late and not refused
+            carry_out = not late and not refused
+            self._carry_out(node, task, args, kwargs, popped_at, sent_at, carry_out, late, refused)
+            if token is not None and carry_out and about:
+                self._audit(client, about, token, what, f"agent {node}")
+
+    def _carry_out(
+        self, node, task, args, kwargs, popped_at, sent_at, carry_out, late, refused
+    ) -> None:
+        """Carry one decoded message out (when `carry_out`) as workers/agent.py's task would,
+        and log it with what it named."""
         job = stage = replica_id = ""
         candidates: set[tuple[str, str]] = set()
         with self.lock:
@@ -246,8 +260,6 @@ class AgentSide:
                 QueueEvent(popped_at, node, task, job, stage, replica_id, late,
                            tuple(sorted(candidates)), sent_at, refused)
             )  # fmt: skip
-        if token is not None and carry_out and about:
-            self._audit(client, about, token, what, f"agent {node}")
 
     def _queue_loop(self) -> None:
         client = redis.Redis.from_url(self.redis_url)

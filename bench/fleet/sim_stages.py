@@ -15,7 +15,7 @@ from bench.fleet.sim_model import (
 )
 from infra.queues import node_queue
 from spark_runtime import keys as data_keys
-from spark_runtime.command_fence import LEASE_FIELD, check_command
+from spark_runtime.command_fence import LEASE_FIELD, carrying_out
 from spark_runtime.progress import ProgressRecord
 from spark_runtime.stage import (
     EXIT_FAILED,
@@ -95,22 +95,22 @@ class StageSide:
             token = command.get(LEASE_FIELD) if isinstance(command, dict) else None
             receiver = f"stage {replica.replica_id}"  # as spark_runtime/stage.py says it
             what = str(command.get("cmd")) if isinstance(command, dict) else "?"
-            if token is not None:
-                # spark_runtime/stage.py: a controller's command is judged by the fence first.
-                verdict = check_command(
-                    client, self.stage_fences[replica.pid], replica.job, token, receiver, what
-                )
-                self.count()
+            fence = self.stage_fences[replica.pid]
+            # spark_runtime/stage.py: a controller's command is judged by the fence first, and
+            # its lease stays put while it is carried out (and audited).
+            with carrying_out(client, fence, replica.job, token, receiver, what) as verdict:
+                if token is not None:
+                    self.count(2)  # the lease read with the mark, the mark cleared
                 if not verdict.accepted:
                     self._refused(replica.job, what, token, verdict.reason, receiver)
                     continue
-            with self.lock:
-                self.control_log.append(
-                    ControlEvent(at, replica.job, replica.replica_id, replica.stage, command)
-                )
-            ended = self._command(client, replica, command)
-            if token is not None:
-                self._audit(client, replica.job, token, what, receiver)
+                with self.lock:
+                    self.control_log.append(
+                        ControlEvent(at, replica.job, replica.replica_id, replica.stage, command)
+                    )
+                ended = self._command(client, replica, command)
+                if token is not None:
+                    self._audit(client, replica.job, token, what, receiver)
             if ended:
                 return
 

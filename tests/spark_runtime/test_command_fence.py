@@ -52,7 +52,8 @@ def test_the_holder_named_by_a_lease_value():
 
 
 def test_a_stage_refuses_a_stalled_controllers_promotion_and_says_so():
-    # The stage's own check (spark_runtime/stage.py `obeyed`) against the real Redis.
+    # The stage's own check (spark_runtime/stage.py `carrying_out_command`) against the real
+    # Redis.
     import argparse
 
     import redis
@@ -60,7 +61,11 @@ def test_a_stage_refuses_a_stalled_controllers_promotion_and_says_so():
 
     from infra.leases import Leases
     from spark_runtime import keys
-    from spark_runtime.stage import obeyed
+    from spark_runtime.stage import carrying_out_command
+
+    def obeyed(client, memory, args, command) -> bool:
+        with carrying_out_command(client, memory, args, command) as accepted:
+            return accepted
 
     client = redis.Redis.from_url(settings.REDIS_URL, decode_responses=True)
     job = "jk-stage-fence"
@@ -83,3 +88,38 @@ def test_a_stage_refuses_a_stalled_controllers_promotion_and_says_so():
         )
     finally:
         client.delete(*ours)
+
+
+def test_a_receiver_holds_the_lease_still_while_it_carries_a_command_out(settings):
+    # The lease was given up by its holder after sending (a stop's kills): free for another
+    # controller, but not while a receiver is carrying out one of those kills.
+    import redis
+
+    from infra.leases import Leases
+    from spark_runtime import keys
+    from spark_runtime.command_fence import CARRYING_OUT_MS, carrying_out
+
+    client = redis.Redis.from_url(settings.REDIS_URL, decode_responses=True)
+    job = "jk-carrying-out"
+    marks = keys.commands_in_progress(job)
+    ours = [keys.controller_lease(job), keys.controller_tenure(job), marks]
+    client.delete(*ours)
+    try:
+        holder = Leases(client, "ctl-holder", ttl_s=30)
+        token = holder.try_acquire(job)
+        holder.release(job)
+        successor = Leases(client, "ctl-successor", ttl_s=30)
+        with carrying_out(client, FenceMemory(), job, token, "agent n1", "kill c-1") as verdict:
+            assert verdict.accepted
+            assert successor.try_acquire(job) is None, "the lease changed hands mid-command"
+            # A receiver that dies here lets go on its own, soon.
+            assert 0 < client.pttl(marks) <= CARRYING_OUT_MS
+        assert client.exists(marks) == 0
+        successor_token = successor.try_acquire(job)
+        assert successor_token is not None and tenure_of(successor_token) == 2
+        # A refused command holds nothing back.
+        with carrying_out(client, FenceMemory(), job, token, "agent n1", "kill c-1") as verdict:
+            assert not verdict.accepted
+            assert client.exists(marks) == 0
+    finally:
+        client.delete(*ours, keys.refused_commands())

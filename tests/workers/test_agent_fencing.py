@@ -13,7 +13,7 @@ from spark_runtime import keys as data_keys
 from spark_runtime.command_fence import FenceMemory
 from tests.workers.agent_children import kill_children_of
 from workers import agent
-from workers.node import children
+from workers.node import children, replicas
 
 NODE = "tn-fence"
 JOB = "jk-fence"
@@ -23,7 +23,12 @@ FAKE_STAGE = "tests.workers.sleeping_stage"
 
 @pytest.fixture(autouse=True)
 def lease_keys_cleared(redis_conn):
-    ours = [keys.controller_lease(JOB), keys.controller_tenure(JOB), data_keys.refused_commands()]
+    ours = [
+        keys.controller_lease(JOB),
+        keys.controller_tenure(JOB),
+        data_keys.commands_in_progress(JOB),
+        data_keys.refused_commands(),
+    ]
     redis_conn.delete(*ours)
     yield
     redis_conn.delete(*ours)
@@ -94,6 +99,31 @@ def test_a_stalled_controllers_start_and_kill_are_refused_and_its_successors_obe
     while processes() and time.monotonic() < deadline:
         time.sleep(0.05)
     assert processes() == []
+
+
+def test_a_lease_does_not_change_hands_while_the_agent_carries_out_its_holders_start(
+    redis_conn, stage_agent, monkeypatch
+):
+    # The lease expires (its holder paused) between the agent's check and the process start: a
+    # successor may not take the job over until the start is done, so the start never counts
+    # as a command of a controller that lost the job.
+    holder = leases.Leases(redis_conn, "ctl-holder", ttl_s=30)
+    successor = leases.Leases(redis_conn, "ctl-successor", ttl_s=30)
+    token = holder.try_acquire(JOB)
+    taken_mid_start = []
+    start_for_real = replicas.start
+
+    def start_while_the_lease_expires(*args):
+        redis_conn.delete(keys.controller_lease(JOB))
+        taken_mid_start.append(successor.try_acquire(JOB))
+        return start_for_real(*args)
+
+    monkeypatch.setattr(replicas, "start", start_while_the_lease_expires)
+    pid = start(token)
+    assert pid > 0 and processes() == [pid]
+    assert taken_mid_start == [None]
+    assert successor.try_acquire(JOB) is not None, "the lease stayed held after the start"
+    assert redis_conn.exists(data_keys.commands_in_progress(JOB)) == 0
 
 
 def test_a_command_without_a_lease_is_an_operators_and_is_carried_out(redis_conn, stage_agent):
