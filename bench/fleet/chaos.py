@@ -13,7 +13,10 @@ the controllers reconcile.
   green started beside blue by the job's controller, spark_runtime/upgrade.py). When the
   upgrade's record reaches the phase chosen for it (`starting` for the even ones: green
   started, nothing switched; `validating` for the odd ones: green writes, blue stands by), the
-  controller holding the job's lease is SIGKILLed and a replacement started at once under its
+  controller holding the job's lease is SIGKILLed, once another controller is live to take
+  its jobs over (a disruption budget of one, as a PodDisruptionBudget keeps it: kills in quick
+  succession would otherwise leave no controller while the replacements start, and a takeover
+  would wait for a replacement's start), and a replacement started at once under its
   name (the count of controllers stays as asked, as a Deployment would keep it; the schedule's
   own controller kill is started again at once too in a chaos run). 0-4 s later
   the operator's request arrives, through console.services.upgrades.request_end: a rollback
@@ -50,12 +53,14 @@ from dataclasses import asdict, dataclass, field
 import redis
 from django.db import DatabaseError, connection
 
-from bench.fleet.measure import use_database_in_this_thread
+from bench.fleet.measure import names_pid, use_database_in_this_thread
 from bench.fleet.schedule import JOB_COOLDOWN_S, PlanThread
 from console.models import Job, JobUpgrade
 from console.services import jobs as job_service
 from console.services import upgrades as upgrade_service
+from console.services.fleet import CONTROLLER_ALIVE_S
 from infra import keys as control_keys
+from infra import leases
 from spark_runtime.command_fence import holder_of
 
 log = logging.getLogger(__name__)
@@ -72,6 +77,9 @@ PHASE_WAIT_S = 300.0  # the state check (a SparkSession on a busy machine) and g
 REQUEST_DELAY_S = (0.0, 4.0)  # after the kill: before, during and after the takeover
 JOBS_PER_STOP = 40
 POLL_S = 0.2
+# How long a kill in an upgrade waits for the job's holder and another live controller: a
+# replacement's start (Celery and Django on a loaded machine) took 14 s.
+KILL_WAIT_S = 60.0
 
 
 @dataclass
@@ -148,6 +156,7 @@ class UpgradeRecord:
     killed: str = ""
     killed_pid: int | None = None
     killed_at: float | None = None
+    waited_for_another_s: float = 0.0  # the kill held back until another controller was live
     holders_before: dict = field(default_factory=dict)
     request_at: float | None = None
     request_sent: bool = False
@@ -345,28 +354,29 @@ class OperatorChaos:
         return status
 
     def _kill_holder(self, record: UpgradeRecord) -> bool:
-        """SIGKILL the controller holding the job's lease and start a replacement under its
-        name; False when no controller of the fleet held it within 10 s."""
+        """SIGKILL the controller holding the job's lease, once another controller of the fleet
+        is live, and start a replacement under its name; False when no controller of the fleet
+        held it, with another live, within KILL_WAIT_S."""
         client = redis.Redis.from_url(self.redis_url, decode_responses=True)
-        deadline = time.time() + 10.0
-        while time.time() < deadline:
+        started = time.time()
+        while time.time() < started + KILL_WAIT_S:
             owner = holder_of(client.get(control_keys.controller_lease(record.job)))
-            processes = self.fleet.processes()
-            name = next(
-                (
-                    n
-                    for n, pid in processes.items()
-                    if n.startswith("controller") and owner and f":{pid}:" in owner
-                ),
-                None,
+            live = leases.live_controllers(client, CONTROLLER_ALIVE_S)
+            controllers = {
+                n: pid for n, pid in self.fleet.processes().items() if n.startswith("controller")
+            }
+            name = next((n for n, pid in controllers.items() if names_pid(owner, pid)), None)
+            another_live = any(
+                names_pid(o, pid) for n, pid in controllers.items() if n != name for o in live
             )
-            if name is not None:
+            if name is not None and another_live:
                 values = client.mget([control_keys.controller_lease(k) for k in self.job_keys])
                 record.holders_before = {
                     k: holder_of(v) for k, v in zip(self.job_keys, values, strict=True)
                 }
-                record.killed, record.killed_pid = name, processes[name]
+                record.killed, record.killed_pid = name, controllers[name]
                 record.killed_at = time.time()
+                record.waited_for_another_s = round(record.killed_at - started, 2)
                 self.fleet.group.kill(name)
                 self.fleet.restart(name)
                 self.say(
@@ -375,7 +385,9 @@ class OperatorChaos:
                 )
                 return True
             time.sleep(POLL_S)
-        record.skipped = "no controller of the fleet held the job's lease for 10 s"
+        record.skipped = (
+            f"for {KILL_WAIT_S:g} s, no controller held the job's lease with another one live"
+        )
         return False
 
     # --- the end --------------------------------------------------------------------------------

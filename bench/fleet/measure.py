@@ -289,6 +289,12 @@ def unsupervised(
     }
 
 
+def names_pid(owner: str | None, pid: int) -> bool:
+    """Whether a controller's name (or a lease token holding it), `host:pid:nonce`
+    (console.services.fleet.FleetController), names process `pid`."""
+    return bool(owner) and f":{pid}:" in owner
+
+
 def takeover(
     lease_samples: list[tuple[float, list]],
     job_keys: list[str],
@@ -298,8 +304,7 @@ def takeover(
     status_samples: list[tuple[float, dict]],
 ) -> dict:
     """How long after the kill every job the killed controller held was held by another."""
-    marker = f":{pid}:"
-    dead = {job: tok for job, tok in holders_before.items() if tok and marker in tok}
+    dead = {job: tok for job, tok in holders_before.items() if names_pid(tok, pid)}
     method = "lease token names the pid"
     index = {job: i for i, job in enumerate(job_keys)}
     after = [(t, h) for t, h in lease_samples if t >= kill_at]
@@ -416,7 +421,7 @@ def unattended(
         if any(lease_samples[k][1][index[job]] != holder for k in range(since, i)):
             return True
         return any(
-            f":{o.pid}:" in holder and o.start <= at + answer_s and at <= o.end for o in outages
+            names_pid(holder, o.pid) and o.start <= at + answer_s and at <= o.end for o in outages
         )
 
     return check

@@ -16,7 +16,7 @@ import pytest
 import redis
 from django.core.management import call_command
 
-from bench.fleet import measure, report
+from bench.fleet import chaos, measure, report
 from bench.fleet.run import FleetConfig, run_size
 from bench.fleet.services import (
     PrivateRedis,
@@ -28,7 +28,7 @@ from bench.fleet.sim import FleetSim
 from bench.fleet.sim_model import SimTiming, decode_message
 from console.models import ControlDecision, Job
 from console.services import fleet
-from infra import tasks
+from infra import leases, tasks
 from infra.processes import STAGE_MODULE
 from infra.queues import node_queue
 from spark_runtime import keys
@@ -294,7 +294,7 @@ def test_the_simulated_agent_and_stage_refuse_a_command_of_a_lost_lease(settings
     url = settings.REDIS_URL
     client = redis.Redis.from_url(url, decode_responses=True)
     lease, queue = keys.controller_lease("j1"), node_queue("n1")
-    client.delete(lease, queue, keys.control("j1", "count-1"))
+    client.delete(lease, queue, keys.control("j1", "count-1"), keys.controller_tenure("j1"))
     refused_before = client.xlen(keys.refused_commands())
     client.set(lease, "c2#2")
     sim = FleetSim(url, ["n1"], SimTiming())
@@ -329,6 +329,15 @@ def test_the_simulated_agent_and_stage_refuse_a_command_of_a_lost_lease(settings
     # tenure is stale.
     sim._audit(client, "j1", "c1#1", "kill_replica", "agent n1")
     assert sim.fence_figures()["stale_commands_executed"] == 1
+    # A lease that ran out with nobody taking the job since (the tenure counter still at the
+    # command's): no other controller can have acted; one taken since: stale.
+    client.delete(lease)
+    client.set(keys.controller_tenure("j1"), 2)
+    sim._audit(client, "j1", "c2#2", "kill_replica", "agent n1")
+    assert sim.fence_figures()["stale_commands_executed"] == 1
+    client.set(keys.controller_tenure("j1"), 3)
+    sim._audit(client, "j1", "c2#2", "kill_replica", "agent n1")
+    assert sim.fence_figures()["stale_commands_executed"] == 2
 
 
 def test_a_replica_id_started_on_a_second_node_while_it_runs_is_a_duplicate(settings):
@@ -403,3 +412,62 @@ def test_two_hundred_jobs_on_fifty_nodes_meet_the_goals_of_issue_41(tmp_path):
     assert result["db_queries_per_job_s"] is not None and result["db_queries_per_job_s"] <= 1.0
     for page in PAGES:
         assert result["pages_p95_ms"][page] is not None and result["pages_p95_ms"][page] <= 500
+
+
+class _Group:
+    def __init__(self, killed: list[str]):
+        self.killed = killed
+
+    def kill(self, name: str) -> None:
+        self.killed.append(name)
+
+
+class _Fleet:
+    """The controllers of a chaos run as OperatorChaos sees them: names and pids, a kill and a
+    restart recorded."""
+
+    def __init__(self, pids: dict[str, int]):
+        self.pids = pids
+        self.killed: list[str] = []
+        self.restarted: list[str] = []
+        self.group = _Group(self.killed)
+
+    def processes(self) -> dict[str, int]:
+        return dict(self.pids)
+
+    def restart(self, name: str) -> None:
+        self.restarted.append(name)
+
+
+def test_a_chaos_kill_waits_until_another_controller_is_live(settings, monkeypatch):
+    # The holder of the upgraded job is the only live controller (its peers are starting):
+    # killing it would leave the jobs with nobody to take them over, so the kill waits.
+    client = redis.Redis.from_url(settings.REDIS_URL, decode_responses=True)
+    client.delete(leases.keys.controllers())
+    client.set(keys.controller_lease("j-up"), "vm:101:aa#4")
+    leases.heartbeat(client, "vm:101:aa")
+    fleet = _Fleet({"controller-1": 101, "controller-2": 102})
+    operator = chaos.OperatorChaos(
+        fleet, None, None, ["j-up"], None, 60, 1, 0, {}, settings.REDIS_URL
+    )
+    record = operator.upgrades[0]
+    record.job = "j-up"
+
+    def peer_comes_up():
+        time.sleep(0.6)
+        leases.heartbeat(client, "vm:102:bb")
+
+    threading.Thread(target=peer_comes_up, daemon=True).start()
+    try:
+        assert operator._kill_holder(record)
+        assert fleet.killed == ["controller-1"] and fleet.restarted == ["controller-1"]
+        assert record.waited_for_another_s >= 0.5
+        # With no peer ever live, no kill.
+        fleet.killed.clear()
+        client.delete(leases.keys.controllers())
+        leases.heartbeat(client, "vm:101:aa")
+        monkeypatch.setattr(chaos, "KILL_WAIT_S", 0.5)
+        assert not operator._kill_holder(chaos.UpgradeRecord(1, "starting", "rollback", "j-up"))
+        assert fleet.killed == []
+    finally:
+        client.delete(keys.controller_lease("j-up"), leases.keys.controllers())
