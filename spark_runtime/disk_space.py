@@ -3,7 +3,7 @@
 A stage whose checkpoint directory's filesystem is full fails its next batch: RocksDB's
 changelog (or Spark's offset and commit logs) cannot be written, and Spark wraps the
 `java.io.IOException: No space left on device` several exceptions deep (the one-line
-`failure_cause` of such a failure was "py4j.protocol.Py4JJavaError: An error occurred while
+cause of such a failure was "py4j.protocol.Py4JJavaError: An error occurred while
 calling o135.getResult."). The stage says instead which directory is full and how much room is
 left (`disk_full_cause`), checks before it starts its queries too (`DiskFull`: a restart while
 the disk is still full then fails in a second, without a JVM), and the supervisor treats such a

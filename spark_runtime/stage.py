@@ -63,7 +63,6 @@ import json
 import logging
 import math
 import os
-import re
 import socket
 import sys
 import threading
@@ -91,6 +90,7 @@ from spark_runtime.config import (
 from spark_runtime.cpu_priority import set_group_nice
 from spark_runtime.disk_space import DiskFull, disk_full_cause
 from spark_runtime.env import env
+from spark_runtime.failure_text import failure_cause
 from spark_runtime.jobdef import registered_app
 from spark_runtime.progress import ProgressRecord, publish_progress
 from spark_runtime.redis_client import connect
@@ -248,17 +248,6 @@ class ReplicaState:
             else:
                 pipe.delete(pace)
             pipe.execute()
-
-
-def failure_cause(error: str, limit: int = 300) -> str:
-    """One line saying why a query failed, for the replica entry the controller reads when the
-    process is not gone yet. Spark wraps a Python exception in a Java one whose message holds
-    the Python traceback; its last `Name: message` line is the cause (the first line of `error`
-    otherwise)."""
-    lines = [line.strip() for line in error.splitlines() if line.strip()]
-    raised = [line for line in lines if re.match(r"^[\w.]+(Error|Exception|Fault)\b.*:", line)]
-    cause = raised[-1] if raised else (lines[0] if lines else "unknown error")
-    return cause[:limit]
 
 
 def report_failure(state: ReplicaState, cause: str, fenced: bool = False) -> None:

@@ -36,6 +36,7 @@ from infra import leases, tasks
 from spark_runtime import keys as data_keys
 from spark_runtime import upgrade as upgrades
 from spark_runtime import upgrade_check
+from spark_runtime.failure_text import failure_cause
 from spark_runtime.replicas import PRIMARY, RUNNING
 from spark_runtime.strategies import get_strategy, in_place_refusal
 from spark_runtime.supervision import Supervisor
@@ -213,8 +214,8 @@ def dry_run(upgrade: JobUpgrade, supervisor: Supervisor, stage: str, blue: str) 
         return {"verdict": upgrade_check.UNTESTED, "batch": None, "detail": "the check timed out"}
     lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
     if done.returncode != 0 or not lines:
-        tail = (done.stderr.strip().splitlines() or ["no output"])[-1]
-        return {"verdict": upgrade_check.SPARK_REFUSES, "batch": None, "detail": tail}
+        cause = failure_cause(done.stderr) if done.stderr.strip() else "no output"
+        return {"verdict": upgrade_check.SPARK_REFUSES, "batch": None, "detail": cause}
     verdict = json.loads(lines[-1])
     if not isinstance(verdict, dict) or not {"verdict", "detail"} <= verdict.keys():
         raise ValueError(f"the check's output is no verdict: {lines[-1][:200]}")

@@ -21,6 +21,7 @@ from console.services.control.record import (
 from infra import keys as control_keys
 from infra import tasks
 from spark_runtime import keys as data_keys
+from spark_runtime.failure_text import failure_cause
 from spark_runtime.replicas import (
     HeartbeatMissed,
     HeartbeatSeen,
@@ -29,7 +30,6 @@ from spark_runtime.replicas import (
     ReplicaSpec,
     RestartStage,
 )
-from spark_runtime.stage import failure_cause
 from tests.factories import FaultFactory, NodeFactory, ReplicaFactory, make_job
 
 pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("redis_flushed")]
@@ -89,6 +89,19 @@ spark_runtime.runtime.InjectedFault: injected operator exception in stage count
 """
 
 
+# A PySpark process's stderr when the JVM could not start Python workers (abridged).
+PY4J_ERROR = """Traceback (most recent call last):
+  File "/venv/lib/python3.11/site-packages/py4j/protocol.py", line 327, in get_return_value
+    raise Py4JJavaError(
+py4j.protocol.Py4JJavaError: An error occurred while calling o73.load.
+: java.io.IOException: Cannot run program "/venv/bin/backstop-python-worker": error=2, No such \
+file or directory
+	at java.base/java.lang.ProcessBuilder.start(ProcessBuilder.java:1143)
+Caused by: java.io.IOException: error=2, No such file or directory
+	... 22 more
+"""
+
+
 def test_the_cause_of_a_failed_query_is_the_last_python_exception_line():
     assert failure_cause(SPARK_ERROR) == (
         "spark_runtime.runtime.InjectedFault: injected operator exception in stage count"
@@ -96,6 +109,11 @@ def test_the_cause_of_a_failed_query_is_the_last_python_exception_line():
     assert failure_cause("Connection refused\nmore") == "Connection refused"
     assert failure_cause("") == "unknown error"
     assert len(failure_cause("ValueError: " + "x" * 1000)) == 300
+    # py4j's wrapper says nothing; the Java exception after it does (a dry run's stderr).
+    assert failure_cause(PY4J_ERROR) == (
+        'java.io.IOException: Cannot run program "/venv/bin/backstop-python-worker": error=2, '
+        "No such file or directory"
+    )
 
 
 def fail_count_1(client, job: Job, entry: dict) -> ControlDecision:
