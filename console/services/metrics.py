@@ -178,9 +178,17 @@ def store_node_metrics(client, rows: list[MetricSample], read: dict[str, list]) 
         _advance(client, control_keys.node_metrics(name), entries)
 
 
-def recent_node_usages(client, node_name: str, count: int) -> list[dict]:
-    """The node's newest `count` usage samples, newest first (the Q score's history)."""
-    entries = client.xrevrange(control_keys.node_metrics(node_name), count=count)
+def recent_node_usages(client, node_names: list[str], count: int) -> dict[str, list[dict]]:
+    """Each node's newest `count` usage samples, newest first (the Q score's history), in one
+    round trip: a controller reads every node's each second."""
+    with client.pipeline(transaction=False) as pipe:
+        for name in node_names:
+            pipe.xrevrange(control_keys.node_metrics(name), count=count)
+        streams = pipe.execute()
+    return {name: _usages(entries) for name, entries in zip(node_names, streams, strict=True)}
+
+
+def _usages(entries) -> list[dict]:
     usages = []
     for _, fields in entries:
         # One malformed entry must not hide the node's other samples (nor fail the fleet view).

@@ -50,14 +50,15 @@ def parsed_entry(raw, what: str) -> dict | None:
 
 def alive_nodes(client) -> dict[str, dict]:
     """Nodes whose agent heartbeat is fresh, with their newest usage sample (a node whose
-    heartbeat is malformed counts as silent)."""
+    heartbeat is malformed counts as silent). One query and one round trip."""
+    names = list(Node.objects.values_list("name", flat=True))
+    beats = client.mget([control_keys.node_heartbeat(name) for name in names]) if names else []
     result = {}
-    for node in Node.objects.all():
-        beat = client.get(control_keys.node_heartbeat(node.name))
+    for name, beat in zip(names, beats, strict=True):
         if beat is not None:
-            usage = parsed_entry(beat, f"heartbeat of node {node.name}")
+            usage = parsed_entry(beat, f"heartbeat of node {name}")
             if usage is not None:
-                result[node.name] = usage
+                result[name] = usage
     return result
 
 
@@ -65,9 +66,10 @@ def node_history(client, names) -> dict:
     """node -> its recent samples as the policy's NodeSamples, newest first (malformed samples
     left out)."""
     history = {}
-    for name in names:
+    recent = metrics.recent_node_usages(client, list(names), NODE_HISTORY_SAMPLES)
+    for name, usages in recent.items():
         samples = []
-        for usage in metrics.recent_node_usages(client, name, NODE_HISTORY_SAMPLES):
+        for usage in usages:
             try:
                 samples.append(metrics.node_sample_from_usage(name, usage))
             except (KeyError, TypeError, ValueError) as exc:
