@@ -12,11 +12,17 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
 import sys
 
 from spark_runtime.config import DEFAULT_REDIS_URL, configure_logging
 from spark_runtime.env import env
 from spark_runtime.strategies import STRATEGIES
+
+
+def interrupt_on_sigterm(signum: int, _frame) -> None:
+    """SIGTERM handled as Ctrl-C: the runner stops its job's processes before it exits."""
+    raise KeyboardInterrupt(f"signal {signum}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -102,6 +108,9 @@ def main(argv: list[str] | None = None) -> int:
         standby_nice=args.standby_nice,
         params=tuple(args.param),
     )
+    # A process manager stops the runner with SIGTERM: stop the job's processes as Ctrl-C does,
+    # rather than leave them running with nobody supervising them.
+    signal.signal(signal.SIGTERM, interrupt_on_sigterm)
     runner.start()
     try:
         runner.run(duration=args.duration)
