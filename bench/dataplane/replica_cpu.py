@@ -251,15 +251,15 @@ def main(argv: list[str] | None = None) -> int:
     lines = [
         f"Command: `{COMMAND} --rates {args.rates} --wait {args.wait:g} --settle "
         f"{args.settle:g} --measure {args.measure:g}` ({time.strftime('%Y-%m-%d %H:%M')}, "
-        f"{os.cpu_count()} cores shared with other sessions' work, load average "
-        f"{os.getloadavg()[0]:.1f} at the end). Two wordcount jobs at once under the local "
-        "runner (active-all: a primary and a hot standby each, CPU priorities and the caught-up "
-        "standby's pace as in production), one with `light_input_wait_s` 0 (a batch on every "
-        f"trigger with input, as before), one with {args.wait:g} s; and one warm spare (its "
-        "state when measured in brackets: `starting` while it warms up at nice 19). Each "
-        "rate after the other, both jobs fed alike; CPU in cores (CPU seconds per second) "
-        "of each replica's processes over the measured seconds; batches/min counts "
-        "the replica's micro-batches; latency is the median of its final batches' event-time "
+        f"{os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f} at the end). Two "
+        "wordcount jobs at once under the local runner (active-all: a primary and a hot standby "
+        "each, CPU priorities and the caught-up standby's pace as in production), one with "
+        "`light_input_wait_s` 0 (a batch on every trigger with input, as before), one with "
+        f"{args.wait:g} s; and one warm spare (its state when measured in brackets: `starting` "
+        "while it warms up at nice 19). Each rate after the other, both jobs fed alike; CPU in "
+        "cores (CPU seconds per second) of each replica's processes over the measured seconds; "
+        "batches/min counts the replica's micro-batches; latency is the median of its final "
+        "batches' event-time "
         "p50.",
         "",
         *table(rows),
