@@ -63,6 +63,7 @@ class DensitySettings:
     reprotect_timeout_s: float = 180.0  # after the last fault, for promotions to be re-protected
     start_timeout_s: float = 600.0
     seed: int = 7
+    policy: tuple[tuple[str, str], ...] = ()  # `--policy FIELD=VALUE`, set for the run
 
     def __post_init__(self):
         problems = []
@@ -108,7 +109,13 @@ class Density(Soak):
         # The soak's harness wants its settings for the cluster's parts it shares (none of its
         # schedule is played here).
         super().__init__(
-            SoakSettings(minutes=1, seed=settings.seed, out=settings.out, rate=settings.rate),
+            SoakSettings(
+                minutes=1,
+                seed=settings.seed,
+                out=settings.out,
+                rate=settings.rate,
+                policy=settings.policy,
+            ),
             say,
             command,
         )

@@ -53,6 +53,7 @@ import psutil
 import redis
 from confluent_kafka import KafkaException
 from django.conf import settings as django_settings
+from django.core.exceptions import FieldDoesNotExist, ValidationError
 from django.db import DatabaseError, close_old_connections, connection, connections
 from django.utils import timezone
 
@@ -76,10 +77,11 @@ from bench.soak.schedule import (
     plan_schedule,
 )
 from bench.strategy.run import machine_description
-from console.models import Job, Replica
+from console.models import Job, Policy, Replica
 from console.redis import redis_client
 from console.services.demo_setup import DEMO_NODES, ensure_demo_nodes
 from console.services.jobs import create_job, kill_job_processes, kill_warm_spares, stop_job
+from console.services.policy import PolicyRejected, change_policy
 from console.services.recovery import audit_output
 from console.services.retention import purge_old_records
 from console.services.schedules import ensure_periodic_tasks
@@ -115,6 +117,8 @@ class SoakSettings:
     settle_s: float = 240.0  # after the schedule: how long its last events may take to be judged
     start_timeout_s: float = 900.0
     kafka: bool = False  # wordcount on Kafka, and kafka-broker faults in the mix
+    # Policy fields set for the run (`--policy FIELD=VALUE`), as an admin would before it.
+    policy: tuple[tuple[str, str], ...] = ()
 
     def __post_init__(self):
         problems = []
@@ -133,6 +137,36 @@ class SoakSettings:
 
     def schedule(self) -> list[Event]:
         return plan_schedule(self.seed, self.duration_s, self.spacing_s, event_kinds(self.kafka))
+
+
+def parse_policy(items: list[str]) -> tuple[tuple[str, str], ...]:
+    """["light_input_wait_s=2", ...] (`--policy`, repeatable) -> (("light_input_wait_s", "2"),
+    ...); ValueError naming --policy for an item without `=`. The values are checked when the
+    run sets them (`set_run_policy`)."""
+    pairs = []
+    for item in items:
+        name, sep, value = item.partition("=")
+        if not sep or not name.strip():
+            raise ValueError(f"--policy: FIELD=VALUE, not {item!r}")
+        pairs.append((name.strip(), value.strip()))
+    return tuple(pairs)
+
+
+def set_run_policy(pairs: tuple[tuple[str, str], ...]) -> dict:
+    """A new policy version with `pairs` applied, through the same checks an admin's change
+    passes (console.services.policy.change_policy: unknown fields and values out of bounds are
+    refused, naming the field); returns the fields as set. RuntimeError when refused."""
+    changes = {}
+    for name, value in pairs:
+        try:
+            changes[name] = Policy._meta.get_field(name).to_python(value)
+        except (FieldDoesNotExist, ValidationError) as exc:
+            raise RuntimeError(f"--policy {name}={value}: {exc}") from None
+    try:
+        change_policy(changes, reason="set by the run's --policy")
+    except PolicyRejected as exc:
+        raise RuntimeError("--policy: " + "; ".join(exc.errors.values())) from None
+    return {name: getattr(Policy.current(), name) for name in changes}
 
 
 @contextlib.contextmanager
@@ -271,6 +305,9 @@ class Soak(FaultPlay):
             self.say_raw(f"[soak] Kafka at {bootstrap} (log {self.out / 'logs' / 'kafka.log'})")
         nodes = ensure_demo_nodes()
         ensure_periodic_tasks()
+        if self.settings.policy:
+            self.report["policy"] = set_run_policy(self.settings.policy)
+            self.say_raw(f"[soak] policy for this run: {self.report['policy']}")
         LocalCluster(
             self.group,
             DEMO_NODES,

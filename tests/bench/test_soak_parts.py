@@ -8,6 +8,7 @@ import pytest
 
 from bench.soak import report
 from bench.soak.processes import ProcRow, base_kind, classify, totals, unowned
+from bench.soak.run import parse_policy, set_run_policy
 from bench.soak.schedule import (
     CONTROL_PLANE,
     EVENT_KINDS,
@@ -19,6 +20,7 @@ from bench.soak.schedule import (
     pick,
     plan_schedule,
 )
+from console.models import Policy
 
 # --- schedule ---------------------------------------------------------------------------------
 
@@ -341,3 +343,23 @@ def test_report_has_the_keys_the_issue_asks_for_and_is_json():
     })  # fmt: skip
     assert "| 1 | 100 s | kill-standby | x | yes | 2.0 |" in text
     assert "| every_fault_recovered | yes |" in text
+
+
+def test_a_runs_policy_is_parsed_and_set_through_an_admins_checks(db):
+    assert parse_policy(["light_input_wait_s=2", " hold_host_reserve = true"]) == (
+        ("light_input_wait_s", "2"),
+        ("hold_host_reserve", "true"),
+    )
+    with pytest.raises(ValueError, match="--policy: FIELD=VALUE"):
+        parse_policy(["light_input_wait_s"])
+    before = Policy.current().version
+    assert set_run_policy((("light_input_wait_s", "2"),)) == {"light_input_wait_s": 2.0}
+    policy = Policy.current()
+    assert (policy.version, policy.light_input_wait_s) == (before + 1, 2.0)
+    assert policy.reason == "set by the run's --policy"
+    # Refused as an admin's change would be, naming the field; nothing written.
+    with pytest.raises(RuntimeError, match="light_input_wait_s"):
+        set_run_policy((("light_input_wait_s", "99"),))
+    with pytest.raises(RuntimeError, match="no_such_field"):
+        set_run_policy((("no_such_field", "1"),))
+    assert Policy.current().version == before + 1

@@ -15,6 +15,7 @@ from bench.density.report import to_markdown
 from bench.density.run import Density, DensitySettings, parse_job_counts
 from bench.results import RESULTS_MD, write_section
 from bench.signals import exit_on_first_sigterm
+from bench.soak.run import parse_policy
 
 RESULTS_SECTION = "## Density (manage.py density)"
 
@@ -43,6 +44,14 @@ class Command(BaseCommand):
         )  # fmt: skip
         parser.add_argument("--seed", type=int, default=7)
         parser.add_argument(
+            "--policy",
+            action="append",
+            default=[],
+            metavar="FIELD=VALUE",
+            help="set a policy field for the run, as an admin would (repeatable), e.g. "
+            "light_input_wait_s=2",
+        )
+        parser.add_argument(
             "--report", default="", help="write the RESULTS.md section from this density.json"
         )
         parser.add_argument(
@@ -67,6 +76,7 @@ class Command(BaseCommand):
                 episode_timeout_s=opts["episode_timeout"],
                 reprotect_timeout_s=opts["reprotect_timeout"],
                 seed=opts["seed"],
+                policy=parse_policy(opts["policy"]),
             )
         except ValueError as exc:
             raise CommandError(str(exc)) from None

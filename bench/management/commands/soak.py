@@ -14,7 +14,7 @@ from django.core.management.base import BaseCommand, CommandError
 from bench.results import RESULTS_MD, write_section
 from bench.signals import exit_on_first_sigterm
 from bench.soak.report import to_markdown
-from bench.soak.run import Soak, SoakSettings
+from bench.soak.run import Soak, SoakSettings, parse_policy
 from bench.soak.schedule import parse_spacing
 
 RESULTS_SECTION = "## Soak (manage.py soak)"
@@ -57,6 +57,14 @@ class Command(BaseCommand):
             help="write the RESULTS.md section from this finished run's soak.json (no run)",
         )
         parser.add_argument(
+            "--policy",
+            action="append",
+            default=[],
+            metavar="FIELD=VALUE",
+            help="set a policy field for the run, as an admin would (repeatable), e.g. "
+            "light_input_wait_s=2",
+        )
+        parser.add_argument(
             "--write-results",
             action="store_true",
             help=f"also write the '{RESULTS_SECTION[3:]}' section of {RESULTS_MD.name}",
@@ -80,6 +88,7 @@ class Command(BaseCommand):
                 sample_every_s=opts["sample_every"],
                 settle_s=opts["settle"],
                 kafka=opts["kafka"],
+                policy=parse_policy(opts["policy"]),
             )
         except ValueError as exc:
             raise CommandError(str(exc)) from None
