@@ -203,16 +203,14 @@ class AgentSide:
             refused = not verdict.accepted
             if refused:
                 self._refused(about, what, token, verdict.reason, f"agent {node}")
-            carry_out = not late and not refused
-            self._carry_out(node, task, args, kwargs, popped_at, sent_at, carry_out, late, refused)
-            if token is not None and carry_out and about:
+            self._carry_out(node, task, args, kwargs, popped_at, sent_at, late, refused)
+            if judged and not refused:
                 self._audit(client, about, token, what, f"agent {node}")
 
-    def _carry_out(
-        self, node, task, args, kwargs, popped_at, sent_at, carry_out, late, refused
-    ) -> None:
-        """Carry one decoded message out (when `carry_out`) as workers/agent.py's task would,
-        and log it with what it named."""
+    def _carry_out(self, node, task, args, kwargs, popped_at, sent_at, late, refused) -> None:
+        """Carry one decoded message out (unless it expired or was refused) as workers/agent.py's
+        task would, and log it with what it named."""
+        carry_out = not late and not refused
         job = stage = replica_id = ""
         candidates: set[tuple[str, str]] = set()
         with self.lock:

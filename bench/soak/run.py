@@ -139,6 +139,18 @@ class SoakSettings:
         return plan_schedule(self.seed, self.duration_s, self.spacing_s, event_kinds(self.kafka))
 
 
+def add_policy_argument(parser) -> None:
+    """`--policy FIELD=VALUE` (repeatable), for the commands that run on the soak's cluster."""
+    parser.add_argument(
+        "--policy",
+        action="append",
+        default=[],
+        metavar="FIELD=VALUE",
+        help="set a policy field for the run, as an admin would (repeatable), e.g. "
+        "light_input_wait_s=2",
+    )
+
+
 def parse_policy(items: list[str]) -> tuple[tuple[str, str], ...]:
     """["light_input_wait_s=2", ...] (`--policy`, repeatable) -> (("light_input_wait_s", "2"),
     ...); ValueError naming --policy for an item without `=`. The values are checked when the

@@ -15,7 +15,7 @@ from bench.density.report import to_markdown
 from bench.density.run import Density, DensitySettings, parse_job_counts
 from bench.results import RESULTS_MD, write_section
 from bench.signals import exit_on_first_sigterm
-from bench.soak.run import parse_policy
+from bench.soak.run import add_policy_argument, parse_policy
 
 RESULTS_SECTION = "## Density (manage.py density)"
 
@@ -43,14 +43,7 @@ class Command(BaseCommand):
             help="seconds after the last fault for promotions to get their standby back",
         )  # fmt: skip
         parser.add_argument("--seed", type=int, default=7)
-        parser.add_argument(
-            "--policy",
-            action="append",
-            default=[],
-            metavar="FIELD=VALUE",
-            help="set a policy field for the run, as an admin would (repeatable), e.g. "
-            "light_input_wait_s=2",
-        )
+        add_policy_argument(parser)
         parser.add_argument(
             "--report", default="", help="write the RESULTS.md section from this density.json"
         )

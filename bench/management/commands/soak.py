@@ -14,7 +14,7 @@ from django.core.management.base import BaseCommand, CommandError
 from bench.results import RESULTS_MD, write_section
 from bench.signals import exit_on_first_sigterm
 from bench.soak.report import to_markdown
-from bench.soak.run import Soak, SoakSettings, parse_policy
+from bench.soak.run import Soak, SoakSettings, add_policy_argument, parse_policy
 from bench.soak.schedule import parse_spacing
 
 RESULTS_SECTION = "## Soak (manage.py soak)"
@@ -56,14 +56,7 @@ class Command(BaseCommand):
             default="",
             help="write the RESULTS.md section from this finished run's soak.json (no run)",
         )
-        parser.add_argument(
-            "--policy",
-            action="append",
-            default=[],
-            metavar="FIELD=VALUE",
-            help="set a policy field for the run, as an admin would (repeatable), e.g. "
-            "light_input_wait_s=2",
-        )
+        add_policy_argument(parser)
         parser.add_argument(
             "--write-results",
             action="store_true",
