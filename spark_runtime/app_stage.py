@@ -202,6 +202,10 @@ class AppRun:
         sys.argv = [self.app.path, *self.args]
         scope = {"__name__": "__main__", "__file__": self.app.path}
         try:
+            # The JVM keeps the active session per thread, and this thread's JVM twin has none:
+            # without it Spark's lookups that ask for it (a Python data source by name, as
+            # kafka_compat's) fail in the app where they work in a script's main thread.
+            self.spark._jvm.SparkSession.setActiveSession(self.spark._jsparkSession)
             # Compiled under the app's own path, so that tracebacks name its file and lines.
             exec(compile(self.app.source, self.app.path, "exec"), scope)  # noqa: S102
         except SystemExit as exc:

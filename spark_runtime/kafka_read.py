@@ -71,9 +71,10 @@ def broker_away(error: KafkaError) -> bool:
     return error.code() in BROKER_AWAY_CODES or bool(error.retriable())
 
 
-def committed_reader(bootstrap: str, group: str) -> Consumer:
+def committed_reader(bootstrap: str, group: str, settings: dict | None = None) -> Consumer:
     """A consumer of assigned partitions only (no group membership, no commits) that sees
-    committed records only, and says where a partition ends."""
+    committed records only, and says where a partition ends. `settings` are the caller's own
+    client settings (security, isolation level), applied on top."""
     return Consumer(
         {
             "bootstrap.servers": bootstrap,
@@ -88,6 +89,7 @@ def committed_reader(bootstrap: str, group: str) -> Consumer:
             "socket.timeout.ms": 10_000,
             "reconnect.backoff.max.ms": RECONNECT_BACKOFF_MAX_MS,
             "fetch.wait.max.ms": END_FETCH_WAIT_MS,
+            **(settings or {}),
         }
     )
 

@@ -92,6 +92,7 @@ from spark_runtime.disk_space import DiskFull, disk_full_cause
 from spark_runtime.env import env
 from spark_runtime.failure_text import failure_cause
 from spark_runtime.jobdef import registered_app
+from spark_runtime.kafka_compat import install_kafka_format
 from spark_runtime.progress import ProgressRecord, publish_progress
 from spark_runtime.redis_client import connect
 from spark_runtime.replicas import of_an_earlier_run
@@ -721,6 +722,7 @@ def run_app(args, client, state: ReplicaState, app, stop_beats, spark=None) -> i
         )
     )
     install_checkpoint_defaults(checkpoint)
+    install_kafka_format(spark)
     log.info("running app %s with arguments %s", app.path, run.args)
     run.start()
     state.update(
