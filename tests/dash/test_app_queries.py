@@ -38,6 +38,25 @@ def test_a_query_row_has_every_figure():
     assert (bare[7], bare[8]) == ("—", "none")
 
 
+def test_a_python_data_source_is_named_by_its_kafka_topics_or_its_class():
+    python_source = (
+        "org.apache.spark.sql.execution.datasources.v2.python."
+        "PythonMicroBatchStreamWithAdmissionControl@5bd0333d"
+    )
+    kafka_end = '{"lines": {"0": 28, "1": 26, "2": 26}}'
+    assert app_queries.source_label(python_source, kafka_end) == "Kafka lines"
+    assert app_queries.source_label(python_source, '{"offset": 3}') == (
+        "PythonMicroBatchStreamWithAdmissionControl"
+    )
+    # Cut offsets (too long to keep whole) do not parse: the class's name stands in.
+    assert app_queries.source_label(python_source, '{"lines": {"0": 2') == (
+        "PythonMicroBatchStreamWithAdmissionControl"
+    )
+    assert app_queries.source_label("KafkaV2[Subscribe[lines]]", kafka_end) == (
+        "KafkaV2[Subscribe[lines]]"
+    )
+
+
 def test_the_rates_figure_has_an_input_and_a_processed_line_per_query():
     history = [record("totals", 100.0, 2.0), record("large", 101.0, 1.0)]
     history.append(record("totals", 102.0, 4.0))

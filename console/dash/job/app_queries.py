@@ -5,6 +5,9 @@ no Redis."""
 
 from __future__ import annotations
 
+import json
+import re
+
 import plotly.graph_objects as go
 from dash import html
 
@@ -24,11 +27,40 @@ QUERY_COLUMNS = [
 ]
 
 
+# A JVM object's default text, `package.Class@hash`: what Spark gives as a Python data source's
+# description (an app's format("kafka") served by spark_runtime/kafka_compat.py, for one).
+OBJECT_TEXT = re.compile(r"^(?:[\w$]+\.)*([\w$]+)@[0-9a-f]+$")
+
+
+def source_label(description: str | None, end: str | None) -> str:
+    """A source's name for the table: Spark's description, except that a bare JVM object's
+    text becomes its topics when its offsets have Kafka's shape (topic -> partition -> offset),
+    else its class's name."""
+    found = OBJECT_TEXT.match(description or "")
+    if found is None:
+        return description or "?"
+    try:
+        offsets = json.loads(end or "")
+    except ValueError:
+        offsets = None
+    if (
+        isinstance(offsets, dict)
+        and offsets
+        and all(
+            isinstance(parts, dict) and all(isinstance(o, int) for o in parts.values())
+            for parts in offsets.values()
+        )
+    ):
+        return "Kafka " + ", ".join(sorted(offsets))
+    return found.group(1)
+
+
 def _sources_text(sources: list[dict]) -> str:
     parts = []
     for source in sources:
         lag = "—" if source.get("lag") is None else fmt_num(source["lag"], 0)
-        parts.append(f"{source.get('source') or '?'}: {source.get('end') or '—'} (lag {lag})")
+        label = source_label(source.get("source"), source.get("end"))
+        parts.append(f"{label}: {source.get('end') or '—'} (lag {lag})")
     return "; ".join(parts) or "—"
 
 
