@@ -546,3 +546,45 @@ def measure_switch(
             note="the progress records from before the switch are gone",
         )
     return measured
+
+
+def measure_app_faults(
+    records: list[ProgressRecord],
+    fault_times: Sequence[float],
+    *,
+    end: float,
+    watch_ended: bool,
+) -> list[FaultMeasurement]:
+    """Measure every fault of an existing app's job (spark_runtime/apps.py), oldest first.
+
+    An app's output carries no event time Backstop knows, so there is no latency band to
+    return to: an app is recovered when a batch of one of its queries completes on a primary
+    after the fault (what `manage.py bench` measures against a cold restart). Fault i is judged
+    on [fault_i, fault_{i+1}); downtime and recovery are both the time to that batch.
+    """
+    times = sorted(fault_times)
+    batches = sorted(r.at for r in records if r.is_primary)
+    measured = []
+    for index, fault_at in enumerate(times):
+        later = index + 1 < len(times)
+        until = times[index + 1] if later else max(end, fault_at)
+        first = next((t for t in batches if fault_at < t < until), None)
+        recovery = None if first is None else round(first - fault_at, 2)
+        watched = round(until - fault_at, 1) if first is None else recovery
+        note = "the app's first batch after the fault"
+        if first is None:
+            note = f"no batch of the app within {until - fault_at:.0f} s of the fault"
+        measured.append(
+            FaultMeasurement(
+                fault_at=fault_at,
+                downtime_s=recovery,
+                recovery_time_s=recovery,
+                recovered_at=first,
+                peak_p99_ms=None,
+                note=note,
+                watched_s=watched,
+                final=first is not None or later or watch_ended,
+                reference=None,
+            )
+        )
+    return measured

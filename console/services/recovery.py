@@ -29,12 +29,19 @@ from console.policy.recovery import (
     FaultMeasurement,
     RecoverySettings,
     group_fault_times,
+    measure_app_faults,
     measure_faults,
 )
 from infra import tasks
 from spark_runtime import external_io, kafka_audit, user_plan
 from spark_runtime import keys as data_keys
-from spark_runtime.jobdef import JobDefinition, Upsert, is_registered_ident, resolve_topology
+from spark_runtime.jobdef import (
+    JobDefinition,
+    Upsert,
+    is_registered_ident,
+    registered_app,
+    resolve_topology,
+)
 from spark_runtime.progress import read_progress
 from spark_runtime.topology import (
     OUT_CHANNEL,
@@ -358,15 +365,21 @@ def measure_open_episodes(job: Job, client, config: PolicyConfig, now: float | N
     if previous is not None and previous.reference is not None:
         read_from = min(read_from, previous.reference[0])
     records = read_progress(client, job.key, read_from - 5, count=PROGRESS_READ_LIMIT)
-    measured = measure_faults(
-        records,
-        faults,
-        input_started_at=started,
-        end=now - judged_until(config),
-        watch_ended=not job.is_live or now - faults[-1] > GIVE_UP_AFTER_S,
-        settings=recovery_settings(config),
-        previous=previous,
-    )
+    watch_ended = not job.is_live or now - faults[-1] > GIVE_UP_AFTER_S
+    if registered_app(job.topology) is not None:
+        measured = measure_app_faults(
+            records, faults, end=now - judged_until(config), watch_ended=watch_ended
+        )
+    else:
+        measured = measure_faults(
+            records,
+            faults,
+            input_started_at=started,
+            end=now - judged_until(config),
+            watch_ended=watch_ended,
+            settings=recovery_settings(config),
+            previous=previous,
+        )
     output_times = [r.at for r in records if r.is_output]
     closed = 0
     for episode in open_episodes:

@@ -2,7 +2,8 @@
 PySpark, `format("kafka")` in and out) on the real controller, node agents and broker:
 registered and started through the API, its process killed by a kill-driver fault and
 restarted from its checkpoint, its counts on the output topic exact against plain Python and
-no update written twice (a read_committed reader)."""
+no update written twice (a read_committed reader), its recovery episode closed at the
+restarted app's first batch."""
 
 from __future__ import annotations
 
@@ -78,10 +79,16 @@ def test_a_kafka_app_survives_the_kill_of_its_process(cluster, kafka_broker, peo
     expected += Counter(word for line in more for word in line.split())
     wait_for(lambda: output(bootstrap, out)[0] == expected, 180, "exact counts after the kill",
              poll_s=1)  # fmt: skip
+    # The episode closes at the restarted app's first batch (an app has no latency band).
     episode = wait_until(
-        lambda: RecoveryEpisode.objects.filter(job=job, fault=fault).first(), 60, "the episode"
+        lambda: RecoveryEpisode.objects.filter(
+            job=job, fault=fault, recovered_at__isnull=False
+        ).first(),
+        60,
+        "the episode closed",
     )
     assert episode.action == RecoveryEpisode.Action.RESTART_JOB
+    assert 0 < episode.recovery_time_s < 60 and episode.downtime_s == episode.recovery_time_s
     _newest, written = output(bootstrap, out)
     # A count only grows, so a (word, count) seen twice is an update written twice.
     assert len(written) == len(set(written)), "an update was written twice"

@@ -6,6 +6,7 @@ Records are one output batch a second at t + 0.5 unless a test says otherwise.""
 from console.policy.recovery import (
     RecoverySettings,
     group_fault_times,
+    measure_app_faults,
     measure_fault,
     measure_faults,
 )
@@ -165,3 +166,19 @@ def test_no_reference_before_the_warm_up_ends_is_said():
 def test_failures_moments_apart_are_one_fault():
     assert group_fault_times([100.0, 103.0, 101.0, 140.0, 146.0]) == [100.0, 140.0, 146.0]
     assert group_fault_times([]) == []
+
+
+def test_an_app_is_recovered_at_its_first_batch_after_each_fault():
+    # An app's batches (no event-time latency): every 2 s until the kill at 40, again from
+    # 47.5 after its restart; a second kill at 60 and nothing after it yet.
+    records = [progress_record(at=t, written=3, input_rows=3) for t in range(0, 40, 2)]
+    records += [progress_record(at=47.5 + t, written=0, input_rows=0) for t in range(0, 12, 2)]
+    first, second = measure_app_faults(records, [40.0, 60.0], end=80.0, watch_ended=False)
+    assert (first.recovery_time_s, first.downtime_s, first.recovered_at) == (7.5, 7.5, 47.5)
+    assert first.final and first.peak_p99_ms is None
+    assert second.recovery_time_s is None and not second.final
+    assert second.watched_s == 20.0
+    # Once the watch has ended (the job stopped, or it gave up), the unrecovered fault is final.
+    [ended] = measure_app_faults(records[-1:], [60.0], end=80.0, watch_ended=True)
+    assert ended.final and ended.recovery_time_s is None
+    assert "no batch of the app within 20 s" in ended.note
