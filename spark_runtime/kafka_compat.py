@@ -60,7 +60,15 @@ from pyspark.sql.streaming.readwriter import DataStreamReader, DataStreamWriter
 
 from spark_runtime.kafka_admin import create_missing
 from spark_runtime.kafka_plan import cut
-from spark_runtime.kafka_read import CLIENT_LOG, committed_reader, read_range, read_topic
+from spark_runtime.kafka_read import (
+    CLIENT_LOG,
+    broker_away,
+    committed_reader,
+    read_range,
+    read_topic,
+)
+from spark_runtime.kafka_sink import retrying
+from spark_runtime.sink import FencedError
 
 log = logging.getLogger(__name__)
 
@@ -275,10 +283,22 @@ class SparkKafkaStreamReader(DataSourceStreamReader):
 
     def _first_kept(self, consumer, topic: str, number: int, first: int, end: int) -> int:
         """`first`, or the earliest offset kept when retention deleted the ones before it
-        (an error unless failOnDataLoss is false, as in Spark)."""
-        low, _high = consumer.get_watermark_offsets(
-            TopicPartition(topic, number), timeout=COMMIT_TIMEOUT_S, cached=False
-        )
+        (an error unless failOnDataLoss is false, as in Spark). A broker that is away is asked
+        again until it answers, as the read that follows waits for it."""
+        delay = 0.25
+        while True:
+            try:
+                low, _high = consumer.get_watermark_offsets(
+                    TopicPartition(topic, number), timeout=BROKER_TIMEOUT_S, cached=False
+                )
+                break
+            except KafkaException as exc:
+                if not broker_away(exc.args[0]):
+                    raise
+                log.warning("kafka source: broker %s does not answer: %s", self.options.bootstrap,
+                            exc.args[0].str())  # fmt: skip
+                time.sleep(delay)
+                delay = min(delay * 2, 5.0)
         if low <= first:
             return first
         lost = min(low, end) - first
@@ -405,9 +425,11 @@ def _bytes(value) -> bytes | None:
     return str(value).encode()
 
 
-def _produce(producer: Producer, rows: list[tuple]) -> None:
+def _produce(producer: Producer, rows: list[tuple], on_delivery=None) -> None:
     for topic, partition, key, value in rows:
         extra = {} if partition is None else {"partition": int(partition)}
+        if on_delivery is not None:
+            extra["on_delivery"] = on_delivery
         while True:
             try:
                 producer.produce(topic, key=key, value=value, **extra)
@@ -463,7 +485,7 @@ class TransactionalBatches:
             options.bootstrap, [NewTopic(MARKS_TOPIC, 1, config={"cleanup.policy": "compact"})]
         )
         # Fences every earlier producer of this query (a killed app's) at the broker.
-        self.producer.init_transactions(COMMIT_TIMEOUT_S)
+        retrying(lambda: self.producer.init_transactions(COMMIT_TIMEOUT_S), self.txid)
         self.written = self._marked_batch()
 
     @classmethod
@@ -493,15 +515,18 @@ class TransactionalBatches:
                 _produce(self.producer, rows)
                 mark = json.dumps({"batch": batch_id, "query": self.options.query})
                 self.producer.produce(MARKS_TOPIC, key=self.txid, value=mark)
-                self.producer.commit_transaction(COMMIT_TIMEOUT_S)
+                retrying(lambda: self.producer.commit_transaction(COMMIT_TIMEOUT_S), self.txid)
                 break
+            except FencedError:
+                TransactionalBatches._open.pop(self.txid, None)  # a newer run writes now
+                raise
             except KafkaException as exc:
                 if not exc.args[0].txn_requires_abort():
                     TransactionalBatches._open.pop(self.txid, None)
                     raise
                 log.warning("kafka sink: transaction aborted (%s); writing it again",
                             exc.args[0].str())  # fmt: skip
-                self.producer.abort_transaction(COMMIT_TIMEOUT_S)
+                retrying(lambda: self.producer.abort_transaction(COMMIT_TIMEOUT_S), self.txid)
         self.written = batch_id
 
 
@@ -520,10 +545,19 @@ class SparkKafkaBatchWriter(DataSourceWriter):
             producer = _producers[key] = Producer(
                 {**settings, "logger": CLIENT_LOG, "linger.ms": 5}
             )
-        _produce(producer, _rows(self.options, iterator))
-        left = producer.flush(COMMIT_TIMEOUT_S)
-        if left:
-            raise KafkaException(KafkaError(KafkaError._TIMED_OUT, f"{left} records not delivered"))
+        failed: list[KafkaError] = []
+
+        def delivered(error, _message) -> None:
+            if error is not None:
+                failed.append(error)
+
+        _produce(producer, _rows(self.options, iterator), delivered)
+        # A broker that is away is waited for; a record it never took fails the task.
+        while producer.flush(COMMIT_TIMEOUT_S):
+            log.warning("kafka sink: waiting for %s to take a batch's records",
+                        self.options.bootstrap)  # fmt: skip
+        if failed:
+            raise KafkaException(failed[0])
         return WriterCommitMessage()
 
 

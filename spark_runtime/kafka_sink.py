@@ -81,6 +81,27 @@ def committed_marks(bootstrap: str, topic: str, job: str, stage: str) -> dict[st
     return marks
 
 
+def retrying(call, what: str) -> None:
+    """Run a transactional call of `what`'s producer, waiting out a broker that does not answer
+    (retriable errors); a fenced producer raises FencedError."""
+    delay = 0.5
+    while True:
+        try:
+            call()
+            return
+        except KafkaException as exc:
+            error = exc.args[0]
+            if error.code() in (KafkaError._FENCED, KafkaError.PRODUCER_FENCED) or (
+                error.fatal() and "fenc" in error.str().lower()
+            ):
+                raise FencedError(f"kafka producer of {what} fenced: {error.str()}") from None
+            if not error.retriable():
+                raise
+            log.warning("kafka producer of %s: %s; retrying", what, error.str())
+            time.sleep(delay)
+            delay = min(delay * 2, 5.0)
+
+
 def record_of(sink: str, record) -> tuple[str, dict]:
     """The Kafka key and JSON value of one sink record (a results row or an emitted record)."""
     if isinstance(record, HashRow):
@@ -138,32 +159,11 @@ class KafkaResultWriter:
         """Become the stage's Kafka writer under Redis epoch `epoch`: fence every older producer
         of the stage at the broker, then learn what it had committed."""
         producer = self._make_producer()
-        self._retrying(lambda: producer.init_transactions(COMMIT_TIMEOUT_S))
+        retrying(lambda: producer.init_transactions(COMMIT_TIMEOUT_S), self.stage)
         self.marks = committed_marks(self.sink.bootstrap, self.sink.topic, self.job, self.stage)
         self.epoch = epoch
         log.info("kafka sink %s: writer of %s at epoch %s, marks %s",
                  self.sink.topic, self.stage, epoch, self.marks)  # fmt: skip
-
-    def _retrying(self, call) -> None:
-        """Run a transactional call, waiting out a broker that does not answer (retriable
-        errors); a fenced producer raises FencedError."""
-        delay = 0.5
-        while True:
-            try:
-                call()
-                return
-            except KafkaException as exc:
-                error = exc.args[0]
-                if error.code() in (KafkaError._FENCED, KafkaError.PRODUCER_FENCED) or (
-                    error.fatal() and "fenc" in error.str().lower()
-                ):
-                    message = f"kafka producer of {self.stage} fenced: {error.str()}"
-                    raise FencedError(message) from None
-                if not error.retriable():
-                    raise
-                log.warning("kafka sink %s: %s; retrying", self.sink.topic, error.str())
-                time.sleep(delay)
-                delay = min(delay * 2, 5.0)
 
     def _check_epoch(self) -> None:
         current = self.client.get(keys.fence(self.job, self.stage)) or "0"
@@ -191,13 +191,13 @@ class KafkaResultWriter:
                     key=f"{self.job}|{self.stage}|{sink}",
                     value=json.dumps({"version": new_mark}),
                 )
-                self._retrying(lambda: self.producer.commit_transaction(COMMIT_TIMEOUT_S))
+                retrying(lambda: self.producer.commit_transaction(COMMIT_TIMEOUT_S), self.stage)
                 break
             except KafkaException as exc:
                 if not exc.args[0].txn_requires_abort():
                     raise
                 log.warning("kafka sink %s: transaction aborted (%s); writing it again",
                             self.sink.topic, exc.args[0].str())  # fmt: skip
-                self._retrying(lambda: self.producer.abort_transaction(COMMIT_TIMEOUT_S))
+                retrying(lambda: self.producer.abort_transaction(COMMIT_TIMEOUT_S), self.stage)
         self.marks[sink] = new_mark
         return len(fresh)

@@ -100,6 +100,7 @@ def local_id(replica: Replica) -> str:
     return replica.local_id
 
 
+@pytest.mark.slow  # 162 s on CI: in a slice (tests/slow_slices.txt) to keep bin/test near 30 min
 def test_adaptive_survives_controller_restart_and_kill_driver(cluster):
     client = redis_client(decode_responses=False)
     job = launch("adaptive", LINES)

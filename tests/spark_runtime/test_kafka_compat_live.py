@@ -1,13 +1,15 @@
 """An unmodified app written for Spark's Kafka connector, run on a real broker and a real
 SparkSession through `install_kafka_format` (spark_runtime/kafka_compat.py): its word counts
-on the output topic are exact across a restart from the checkpoint, a restarted writer fences
-its predecessor at the broker, a batch already written is not written again, and a
-foreachBatch app's batch writes arrive."""
+on the output topic are exact across a restart from the checkpoint and across a broker
+outage, a restarted writer fences its predecessor at the broker, a batch already written is
+not written again, and a foreachBatch app's batch writes arrive."""
 
 from __future__ import annotations
 
 import json
 import sys
+import threading
+import time
 from collections import Counter
 
 import pytest
@@ -22,6 +24,7 @@ from spark_runtime.kafka_compat import (
     WriterOptions,
     install_kafka_format,
 )
+from spark_runtime.sink import FencedError
 from tests.conftest import wait_until
 from tests.kafka_topics import committed
 
@@ -107,11 +110,13 @@ def topics(bootstrap: str, prefix: str, partitions: int = 3) -> tuple[str, str]:
     return source, out
 
 
-def produce(bootstrap: str, topic: str, lines: list[str]) -> None:
+def produce(bootstrap: str, topic: str, lines: list[str], every_s: float = 0.0) -> None:
     producer = Producer({"bootstrap.servers": bootstrap})
     for i, line in enumerate(lines):
         producer.produce(topic, value=line.encode(), partition=i % 3)
-    assert producer.flush(30) == 0
+        producer.poll(0)
+        time.sleep(every_s)
+    assert producer.flush(60) == 0
 
 
 def latest_counts(bootstrap: str, topic: str) -> tuple[dict[str, int], list[tuple]]:
@@ -155,6 +160,30 @@ def test_an_unmodified_kafka_app_counts_exactly_once_across_a_restart(
     assert run.error is None
 
 
+def test_the_app_goes_on_exactly_across_a_broker_outage(spark, kafka_broker, tmp_path):
+    bootstrap = kafka_broker.bootstrap_servers
+    source, out = topics(bootstrap, "compat-outage")
+    first = [f"o{i % 5} base" for i in range(50)]
+    produce(bootstrap, source, first)
+    install_checkpoint_defaults(str(tmp_path / "replica"))
+    run = run_app(spark, WORDCOUNT_APP, [bootstrap, source, out])
+    expected = Counter(w for line in first for w in line.split())
+    wait_until(lambda: latest_counts(bootstrap, out)[0] == expected, 120, "the first counts")
+    # Lines keep coming while the broker is killed for 5 s (the producer holds them meanwhile).
+    during = [f"o{i % 3} during" for i in range(150)]
+    feeder = threading.Thread(target=lambda: produce(bootstrap, source, during, every_s=0.1))
+    feeder.start()
+    time.sleep(3)
+    kafka_broker.stop_for(5)
+    feeder.join(120)
+    expected += Counter(w for line in during for w in line.split())
+    wait_until(lambda: latest_counts(bootstrap, out)[0] == expected, 180, "the counts after")
+    run.stop()
+    assert run.error is None
+    _latest, written = latest_counts(bootstrap, out)
+    assert len(written) == len(set(written)), "a (word, count) update was written twice"
+
+
 def test_a_restarted_writer_fences_the_old_one_and_skips_a_written_batch(kafka_broker, tmp_path):
     bootstrap = kafka_broker.bootstrap_servers
     _source, out = topics(bootstrap, "compat-fence")
@@ -164,7 +193,7 @@ def test_a_restarted_writer_fences_the_old_one_and_skips_a_written_batch(kafka_b
     # The app restarts in another process: its writer of the same query fences the old one.
     new = TransactionalBatches(options)
     assert new.written == 0, "the new writer reads the batch the old one committed"
-    with pytest.raises(KafkaException):
+    with pytest.raises((KafkaException, FencedError)):
         old.write(1, [(out, None, b"zombie", b"1")])
     new.write(0, [(out, None, b"a", b"1")])  # batch 0 run again: already written
     new.write(1, [(out, None, b"b", b"1")])
