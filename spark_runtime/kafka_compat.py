@@ -62,8 +62,8 @@ from spark_runtime.kafka_admin import create_missing
 from spark_runtime.kafka_plan import cut
 from spark_runtime.kafka_read import (
     CLIENT_LOG,
-    broker_away,
     committed_reader,
+    low_watermark,
     read_range,
     read_topic,
 )
@@ -285,20 +285,7 @@ class SparkKafkaStreamReader(DataSourceStreamReader):
         """`first`, or the earliest offset kept when retention deleted the ones before it
         (an error unless failOnDataLoss is false, as in Spark). A broker that is away is asked
         again until it answers, as the read that follows waits for it."""
-        delay = 0.25
-        while True:
-            try:
-                low, _high = consumer.get_watermark_offsets(
-                    TopicPartition(topic, number), timeout=BROKER_TIMEOUT_S, cached=False
-                )
-                break
-            except KafkaException as exc:
-                if not broker_away(exc.args[0]):
-                    raise
-                log.warning("kafka source: broker %s does not answer: %s", self.options.bootstrap,
-                            exc.args[0].str())  # fmt: skip
-                time.sleep(delay)
-                delay = min(delay * 2, 5.0)
+        low = low_watermark(consumer, topic, number, BROKER_TIMEOUT_S, self._broker_away)
         if low <= first:
             return first
         lost = min(low, end) - first
@@ -310,6 +297,10 @@ class SparkKafkaStreamReader(DataSourceStreamReader):
             raise RuntimeError(message + " (set failOnDataLoss to false to skip them)")
         log.warning("kafka source: %s; skipped (failOnDataLoss false)", message)
         return min(low, end)
+
+    def _broker_away(self, _waited_s: float, error: KafkaError) -> None:
+        log.warning("kafka source: broker %s does not answer: %s", self.options.bootstrap,
+                    error.str())  # fmt: skip
 
     def commit(self, end: Offsets) -> None:
         return None  # Spark's source commits nothing to Kafka either
@@ -601,7 +592,7 @@ def install_kafka_format(spark) -> bool:
     if not getattr(DataStreamReader.format, "_backstop_kafka", False):
         DataStreamReader.format = _mapped_format(DataStreamReader.format)
     if not getattr(DataFrameWriter.format, "_backstop_kafka", False):
-        DataFrameWriter.format = _mapped_batch_format(DataFrameWriter.format)
+        DataFrameWriter.format = _mapped_format(DataFrameWriter.format, append=True)
     if not getattr(DataStreamWriter.start, "_backstop_kafka", False):
         _wrap_stream_writer()
     log.info('format("kafka") is Backstop\'s Kafka source and sink (no Spark connector)')
@@ -612,21 +603,16 @@ def _is_kafka(source) -> bool:
     return str(source).lower() == "kafka"
 
 
-def _mapped_format(original):
-    def format_(self, source):
-        return original(self, FORMAT_NAME if _is_kafka(source) else source)
+def _mapped_format(original, append: bool = False):
+    """`original` with `format("kafka")` meaning FORMAT_NAME; `append` for a batch writer:
+    Spark's Kafka sink takes the default save mode (error if exists), a Python data source only
+    append or overwrite, and a batch write to Kafka appends, as Spark's does."""
 
-    format_._backstop_kafka = True
-    return format_
-
-
-def _mapped_batch_format(original):
-    # Spark's Kafka sink takes the default save mode (error if exists), a Python data source
-    # only append or overwrite: a batch write to Kafka appends, as Spark's does.
     def format_(self, source):
         if not _is_kafka(source):
             return original(self, source)
-        return original(self, FORMAT_NAME).mode("append")
+        mapped = original(self, FORMAT_NAME)
+        return mapped.mode("append") if append else mapped
 
     format_._backstop_kafka = True
     return format_

@@ -40,6 +40,9 @@ RECONNECT_BACKOFF_MAX_MS = 1000
 # holds, so a short wait costs only fetches repeated while a partition has nothing new.
 END_FETCH_WAIT_MS = 10
 
+# A reader waiting for a broker that is away asks again after this long at most.
+WAIT_RETRY_MAX_S = 1.0
+
 # Errors of a broker that is away or just back (its partitions' leaders not known yet), which
 # a client outlives: a read or a write waits them out.
 BROKER_AWAY_CODES = frozenset(
@@ -92,6 +95,27 @@ def committed_reader(bootstrap: str, group: str, settings: dict | None = None) -
             **(settings or {}),
         }
     )
+
+
+def low_watermark(consumer: Consumer, topic: str, partition: int, timeout_s: float,
+                  on_wait=None) -> int:  # fmt: skip
+    """The earliest offset `topic[partition]` keeps, asked of the broker until it answers: a
+    broker that is away (`broker_away`) is asked again, doubling the wait from 0.25 s up to
+    WAIT_RETRY_MAX_S, and each such error goes to `on_wait(timeout_s, error)`."""
+    delay = 0.25
+    while True:
+        try:
+            low, _high = consumer.get_watermark_offsets(
+                TopicPartition(topic, partition), timeout=timeout_s, cached=False
+            )
+            return low
+        except KafkaException as exc:
+            if not broker_away(exc.args[0]):
+                raise
+            if on_wait is not None:
+                on_wait(timeout_s, exc.args[0])
+            time.sleep(delay)
+            delay = min(delay * 2, WAIT_RETRY_MAX_S)
 
 
 def read_range(

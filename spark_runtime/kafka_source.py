@@ -51,8 +51,8 @@ from spark_runtime.kafka_plan import (
 from spark_runtime.kafka_read import (
     CLIENT_LOG,
     RECONNECT_BACKOFF_MAX_MS,
-    broker_away,
     committed_reader,
+    low_watermark,
     read_range,
 )
 from spark_runtime.redis_client import connect
@@ -70,8 +70,6 @@ LAG_EVERY_S = 1.0
 # While the broker answers, the driver deletes a source cause this often even if it wrote none:
 # a worker that waited for the broker and died before it could delete its own.
 CLEAR_EVERY_S = 5.0
-# A worker waiting for the broker asks again after this long at most (doubling from 0.25 s).
-WORKER_RETRY_MAX_S = 1.0
 # Stats fields (keys.stats): the current cause of a stalled source, offsets skipped as lost.
 SOURCE_CAUSE = "kafka:source"
 SKIPPED = "kafka:skipped"
@@ -386,28 +384,11 @@ class KafkaPlanReader(DataSourceStreamReader):
         pos = position(part.plan_ms, part.base + offset - part.first)
         return (pos, f"{part.partition}:{offset}", rid, int(ts), *values), None
 
-    def _low_watermark(self, consumer, partition: int, waiting: WorkerWait) -> int:
-        """The partition's earliest offset kept, asked of the broker until it answers."""
-        delay = 0.25
-        while True:
-            try:
-                low, _high = consumer.get_watermark_offsets(
-                    TopicPartition(self.topic, partition), timeout=BROKER_TIMEOUT_S, cached=False
-                )
-            except KafkaException as exc:
-                if not broker_away(exc.args[0]):
-                    raise
-                waiting.waiting(BROKER_TIMEOUT_S, exc.args[0])
-                time.sleep(delay)
-                delay = min(delay * 2, WORKER_RETRY_MAX_S)
-                continue
-            waiting.answered()
-            return low
-
     def _check_lost(self, consumer, part: Segment, waiting: WorkerWait) -> int:
         """Where to start reading `part`: its first offset, or the earliest one kept when
         retention deleted offsets before them (counted when loss is accepted, else raised)."""
-        low = self._low_watermark(consumer, part.partition, waiting)
+        low = low_watermark(consumer, self.topic, part.partition, BROKER_TIMEOUT_S, waiting.waiting)
+        waiting.answered()
         if low <= part.first:
             return part.first
         lost = min(low, part.end) - part.first

@@ -1,9 +1,12 @@
-"""Reading a Kafka topic in the tests, in plain Python (never through spark_runtime's readers,
-whose behaviour the tests check): every committed record, partition by partition."""
+"""Reading and writing a Kafka topic in the tests, in plain Python (never through
+spark_runtime's readers and writers, whose behaviour the tests check): every committed record,
+partition by partition; the (key, count) updates of a word count; lines of input."""
 
 from __future__ import annotations
 
-from confluent_kafka import Consumer, KafkaError, TopicPartition
+import time
+
+from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
 
 
 def committed(bootstrap: str, topic: str) -> list[tuple[int, int, bytes | None, bytes]]:
@@ -33,3 +36,23 @@ def committed(bootstrap: str, topic: str) -> list[tuple[int, int, bytes | None, 
         return out
     finally:
         consumer.close()
+
+
+def counts_written(bootstrap: str, topic: str) -> tuple[dict[str, int], list[tuple[str, int]]]:
+    """The newest count of each key of a word count's output topic (key the word, value the
+    count as text), and every (word, count) written, in order."""
+    written = [(k.decode(), int(v)) for _p, _o, k, v in committed(bootstrap, topic)]
+    return dict(written), written
+
+
+def produce_lines(
+    bootstrap: str, topic: str, lines: list[str], partitions: int = 3, every_s: float = 0.0
+) -> None:
+    """Write each line as a record's value, round robin over `partitions`, `every_s` apart,
+    and wait until the broker has taken all of them."""
+    producer = Producer({"bootstrap.servers": bootstrap})
+    for i, line in enumerate(lines):
+        producer.produce(topic, value=line.encode(), partition=i % partitions)
+        producer.poll(0)
+        time.sleep(every_s)
+    assert producer.flush(60) == 0

@@ -10,7 +10,6 @@ from __future__ import annotations
 from collections import Counter
 
 import pytest
-from confluent_kafka import Producer
 from confluent_kafka.admin import NewTopic
 from rest_framework.test import APIClient
 
@@ -19,7 +18,7 @@ from infra.launcher import wait_for
 from spark_runtime.kafka_admin import create_missing
 from tests.conftest import wait_until
 from tests.integration.live import api, inject
-from tests.kafka_topics import committed
+from tests.kafka_topics import counts_written, produce_lines
 
 pytestmark = [
     pytest.mark.slow,
@@ -28,19 +27,6 @@ pytestmark = [
     pytest.mark.django_db(transaction=True),
     pytest.mark.usefixtures("jobs_dir", "people"),
 ]
-
-
-def produce(bootstrap: str, topic: str, lines: list[str]) -> None:
-    producer = Producer({"bootstrap.servers": bootstrap})
-    for i, line in enumerate(lines):
-        producer.produce(topic, value=line.encode(), partition=i % 3)
-    assert producer.flush(30) == 0
-
-
-def output(bootstrap: str, topic: str) -> tuple[dict[str, int], list[tuple[str, int]]]:
-    """The newest count of each word on the output topic, and every (word, count) written."""
-    written = [(k.decode(), int(v)) for _p, _o, k, v in committed(bootstrap, topic)]
-    return dict(written), written
 
 
 def test_a_kafka_app_survives_the_kill_of_its_process(cluster, kafka_broker, people):
@@ -54,7 +40,7 @@ def test_a_kafka_app_survives_the_kill_of_its_process(cluster, kafka_broker, peo
     )
     assert registered.status_code == 201, registered.content
     lines = [f"w{i % 11} w{i % 4} every" for i in range(300)]
-    produce(bootstrap, source, lines)
+    produce_lines(bootstrap, source, lines)
     response = api().post(
         "/api/jobs/",
         {"name": "it-kafka-app", "topology": "kwc@1", "strategy": "restart-all",
@@ -71,14 +57,17 @@ def test_a_kafka_app_survives_the_kill_of_its_process(cluster, kafka_broker, peo
         ),
     )
     expected = Counter(word for line in lines for word in line.split())
-    wait_for(lambda: output(bootstrap, out)[0] == expected, 180, "the first counts", poll_s=1)
+
+    def newest() -> dict[str, int]:
+        return counts_written(bootstrap, out)[0]
+
+    wait_for(lambda: newest() == expected, 180, "the first counts", poll_s=1)
 
     fault = inject(job, {"kind": "kill-driver", "target_operator": "app"})
     more = [f"w{i % 7} after" for i in range(200)]
-    produce(bootstrap, source, more)
+    produce_lines(bootstrap, source, more)
     expected += Counter(word for line in more for word in line.split())
-    wait_for(lambda: output(bootstrap, out)[0] == expected, 180, "exact counts after the kill",
-             poll_s=1)  # fmt: skip
+    wait_for(lambda: newest() == expected, 180, "exact counts after the kill", poll_s=1)
     # The episode closes at the restarted app's first batch (an app has no latency band).
     episode = wait_until(
         lambda: RecoveryEpisode.objects.filter(
@@ -89,7 +78,7 @@ def test_a_kafka_app_survives_the_kill_of_its_process(cluster, kafka_broker, peo
     )
     assert episode.action == RecoveryEpisode.Action.RESTART_JOB
     assert 0 < episode.recovery_time_s < 60 and episode.downtime_s == episode.recovery_time_s
-    _newest, written = output(bootstrap, out)
+    _newest, written = counts_written(bootstrap, out)
     # A count only grows, so a (word, count) seen twice is an update written twice.
     assert len(written) == len(set(written)), "an update was written twice"
 

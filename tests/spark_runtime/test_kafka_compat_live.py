@@ -13,7 +13,7 @@ import time
 from collections import Counter
 
 import pytest
-from confluent_kafka import KafkaException, Producer
+from confluent_kafka import KafkaException
 from confluent_kafka.admin import NewTopic
 
 from spark_runtime.app_stage import AppRun, install_checkpoint_defaults
@@ -26,7 +26,7 @@ from spark_runtime.kafka_compat import (
 )
 from spark_runtime.sink import FencedError
 from tests.conftest import wait_until
-from tests.kafka_topics import committed
+from tests.kafka_topics import committed, counts_written, produce_lines
 
 pytestmark = [pytest.mark.spark, pytest.mark.kafka]
 
@@ -110,21 +110,6 @@ def topics(bootstrap: str, prefix: str, partitions: int = 3) -> tuple[str, str]:
     return source, out
 
 
-def produce(bootstrap: str, topic: str, lines: list[str], every_s: float = 0.0) -> None:
-    producer = Producer({"bootstrap.servers": bootstrap})
-    for i, line in enumerate(lines):
-        producer.produce(topic, value=line.encode(), partition=i % 3)
-        producer.poll(0)
-        time.sleep(every_s)
-    assert producer.flush(60) == 0
-
-
-def latest_counts(bootstrap: str, topic: str) -> tuple[dict[str, int], list[tuple]]:
-    """The newest count of each word on the output topic, and every (word, count) written."""
-    written = [(k.decode(), int(v)) for _p, _o, k, v in committed(bootstrap, topic)]
-    return dict(written), written
-
-
 def run_app(spark, source: str, args: list[str]) -> AppRun:
     run = AppRun(spark, AppDefinition("t", "apps/t.py", source), args)
     run.start()
@@ -137,11 +122,11 @@ def test_an_unmodified_kafka_app_counts_exactly_once_across_a_restart(
     bootstrap = kafka_broker.bootstrap_servers
     source, out = topics(bootstrap, "compat-wc")
     first = [f"w{i % 7} w{i % 3} shared" for i in range(150)]
-    produce(bootstrap, source, first)
+    produce_lines(bootstrap, source, first)
     install_checkpoint_defaults(str(tmp_path / "replica"))
     run = run_app(spark, WORDCOUNT_APP, [bootstrap, source, out])
     expected = Counter(w for line in first for w in line.split())
-    wait_until(lambda: latest_counts(bootstrap, out)[0] == expected, 120, "the first counts")
+    wait_until(lambda: counts_written(bootstrap, out)[0] == expected, 120, "the first counts")
     # Several batches (maxOffsetsPerTrigger 40 of 150 records), each in its own transaction.
     assert len(spark.streams.active) == 1
     run.stop()
@@ -149,12 +134,12 @@ def test_an_unmodified_kafka_app_counts_exactly_once_across_a_restart(
     # The same app again, from the checkpoint the first run left (query-counts: a restart
     # after a kill, as a new stage process starts it).
     second = [f"w{i % 5} late" for i in range(60)]
-    produce(bootstrap, source, second)
+    produce_lines(bootstrap, source, second)
     run = run_app(spark, WORDCOUNT_APP, [bootstrap, source, out])
     expected += Counter(w for line in second for w in line.split())
-    wait_until(lambda: latest_counts(bootstrap, out)[0] == expected, 120, "the counts after")
+    wait_until(lambda: counts_written(bootstrap, out)[0] == expected, 120, "the counts after")
     run.stop()
-    _latest, written = latest_counts(bootstrap, out)
+    _latest, written = counts_written(bootstrap, out)
     assert len(written) == len(set(written)), "a (word, count) update was written twice"
     assert max(c for w, c in written if w == "shared") == 150
     assert run.error is None
@@ -164,23 +149,23 @@ def test_the_app_goes_on_exactly_across_a_broker_outage(spark, kafka_broker, tmp
     bootstrap = kafka_broker.bootstrap_servers
     source, out = topics(bootstrap, "compat-outage")
     first = [f"o{i % 5} base" for i in range(50)]
-    produce(bootstrap, source, first)
+    produce_lines(bootstrap, source, first)
     install_checkpoint_defaults(str(tmp_path / "replica"))
     run = run_app(spark, WORDCOUNT_APP, [bootstrap, source, out])
     expected = Counter(w for line in first for w in line.split())
-    wait_until(lambda: latest_counts(bootstrap, out)[0] == expected, 120, "the first counts")
+    wait_until(lambda: counts_written(bootstrap, out)[0] == expected, 120, "the first counts")
     # Lines keep coming while the broker is killed for 5 s (the producer holds them meanwhile).
     during = [f"o{i % 3} during" for i in range(150)]
-    feeder = threading.Thread(target=lambda: produce(bootstrap, source, during, every_s=0.1))
+    feeder = threading.Thread(target=lambda: produce_lines(bootstrap, source, during, every_s=0.1))
     feeder.start()
     time.sleep(3)
     kafka_broker.stop_for(5)
     feeder.join(120)
     expected += Counter(w for line in during for w in line.split())
-    wait_until(lambda: latest_counts(bootstrap, out)[0] == expected, 180, "the counts after")
+    wait_until(lambda: counts_written(bootstrap, out)[0] == expected, 180, "the counts after")
     run.stop()
     assert run.error is None
-    _latest, written = latest_counts(bootstrap, out)
+    _latest, written = counts_written(bootstrap, out)
     assert len(written) == len(set(written)), "a (word, count) update was written twice"
 
 
@@ -204,7 +189,7 @@ def test_a_foreach_batch_app_writes_its_batches_to_kafka(spark, kafka_broker, tm
     bootstrap = kafka_broker.bootstrap_servers
     source, out = topics(bootstrap, "compat-fb")
     lines = [json.dumps({"n": i}) for i in range(30)]
-    produce(bootstrap, source, lines)
+    produce_lines(bootstrap, source, lines)
     install_checkpoint_defaults(str(tmp_path / "replica"))
     run = run_app(spark, FOREACH_BATCH_APP, [bootstrap, source, out])
     want = sorted(line.upper() for line in lines)
