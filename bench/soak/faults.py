@@ -28,7 +28,7 @@ from bench.soak.schedule import (
     pick,
 )
 from bench.strategy.run import bench_user
-from console.models import FaultInjection, Job, Node, Replica
+from console.models import FaultInjection, Job, Node, RecoveryEpisode, Replica
 from console.policy.recovery_phases import phase_seconds
 from console.redis import redis_client
 from console.services.demo_setup import DEMO_NODES
@@ -89,6 +89,13 @@ def broker_back_at(job: Job, fault: FaultInjection) -> float | None:
     if record is None or record.fault != fault.pk or record.state != UP:
         return None
     return record.back_at
+
+
+def promotion_reprotect_s(episodes: list[RecoveryEpisode]) -> float | None:
+    """Seconds until the last of a fault's promoted stages was protected again (a new standby
+    caught up); None while one is not."""
+    times = [e.reprotect_s for e in episodes if e.action == RecoveryEpisode.Action.PROMOTE]
+    return None if None in times else max(times)
 
 
 class FaultPlay:
@@ -233,6 +240,21 @@ class FaultPlay:
                 why += "; no output since"
         self.conclude(pending, False, None, why)
 
+    def unprotected_promotions(self) -> list[dict]:
+        """The fault rows whose promotions had no new standby caught up when judged, their
+        `reprotect_s` read again from their episodes."""
+        waiting = []
+        for row in self.faults:
+            if "reprotect_s" not in row or row["reprotect_s"] is not None:
+                continue
+            pks = [phase["episode"] for phase in row["phases_s"]]
+            row["reprotect_s"] = promotion_reprotect_s(
+                list(RecoveryEpisode.objects.filter(pk__in=pks))
+            )
+            if row["reprotect_s"] is None:
+                waiting.append(row)
+        return waiting
+
     def first_output(self, job: Job, since: float) -> float | None:
         """When the job's final stage first wrote results after `since` (epoch s), or None."""
         client = redis_client()
@@ -314,11 +336,14 @@ class FaultPlay:
         if episodes:
             if any(e.watched_s is None for e in episodes):
                 return False  # still being measured
-            actions = "+".join(sorted({e.action for e in episodes}))
+            row["actions"] = sorted({e.action for e in episodes})
+            actions = "+".join(row["actions"])
             # Where each episode's time went (console/policy/recovery_phases.py).
             row["phases_s"] = [
                 {"episode": e.pk, "stage": e.stage, **phase_seconds(e.phases)} for e in episodes
             ]
+            if RecoveryEpisode.Action.PROMOTE in row["actions"]:
+                row["reprotect_s"] = promotion_reprotect_s(episodes)
             recovered = all(e.recovered_at is not None for e in episodes)
             times = [e.recovery_time_s for e in episodes if e.recovery_time_s is not None]
             self.conclude(

@@ -15,8 +15,18 @@ from spark_runtime.keys import job_prefix
 
 # Supervision must resume within this after a control-plane restart.
 RESUME_GOAL_S = 10.0
-# The RSS of each process kind at the end, against its value at the reference point.
+# Issue 59's recovery goals: a promotion after a kill-driver or an operator exception, a local
+# restart (a stage or job restarted from its checkpoint, whatever the fault), and a re-protect
+# (a promoted stage's new standby caught up, or a killed standby's replacement running).
+PROMOTION_GOAL_S = 5.0
+LOCAL_RESTART_GOAL_S = 30.0
+REPROTECT_GOAL_S = 90.0
+PROMOTION_FAULTS = ("kill-driver", "operator-exception")
+LOCAL_RESTARTS = ("restart-stage", "restart-job")
+# Each process kind's RSS per process, over the last RSS_WINDOW_S of the run, against its value
+# at the reference point.
 RSS_TOLERANCE = 0.10
+RSS_WINDOW_S = 1800.0
 # "Bounded": growth over the second half of the run at most this much faster than over the first.
 GROWTH_SLACK = 1.25
 REFERENCE_S = 600.0  # RSS reference: at 10 minutes, or at the first fifth of a shorter run
@@ -83,20 +93,47 @@ def sample_at(samples: list[dict], at_s: float) -> dict | None:
 
 
 def rss_of(sample: dict | None) -> dict[str, float]:
+    """Each process kind's RSS in MB (all its processes together) in a sample."""
     if sample is None:
         return {}
     return {kind: entry["rss_mb"] for kind, entry in sample["processes"].items()}
 
 
+def rss_per_process(sample: dict) -> dict[str, float]:
+    """Each process kind's RSS in MB per process in a sample. The number of primaries, standbys,
+    spares and Python workers alive at a sample moves with the faults, so a leak shows in what
+    one process holds, not in the kind's total."""
+    return {
+        kind: round(entry["rss_mb"] / entry["processes"], 1)
+        for kind, entry in sample["processes"].items()
+        if entry.get("processes")
+    }
+
+
 def rss_summary(samples: list[dict], duration_s: float) -> dict:
-    """`rss_mb` of soak.json: per kind at the reference point and at the end."""
+    """`rss_mb` of soak.json: per kind at the reference point and at the end (all its processes
+    together), and per process at the reference point and at its farthest from it over the last
+    RSS_WINDOW_S of the run (the samples the goal judges)."""
     reference = sample_at(samples, reference_at_s(duration_s))
+    end_at = samples[-1]["at_s"] if samples else None
+    window_from = max(reference["at_s"], end_at - RSS_WINDOW_S) if reference else None
+    window = [s for s in samples if window_from is not None and s["at_s"] >= window_from]
+    before = rss_per_process(reference) if reference else {}
+    farthest: dict[str, float] = {}
+    for sample in window:
+        for kind, mb in rss_per_process(sample).items():
+            base = before.get(kind)
+            if base and (kind not in farthest or abs(mb - base) > abs(farthest[kind] - base)):
+                farthest[kind] = mb
     return {
         "at_10_min": rss_of(reference),
         "at_end": rss_of(samples[-1] if samples else None),
+        "per_process_at_10_min": before,
+        "per_process_farthest": farthest,
+        "window_from_s": window_from,
         "reference": reference_label(duration_s),
         "reference_at_s": reference["at_s"] if reference else None,
-        "end_at_s": samples[-1]["at_s"] if samples else None,
+        "end_at_s": end_at,
     }
 
 
@@ -170,8 +207,73 @@ def _goal(met: bool | None, detail: str) -> dict:
     return {"met": met, "detail": detail}
 
 
+def episode_actions(fault: dict) -> list[str]:
+    """The actions of a fault's recovery episodes ([] with none). A run recorded before the fault
+    rows kept `actions` names them in `how` ("2 episode(s), promote+restart-stage, closed")."""
+    if "actions" in fault:
+        return fault["actions"]
+    how = fault.get("how") or ""
+    if "episode(s), " not in how:
+        return []
+    return how.split("episode(s), ", 1)[1].split(",", 1)[0].split("+")
+
+
+def recovery_goal_s(fault: dict) -> float | None:
+    """The recovery time issue 59 allows this fault: a local restart's whatever the fault, a
+    kill-driver's or an operator exception's otherwise (a promotion); None: no such goal."""
+    if any(action in LOCAL_RESTARTS for action in episode_actions(fault)):
+        return LOCAL_RESTART_GOAL_S
+    if fault["kind"] in PROMOTION_FAULTS:
+        return PROMOTION_GOAL_S
+    return None
+
+
+def judge_recovery_times(faults: list[dict]) -> dict:
+    """Every kill-driver and operator exception recovered within PROMOTION_GOAL_S, every local
+    restart within LOCAL_RESTART_GOAL_S."""
+    bounded = [(f, recovery_goal_s(f)) for f in faults if recovery_goal_s(f) is not None]
+    misses = [
+        f"#{f['number']} {f['kind']} ({'+'.join(episode_actions(f)) or 'no episode'}): "
+        + (f"{f['recovery_s']} s" if f["recovered"] else "not recovered")
+        for f, goal in bounded
+        if not f["recovered"] or f["recovery_s"] is None or f["recovery_s"] > goal
+    ]
+    return _goal(
+        not misses if bounded else None,
+        f"{len(bounded) - len(misses)} of {len(bounded)} within their goal (kill-driver and "
+        f"operator exception {PROMOTION_GOAL_S:g} s, a local restart {LOCAL_RESTART_GOAL_S:g} s)"
+        + ("; not: " + ", ".join(misses) if misses else ""),
+    )
+
+
+def reprotect_s(fault: dict) -> tuple[bool, float | None]:
+    """(judged, seconds) of a fault's re-protect: a killed standby's replacement running (the
+    fault's recovery), a promotion's new standby caught up (`reprotect_s`, None if it was not by
+    the end of the run); not judged for other faults and runs that did not record it."""
+    if fault["kind"] == "kill-standby":
+        return True, fault["recovery_s"] if fault["recovered"] else None
+    if "promote" in episode_actions(fault) and "reprotect_s" in fault:
+        return True, fault["reprotect_s"]
+    return False, None
+
+
+def judge_reprotects(faults: list[dict]) -> dict:
+    """Every re-protect within REPROTECT_GOAL_S."""
+    judged = [(f, seconds) for f in faults for ok, seconds in [reprotect_s(f)] if ok]
+    misses = [
+        f"#{f['number']} {f['kind']}: " + (f"{seconds} s" if seconds is not None else "never")
+        for f, seconds in judged
+        if seconds is None or seconds > REPROTECT_GOAL_S
+    ]
+    return _goal(
+        not misses if judged else None,
+        f"{len(judged) - len(misses)} of {len(judged)} re-protected within "
+        f"{REPROTECT_GOAL_S:g} s" + ("; not: " + ", ".join(misses) if misses else ""),
+    )
+
+
 def judge_goals(report: dict) -> dict:
-    """The goals of issue 44, each `{"met": True/False/None (not judged), "detail"}`."""
+    """The goals of issues 44 and 59, each `{"met": True/False/None (not judged), "detail"}`."""
     goals = {}
     judged = [f for f in report["faults"] if f.get("injected")]
     skipped = [f for f in report["faults"] if not f.get("injected")]
@@ -204,19 +306,26 @@ def judge_goals(report: dict) -> dict:
         not procs and not keys, f"{len(procs)} leaked processes, {len(keys)} leaked keys"
     )
 
+    goals["fast_recoveries"] = judge_recovery_times(judged)
+    goals["reprotected"] = judge_reprotects(judged)
+
     rss = report["rss_mb"]
+    before, farthest = rss["per_process_at_10_min"], rss["per_process_farthest"]
     drift = []
-    for kind, before in rss["at_10_min"].items():
-        after = rss["at_end"].get(kind)
-        if kind in RSS_UNJUDGED or after is None or before <= 0:
+    for kind, base in before.items():
+        if kind in RSS_UNJUDGED or kind not in farthest:
             continue
-        change = (after - before) / before
+        change = (farthest[kind] - base) / base
         if abs(change) > RSS_TOLERANCE:
-            drift.append(f"{kind} {before:g} -> {after:g} MB ({change:+.0%})")
+            drift.append(f"{kind} {base:g} -> {farthest[kind]:g} MB ({change:+.0%})")
+    window = (
+        f"from {rss['window_from_s']:.0f} s to the end" if rss["window_from_s"] is not None else ""
+    )
     goals["rss_stable"] = _goal(
-        not drift if rss["at_10_min"] else None,
-        f"each kind within {RSS_TOLERANCE:.0%} of its RSS {rss['reference']}"
-        + ("; not: " + ", ".join(drift) if drift else ""),
+        not drift if before else None,
+        f"each kind's RSS per process within {RSS_TOLERANCE:.0%} of its value "
+        f"{rss['reference']} in every sample {window}"
+        + ("; not (farthest): " + ", ".join(drift) if drift else ""),
     )
 
     growth = report["per_hour"]["growth_per_hour"]
@@ -261,10 +370,18 @@ def to_markdown(report: dict) -> str:
         lines.append(f"| {a['at_s']:.0f} s | {a['job']} | {a['lost']} | {a['duplicates']} | "
                      f"{a['cells']} |")  # fmt: skip
     rss = report["rss_mb"]
-    lines += ["", f"| process kind | RSS MB {rss['reference']} | RSS MB at end |", "|---|---|---|"]
+    lines += [
+        "",
+        f"| process kind | RSS MB {rss['reference']} | RSS MB at end | per process "
+        f"{rss['reference']} | per process, farthest from it in the last "
+        f"{RSS_WINDOW_S / 60:.0f} min |",
+        "|---|---|---|---|---|",
+    ]
     for kind in sorted(set(rss["at_10_min"]) | set(rss["at_end"])):
         lines.append(
-            f"| {kind} | {rss['at_10_min'].get(kind, '-')} | {rss['at_end'].get(kind, '-')} |"
+            f"| {kind} | {rss['at_10_min'].get(kind, '-')} | {rss['at_end'].get(kind, '-')} | "
+            f"{rss['per_process_at_10_min'].get(kind, '-')} | "
+            f"{rss['per_process_farthest'].get(kind, '-')} |"
         )
     growth = report["per_hour"]["growth_per_hour"] or {}
     if growth:

@@ -406,6 +406,7 @@ class Soak(FaultPlay):
         what is left of them."""
         self.retry(self.audit)
         self.retry(self.sample)
+        self.wait_reprotected()
         self.write()
         for job in self.jobs:
             stop_job(job, "soak over")
@@ -442,6 +443,20 @@ class Soak(FaultPlay):
         self.report["stopped_job_keys"] = by_job
         self.report["job_outcomes"] = self.job_outcomes()
         self.say(f"leaked: {len(self.report['leaked_processes'])} processes, {len(leaked)} keys")
+
+    def wait_reprotected(self) -> None:
+        """Until each promotion of the run has its new standby caught up, or has had the
+        re-protect goal's time since its fault (the jobs run on meanwhile)."""
+        injected = [row["at_s"] for row in self.faults if row["injected"]]
+        deadline = self.t0 + max(injected, default=0.0) + soak_report.REPROTECT_GOAL_S
+        while True:
+            waiting = self.unprotected_promotions()
+            if not waiting or time.time() >= deadline:
+                break
+            self.say(f"waiting for {len(waiting)} promotion(s) to be protected again")
+            time.sleep(5)
+        for row in waiting:
+            self.say(f"#{row['number']} {row['kind']}: not protected again by the end")
 
     def retry(self, step, attempts: int = 10) -> None:
         for attempt in range(attempts):

@@ -72,5 +72,12 @@ def test_short_soak_measures_every_event_and_audits_exact_outputs(tmp_path):
     assert "first fifth" in report["rss_mb"]["reference"]
     assert report["samples"][-1]["at_s"] >= MINUTES * 60
     assert set(report["goals"]) == {
-        "every_fault_recovered", "exact_output", "no_leaks", "rss_stable", "growth_bounded",
+        "every_fault_recovered", "fast_recoveries", "reprotected", "exact_output", "no_leaks",
+        "rss_stable", "growth_bounded",
     }  # fmt: skip
+    # A fault that opened episodes names their actions; a promotion's re-protect was waited for
+    # (seconds, or None: not protected again within the goal's time after the last fault).
+    with_episodes = [f for f in report["faults"] if f.get("phases_s")]
+    assert with_episodes and all(f["actions"] for f in with_episodes)
+    for fault in with_episodes:
+        assert ("reprotect_s" in fault) == ("promote" in fault["actions"]), fault

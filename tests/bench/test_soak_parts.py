@@ -216,10 +216,11 @@ def sample(at_s, rss, rows=100, memory=10.0, keys=50):
     }
 
 
-def fault(number, kind, recovered=True, recovery_s=2.0, injected=True, at_s=100.0):
+def fault(number, kind, recovered=True, recovery_s=2.0, injected=True, at_s=100.0, **more):
     return {
         "number": number, "kind": kind, "target": "x", "at_s": at_s, "injected": injected,
         "recovered": recovered if injected else None, "recovery_s": recovery_s, "how": "",
+        **more,
     }  # fmt: skip
 
 
@@ -243,17 +244,26 @@ def test_a_clean_run_meets_every_goal():
         sample(t, {"controller": 300, "primary": 1000 + t / 600}, rows=100 + t, keys=50)
         for t in range(0, 3601, 600)
     ]
-    faults = [fault(1, "kill-driver"), fault(2, "controller-restart", recovery_s=9.5)]
-    faults.append(fault(3, "postgres-restart", injected=False))  # skipped: no target
+    faults = [
+        fault(1, "kill-driver", actions=["promote"], reprotect_s=40.0),
+        fault(2, "controller-restart", recovery_s=9.5),
+        fault(3, "kill-standby", recovery_s=80.0),
+        fault(4, "operator-exception", recovery_s=25.0, actions=["restart-stage"]),
+    ]
+    faults.append(fault(5, "postgres-restart", injected=False))  # skipped: no target
     audits = [{"at_s": 300.0, "job": "wc", "lost": 0, "duplicates": 0, "cells": 10}]
     goals = a_report(faults, audits, samples)["goals"]
     assert {name: g["met"] for name, g in goals.items()} == {
         "every_fault_recovered": True,
+        "fast_recoveries": True,
+        "reprotected": True,
         "exact_output": True,
         "no_leaks": True,
         "rss_stable": True,
         "growth_bounded": True,
     }
+    assert goals["fast_recoveries"]["detail"].startswith("2 of 2 within their goal")
+    assert goals["reprotected"]["detail"] == "2 of 2 re-protected within 90 s"
     assert "1 not injected" in goals["every_fault_recovered"]["detail"]
 
 
@@ -275,6 +285,8 @@ def test_each_goal_is_missed_on_its_own_evidence():
     goals = a_report(faults, audits, samples, leaked_keys=["backstop:job-1:hb:x"])["goals"]
     assert {name: g["met"] for name, g in goals.items()} == {
         "every_fault_recovered": False,
+        "fast_recoveries": False,
+        "reprotected": None,  # nothing here to re-protect
         "exact_output": False,
         "no_leaks": False,
         "rss_stable": False,
@@ -283,7 +295,56 @@ def test_each_goal_is_missed_on_its_own_evidence():
     assert "#1 kill-driver" in goals["every_fault_recovered"]["detail"]
     assert "#2 redis-restart: 12.0 s" in goals["every_fault_recovered"]["detail"]
     assert "primary 1000 -> 1200 MB (+20%)" in goals["rss_stable"]["detail"]
+    assert "#1 kill-driver (no episode): not recovered" in goals["fast_recoveries"]["detail"]
     assert "db_rows" in goals["growth_bounded"]["detail"]
+
+
+def test_recovery_goals_follow_the_action_and_reprotects_count_promotions_and_standbys():
+    faults = [
+        fault(1, "kill-driver", recovery_s=6.0, actions=["promote"], reprotect_s=None),
+        fault(2, "kill-node", recovery_s=31.0, actions=["restart-stage"]),
+        fault(3, "kill-node", recovery_s=12.0, actions=["promote"], reprotect_s=91.0),
+        fault(4, "kill-driver", recovery_s=29.0, actions=["restart-stage"]),
+        fault(5, "kill-standby", recovered=False, recovery_s=None),
+        fault(6, "pause-node", recovery_s=60.0),  # no episode: not bounded by these goals
+        # A run recorded before rows kept their actions: read from `how`.
+        {**fault(7, "operator-exception", recovery_s=4.0), "how": "1 episode(s), promote, closed"},
+    ]
+    goals = a_report(faults, [], [sample(0, {"primary": 1})])["goals"]
+    fast = goals["fast_recoveries"]
+    assert not fast["met"]
+    assert fast["detail"].startswith("2 of 4 within their goal")  # #3: a promotion of kill-node
+    assert "#1 kill-driver (promote): 6.0 s" in fast["detail"]
+    assert "#2 kill-node (restart-stage): 31.0 s" in fast["detail"]
+    assert "#4" not in fast["detail"] and "#7" not in fast["detail"]
+    again = goals["reprotected"]
+    assert not again["met"]
+    # #1 never re-protected, #3 too late, #5 no new standby; #7's run did not record it.
+    assert again["detail"] == (
+        "0 of 3 re-protected within 90 s; not: #1 kill-driver: never, #3 kill-node: 91.0 s, "
+        "#5 kill-standby: never"
+    )
+
+
+def test_rss_is_judged_per_process_over_the_last_half_hour():
+    samples = []
+    for t in range(0, 3601, 300):
+        # Three primaries, then two after a fault: the kind's total moves, one process does not.
+        # The controller grows by 15% at 20 minutes (outside the last 30), and is back after.
+        primaries = 3 if t < 2400 else 2
+        one = sample(t, {"primary": primaries * 500, "controller": 345 if t == 1200 else 300})
+        one["processes"]["primary"]["processes"] = primaries
+        samples.append(one)
+    rss = report.rss_summary(samples, 3600)
+    assert rss["per_process_at_10_min"] == {"primary": 500, "controller": 300}
+    assert rss["window_from_s"] == 1800
+    assert rss["at_10_min"]["primary"] == 1500 and rss["at_end"]["primary"] == 1000
+    assert report.judge_goals(a_report([], [], samples))["rss_stable"]["met"]
+    # 11% more in one sample of the last half hour is a miss.
+    samples[-3]["processes"]["controller"]["rss_mb"] = 333
+    goals = a_report([], [], samples)["goals"]
+    assert not goals["rss_stable"]["met"]
+    assert "controller 300 -> 333 MB (+11%)" in goals["rss_stable"]["detail"]
 
 
 def test_rss_reference_is_at_ten_minutes_or_the_first_fifth_of_a_short_run():

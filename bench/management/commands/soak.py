@@ -11,10 +11,16 @@ from pathlib import Path
 
 from django.core.management.base import BaseCommand, CommandError
 
-from bench.results import RESULTS_MD, write_section
+from bench.results import RESULTS_MD, write_report, write_section
 from bench.signals import exit_on_first_sigterm
 from bench.soak.report import to_markdown
-from bench.soak.run import Soak, SoakSettings, add_policy_argument, parse_policy
+from bench.soak.run import (
+    Soak,
+    SoakSettings,
+    add_policy_argument,
+    parse_policy,
+    soak_report_figures,
+)
 from bench.soak.schedule import parse_spacing
 
 RESULTS_SECTION = "## Soak (manage.py soak)"
@@ -65,10 +71,20 @@ class Command(BaseCommand):
 
     def handle(self, *args, **opts):
         if opts["report"]:
-            # A finished run's report, written again (or for the first time) into RESULTS.md.
-            report = json.loads(Path(opts["report"]).read_text())
+            # A finished run's report, judged again from what it recorded (so that a run is
+            # judged on the goals as they stand) and written into RESULTS.md.
+            path = Path(opts["report"])
+            report = json.loads(path.read_text())
+            report.update(
+                soak_report_figures(
+                    report, report["faults"], report["audits"], report["samples"],
+                    report["minutes"] * 60,
+                )
+            )  # fmt: skip
+            write_report(path.parent, path.name, report)
+            self._say_goals(report)
             write_section(RESULTS_SECTION, to_markdown(report))
-            self._say(f"[soak] wrote the soak section of {RESULTS_MD} from {opts['report']}")
+            self._say(f"[soak] wrote the soak section of {RESULTS_MD} from {path}")
             return
         try:
             settings = SoakSettings(
@@ -95,12 +111,15 @@ class Command(BaseCommand):
             # The run stopped what it started and wrote what it had measured.
             raise CommandError(f"interrupted; partial {settings.out / 'soak.json'}") from None
         self._say(f"[soak] wrote {settings.out / 'soak.json'}")
-        for name, goal in report["goals"].items():
-            met = {True: "met", False: "MISSED", None: "not judged"}[goal["met"]]
-            self._say(f"[soak] goal {name}: {met} ({goal['detail']})")
+        self._say_goals(report)
         if opts["write_results"]:
             write_section(RESULTS_SECTION, to_markdown(report))
             self._say(f"[soak] wrote the soak section of {RESULTS_MD}")
+
+    def _say_goals(self, report: dict) -> None:
+        for name, goal in report["goals"].items():
+            met = {True: "met", False: "MISSED", None: "not judged"}[goal["met"]]
+            self._say(f"[soak] goal {name}: {met} ({goal['detail']})")
 
     def _say(self, message: str) -> None:
         self.stdout.write(message)
