@@ -95,6 +95,7 @@ def detect_recovery(
     smoothing_s: float = DEFAULT_SMOOTHING_S,
     noise_sigmas: float = DEFAULT_NOISE_SIGMAS,
     latency_floor: float = 0.0,
+    throughput_floor: float = 0.0,
 ) -> RecoveryResult:
     """Find the fault and the recovery in a series (method in the module docstring).
 
@@ -134,7 +135,9 @@ def detect_recovery(
     thr_std = float(trailing_thr[in_ref].std())
     lat_mean = float(trailing_lat[in_ref].mean())
     lat_std = float(trailing_lat[in_ref].std())
-    half_width = max(band * abs(thr_mean), noise_sigmas * thr_std)
+    # `throughput_floor` keeps the throughput band at least that wide on either side: the
+    # smoothed throughput of a job that outputs in seconds-apart batches moves by a whole batch.
+    half_width = max(band * abs(thr_mean), noise_sigmas * thr_std, throughput_floor)
     # `latency_floor` (same unit as the latencies) keeps the latency band at least that wide: at
     # sub-second latencies 15% is finer than a micro-batch engine's granularity (one trigger).
     lat_limit = lat_mean + max(band * abs(lat_mean), noise_sigmas * lat_std, latency_floor)
@@ -241,6 +244,37 @@ def output_series(records: Iterable[ProgressRecord], start: float, end: float) -
     )
 
 
+def cadence_floors(
+    series: OutputSeries, start: float, end: float, settings: RecoverySettings
+) -> tuple[float, float]:
+    """(latency floor ms, throughput floor rows/s) of a band learned on `series` in [start, end):
+    what the job's own output cadence makes normal jitter.
+
+    A job whose output comes in batches seconds apart (its sources hold light input,
+    `light_input_wait_s`, or its trigger is long) leaves seconds without output in the series:
+    there its latency climbs by a second each second until the next batch, and its throughput,
+    smoothed over DEFAULT_SMOOTHING_S, moves by a whole batch as a window holds one batch more
+    or fewer. For such a job (median time between seconds with output above one second) the
+    latency band is at least that median time, and the throughput band at least the
+    reference's largest second of output spread over the smoothing window, within the band's
+    own margin. A job with output every second has neither jitter: it keeps
+    `settings.latency_floor_ms` and no throughput floor."""
+    seconds = [
+        (t, rows) for t, rows in zip(series.times, series.throughput, strict=True)
+        if start <= t < end and rows > 0
+    ]  # fmt: skip
+    if len(seconds) < 2:
+        return settings.latency_floor_ms, 0.0
+    cadence_s = float(np.median(np.diff([t for t, _ in seconds])))
+    if cadence_s <= 1.0:
+        return settings.latency_floor_ms, 0.0
+    largest = max(rows for _, rows in seconds)
+    return (
+        max(settings.latency_floor_ms, cadence_s * 1000.0),
+        (1 + settings.band) * largest / DEFAULT_SMOOTHING_S,
+    )
+
+
 def _fill_outage(times: list[float], latency: list[float | None]) -> list[float]:
     """Seconds without output: the last latency plus the time since that output."""
     filled = []
@@ -269,6 +303,7 @@ def latency_limit_ms(
     if first is None or end - math.floor(first) < MIN_REFERENCE_S:
         return None
     series = output_series(records, math.floor(first), end)
+    latency_floor, throughput_floor = cadence_floors(series, math.floor(first), end, settings)
     try:
         result = detect_recovery(
             series.times,
@@ -278,7 +313,8 @@ def latency_limit_ms(
             reference_window_s=end - start,
             band=settings.band,
             stable_window_s=settings.stable_window_s,
-            latency_floor=settings.latency_floor_ms,
+            latency_floor=latency_floor,
+            throughput_floor=throughput_floor,
         )
     except ValueError:
         return None
@@ -420,6 +456,7 @@ def measure_fault(
         ref_start, ref_end = reference
         series = output_series(records, ref_start, until)
         keep = [i for i, t in enumerate(series.times) if t < ref_end or t >= fault_at]
+        latency_floor, throughput_floor = cadence_floors(series, ref_start, ref_end, settings)
         try:
             result = detect_recovery(
                 [series.times[i] for i in keep],
@@ -430,7 +467,8 @@ def measure_fault(
                 reference_window_s=ref_end - ref_start,
                 band=settings.band,
                 stable_window_s=settings.stable_window_s,
-                latency_floor=settings.latency_floor_ms,
+                latency_floor=latency_floor,
+                throughput_floor=throughput_floor,
             )
             detected_at, note = result.recovered_at, result.note
         except ValueError as exc:
