@@ -72,6 +72,7 @@ class Pending:
     node: str = ""  # agent-restart: the node whose agent was killed
     output_at: float | None = None
     standby_at: float | None = None
+    standby_lost: bool = False  # kill-standby: the stage was seen without a running standby
     back_at: float | None = None  # kafka-broker: when the broker answered again
 
 
@@ -240,6 +241,25 @@ class FaultPlay:
                 why += "; no output since"
         self.conclude(pending, False, None, why)
 
+    def standby_back_at(self, pending: Pending, now: float) -> float | None:
+        """`now` if the stage of a kill-standby has a caught-up (running) standby again: a new
+        one started after the fault, or the killed one restarted from its checkpoint (the same
+        replica, so it is known by the stage having been seen without a running standby since
+        the fault: a restart takes a JVM start and a catch-up, far longer than a poll)."""
+        standbys = Replica.objects.filter(
+            job=pending.job, stage=pending.stage, role=Replica.Role.STANDBY
+        )
+        running = standbys.filter(state=Replica.State.RUNNING)
+        if not running.exists():
+            pending.standby_lost = True
+            return None
+        if (
+            pending.standby_lost
+            or running.filter(started_at__gt=pending.fault.injected_at).exists()
+        ):
+            return now
+        return None
+
     def unprotected_promotions(self) -> list[dict]:
         """The fault rows whose promotions had no new standby caught up when judged, their
         `reprotect_s` read again from their episodes."""
@@ -362,15 +382,7 @@ class FaultPlay:
         if pending.output_at is None:
             pending.output_at = self.first_output(job, pending.since)
         if pending.row["kind"] == "kill-standby" and pending.standby_at is None:
-            back = Replica.objects.filter(
-                job=job,
-                stage=pending.stage,
-                role=Replica.Role.STANDBY,
-                state=Replica.State.RUNNING,
-                started_at__gt=pending.fault.injected_at,
-            )
-            if back.exists():
-                pending.standby_at = now
+            pending.standby_at = self.standby_back_at(pending, now)
         if now - pending.since < EPISODE_GRACE_S:
             return False  # an episode may still be opened
         if pending.output_at is None:

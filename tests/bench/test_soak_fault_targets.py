@@ -5,7 +5,10 @@ service; the live run is tests/bench/test_soak.py (slow)."""
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 import pytest
+from django.utils import timezone
 
 from bench.soak.faults import FaultPlay
 from bench.soak.schedule import JOB_FAULTS, KAFKA_FAULTS, event_rng
@@ -79,3 +82,41 @@ def test_the_kafka_broker_fault_needs_a_job_on_kafka(job):
     row, pending = fire(job, "kafka-broker")
     assert pending is None
     assert row["detail"] == "not injected: no target (no live replica it could hit)"
+
+
+def test_a_killed_standby_counts_back_when_restarted_in_place_or_replaced(job):
+    """A kill-standby's stage is protected again when its standby runs (caught up) after it was
+    seen down: the killed replica restarted from its checkpoint keeps its row and start time,
+    a replacement elsewhere has a new row started after the fault."""
+    standby = ReplicaFactory(
+        job=job,
+        node=NodeFactory(name="node-2"),
+        replica_id=f"{job.key}/count-2",
+        role=Replica.Role.STANDBY,
+        state=Replica.State.RUNNING,
+    )
+    _, pending = fire(job, "kill-standby")
+    pending.fault.injected_at = timezone.now()
+    play = Play([job])
+    # Not yet seen down: the controller had not noticed the kill.
+    assert play.standby_back_at(pending, 100.0) is None
+    Replica.objects.filter(pk=standby.pk).update(state=Replica.State.STARTING)
+    assert play.standby_back_at(pending, 101.0) is None
+    Replica.objects.filter(pk=standby.pk).update(state=Replica.State.CATCHING_UP)
+    assert play.standby_back_at(pending, 110.0) is None
+    Replica.objects.filter(pk=standby.pk).update(state=Replica.State.RUNNING)
+    assert play.standby_back_at(pending, 121.0) == 121.0
+
+    # A replacement on another node, started after the fault, counts when it runs.
+    _, pending = fire(job, "kill-standby", number=2)
+    pending.fault.injected_at = timezone.now() - timedelta(seconds=5)
+    Replica.objects.filter(pk=standby.pk).update(state=Replica.State.STOPPED)
+    replacement = ReplicaFactory(
+        job=job,
+        node=NodeFactory(name="node-3"),
+        replica_id=f"{job.key}/count-3",
+        role=Replica.Role.STANDBY,
+        state=Replica.State.RUNNING,
+    )
+    assert replacement.started_at > pending.fault.injected_at
+    assert play.standby_back_at(pending, 130.0) == 130.0
