@@ -36,6 +36,17 @@ def job():
     return job
 
 
+def standby_of(job, number: int, state=Replica.State.RUNNING):
+    """A standby of stage count, `count-{number}` on `node-{number}`."""
+    return ReplicaFactory(
+        job=job,
+        node=NodeFactory(name=f"node-{number}"),
+        replica_id=f"{job.key}/count-{number}",
+        role=Replica.Role.STANDBY,
+        state=state,
+    )
+
+
 def fire(job, kind: str, number: int = 1):
     row = {"kind": kind, "target": "", "detail": ""}
     return row, Play([job]).fire_job_fault(row, event_rng(7, number))
@@ -58,12 +69,7 @@ def test_a_standby_fault_needs_a_live_standby(job):
     row, pending = fire(job, "kill-standby")
     assert pending is None
     assert row["detail"] == "not injected: no target (no live replica it could hit)"
-    ReplicaFactory(
-        job=job,
-        node=NodeFactory(name="node-2"),
-        replica_id=f"{job.key}/count-2",
-        role=Replica.Role.STANDBY,
-    )
+    standby_of(job, 2)
     _, pending = fire(job, "kill-standby")
     assert pending.fault.target_operator in ("split", "count")
     assert pending.stage == "count"
@@ -88,13 +94,7 @@ def test_a_killed_standby_counts_back_when_restarted_in_place_or_replaced(job):
     """A kill-standby's stage is protected again when its standby runs (caught up) after it was
     seen down: the killed replica restarted from its checkpoint keeps its row and start time,
     a replacement elsewhere has a new row started after the fault."""
-    standby = ReplicaFactory(
-        job=job,
-        node=NodeFactory(name="node-2"),
-        replica_id=f"{job.key}/count-2",
-        role=Replica.Role.STANDBY,
-        state=Replica.State.RUNNING,
-    )
+    standby = standby_of(job, 2)
     _, pending = fire(job, "kill-standby")
     pending.fault.injected_at = timezone.now()
     play = Play([job])
@@ -111,12 +111,6 @@ def test_a_killed_standby_counts_back_when_restarted_in_place_or_replaced(job):
     _, pending = fire(job, "kill-standby", number=2)
     pending.fault.injected_at = timezone.now() - timedelta(seconds=5)
     Replica.objects.filter(pk=standby.pk).update(state=Replica.State.STOPPED)
-    replacement = ReplicaFactory(
-        job=job,
-        node=NodeFactory(name="node-3"),
-        replica_id=f"{job.key}/count-3",
-        role=Replica.Role.STANDBY,
-        state=Replica.State.RUNNING,
-    )
+    replacement = standby_of(job, 3)
     assert replacement.started_at > pending.fault.injected_at
     assert play.standby_back_at(pending, 130.0) == 130.0
