@@ -246,10 +246,12 @@ class FaultPlay:
         one started after the fault, or the killed one restarted from its checkpoint (the same
         replica, so it is known by the stage having been seen without a running standby since
         the fault: a restart takes a JVM start and a catch-up, far longer than a poll)."""
-        standbys = Replica.objects.filter(
-            job=pending.job, stage=pending.stage, role=Replica.Role.STANDBY
+        running = Replica.objects.filter(
+            job=pending.job,
+            stage=pending.stage,
+            role=Replica.Role.STANDBY,
+            state=Replica.State.RUNNING,
         )
-        running = standbys.filter(state=Replica.State.RUNNING)
         if not running.exists():
             pending.standby_lost = True
             return None

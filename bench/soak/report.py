@@ -231,7 +231,8 @@ def recovery_goal_s(fault: dict) -> float | None:
 def judge_recovery_times(faults: list[dict]) -> dict:
     """Every kill-driver and operator exception recovered within PROMOTION_GOAL_S, every local
     restart within LOCAL_RESTART_GOAL_S."""
-    bounded = [(f, recovery_goal_s(f)) for f in faults if recovery_goal_s(f) is not None]
+    goals = [(f, recovery_goal_s(f)) for f in faults]
+    bounded = [(f, goal) for f, goal in goals if goal is not None]
     misses = [
         f"#{f['number']} {f['kind']} ({'+'.join(episode_actions(f)) or 'no episode'}): "
         + (f"{f['recovery_s']} s" if f["recovered"] else "not recovered")
@@ -259,7 +260,11 @@ def reprotect_s(fault: dict) -> tuple[bool, float | None]:
 
 def judge_reprotects(faults: list[dict]) -> dict:
     """Every re-protect within REPROTECT_GOAL_S."""
-    judged = [(f, seconds) for f in faults for ok, seconds in [reprotect_s(f)] if ok]
+    judged = []
+    for fault in faults:
+        ok, seconds = reprotect_s(fault)
+        if ok:
+            judged.append((fault, seconds))
     misses = [
         f"#{f['number']} {f['kind']}: " + (f"{seconds} s" if seconds is not None else "never")
         for f, seconds in judged
