@@ -108,8 +108,9 @@ def generator_node(job_key: str) -> str:
 
 
 def exits(job_key: str) -> str:
-    """Hash replica id -> JSON of the agent's exit event (returncode, ...) of the job's processes
-    that ended, copied from `agent_events` by the controller."""
+    """Hash replica id -> JSON of the agent's exit event (returncode, "" when the agent adopted
+    the process and cannot know it; ...) of the job's processes that ended, copied from
+    `agent_events` by the controller."""
     return make_key(job_key, "exits")
 
 

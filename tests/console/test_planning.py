@@ -123,12 +123,20 @@ def test_unknown_strategy_is_an_error():
 
 
 def test_exit_status_and_actions_read_as_sentences():
-    from console.services.control.record import describe_actions, exit_status
+    from console.services.control.record import (
+        describe_actions,
+        exit_returncode,
+        exit_status,
+    )
     from spark_runtime.replicas import KillReplica, PromoteStandby, ReplicaSpec, StartReplica
 
-    assert exit_status("-9", "ProcessExited") == "killed by SIGKILL"
-    assert exit_status("3", "ProcessExited") == "exited with code 3 (fenced by a newer primary)"
+    assert exit_status(-9, "ProcessExited") == "killed by SIGKILL"
+    assert exit_status(3, "ProcessExited") == "exited with code 3 (fenced by a newer primary)"
     assert exit_status(None, "HeartbeatMissed") == "heartbeat missed"
+    assert exit_status(None, "ProcessExited", reported=True).startswith("exited (its code unknown")
+    assert exit_returncode('{"returncode": "-9"}') == -9
+    assert exit_returncode('{"returncode": ""}') is None
+    assert exit_returncode(None) is None
     spec = ReplicaSpec("j", "wordcount", "count", "standby", "count-3", "node-3")
     assert describe_actions(
         [KillReplica("count-1"), PromoteStandby("count-2", "count"), StartReplica(spec)]

@@ -1,6 +1,7 @@
-"""The processes this node agent started, and what becomes of them: the registry of its
-children (replicas and warm spares, with their logs), finding the process that runs a replica,
-killing one, and reporting each exit with the tail of its log.
+"""The processes this node agent watches, and what becomes of them: the registry of its
+children (replicas and warm spares, with their logs) and of the replica processes it adopted
+(started by an earlier run of the agent), finding the process that runs a replica, killing one,
+and reporting each exit with the tail of its log.
 
 The registry lives in this module only (the solo pool runs tasks in the worker's main process,
 so a child's Popen handle is here beside the thread that reaps it); the other modules of
@@ -10,6 +11,7 @@ workers/node change it through the functions below.
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
 import signal
@@ -26,10 +28,12 @@ from infra import keys
 from infra.node_metrics import machine_identity
 from infra.processes import (
     STAGE_MODULE,
+    argv_of,
     cmdline_arg,
     processes_matching,
     stage_processes,
 )
+from spark_runtime import keys as data_keys
 from spark_runtime.config import stage_env_overrides
 from spark_runtime.generators import generator_replica_id
 from spark_runtime.launch import start_stage_process
@@ -47,8 +51,15 @@ ALLOWED_ENTRY_POINTS = {STAGE_MODULE: None, "spark_runtime": "generate"}
 # a job (every restart-all job's one replica is `job-1`): two jobs on one node must not take each
 # other's process for their own. A warm spare not yet handed a replica is ("", spare id).
 ChildKey = tuple[str, str]
-# (job key, replica id) -> (process, job key, log path), for the processes this agent started.
-_children: dict[ChildKey, tuple[subprocess.Popen, str, Path]] = {}
+# A watched process: a child this agent process started (its Popen), or a replica process it
+# adopted (psutil): one an earlier run of this node's agent started, found by its command line
+# when this one started (`adopt_running`), or a warm spare of that earlier run handed a replica
+# (`hand_over`). An adopted process is not this agent's child: its exit is seen, within the same
+# poll, but only its parent learns its code. Unwatched, a killed replica was found by its missing
+# heartbeat, 3 s later: the soak's slowest kill-driver recovery (docs/RESULTS.md).
+Watched = subprocess.Popen | psutil.Process
+# (job key, replica id) -> (process, job key, log path), for the processes this agent watches.
+_children: dict[ChildKey, tuple[Watched, str, Path]] = {}
 _children_lock = threading.Lock()
 # Replicas handed to a spare that was still warming up, and that spare's id. The spare holds the
 # machine's warm-up lock until it is warm; its entry, for which reconcile_spares would release
@@ -106,14 +117,25 @@ def find_replica_process(replica_id: str, job_key: str | None) -> psutil.Process
     return found[0] if found else None
 
 
-def _handed_child(replica_id: str, job_key: str | None) -> subprocess.Popen | None:
-    """The live child this agent started for (`job_key`, `replica_id`) (any job's when None)."""
+def is_live(proc: Watched) -> bool:
+    """Whether a watched process still runs (an exited child not yet reaped does not)."""
+    if isinstance(proc, subprocess.Popen):
+        return proc.poll() is None
+    try:
+        # is_running also tells a reused pid from the process adopted.
+        return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def _handed_child(replica_id: str, job_key: str | None) -> Watched | None:
+    """The live process this agent watches as (`job_key`, `replica_id`) (any job's when None)."""
     with _children_lock:
-        for (key, child_id), (popen, _job, _path) in _children.items():
+        for (key, child_id), (proc, _job, _path) in _children.items():
             if child_id != replica_id or not key or job_key not in (None, key):
                 continue
-            if popen.poll() is None:
-                return popen
+            if is_live(proc):
+                return proc
     return None
 
 
@@ -128,11 +150,11 @@ def running_replica(replica_id: str, job_key: str | None) -> psutil.Process | No
     proc = find_replica_process(replica_id, job_key)
     if proc is not None:
         return proc
-    popen = _handed_child(replica_id, job_key)
-    if popen is None:
+    handed = _handed_child(replica_id, job_key)
+    if handed is None:
         return None
     try:
-        return psutil.Process(popen.pid)
+        return psutil.Process(handed.pid)
     except psutil.NoSuchProcess:
         return None
 
@@ -147,13 +169,13 @@ def node_stage_processes(job_key: str | None = None) -> list[psutil.Process]:
     found = {proc.pid for proc in procs}
     with _children_lock:
         handed = [
-            popen.pid
-            for (key, replica_id), (popen, _job, _path) in _children.items()
+            proc.pid
+            for (key, replica_id), (proc, _job, _path) in _children.items()
             if key
             and job_key in (None, key)
             and replica_id != generator_replica_id(key)
-            and popen.pid not in found
-            and popen.poll() is None
+            and proc.pid not in found
+            and is_live(proc)
         ]
     for pid in handed:
         with contextlib.suppress(psutil.NoSuchProcess):
@@ -222,11 +244,17 @@ def register_spare(spare_id: str, proc: subprocess.Popen, path: Path) -> None:
         _children[("", spare_id)] = (proc, "", path)
 
 
-def hand_over(spare_id: str, job_key: str, replica_id: str, warming: bool) -> None:
-    """The child known as warm spare `spare_id` is from here on replica `replica_id` of job
-    `job_key`; `warming`: it was taken before it was warm (see `_taken_while_warming`)."""
+def hand_over(spare_id: str, pid: int, job_key: str, replica_id: str, warming: bool) -> None:
+    """Warm spare `spare_id` (process `pid`) is from here on replica `replica_id` of job
+    `job_key`; `warming`: it was taken before it was warm (see `_taken_while_warming`). A spare
+    an earlier run of this agent started is adopted (see `Watched`)."""
     with _children_lock:
         entry = _children.pop(("", spare_id), None)
+        if entry is None:
+            try:
+                entry = (psutil.Process(pid), job_key, stage_log_path(spare_id))
+            except psutil.NoSuchProcess:
+                entry = None  # it died as it was handed: the replica misses its heartbeat
         if entry is not None:
             _children[(job_key, replica_id)] = (entry[0], job_key, entry[2])
             _became_replica_at[(job_key, replica_id)] = time.time()
@@ -253,25 +281,73 @@ def kill(replica_id: str, signal_name: str, job_key: str | None) -> bool:
     return True
 
 
+def adopt_running(client: redis.Redis, node: str) -> list[ChildKey]:
+    """Watch the replica processes of node `node` that this agent process did not start (an
+    earlier run of the agent did: a replica outlives its agent's restart), as if they were its
+    children. Each one's start as that replica is the `started_at` the process wrote in its
+    replicas-hash entry (its exit report says which run ended), else its own start. Returns the
+    (job, replica) adopted."""
+    adopted = []
+    for proc in stage_processes(node=node):
+        argv = argv_of(proc.info["cmdline"])
+        job_key, replica_id = cmdline_arg(argv, "--job"), cmdline_arg(argv, "--replica-id")
+        if not job_key or not replica_id:
+            continue  # a warm spare with no replica yet: spares.reconcile_spares keeps those
+        with _children_lock:
+            if (job_key, replica_id) in _children:
+                continue
+        try:
+            became_at = _replica_started_at(client, job_key, replica_id, proc)
+        except psutil.NoSuchProcess:
+            continue
+        with _children_lock:
+            if (job_key, replica_id) in _children:
+                continue
+            _children[(job_key, replica_id)] = (proc, job_key, _log_of(proc, job_key, replica_id))
+            _became_replica_at[(job_key, replica_id)] = became_at
+        adopted.append((job_key, replica_id))
+        log.info("adopted %s of %s (pid %s) on %s", replica_id, job_key, proc.pid, node)
+    return adopted
+
+
+def _replica_started_at(client, job_key: str, replica_id: str, proc: psutil.Process) -> float:
+    """When `proc` became replica `replica_id`: its own `started_at`, if its entry is its own
+    (same pid), else when the process started."""
+    raw = client.hget(data_keys.replicas(job_key), replica_id)
+    entry = json.loads(raw) if raw else {}
+    if entry.get("pid") == proc.pid and entry.get("started_at") is not None:
+        return float(entry["started_at"])
+    return proc.create_time()
+
+
+def _log_of(proc: psutil.Process, job_key: str, replica_id: str) -> Path:
+    """The log a process writes (its standard output: a spare's log, for a spare that became a
+    replica), else the log a replica started cold writes."""
+    with contextlib.suppress(OSError):
+        return Path(os.readlink(f"/proc/{proc.pid}/fd/1"))
+    return stage_log_path(replica_id, job_key)
+
+
 def live_replicas() -> list[tuple[str, int, str]]:
-    """(replica id, pid, job key) of each live replica process this agent started (not the
+    """(replica id, pid, job key) of each live replica process this agent watches (not the
     spares that have no replica yet)."""
     with _children_lock:
         return [
             (replica_id, proc.pid, job_key)
             for (job_key, replica_id), (proc, _job, _) in _children.items()
-            if job_key and proc.poll() is None
+            if job_key and is_live(proc)
         ]
 
 
 def report_exits(client: redis.Redis, node: str) -> None:
-    """Reap children that ended and publish each exit with the tail of its log. A child is
-    forgotten once its exit is published: a Redis error leaves the rest for the next call."""
+    """Reap children that ended and publish each exit with the tail of its log (an adopted
+    process's without its code). A process is forgotten once its exit is published: a Redis
+    error leaves the rest for the next call."""
     with _children_lock:
         ended = [
             (key, entry, _became_replica_at.get(key))
             for key, entry in _children.items()
-            if entry[0].poll() is not None
+            if not is_live(entry[0])
         ]
     for child_key, entry, became_at in ended:
         proc, job_key, path = entry
@@ -294,13 +370,15 @@ def _publish_exit(
     client: redis.Redis,
     node: str,
     replica_id: str,
-    proc,
+    proc: Watched,
     job_key: str,
     path,
     became_at: float | None,
 ):
     """Put the exit of replica `replica_id` of job `job_key` on the agents' events stream;
-    `became_at`: when the process became that replica (`since`, "" if not known)."""
+    `became_at`: when the process became that replica (`since`, "" if not known). The
+    `returncode` of an adopted process is "" (only its parent learns it)."""
+    returncode = str(proc.returncode) if isinstance(proc, subprocess.Popen) else ""
     client.xadd(
         keys.agent_events(),
         {
@@ -308,7 +386,7 @@ def _publish_exit(
             "node": node,
             "job": job_key,
             "replica_id": replica_id,
-            "returncode": str(proc.returncode),
+            "returncode": returncode,
             "log_tail": log_tail(path),
             "at": str(time.time()),
             "since": "" if became_at is None else str(became_at),

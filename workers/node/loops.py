@@ -105,14 +105,20 @@ def report_exits_forever(node: str) -> None:
 
 
 def start(node: str) -> None:
-    """Start node `node`'s agent: resume the pauses that ended while no agent ran, build the
-    machine's class-data archive, then the publishing and exit threads."""
+    """Start node `node`'s agent: resume the pauses that ended while no agent ran, adopt the
+    replicas an earlier run of it started, build the machine's class-data archive, then the
+    publishing and exit threads."""
     scope = env("BACKSTOP_NODE_SCOPE", PROCESSES)
     try:
         # Pauses that ended while no agent ran end now, not a loop interval later.
         resume_due(redis_client(), node)
     except redis.RedisError as exc:
         log.warning("node %s: could not read paused groups from Redis: %s", node, exc)
+    try:
+        # The replicas an earlier run of this agent started: their exits are reported too.
+        children.adopt_running(redis_client(), node)
+    except redis.RedisError as exc:
+        log.warning("node %s: adopted no running replica (Redis: %s)", node, exc)
     try:
         # Once per machine: later stage JVMs share the classes a stage loads.
         ensure_archive(settings.REDIS_URL, children.stage_log_path("class-sharing"))

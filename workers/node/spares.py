@@ -1,7 +1,7 @@
 """Warm spare keeping on this node: as many spares as the controller wants (one more or fewer
 per round, one warm-up per machine at a time), and the handing of a replica to the best of
 them. A spare's entry lives in Redis (spark_runtime.keys.spares); its process is this agent's
-child (workers/node/children.py)."""
+child, or an earlier run's (workers/node/children.py)."""
 
 from __future__ import annotations
 
@@ -81,7 +81,8 @@ def hand_to_spare(args: list[str], replica_id: str, job_key: str) -> int | None:
         # Taken here, not at the controller's next cycle: this node's next reconcile would
         # otherwise start the replacement spare at once, beside the catching-up replica.
         hold_spare_refills(client)
-        children.hand_over(spare_id, job_key, replica_id, warming=entry["state"] == "starting")
+        warming = entry["state"] == "starting"
+        children.hand_over(spare_id, int(entry["pid"]), job_key, replica_id, warming=warming)
         state, pid = entry["state"], entry["pid"]
         log.info("%s spare %s (pid %s) becomes %s of %s", state, spare_id, pid, replica_id, job_key)
         return int(entry["pid"])

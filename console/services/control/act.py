@@ -32,6 +32,7 @@ from console.services.control.record import (
     alert_failed_job,
     decide,
     describe_actions,
+    exit_returncode,
     failure_report,
 )
 from console.services.policy import policy_in_force
@@ -151,8 +152,7 @@ class AgentLauncher:
         return not self.client.hexists(self._exits_key(), replica_id)
 
     def exit_code(self, replica_id: str) -> int | None:
-        raw = self.client.hget(self._exits_key(), replica_id)
-        return None if raw is None else int(json.loads(raw)["returncode"])
+        return exit_returncode(self.client.hget(self._exits_key(), replica_id))
 
     def busy(self, replica_id: str) -> bool:
         """What the replica's agent last saw (within a few seconds): alive and using CPU."""

@@ -59,11 +59,21 @@ def decide(job: Job, kind: str, reason: str, **fields) -> ControlDecision:
     return ControlDecision.objects.create(job=job, kind=kind, reason=reason, **fields)
 
 
-def exit_status(returncode, event_name: str) -> str:
-    """How a replica ended, in words (a negative return code is the signal that killed it)."""
+def exit_returncode(exit_info: str | None) -> int | None:
+    """The return code in an agent's exit report (JSON, as in the job's exits hash); None with
+    no report, or when the agent could not know it (`returncode` "": a process it adopted)."""
+    raw = json.loads(exit_info)["returncode"] if exit_info else ""
+    return int(raw) if raw != "" else None
+
+
+def exit_status(returncode: int | None, event_name: str, reported: bool = False) -> str:
+    """How a replica ended, in words (a negative return code is the signal that killed it);
+    `reported`: its agent saw it exit, with no code (`exit_returncode`)."""
+    if returncode is None and reported:
+        return "exited (its code unknown to the agent that adopted it)"
     if returncode is None:
         return "heartbeat missed" if event_name == "HeartbeatMissed" else event_name
-    code = int(returncode)
+    code = returncode
     if code < 0:
         return f"killed by {signal.Signals(-code).name}"
     meaning = {1: "query failed", 3: "fenced by a newer primary", 4: "promotion impossible"}
@@ -112,8 +122,7 @@ def failure_report(client, job: Job, replica_id: str, event_name: str) -> tuple[
     entry when its query failed. A stage whose query failed writes the cause, then takes a few
     seconds to exit, so its silent heartbeat is often seen before its exit."""
     exit_info = client.hget(control_keys.exits(job.key), replica_id)
-    returncode = json.loads(exit_info)["returncode"] if exit_info else None
-    status = exit_status(returncode, event_name)
+    status = exit_status(exit_returncode(exit_info), event_name, reported=exit_info is not None)
     raw = client.hget(data_keys.replicas(job.key), replica_id)
     reported = json.loads(raw) if raw else {}
     fresh = time.time() - reported.get("updated", 0) < OWN_REPORT_FRESH_S
