@@ -18,7 +18,9 @@ from __future__ import annotations
 
 from bisect import bisect_left
 from collections.abc import Iterable, Mapping, Sequence
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import astuple, dataclass, field, fields
+from multiprocessing import get_context
 
 import numpy as np
 
@@ -52,6 +54,28 @@ class FaultFeatures:
 
 
 FEATURE_NAMES: tuple[str, ...] = tuple(f.name for f in fields(FaultFeatures))
+
+
+# A fit of a few thousand rows takes a fraction of a second; the child's start (a new
+# interpreter importing scikit-learn) a few seconds on a busy machine.
+FIT_TIMEOUT_S = 120.0
+
+
+def fit_in_child(x: np.ndarray, y: np.ndarray) -> tuple[list[float], float]:
+    """(coefficients, intercept) of the least-squares line through (x, y) with every coefficient
+    non-negative. Run in a child process by `FaultPredictor.fit`: importing scikit-learn adds
+    about 160 MB to a process's RSS and a second of CPU, and the controller that trains the
+    model every few minutes kept both for its whole life (the soak's controller grew from 234 to
+    357 MB at its first training, docs/RESULTS.md)."""
+    # Every feature is a fault indicator (load, latency, recent failures), so none may lower
+    # the rate. Unconstrained, a short history can fit a negative slope (a drill that kills a
+    # node every other window gave "more recent faults, fewer faults") and extrapolate it to a
+    # near-zero rate for a node that keeps failing; constrained, a spurious slope is 0.
+    # Imported here, in the child only: every controller and node agent imports this module.
+    from sklearn.linear_model import LinearRegression
+
+    model = LinearRegression(positive=True).fit(x, y)
+    return [float(c) for c in model.coef_], float(model.intercept_)
 
 
 class FaultPredictor:
@@ -89,18 +113,10 @@ class FaultPredictor:
             return False
         x = np.array([r.as_list() for r in rows], dtype=float)
         y = np.array(targets, dtype=float)
-        # Every feature is a fault indicator (load, latency, recent failures), so none may lower
-        # the rate. Unconstrained, a short history can fit a negative slope (a drill that kills
-        # a node every other window gave "more recent faults, fewer faults") and extrapolate it
-        # to a near-zero rate for a node that keeps failing; constrained, a spurious slope is 0.
-        # Imported here, not at the top: scikit-learn is a second of CPU to import, and every
-        # controller and node agent imports this module; a controller restarted on a busy
-        # machine resumed supervision tens of seconds later for it (docs/RELIABILITY.md).
-        from sklearn.linear_model import LinearRegression
-
-        model = LinearRegression(positive=True).fit(x, y)
-        self.coefficients = [float(c) for c in model.coef_]
-        self.intercept = float(model.intercept_)
+        # In a process of its own, which exits with what it imported (see `fit_in_child`).
+        with ProcessPoolExecutor(max_workers=1, mp_context=get_context("spawn")) as child:
+            fitted = child.submit(fit_in_child, x, y).result(timeout=FIT_TIMEOUT_S)
+        self.coefficients, self.intercept = fitted
         self.status = f"trained on {len(rows)} rows ({int(y.sum())} failures)"
         return True
 

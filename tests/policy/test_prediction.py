@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 
 import pytest
 
@@ -74,6 +76,24 @@ def test_linear_fit_by_hand():
     assert predictor.predict(row(3)) == 0.999
     assert predictor.coefficients == pytest.approx([0.4, 0, 0, 0, 0, 0, 0, 0], abs=1e-9)
     assert predictor.intercept == pytest.approx(-0.1)
+
+
+def test_the_fit_leaves_scikit_learn_out_of_the_training_process():
+    """The controller trains every few minutes: the fit's child process takes scikit-learn's
+    import (about 160 MB of RSS) with it when it exits."""
+    program = (
+        "import sys\n"
+        "from tests.policy.test_prediction import training_set\n"
+        "from console.policy.prediction import FaultPredictor\n"
+        "predictor = FaultPredictor(prior=0.05)\n"
+        "assert predictor.fit(*training_set())\n"
+        "print(round(predictor.coefficients[0], 6), 'sklearn' in sys.modules)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", program], capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["0.4", "False"]
 
 
 def test_round_trip_through_json_predicts_the_same():
