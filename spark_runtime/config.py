@@ -29,6 +29,15 @@ SPARK_CONF = {
     "spark.python.worker.reuse": "true",
     "spark.driver.memory": "1g",
     "spark.sql.streaming.numRecentProgressUpdates": "10",
+    # What the driver's status store keeps of finished jobs, stages, tasks and SQL executions,
+    # for the UI and the status API, which Backstop does not use. Spark keeps 1000 jobs, 1000
+    # stages, 100000 tasks and 1000 executions: a stage runs a few jobs per micro-batch, so its
+    # heap grew for most of an hour before the oldest were dropped (docs/RESULTS.md, "Driver
+    # memory over time").
+    "spark.ui.retainedJobs": "50",
+    "spark.ui.retainedStages": "50",
+    "spark.ui.retainedTasks": "1000",
+    "spark.sql.ui.retainedExecutions": "50",
     # Keep fewer old batches in the checkpoint: stages run long and checkpoints are local.
     "spark.sql.streaming.minBatchesToRetain": "20",
     # Checkpoint files (offset and commit logs, state-store files) through Hadoop's FileSystem
