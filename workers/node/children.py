@@ -84,21 +84,26 @@ _killed: dict[ChildKey, int] = {}
 KILLED_GONE_WITHIN_S = 10.0
 
 
+def stage_logs() -> Path:
+    """The folder of the stage logs of this machine (`var/log/stages`)."""
+    return settings.VAR_DIR / "log" / "stages"
+
+
 def stage_log_path(replica_id: str, job_key: str = "") -> Path:
     """The log of a replica (`var/log/stages/{job}/{replica}.log`: replica ids repeat across
     jobs) or, without a job, of a warm spare (`var/log/stages/{spare}.log`; it keeps writing
     there after it becomes a replica)."""
-    return settings.VAR_DIR / "log" / "stages" / job_key / f"{replica_id}.log"
+    return stage_logs() / job_key / f"{replica_id}.log"
 
 
 def log_tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
-    """The last `lines` lines of a log file ('' when it does not exist)."""
+    """The last `lines` lines of a log file ('' when it does not exist or cannot be read)."""
     try:
         with open(path, "rb") as handle:
             handle.seek(0, os.SEEK_END)
             handle.seek(max(0, handle.tell() - 64_000))
             return "\n".join(handle.read().decode(errors="replace").splitlines()[-lines:])
-    except FileNotFoundError:
+    except OSError:  # gone, or not readable: the exit is reported without its log
         return ""
 
 
@@ -126,6 +131,8 @@ def is_live(proc: Watched) -> bool:
         return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
     except psutil.NoSuchProcess:
         return False
+    except psutil.AccessDenied:
+        return True  # it is there, only not ours to read
 
 
 def _handed_child(replica_id: str, job_key: str | None) -> Watched | None:
@@ -298,8 +305,8 @@ def adopt_running(client: redis.Redis, node: str) -> list[ChildKey]:
                 continue
         try:
             became_at = _replica_started_at(client, job_key, replica_id, proc)
-        except psutil.NoSuchProcess:
-            continue
+        except psutil.Error:
+            continue  # gone meanwhile, or not ours to read
         with _children_lock:
             if (job_key, replica_id) in _children:
                 continue
@@ -312,19 +319,27 @@ def adopt_running(client: redis.Redis, node: str) -> list[ChildKey]:
 
 def _replica_started_at(client, job_key: str, replica_id: str, proc: psutil.Process) -> float:
     """When `proc` became replica `replica_id`: its own `started_at`, if its entry is its own
-    (same pid), else when the process started."""
-    raw = client.hget(data_keys.replicas(job_key), replica_id)
-    entry = json.loads(raw) if raw else {}
-    if entry.get("pid") == proc.pid and entry.get("started_at") is not None:
-        return float(entry["started_at"])
+    (same pid), else (no such entry, one that cannot be read, or no Redis) when the process
+    started."""
+    try:
+        raw = client.hget(data_keys.replicas(job_key), replica_id)
+        entry = json.loads(raw) if raw else {}
+        if entry.get("pid") == proc.pid and entry.get("started_at") is not None:
+            return float(entry["started_at"])
+    except (redis.RedisError, ValueError, TypeError, AttributeError) as exc:
+        log.warning("%s of %s: its replica entry says nothing of its start: %s",
+                    replica_id, job_key, exc)  # fmt: skip
     return proc.create_time()
 
 
 def _log_of(proc: psutil.Process, job_key: str, replica_id: str) -> Path:
-    """The log a process writes (its standard output: a spare's log, for a spare that became a
-    replica), else the log a replica started cold writes."""
+    """The log a process writes: its standard output if that is a stage log file (a spare's
+    log, for a spare that became a replica), else the log a replica started cold writes. Only
+    a file under the stage logs: a terminal or a pipe would block or fail the exit report."""
     with contextlib.suppress(OSError):
-        return Path(os.readlink(f"/proc/{proc.pid}/fd/1"))
+        path = Path(os.readlink(f"/proc/{proc.pid}/fd/1"))
+        if path.is_relative_to(stage_logs()) and path.is_file():
+            return path
     return stage_log_path(replica_id, job_key)
 
 

@@ -9,6 +9,7 @@ import logging
 import threading
 import time
 
+import psutil
 import redis
 from django.conf import settings
 
@@ -117,8 +118,8 @@ def start(node: str) -> None:
     try:
         # The replicas an earlier run of this agent started: their exits are reported too.
         children.adopt_running(redis_client(), node)
-    except redis.RedisError as exc:
-        log.warning("node %s: adopted no running replica (Redis: %s)", node, exc)
+    except psutil.Error as exc:  # the process list could not be read: no adoption this run
+        log.warning("node %s: adopted no running replica: %s", node, exc)
     try:
         # Once per machine: later stage JVMs share the classes a stage loads.
         ensure_archive(settings.REDIS_URL, children.stage_log_path("class-sharing"))
