@@ -158,6 +158,8 @@ def main(argv=None) -> int:
         "|---|---|---|---|",
     ]
     for row in rows:
+        if not row["samples"]:
+            raise SystemExit(f"{row['label']}: no sample taken (--minutes too short?)")
         heaps = ", ".join(f"{heap:.0f}" for _m, heap, _r in row["samples"])
         rss = row["samples"][0][2], row["samples"][-1][2]
         lines.append(

@@ -16,9 +16,9 @@ A fitted model is a handful of coefficients, so `to_dict()` stores them as plain
 
 from __future__ import annotations
 
+import os
 from bisect import bisect_left
 from collections.abc import Iterable, Mapping, Sequence
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import astuple, dataclass, field, fields
 from multiprocessing import get_context
 
@@ -59,6 +59,9 @@ FEATURE_NAMES: tuple[str, ...] = tuple(f.name for f in fields(FaultFeatures))
 # A fit of a few thousand rows takes a fraction of a second; the child's start (a new
 # interpreter importing scikit-learn) a few seconds on a busy machine.
 FIT_TIMEOUT_S = 120.0
+# The child's CPU priority (os.setpriority's arguments): nice 10, below the stages. It would
+# inherit the controller's, which is above them (CONTROL_PLANE_NICE), and training can wait.
+FIT_PRIORITY = (os.PRIO_PROCESS, 0, 10)
 
 
 def fit_in_child(x: np.ndarray, y: np.ndarray) -> tuple[list[float], float]:
@@ -113,9 +116,13 @@ class FaultPredictor:
             return False
         x = np.array([r.as_list() for r in rows], dtype=float)
         y = np.array(targets, dtype=float)
-        # In a process of its own, which exits with what it imported (see `fit_in_child`).
-        with ProcessPoolExecutor(max_workers=1, mp_context=get_context("spawn")) as child:
-            fitted = child.submit(fit_in_child, x, y).result(timeout=FIT_TIMEOUT_S)
+        # In a process of its own, which exits with what it imported (see `fit_in_child`). The
+        # pool's exit terminates its worker: a fit past FIT_TIMEOUT_S (multiprocessing's
+        # TimeoutError) leaves no process behind.
+        with get_context("spawn").Pool(
+            1, initializer=os.setpriority, initargs=FIT_PRIORITY
+        ) as pool:
+            fitted = pool.apply_async(fit_in_child, (x, y)).get(timeout=FIT_TIMEOUT_S)
         self.coefficients, self.intercept = fitted
         self.status = f"trained on {len(rows)} rows ({int(y.sum())} failures)"
         return True

@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import json
+import multiprocessing
 import subprocess
 import sys
+from pathlib import Path
 
+import psutil
 import pytest
 
+from console.policy import prediction
 from console.policy.prediction import (
     FEATURE_NAMES,
     Failure,
@@ -90,10 +94,25 @@ def test_the_fit_leaves_scikit_learn_out_of_the_training_process():
         "print(round(predictor.coefficients[0], 6), 'sklearn' in sys.modules)\n"
     )
     done = subprocess.run(
-        [sys.executable, "-c", program], capture_output=True, text=True, timeout=300
+        [sys.executable, "-c", program],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=Path(__file__).resolve().parents[2],  # the repository: `tests` imports from there
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["0.4", "False"]
+
+
+def test_a_fit_past_its_timeout_fails_and_leaves_no_process(monkeypatch):
+    monkeypatch.setattr(prediction, "FIT_TIMEOUT_S", 0.001)  # a new interpreter takes longer
+    before = {child.pid for child in psutil.Process().children(recursive=True)}
+    predictor = FaultPredictor(prior=0.05)
+    with pytest.raises(multiprocessing.TimeoutError):
+        predictor.fit(*training_set())
+    assert not predictor.trained
+    left = [c for c in psutil.Process().children(recursive=True) if c.pid not in before]
+    assert not [c for c in left if c.is_running() and c.status() != psutil.STATUS_ZOMBIE]
 
 
 def test_round_trip_through_json_predicts_the_same():
