@@ -14,9 +14,8 @@ Each setting runs, in a process of its own, the same small stateful query (a rat
 count by key, the noop sink) at a fast trigger under Backstop's session settings, one with
 Spark's retention defaults and one with Backstop's; every `sample` seconds the driver JVM's live
 heap (its tenured generation after a full collection: `jcmd GC.run`, then `GC.heap_info`) and
-its RSS are read. The two run
-one after the other. Prints the figures and writes them to docs/RESULTS.md ("Data plane",
-"Driver memory over time").
+its RSS are read. The two run one after the other. Prints the figures and writes them to
+docs/RESULTS.md ("Data plane", "Driver memory over time").
 """
 
 from __future__ import annotations

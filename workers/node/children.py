@@ -258,10 +258,10 @@ def hand_over(spare_id: str, pid: int, job_key: str, replica_id: str, warming: b
     with _children_lock:
         entry = _children.pop(("", spare_id), None)
         if entry is None:
-            try:
+            # A spare of this agent's earlier run, adopted; unless it died as it was handed
+            # (then the replica misses its heartbeat).
+            with contextlib.suppress(psutil.NoSuchProcess):
                 entry = (psutil.Process(pid), job_key, stage_log_path(spare_id))
-            except psutil.NoSuchProcess:
-                entry = None  # it died as it was handed: the replica misses its heartbeat
         if entry is not None:
             _children[(job_key, replica_id)] = (entry[0], job_key, entry[2])
             _became_replica_at[(job_key, replica_id)] = time.time()
@@ -300,16 +300,13 @@ def adopt_running(client: redis.Redis, node: str) -> list[ChildKey]:
         job_key, replica_id = cmdline_arg(argv, "--job"), cmdline_arg(argv, "--replica-id")
         if not job_key or not replica_id:
             continue  # a warm spare with no replica yet: spares.reconcile_spares keeps those
-        with _children_lock:
-            if (job_key, replica_id) in _children:
-                continue
         try:
             became_at = _replica_started_at(client, job_key, replica_id, proc)
         except psutil.Error:
             continue  # gone meanwhile, or not ours to read
         with _children_lock:
             if (job_key, replica_id) in _children:
-                continue
+                continue  # this agent's own, or adopted already
             _children[(job_key, replica_id)] = (proc, job_key, _log_of(proc, job_key, replica_id))
             _became_replica_at[(job_key, replica_id)] = became_at
         adopted.append((job_key, replica_id))

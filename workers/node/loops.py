@@ -110,14 +110,15 @@ def start(node: str) -> None:
     replicas an earlier run of it started, build the machine's class-data archive, then the
     publishing and exit threads."""
     scope = env("BACKSTOP_NODE_SCOPE", PROCESSES)
+    client = redis_client()
     try:
         # Pauses that ended while no agent ran end now, not a loop interval later.
-        resume_due(redis_client(), node)
+        resume_due(client, node)
     except redis.RedisError as exc:
         log.warning("node %s: could not read paused groups from Redis: %s", node, exc)
     try:
         # The replicas an earlier run of this agent started: their exits are reported too.
-        children.adopt_running(redis_client(), node)
+        children.adopt_running(client, node)
     except psutil.Error as exc:  # the process list could not be read: no adoption this run
         log.warning("node %s: adopted no running replica: %s", node, exc)
     try:

@@ -73,11 +73,11 @@ def exit_status(returncode: int | None, event_name: str, reported: bool = False)
         return "exited (its code unknown to the agent that adopted it)"
     if returncode is None:
         return "heartbeat missed" if event_name == "HeartbeatMissed" else event_name
-    code = returncode
-    if code < 0:
-        return f"killed by {signal.Signals(-code).name}"
+    if returncode < 0:
+        return f"killed by {signal.Signals(-returncode).name}"
     meaning = {1: "query failed", 3: "fenced by a newer primary", 4: "promotion impossible"}
-    return f"exited with code {code}" + (f" ({meaning[code]})" if code in meaning else "")
+    known = f" ({meaning[returncode]})" if returncode in meaning else ""
+    return f"exited with code {returncode}{known}"
 
 
 def describe_actions(actions: list) -> str:
