@@ -1,12 +1,12 @@
 """Per-job supervision leases and controller membership, in Redis.
 
-A controller process supervises a job only while it holds the job's lease: a key holding the
-token of the controller's tenure of the job (its name and a number that goes up with every
-taking, spark_runtime.command_fence) with a short expiry, renewed for all its jobs in one round
-trip. Every command it sends for the job carries the token, and receivers refuse it once the
-lease holds another. A controller that dies stops renewing, its leases expire and the others
-take the jobs over, each as soon as no receiver is carrying out a command of the old holder
-(spark_runtime.command_fence.carrying_out). Every write of a job's supervision state is a
+A controller process supervises a job only while it holds the job's lease: a key holding the token
+of the controller's tenure of the job (its name and a number that goes up with every taking, even
+across a Redis that lost its data: spark_runtime.command_fence) with a short expiry, renewed for
+all its jobs in one round trip. Every command it sends for the job carries the token, and receivers
+refuse it once the lease holds another. A controller that dies stops renewing, its leases expire
+and the others take the jobs over, each as soon as no receiver is carrying out a command of the old
+holder (spark_runtime.command_fence.carrying_out). Every write of a job's supervision state is a
 compare-and-set on the lease (`replace_if_held`, `delete_if_held`), so a controller that stalled
 past its lease cannot overwrite its successor's state.
 
@@ -26,11 +26,20 @@ from spark_runtime.command_fence import RELEASED_PREFIX, holder_of
 # is carrying out a command of the job's last holder (command_fence.carrying_out): KEYS lease,
 # tenure, commands in progress; ARGV owner, ttl ms, the released prefix. Returns the token
 # (command_fence.lease_token).
+# The new tenure is the later of the last one plus one and Redis's clock in milliseconds, not a
+# count from 1: receivers remember the newest tenure they obeyed (command_fence.FenceMemory), so
+# after a Redis that lost its data a count from 1 again would have every controller's command
+# refused as older than one seen before, and could hand a controller a token it held before.
 _ACQUIRE = """
 local current = redis.call('get', KEYS[1])
 if current and string.sub(current, 1, string.len(ARGV[3])) ~= ARGV[3] then return false end
 if redis.call('exists', KEYS[3]) == 1 then return false end
-local token = ARGV[1] .. '#' .. redis.call('incr', KEYS[2])
+local now = redis.call('time')
+local now_ms = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
+local tenure = math.max(tonumber(redis.call('get', KEYS[2]) or '0') + 1, now_ms)
+local number = string.format('%.0f', tenure)
+redis.call('set', KEYS[2], number)
+local token = ARGV[1] .. '#' .. number
 redis.call('set', KEYS[1], token, 'PX', ARGV[2])
 return token
 """

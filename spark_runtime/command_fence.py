@@ -2,16 +2,17 @@
 only while the controller that sent it still holds the job's lease.
 
 A controller holds a job through a lease in Redis (`keys.controller_lease`). Each time any
-controller takes a job's lease, the job's tenure number (`keys.controller_tenure`) goes up by one,
-and the lease holds the token `"{owner}#{tenure}"`. Every command the controller sends for the
-job (a Celery message to a node agent, an entry on a replica's command list) carries that token
-under LEASE_FIELD. A receiver reads the job's lease when the command arrives and carries it out
-only when the lease still holds the token, or holds it released (`RELEASED_PREFIX + token`:
-the holder gave the job up after sending, as a controller stopping a job does after its kills,
-and nobody took it since). A command whose tenure is older than the newest tenure the receiver
-saw for the job is refused without looking further: Kleppmann's fencing tokens, with the lease as
-the authority. A controller that stalled past its lease (a pause, a long GC) finds its commands
-refused, whoever took the job over.
+controller takes a job's lease, the job's tenure number (`keys.controller_tenure`) goes up (to the
+later of one more and Redis's clock in milliseconds, so it goes up still after Redis lost the
+counter with its data), and the lease holds the token `"{owner}#{tenure}"`. Every command the
+controller sends for the job (a Celery message to a node agent, an entry on a replica's command
+list) carries that token under LEASE_FIELD. A receiver reads the job's lease when the command
+arrives and carries it out only when the lease still holds the token, or holds it released
+(`RELEASED_PREFIX + token`: the holder gave the job up after sending, as a controller stopping a
+job does after its kills, and nobody took it since). A command whose tenure is older than the
+newest tenure the receiver saw for the job is refused without looking further: Kleppmann's fencing
+tokens, with the lease as the authority. A controller that stalled past its lease (a pause, a long
+GC) finds its commands refused, whoever took the job over.
 
 A check and the action after it are two steps: a lease taken over between them would let a
 stale command through. So a receiver judges a command with `carrying_out`, which marks the job's

@@ -271,7 +271,7 @@ def test_a_launch_acts_under_a_lease_and_a_controller_taking_over_sends_its_star
     controller.launch_job(job)
     launched = start_messages(redis_conn)
     [launch_token] = {kwargs["lease"] for _, _, kwargs in launched}
-    assert launch_token.startswith("launch:") and tenure_of(launch_token) == 1
+    assert launch_token.startswith("launch:") and tenure_of(launch_token) > 0
     # Given up for a controller to take: its starts count until one does.
     lease_key = control_keys.controller_lease(job.key)
     assert redis_conn.get(lease_key) == RELEASED_PREFIX + launch_token

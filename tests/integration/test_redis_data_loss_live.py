@@ -84,7 +84,11 @@ def test_a_redis_that_comes_back_empty_fails_the_job_without_a_wrong_result(tmp_
         def ended() -> bool:
             return not job_processes({job.key})
 
-        wait_for(ended, 60, "the job's processes ended", poll_s=2)
+        try:
+            wait_for(ended, 60, "the job's processes ended", poll_s=2)
+        except RuntimeError as timeout:
+            left = [" ".join(process.cmdline()[-10:]) for process in job_processes({job.key})]
+            raise AssertionError(f"{timeout}; still running: {left}") from timeout
         print(f"processes ended {time.time() - back_at:.1f} s after Redis came back")
         time.sleep(5)  # anything still on its way would have landed
         after, truth = results(client, job.key), expected_counts(client, job.key)
