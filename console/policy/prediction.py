@@ -16,13 +16,13 @@ A fitted model is a handful of coefficients, so `to_dict()` stores them as plain
 
 from __future__ import annotations
 
-import os
 from bisect import bisect_left
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import astuple, dataclass, field, fields
-from multiprocessing import get_context
 
 import numpy as np
+
+from infra.child import run_in_child
 
 FR_MIN = 0.001
 FR_MAX = 0.999
@@ -59,9 +59,6 @@ FEATURE_NAMES: tuple[str, ...] = tuple(f.name for f in fields(FaultFeatures))
 # A fit of a few thousand rows takes a fraction of a second; the child's start (a new
 # interpreter importing scikit-learn) a few seconds on a busy machine.
 FIT_TIMEOUT_S = 120.0
-# The child's CPU priority (os.setpriority's arguments): nice 10, below the stages. It would
-# inherit the controller's, which is above them (CONTROL_PLANE_NICE), and training can wait.
-FIT_PRIORITY = (os.PRIO_PROCESS, 0, 10)
 
 
 def fit_in_child(x: np.ndarray, y: np.ndarray) -> tuple[list[float], float]:
@@ -116,14 +113,9 @@ class FaultPredictor:
             return False
         x = np.array([r.as_list() for r in rows], dtype=float)
         y = np.array(targets, dtype=float)
-        # In a process of its own, which exits with what it imported (see `fit_in_child`). The
-        # pool's exit terminates its worker: a fit past FIT_TIMEOUT_S (multiprocessing's
-        # TimeoutError) leaves no process behind.
-        with get_context("spawn").Pool(
-            1, initializer=os.setpriority, initargs=FIT_PRIORITY
-        ) as pool:
-            fitted = pool.apply_async(fit_in_child, (x, y)).get(timeout=FIT_TIMEOUT_S)
-        self.coefficients, self.intercept = fitted
+        # In a process of its own, which exits with what it imported (see `fit_in_child`), at
+        # nice 10: training can wait for a recovery. Past FIT_TIMEOUT_S: ChildTimedOut.
+        self.coefficients, self.intercept = run_in_child(fit_in_child, (x, y), FIT_TIMEOUT_S)
         self.status = f"trained on {len(rows)} rows ({int(y.sum())} failures)"
         return True
 

@@ -10,7 +10,6 @@ job's output is audited against ground truth (`audit_closed_episodes`, a Celery 
 
 from __future__ import annotations
 
-import bisect
 import json
 import logging
 from datetime import datetime, timedelta
@@ -32,24 +31,13 @@ from console.policy.recovery import (
     measure_app_faults,
     measure_faults,
 )
+from console.services import output_audit
 from infra import tasks
-from spark_runtime import external_io, kafka_audit, user_plan
+from infra.child import ChildTimedOut
+from spark_runtime import external_io, kafka_audit
 from spark_runtime import keys as data_keys
-from spark_runtime.jobdef import (
-    JobDefinition,
-    Upsert,
-    is_registered_ident,
-    registered_app,
-    resolve_topology,
-)
+from spark_runtime.jobdef import is_registered_ident, registered_app
 from spark_runtime.progress import read_progress
-from spark_runtime.topology import (
-    OUT_CHANNEL,
-    RESULTS_CHANNEL,
-    SINK,
-    STATEFUL_KINDS,
-    channel_key,
-)
 
 # A fault not back to normal this long after is given up on ("not back to normal before ...").
 GIVE_UP_AFTER_S = 600.0
@@ -57,9 +45,6 @@ PROGRESS_READ_LIMIT = 20_000
 # Progress records reach Redis a moment after their batch ends: the last seconds before now are
 # not judged yet, so that a record still in flight is not taken for a gap in the output.
 PUBLISH_LAG_S = 2.0
-# The output audit reads the input in pages of this many entries, and not at all beyond the cap.
-AUDIT_PAGE = 10_000
-AUDIT_MAX_ENTRIES = 2_000_000
 
 
 def judged_until(config: PolicyConfig) -> float:
@@ -103,115 +88,22 @@ def input_started_at(client, job_key: str) -> float | None:
     return int(first_id.split("-")[0]) / 1000.0
 
 
-def _read_stream(client, key: str) -> list[tuple[str, dict]]:
-    """Every entry of a stream, oldest first, read in pages: one XRANGE over millions of entries
-    would block Redis (and with it every heartbeat) while it runs."""
-    entries: list[tuple[str, dict]] = []
-    low = "-"
-    while True:
-        page = client.xrange(key, min=low, count=AUDIT_PAGE)
-        entries.extend(page)
-        if len(page) < AUDIT_PAGE:
-            return entries
-        low = f"({page[-1][0]}"  # exclusive: after the last entry read
-
-
-def input_too_long(job: Job, client) -> bool:
-    """Whether the job's input is past what an audit reads (AUDIT_MAX_ENTRIES)."""
-    if job.source:
-        return kafka_audit.input_size(client, job.key) > AUDIT_MAX_ENTRIES
-    return client.xlen(data_keys.input_stream(job.key)) > AUDIT_MAX_ENTRIES
-
-
-def read_input(job: Job, client) -> list[tuple[str, dict]]:
-    """Every input entry of the job so far, oldest first: its Redis input stream, or for a job
-    reading Kafka the topic's records its plan log covers (spark_runtime/kafka_audit.py)."""
-    source = external_io.load(client, job.key).source
-    if source is not None:
-        return kafka_audit.input_entries(client, job.key, source)
-    return _read_stream(client, data_keys.input_stream(job.key))
-
-
 def audit_output(job: Job, client) -> truth.Comparison | None:
     """Lost and duplicated results in the job's output so far, against ground truth computed in
-    plain Python from its input (console/policy/truth.py, "auditing a running job's output");
-    None for a topology without ground truth or an input too long to audit."""
-    if is_registered_ident(job.topology):
-        return audit_user_job(job, client)
-    if job.topology not in truth.CHECKED_TOPOLOGIES:
+    plain Python from its input (console/policy/truth.py, "auditing a running job's output"),
+    in a child process (console/services/output_audit.py); None for a topology without ground
+    truth or an input too long to audit."""
+    if not has_ground_truth(job):
         return None
-    if input_too_long(job, client):
-        return None
-    # Results first, then the input: the input only grows, so every result's origin is in it.
-    with client.pipeline(transaction=True) as pipe:  # values and versions of one moment
-        pipe.hgetall(data_keys.results(job.key))
-        pipe.hgetall(data_keys.result_versions(job.key))
-        results, versions = pipe.execute()
-    entries = truth.valid_entries(job.topology, read_input(job, client))
-    topology = resolve_topology(job.topology)
-    if job.topology == "topn":
-        window = int(topology.operator("window_count").params["window_seconds"])
-        return truth.audit_topn(
-            entries, results, window, int(topology.operator("topn").params["n"])
+    return output_audit.audit_in_child(
+        output_audit.AuditRequest(
+            job_key=job.key,
+            topology=job.topology,
+            stages=dict(job.operators.values_list("name", "stage")),
+            reads_kafka=bool(job.source),
+            redis=output_audit.RedisAddress.of(client),
         )
-    stages = dict(job.operators.values_list("name", "stage"))
-    via_stream = None
-    if stages.get("count") != stages.get("split"):
-        # count reads split's intermediate stream: map its positions back to input lines.
-        via_stream = {
-            truth.entry_position(entry_id): fields.get("id", "")
-            for entry_id, fields in _read_stream(client, channel_key(job.key, "split"))
-        }
-    return truth.audit_wordcount(entries, results, versions, via_stream)
-
-
-def audit_user_job(job: Job, client) -> truth.Comparison | None:
-    """A user job's output so far against its reference function (console/policy/truth.py,
-    "auditing a running job's output"); None without a reference or with too long an input."""
-    definition = resolve_topology(job.topology).job
-    if not isinstance(definition, JobDefinition):
-        return None  # an existing app writes where its code says: no reference to audit by
-    if definition.reference is None or input_too_long(job, client):
-        return None
-    upsert = isinstance(definition.output, Upsert)
-    sink = RESULTS_CHANNEL if upsert else OUT_CHANNEL
-    last_operator = [op for op in definition.operators if op.kind != SINK][-1].name
-    stage = job.operators.filter(name=last_operator).values_list("stage", flat=True).first()
-    with client.pipeline(transaction=True) as pipe:  # the watermark and what it covers, at once
-        pipe.hget(data_keys.watermarks(job.key, stage or ""), sink)
-        pipe.hgetall(data_keys.results(job.key))
-        pipe.hgetall(data_keys.result_versions(job.key))
-        watermark, values, versions = pipe.execute()
-    if upsert:
-        actual = user_plan.upserted_results(values)
-    else:  # appended keys are written once, so records read later only add keys
-        actual = user_plan.actual_results(definition, client, job.key)
-    # Read after the results: every result's origin is in the input read.
-    entries = read_input(job, client)
-    positions = [truth.entry_position(entry_id) for entry_id, _ in entries]
-    cache: dict[int, dict] = {}
-
-    def reference_at(position: int) -> dict:
-        """The reference over the input up to `position` (inclusive)."""
-        if position not in cache:
-            upto = bisect.bisect_right(positions, position)
-            cache[position] = user_plan.expected_results(definition, entries[:upto])
-        return cache[position]
-
-    covered = truth.version_position(watermark) if watermark else -1
-    settled = reference_at(covered) if watermark else {}
-    later: dict[str, object | None] = {}
-    for key in actual:
-        if upsert:  # its version names the input its value reflects
-            position = truth.version_position(versions.get(key, "0"))
-            past_watermark = position > covered
-        else:  # an appended key carries no version: all the input read covers it
-            position = positions[-1] if positions else 0
-            past_watermark = key not in settled
-        if past_watermark:
-            later[key] = reference_at(position).get(key)
-    stateful = any(op.kind in STATEFUL_KINDS for op in definition.operators)
-    return truth.audit_user_output(settled, later, actual, judge_lost=upsert or not stateful)
+    )
 
 
 def has_ground_truth(job: Job) -> bool:
@@ -244,7 +136,7 @@ def audit_closed_episodes(job: Job, client) -> int:
             return 0
         try:
             audit = audit_output(job, client)
-        except (redis.RedisError, ValueError, KeyError) as exc:
+        except (redis.RedisError, ValueError, KeyError, ChildTimedOut) as exc:
             # Never fatal: the episodes keep their measurement, without an audit.
             logger.warning("job %s: output audit failed: %s", job.key, exc)
             return 0

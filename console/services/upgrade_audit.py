@@ -42,6 +42,7 @@ from console.services.recovery import (
     recovery_settings,
 )
 from infra import keys, tasks
+from infra.child import ChildTimedOut
 from spark_runtime.progress import read_progress
 
 logger = logging.getLogger(__name__)
@@ -120,7 +121,7 @@ def audit_upgrade(upgrade_id: int, client, now: float | None = None) -> str:
         job = upgrade.job
         try:
             comparison = audit_output(job, client)
-        except (redis.RedisError, ValueError, KeyError) as exc:
+        except (redis.RedisError, ValueError, KeyError, ChildTimedOut) as exc:
             logger.warning(
                 "upgrade %s of job %s: output audit failed: %s", upgrade_id, job.key, exc
             )

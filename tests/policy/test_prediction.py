@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import multiprocessing
 import subprocess
 import sys
 from pathlib import Path
@@ -24,6 +23,7 @@ from console.policy.prediction import (
     train_and_judge,
     training_rows,
 )
+from infra.child import ChildTimedOut
 
 
 def row(recent_faults: float) -> FaultFeatures:
@@ -108,7 +108,7 @@ def test_a_fit_past_its_timeout_fails_and_leaves_no_process(monkeypatch):
     monkeypatch.setattr(prediction, "FIT_TIMEOUT_S", 0.001)  # a new interpreter takes longer
     before = {child.pid for child in psutil.Process().children(recursive=True)}
     predictor = FaultPredictor(prior=0.05)
-    with pytest.raises(multiprocessing.TimeoutError):
+    with pytest.raises(ChildTimedOut):
         predictor.fit(*training_set())
     assert not predictor.trained
     left = [c for c in psutil.Process().children(recursive=True) if c.pid not in before]
