@@ -36,6 +36,9 @@ class ProcRow:
     argv: tuple[str, ...]
     rss_mb: float = 0.0
     fds: int = 0
+    # RSS less the pages the process shares: file pages and shared memory (a PostgreSQL
+    # backend's RSS counts every page of the shared buffers it touched). A leak grows this.
+    private_mb: float = 0.0
 
 
 def base_kind(cmdline: Iterable[str]) -> str | None:
@@ -106,18 +109,21 @@ def classify(rows: Iterable[ProcRow], roles_by_pid: dict[int, str] | None = None
 
 
 def totals(rows: Iterable[ProcRow], kinds: dict[int, str]) -> dict[str, dict]:
-    """Per kind: processes, summed RSS (MiB, one decimal) and open file descriptors."""
+    """Per kind: processes, summed RSS and private memory (MiB, one decimal) and open file
+    descriptors."""
     out: dict[str, dict] = {}
     for row in rows:
         kind = kinds.get(row.pid)
         if kind is None:
             continue
-        entry = out.setdefault(kind, {"processes": 0, "rss_mb": 0.0, "fds": 0})
+        entry = out.setdefault(kind, {"processes": 0, "rss_mb": 0.0, "private_mb": 0.0, "fds": 0})
         entry["processes"] += 1
         entry["rss_mb"] += row.rss_mb
+        entry["private_mb"] += row.private_mb
         entry["fds"] += row.fds
     for entry in out.values():
         entry["rss_mb"] = round(entry["rss_mb"], 1)
+        entry["private_mb"] = round(entry["private_mb"], 1)
     return dict(sorted(out.items()))
 
 

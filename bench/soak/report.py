@@ -99,37 +99,49 @@ def rss_of(sample: dict | None) -> dict[str, float]:
     return {kind: entry["rss_mb"] for kind, entry in sample["processes"].items()}
 
 
-def rss_per_process(sample: dict) -> dict[str, float]:
-    """Each process kind's RSS in MB per process in a sample. The number of primaries, standbys,
-    spares and Python workers alive at a sample moves with the faults, so a leak shows in what
-    one process holds, not in the kind's total."""
+def rss_per_process(sample: dict, measure: str = "rss_mb") -> dict[str, float]:
+    """Each process kind's RSS (or `measure`: "private_mb") in MB per process in a sample. The
+    number of primaries, standbys, spares and Python workers alive at a sample moves with the
+    faults, so a leak shows in what one process holds, not in the kind's total. A sample taken
+    before the soak recorded private memory has none."""
     return {
-        kind: round(entry["rss_mb"] / entry["processes"], 1)
+        kind: round(entry[measure] / entry["processes"], 1)
         for kind, entry in sample["processes"].items()
-        if entry.get("processes")
+        if entry.get("processes") and measure in entry
     }
+
+
+def farthest_from(
+    before: dict[str, float], window: list[dict], measure: str = "rss_mb"
+) -> dict[str, float]:
+    """Per kind, the per-process value of `measure` farthest from `before` in `window`."""
+    farthest: dict[str, float] = {}
+    for sample in window:
+        for kind, mb in rss_per_process(sample, measure).items():
+            base = before.get(kind)
+            if base and (kind not in farthest or abs(mb - base) > abs(farthest[kind] - base)):
+                farthest[kind] = mb
+    return farthest
 
 
 def rss_summary(samples: list[dict], duration_s: float) -> dict:
     """`rss_mb` of soak.json: per kind at the reference point and at the end (all its processes
     together), and per process at the reference point and at its farthest from it over the last
-    RSS_WINDOW_S of the run (the samples the goal judges)."""
+    RSS_WINDOW_S of the run (the samples the goal judges); the same per process for private
+    memory (RSS less shared pages), reported beside it and not judged."""
     reference = sample_at(samples, reference_at_s(duration_s))
     end_at = samples[-1]["at_s"] if samples else None
     window_from = max(reference["at_s"], end_at - RSS_WINDOW_S) if reference else None
     window = [s for s in samples if window_from is not None and s["at_s"] >= window_from]
     before = rss_per_process(reference) if reference else {}
-    farthest: dict[str, float] = {}
-    for sample in window:
-        for kind, mb in rss_per_process(sample).items():
-            base = before.get(kind)
-            if base and (kind not in farthest or abs(mb - base) > abs(farthest[kind] - base)):
-                farthest[kind] = mb
+    private_before = rss_per_process(reference, "private_mb") if reference else {}
     return {
         "at_10_min": rss_of(reference),
         "at_end": rss_of(samples[-1] if samples else None),
         "per_process_at_10_min": before,
-        "per_process_farthest": farthest,
+        "per_process_farthest": farthest_from(before, window),
+        "private_per_process_at_10_min": private_before,
+        "private_per_process_farthest": farthest_from(private_before, window, "private_mb"),
         "window_from_s": window_from,
         "reference": reference_label(duration_s),
         "reference_at_s": reference["at_s"] if reference else None,
@@ -379,15 +391,24 @@ def to_markdown(report: dict) -> str:
         "",
         f"| process kind | RSS MB {rss['reference']} | RSS MB at end | per process "
         f"{rss['reference']} | per process, farthest from it in the last "
-        f"{RSS_WINDOW_S / 60:.0f} min |",
-        "|---|---|---|---|---|",
+        f"{RSS_WINDOW_S / 60:.0f} min | private MB per process {rss['reference']} | private, "
+        "farthest |",
+        "|---|---|---|---|---|---|---|",
     ]
+    private_before = rss.get("private_per_process_at_10_min", {})
+    private_farthest = rss.get("private_per_process_farthest", {})
     for kind in sorted(set(rss["at_10_min"]) | set(rss["at_end"])):
         lines.append(
             f"| {kind} | {rss['at_10_min'].get(kind, '-')} | {rss['at_end'].get(kind, '-')} | "
             f"{rss['per_process_at_10_min'].get(kind, '-')} | "
-            f"{rss['per_process_farthest'].get(kind, '-')} |"
+            f"{rss['per_process_farthest'].get(kind, '-')} | {private_before.get(kind, '-')} | "
+            f"{private_farthest.get(kind, '-')} |"
         )
+    lines += [
+        "",
+        "Private memory is RSS less the pages a process shares (file pages, shared memory such "
+        "as PostgreSQL's shared buffers): what a leak grows. It is reported, not judged.",
+    ]
     growth = report["per_hour"]["growth_per_hour"] or {}
     if growth:
         lines += ["", "Growth per hour (reference point to end): " + ", ".join(

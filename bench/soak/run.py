@@ -562,6 +562,7 @@ class Soak(FaultPlay):
                 ppid=proc.info["ppid"] or 0,
                 argv=tuple(proc.info["cmdline"] or ()),
                 rss_mb=memory.rss / 2**20 if memory else 0.0,
+                private_mb=(memory.rss - memory.shared) / 2**20 if memory else 0.0,
                 fds=safe_read(proc.num_fds, 0),
             ))  # fmt: skip
         return rows

@@ -138,14 +138,14 @@ def test_base_kind_from_the_command_line(cmdline, kind):
 
 def stage(pid, ppid, role="primary", job="job-1", replica="count-1"):
     argv = (PY, "-m", "spark_runtime.stage", "--job", job, "--role", role, "--replica-id", replica)
-    return ProcRow(pid, ppid, argv, rss_mb=100.0, fds=20)
+    return ProcRow(pid, ppid, argv, rss_mb=100.0, fds=20, private_mb=60.0)
 
 
 def test_jvms_count_as_their_stage_or_spare_and_orphans_are_found():
     rows = [
         ProcRow(10, 1, (PY, "-m", "celery", "-A", "web", "worker", "-Q", "node.node-1"), 300, 50),
         stage(20, 10),
-        ProcRow(21, 20, tuple(JAVA.split()), rss_mb=500.0, fds=200),
+        ProcRow(21, 20, tuple(JAVA.split()), rss_mb=500.0, fds=200, private_mb=420.0),
         ProcRow(22, 21, (PY, "-m", "pyspark.daemon"), rss_mb=80.0, fds=10),
         ProcRow(23, 22, (PY, "-m", "pyspark.daemon"), rss_mb=60.0, fds=10),
         stage(30, 10, role="standby", replica="count-2"),
@@ -172,12 +172,12 @@ def test_jvms_count_as_their_stage_or_spare_and_orphans_are_found():
         51: "orphan",
     }
     assert totals(rows, kinds) == {
-        "agent": {"processes": 1, "rss_mb": 300.0, "fds": 50},
-        "orphan": {"processes": 2, "rss_mb": 250.0, "fds": 85},
-        "primary": {"processes": 2, "rss_mb": 600.0, "fds": 220},
-        "python-worker": {"processes": 2, "rss_mb": 140.0, "fds": 20},
-        "spare": {"processes": 2, "rss_mb": 390.0, "fds": 110},
-        "standby": {"processes": 2, "rss_mb": 500.0, "fds": 170},
+        "agent": {"processes": 1, "rss_mb": 300.0, "private_mb": 0.0, "fds": 50},
+        "orphan": {"processes": 2, "rss_mb": 250.0, "private_mb": 0.0, "fds": 85},
+        "primary": {"processes": 2, "rss_mb": 600.0, "private_mb": 480.0, "fds": 220},
+        "python-worker": {"processes": 2, "rss_mb": 140.0, "private_mb": 0.0, "fds": 20},
+        "spare": {"processes": 2, "rss_mb": 390.0, "private_mb": 0.0, "fds": 110},
+        "standby": {"processes": 2, "rss_mb": 500.0, "private_mb": 60.0, "fds": 170},
     }
     # A promoted standby keeps its command line; its current role wins.
     assert classify(rows, roles_by_pid={30: "primary"})[31] == "primary"
@@ -345,6 +345,27 @@ def test_rss_is_judged_per_process_over_the_last_half_hour():
     goals = a_report([], [], samples)["goals"]
     assert not goals["rss_stable"]["met"]
     assert "controller 300 -> 333 MB (+11%)" in goals["rss_stable"]["detail"]
+
+
+def test_private_memory_is_reported_beside_rss_and_not_judged():
+    # A PostgreSQL backend's RSS grows with the shared buffers it touches; its private memory
+    # does not. An older soak.json has no private memory: none is reported.
+    samples = []
+    for t in range(0, 3601, 300):
+        one = sample(t, {"postgres": 16 if t <= 600 else 23})
+        one["processes"]["postgres"]["private_mb"] = 5.0
+        samples.append(one)
+    rss = report.rss_summary(samples, 3600)
+    assert rss["private_per_process_at_10_min"] == {"postgres": 5.0}
+    assert rss["private_per_process_farthest"] == {"postgres": 5.0}
+    goals = report.judge_goals(a_report([], [], samples))
+    assert "postgres 16 -> 23 MB" in goals["rss_stable"]["detail"]  # judged on RSS
+    header = {"command": "soak", "date": "2026-11-30", "machine": "2 cores", "spacing_s": [60, 120],
+              "rate": 20, "services": {"note": "PG."}}  # fmt: skip
+    text = report.to_markdown({**a_report([], [], samples), **header})
+    assert "| postgres | 16 | 23 | 16.0 | 23.0 | 5.0 | 5.0 |" in text
+    older = [sample(t, {"postgres": 16}) for t in range(0, 3601, 300)]
+    assert report.rss_summary(older, 3600)["private_per_process_at_10_min"] == {}
 
 
 def test_rss_reference_is_at_ten_minutes_or_the_first_fifth_of_a_short_run():
