@@ -26,17 +26,20 @@ from spark_runtime.command_fence import RELEASED_PREFIX, holder_of
 # is carrying out a command of the job's last holder (command_fence.carrying_out): KEYS lease,
 # tenure, commands in progress; ARGV owner, ttl ms, the released prefix. Returns the token
 # (command_fence.lease_token).
-# The new tenure is the later of the last one plus one and Redis's clock in milliseconds, not a
+# The new tenure is the later of the last one plus one and Redis's clock in microseconds, not a
 # count from 1: receivers remember the newest tenure they obeyed (command_fence.FenceMemory), so
 # after a Redis that lost its data a count from 1 again would have every controller's command
 # refused as older than one seen before, and could hand a controller a token it held before.
+# Microseconds, not milliseconds: a job's lease taken several times within a millisecond (each
+# taking is a script run of some microseconds) would put the count ahead of a millisecond clock,
+# and a taking just after the loss could then get a tenure already given.
 _ACQUIRE = """
 local current = redis.call('get', KEYS[1])
 if current and string.sub(current, 1, string.len(ARGV[3])) ~= ARGV[3] then return false end
 if redis.call('exists', KEYS[3]) == 1 then return false end
 local now = redis.call('time')
-local now_ms = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
-local tenure = math.max(tonumber(redis.call('get', KEYS[2]) or '0') + 1, now_ms)
+local now_us = tonumber(now[1]) * 1000000 + tonumber(now[2])
+local tenure = math.max(tonumber(redis.call('get', KEYS[2]) or '0') + 1, now_us)
 local number = string.format('%.0f', tenure)
 redis.call('set', KEYS[2], number)
 local token = ARGV[1] .. '#' .. number

@@ -3,7 +3,7 @@ only while the controller that sent it still holds the job's lease.
 
 A controller holds a job through a lease in Redis (`keys.controller_lease`). Each time any
 controller takes a job's lease, the job's tenure number (`keys.controller_tenure`) goes up (to the
-later of one more and Redis's clock in milliseconds, so it goes up still after Redis lost the
+later of one more and Redis's clock in microseconds, so it goes up still after Redis lost the
 counter with its data), and the lease holds the token `"{owner}#{tenure}"`. Every command the
 controller sends for the job (a Celery message to a node agent, an entry on a replica's command
 list) carries that token under LEASE_FIELD. A receiver reads the job's lease when the command
