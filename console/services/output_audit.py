@@ -58,12 +58,11 @@ class RedisAddress:
 @dataclass(frozen=True)
 class AuditRequest:
     """What the audit of job `job_key` needs from the database: its `topology`, the stage of
-    each operator (`stages`), whether it reads Kafka (`reads_kafka`), and where its Redis is."""
+    each operator (`stages`), and where its Redis is."""
 
     job_key: str
     topology: str
     stages: dict[str, str]
-    reads_kafka: bool
     redis: RedisAddress
 
 
@@ -102,7 +101,7 @@ def _read_stream(client, key: str) -> list[tuple[str, dict]]:
 
 def _input_too_long(request: AuditRequest, client) -> bool:
     """Whether the job's input is past what an audit reads (AUDIT_MAX_ENTRIES)."""
-    if request.reads_kafka:
+    if external_io.load(client, request.job_key).source is not None:
         return kafka_audit.input_size(client, request.job_key) > AUDIT_MAX_ENTRIES
     return client.xlen(data_keys.input_stream(request.job_key)) > AUDIT_MAX_ENTRIES
 

@@ -100,7 +100,6 @@ def audit_output(job: Job, client) -> truth.Comparison | None:
             job_key=job.key,
             topology=job.topology,
             stages=dict(job.operators.values_list("name", "stage")),
-            reads_kafka=bool(job.source),
             redis=output_audit.RedisAddress.of(client),
         )
     )
