@@ -25,6 +25,11 @@ KAFKA_MAIN_CLASS = "kafka.Kafka"  # the broker's JVM (infra/kafka.py)
 OWNERS = ("primary", "standby", "spare", "generator")
 # Kinds a job owns (the rest belong to the cluster).
 JOB_KINDS = ("primary", "standby", "generator")
+# A process counts as settled once it has run this long: the warm-up the soak's RSS goal gives
+# the run (its reference point is at 10 minutes). A JVM's heap grows for about that long after
+# it starts, so a standby or spare the schedule restarted a minute ago is smaller than a
+# settled one without anything having leaked.
+SETTLED_AGE_S = 600.0
 
 
 @dataclass(frozen=True)
@@ -39,6 +44,7 @@ class ProcRow:
     # RSS less the pages the process shares: file pages and shared memory (a PostgreSQL
     # backend's RSS counts every page of the shared buffers it touched). A leak grows this.
     private_mb: float = 0.0
+    age_s: float = 0.0  # seconds since the process started
 
 
 def base_kind(cmdline: Iterable[str]) -> str | None:
@@ -110,20 +116,27 @@ def classify(rows: Iterable[ProcRow], roles_by_pid: dict[int, str] | None = None
 
 def totals(rows: Iterable[ProcRow], kinds: dict[int, str]) -> dict[str, dict]:
     """Per kind: processes, summed RSS and private memory (MiB, one decimal) and open file
-    descriptors."""
+    descriptors, and under `settled` the processes, RSS and private memory of those that have
+    run at least SETTLED_AGE_S."""
     out: dict[str, dict] = {}
     for row in rows:
         kind = kinds.get(row.pid)
         if kind is None:
             continue
-        entry = out.setdefault(kind, {"processes": 0, "rss_mb": 0.0, "private_mb": 0.0, "fds": 0})
-        entry["processes"] += 1
-        entry["rss_mb"] += row.rss_mb
-        entry["private_mb"] += row.private_mb
+        entry = out.setdefault(kind, {
+            "processes": 0, "rss_mb": 0.0, "private_mb": 0.0, "fds": 0,
+            "settled": {"processes": 0, "rss_mb": 0.0, "private_mb": 0.0},
+        })  # fmt: skip
         entry["fds"] += row.fds
+        parts = (entry, entry["settled"]) if row.age_s >= SETTLED_AGE_S else (entry,)
+        for part in parts:
+            part["processes"] += 1
+            part["rss_mb"] += row.rss_mb
+            part["private_mb"] += row.private_mb
     for entry in out.values():
-        entry["rss_mb"] = round(entry["rss_mb"], 1)
-        entry["private_mb"] = round(entry["private_mb"], 1)
+        for part in (entry, entry["settled"]):
+            part["rss_mb"] = round(part["rss_mb"], 1)
+            part["private_mb"] = round(part["private_mb"], 1)
     return dict(sorted(out.items()))
 
 

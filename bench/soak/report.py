@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 
+from bench.soak.processes import SETTLED_AGE_S
 from bench.soak.schedule import CONTROL_PLANE
 from spark_runtime.keys import job_prefix
 
@@ -100,47 +101,74 @@ def rss_of(sample: dict | None) -> dict[str, float]:
 
 
 def rss_per_process(sample: dict, measure: str = "rss_mb") -> dict[str, float]:
-    """Each process kind's RSS (or `measure`: "private_mb") in MB per process in a sample. The
-    number of primaries, standbys, spares and Python workers alive at a sample moves with the
-    faults, so a leak shows in what one process holds, not in the kind's total. A sample taken
-    before the soak recorded private memory has none."""
-    return {
-        kind: round(entry[measure] / entry["processes"], 1)
-        for kind, entry in sample["processes"].items()
-        if entry.get("processes") and measure in entry
-    }
+    """Each process kind's RSS (or `measure`: "private_mb") in MB per settled process (one that
+    has run SETTLED_AGE_S) in a sample; kinds with no settled process are left out. The number
+    of primaries, standbys, spares and Python workers alive at a sample moves with the faults,
+    and a process the schedule restarted a minute ago is still growing into its size, so a leak
+    shows in what one settled process holds, not in the kind's total. A sample recorded before
+    the soak told settled processes apart counts all of them; one recorded before it measured
+    private memory has none."""
+    out = {}
+    for kind, entry in sample["processes"].items():
+        part = entry.get("settled", entry)
+        if part.get("processes") and measure in part:
+            out[kind] = round(part[measure] / part["processes"], 1)
+    return out
+
+
+def reference_per_process(
+    samples: list[dict], from_s: float, measure: str = "rss_mb"
+) -> dict[str, tuple[float, float]]:
+    """Per kind, (its per-process value, the sample's time) in the first sample at or after
+    `from_s` with a settled process of that kind (a kind whose processes were all restarted
+    just before `from_s` takes its reference later)."""
+    reference: dict[str, tuple[float, float]] = {}
+    for sample in samples:
+        if sample["at_s"] >= from_s:
+            for kind, mb in rss_per_process(sample, measure).items():
+                reference.setdefault(kind, (mb, sample["at_s"]))
+    return reference
 
 
 def farthest_from(
-    before: dict[str, float], window: list[dict], measure: str = "rss_mb"
+    before: dict[str, tuple[float, float]], window: list[dict], measure: str = "rss_mb"
 ) -> dict[str, float]:
-    """Per kind, the per-process value of `measure` farthest from `before` in `window`."""
+    """Per kind, the per-process value of `measure` farthest from its reference (`before`) in
+    the samples of `window` taken at or after that reference."""
     farthest: dict[str, float] = {}
     for sample in window:
         for kind, mb in rss_per_process(sample, measure).items():
-            base = before.get(kind)
-            if base and (kind not in farthest or abs(mb - base) > abs(farthest[kind] - base)):
+            if kind not in before or sample["at_s"] < before[kind][1]:
+                continue
+            base = before[kind][0]
+            if kind not in farthest or abs(mb - base) > abs(farthest[kind] - base):
                 farthest[kind] = mb
     return farthest
 
 
 def rss_summary(samples: list[dict], duration_s: float) -> dict:
     """`rss_mb` of soak.json: per kind at the reference point and at the end (all its processes
-    together), and per process at the reference point and at its farthest from it over the last
-    RSS_WINDOW_S of the run (the samples the goal judges); the same per process for private
-    memory (RSS less shared pages), reported beside it and not judged."""
+    together), and per settled process at the reference point and at its farthest from it over
+    the last RSS_WINDOW_S of the run (the samples the goal judges); the same per settled process
+    for private memory (RSS less shared pages), reported beside it and not judged.
+    `per_process_reference_at_s` names the kinds whose reference came later than the run's."""
     reference = sample_at(samples, reference_at_s(duration_s))
     end_at = samples[-1]["at_s"] if samples else None
     window_from = max(reference["at_s"], end_at - RSS_WINDOW_S) if reference else None
     window = [s for s in samples if window_from is not None and s["at_s"] >= window_from]
-    before = rss_per_process(reference) if reference else {}
-    private_before = rss_per_process(reference, "private_mb") if reference else {}
+    before = reference_per_process(samples, reference["at_s"]) if reference else {}
+    private_before = (
+        reference_per_process(samples, reference["at_s"], "private_mb") if reference else {}
+    )
     return {
         "at_10_min": rss_of(reference),
         "at_end": rss_of(samples[-1] if samples else None),
-        "per_process_at_10_min": before,
+        "per_process_at_10_min": {kind: mb for kind, (mb, _) in before.items()},
         "per_process_farthest": farthest_from(before, window),
-        "private_per_process_at_10_min": private_before,
+        "per_process_reference_at_s": {
+            kind: at for kind, (_, at) in before.items() if at > reference["at_s"]
+        },
+        "private_per_process_at_10_min": {kind: mb for kind, (mb, _) in private_before.items()},
         "private_per_process_farthest": farthest_from(private_before, window, "private_mb"),
         "window_from_s": window_from,
         "reference": reference_label(duration_s),
@@ -338,10 +366,16 @@ def judge_goals(report: dict) -> dict:
     window = (
         f"from {rss['window_from_s']:.0f} s to the end" if rss["window_from_s"] is not None else ""
     )
+    later = rss.get("per_process_reference_at_s", {})
     goals["rss_stable"] = _goal(
         not drift if before else None,
-        f"each kind's RSS per process within {RSS_TOLERANCE:.0%} of its value "
-        f"{rss['reference']} in every sample {window}"
+        f"each kind's RSS per settled process (one that has run {SETTLED_AGE_S / 60:.0f} min) "
+        f"within {RSS_TOLERANCE:.0%} of its value {rss['reference']} in every sample {window}"
+        + (
+            "; reference later for " + ", ".join(f"{k} ({at:.0f} s)" for k, at in later.items())
+            if later
+            else ""
+        )
         + ("; not (farthest): " + ", ".join(drift) if drift else ""),
     )
 
@@ -389,10 +423,10 @@ def to_markdown(report: dict) -> str:
     rss = report["rss_mb"]
     lines += [
         "",
-        f"| process kind | RSS MB {rss['reference']} | RSS MB at end | per process "
-        f"{rss['reference']} | per process, farthest from it in the last "
-        f"{RSS_WINDOW_S / 60:.0f} min | private MB per process {rss['reference']} | private, "
-        "farthest |",
+        f"| process kind | RSS MB {rss['reference']} | RSS MB at end | per settled process "
+        f"{rss['reference']} | per settled process, farthest from it in the last "
+        f"{RSS_WINDOW_S / 60:.0f} min | private MB per settled process {rss['reference']} | "
+        "private, farthest |",
         "|---|---|---|---|---|---|---|",
     ]
     private_before = rss.get("private_per_process_at_10_min", {})
@@ -407,7 +441,9 @@ def to_markdown(report: dict) -> str:
     lines += [
         "",
         "Private memory is RSS less the pages a process shares (file pages, shared memory such "
-        "as PostgreSQL's shared buffers): what a leak grows. It is reported, not judged.",
+        "as PostgreSQL's shared buffers): what a leak grows. It is reported, not judged. A "
+        f"settled process has run at least {SETTLED_AGE_S / 60:.0f} min: a JVM's heap grows for "
+        "about that long after it starts.",
     ]
     growth = report["per_hour"]["growth_per_hour"] or {}
     if growth:

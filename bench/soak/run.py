@@ -548,7 +548,8 @@ class Soak(FaultPlay):
         replica: setproctitle) shows a clobbered environment, hence the first three."""
         known = self.server_pids() | {c.proc.pid for c in list(self.group.children.values())}
         rows = []
-        for proc in psutil.process_iter(["pid", "ppid", "cmdline", "status"]):
+        now = time.time()
+        for proc in psutil.process_iter(["pid", "ppid", "cmdline", "status", "create_time"]):
             if proc.info["status"] == psutil.STATUS_ZOMBIE or proc.pid == os.getpid():
                 continue
             ours = proc.pid in known or (
@@ -564,6 +565,7 @@ class Soak(FaultPlay):
                 rss_mb=memory.rss / 2**20 if memory else 0.0,
                 private_mb=(memory.rss - memory.shared) / 2**20 if memory else 0.0,
                 fds=safe_read(proc.num_fds, 0),
+                age_s=now - (proc.info["create_time"] or now),
             ))  # fmt: skip
         return rows
 

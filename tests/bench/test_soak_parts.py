@@ -136,16 +136,17 @@ def test_base_kind_from_the_command_line(cmdline, kind):
     assert base_kind(cmdline) == kind
 
 
-def stage(pid, ppid, role="primary", job="job-1", replica="count-1"):
+def stage(pid, ppid, role="primary", job="job-1", replica="count-1", age_s=0.0):
     argv = (PY, "-m", "spark_runtime.stage", "--job", job, "--role", role, "--replica-id", replica)
-    return ProcRow(pid, ppid, argv, rss_mb=100.0, fds=20, private_mb=60.0)
+    return ProcRow(pid, ppid, argv, rss_mb=100.0, fds=20, private_mb=60.0, age_s=age_s)
 
 
 def test_jvms_count_as_their_stage_or_spare_and_orphans_are_found():
     rows = [
         ProcRow(10, 1, (PY, "-m", "celery", "-A", "web", "worker", "-Q", "node.node-1"), 300, 50),
-        stage(20, 10),
-        ProcRow(21, 20, tuple(JAVA.split()), rss_mb=500.0, fds=200, private_mb=420.0),
+        # The primary and its JVM have run 11 minutes (settled); the rest started since.
+        stage(20, 10, age_s=660.0),
+        ProcRow(21, 20, tuple(JAVA.split()), rss_mb=500.0, fds=200, private_mb=420.0, age_s=650),
         ProcRow(22, 21, (PY, "-m", "pyspark.daemon"), rss_mb=80.0, fds=10),
         ProcRow(23, 22, (PY, "-m", "pyspark.daemon"), rss_mb=60.0, fds=10),
         stage(30, 10, role="standby", replica="count-2"),
@@ -171,14 +172,18 @@ def test_jvms_count_as_their_stage_or_spare_and_orphans_are_found():
         50: "orphan",
         51: "orphan",
     }
+    none = {"processes": 0, "rss_mb": 0.0, "private_mb": 0.0}
     assert totals(rows, kinds) == {
-        "agent": {"processes": 1, "rss_mb": 300.0, "private_mb": 0.0, "fds": 50},
-        "orphan": {"processes": 2, "rss_mb": 250.0, "private_mb": 0.0, "fds": 85},
-        "primary": {"processes": 2, "rss_mb": 600.0, "private_mb": 480.0, "fds": 220},
-        "python-worker": {"processes": 2, "rss_mb": 140.0, "private_mb": 0.0, "fds": 20},
-        "spare": {"processes": 2, "rss_mb": 390.0, "private_mb": 0.0, "fds": 110},
-        "standby": {"processes": 2, "rss_mb": 500.0, "private_mb": 60.0, "fds": 170},
-    }
+        "agent": {"processes": 1, "rss_mb": 300.0, "private_mb": 0.0, "fds": 50, "settled": none},
+        "orphan": {"processes": 2, "rss_mb": 250.0, "private_mb": 0.0, "fds": 85, "settled": none},
+        "primary": {"processes": 2, "rss_mb": 600.0, "private_mb": 480.0, "fds": 220,
+                    "settled": {"processes": 2, "rss_mb": 600.0, "private_mb": 480.0}},
+        "python-worker": {"processes": 2, "rss_mb": 140.0, "private_mb": 0.0, "fds": 20,
+                          "settled": none},
+        "spare": {"processes": 2, "rss_mb": 390.0, "private_mb": 0.0, "fds": 110, "settled": none},
+        "standby": {"processes": 2, "rss_mb": 500.0, "private_mb": 60.0, "fds": 170,
+                    "settled": none},
+    }  # fmt: skip
     # A promoted standby keeps its command line; its current role wins.
     assert classify(rows, roles_by_pid={30: "primary"})[31] == "primary"
 
@@ -345,6 +350,39 @@ def test_rss_is_judged_per_process_over_the_last_half_hour():
     goals = a_report([], [], samples)["goals"]
     assert not goals["rss_stable"]["met"]
     assert "controller 300 -> 333 MB (+11%)" in goals["rss_stable"]["detail"]
+
+
+def test_rss_is_judged_on_settled_processes_and_a_kind_restarted_late_takes_a_later_reference():
+    # Standbys are killed and restarted by the schedule: a new one has not grown into its size
+    # yet and must not count as a change. PostgreSQL is restarted at 9 minutes, so it has no
+    # settled backend at 10 minutes and takes its reference at the first sample with one.
+    samples = []
+    for t in range(0, 3601, 300):
+        one = sample(t, {"standby": 700, "postgres": 20})
+        one["processes"]["standby"]["settled"] = (
+            {"processes": 1, "rss_mb": 350.0, "private_mb": 300.0}
+            if t in (3000, 3300)  # one of the two was restarted
+            else {"processes": 2, "rss_mb": 700.0, "private_mb": 600.0}
+        )
+        one["processes"]["standby"]["rss_mb"] = 350 + (100 if t in (3000, 3300) else 350)
+        one["processes"]["postgres"]["settled"] = (
+            {"processes": 0, "rss_mb": 0.0, "private_mb": 0.0}
+            if t < 1200
+            else {"processes": 1, "rss_mb": 20.0 if t < 3600 else 23.0, "private_mb": 3.0}
+        )
+        samples.append(one)
+    rss = report.rss_summary(samples, 3600)
+    assert rss["per_process_at_10_min"] == {"standby": 350.0, "postgres": 20.0}
+    assert rss["per_process_reference_at_s"] == {"postgres": 1200}
+    # The restarted standby (100 MB) is not in the figures.
+    assert report.rss_per_process(samples[10])["standby"] == 350.0
+    goals = report.judge_goals(a_report([], [], samples))
+    assert not goals["rss_stable"]["met"]  # the settled backend grew 15% in the last sample
+    assert "postgres 20 -> 23 MB (+15%)" in goals["rss_stable"]["detail"]
+    assert "reference later for postgres (1200 s)" in goals["rss_stable"]["detail"]
+    assert "standby" not in goals["rss_stable"]["detail"].split("not (farthest)")[1]
+    samples[-1]["processes"]["postgres"]["settled"]["rss_mb"] = 21.0
+    assert report.judge_goals(a_report([], [], samples))["rss_stable"]["met"]
 
 
 def test_private_memory_is_reported_beside_rss_and_not_judged():
