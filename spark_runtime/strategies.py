@@ -40,15 +40,16 @@ ALL_STANDBYS = "all"  # every stage, the reserve not kept (the resource upper bo
 #   numbers after 26 s (its layout request alone took 7 s) and the browser test gave up in 2
 #   runs of 3; at this level it passed 3 of 3. Its work comes in short bursts (a refresh every
 #   2 s), which at a primary's weight wait little and take little from a primary;
-# - recovery first (issue 59): work that restores service runs above the steady work of every
-#   job. A primary that takes over (a promoted standby, or a stage restarted from its
-#   checkpoint, by a restart or a relaunch) runs at RECOVERING_NICE from its start or promotion
-#   for RECOVERY_PRIORITY_S, time for a restart's JVM and state restore, its first output and
-#   the backlog of the gap, then at PRIMARY_NICE: bounded, so a stage that keeps failing does
-#   not hold the class for ever. A standby seeded from its primary's checkpoint (a new standby
-#   after a promotion, a standby the policy adds or restores: the stage is unprotected until it
-#   has caught up) catches up at REPROTECTING_NICE, above the steady primaries, below the
-#   recovering primary it protects. Measured: docs/RESULTS.md, "Recovery first";
+# - recovery first (issue 59): work that restores service runs above the steady work of every job,
+#   whatever the strategies of the jobs (the steady levels below are the strategy's, the recovery
+#   class the host's). A primary that takes over (a promoted standby, or a stage restarted from its
+#   checkpoint, by a restart or a relaunch) runs at RECOVERING_NICE from its start or promotion for
+#   RECOVERY_PRIORITY_S, time for a restart's JVM and state restore, its first output and the
+#   backlog of the gap, then at PRIMARY_NICE: bounded, so a stage that keeps failing does not hold
+#   the class for ever. A standby seeded from its primary's checkpoint (a new standby after a
+#   promotion, a standby the policy adds or restores: the stage is unprotected until it has caught
+#   up) catches up at REPROTECTING_NICE, above the steady primaries, below the recovering primary it
+#   protects. Measured: docs/RESULTS.md, "Recovery first";
 # - a steady primary at PRIMARY_NICE, where its process may raise its priority (CAP_SYS_NICE or an
 #   RLIMIT_NICE of 25; elsewhere as high as its limit lets it). After a promotion the new
 #   primary works off the input of the failover gap while a taken spare starts the new standby
@@ -140,8 +141,10 @@ RESTART_ALL = Strategy(
     standbys=NO_STANDBYS,
     policy_moves_standbys=False,
     on_failure=RestartJobFailover(),
-    # The plain Spark baseline: none of Backstop's mechanisms. (An existing app's restarts take
-    # over warm spares all the same: SupervisorState.takes_warm_spares says why.)
+    # The plain Spark baseline: none of Backstop's mechanisms but the host's recovery class
+    # (a restart runs above other jobs' steady work: stage.wanted_nice), which helps it only
+    # when other jobs share the cores. (An existing app's restarts take over warm spares all
+    # the same: SupervisorState.takes_warm_spares says why.)
     seeded_standbys=False,
     warm_spares=False,
     cpu_priorities=False,

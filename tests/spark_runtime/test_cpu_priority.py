@@ -54,7 +54,7 @@ def test_a_primary_runs_above_the_normal_level_and_only_a_caught_up_standby_belo
     assert wanted_nice(True, "standby", CATCHING_UP, started=True) == 0
     # Starting: Spark's fixed 10 s for the source's Python worker to connect back.
     assert wanted_nice(True, "standby", RUNNING, started=False) == 0
-    # A strategy without CPU priorities (restart-all, local-restart): everything at 0.
+    # A strategy without CPU priorities (restart-all, local-restart): steady work at 0.
     assert wanted_nice(False, "standby", RUNNING, started=True) == 0
     assert wanted_nice(False, "primary", RUNNING, started=True) == 0
     # An upgrade's new version about to take over: at the normal level.
@@ -81,7 +81,10 @@ def test_recovery_first_a_recovering_primary_and_a_reseeding_standby_run_above_s
     # The order: control plane, recovering primary, re-protecting standby, steady primaries.
     assert CONTROL_PLANE_NICE < RECOVERING_NICE < REPROTECTING_NICE < PRIMARY_NICE
     assert wanted_nice(True, "primary", RUNNING, True, recovering=True) == RECOVERING_NICE
-    assert wanted_nice(False, "primary", RUNNING, True, recovering=True) == 0
+    # Recovery first is the host's rule, not the strategy's: a restarted primary of a job
+    # under local-restart or restart-all restores service above other jobs' steady work too.
+    assert wanted_nice(False, "primary", RUNNING, True, recovering=True) == RECOVERING_NICE
+    assert wanted_nice(False, "standby", CATCHING_UP, True, recovering=True) == 0
     # A standby seeded from its primary's checkpoint re-protects a stage: above steady work
     # while it catches up, then below its primary as any caught-up standby.
     assert wanted_nice(True, "standby", CATCHING_UP, True, seeded=True) == REPROTECTING_NICE
