@@ -25,10 +25,11 @@ KAFKA_MAIN_CLASS = "kafka.Kafka"  # the broker's JVM (infra/kafka.py)
 OWNERS = ("primary", "standby", "spare", "generator")
 # Kinds a job owns (the rest belong to the cluster).
 JOB_KINDS = ("primary", "standby", "generator")
-# A process counts as settled once it has run this long: the warm-up the soak's RSS goal gives
-# the run (its reference point is at 10 minutes). A JVM's heap grows for about that long after
-# it starts, so a standby or spare the schedule restarted a minute ago is smaller than a
-# settled one without anything having leaked.
+# A process has settled in its role once it has run this long in it: the warm-up the soak's
+# RSS goal gives the run (its reference point is at 10 minutes). A JVM's heap grows for about
+# that long after it starts, so a standby or spare the schedule restarted a minute ago is
+# smaller than a settled one without anything having leaked (bench/soak/report.py,
+# `process_drift`).
 SETTLED_AGE_S = 600.0
 
 
@@ -116,28 +117,32 @@ def classify(rows: Iterable[ProcRow], roles_by_pid: dict[int, str] | None = None
 
 def totals(rows: Iterable[ProcRow], kinds: dict[int, str]) -> dict[str, dict]:
     """Per kind: processes, summed RSS and private memory (MiB, one decimal) and open file
-    descriptors, and under `settled` the processes, RSS and private memory of those that have
-    run at least SETTLED_AGE_S."""
+    descriptors."""
     out: dict[str, dict] = {}
     for row in rows:
         kind = kinds.get(row.pid)
         if kind is None:
             continue
-        entry = out.setdefault(kind, {
-            "processes": 0, "rss_mb": 0.0, "private_mb": 0.0, "fds": 0,
-            "settled": {"processes": 0, "rss_mb": 0.0, "private_mb": 0.0},
-        })  # fmt: skip
+        entry = out.setdefault(kind, {"processes": 0, "rss_mb": 0.0, "private_mb": 0.0, "fds": 0})
+        entry["processes"] += 1
+        entry["rss_mb"] += row.rss_mb
+        entry["private_mb"] += row.private_mb
         entry["fds"] += row.fds
-        parts = (entry, entry["settled"]) if row.age_s >= SETTLED_AGE_S else (entry,)
-        for part in parts:
-            part["processes"] += 1
-            part["rss_mb"] += row.rss_mb
-            part["private_mb"] += row.private_mb
     for entry in out.values():
-        for part in (entry, entry["settled"]):
-            part["rss_mb"] = round(part["rss_mb"], 1)
-            part["private_mb"] = round(part["private_mb"], 1)
+        entry["rss_mb"] = round(entry["rss_mb"], 1)
+        entry["private_mb"] = round(entry["private_mb"], 1)
     return dict(sorted(out.items()))
+
+
+def process_rows(rows: Iterable[ProcRow], kinds: dict[int, str]) -> list[list]:
+    """Each of Backstop's processes as `[pid, kind, RSS MiB, private MiB, age s]`, for the
+    goal that follows every process's own memory (bench/soak/report.py, `process_drift`)."""
+    return [
+        [row.pid, kinds[row.pid], round(row.rss_mb, 1), round(row.private_mb, 1),
+         round(row.age_s)]
+        for row in sorted(rows, key=lambda r: r.pid)
+        if row.pid in kinds
+    ]  # fmt: skip
 
 
 def unowned(

@@ -101,76 +101,97 @@ def rss_of(sample: dict | None) -> dict[str, float]:
 
 
 def rss_per_process(sample: dict, measure: str = "rss_mb") -> dict[str, float]:
-    """Each process kind's RSS (or `measure`: "private_mb") in MB per settled process (one that
-    has run SETTLED_AGE_S) in a sample; kinds with no settled process are left out. The number
-    of primaries, standbys, spares and Python workers alive at a sample moves with the faults,
-    and a process the schedule restarted a minute ago is still growing into its size, so a leak
-    shows in what one settled process holds, not in the kind's total. A sample recorded before
-    the soak told settled processes apart counts all of them; one recorded before it measured
-    private memory has none."""
-    out = {}
-    for kind, entry in sample["processes"].items():
-        part = entry.get("settled", entry)
-        if part.get("processes") and measure in part:
-            out[kind] = round(part[measure] / part["processes"], 1)
-    return out
-
-
-def reference_per_process(
-    samples: list[dict], from_s: float, measure: str = "rss_mb"
-) -> dict[str, tuple[float, float]]:
-    """Per kind, (its per-process value, the sample's time) in the first sample at or after
-    `from_s` with a settled process of that kind (a kind whose processes were all restarted
-    just before `from_s` takes its reference later)."""
-    reference: dict[str, tuple[float, float]] = {}
-    for sample in samples:
-        if sample["at_s"] >= from_s:
-            for kind, mb in rss_per_process(sample, measure).items():
-                reference.setdefault(kind, (mb, sample["at_s"]))
-    return reference
+    """Each process kind's RSS (or `measure`: "private_mb") in MB per process in a sample. The
+    number of primaries, standbys, spares and Python workers alive at a sample moves with the
+    faults, so a leak shows in what one process holds, not in the kind's total. A sample taken
+    before the soak recorded private memory has none."""
+    return {
+        kind: round(entry[measure] / entry["processes"], 1)
+        for kind, entry in sample["processes"].items()
+        if entry.get("processes") and measure in entry
+    }
 
 
 def farthest_from(
-    before: dict[str, tuple[float, float]], window: list[dict], measure: str = "rss_mb"
+    before: dict[str, float], window: list[dict], measure: str = "rss_mb"
 ) -> dict[str, float]:
-    """Per kind, the per-process value of `measure` farthest from its reference (`before`) in
-    the samples of `window` taken at or after that reference."""
+    """Per kind, the per-process value of `measure` farthest from `before` in `window`."""
     farthest: dict[str, float] = {}
     for sample in window:
         for kind, mb in rss_per_process(sample, measure).items():
-            if kind not in before or sample["at_s"] < before[kind][1]:
-                continue
-            base = before[kind][0]
-            if kind not in farthest or abs(mb - base) > abs(farthest[kind] - base):
+            base = before.get(kind)
+            if base and (kind not in farthest or abs(mb - base) > abs(farthest[kind] - base)):
                 farthest[kind] = mb
     return farthest
 
 
+def process_drift(
+    samples: list[dict], reference_from_s: float, window_from_s: float
+) -> dict[str, dict]:
+    """How far each process's own RSS moved, per kind: the memory goal followed process by
+    process, from the samples' `process_rows` (a run recorded before them has none: {}).
+
+    A process in one role (a pid's life as one kind: a promoted standby starts a new one as a
+    primary) takes its reference in the first sample at or after `reference_from_s` in which it
+    has been in that role SETTLED_AGE_S, and is compared with it in each later sample from
+    `window_from_s` on. A process restarted or promoted late in the run is judged from when it
+    settled, and one that never settled (or left no later sample) is not judged. Returns, per
+    kind with a judged process, `processes` (how many) and the one that moved most: `pid`,
+    `from_mb`, `to_mb`, `change` (a fraction)."""
+    lives: dict[tuple, list[tuple[float, float]]] = {}
+    current: dict[int, tuple[str, float, float]] = {}  # pid -> (kind, age, in that kind since)
+    for sample in samples:
+        at = sample["at_s"]
+        for pid, kind, rss, _private, age in sample.get("process_rows", ()):
+            known = current.get(pid)
+            if known is None or age < known[1]:
+                since = at - age  # a new process (or its pid used again)
+            elif kind != known[0]:
+                since = at  # a new role: it settles into this one from now
+            else:
+                since = known[2]
+            current[pid] = (kind, age, since)
+            lives.setdefault((pid, kind, since), []).append((at, rss))
+    drift: dict[str, dict] = {}
+    for (pid, kind, since), values in sorted(lives.items()):
+        ref_from = max(reference_from_s, since + SETTLED_AGE_S)
+        reference = next(((at, mb) for at, mb in values if at >= ref_from), None)
+        if reference is None or not reference[1]:
+            continue
+        later = [mb for at, mb in values if at > reference[0] and at >= window_from_s]
+        if not later:
+            continue
+        farthest = max(later, key=lambda mb: abs(mb - reference[1]))
+        change = (farthest - reference[1]) / reference[1]
+        entry = drift.setdefault(kind, {"processes": 0, "change": 0.0})
+        entry["processes"] += 1
+        if "pid" not in entry or abs(change) > abs(entry["change"]):
+            entry.update(pid=pid, from_mb=reference[1], to_mb=farthest, change=round(change, 4))
+    return dict(sorted(drift.items()))
+
+
 def rss_summary(samples: list[dict], duration_s: float) -> dict:
     """`rss_mb` of soak.json: per kind at the reference point and at the end (all its processes
-    together), and per settled process at the reference point and at its farthest from it over
-    the last RSS_WINDOW_S of the run (the samples the goal judges); the same per settled process
-    for private memory (RSS less shared pages), reported beside it and not judged.
-    `per_process_reference_at_s` names the kinds whose reference came later than the run's."""
+    together), and per process at the reference point and at its farthest from it over the last
+    RSS_WINDOW_S of the run (the samples the goal judges); the same per process for private
+    memory (RSS less shared pages), reported beside it and not judged."""
     reference = sample_at(samples, reference_at_s(duration_s))
     end_at = samples[-1]["at_s"] if samples else None
     window_from = max(reference["at_s"], end_at - RSS_WINDOW_S) if reference else None
     window = [s for s in samples if window_from is not None and s["at_s"] >= window_from]
-    before = reference_per_process(samples, reference["at_s"]) if reference else {}
-    private_before = (
-        reference_per_process(samples, reference["at_s"], "private_mb") if reference else {}
-    )
+    before = rss_per_process(reference) if reference else {}
+    private_before = rss_per_process(reference, "private_mb") if reference else {}
     return {
         "at_10_min": rss_of(reference),
         "at_end": rss_of(samples[-1] if samples else None),
-        "per_process_at_10_min": {kind: mb for kind, (mb, _) in before.items()},
+        "per_process_at_10_min": before,
         "per_process_farthest": farthest_from(before, window),
-        "per_process_reference_at_s": {
-            kind: at for kind, (_, at) in before.items() if at > reference["at_s"]
-        },
-        "private_per_process_at_10_min": {kind: mb for kind, (mb, _) in private_before.items()},
+        "private_per_process_at_10_min": private_before,
         "private_per_process_farthest": farthest_from(private_before, window, "private_mb"),
         "window_from_s": window_from,
+        "process_drift": (
+            process_drift(samples, reference["at_s"], window_from) if reference else {}
+        ),
         "reference": reference_label(duration_s),
         "reference_at_s": reference["at_s"] if reference else None,
         "end_at_s": end_at,
@@ -317,6 +338,49 @@ def judge_reprotects(faults: list[dict]) -> dict:
     )
 
 
+def judge_rss(rss: dict) -> dict:
+    """RSS within RSS_TOLERANCE of its value at the reference point over the last RSS_WINDOW_S:
+    each process against itself where the run recorded its processes (`process_drift`), else
+    each kind's RSS per process (the kind's processes come and go with the faults, and one
+    restarted a minute ago has not grown into its size yet: an older run's judge)."""
+    window = (
+        f"from {rss['window_from_s']:.0f} s to the end" if rss["window_from_s"] is not None else ""
+    )
+    by_process = {
+        kind: entry
+        for kind, entry in rss.get("process_drift", {}).items()
+        if kind not in RSS_UNJUDGED
+    }
+    if by_process:
+        drift = [
+            f"{kind} (pid {e['pid']}) {e['from_mb']:g} -> {e['to_mb']:g} MB ({e['change']:+.0%})"
+            for kind, e in by_process.items()
+            if abs(e["change"]) > RSS_TOLERANCE
+        ]
+        judged = sum(e["processes"] for e in by_process.values())
+        return _goal(
+            not drift,
+            f"each process's RSS within {RSS_TOLERANCE:.0%} of its own value {rss['reference']} "
+            f"(or once it had run {SETTLED_AGE_S / 60:.0f} min in its role, if later) in every "
+            f"sample {window}; {judged} processes of {len(by_process)} kinds judged"
+            + ("; not (farthest): " + ", ".join(drift) if drift else ""),
+        )
+    before, farthest = rss["per_process_at_10_min"], rss["per_process_farthest"]
+    drift = []
+    for kind, base in before.items():
+        if kind in RSS_UNJUDGED or kind not in farthest:
+            continue
+        change = (farthest[kind] - base) / base
+        if abs(change) > RSS_TOLERANCE:
+            drift.append(f"{kind} {base:g} -> {farthest[kind]:g} MB ({change:+.0%})")
+    return _goal(
+        not drift if before else None,
+        f"each kind's RSS per process within {RSS_TOLERANCE:.0%} of its value "
+        f"{rss['reference']} in every sample {window}"
+        + ("; not (farthest): " + ", ".join(drift) if drift else ""),
+    )
+
+
 def judge_goals(report: dict) -> dict:
     """The goals of issues 44 and 59, each `{"met": True/False/None (not judged), "detail"}`."""
     goals = {}
@@ -354,30 +418,7 @@ def judge_goals(report: dict) -> dict:
     goals["fast_recoveries"] = judge_recovery_times(judged)
     goals["reprotected"] = judge_reprotects(judged)
 
-    rss = report["rss_mb"]
-    before, farthest = rss["per_process_at_10_min"], rss["per_process_farthest"]
-    drift = []
-    for kind, base in before.items():
-        if kind in RSS_UNJUDGED or kind not in farthest:
-            continue
-        change = (farthest[kind] - base) / base
-        if abs(change) > RSS_TOLERANCE:
-            drift.append(f"{kind} {base:g} -> {farthest[kind]:g} MB ({change:+.0%})")
-    window = (
-        f"from {rss['window_from_s']:.0f} s to the end" if rss["window_from_s"] is not None else ""
-    )
-    later = rss.get("per_process_reference_at_s", {})
-    goals["rss_stable"] = _goal(
-        not drift if before else None,
-        f"each kind's RSS per settled process (one that has run {SETTLED_AGE_S / 60:.0f} min) "
-        f"within {RSS_TOLERANCE:.0%} of its value {rss['reference']} in every sample {window}"
-        + (
-            "; reference later for " + ", ".join(f"{k} ({at:.0f} s)" for k, at in later.items())
-            if later
-            else ""
-        )
-        + ("; not (farthest): " + ", ".join(drift) if drift else ""),
-    )
+    goals["rss_stable"] = judge_rss(report["rss_mb"])
 
     growth = report["per_hour"]["growth_per_hour"]
     if growth is None:
@@ -423,10 +464,10 @@ def to_markdown(report: dict) -> str:
     rss = report["rss_mb"]
     lines += [
         "",
-        f"| process kind | RSS MB {rss['reference']} | RSS MB at end | per settled process "
-        f"{rss['reference']} | per settled process, farthest from it in the last "
-        f"{RSS_WINDOW_S / 60:.0f} min | private MB per settled process {rss['reference']} | "
-        "private, farthest |",
+        f"| process kind | RSS MB {rss['reference']} | RSS MB at end | per process "
+        f"{rss['reference']} | per process, farthest from it in the last "
+        f"{RSS_WINDOW_S / 60:.0f} min | private MB per process {rss['reference']} | private, "
+        "farthest |",
         "|---|---|---|---|---|---|---|",
     ]
     private_before = rss.get("private_per_process_at_10_min", {})
@@ -441,10 +482,22 @@ def to_markdown(report: dict) -> str:
     lines += [
         "",
         "Private memory is RSS less the pages a process shares (file pages, shared memory such "
-        "as PostgreSQL's shared buffers): what a leak grows. It is reported, not judged. A "
-        f"settled process has run at least {SETTLED_AGE_S / 60:.0f} min: a JVM's heap grows for "
-        "about that long after it starts.",
+        "as PostgreSQL's shared buffers): what a leak grows. It is reported, not judged.",
     ]
+    drift = rss.get("process_drift", {})
+    if drift:
+        lines += [
+            "",
+            f"Each process against itself (the goal), from {rss['reference']} or once it had run "
+            f"{SETTLED_AGE_S / 60:.0f} min in its role, in the last {RSS_WINDOW_S / 60:.0f} min:",
+            "",
+            "| process kind | processes judged | the one that moved most | RSS MB then | "
+            "farthest | change |",
+            "|---|---|---|---|---|---|",
+        ]
+        for kind, e in drift.items():
+            lines.append(f"| {kind} | {e['processes']} | pid {e['pid']} | {e['from_mb']:g} | "
+                         f"{e['to_mb']:g} | {e['change']:+.1%} |")  # fmt: skip
     growth = report["per_hour"]["growth_per_hour"] or {}
     if growth:
         lines += ["", "Growth per hour (reference point to end): " + ", ".join(

@@ -605,6 +605,7 @@ class Soak(FaultPlay):
             sample = {
                 "at_s": at_s,
                 "processes": soak_processes.totals(rows, kinds),
+                "process_rows": soak_processes.process_rows(rows, kinds),
                 "unowned": soak_processes.unowned(rows, kinds, live_jobs, ended),
                 "db_rows": db_rows,
                 "redis": {

@@ -7,7 +7,7 @@ from collections import Counter
 import pytest
 
 from bench.soak import report
-from bench.soak.processes import ProcRow, base_kind, classify, totals, unowned
+from bench.soak.processes import ProcRow, base_kind, classify, process_rows, totals, unowned
 from bench.soak.run import parse_policy, set_run_policy
 from bench.soak.schedule import (
     CONTROL_PLANE,
@@ -136,17 +136,16 @@ def test_base_kind_from_the_command_line(cmdline, kind):
     assert base_kind(cmdline) == kind
 
 
-def stage(pid, ppid, role="primary", job="job-1", replica="count-1", age_s=0.0):
+def stage(pid, ppid, role="primary", job="job-1", replica="count-1"):
     argv = (PY, "-m", "spark_runtime.stage", "--job", job, "--role", role, "--replica-id", replica)
-    return ProcRow(pid, ppid, argv, rss_mb=100.0, fds=20, private_mb=60.0, age_s=age_s)
+    return ProcRow(pid, ppid, argv, rss_mb=100.0, fds=20, private_mb=60.0)
 
 
 def test_jvms_count_as_their_stage_or_spare_and_orphans_are_found():
     rows = [
         ProcRow(10, 1, (PY, "-m", "celery", "-A", "web", "worker", "-Q", "node.node-1"), 300, 50),
-        # The primary and its JVM have run 11 minutes (settled); the rest started since.
-        stage(20, 10, age_s=660.0),
-        ProcRow(21, 20, tuple(JAVA.split()), rss_mb=500.0, fds=200, private_mb=420.0, age_s=650),
+        stage(20, 10),
+        ProcRow(21, 20, tuple(JAVA.split()), rss_mb=500.0, fds=200, private_mb=420.0),
         ProcRow(22, 21, (PY, "-m", "pyspark.daemon"), rss_mb=80.0, fds=10),
         ProcRow(23, 22, (PY, "-m", "pyspark.daemon"), rss_mb=60.0, fds=10),
         stage(30, 10, role="standby", replica="count-2"),
@@ -172,18 +171,14 @@ def test_jvms_count_as_their_stage_or_spare_and_orphans_are_found():
         50: "orphan",
         51: "orphan",
     }
-    none = {"processes": 0, "rss_mb": 0.0, "private_mb": 0.0}
     assert totals(rows, kinds) == {
-        "agent": {"processes": 1, "rss_mb": 300.0, "private_mb": 0.0, "fds": 50, "settled": none},
-        "orphan": {"processes": 2, "rss_mb": 250.0, "private_mb": 0.0, "fds": 85, "settled": none},
-        "primary": {"processes": 2, "rss_mb": 600.0, "private_mb": 480.0, "fds": 220,
-                    "settled": {"processes": 2, "rss_mb": 600.0, "private_mb": 480.0}},
-        "python-worker": {"processes": 2, "rss_mb": 140.0, "private_mb": 0.0, "fds": 20,
-                          "settled": none},
-        "spare": {"processes": 2, "rss_mb": 390.0, "private_mb": 0.0, "fds": 110, "settled": none},
-        "standby": {"processes": 2, "rss_mb": 500.0, "private_mb": 60.0, "fds": 170,
-                    "settled": none},
-    }  # fmt: skip
+        "agent": {"processes": 1, "rss_mb": 300.0, "private_mb": 0.0, "fds": 50},
+        "orphan": {"processes": 2, "rss_mb": 250.0, "private_mb": 0.0, "fds": 85},
+        "primary": {"processes": 2, "rss_mb": 600.0, "private_mb": 480.0, "fds": 220},
+        "python-worker": {"processes": 2, "rss_mb": 140.0, "private_mb": 0.0, "fds": 20},
+        "spare": {"processes": 2, "rss_mb": 390.0, "private_mb": 0.0, "fds": 110},
+        "standby": {"processes": 2, "rss_mb": 500.0, "private_mb": 60.0, "fds": 170},
+    }
     # A promoted standby keeps its command line; its current role wins.
     assert classify(rows, roles_by_pid={30: "primary"})[31] == "primary"
 
@@ -352,37 +347,48 @@ def test_rss_is_judged_per_process_over_the_last_half_hour():
     assert "controller 300 -> 333 MB (+11%)" in goals["rss_stable"]["detail"]
 
 
-def test_rss_is_judged_on_settled_processes_and_a_kind_restarted_late_takes_a_later_reference():
-    # Standbys are killed and restarted by the schedule: a new one has not grown into its size
-    # yet and must not count as a change. PostgreSQL is restarted at 9 minutes, so it has no
-    # settled backend at 10 minutes and takes its reference at the first sample with one.
+def test_each_process_is_judged_against_itself_once_settled_in_its_role():
+    def rows_at(t):
+        rows = [[100, "primary", 400.0 if t < 3600 else 420.0, 300.0, t + 30]]  # +5% at the end
+        if t <= 2700:
+            rows.append([200, "standby", 350.0, 280.0, t + 30])
+        else:  # killed by the schedule; its replacement settles only in the last sample
+            rows.append([201, "standby", {3000: 100.0, 3300: 300.0}.get(t, 340.0), 1.0, t - 2940])
+        # A standby promoted at 30 minutes: a primary from then on, settled 10 minutes later.
+        if t < 1800:
+            rows.append([300, "standby", 350.0, 280.0, t + 30])
+        else:
+            rows.append([300, "primary", 425.0 if t >= 2400 else 380.0, 300.0, t + 30])
+        # A PostgreSQL backend; the database restarted at 25 minutes and the pid came again.
+        if t < 1500:
+            rows.append([400, "postgres", 20.0, 3.0, t + 30])
+        else:
+            rows.append([400, "postgres", 23.0 if t == 3600 else 20.0, 3.0, t - 1450])
+        return rows
+
     samples = []
     for t in range(0, 3601, 300):
-        one = sample(t, {"standby": 700, "postgres": 20})
-        one["processes"]["standby"]["settled"] = (
-            {"processes": 1, "rss_mb": 350.0, "private_mb": 300.0}
-            if t in (3000, 3300)  # one of the two was restarted
-            else {"processes": 2, "rss_mb": 700.0, "private_mb": 600.0}
-        )
-        one["processes"]["standby"]["rss_mb"] = 350 + (100 if t in (3000, 3300) else 350)
-        one["processes"]["postgres"]["settled"] = (
-            {"processes": 0, "rss_mb": 0.0, "private_mb": 0.0}
-            if t < 1200
-            else {"processes": 1, "rss_mb": 20.0 if t < 3600 else 23.0, "private_mb": 3.0}
-        )
+        one = sample(t, {"primary": 800, "standby": 350, "postgres": 20})
+        one["process_rows"] = rows_at(t)
         samples.append(one)
-    rss = report.rss_summary(samples, 3600)
-    assert rss["per_process_at_10_min"] == {"standby": 350.0, "postgres": 20.0}
-    assert rss["per_process_reference_at_s"] == {"postgres": 1200}
-    # The restarted standby (100 MB) is not in the figures.
-    assert report.rss_per_process(samples[10])["standby"] == 350.0
-    goals = report.judge_goals(a_report([], [], samples))
-    assert not goals["rss_stable"]["met"]  # the settled backend grew 15% in the last sample
-    assert "postgres 20 -> 23 MB (+15%)" in goals["rss_stable"]["detail"]
-    assert "reference later for postgres (1200 s)" in goals["rss_stable"]["detail"]
-    assert "standby" not in goals["rss_stable"]["detail"].split("not (farthest)")[1]
-    samples[-1]["processes"]["postgres"]["settled"]["rss_mb"] = 21.0
-    assert report.judge_goals(a_report([], [], samples))["rss_stable"]["met"]
+    drift = report.rss_summary(samples, 3600)["process_drift"]
+    # pid 100 and pid 300 as a primary; standby 200 until it was killed, 201 never settled
+    # with a later sample; the backend's second life (pid 400 again) settled at 2700 s.
+    assert drift["primary"] == {"processes": 2, "pid": 100, "from_mb": 400.0, "to_mb": 420.0,
+                                "change": 0.05}  # fmt: skip
+    assert (drift["standby"]["processes"], drift["standby"]["pid"]) == (1, 200)
+    assert drift["postgres"]["processes"] == 1 and drift["postgres"]["change"] == 0.15
+    goals = a_report([], [], samples)["goals"]
+    assert not goals["rss_stable"]["met"]
+    assert goals["rss_stable"]["detail"].endswith(
+        "4 processes of 3 kinds judged; not (farthest): postgres (pid 400) 20 -> 23 MB (+15%)"
+    )
+    samples[-1]["process_rows"][-1][2] = 21.0
+    assert a_report([], [], samples)["goals"]["rss_stable"]["met"]
+    assert process_rows(
+        [ProcRow(7, 1, ("x",), rss_mb=10.04, private_mb=5.0, age_s=99.6), ProcRow(8, 1, ("y",))],
+        {7: "agent"},
+    ) == [[7, "agent", 10.0, 5.0, 100]]
 
 
 def test_private_memory_is_reported_beside_rss_and_not_judged():
