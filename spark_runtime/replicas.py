@@ -46,6 +46,9 @@ class ReplicaSpec:
     # The strategy's CPU priorities: a primary above the normal level, a standby below it
     # (strategies.PRIMARY_NICE, STANDBY_NICE).
     cpu_priorities: bool = False
+    # The strategy's recovery class: a primary that restores service runs above steady work
+    # for a while (strategies.RECOVERING_NICE), also where `cpu_priorities` is off.
+    recovery_first: bool = False
     # The new version of an upgrade (spark_runtime/upgrade.py): run at full pace as a standby.
     successor: bool = False
 
@@ -57,6 +60,8 @@ class ReplicaSpec:
         args += ["--operators", ",".join(self.operators)]
         if self.cpu_priorities:
             args.append("--cpu-priorities")
+        if self.recovery_first:
+            args.append("--recovery-first")
         if self.successor:
             args.append("--successor")
         for param in self.params:

@@ -2,14 +2,17 @@
 
     python -m spark_runtime.stage --job ID --topology NAME --stage NAME --operators OP,OP \
         --role primary|standby --replica-id ID --node NODE [--redis-url URL] \
-        [--checkpoint-dir DIR] [--seed-from DIR] [--cpu-priorities] [--successor] \
+        [--checkpoint-dir DIR] [--seed-from DIR] [--cpu-priorities] [--recovery-first] \
+        [--successor] \
         [--trigger-seconds S] [--checkpoint-interval S --spark-conf KEY=VALUE ...] \
         [--light-input-wait-s S] [--param OP.KEY=VALUE ...]
 
 A standby started with `--seed-from` (its primary's checkpoint) begins from a copy of the
 primary's latest committed batch instead of replaying the input from the beginning. With
 `--cpu-priorities` a primary runs above the normal CPU priority (where the process may raise
-it) and a caught-up standby below it (spark_runtime/strategies.py has the levels).
+it) and a caught-up standby below it (spark_runtime/strategies.py has the levels); with
+`--recovery-first` (implied by `--cpu-priorities`) a primary restored from its checkpoint or
+promoted runs above every job's steady work for a while.
 `--light-input-wait-s` lets its Redis sources hold light input up to that long before a batch
 reads it (spark_runtime/redis_source.py, RedisStreamReader.hold_light_input): a replica with
 little input pays a micro-batch's fixed cost that often instead of on every trigger.
@@ -152,6 +155,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--checkpoint-dir", default=None)
     parser.add_argument("--seed-from", default=None, help="checkpoint to copy before a first start")
     parser.add_argument("--cpu-priorities", action="store_true")
+    parser.add_argument("--recovery-first", action="store_true")
     parser.add_argument(
         "--successor", action="store_true", help="an upgrade's new version: never paced down"
     )
@@ -348,10 +352,10 @@ def wanted_nice(
     successor: bool = False,
     recovering: bool = False,
     seeded: bool = False,
+    recovery_first: bool = False,
 ) -> int:
     """The nice level of this replica's processes under the strategy's CPU priorities
-    (`cpu_priorities`; else the normal level but for recovery): a primary runs above the normal
-    priority, a
+    (`cpu_priorities`; else the normal level): a primary runs above the normal priority, a
     standby that is starting or catching up at it, and a caught-up standby below it, unless it
     is an upgrade's new version about to take over (`successor`): at the normal level it keeps
     up with the primary it replaces.
@@ -362,13 +366,11 @@ def wanted_nice(
     again and again on a busy machine (fresh-clone CI runs, 2026-11-23).
 
     Recovery first: a primary `recovering` (it took over within RECOVERY_PRIORITY_S:
-    `recovering_since`) runs at RECOVERING_NICE under every strategy, and a `seeded` standby
-    catching up (it re-protects a stage that ran) at REPROTECTING_NICE, both above steady
-    primaries. A job whose strategy has no CPU priorities (local-restart, restart-all) still
-    restores service first: its restart at the normal level waited behind the steady primaries
-    of the adaptive jobs beside it (a local restart of 33.6 s in a soak, 21.4 s of it starting
-    the JVM and restoring state)."""
-    if role == "primary" and recovering:
+    `recovering_since`) runs at RECOVERING_NICE, and a `seeded` standby catching up (it
+    re-protects a stage that ran) at REPROTECTING_NICE, both above steady primaries. A strategy
+    without steady levels may still have the recovery class (`recovery_first`: local-restart),
+    so that its restarts do not wait behind other jobs' steady primaries."""
+    if role == "primary" and recovering and (cpu_priorities or recovery_first):
         return RECOVERING_NICE
     if not cpu_priorities:
         return 0
@@ -379,6 +381,17 @@ def wanted_nice(
     if ready == CATCHING_UP:
         return REPROTECTING_NICE if seeded else CATCHING_UP_NICE
     return STANDBY_NICE
+
+
+def starting_nice(recovery_first: bool, role: str, resumed: bool, app: bool) -> int:
+    """The nice level a replica starts at, until its first batch: the normal one, but for a
+    primary restarted from its checkpoint (`resumed`), which restores service from its JVM's
+    start, under a strategy with the recovery class: RECOVERING_NICE (wanted_nice takes over
+    from there). Not an existing `app`'s: its loop (supervise_app) never sets its level again,
+    and apps run under restart-all, the plain Spark baseline, anyway."""
+    if recovery_first and role == "primary" and resumed and not app:
+        return RECOVERING_NICE
+    return 0
 
 
 def recovering_since(role: str, started_at: float, resumed: bool, promoted_at) -> float | None:
@@ -511,15 +524,14 @@ def run(args, spark=None, spare: str | None = None) -> int:
     if spare is not None:
         state.note(warm_spare=spare)
     resumed = resumes_checkpoint(args)
-    # The normal priority until its first batch; a primary restarted from its checkpoint
-    # restores service, from its JVM's start: the recovery class, whatever the strategy
-    # (wanted_nice).
-    restarting = args.role == "primary" and resumed
-    state.update(nice=set_group_nice(RECOVERING_NICE if restarting else 0), resumed=resumed)
+    app = registered_app(args.topology)
+    start_level = starting_nice(
+        args.cpu_priorities or args.recovery_first, args.role, resumed, app is not None
+    )
+    state.update(nice=set_group_nice(start_level), resumed=resumed)
     stop_beats = threading.Event()
     beats = threading.Thread(target=heartbeat_loop, args=(state, stop_beats), daemon=True)
     beats.start()
-    app = registered_app(args.topology)
     if app is not None:
         return run_app(args, client, state, app, stop_beats, spark)
     try:
@@ -638,6 +650,7 @@ def supervise_queries(args, client, state: ReplicaState, runtime, stop_beats) ->
                     args.successor,
                     recovering=is_recovering(since, time.time()),
                     seeded=bool(args.seed_from),
+                    recovery_first=args.recovery_first,
                 )
                 pace = batch_every_s(wanted, full_pace)
                 if (

@@ -263,6 +263,7 @@ class SupervisorState:
             seed_from=seed,
             warm=self.takes_warm_spares,
             cpu_priorities=strategy.cpu_priorities,
+            recovery_first=strategy.recovery_first,
         )
 
     def _node_for(self, index: int, avoid: str | None = None) -> str:

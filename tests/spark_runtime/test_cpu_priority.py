@@ -54,7 +54,7 @@ def test_a_primary_runs_above_the_normal_level_and_only_a_caught_up_standby_belo
     assert wanted_nice(True, "standby", CATCHING_UP, started=True) == 0
     # Starting: Spark's fixed 10 s for the source's Python worker to connect back.
     assert wanted_nice(True, "standby", RUNNING, started=False) == 0
-    # A strategy without CPU priorities (restart-all, local-restart): steady work at 0.
+    # A strategy without CPU priorities (restart-all, local-restart): everything at 0.
     assert wanted_nice(False, "standby", RUNNING, started=True) == 0
     assert wanted_nice(False, "primary", RUNNING, started=True) == 0
     # An upgrade's new version about to take over: at the normal level.
@@ -81,10 +81,12 @@ def test_recovery_first_a_recovering_primary_and_a_reseeding_standby_run_above_s
     # The order: control plane, recovering primary, re-protecting standby, steady primaries.
     assert CONTROL_PLANE_NICE < RECOVERING_NICE < REPROTECTING_NICE < PRIMARY_NICE
     assert wanted_nice(True, "primary", RUNNING, True, recovering=True) == RECOVERING_NICE
-    # Recovery first is the host's rule, not the strategy's: a restarted primary of a job
-    # under local-restart or restart-all restores service above other jobs' steady work too.
-    assert wanted_nice(False, "primary", RUNNING, True, recovering=True) == RECOVERING_NICE
-    assert wanted_nice(False, "standby", CATCHING_UP, True, recovering=True) == 0
+    assert wanted_nice(False, "primary", RUNNING, True, recovering=True) == 0  # restart-all
+    # local-restart: steady work at the normal level, its restarts in the recovery class.
+    local = {"recovery_first": True}
+    assert wanted_nice(False, "primary", RUNNING, True, recovering=True, **local) == -8
+    assert wanted_nice(False, "primary", RUNNING, True, recovering=False, **local) == 0
+    assert wanted_nice(False, "standby", CATCHING_UP, True, seeded=True, **local) == 0
     # A standby seeded from its primary's checkpoint re-protects a stage: above steady work
     # while it catches up, then below its primary as any caught-up standby.
     assert wanted_nice(True, "standby", CATCHING_UP, True, seeded=True) == REPROTECTING_NICE
@@ -99,6 +101,22 @@ def test_recovery_first_a_recovering_primary_and_a_reseeding_standby_run_above_s
     assert is_recovering(100.0, 100.0 + RECOVERY_PRIORITY_S - 0.1)
     assert not is_recovering(100.0, 100.0 + RECOVERY_PRIORITY_S)
     assert not is_recovering(None, 100.0)
+
+
+def test_a_restarted_primary_starts_in_the_recovery_class_unless_an_app_or_the_baseline():
+    from spark_runtime.stage import starting_nice
+    from spark_runtime.strategies import RECOVERING_NICE, STRATEGY_TABLE
+
+    assert starting_nice(True, "primary", resumed=True, app=False) == RECOVERING_NICE
+    assert starting_nice(True, "primary", resumed=False, app=False) == 0  # a first start
+    assert starting_nice(True, "standby", resumed=True, app=False) == 0
+    # An existing app's loop never lowers its level again: it starts at the normal one.
+    assert starting_nice(True, "primary", resumed=True, app=True) == 0
+    assert starting_nice(False, "primary", resumed=True, app=False) == 0
+    # restart-all stays the plain Spark baseline; every other strategy restores service first.
+    first = {name: s.recovery_first or s.cpu_priorities for name, s in STRATEGY_TABLE.items()}
+    assert first == {"restart-all": False, "local-restart": True, "adaptive": True,
+                     "active-all": True}  # fmt: skip
 
 
 def test_a_replica_resumes_a_checkpoint_with_commits_or_a_seed(tmp_path):

@@ -73,6 +73,7 @@ def strategy(name: str, on_failure: FailoverStrategy, standbys: str, chaining: s
         seeded_standbys=False,
         warm_spares=False,
         cpu_priorities=False,
+        recovery_first=False,
     )
 
 
