@@ -125,9 +125,14 @@ def farthest_from(
     return farthest
 
 
+# Two sightings of a pid are one process if their start times (sample time less age) are this
+# close: a sample's time and the ages it reads are taken up to a few seconds apart.
+SAME_START_S = 5.0
+
+
 def process_drift(
     samples: list[dict], reference_from_s: float, window_from_s: float
-) -> dict[str, dict]:
+) -> dict[str, dict] | None:
     """How far each process's own RSS moved, per kind: the memory goal followed process by
     process, from the samples' `process_rows` (a run recorded before them has none: {}).
 
@@ -137,20 +142,26 @@ def process_drift(
     `window_from_s` on. A process restarted or promoted late in the run is judged from when it
     settled, and one that never settled (or left no later sample) is not judged. Returns, per
     kind with a judged process, `processes` (how many) and the one that moved most: `pid`,
-    `from_mb`, `to_mb`, `change` (a fraction)."""
+    `from_mb`, `to_mb`, `change` (a fraction); None for a run whose samples hold no processes
+    (recorded before they did)."""
+    if not any("process_rows" in sample for sample in samples):
+        return None
     lives: dict[tuple, list[tuple[float, float]]] = {}
-    current: dict[int, tuple[str, float, float]] = {}  # pid -> (kind, age, in that kind since)
+    current: dict[int, tuple[str, float, float]] = {}  # pid -> (kind, started at, in kind since)
     for sample in samples:
         at = sample["at_s"]
         for pid, kind, rss, _private, age in sample.get("process_rows", ()):
+            if rss <= 0:
+                continue  # its memory could not be read (it was ending)
+            started = at - age
             known = current.get(pid)
-            if known is None or age < known[1]:
-                since = at - age  # a new process (or its pid used again)
+            if known is None or abs(started - known[1]) > SAME_START_S:
+                since = started  # a new process (or its pid used again)
             elif kind != known[0]:
                 since = at  # a new role: it settles into this one from now
             else:
                 since = known[2]
-            current[pid] = (kind, age, since)
+            current[pid] = (kind, started, since)
             lives.setdefault((pid, kind, since), []).append((at, rss))
     drift: dict[str, dict] = {}
     for (pid, kind, since), values in sorted(lives.items()):
@@ -190,7 +201,7 @@ def rss_summary(samples: list[dict], duration_s: float) -> dict:
         "private_per_process_farthest": farthest_from(private_before, window, "private_mb"),
         "window_from_s": window_from,
         "process_drift": (
-            process_drift(samples, reference["at_s"], window_from) if reference else {}
+            process_drift(samples, reference["at_s"], window_from) if reference else None
         ),
         "reference": reference_label(duration_s),
         "reference_at_s": reference["at_s"] if reference else None,
@@ -346,12 +357,13 @@ def judge_rss(rss: dict) -> dict:
     window = (
         f"from {rss['window_from_s']:.0f} s to the end" if rss["window_from_s"] is not None else ""
     )
-    by_process = {
-        kind: entry
-        for kind, entry in rss.get("process_drift", {}).items()
-        if kind not in RSS_UNJUDGED
-    }
-    if by_process:
+    if rss.get("process_drift") is not None:
+        by_process = {
+            kind: entry for kind, entry in rss["process_drift"].items() if kind not in RSS_UNJUDGED
+        }
+        if not by_process:
+            return _goal(None, f"no process had run {SETTLED_AGE_S / 60:.0f} min in its role "
+                               f"{rss['reference']} with a sample after it")  # fmt: skip
         drift = [
             f"{kind} (pid {e['pid']}) {e['from_mb']:g} -> {e['to_mb']:g} MB ({e['change']:+.0%})"
             for kind, e in by_process.items()
@@ -362,7 +374,7 @@ def judge_rss(rss: dict) -> dict:
             not drift,
             f"each process's RSS within {RSS_TOLERANCE:.0%} of its own value {rss['reference']} "
             f"(or once it had run {SETTLED_AGE_S / 60:.0f} min in its role, if later) in every "
-            f"sample {window}; {judged} processes of {len(by_process)} kinds judged"
+            f"sample {window}; judged: {judged} process(es) of {len(by_process)} kind(s)"
             + ("; not (farthest): " + ", ".join(drift) if drift else ""),
         )
     before, farthest = rss["per_process_at_10_min"], rss["per_process_farthest"]
@@ -484,12 +496,13 @@ def to_markdown(report: dict) -> str:
         "Private memory is RSS less the pages a process shares (file pages, shared memory such "
         "as PostgreSQL's shared buffers): what a leak grows. It is reported, not judged.",
     ]
-    drift = rss.get("process_drift", {})
+    drift = {k: e for k, e in (rss.get("process_drift") or {}).items() if k not in RSS_UNJUDGED}
     if drift:
         lines += [
             "",
             f"Each process against itself (the goal), from {rss['reference']} or once it had run "
-            f"{SETTLED_AGE_S / 60:.0f} min in its role, in the last {RSS_WINDOW_S / 60:.0f} min:",
+            f"{SETTLED_AGE_S / 60:.0f} min in its role, in every sample from "
+            f"{rss['window_from_s']:.0f} s:",
             "",
             "| process kind | processes judged | the one that moved most | RSS MB then | "
             "farthest | change |",

@@ -364,6 +364,14 @@ def test_each_process_is_judged_against_itself_once_settled_in_its_role():
             rows.append([400, "postgres", 20.0, 3.0, t + 30])
         else:
             rows.append([400, "postgres", 23.0 if t == 3600 else 20.0, 3.0, t - 1450])
+        # A short-lived process, and its pid used again much later by one that then grows from
+        # its start (it never settles: not judged, though it was last seen younger).
+        if t == 300:
+            rows.append([500, "postgres", 20.0, 3.0, 20])
+        if t >= 3300:
+            rows.append([500, "postgres", 14.0 if t == 3300 else 30.0, 3.0, t - 3100])
+        # A memory read that failed (a process ending as it was sampled) is not a change.
+        rows.append([600, "controller", 0.0 if t == 3000 else 230.0, 160.0, t + 30])
         return rows
 
     samples = []
@@ -378,13 +386,22 @@ def test_each_process_is_judged_against_itself_once_settled_in_its_role():
                                 "change": 0.05}  # fmt: skip
     assert (drift["standby"]["processes"], drift["standby"]["pid"]) == (1, 200)
     assert drift["postgres"]["processes"] == 1 and drift["postgres"]["change"] == 0.15
+    assert drift["controller"] == {"processes": 1, "pid": 600, "from_mb": 230.0, "to_mb": 230.0,
+                                   "change": 0.0}  # fmt: skip
     goals = a_report([], [], samples)["goals"]
     assert not goals["rss_stable"]["met"]
     assert goals["rss_stable"]["detail"].endswith(
-        "4 processes of 3 kinds judged; not (farthest): postgres (pid 400) 20 -> 23 MB (+15%)"
+        "judged: 5 process(es) of 4 kind(s); not (farthest): postgres (pid 400) 20 -> 23 MB (+15%)"
     )
-    samples[-1]["process_rows"][-1][2] = 21.0
+    backend = next(r for r in samples[-1]["process_rows"] if r[0] == 400)
+    backend[2] = 21.0
     assert a_report([], [], samples)["goals"]["rss_stable"]["met"]
+    # A run with processes recorded but none settled yet is not judged (not judged per kind).
+    short = [{**one, "process_rows": rows_at(one["at_s"])[:1]} for one in samples[:2]]
+    short[1]["processes"]["primary"]["rss_mb"] = 1600
+    rss = report.rss_summary(short, 300)
+    assert rss["process_drift"] == {}
+    assert report.judge_rss(rss)["met"] is None
     assert process_rows(
         [ProcRow(7, 1, ("x",), rss_mb=10.04, private_mb=5.0, age_s=99.6), ProcRow(8, 1, ("y",))],
         {7: "agent"},
