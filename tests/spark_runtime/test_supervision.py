@@ -269,6 +269,8 @@ def test_strategies_differ_only_through_the_strategy_table():
         assert bool(standbys) == (definition.standbys != "none"), name
         assert all(s.warm == definition.warm_spares for s in specs), name
         assert all(s.cpu_priorities == definition.cpu_priorities for s in specs), name
+        assert all(s.recovery_first == definition.recovery_first for s in specs), name
+        assert ("--recovery-first" in specs[0].argv()) == definition.recovery_first, name
 
 
 def _catching_up_standby_and_failed_primary():
