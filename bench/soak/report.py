@@ -500,9 +500,9 @@ def to_markdown(report: dict) -> str:
     if drift:
         lines += [
             "",
-            f"Each process against itself (the goal), from {rss['reference']} or once it had run "
-            f"{SETTLED_AGE_S / 60:.0f} min in its role, in every sample from "
-            f"{rss['window_from_s']:.0f} s:",
+            f"Each process against itself (the goal): its RSS {rss['reference']}, or once it had "
+            f"run {SETTLED_AGE_S / 60:.0f} min in its role if later, against every sample from "
+            f"{rss['window_from_s']:.0f} s on:",
             "",
             "| process kind | processes judged | the one that moved most | RSS MB then | "
             "farthest | change |",
