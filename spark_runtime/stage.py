@@ -11,8 +11,8 @@ A standby started with `--seed-from` (its primary's checkpoint) begins from a co
 primary's latest committed batch instead of replaying the input from the beginning. With
 `--cpu-priorities` a primary runs above the normal CPU priority (where the process may raise
 it) and a caught-up standby below it (spark_runtime/strategies.py has the levels); with
-`--recovery-first` (implied by `--cpu-priorities`) a primary restored from its checkpoint or
-promoted runs above every job's steady work for a while.
+`--recovery-first` a primary restored from its checkpoint or promoted runs above every job's
+steady work for a while (the strategy decides each apart: local-restart has only the latter).
 `--light-input-wait-s` lets its Redis sources hold light input up to that long before a batch
 reads it (spark_runtime/redis_source.py, RedisStreamReader.hold_light_input): a replica with
 little input pays a micro-batch's fixed cost that often instead of on every trigger.
@@ -365,12 +365,13 @@ def wanted_nice(
     standby niced at launch (caught up, as its primary had written nothing yet) failed that
     again and again on a busy machine (fresh-clone CI runs, 2026-11-23).
 
-    Recovery first: a primary `recovering` (it took over within RECOVERY_PRIORITY_S:
-    `recovering_since`) runs at RECOVERING_NICE, and a `seeded` standby catching up (it
+    Recovery first: under a strategy with the recovery class (`recovery_first`), a primary
+    `recovering` (it took over within RECOVERY_PRIORITY_S: `recovering_since`) runs at
+    RECOVERING_NICE; under one with CPU priorities, a `seeded` standby catching up (it
     re-protects a stage that ran) at REPROTECTING_NICE, both above steady primaries. A strategy
-    without steady levels may still have the recovery class (`recovery_first`: local-restart),
-    so that its restarts do not wait behind other jobs' steady primaries."""
-    if role == "primary" and recovering and (cpu_priorities or recovery_first):
+    without steady levels may still have the recovery class (local-restart), so that its
+    restarts do not wait behind other jobs' steady primaries."""
+    if role == "primary" and recovering and recovery_first:
         return RECOVERING_NICE
     if not cpu_priorities:
         return 0
@@ -525,9 +526,7 @@ def run(args, spark=None, spare: str | None = None) -> int:
         state.note(warm_spare=spare)
     resumed = resumes_checkpoint(args)
     app = registered_app(args.topology)
-    start_level = starting_nice(
-        args.cpu_priorities or args.recovery_first, args.role, resumed, app is not None
-    )
+    start_level = starting_nice(args.recovery_first, args.role, resumed, app is not None)
     state.update(nice=set_group_nice(start_level), resumed=resumed)
     stop_beats = threading.Event()
     beats = threading.Thread(target=heartbeat_loop, args=(state, stop_beats), daemon=True)

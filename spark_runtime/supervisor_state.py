@@ -66,6 +66,8 @@ def _current_replica_entry(item: dict, strategy: str) -> dict:
     if "low_priority" in spec:  # saved before primaries took part in CPU priorities
         del spec["low_priority"]
         spec["cpu_priorities"] = get_strategy(strategy).cpu_priorities
+    # Saved before strategies had a recovery class of their own (it came with CPU priorities).
+    spec.setdefault("recovery_first", get_strategy(strategy).recovery_first)
     return {"launched_at": item["since"], **item, "spec": spec}
 
 

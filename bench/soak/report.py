@@ -167,7 +167,7 @@ def process_drift(
     for (pid, kind, since), values in sorted(lives.items()):
         ref_from = max(reference_from_s, since + SETTLED_AGE_S)
         reference = next(((at, mb) for at, mb in values if at >= ref_from), None)
-        if reference is None or not reference[1]:
+        if reference is None:
             continue
         later = [mb for at, mb in values if at > reference[0] and at >= window_from_s]
         if not later:

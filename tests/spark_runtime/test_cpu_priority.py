@@ -80,7 +80,10 @@ def test_recovery_first_a_recovering_primary_and_a_reseeding_standby_run_above_s
 
     # The order: control plane, recovering primary, re-protecting standby, steady primaries.
     assert CONTROL_PLANE_NICE < RECOVERING_NICE < REPROTECTING_NICE < PRIMARY_NICE
-    assert wanted_nice(True, "primary", RUNNING, True, recovering=True) == RECOVERING_NICE
+    assert (
+        wanted_nice(True, "primary", RUNNING, True, recovering=True, recovery_first=True)
+        == RECOVERING_NICE
+    )
     assert wanted_nice(False, "primary", RUNNING, True, recovering=True) == 0  # restart-all
     # local-restart: steady work at the normal level, its restarts in the recovery class.
     local = {"recovery_first": True}
@@ -114,7 +117,7 @@ def test_a_restarted_primary_starts_in_the_recovery_class_unless_an_app_or_the_b
     assert starting_nice(True, "primary", resumed=True, app=True) == 0
     assert starting_nice(False, "primary", resumed=True, app=False) == 0
     # restart-all stays the plain Spark baseline; every other strategy restores service first.
-    first = {name: s.recovery_first or s.cpu_priorities for name, s in STRATEGY_TABLE.items()}
+    first = {name: s.recovery_first for name, s in STRATEGY_TABLE.items()}
     assert first == {"restart-all": False, "local-restart": True, "adaptive": True,
                      "active-all": True}  # fmt: skip
 

@@ -586,17 +586,21 @@ def test_dropping_a_stage_in_the_middle_of_a_move_kills_both_standbys():
 
 
 def test_a_machine_saved_before_primaries_took_part_in_cpu_priorities_loads():
-    """Supervisor state saved in Redis by the previous version has `low_priority` (standbys
-    only) in its replica specs: it loads, with the strategy's cpu_priorities for every replica."""
+    """Supervisor state saved in Redis by an older version has `low_priority` (standbys only)
+    and no `recovery_first` in its replica specs: it loads, with the strategy's cpu_priorities
+    and recovery class for every replica."""
     sup = Supervisor("j", "wordcount", {"count": ("split", "count")}, "adaptive", NODES, {"count"})
     sup.start(0.0)
     saved = json.loads(json.dumps(sup.to_dict()))
     for item in saved["replicas"]:
         del item["spec"]["cpu_priorities"]
+        del item["spec"]["recovery_first"]
         item["spec"]["low_priority"] = item["spec"]["role"] == "standby"
     restored = Supervisor.from_dict(saved)
     assert {r.spec.role for r in restored.replicas.values()} == {"primary", "standby"}
     assert all(r.spec.cpu_priorities for r in restored.replicas.values())
+    # Nor had it a recovery class apart from CPU priorities: the strategy's is filled in.
+    assert all(r.spec.recovery_first for r in restored.replicas.values())
 
 
 def test_a_machine_saved_by_a_newer_version_with_fields_unknown_here_loads(caplog):
