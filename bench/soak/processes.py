@@ -46,6 +46,11 @@ class ProcRow:
     # backend's RSS counts every page of the shared buffers it touched). A leak grows this.
     private_mb: float = 0.0
     age_s: float = 0.0  # seconds since the process started
+    # The pages of shared memory segments it has touched (RssShmem): PostgreSQL's shared
+    # buffers, one segment of fixed size that every PostgreSQL process maps. A process's RSS
+    # counts the pages of it that it has touched so far, so it rises without the segment
+    # growing (bench/soak/report.py judges RSS less this).
+    shmem_mb: float = 0.0
 
 
 def base_kind(cmdline: Iterable[str]) -> str | None:
@@ -135,11 +140,12 @@ def totals(rows: Iterable[ProcRow], kinds: dict[int, str]) -> dict[str, dict]:
 
 
 def process_rows(rows: Iterable[ProcRow], kinds: dict[int, str]) -> list[list]:
-    """Each of Backstop's processes as `[pid, kind, RSS MiB, private MiB, age s]`, for the
-    goal that follows every process's own memory (bench/soak/report.py, `process_drift`)."""
+    """Each of Backstop's processes as `[pid, kind, RSS MiB, private MiB, age s, shared
+    memory MiB]`, for the goal that follows every process's own memory (bench/soak/report.py,
+    `process_drift`)."""
     return [
         [row.pid, kinds[row.pid], round(row.rss_mb, 1), round(row.private_mb, 1),
-         round(row.age_s)]
+         round(row.age_s), round(row.shmem_mb, 1)]
         for row in sorted(rows, key=lambda r: r.pid)
         if row.pid in kinds
     ]  # fmt: skip

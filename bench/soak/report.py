@@ -130,11 +130,23 @@ def farthest_from(
 SAME_START_S = 5.0
 
 
+def row_memory(row: list, measure: str) -> float:
+    """A process row's memory by `measure`: "rss", or "rss_less_shmem" (RSS less the pages of
+    shared memory segments it touched, as a row records since it does: a PostgreSQL process's
+    RSS rises as it touches more of the shared buffers, one fixed segment; an older row has no
+    such column and gives its RSS)."""
+    rss = row[2]
+    if measure == "rss_less_shmem" and len(row) > 5:
+        return rss - row[5]
+    return rss
+
+
 def process_drift(
-    samples: list[dict], reference_from_s: float, window_from_s: float
+    samples: list[dict], reference_from_s: float, window_from_s: float, measure: str = "rss"
 ) -> dict[str, dict] | None:
-    """How far each process's own RSS moved, per kind: the memory goal followed process by
-    process, from the samples' `process_rows` (a run recorded before them has none: {}).
+    """How far each process's own memory (`measure`, see `row_memory`) moved, per kind: the
+    memory goal followed process by process, from the samples' `process_rows` (a run recorded
+    before them has none: None).
 
     A process in one role (a pid's life as one kind: a promoted standby starts a new one as a
     primary) takes its reference in the first sample at or after `reference_from_s` in which it
@@ -150,7 +162,8 @@ def process_drift(
     current: dict[int, tuple[str, float, float]] = {}  # pid -> (kind, started at, in kind since)
     for sample in samples:
         at = sample["at_s"]
-        for pid, kind, rss, _private, age in sample.get("process_rows", ()):
+        for row in sample.get("process_rows", ()):
+            pid, kind, rss, _private, age = row[:5]
             if rss <= 0:
                 continue  # its memory could not be read (it was ending)
             started = at - age
@@ -162,7 +175,7 @@ def process_drift(
             else:
                 since = known[2]
             current[pid] = (kind, started, since)
-            lives.setdefault((pid, kind, since), []).append((at, rss))
+            lives.setdefault((pid, kind, since), []).append((at, row_memory(row, measure)))
     drift: dict[str, dict] = {}
     for (pid, kind, since), values in sorted(lives.items()):
         ref_from = max(reference_from_s, since + SETTLED_AGE_S)
@@ -177,8 +190,14 @@ def process_drift(
         entry = drift.setdefault(kind, {"processes": 0, "change": 0.0})
         entry["processes"] += 1
         if "pid" not in entry or abs(change) > abs(entry["change"]):
-            entry.update(pid=pid, from_mb=reference[1], to_mb=farthest, change=round(change, 4))
+            entry.update(pid=pid, from_mb=round(reference[1], 1), to_mb=round(farthest, 1),
+                         change=round(change, 4))  # fmt: skip
     return dict(sorted(drift.items()))
+
+
+def shmem_recorded(samples: list[dict]) -> bool:
+    """Whether the run's process rows record each process's shared memory (a sixth column)."""
+    return any(len(row) > 5 for sample in samples for row in sample.get("process_rows", ()))
 
 
 def rss_summary(samples: list[dict], duration_s: float) -> dict:
@@ -200,7 +219,15 @@ def rss_summary(samples: list[dict], duration_s: float) -> dict:
         "private_per_process_at_10_min": private_before,
         "private_per_process_farthest": farthest_from(private_before, window, "private_mb"),
         "window_from_s": window_from,
+        # The goal's measure: RSS less shared memory where the rows record it (`row_memory`).
+        "process_drift_measure": "rss_less_shmem" if shmem_recorded(samples) else "rss",
         "process_drift": (
+            process_drift(samples, reference["at_s"], window_from, "rss_less_shmem")
+            if reference
+            else None
+        ),
+        # Plain RSS, process by process, reported beside the goal's measure.
+        "process_drift_rss": (
             process_drift(samples, reference["at_s"], window_from) if reference else None
         ),
         "reference": reference_label(duration_s),
@@ -349,11 +376,19 @@ def judge_reprotects(faults: list[dict]) -> dict:
     )
 
 
+def drift_measure_label(rss: dict) -> str:
+    """What the goal compared, process by process, in words."""
+    if rss.get("process_drift_measure") == "rss_less_shmem":
+        return "RSS less shared memory"
+    return "RSS"
+
+
 def judge_rss(rss: dict) -> dict:
     """RSS within RSS_TOLERANCE of its value at the reference point over the last RSS_WINDOW_S:
-    each process against itself where the run recorded its processes (`process_drift`), else
-    each kind's RSS per process (the kind's processes come and go with the faults, and one
-    restarted a minute ago has not grown into its size yet: an older run's judge)."""
+    each process against itself where the run recorded its processes (`process_drift`; RSS less
+    the shared memory it touched where recorded, see `row_memory`), else each kind's RSS per
+    process (the kind's processes come and go with the faults, and one restarted a minute ago
+    has not grown into its size yet: an older run's judge)."""
     window = (
         f"from {rss['window_from_s']:.0f} s to the end" if rss["window_from_s"] is not None else ""
     )
@@ -372,7 +407,8 @@ def judge_rss(rss: dict) -> dict:
         judged = sum(e["processes"] for e in by_process.values())
         return _goal(
             not drift,
-            f"each process's RSS within {RSS_TOLERANCE:.0%} of its own value {rss['reference']} "
+            f"each process's {drift_measure_label(rss)} within {RSS_TOLERANCE:.0%} of its own "
+            f"value {rss['reference']} "
             f"(or once it had run {SETTLED_AGE_S / 60:.0f} min in its role, if later) in every "
             f"sample {window}; judged: {judged} process(es) of {len(by_process)} kind(s)"
             + ("; not (farthest): " + ", ".join(drift) if drift else ""),
@@ -498,19 +534,37 @@ def to_markdown(report: dict) -> str:
     ]
     drift = {k: e for k, e in (rss.get("process_drift") or {}).items() if k not in RSS_UNJUDGED}
     if drift:
+        measure = drift_measure_label(rss)
+        plain = rss.get("process_drift_rss") or {}
         lines += [
             "",
-            f"Each process against itself (the goal): its RSS {rss['reference']}, or once it had "
-            f"run {SETTLED_AGE_S / 60:.0f} min in its role if later, against every sample from "
-            f"{rss['window_from_s']:.0f} s on:",
+            f"Each process against itself (the goal): its {measure} {rss['reference']}, or once "
+            f"it had run {SETTLED_AGE_S / 60:.0f} min in its role if later, against every sample "
+            f"from {rss['window_from_s']:.0f} s on; the same with plain RSS beside it:",
             "",
-            "| process kind | processes judged | the one that moved most | RSS MB then | "
-            "farthest | change |",
-            "|---|---|---|---|---|---|",
+            f"| process kind | processes judged | the one that moved most | {measure} MB then | "
+            "farthest | change | by plain RSS: moved most | change |",
+            "|---|---|---|---|---|---|---|---|",
         ]
         for kind, e in drift.items():
+            by_rss = plain.get(kind)
+            rss_cells = (
+                f"pid {by_rss['pid']} ({by_rss['from_mb']:g} -> {by_rss['to_mb']:g} MB) | "
+                f"{by_rss['change']:+.1%}"
+                if by_rss
+                else "- | -"
+            )
             lines.append(f"| {kind} | {e['processes']} | pid {e['pid']} | {e['from_mb']:g} | "
-                         f"{e['to_mb']:g} | {e['change']:+.1%} |")  # fmt: skip
+                         f"{e['to_mb']:g} | {e['change']:+.1%} | {rss_cells} |")  # fmt: skip
+        if rss.get("process_drift_measure") == "rss_less_shmem":
+            lines += [
+                "",
+                "Shared memory is the pages of shared memory segments a process touched "
+                "(RssShmem): PostgreSQL's shared buffers, one segment of fixed size that every "
+                "PostgreSQL process maps. Its RSS rises as it touches more of them (the "
+                "checkpointer writes more distinct buffers at each checkpoint) while the segment "
+                "stays the same size, so the goal leaves it out.",
+            ]
     growth = report["per_hour"]["growth_per_hour"] or {}
     if growth:
         lines += ["", "Growth per hour (reference point to end): " + ", ".join(

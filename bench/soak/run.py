@@ -566,6 +566,7 @@ class Soak(FaultPlay):
                 private_mb=(memory.rss - memory.shared) / 2**20 if memory else 0.0,
                 fds=safe_read(proc.num_fds, 0),
                 age_s=now - (proc.info["create_time"] or now),
+                shmem_mb=shared_memory_mb(proc.pid),
             ))  # fmt: skip
         return rows
 
@@ -631,6 +632,20 @@ def kafka_io(stamp: str) -> dict:
         "source": {"kind": "kafka", "topic": f"soak-lines-{stamp}"},
         "sink": {"kind": "kafka", "topic": f"soak-counts-{stamp}"},
     }
+
+
+def shared_memory_mb(pid: int) -> float:
+    """The pages of shared memory segments process `pid` has touched (RssShmem of
+    /proc/PID/status, which psutil does not give apart), in MiB; 0 if it ended or Linux gives
+    no such line."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return 0.0
+    for line in status.splitlines():
+        if line.startswith("RssShmem:"):
+            return int(line.split()[1]) / 1024
+    return 0.0
 
 
 def directory_bytes(root: Path) -> int:

@@ -403,9 +403,45 @@ def test_each_process_is_judged_against_itself_once_settled_in_its_role():
     assert rss["process_drift"] == {}
     assert report.judge_rss(rss)["met"] is None
     assert process_rows(
-        [ProcRow(7, 1, ("x",), rss_mb=10.04, private_mb=5.0, age_s=99.6), ProcRow(8, 1, ("y",))],
+        [ProcRow(7, 1, ("x",), rss_mb=10.04, private_mb=5.0, age_s=99.6, shmem_mb=1.26),
+         ProcRow(8, 1, ("y",))],
         {7: "agent"},
-    ) == [[7, "agent", 10.0, 5.0, 100]]
+    ) == [[7, "agent", 10.0, 5.0, 100, 1.3]]  # fmt: skip
+
+
+def test_the_goal_leaves_out_the_shared_memory_a_process_touched():
+    # PostgreSQL's checkpointer touches more of the shared buffers at each checkpoint: its RSS
+    # rises by shared memory alone (the segment keeps its size). A controller that grows its
+    # own memory is still caught, and plain RSS is reported beside the goal's measure.
+    samples = []
+    for t in range(0, 3601, 300):
+        one = sample(t, {"postgres": 20, "controller": 230})
+        shmem = 5.0 + t / 300  # 5 MB at the start, 17 MB at the end
+        one["process_rows"] = [
+            [400, "postgres", 10.0 + shmem, 2.4, t + 30, shmem],
+            [600, "controller", 230.0 if t < 3600 else 260.0, 160.0, t + 30, 0.0],
+        ]
+        samples.append(one)
+    rss = report.rss_summary(samples, 3600)
+    assert rss["process_drift_measure"] == "rss_less_shmem"
+    assert rss["process_drift"]["postgres"]["change"] == 0.0
+    # Plain RSS: 17 MB at 10 min (5 + 2 shared), 27 at the end.
+    assert rss["process_drift_rss"]["postgres"] == {
+        "processes": 1, "pid": 400, "from_mb": 17.0, "to_mb": 27.0, "change": round(10 / 17, 4)
+    }  # fmt: skip
+    goal = report.judge_rss(rss)
+    assert goal["met"] is False
+    assert goal["detail"].startswith("each process's RSS less shared memory within 10%")
+    assert goal["detail"].endswith("controller (pid 600) 230 -> 260 MB (+13%)")
+    for one in samples:
+        one["process_rows"][1][2] = 230.0
+    assert report.judge_rss(report.rss_summary(samples, 3600))["met"] is True
+    # Rows recorded before the shared-memory column: the goal judges plain RSS.
+    for one in samples:
+        one["process_rows"] = [row[:5] for row in one["process_rows"]]
+    old = report.rss_summary(samples, 3600)
+    assert old["process_drift_measure"] == "rss"
+    assert report.judge_rss(old)["met"] is False
 
 
 def test_private_memory_is_reported_beside_rss_and_not_judged():
