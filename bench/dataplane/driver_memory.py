@@ -45,6 +45,8 @@ RETENTION_DEFAULTS = {
 SETTINGS = (("Spark's defaults", RETENTION_DEFAULTS), ("Backstop's", {}))
 TENURED_USED = re.compile(r"tenured generation\s+total \d+K, used (\d+)K")
 DRIVER_MAIN_CLASS = "org.apache.spark.deploy.SparkSubmit"
+# The short-lived JVM that computes the driver's command line names SparkSubmit as an argument.
+LAUNCHER_MAIN_CLASS = "org.apache.spark.launcher.Main"
 
 
 def run_query(retention: dict, trigger_s: float, minutes: float) -> None:
@@ -77,7 +79,12 @@ def driver_jvm(pid: int, timeout_s: float = 120) -> psutil.Process:
     while time.monotonic() < deadline:
         for proc in psutil.Process(pid).children(recursive=True):
             with contextlib.suppress(psutil.Error):
-                if proc.name() == "java" and DRIVER_MAIN_CLASS in proc.cmdline():
+                cmdline = proc.cmdline()
+                if (
+                    proc.name() == "java"
+                    and DRIVER_MAIN_CLASS in cmdline
+                    and LAUNCHER_MAIN_CLASS not in cmdline
+                ):
                     return proc
         time.sleep(0.5)
     raise TimeoutError(f"no JVM under pid {pid} after {timeout_s} s")

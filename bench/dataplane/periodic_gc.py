@@ -1,0 +1,199 @@
+"""A stage JVM's memory and batch times against the interval of Spark's periodic collection.
+
+    python -m bench.dataplane.periodic_gc [--minutes 12] [--intervals 30min,5min] [--sample 30]
+
+Why: in the hour soak of 2026-11-30 a primary's JVM grew 663 -> 789 MB between its 10th and
+27th minute. Its old generation was full of per-batch metrics and accumulators that Spark's
+ContextCleaner frees only once a full collection has found them unreachable, and with the
+serial collector a full collection comes when the old generation is full (the heap grows
+instead, while it may) or when the cleaner forces one: every
+`spark.cleaner.periodicGC.interval` (30 min by default). A shorter interval frees them sooner,
+at the cost of a full-collection pause each time.
+
+Each interval runs, in a process of its own and all at once (the machine's noise falls on each
+alike), the same small query a stage runs: a rate source at 20 rows/s, a Python UDF (as a
+stage's Python data source, it takes every batch through a Python worker), a count by key, the
+noop sink, at a 0.2 s trigger, under Backstop's session settings and JVM options. Every
+`sample` seconds the driver JVM's RSS is read (no collection forced); each process logs its
+collections (`-Xlog:gc`) and its batches' durations. Prints the figures and writes them to
+docs/RESULTS.md ("Data plane", "Periodic collection").
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from bench.dataplane.driver_memory import driver_jvm
+from bench.dataplane.util import write_result
+from spark_runtime.config import DEFAULT_MASTER, JVM_OPTIONS_ENV, build_session, jvm_options
+
+COMMAND = "python -m bench.dataplane.periodic_gc"
+# A unified-logging line of a pause, e.g. "[12.345s][info][gc] GC(7) Pause Full (System.gc())
+# 80M->41M(200M) 93.456ms".
+PAUSE = re.compile(r"GC\(\d+\) Pause (Young|Full) \(([^)]*)\).* ([\d.]+)ms")
+
+
+def run_query(interval: str, trigger_s: float, minutes: float) -> None:
+    """The measured process: the query runs for `minutes`, then prints its batches' durations
+    (ms, JSON) and exits."""
+    from pyspark.sql.functions import col, udf
+
+    spark = build_session("periodic-gc", {"spark.cleaner.periodicGC.interval": interval})
+    key_of = udf(lambda value: value % 10, "long")
+    counts = (
+        spark.readStream.format("rate")
+        .option("rowsPerSecond", 20)
+        .load()
+        .groupBy(key_of(col("value")).alias("key"))
+        .count()
+    )
+    query = (
+        counts.writeStream.format("noop")
+        .outputMode("update")
+        .trigger(processingTime=f"{int(trigger_s * 1000)} milliseconds")
+        .option("checkpointLocation", tempfile.mkdtemp(prefix="backstop-periodic-gc-"))
+        .start()
+    )
+    durations: dict[int, int] = {}
+    deadline = time.monotonic() + minutes * 60
+    while time.monotonic() < deadline:
+        progress = query.lastProgress
+        if progress:
+            durations[progress["batchId"]] = progress["durationMs"]["triggerExecution"]
+        time.sleep(0.1)
+    query.stop()
+    spark.stop()
+    print(json.dumps(list(durations.values())), flush=True)
+
+
+def pauses(gc_log: Path) -> dict:
+    """Count and longest pause of each kind in a JVM's GC log."""
+    found: dict[str, list[float]] = {"Young": [], "Full": []}
+    for line in gc_log.read_text().splitlines():
+        match = PAUSE.search(line)
+        if match:
+            found[match.group(1)].append(float(match.group(3)))
+    return {kind: (len(ms), max(ms, default=0.0)) for kind, ms in found.items()}
+
+
+def percentile(values: list[int], share: float) -> float:
+    """The `share` quantile of `values` (nearest rank)."""
+    ordered = sorted(values)
+    return float(ordered[min(len(ordered) - 1, int(share * len(ordered)))])
+
+
+def start(interval: str, args, log_dir: Path) -> tuple[subprocess.Popen, Path]:
+    """Start the query with `interval` in a child process logging its collections."""
+    gc_log = log_dir / f"gc-{interval}.log"
+    env = dict(os.environ)
+    env[JVM_OPTIONS_ENV] = f"{jvm_options()} -Xlog:gc:file={gc_log}"
+    child = subprocess.Popen(
+        [sys.executable, "-m", "bench.dataplane.periodic_gc", "--child", interval,
+         "--trigger", str(args.trigger), "--minutes", str(args.minutes)],
+        stdout=subprocess.PIPE, text=True, env=env,
+    )  # fmt: skip
+    return child, gc_log
+
+
+def measure(args) -> list[dict]:
+    """Run every interval at once and sample each driver's RSS until they finish."""
+    log_dir = Path(tempfile.mkdtemp(prefix="backstop-periodic-gc-logs-"))
+    runs = []
+    for interval in args.intervals:
+        child, gc_log = start(interval, args, log_dir)
+        runs.append({"interval": interval, "child": child, "gc_log": gc_log, "rss": []})
+    try:
+        for run in runs:
+            run["jvm"] = driver_jvm(run["child"].pid)
+        started = time.monotonic()
+        while any(run["child"].poll() is None for run in runs):
+            time.sleep(args.sample)
+            minute = (time.monotonic() - started) / 60
+            for run in runs:
+                if run["child"].poll() is None and minute < args.minutes - 0.1:
+                    rss = run["jvm"].memory_info().rss / 2**20
+                    run["rss"].append((minute, rss))
+                    print(f"  {run['interval']}: {minute:4.1f} min RSS {rss:5.0f} MB", flush=True)
+        for run in runs:
+            out, _ = run["child"].communicate(timeout=120)
+            run["durations"] = json.loads(out.strip().splitlines()[-1])
+            run["pauses"] = pauses(run["gc_log"])
+    finally:
+        # A failed measurement leaves no query running behind it.
+        for run in runs:
+            if run["child"].poll() is None:
+                run["child"].kill()
+                run["child"].wait()
+    return runs
+
+
+def rss_at(samples: list[tuple[float, float]], minute: float) -> float:
+    """RSS of the first sample at or after `minute` (the last one if none)."""
+    return next((rss for at, rss in samples if at >= minute), samples[-1][1])
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--minutes", type=float, default=12.0, help="how long each query runs")
+    parser.add_argument(
+        "--intervals", type=lambda text: text.split(","), default=["30min", "5min"],
+        help="values of spark.cleaner.periodicGC.interval, run side by side",
+    )  # fmt: skip
+    parser.add_argument("--trigger", type=float, default=0.2, help="trigger interval, s")
+    parser.add_argument("--sample", type=float, default=30.0, help="seconds between samples")
+    parser.add_argument("--no-write", action="store_true", help="do not touch docs/RESULTS.md")
+    parser.add_argument("--child", help=argparse.SUPPRESS)  # the measured process
+    return parser.parse_args(argv)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    if args.child is not None:
+        run_query(args.child, args.trigger, args.minutes)
+        return 0
+    print(f"{', '.join(args.intervals)} side by side: {args.minutes:g} min at a "
+          f"{args.trigger:g} s trigger", flush=True)  # fmt: skip
+    runs = measure(args)
+    lines = [
+        f"Command: `{COMMAND} --minutes {args.minutes:g} --intervals {','.join(args.intervals)}"
+        f" --sample {args.sample:g}` ({time.strftime('%Y-%m-%d %H:%M')}, {os.cpu_count()} "
+        f"cores, {DEFAULT_MASTER}). A rate source at 20 rows/s through a Python UDF, counted by "
+        f"key into the noop sink at a {args.trigger:g} s trigger, Backstop's session settings "
+        "and JVM options; one process per value of `spark.cleaner.periodicGC.interval`, all at "
+        "once. RSS of the driver JVM (no collection forced), its collections from its GC log, "
+        "and its batches' durations.",
+        "",
+        "| periodic collection | batches | RSS MB at 2 / 5 / 10 min / last | full collections "
+        "(longest ms) | young (longest ms) | batch p50 / p99 / max ms |",
+        "|---|---|---|---|---|---|",
+    ]
+    for run in runs:
+        if not run["rss"] or not run["durations"]:
+            raise SystemExit(f"{run['interval']}: nothing measured (--minutes too short?)")
+        rss = " / ".join(f"{rss_at(run['rss'], m):.0f}" for m in (2, 5, 10))
+        full, young = run["pauses"]["Full"], run["pauses"]["Young"]
+        durations = run["durations"]
+        lines.append(
+            f"| every {run['interval']} | {len(durations)} | {rss} / {run['rss'][-1][1]:.0f} "
+            f"| {full[0]} ({full[1]:.0f}) | {young[0]} ({young[1]:.0f}) "
+            f"| {statistics.median(durations):.0f} / {percentile(durations, 0.99):.0f} "
+            f"/ {max(durations)} |"
+        )
+    body = "\n".join(lines)
+    print(body)
+    if not args.no_write:
+        write_result("Periodic collection", body)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
