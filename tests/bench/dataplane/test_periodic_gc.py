@@ -1,0 +1,39 @@
+"""The periodic-collection benchmark's reading of a JVM's GC log and of its samples (pure: no
+Spark is started)."""
+
+from bench.dataplane.periodic_gc import pauses, percentile, rss_at
+
+# Lines of a stage JVM's `-Xlog:gc` log as the benchmark's run of 2026-11-30 wrote them.
+GC_LOG = """\
+[0.005s][info][gc] Using Serial
+[1.278s][info][gc] GC(0) Pause Young (Allocation Failure) 100M->23M(365M) 43.939ms
+[1.801s][info][gc] GC(1) Pause Full (Metadata GC Threshold) 52M->24M(365M) 53.802ms
+[4.319s][info][gc] GC(3) Pause Young (Allocation Failure) 129M->32M(365M) 9.853ms
+[303.918s][info][gc] GC(160) Pause Full (System.gc()) 130M->110M(365M) 285.842ms
+"""
+
+
+def test_pauses_are_counted_by_kind_with_the_longest(tmp_path):
+    log = tmp_path / "gc.log"
+    log.write_text(GC_LOG)
+    assert pauses(log) == {"Young": (2, 43.939), "Full": (2, 285.842)}
+
+
+def test_an_empty_log_has_no_pause(tmp_path):
+    log = tmp_path / "gc.log"
+    log.write_text("[0.005s][info][gc] Using Serial\n")
+    assert pauses(log) == {"Young": (0, 0.0), "Full": (0, 0.0)}
+
+
+def test_percentile_takes_the_nearest_rank():
+    durations = list(range(1, 201))  # 1..200 ms
+    assert percentile(durations, 0.5) == 101
+    assert percentile(durations, 0.99) == 199
+    assert percentile([7], 0.99) == 7
+
+
+def test_rss_at_a_minute_is_the_first_sample_from_it():
+    samples = [(0.5, 500.0), (2.1, 540.0), (4.9, 560.0), (5.4, 575.0)]
+    assert rss_at(samples, 2) == 540.0
+    assert rss_at(samples, 5) == 575.0
+    assert rss_at(samples, 10) == 575.0  # past the run: its last sample
