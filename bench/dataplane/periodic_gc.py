@@ -23,8 +23,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import re
+import shutil
 import statistics
 import subprocess
 import sys
@@ -39,7 +41,7 @@ from spark_runtime.config import DEFAULT_MASTER, JVM_OPTIONS_ENV, build_session,
 COMMAND = "python -m bench.dataplane.periodic_gc"
 # A unified-logging line of a pause, e.g. "[12.345s][info][gc] GC(7) Pause Full (System.gc())
 # 80M->41M(200M) 93.456ms".
-PAUSE = re.compile(r"GC\(\d+\) Pause (Young|Full) \(([^)]*)\).* ([\d.]+)ms")
+PAUSE = re.compile(r"GC\(\d+\) Pause (Young|Full) .* ([\d.]+)ms$")
 
 
 def run_query(interval: str, trigger_s: float, minutes: float) -> None:
@@ -48,6 +50,7 @@ def run_query(interval: str, trigger_s: float, minutes: float) -> None:
     from pyspark.sql.functions import col, udf
 
     spark = build_session("periodic-gc", {"spark.cleaner.periodicGC.interval": interval})
+    checkpoint = tempfile.mkdtemp(prefix="backstop-periodic-gc-")
     key_of = udf(lambda value: value % 10, "long")
     counts = (
         spark.readStream.format("rate")
@@ -60,7 +63,7 @@ def run_query(interval: str, trigger_s: float, minutes: float) -> None:
         counts.writeStream.format("noop")
         .outputMode("update")
         .trigger(processingTime=f"{int(trigger_s * 1000)} milliseconds")
-        .option("checkpointLocation", tempfile.mkdtemp(prefix="backstop-periodic-gc-"))
+        .option("checkpointLocation", checkpoint)
         .start()
     )
     durations: dict[int, int] = {}
@@ -72,6 +75,7 @@ def run_query(interval: str, trigger_s: float, minutes: float) -> None:
         time.sleep(0.1)
     query.stop()
     spark.stop()
+    shutil.rmtree(checkpoint, ignore_errors=True)
     print(json.dumps(list(durations.values())), flush=True)
 
 
@@ -81,37 +85,50 @@ def pauses(gc_log: Path) -> dict:
     for line in gc_log.read_text().splitlines():
         match = PAUSE.search(line)
         if match:
-            found[match.group(1)].append(float(match.group(3)))
+            found[match.group(1)].append(float(match.group(2)))
     return {kind: (len(ms), max(ms, default=0.0)) for kind, ms in found.items()}
 
 
 def percentile(values: list[int], share: float) -> float:
-    """The `share` quantile of `values` (nearest rank)."""
+    """The `share` quantile of `values` (nearest rank: the smallest value with at least that
+    share of the values at or below it)."""
     ordered = sorted(values)
-    return float(ordered[min(len(ordered) - 1, int(share * len(ordered)))])
+    return float(ordered[max(0, math.ceil(share * len(ordered)) - 1)])
 
 
-def start(interval: str, args, log_dir: Path) -> tuple[subprocess.Popen, Path]:
-    """Start the query with `interval` in a child process logging its collections."""
+def start(interval: str, args, log_dir: Path) -> dict:
+    """Start the query with `interval` in a child process logging its collections and writing
+    its batches' durations to a file of its own."""
     gc_log = log_dir / f"gc-{interval}.log"
+    out = log_dir / f"out-{interval}.txt"
     env = dict(os.environ)
     env[JVM_OPTIONS_ENV] = f"{jvm_options()} -Xlog:gc:file={gc_log}"
-    child = subprocess.Popen(
-        [sys.executable, "-m", "bench.dataplane.periodic_gc", "--child", interval,
-         "--trigger", str(args.trigger), "--minutes", str(args.minutes)],
-        stdout=subprocess.PIPE, text=True, env=env,
-    )  # fmt: skip
-    return child, gc_log
+    with out.open("w") as stdout:
+        child = subprocess.Popen(
+            [sys.executable, "-m", "bench.dataplane.periodic_gc", "--child", interval,
+             "--trigger", str(args.trigger), "--minutes", str(args.minutes)],
+            stdout=stdout, text=True, env=env,
+        )  # fmt: skip
+    return {"interval": interval, "child": child, "gc_log": gc_log, "out": out, "rss": []}
+
+
+def finish(run: dict) -> None:
+    """Read what a finished child wrote: its batches' durations and its collections."""
+    code = run["child"].wait(timeout=120)
+    lines = run["out"].read_text().strip().splitlines()
+    if code != 0 or not lines:
+        raise SystemExit(f"every {run['interval']}: the query's process failed (exit {code})")
+    run["durations"] = json.loads(lines[-1])
+    run["pauses"] = pauses(run["gc_log"])
 
 
 def measure(args) -> list[dict]:
     """Run every interval at once and sample each driver's RSS until they finish."""
     log_dir = Path(tempfile.mkdtemp(prefix="backstop-periodic-gc-logs-"))
-    runs = []
-    for interval in args.intervals:
-        child, gc_log = start(interval, args, log_dir)
-        runs.append({"interval": interval, "child": child, "gc_log": gc_log, "rss": []})
+    runs: list[dict] = []
     try:
+        for interval in args.intervals:
+            runs.append(start(interval, args, log_dir))
         for run in runs:
             run["jvm"] = driver_jvm(run["child"].pid)
         started = time.monotonic()
@@ -124,15 +141,14 @@ def measure(args) -> list[dict]:
                     run["rss"].append((minute, rss))
                     print(f"  {run['interval']}: {minute:4.1f} min RSS {rss:5.0f} MB", flush=True)
         for run in runs:
-            out, _ = run["child"].communicate(timeout=120)
-            run["durations"] = json.loads(out.strip().splitlines()[-1])
-            run["pauses"] = pauses(run["gc_log"])
+            finish(run)
     finally:
-        # A failed measurement leaves no query running behind it.
+        # A failed measurement leaves no query running behind it (its JVM ends with it).
         for run in runs:
             if run["child"].poll() is None:
                 run["child"].kill()
                 run["child"].wait()
+        shutil.rmtree(log_dir, ignore_errors=True)
     return runs
 
 

@@ -46,11 +46,11 @@ class ProcRow:
     # backend's RSS counts every page of the shared buffers it touched). A leak grows this.
     private_mb: float = 0.0
     age_s: float = 0.0  # seconds since the process started
-    # The pages of shared memory segments it has touched (RssShmem): PostgreSQL's shared
-    # buffers, one segment of fixed size that every PostgreSQL process maps. A process's RSS
-    # counts the pages of it that it has touched so far, so it rises without the segment
-    # growing (bench/soak/report.py judges RSS less this).
-    shmem_mb: float = 0.0
+    # The shared memory pages it has touched (RssShmem; None: not read). For Backstop's
+    # processes these are PostgreSQL's shared buffers, a segment of fixed size that every
+    # PostgreSQL process maps: its RSS counts the pages of it that it has touched so far, so it
+    # rises without the segment growing (bench/soak/report.py judges RSS less this).
+    shmem_mb: float | None = 0.0
 
 
 def base_kind(cmdline: Iterable[str]) -> str | None:
@@ -145,7 +145,7 @@ def process_rows(rows: Iterable[ProcRow], kinds: dict[int, str]) -> list[list]:
     `process_drift`)."""
     return [
         [row.pid, kinds[row.pid], round(row.rss_mb, 1), round(row.private_mb, 1),
-         round(row.age_s), round(row.shmem_mb, 1)]
+         round(row.age_s), None if row.shmem_mb is None else round(row.shmem_mb, 1)]
         for row in sorted(rows, key=lambda r: r.pid)
         if row.pid in kinds
     ]  # fmt: skip

@@ -130,14 +130,14 @@ def farthest_from(
 SAME_START_S = 5.0
 
 
-def row_memory(row: list, measure: str) -> float:
-    """A process row's memory by `measure`: "rss", or "rss_less_shmem" (RSS less the pages of
-    shared memory segments it touched, as a row records since it does: a PostgreSQL process's
-    RSS rises as it touches more of the shared buffers, one fixed segment; an older row has no
-    such column and gives its RSS)."""
+def row_memory(row: list, measure: str) -> float | None:
+    """A process row's memory by `measure`: "rss", or "rss_less_shmem" (RSS less the shared
+    memory pages it touched, as a row records since it does: a PostgreSQL process's RSS rises
+    as it touches more of the shared buffers, one fixed segment; an older row has no such
+    column and gives its RSS). None: the row's shared memory could not be read."""
     rss = row[2]
     if measure == "rss_less_shmem" and len(row) > 5:
-        return rss - row[5]
+        return None if row[5] is None else round(rss - row[5], 1)
     return rss
 
 
@@ -175,7 +175,10 @@ def process_drift(
             else:
                 since = known[2]
             current[pid] = (kind, started, since)
-            lives.setdefault((pid, kind, since), []).append((at, row_memory(row, measure)))
+            memory = row_memory(row, measure)
+            if memory is None or memory <= 0:
+                continue  # not read (it was ending), or nothing of its own to compare
+            lives.setdefault((pid, kind, since), []).append((at, memory))
     drift: dict[str, dict] = {}
     for (pid, kind, since), values in sorted(lives.items()):
         ref_from = max(reference_from_s, since + SETTLED_AGE_S)
@@ -559,11 +562,12 @@ def to_markdown(report: dict) -> str:
         if rss.get("process_drift_measure") == "rss_less_shmem":
             lines += [
                 "",
-                "Shared memory is the pages of shared memory segments a process touched "
-                "(RssShmem): PostgreSQL's shared buffers, one segment of fixed size that every "
-                "PostgreSQL process maps. Its RSS rises as it touches more of them (the "
-                "checkpointer writes more distinct buffers at each checkpoint) while the segment "
-                "stays the same size, so the goal leaves it out.",
+                "Shared memory is the shared memory pages a process touched (RssShmem). Among "
+                "Backstop's processes only PostgreSQL's have any: its shared buffers, a segment "
+                "of fixed size that every PostgreSQL process maps. A process's RSS rises as it "
+                "touches more of them (the checkpointer writes more distinct buffers at each "
+                "checkpoint) while the segment stays the same size, so the goal leaves them out. "
+                "The goal's measure still counts file pages; private memory, above, does not.",
             ]
     growth = report["per_hour"]["growth_per_hour"] or {}
     if growth:

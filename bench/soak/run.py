@@ -634,18 +634,18 @@ def kafka_io(stamp: str) -> dict:
     }
 
 
-def shared_memory_mb(pid: int) -> float:
-    """The pages of shared memory segments process `pid` has touched (RssShmem of
-    /proc/PID/status, which psutil does not give apart), in MiB; 0 if it ended or Linux gives
-    no such line."""
+def shared_memory_mb(pid: int) -> float | None:
+    """The shared memory pages process `pid` has touched (RssShmem of /proc/PID/status, which
+    psutil does not give apart), in MiB; None if it ended before it was read or Linux gives no
+    such line (the goal then skips the sample rather than count its whole RSS)."""
     try:
         status = Path(f"/proc/{pid}/status").read_text()
     except OSError:
-        return 0.0
+        return None
     for line in status.splitlines():
         if line.startswith("RssShmem:"):
             return int(line.split()[1]) / 1024
-    return 0.0
+    return None
 
 
 def directory_bytes(root: Path) -> int:

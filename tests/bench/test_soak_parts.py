@@ -404,9 +404,9 @@ def test_each_process_is_judged_against_itself_once_settled_in_its_role():
     assert report.judge_rss(rss)["met"] is None
     assert process_rows(
         [ProcRow(7, 1, ("x",), rss_mb=10.04, private_mb=5.0, age_s=99.6, shmem_mb=1.26),
-         ProcRow(8, 1, ("y",))],
-        {7: "agent"},
-    ) == [[7, "agent", 10.0, 5.0, 100, 1.3]]  # fmt: skip
+         ProcRow(8, 1, ("y",)), ProcRow(9, 1, ("z",), rss_mb=3.0, shmem_mb=None)],
+        {7: "agent", 9: "postgres"},
+    ) == [[7, "agent", 10.0, 5.0, 100, 1.3], [9, "postgres", 3.0, 0.0, 0, None]]  # fmt: skip
 
 
 def test_the_goal_leaves_out_the_shared_memory_a_process_touched():
@@ -435,6 +435,11 @@ def test_the_goal_leaves_out_the_shared_memory_a_process_touched():
     assert goal["detail"].endswith("controller (pid 600) 230 -> 260 MB (+13%)")
     for one in samples:
         one["process_rows"][1][2] = 230.0
+    assert report.judge_rss(report.rss_summary(samples, 3600))["met"] is True
+    # A shared memory read that failed (the process was ending) skips the sample: its whole
+    # RSS is not a change. Nor is a row with nothing but shared memory.
+    samples[-1]["process_rows"][0][5] = None
+    samples[-2]["process_rows"][0][2] = samples[-2]["process_rows"][0][5]
     assert report.judge_rss(report.rss_summary(samples, 3600))["met"] is True
     # Rows recorded before the shared-memory column: the goal judges plain RSS.
     for one in samples:

@@ -26,9 +26,10 @@ def test_an_empty_log_has_no_pause(tmp_path):
 
 
 def test_percentile_takes_the_nearest_rank():
-    durations = list(range(1, 201))  # 1..200 ms
-    assert percentile(durations, 0.5) == 101
-    assert percentile(durations, 0.99) == 199
+    durations = list(range(200, 0, -1))  # 200..1 ms
+    assert percentile(durations, 0.5) == 100
+    assert percentile(durations, 0.99) == 198
+    assert percentile(list(range(1, 101)), 0.99) == 99
     assert percentile([7], 0.99) == 7
 
 
