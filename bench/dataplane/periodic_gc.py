@@ -1,6 +1,7 @@
 """A stage JVM's memory and batch times against the interval of Spark's periodic collection.
 
     python -m bench.dataplane.periodic_gc [--minutes 12] [--intervals 30min,5min] [--sample 30]
+        [--extra-jvm-options "-Xms64m" ...]
 
 Why: in the hour soak of 2026-11-30 a primary's JVM grew 663 -> 789 MB between its 10th and
 27th minute. Its old generation was full of per-batch metrics and accumulators that Spark's
@@ -10,7 +11,11 @@ instead, while it may) or when the cleaner forces one: every
 `spark.cleaner.periodicGC.interval` (30 min by default). A shorter interval frees them sooner,
 at the cost of a full-collection pause each time.
 
-Each interval runs, in a process of its own and all at once (the machine's noise falls on each
+`--extra-jvm-options` adds a run at the first interval with these JVM options after Backstop's
+(e.g. a smaller initial heap, which the collector grows to what the query needs: RSS counts the
+heap pages the JVM has touched, and a large heap is touched slowly, over most of an hour).
+
+Each setting runs, in a process of its own and all at once (the machine's noise falls on each
 alike), the same small query a stage runs: a rate source at 20 rows/s, a Python UDF (as a
 stage's Python data source, it takes every batch through a Python worker), a count by key, the
 noop sink, at a 0.2 s trigger, under Backstop's session settings and JVM options. Every
@@ -96,20 +101,31 @@ def percentile(values: list[int], share: float) -> float:
     return float(ordered[max(0, math.ceil(share * len(ordered)) - 1)])
 
 
-def start(interval: str, args, log_dir: Path) -> dict:
-    """Start the query with `interval` in a child process logging its collections and writing
-    its batches' durations to a file of its own."""
-    gc_log = log_dir / f"gc-{interval}.log"
-    out = log_dir / f"out-{interval}.txt"
+def variants(args) -> list[tuple[str, str]]:
+    """The settings to run side by side: (periodic collection interval, extra JVM options)."""
+    extras = [(args.intervals[0], extra) for extra in args.extra_jvm_options or ()]
+    return [(interval, "") for interval in args.intervals] + extras
+
+
+def label(interval: str, extra: str) -> str:
+    return f"every {interval}" + (f", {extra}" if extra else "")
+
+
+def start(number: int, interval: str, extra: str, args, log_dir: Path) -> dict:
+    """Start the query with `interval` (and `extra` JVM options) in a child process logging its
+    collections and writing its batches' durations to a file of its own."""
+    gc_log = log_dir / f"gc-{number}.log"
+    out = log_dir / f"out-{number}.txt"
     env = dict(os.environ)
-    env[JVM_OPTIONS_ENV] = f"{jvm_options()} -Xlog:gc:file={gc_log}"
+    env[JVM_OPTIONS_ENV] = f"{jvm_options()} {extra} -Xlog:gc:file={gc_log}"
     with out.open("w") as stdout:
         child = subprocess.Popen(
             [sys.executable, "-m", "bench.dataplane.periodic_gc", "--child", interval,
              "--trigger", str(args.trigger), "--minutes", str(args.minutes)],
             stdout=stdout, text=True, env=env,
         )  # fmt: skip
-    return {"interval": interval, "child": child, "gc_log": gc_log, "out": out, "rss": []}
+    return {"label": label(interval, extra), "child": child, "gc_log": gc_log, "out": out,
+            "rss": []}  # fmt: skip
 
 
 def finish(run: dict) -> None:
@@ -117,18 +133,18 @@ def finish(run: dict) -> None:
     code = run["child"].wait(timeout=120)
     lines = run["out"].read_text().strip().splitlines()
     if code != 0 or not lines:
-        raise SystemExit(f"every {run['interval']}: the query's process failed (exit {code})")
+        raise SystemExit(f"{run['label']}: the query's process failed (exit {code})")
     run["durations"] = json.loads(lines[-1])
     run["pauses"] = pauses(run["gc_log"])
 
 
 def measure(args) -> list[dict]:
-    """Run every interval at once and sample each driver's RSS until they finish."""
+    """Run every setting at once and sample each driver's RSS until they finish."""
     log_dir = Path(tempfile.mkdtemp(prefix="backstop-periodic-gc-logs-"))
     runs: list[dict] = []
     try:
-        for interval in args.intervals:
-            runs.append(start(interval, args, log_dir))
+        for number, (interval, extra) in enumerate(variants(args)):
+            runs.append(start(number, interval, extra, args, log_dir))
         for run in runs:
             run["jvm"] = driver_jvm(run["child"].pid)
         started = time.monotonic()
@@ -139,7 +155,7 @@ def measure(args) -> list[dict]:
                 if run["child"].poll() is None and minute < args.minutes - 0.1:
                     rss = run["jvm"].memory_info().rss / 2**20
                     run["rss"].append((minute, rss))
-                    print(f"  {run['interval']}: {minute:4.1f} min RSS {rss:5.0f} MB", flush=True)
+                    print(f"  {run['label']}: {minute:4.1f} min RSS {rss:5.0f} MB", flush=True)
         for run in runs:
             finish(run)
     finally:
@@ -164,6 +180,10 @@ def parse_args(argv=None):
         "--intervals", type=lambda text: text.split(","), default=["30min", "5min"],
         help="values of spark.cleaner.periodicGC.interval, run side by side",
     )  # fmt: skip
+    parser.add_argument(
+        "--extra-jvm-options", action="append", metavar="OPTIONS",
+        help="also run the first interval with these JVM options after Backstop's (repeatable)",
+    )  # fmt: skip
     parser.add_argument("--trigger", type=float, default=0.2, help="trigger interval, s")
     parser.add_argument("--sample", type=float, default=30.0, help="seconds between samples")
     parser.add_argument("--no-write", action="store_true", help="do not touch docs/RESULTS.md")
@@ -176,30 +196,34 @@ def main(argv=None) -> int:
     if args.child is not None:
         run_query(args.child, args.trigger, args.minutes)
         return 0
-    print(f"{', '.join(args.intervals)} side by side: {args.minutes:g} min at a "
-          f"{args.trigger:g} s trigger", flush=True)  # fmt: skip
+    settings = [label(*variant) for variant in variants(args)]
+    print(f"{'; '.join(settings)} side by side: {args.minutes:g} min at a {args.trigger:g} s "
+          "trigger", flush=True)  # fmt: skip
     runs = measure(args)
+    extras = "".join(f' --extra-jvm-options="{extra}"' for extra in args.extra_jvm_options or ())
+    marks = [minute for minute in (2, 5, 10, 20, 30, 45) if minute < args.minutes]
     lines = [
         f"Command: `{COMMAND} --minutes {args.minutes:g} --intervals {','.join(args.intervals)}"
-        f" --sample {args.sample:g}` ({time.strftime('%Y-%m-%d %H:%M')}, {os.cpu_count()} "
-        f"cores, {DEFAULT_MASTER}). A rate source at 20 rows/s through a Python UDF, counted by "
-        f"key into the noop sink at a {args.trigger:g} s trigger, Backstop's session settings "
-        "and JVM options; one process per value of `spark.cleaner.periodicGC.interval`, all at "
-        "once. RSS of the driver JVM (no collection forced), its collections from its GC log, "
-        "and its batches' durations.",
+        f"{extras} --sample {args.sample:g}` ({time.strftime('%Y-%m-%d %H:%M')}, "
+        f"{os.cpu_count()} cores, {DEFAULT_MASTER}). A rate source at 20 rows/s through a Python "
+        f"UDF, counted by key into the noop sink at a {args.trigger:g} s trigger, Backstop's "
+        "session settings and JVM options; one process per setting (the interval of "
+        "`spark.cleaner.periodicGC.interval`, and any JVM options added), all at once. RSS of "
+        "the driver JVM (no collection forced), its collections from its GC log, and its "
+        "batches' durations.",
         "",
-        "| periodic collection | batches | RSS MB at 2 / 5 / 10 min / last | full collections "
-        "(longest ms) | young (longest ms) | batch p50 / p99 / max ms |",
+        f"| setting | batches | RSS MB at {' / '.join(str(m) for m in marks)} min / last "
+        "| full collections (longest ms) | young (longest ms) | batch p50 / p99 / max ms |",
         "|---|---|---|---|---|---|",
     ]
     for run in runs:
         if not run["rss"] or not run["durations"]:
-            raise SystemExit(f"{run['interval']}: nothing measured (--minutes too short?)")
-        rss = " / ".join(f"{rss_at(run['rss'], m):.0f}" for m in (2, 5, 10))
+            raise SystemExit(f"{run['label']}: nothing measured (--minutes too short?)")
+        rss = " / ".join(f"{rss_at(run['rss'], m):.0f}" for m in marks)
         full, young = run["pauses"]["Full"], run["pauses"]["Young"]
         durations = run["durations"]
         lines.append(
-            f"| every {run['interval']} | {len(durations)} | {rss} / {run['rss'][-1][1]:.0f} "
+            f"| {run['label']} | {len(durations)} | {rss} / {run['rss'][-1][1]:.0f} "
             f"| {full[0]} ({full[1]:.0f}) | {young[0]} ({young[1]:.0f}) "
             f"| {statistics.median(durations):.0f} / {percentile(durations, 0.99):.0f} "
             f"/ {max(durations)} |"
@@ -207,7 +231,7 @@ def main(argv=None) -> int:
     body = "\n".join(lines)
     print(body)
     if not args.no_write:
-        write_result("Periodic collection", body)
+        write_result("Initial heap" if args.extra_jvm_options else "Periodic collection", body)
     return 0
 
 

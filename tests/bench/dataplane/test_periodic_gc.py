@@ -1,7 +1,7 @@
 """The periodic-collection benchmark's reading of a JVM's GC log and of its samples (pure: no
 Spark is started)."""
 
-from bench.dataplane.periodic_gc import pauses, percentile, rss_at
+from bench.dataplane.periodic_gc import label, parse_args, pauses, percentile, rss_at, variants
 
 # Lines of a stage JVM's `-Xlog:gc` log as the benchmark's run of 2026-11-30 wrote them.
 GC_LOG = """\
@@ -38,3 +38,12 @@ def test_rss_at_a_minute_is_the_first_sample_from_it():
     assert rss_at(samples, 2) == 540.0
     assert rss_at(samples, 5) == 575.0
     assert rss_at(samples, 10) == 575.0  # past the run: its last sample
+
+
+def test_extra_jvm_options_add_runs_at_the_first_interval():
+    args = parse_args(["--intervals", "30min", "--extra-jvm-options=-Xms64m"])
+    assert [label(*variant) for variant in variants(args)] == [
+        "every 30min",
+        "every 30min, -Xms64m",
+    ]
+    assert variants(parse_args([])) == [("30min", ""), ("5min", "")]
