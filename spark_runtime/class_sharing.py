@@ -43,7 +43,7 @@ from importlib.metadata import version
 from pathlib import Path
 
 from spark_runtime.env import env
-from spark_runtime.launch import start_stage_process
+from spark_runtime.launch import ARCHIVE_BUILDER_MODULE, start_stage_process
 
 log = logging.getLogger(__name__)
 
@@ -122,7 +122,7 @@ def ensure_archive(redis_url: str, log_path: Path) -> subprocess.Popen | None:
             partial.unlink(missing_ok=True)
         # It runs Spark like a stage: none of this process's secrets (stage_env.py).
         proc = start_stage_process(
-            "spark_runtime.class_sharing_build",
+            ARCHIVE_BUILDER_MODULE,
             ["--redis-url", redis_url, "--archive", str(archive)],
             log_path,
             env_overrides={"REDIS_URL": redis_url},

@@ -29,6 +29,9 @@ from spark_runtime.stage_env import stage_environment
 # The entry points of a stage replica and of a warm spare (infra.processes finds them by these).
 STAGE_MODULE = "spark_runtime.stage"
 SPARE_MODULE = "spark_runtime.spare"
+# The class-data archive's builder (spark_runtime/class_sharing.py): a driver JVM of its own
+# for about two minutes when a machine has no archive yet.
+ARCHIVE_BUILDER_MODULE = "spark_runtime.class_sharing_build"
 
 
 def start_stage_process(

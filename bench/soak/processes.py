@@ -4,11 +4,12 @@ Django; the soak reads the process table and hands the rows in).
 Kinds: controller, beat, agent (Celery workers of `celery -A web`, told apart by their queue),
 primary and standby (stage processes, `spark_runtime.stage --role ...`; the role a replica has
 now, from the job's replicas hash, wins over the one it was started with: a promoted standby
-keeps its command line), spare (a warm spare with no replica yet), generator, cpu-hog (a
-stress-node fault's), python-worker (Spark's Python workers: `-m pyspark.daemon`, a streaming
-source's runner), redis, postgres, kafka (Apache Kafka's broker, a JVM of its own: a run on
-Kafka starts it). A JVM counts as the kind of the stage or spare that started it. A JVM or Python
-worker with no stage or spare above it is an orphan.
+keeps its command line), spare (a warm spare with no replica yet), generator, archive-build
+(the class-data archive's builder, for about two minutes when the run's machine has none yet),
+cpu-hog (a stress-node fault's), python-worker (Spark's Python workers: `-m pyspark.daemon`, a
+streaming source's runner), redis, postgres, kafka (Apache Kafka's broker, a JVM of its own: a
+run on Kafka starts it). A JVM counts as the kind of the stage, spare, generator or builder
+that started it. A JVM or Python worker with none of them above it is an orphan.
 """
 
 from __future__ import annotations
@@ -18,11 +19,12 @@ from dataclasses import dataclass
 
 from infra.processes import CPU_HOG_MODULE, SPARE_MODULE, STAGE_MODULE, argv_of, cmdline_arg
 from infra.queues import CONTROL_QUEUE
+from spark_runtime.launch import ARCHIVE_BUILDER_MODULE
 
 ORPHAN = "orphan"
 KAFKA_MAIN_CLASS = "kafka.Kafka"  # the broker's JVM (infra/kafka.py)
 # Kinds that own the JVMs and Python workers below them.
-OWNERS = ("primary", "standby", "spare", "generator")
+OWNERS = ("primary", "standby", "spare", "generator", "archive-build")
 # Kinds a job owns (the rest belong to the cluster).
 JOB_KINDS = ("primary", "standby", "generator")
 # A process has settled in its role once it has run this long in it: the warm-up the soak's
@@ -71,6 +73,8 @@ def base_kind(cmdline: Iterable[str]) -> str | None:
         return "standby" if cmdline_arg(args, "--role") == "standby" else "primary"
     if SPARE_MODULE in args:
         return "spare"
+    if ARCHIVE_BUILDER_MODULE in args:
+        return "archive-build"
     if CPU_HOG_MODULE in args:
         return "cpu-hog"
     if "spark_runtime" in args and "generate" in args:
@@ -89,9 +93,9 @@ def base_kind(cmdline: Iterable[str]) -> str | None:
 
 def classify(rows: Iterable[ProcRow], roles_by_pid: dict[int, str] | None = None) -> dict[int, str]:
     """Kind per pid of `rows` (processes not Backstop's are left out). A JVM takes the kind of
-    the nearest stage, spare or generator above it, an orphan without one; a Python worker stays
-    a python-worker under one and is an orphan without one. `roles_by_pid`: the current role
-    (primary or standby) of stage processes."""
+    the nearest stage, spare, generator or archive builder above it, an orphan without one; a
+    Python worker stays a python-worker under one and is an orphan without one. `roles_by_pid`:
+    the current role (primary or standby) of stage processes."""
     rows = {row.pid: row for row in rows}
     roles_by_pid = roles_by_pid or {}
     own = {pid: base_kind(row.argv) for pid, row in rows.items()}

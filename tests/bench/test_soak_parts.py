@@ -120,6 +120,10 @@ PY = "/work/main/.venv/bin/python"
         ([PY, "-m", "spark_runtime.spare", "--spare-id", "s1", "--node", "node-1"], "spare"),
         ([PY, "-m", "spark_runtime", "generate", "--job", "job-1", "--rate", "20"], "generator"),
         ([PY, "-m", "workers.cpu_hog", "10", "node-1"], "cpu-hog"),
+        (
+            [PY, "-m", "spark_runtime.class_sharing_build", "--redis-url", "redis://h/0"],
+            "archive-build",
+        ),
         ([PY, "-m", "pyspark.daemon", "pyspark.worker"], "python-worker"),
         (JAVA.split(), "jvm"),
         (["/usr/bin/java", "-cp", "/k/libs/a.jar", "kafka.Kafka", "/k/server.properties"], "kafka"),
@@ -152,6 +156,10 @@ def test_jvms_count_as_their_stage_or_spare_and_orphans_are_found():
         ProcRow(31, 30, tuple(JAVA.split()), rss_mb=400.0, fds=150),
         ProcRow(40, 10, (PY, "-m", "spark_runtime.spare", "--spare-id", "s1"), 90, 10),
         ProcRow(41, 40, tuple(JAVA.split()), rss_mb=300.0, fds=100),
+        # The class-data archive's builder, an agent's child, and its JVM (a soak's first two
+        # samples held it as an orphan of 1 GB before it had a kind).
+        ProcRow(45, 10, (PY, "-m", "spark_runtime.class_sharing_build", "--redis-url", "r"), 90),
+        ProcRow(46, 45, tuple(JAVA.split()), rss_mb=600.0, fds=100),
         # A JVM and a Python worker whose stage is gone (reparented to init).
         ProcRow(50, 1, tuple(JAVA.split()), rss_mb=200.0, fds=80),
         ProcRow(51, 1, (PY, "-m", "pyspark.daemon"), rss_mb=50.0, fds=5),
@@ -168,11 +176,14 @@ def test_jvms_count_as_their_stage_or_spare_and_orphans_are_found():
         31: "standby",
         40: "spare",
         41: "spare",
+        45: "archive-build",
+        46: "archive-build",
         50: "orphan",
         51: "orphan",
     }
     assert totals(rows, kinds) == {
         "agent": {"processes": 1, "rss_mb": 300.0, "private_mb": 0.0, "fds": 50},
+        "archive-build": {"processes": 2, "rss_mb": 690.0, "private_mb": 0.0, "fds": 100},
         "orphan": {"processes": 2, "rss_mb": 250.0, "private_mb": 0.0, "fds": 85},
         "primary": {"processes": 2, "rss_mb": 600.0, "private_mb": 480.0, "fds": 220},
         "python-worker": {"processes": 2, "rss_mb": 140.0, "private_mb": 0.0, "fds": 20},
