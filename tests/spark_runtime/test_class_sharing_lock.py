@@ -16,6 +16,7 @@ import pytest
 
 from spark_runtime import class_sharing
 from spark_runtime.class_sharing import ARCHIVE_ENV, ensure_archive, lock_path, take_build_lock
+from tests.proc_environ import environ_of
 
 HOLDER = """
 import sys, time
@@ -116,8 +117,8 @@ def test_a_build_longer_than_the_timeout_keeps_its_lock(sleeping_builder, tmp_pa
     assert ensure_archive("redis://127.0.0.1:1/0", log) is None
     assert len(sleeping_builder) == 1
     # The builder runs Spark like a stage: none of the console's secrets.
-    with open(f"/proc/{first.pid}/environ", "rb") as handle:
-        assert b"SECRET_KEY=" not in handle.read()
+    environment = environ_of(first.pid)
+    assert environment and "SECRET_KEY" not in environment
     os.killpg(first.pid, signal.SIGKILL)  # the builder dies
     first.wait()
     second = ensure_archive("redis://127.0.0.1:1/0", log)

@@ -17,6 +17,7 @@ from spark_runtime.launch import start_stage_process
 from spark_runtime.replicas import ReplicaSpec
 from spark_runtime.runner import SubprocessLauncher
 from tests.conftest import wait_until
+from tests.proc_environ import environ_of
 
 CHILD = "tests.spark_runtime.launched_child"
 NAMES = ["SECRET_KEY", "SPARK_LOG_LEVEL", "REDIS_URL", "PYSPARK_PYTHON"]
@@ -94,12 +95,6 @@ def test_without_a_log_the_output_is_discarded_and_fds_are_passed(started, tmp_p
     assert os.readlink(f"/proc/{proc.pid}/fd/1") == os.readlink(f"/proc/{proc.pid}/fd/2")
     assert os.readlink(f"/proc/{proc.pid}/fd/1") == os.devnull
     assert list(tmp_path.iterdir()) == [tmp_path / "lock"]  # no log written anywhere here
-
-
-def environ_of(pid: int) -> dict[str, str]:
-    with open(f"/proc/{pid}/environ", "rb") as handle:
-        entries = handle.read().split(b"\0")
-    return dict(entry.decode().split("=", 1) for entry in entries if entry)
 
 
 def test_the_local_runner_starts_a_standby_below_its_primary(tmp_path, monkeypatch):

@@ -8,6 +8,7 @@ import pytest
 from django.conf import settings
 
 from spark_runtime.stage_env import stage_environment
+from tests.proc_environ import environ_of
 from tests.workers.agent_children import kill_children_of
 from workers import agent
 from workers.node import children
@@ -22,12 +23,6 @@ SECRETS = {
     "EMAIL_URL": "smtp+tls://backstop:pw@smtp.example:587",
     "METRICS_TOKEN": "scrape-token",
 }
-
-
-def environ_of(pid: int) -> dict[str, str]:
-    with open(f"/proc/{pid}/environ", "rb") as handle:
-        entries = handle.read().split(b"\0")
-    return dict(e.decode().split("=", 1) for e in entries if e)
 
 
 @pytest.fixture
