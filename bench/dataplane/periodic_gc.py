@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import re
 import shutil
@@ -42,6 +41,7 @@ from pathlib import Path
 from bench.dataplane.driver_memory import driver_jvm
 from bench.dataplane.util import write_result
 from spark_runtime.config import DEFAULT_MASTER, JVM_OPTIONS_ENV, build_session, jvm_options
+from spark_runtime.progress import percentiles
 
 COMMAND = "python -m bench.dataplane.periodic_gc"
 # A unified-logging line of a pause, e.g. "[12.345s][info][gc] GC(7) Pause Full (System.gc())
@@ -92,13 +92,6 @@ def pauses(gc_log: Path) -> dict:
         if match:
             found[match.group(1)].append(float(match.group(2)))
     return {kind: (len(ms), max(ms, default=0.0)) for kind, ms in found.items()}
-
-
-def percentile(values: list[int], share: float) -> float:
-    """The `share` quantile of `values` (nearest rank: the smallest value with at least that
-    share of the values at or below it)."""
-    ordered = sorted(values)
-    return float(ordered[max(0, math.ceil(share * len(ordered)) - 1)])
 
 
 def variants(args) -> list[tuple[str, str]]:
@@ -225,7 +218,7 @@ def main(argv=None) -> int:
         lines.append(
             f"| {run['label']} | {len(durations)} | {rss} / {run['rss'][-1][1]:.0f} "
             f"| {full[0]} ({full[1]:.0f}) | {young[0]} ({young[1]:.0f}) "
-            f"| {statistics.median(durations):.0f} / {percentile(durations, 0.99):.0f} "
+            f"| {statistics.median(durations):.0f} / {percentiles(durations, (99,))['p99']:.0f} "
             f"/ {max(durations)} |"
         )
     body = "\n".join(lines)

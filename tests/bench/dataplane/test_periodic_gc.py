@@ -1,7 +1,8 @@
 """The periodic-collection benchmark's reading of a JVM's GC log and of its samples (pure: no
 Spark is started)."""
 
-from bench.dataplane.periodic_gc import label, parse_args, pauses, percentile, rss_at, variants
+from bench.dataplane.periodic_gc import label, parse_args, pauses, rss_at, variants
+from spark_runtime.progress import percentiles
 
 # Lines of a stage JVM's `-Xlog:gc` log as the benchmark's run of 2026-11-30 wrote them.
 GC_LOG = """\
@@ -25,12 +26,11 @@ def test_an_empty_log_has_no_pause(tmp_path):
     assert pauses(log) == {"Young": (0, 0.0), "Full": (0, 0.0)}
 
 
-def test_percentile_takes_the_nearest_rank():
+def test_the_batch_percentile_it_reports_is_the_nearest_rank():
     durations = list(range(200, 0, -1))  # 200..1 ms
-    assert percentile(durations, 0.5) == 100
-    assert percentile(durations, 0.99) == 198
-    assert percentile(list(range(1, 101)), 0.99) == 99
-    assert percentile([7], 0.99) == 7
+    assert percentiles(durations, (50, 99)) == {"p50": 100, "p99": 198}
+    assert percentiles(list(range(1, 101)), (99,))["p99"] == 99
+    assert percentiles([7], (99,))["p99"] == 7
 
 
 def test_rss_at_a_minute_is_the_first_sample_from_it():
