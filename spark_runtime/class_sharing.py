@@ -42,7 +42,7 @@ import threading
 from importlib.metadata import version
 from pathlib import Path
 
-from spark_runtime.env import env
+from spark_runtime.env import env, var_dir
 from spark_runtime.launch import ARCHIVE_BUILDER_MODULE, start_stage_process
 
 log = logging.getLogger(__name__)
@@ -59,8 +59,7 @@ def default_archive() -> Path:
     java = shutil.which("java", path=os.path.join(env("JAVA_HOME", ""), "bin"))
     java = java or shutil.which("java") or "java"
     jdk = hashlib.sha256(os.path.realpath(java).encode()).hexdigest()[:8]
-    var = Path(env("BACKSTOP_VAR_DIR", "") or Path(__file__).resolve().parents[1] / "var")
-    return var / "cds" / f"spark-{version('pyspark')}-jdk-{jdk}.jsa"
+    return var_dir() / "cds" / f"spark-{version('pyspark')}-jdk-{jdk}.jsa"
 
 
 def archive_path() -> Path | None:

@@ -112,8 +112,10 @@ def session_conf(master: str, extra_conf: dict | None = None) -> dict[str, str]:
     conf = dict(SPARK_CONF)
     options = jvm_options()
     # The class-data archive is this machine's: the driver maps it, executors (on a cluster,
-    # other hosts) do not.
-    driver = f"{options} {sharing_options()}".strip()
+    # other hosts) do not. A JVM ignores TMPDIR: the driver's temporary files (Spark's
+    # artifacts, the native libraries it unpacks) follow it here, into a stage process's
+    # scratch directory (spark_runtime/scratch.py).
+    driver = f"{options} {sharing_options()} {tmpdir_option()}".strip()
     if driver:
         conf["spark.driver.extraJavaOptions"] = driver
     if options:
@@ -123,6 +125,12 @@ def session_conf(master: str, extra_conf: dict | None = None) -> dict[str, str]:
         conf["spark.pyspark.python"] = env("PYSPARK_PYTHON", "") or worker_python()
     conf.update(extra_conf or {})
     return conf
+
+
+def tmpdir_option() -> str:
+    """The JVM option that puts its temporary files in TMPDIR, if TMPDIR is set ("" else)."""
+    tmpdir = env("TMPDIR", "")
+    return f"-Djava.io.tmpdir={tmpdir}" if tmpdir else ""
 
 
 # The console script of spark_runtime/python_worker.py (pyproject.toml, [project.scripts]).

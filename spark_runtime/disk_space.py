@@ -96,7 +96,8 @@ def disk_full_cause(path: str, error: str = "", min_free: int | None = None) -> 
 
     An error that says "no space" while `path` has room is still reported as a full disk (it
     waits for an operator like one), but says where there was room: Spark's local directories
-    (spark.local.dir, /tmp by default: shuffle files, RocksDB's working copy) may be the full one.
+    (its scratch directory, spark_runtime/scratch.py: shuffle files, RocksDB's working copy)
+    may be the full one.
     """
     limit = min_free_bytes() if min_free is None else min_free
     space = free_space(path)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
@@ -64,3 +65,9 @@ def env(name: str, default: Any = _MISSING, cast: Callable[[str], Any] = str) ->
         return cast(raw)
     except (ValueError, TypeError) as exc:
         raise ImproperlyConfiguredEnv(f"environment variable {name}: {exc}") from exc
+
+
+def var_dir() -> Path:
+    """Where Backstop keeps its files on this machine: BACKSTOP_VAR_DIR, else `var/` of the
+    project (the Django settings read the same variable)."""
+    return Path(env("BACKSTOP_VAR_DIR", "") or Path(__file__).resolve().parents[1] / "var")

@@ -10,6 +10,8 @@ builder (class_sharing.py), the input generator and the node agents' CPU hogs. W
 - the stage environment (stage_env.py: the data plane's variables, never the console's
   secrets), plus what the caller adds;
 - its output appended to its log file, or discarded;
+- a scratch directory of its own for its temporary files, removed once it is gone
+  (scratch.py: Spark leaves them behind when a fault kills a driver);
 - optionally a lower CPU priority, set in the child after `setsid` and before it runs a line:
   the nice level of its group and of its session's autogroup (cpu_priority.py: a nice level
   alone does nothing across sessions).
@@ -18,12 +20,15 @@ builder (class_sharing.py), the input generator and the node agents' CPU hogs. W
 from __future__ import annotations
 
 import contextlib
+import os
 import subprocess
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from spark_runtime.cpu_priority import set_group_nice
+from spark_runtime.env import var_dir
+from spark_runtime.scratch import claim, scratch_environment, sweep
 from spark_runtime.stage_env import stage_environment
 
 # The entry points of a stage replica and of a warm spare (infra.processes finds them by these).
@@ -47,24 +52,38 @@ def start_stage_process(
     it). Its stdout and stderr are appended to `log_path` (its directory created), or discarded
     when `log_path` is None; its environment is `stage_environment(**env_overrides)`; a non-zero
     `nice` is set in the child for its group and autogroup (`set_group_nice`); `pass_fds` are
-    inherited by the child (a lock it holds for its life)."""
+    inherited by the child (a lock it holds for its life).
+
+    The child's temporary files go to a scratch directory of its own (`scratch.claim`), which
+    the child holds for its life; after the start, the directories of processes that ended are
+    swept (`scratch.sweep`), off the child's start-up path."""
     command = [sys.executable, "-m", module, *args]
-    environment = stage_environment(**(env_overrides or {}))
+    root = scratch_root()
+    scratch, lock = claim(root)
+    environment = stage_environment(**{**scratch_environment(scratch), **(env_overrides or {})})
     # In the child, after setsid: the nice level and the new session's autogroup.
     renice = (lambda: set_group_nice(nice)) if nice else None
     with contextlib.ExitStack() as opened:
+        opened.callback(os.close, lock)  # the child's copy holds the lock from here on
         if log_path is None:
             stdout, stderr = subprocess.DEVNULL, subprocess.DEVNULL
         else:
             log_path.parent.mkdir(parents=True, exist_ok=True)
             # The child keeps its own descriptor of the log; this process's copy closes here.
             stdout, stderr = opened.enter_context(open(log_path, "ab")), subprocess.STDOUT
-        return subprocess.Popen(
+        proc = subprocess.Popen(
             command,
             stdout=stdout,
             stderr=stderr,
             env=environment,
             start_new_session=True,
             preexec_fn=renice,
-            pass_fds=tuple(pass_fds),
+            pass_fds=(*pass_fds, lock),
         )
+    sweep(root)
+    return proc
+
+
+def scratch_root() -> Path:
+    """Where the started processes' scratch directories are: `scratch/` of the var dir."""
+    return var_dir() / "scratch"

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import time
+from pathlib import Path
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
@@ -40,6 +41,8 @@ from tests.integration.live import (
     wait_for_caught_up_standby,
     wait_for_exact_results,
 )
+from tests.proc_environ import environ_of
+from workers.node.children import find_replica_process
 
 # Each node a host of its own, so each keeps a warm spare: the scenario follows spares on the
 # standby's node (nodes sharing a host share one: tests/policy/test_spares.py).
@@ -94,6 +97,21 @@ def live_standby(job: Job) -> Replica:
     may have moved the standby to another node meanwhile (it then has a new replica id)."""
 
     return wait_for_caught_up_standby(job, "count")
+
+
+def scratch_of(job: Job, stage: str) -> Path:
+    """The scratch directory (TMPDIR) of the process running `stage`'s primary, once it runs."""
+
+    found = []
+
+    def running() -> bool:
+        replica = Replica.objects.filter(job=job, stage=stage, role="primary").order_by("pk").last()
+        proc = replica and find_replica_process(replica.local_id, job.key)
+        found[:] = [proc] if proc else []
+        return bool(found)
+
+    wait_for(running, 60, f"{stage}'s primary process")
+    return Path(environ_of(found[0].pid)["TMPDIR"])
 
 
 def local_id(replica: Replica) -> str:
@@ -235,9 +253,21 @@ def test_local_restart_restarts_the_killed_stage_with_exact_results(cluster, set
     )
     cycles = metrics["backstop_controller_cycle_age_seconds"]
     assert [s.value < 30 for s in cycles if s.labels["job_id"] == job_id] == [True]
+    killed_scratch = scratch_of(job, "count")
+    # The driver's temporary files are in its scratch directory, not /tmp: Spark's local
+    # directories (shuffle files, the state stores' working copies) and the JVM's own.
+    wait_for(
+        lambda: {"blockmgr", "spark"} <= {p.name.split("-")[0] for p in killed_scratch.iterdir()},
+        60,
+        "Spark's local directories in the stage's scratch directory",
+    )
     inject_kill_driver(job)
     wait_for(lambda: RecoveryEpisode.objects.filter(job=job).exists(), 60, "stage restart")
     assert ControlDecision.objects.filter(job=job, kind="restart-stage").exists()
+    # What the killed driver left is removed once a process starts after it (spark_runtime/
+    # scratch.py); the restarted stage has a directory of its own.
+    wait_for(lambda: not killed_scratch.exists(), 60, "the killed driver's scratch swept")
+    assert scratch_of(job, "count") != killed_scratch
     episode = RecoveryEpisode.objects.get(job=job)
     assert (episode.stage, episode.action) == ("count", "restart-stage")
     wait_for_exact_results(client, job, LINES)

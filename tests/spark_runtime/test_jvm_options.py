@@ -22,8 +22,10 @@ DRIVER, EXECUTOR = "spark.driver.extraJavaOptions", "spark.executor.extraJavaOpt
 
 @pytest.fixture(autouse=True)
 def no_class_sharing(monkeypatch):
-    """The machine's class-data archive, if one was built, stays out unless a test asks."""
+    """The machine's class-data archive, if one was built, stays out unless a test asks; so
+    does a TMPDIR of the environment (test_scratch.py checks what it adds)."""
     monkeypatch.setenv(ARCHIVE_ENV, "")
+    monkeypatch.delenv("TMPDIR", raising=False)
 
 
 def test_every_session_gives_its_driver_and_executors_the_jvm_options(monkeypatch):
