@@ -34,10 +34,28 @@ def spread(values: Iterable[float | None]) -> dict:
     }
 
 
+def cores_by_kind(
+    before: Mapping[int, float],
+    after: Mapping[int, float],
+    kinds: Mapping[int, str],
+    seconds: float,
+) -> dict[str, float]:
+    """Cores each kind of process used over `seconds`: the CPU seconds of each process between
+    `before` and `after` (pid -> CPU seconds; a process gone by then is left out), summed by its
+    kind (`kinds`, bench/soak/processes.py; a process of no kind counts as "other"), largest
+    first."""
+    used: dict[str, float] = {}
+    for pid, cpu_s in after.items():
+        kind = kinds.get(pid, "other")
+        used[kind] = used.get(kind, 0.0) + (cpu_s - before[pid]) / seconds
+    return {kind: round(cores, 3) for kind, cores in sorted(used.items(), key=lambda kv: -kv[1])}
+
+
 def density_run(
     *,
     jobs: int,
     cpu_cores: float | None,
+    cpu_by_kind: Mapping[str, float] | None = None,
     steady_p50_ms: float | None,
     episodes: list[EpisodeFigures],
     audits: list[dict],
@@ -46,6 +64,7 @@ def density_run(
 ) -> dict:
     """One job count's row of density.json.
 
+    `cpu_by_kind`: the steady window's cores per kind of process (`cores_by_kind`);
     `audits`: per job {"lost", "duplicates"} against the plain-Python reference of its input
     (None when it could not be audited); `standbys`: (kept, wanted) stages with a running hot
     standby against those the policy gives one; `faults`: what each injection did. Episodes
@@ -57,6 +76,7 @@ def density_run(
     return {
         "jobs": jobs,
         "cpu_cores": None if cpu_cores is None else round(cpu_cores, 2),
+        "cpu_by_kind": dict(cpu_by_kind or {}),
         "steady_p50_ms": None if steady_p50_ms is None else round(steady_p50_ms, 1),
         "recovery_s": spread(e.recovery_s for e in episodes),
         "reprotect_s": spread(e.reprotect_s for e in promotions),
@@ -105,6 +125,21 @@ def to_markdown(report: dict) -> str:
     for run in report["runs"]:
         cells = " | ".join(_cell(run["phases_p50_s"].get(name)) for name in names)
         lines.append(f"| {run['jobs']} | {cells} |")
+    kinds = sorted({kind for run in report["runs"] for kind in run.get("cpu_by_kind", {})})
+    if kinds:
+        lines += [
+            "",
+            "Cores per kind of process in the steady window (bench/soak/processes.py: a JVM "
+            "counts for the stage, spare or generator that started it; python-worker: the "
+            "stages' Python workers):",
+            "",
+            "| jobs | " + " | ".join(kinds) + " |",
+            "|---|" + "---|" * len(kinds),
+        ]
+        for run in report["runs"]:
+            by_kind = run.get("cpu_by_kind", {})
+            cells = " | ".join(_cell(by_kind.get(kind)) for kind in kinds)
+            lines.append(f"| {run['jobs']} | {cells} |")
     return "\n".join(lines)
 
 

@@ -31,6 +31,7 @@ from django.db import close_old_connections
 
 from bench.density import report as density_report
 from bench.results import write_report
+from bench.soak import processes as soak_processes
 from bench.soak.faults import LIVE_REPLICA_STATES, soak_user
 from bench.soak.run import Soak, SoakSettings, soak_services
 from bench.strategy.measure import steady_figures
@@ -169,16 +170,20 @@ class Density(Soak):
             time.sleep(config.warmup_s)
             self.say(f"{count} job(s): steady window of {s.steady_s:g} s")
             start = time.time()
-            cpu_before = process_cpu_s([row.pid for row in self.read_processes()])
+            rows = self.read_processes()
+            cpu_before = process_cpu_s([row.pid for row in rows])
+            kinds = soak_processes.classify(rows, self.replica_roles())
             time.sleep(s.steady_s)
             end = time.time()
             cpu_after = process_cpu_s(list(cpu_before))
             used = sum(cpu_after[pid] - cpu_before[pid] for pid in cpu_after)
             cpu_cores = used / (end - start)
+            cpu_by_kind = density_report.cores_by_kind(cpu_before, cpu_after, kinds, end - start)
             standbys = self.standbys(jobs)
             steady_p50 = self.steady_p50(jobs, start, end)
             self.say(f"{count} job(s): {cpu_cores:.2f} cores, steady p50 {steady_p50} ms, "
                      f"hot standbys {standbys[0]}/{standbys[1]}")  # fmt: skip
+            self.say("cores by kind: " + ", ".join(f"{k} {v:g}" for k, v in cpu_by_kind.items()))
             faults = [self.inject_and_wait(jobs[i % count], i) for i in range(s.faults)]
             self.wait_reprotected(jobs)
             episodes = self.episode_figures(jobs)
@@ -188,6 +193,7 @@ class Density(Soak):
         row = density_report.density_run(
             jobs=count,
             cpu_cores=cpu_cores,
+            cpu_by_kind=cpu_by_kind,
             steady_p50_ms=steady_p50,
             episodes=episodes,
             audits=audits,

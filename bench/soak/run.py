@@ -540,6 +540,11 @@ class Soak(FaultPlay):
                 pids |= {postmaster.pid, *(c.pid for c in postmaster.children(recursive=True))}
         return pids
 
+    def replica_roles(self) -> dict[int, str]:
+        """pid -> role (primary or standby) of the run's live replica processes."""
+        live = Replica.objects.filter(job__in=self.jobs, state__in=LIVE_REPLICA_STATES)
+        return {pid: role for pid, role in live.values_list("pid", "role") if pid}
+
     def read_processes(self) -> list[soak_processes.ProcRow]:
         """The run's processes: its servers, the cluster's processes (its ProcessGroup's
         children), processes started with `--redis-url` naming the run's Redis (stages, spares,
@@ -573,9 +578,7 @@ class Soak(FaultPlay):
     def sample(self) -> None:
         at_s = round(self.elapsed(), 1)
         rows = self.read_processes()
-        live = Replica.objects.filter(job__in=self.jobs, state__in=LIVE_REPLICA_STATES)
-        roles = {pid: role for pid, role in live.values_list("pid", "role") if pid}
-        kinds = soak_processes.classify(rows, roles)
+        kinds = soak_processes.classify(rows, self.replica_roles())
         cutoff = timezone.now() - timedelta(seconds=30)
         ended = {
             f"{r.job.key}/{r.local_id}"

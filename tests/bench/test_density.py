@@ -45,6 +45,10 @@ def test_one_job_one_fault_writes_real_figures(tmp_path):
     assert run["jobs"] == 1
     # A Spark job at 20 lines/s uses CPU, but not more than the machine has.
     assert 0.05 < run["cpu_cores"] <= psutil.cpu_count()
+    # Where it went: the kinds add up to the whole, and the job's primary used some of it.
+    by_kind = run["cpu_by_kind"]
+    assert sum(by_kind.values()) == pytest.approx(run["cpu_cores"], abs=0.02)
+    assert by_kind["primary"] > 0 and "controller" in by_kind
     assert run["steady_p50_ms"] > 0
     assert SPREAD_KEYS == set(run["recovery_s"]) == set(run["reprotect_s"])
     # The fault was injected and its recovery measured by the console's episode.

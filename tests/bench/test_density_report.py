@@ -5,7 +5,13 @@ import json
 
 import pytest
 
-from bench.density.report import EpisodeFigures, density_run, spread, to_markdown
+from bench.density.report import (
+    EpisodeFigures,
+    cores_by_kind,
+    density_run,
+    spread,
+    to_markdown,
+)
 from bench.density.run import DensitySettings, parse_job_counts
 
 RUN_KEYS = {"jobs", "cpu_cores", "steady_p50_ms", "recovery_s", "reprotect_s", "lost",
@@ -55,6 +61,23 @@ def test_the_markdown_has_one_line_per_job_count():
               "machine": "2 cores", "rate": 20.0, "faults": 1, "runs": [row]}  # fmt: skip
     text = to_markdown(report)
     assert "| 2 | 1.5 | 700 | 2 / 2 [1] | 30 / 30 [1] | 0 | 0 | 2 / 2 |" in text
+
+
+def test_cores_per_kind_sum_each_process_over_the_window_and_show_in_the_markdown():
+    before = {10: 5.0, 11: 1.0, 12: 0.5, 13: 2.0}
+    after = {10: 8.0, 11: 2.0, 12: 1.5, 13: 2.2}  # 14 started during the window: not counted
+    kinds = {10: "primary", 11: "standby", 12: "primary"}  # 13 is no kind the soak knows
+    cores = cores_by_kind(before, after, kinds, seconds=10.0)
+    assert cores == {"primary": 0.4, "standby": 0.1, "other": 0.02}
+    assert list(cores) == ["primary", "standby", "other"]  # largest first
+    row = density_run(jobs=1, cpu_cores=0.52, cpu_by_kind=cores, steady_p50_ms=400.0,
+                      episodes=[], audits=[], standbys=(1, 1), faults=[])  # fmt: skip
+    report = {"command": "c", "date": "d", "machine": "m", "rate": 20.0, "faults": 0,
+              "runs": [row, {**row, "jobs": 2, "cpu_by_kind": {"primary": 0.8}}]}  # fmt: skip
+    text = to_markdown(report)
+    assert "| jobs | other | primary | standby |" in text
+    assert "| 1 | 0.02 | 0.4 | 0.1 |" in text
+    assert "| 2 | - | 0.8 | - |" in text
 
 
 def test_options_are_checked_naming_the_option():
