@@ -1,0 +1,179 @@
+"""Where a stage JVM's resident memory grows: the JVM's own accounts beside its RSS.
+
+    python -m bench.dataplane.native_memory [--minutes 20] [--sample 60] [--no-write]
+
+Why: in the hour soak of 2026-11-30 a primary grew 673 -> 767 MB (+14%) between its 10th and
+22nd minute, and in `bench.dataplane.periodic_gc` RSS grew about 5% from minute 10 to 20 with
+any initial heap: part of the growth is outside the heap.
+
+Each variant runs the query of `periodic_gc` (a rate source at 20 rows/s, a Python UDF, a count
+by key in RocksDB state, the noop sink, Backstop's session settings and JVM options) in a process
+of its own, all at once, with `-XX:NativeMemoryTracking=summary`. Every `sample` seconds it reads
+the driver JVM's RSS and `jcmd PID VM.native_memory summary`: what the JVM committed per
+category (heap, metaspace, code cache, threads, its collector's structures, its own mallocs).
+NMT does not see what native libraries allocate with malloc (RocksDB's memtables and block
+cache, through JNI): growth of RSS that no category shows is theirs, or the C library's arenas
+holding memory freed by them. The variants: Backstop's settings, and the same with
+MALLOC_ARENA_MAX=2 (glibc gives a threaded process up to 8 arenas per core and keeps what is
+freed in each). Prints the figures and writes them to docs/RESULTS.md ("Data plane", "Native
+memory").
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import subprocess
+import sys
+import time
+
+from bench.dataplane.driver_memory import driver_jvm
+from bench.dataplane.util import write_result
+from spark_runtime.config import DEFAULT_MASTER, JVM_OPTIONS_ENV, jvm_options
+
+COMMAND = "python -m bench.dataplane.native_memory"
+NMT_OPTION = "-XX:NativeMemoryTracking=summary"
+# The variants: (label, environment added to the process).
+VARIANTS = (("Backstop's settings", {}), ("MALLOC_ARENA_MAX=2", {"MALLOC_ARENA_MAX": "2"}))
+# "Total: reserved=1760533KB, committed=326473KB" and "-   Java Heap (reserved=..., committed=...)"
+TOTAL = re.compile(r"^Total: reserved=\d+KB, committed=(\d+)KB", re.MULTILINE)
+CATEGORY = re.compile(r"^-\s+(.+?) \(reserved=\d+KB, committed=(\d+)KB", re.MULTILINE)
+# The categories shown one by one; the others are summed as "other".
+SHOWN = ("Java Heap", "Class", "Metaspace", "Code", "Thread", "GC", "Internal", "Other")
+
+
+def committed_mb(summary: str) -> dict[str, float]:
+    """Committed MiB per category of a `VM.native_memory summary`, and `total`."""
+    total = TOTAL.search(summary)
+    if total is None:
+        raise RuntimeError(f"not a native memory summary:\n{summary[:500]}")
+    found = {name: int(kb) / 1024 for name, kb in CATEGORY.findall(summary)}
+    found["total"] = int(total.group(1)) / 1024
+    return found
+
+
+def start(label: str, extra_env: dict, args) -> dict:
+    """Start periodic_gc's query (at Spark's default periodic collection) with NMT on."""
+    env = {**os.environ, **extra_env}
+    env[JVM_OPTIONS_ENV] = f"{jvm_options()} {NMT_OPTION}"
+    child = subprocess.Popen(
+        [sys.executable, "-m", "bench.dataplane.periodic_gc", "--child", "30min",
+         "--trigger", str(args.trigger), "--minutes", str(args.minutes)],
+        stdout=subprocess.DEVNULL, env=env,
+    )  # fmt: skip
+    return {"label": label, "child": child, "samples": []}
+
+
+def sample(run: dict, minute: float) -> None:
+    """One sample of a running variant: RSS and the JVM's committed memory per category."""
+    pid = run["jvm"].pid
+    summary = subprocess.run(
+        ["jcmd", str(pid), "VM.native_memory", "summary", "scale=KB"],
+        capture_output=True, text=True, timeout=60, check=True,
+    ).stdout  # fmt: skip
+    rss = run["jvm"].memory_info().rss / 2**20
+    run["samples"].append((minute, rss, committed_mb(summary)))
+    print(f"  {run['label']}: {minute:4.1f} min RSS {rss:5.0f} MB, JVM committed "
+          f"{run['samples'][-1][2]['total']:5.0f} MB", flush=True)  # fmt: skip
+
+
+def measure(args) -> list[dict]:
+    """Run every variant at once and sample each until they finish."""
+    runs: list[dict] = []
+    try:
+        for label, extra_env in VARIANTS:
+            runs.append(start(label, extra_env, args))
+        for run in runs:
+            run["jvm"] = driver_jvm(run["child"].pid)
+        started = time.monotonic()
+        while any(run["child"].poll() is None for run in runs):
+            time.sleep(args.sample)
+            minute = (time.monotonic() - started) / 60
+            for run in runs:
+                if run["child"].poll() is None and minute < args.minutes - 0.2:
+                    sample(run, minute)
+        for run in runs:
+            code = run["child"].wait(timeout=120)
+            if code != 0:
+                raise SystemExit(f"{run['label']}: the query's process failed (exit {code})")
+    finally:
+        for run in runs:  # a failed measurement leaves no query running behind it
+            if run["child"].poll() is None:
+                run["child"].kill()
+                run["child"].wait()
+    return runs
+
+
+def at(samples: list, minute: float) -> tuple:
+    """The first sample at or after `minute` (the last one if none)."""
+    return next((s for s in samples if s[0] >= minute), samples[-1])
+
+
+def rows(run: dict, since: float) -> list[str]:
+    """Table rows of a variant: RSS, the JVM's total and its categories at `since` and at the
+    end, and the change."""
+    first, last = at(run["samples"], since), run["samples"][-1]
+
+    def row(name: str, before: float, after: float) -> str:
+        return f"| {run['label']} | {name} | {before:.1f} | {after:.1f} | {after - before:+.1f} |"
+
+    lines = [row("RSS", first[1], last[1]), row("JVM committed (NMT total)", *(
+        s[2]["total"] for s in (first, last)))]  # fmt: skip
+    for name in SHOWN:
+        lines.append(row(name, first[2].get(name, 0.0), last[2].get(name, 0.0)))
+    rest = [
+        sum(v for k, v in s[2].items() if k not in SHOWN and k != "total") for s in (first, last)
+    ]
+    lines.append(row("the other categories", *rest))
+    outside = [s[1] - s[2]["total"] for s in (first, last)]
+    lines.append(row("RSS less JVM committed", *outside))
+    return lines
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--minutes", type=float, default=20.0, help="how long each query runs")
+    parser.add_argument("--since", type=float, default=10.0, help="the minute growth is from")
+    parser.add_argument("--trigger", type=float, default=0.2, help="trigger interval, s")
+    parser.add_argument("--sample", type=float, default=60.0, help="seconds between samples")
+    parser.add_argument("--no-write", action="store_true", help="do not touch docs/RESULTS.md")
+    return parser.parse_args(argv)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    if args.since >= args.minutes:
+        raise SystemExit("--since must be before the end (--minutes)")
+    print(f"{'; '.join(label for label, _ in VARIANTS)} side by side: {args.minutes:g} min at a "
+          f"{args.trigger:g} s trigger, {NMT_OPTION}", flush=True)  # fmt: skip
+    runs = measure(args)
+    for run in runs:
+        if not run["samples"]:
+            raise SystemExit(f"{run['label']}: nothing measured (--minutes too short?)")
+    end = min(run["samples"][-1][0] for run in runs)
+    lines = [
+        f"Command: `{COMMAND} --minutes {args.minutes:g} --since {args.since:g} --sample "
+        f"{args.sample:g}` ({time.strftime('%Y-%m-%d %H:%M')}, {os.cpu_count()} cores, "
+        f"{DEFAULT_MASTER}). The query of `periodic_gc` (20 rows/s, a Python UDF, a count by key "
+        f"in RocksDB state, the noop sink, a {args.trigger:g} s trigger) with Backstop's session "
+        f"settings and JVM options plus `{NMT_OPTION}`, one process per variant, all at once. "
+        "MB committed by the driver JVM per category (`jcmd PID VM.native_memory summary`) and "
+        f"its RSS, at minute {args.since:g} and at the last sample (minute {end:.1f}). NMT does "
+        "not see native libraries' mallocs (RocksDB's): RSS growth no category shows is theirs "
+        "or the C library's.",
+        "",
+        f"| variant | what | MB at {args.since:g} min | MB at the end | change |",
+        "|---|---|---|---|---|",
+    ]
+    for run in runs:
+        lines += rows(run, args.since)
+    body = "\n".join(lines)
+    print(body)
+    if not args.no_write:
+        write_result("Native memory", body)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
