@@ -61,15 +61,18 @@ def density_run(
     audits: list[dict],
     standbys: tuple[int, int],
     faults: list[dict],
+    refused: list[str] = (),
 ) -> dict:
     """One job count's row of density.json.
 
     `cpu_by_kind`: the steady window's cores per kind of process (`cores_by_kind`);
-    `audits`: per job {"lost", "duplicates"} against the plain-Python reference of its input
-    (None when it could not be audited); `standbys`: (kept, wanted) stages with a running hot
-    standby against those the policy gives one; `faults`: what each injection did. Episodes
-    without a recovery time (not back to normal) and promotions without a re-protect time are
-    counted apart, so that `count` says how many the percentiles cover.
+    `refused`: the launches the host reserve refused, each with its reason (the other figures
+    are of the jobs that ran); `audits`: per job {"lost", "duplicates"} against the
+    plain-Python reference of its input (None when it could not be audited); `standbys`:
+    (kept, wanted) stages with a running hot standby against those the policy gives one;
+    `faults`: what each injection did. Episodes without a recovery time (not back to normal)
+    and promotions without a re-protect time are counted apart, so that `count` says how many
+    the percentiles cover.
     """
     promotions = [e for e in episodes if e.action == "promote"]
     audited = [a for a in audits if a.get("lost") is not None]
@@ -92,6 +95,8 @@ def density_run(
             name: spread(e.phases.get(name) for e in episodes)["p50"] for name, _ in PHASES
         },
         "faults": faults,
+        "jobs_running": jobs - len(refused),
+        "refused": list(refused),
     }
 
 
@@ -108,8 +113,10 @@ def to_markdown(report: dict) -> str:
     ]
     for run in report["runs"]:
         rec, rep = run["recovery_s"], run["reprotect_s"]
+        refused = run.get("refused", [])
+        jobs = f"{run['jobs']} ({len(refused)} refused)" if refused else run["jobs"]
         lines.append(
-            f"| {run['jobs']} | {_cell(run['cpu_cores'])} | {_cell(run['steady_p50_ms'])} | "
+            f"| {jobs} | {_cell(run['cpu_cores'])} | {_cell(run['steady_p50_ms'])} | "
             f"{_cell(rec['p50'])} / {_cell(rec['p99'])} [{rec['count']}] | "
             f"{_cell(rep['p50'])} / {_cell(rep['p99'])} [{rep['count']}] | {_cell(run['lost'])} | "
             f"{_cell(run['duplicates'])} | {run['standbys_kept']} / {run['standbys_wanted']} |"

@@ -80,6 +80,19 @@ def test_cores_per_kind_sum_each_process_over_the_window_and_show_in_the_markdow
     assert "| 2 | - | 0.8 | - |" in text
 
 
+def test_launches_the_reserve_refused_are_counted_apart_and_named():
+    why = "density-6-5-1: could not launch: refused: host h: cpu 12% free (measured) vs 20%"
+    row = density_run(jobs=6, cpu_cores=1.7, steady_p50_ms=900.0, episodes=[], audits=[],
+                      standbys=(5, 5), faults=[], refused=[why])  # fmt: skip
+    assert (row["jobs"], row["jobs_running"], row["refused"]) == (6, 5, [why])
+    report = {"command": "c", "date": "d", "machine": "m", "rate": 20.0, "faults": 0,
+              "runs": [row]}  # fmt: skip
+    assert "| 6 (1 refused) | 1.7 | 900 |" in to_markdown(report)
+    alone = density_run(jobs=1, cpu_cores=0.3, steady_p50_ms=400.0, episodes=[], audits=[],
+                        standbys=(1, 1), faults=[])  # fmt: skip
+    assert (alone["jobs_running"], alone["refused"]) == (1, [])
+
+
 def test_options_are_checked_naming_the_option():
     assert parse_job_counts("1,2, 4") == (1, 2, 4)
     with pytest.raises(ValueError, match="--jobs"):
