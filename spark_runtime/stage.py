@@ -107,6 +107,7 @@ from spark_runtime.strategies import (
     REPROTECTING_NICE,
     STANDBY_BATCH_EVERY_S,
     STANDBY_NICE,
+    START_RETRY_NICE,
 )
 
 log = logging.getLogger("spark_runtime.stage")
@@ -353,6 +354,7 @@ def wanted_nice(
     recovering: bool = False,
     seeded: bool = False,
     recovery_first: bool = False,
+    start_retried: bool = False,
 ) -> int:
     """The nice level of this replica's processes under the strategy's CPU priorities
     (`cpu_priorities`; else the normal level): a primary runs above the normal priority, a
@@ -370,11 +372,17 @@ def wanted_nice(
     RECOVERING_NICE; under one with CPU priorities, a `seeded` standby catching up (it
     re-protects a stage that ran) at REPROTECTING_NICE, both above steady primaries. A strategy
     without steady levels may still have the recovery class (local-restart), so that its
-    restarts do not wait behind other jobs' steady primaries."""
+    restarts do not wait behind other jobs' steady primaries.
+
+    `start_retried`: the queries missed Spark's 10 s for the source's Python worker to connect
+    back and are starting again; until the first batch (`started`), under CPU priorities, the
+    replica runs at START_RETRY_NICE, above steady primaries."""
     if role == "primary" and recovering and recovery_first:
         return RECOVERING_NICE
     if not cpu_priorities:
         return 0
+    if start_retried and not started:
+        return START_RETRY_NICE
     if role == "primary":
         return PRIMARY_NICE
     if not started or successor:
@@ -650,6 +658,7 @@ def supervise_queries(args, client, state: ReplicaState, runtime, stop_beats) ->
                     recovering=is_recovering(since, time.time()),
                     seeded=bool(args.seed_from),
                     recovery_first=args.recovery_first,
+                    start_retried=runtime.start_retries > 0,
                 )
                 pace = batch_every_s(wanted, full_pace)
                 if (

@@ -50,6 +50,11 @@ ALL_STANDBYS = "all"  # every stage, the reserve not kept (the resource upper bo
 #   a promotion, a standby the policy adds or restores: the stage is unprotected until it has caught
 #   up) catches up at REPROTECTING_NICE, above the steady primaries, below the recovering primary it
 #   protects. Measured: docs/RESULTS.md, "Recovery first";
+# - a replica whose queries missed Spark's fixed 10 s for the source's Python worker to connect
+#   back, starting them again, at START_RETRY_NICE until its first batch: a deadline that a
+#   start at its usual level missed on a host busy with steady work. Seen with six jobs
+#   started at once on 2 cores: the standbys (at the normal level while they start) missed it
+#   at each of their 3 tries and were started anew by the controller, minutes unprotected;
 # - a steady primary at PRIMARY_NICE, where its process may raise its priority (CAP_SYS_NICE or an
 #   RLIMIT_NICE of 25; elsewhere as high as its limit lets it). After a promotion the new
 #   primary works off the input of the failover gap while a taken spare starts the new standby
@@ -73,6 +78,7 @@ ALL_STANDBYS = "all"  # every stage, the reserve not kept (the resource upper bo
 CONTROL_PLANE_NICE = -10
 RECOVERING_NICE = -8
 REPROTECTING_NICE = -6
+START_RETRY_NICE = REPROTECTING_NICE
 RECOVERY_PRIORITY_S = 30.0
 PRIMARY_NICE = -5
 CONSOLE_NICE = PRIMARY_NICE

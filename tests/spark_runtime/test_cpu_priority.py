@@ -54,6 +54,12 @@ def test_a_primary_runs_above_the_normal_level_and_only_a_caught_up_standby_belo
     assert wanted_nice(True, "standby", CATCHING_UP, started=True) == 0
     # Starting: Spark's fixed 10 s for the source's Python worker to connect back.
     assert wanted_nice(True, "standby", RUNNING, started=False) == 0
+    # A start that missed it and is tried again goes above steady primaries until its first
+    # batch; then the usual levels apply.
+    assert wanted_nice(True, "standby", RUNNING, started=False, start_retried=True) == -6
+    assert wanted_nice(True, "primary", RUNNING, started=False, start_retried=True) == -6
+    assert wanted_nice(True, "standby", RUNNING, started=True, start_retried=True) == 5
+    assert wanted_nice(False, "standby", RUNNING, started=False, start_retried=True) == 0
     # A strategy without CPU priorities (restart-all, local-restart): everything at 0.
     assert wanted_nice(False, "standby", RUNNING, started=True) == 0
     assert wanted_nice(False, "primary", RUNNING, started=True) == 0
@@ -84,6 +90,14 @@ def test_recovery_first_a_recovering_primary_and_a_reseeding_standby_run_above_s
         wanted_nice(True, "primary", RUNNING, True, recovering=True, recovery_first=True)
         == RECOVERING_NICE
     )
+    # A recovering primary keeps its class while its start is tried again.
+    assert (
+        wanted_nice(
+            True, "primary", RUNNING, False, recovering=True, recovery_first=True,
+            start_retried=True,
+        )
+        == RECOVERING_NICE
+    )  # fmt: skip
     assert wanted_nice(False, "primary", RUNNING, True, recovering=True) == 0  # restart-all
     # local-restart: steady work at the normal level, its restarts in the recovery class.
     local = {"recovery_first": True}
