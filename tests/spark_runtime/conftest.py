@@ -1,4 +1,5 @@
-"""Fixtures of the data-plane tests: a real Redis and per-test job ids.
+"""Fixtures of the data-plane tests: a real Redis, per-test job ids, and the processes a test
+starts through the launcher.
 
 The Redis is the server of `TEST_REDIS_URL` (the one variable of the test Redis, also read by
 web/settings/test.py), database 11: the Django tests use that URL's own database (15 by default)
@@ -7,9 +8,11 @@ and clear it, so the data-plane tests keep to a database of their own.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import os
+import signal
 import uuid
 from urllib.parse import urlsplit, urlunsplit
 
@@ -63,3 +66,15 @@ def job():
     job_id = f"t{uuid.uuid4().hex[:8]}"
     yield job_id
     keys.delete_job_keys(_connection(), job_id)
+
+
+@pytest.fixture
+def started():
+    """The processes a test starts (append their Popen): their sessions are killed at its end."""
+    procs = []
+    yield procs
+    for proc in procs:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.kill()  # a child that, against the test, led no group of its own
+        proc.wait()

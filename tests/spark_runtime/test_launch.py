@@ -5,13 +5,9 @@ outside (os.getsid, os.getpriority, /proc)."""
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
-import signal
 import sys
-
-import pytest
 
 from spark_runtime.launch import start_stage_process
 from spark_runtime.replicas import ReplicaSpec
@@ -21,18 +17,6 @@ from tests.proc_environ import environ_of
 
 CHILD = "tests.spark_runtime.launched_child"
 NAMES = ["SECRET_KEY", "SPARK_LOG_LEVEL", "REDIS_URL", "PYSPARK_PYTHON"]
-
-
-@pytest.fixture
-def started():
-    """The processes a test starts: their sessions are killed at its end."""
-    procs = []
-    yield procs
-    for proc in procs:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        proc.kill()  # a child that, against the test, led no group of its own
-        proc.wait()
 
 
 def reported(log_path) -> dict | None:

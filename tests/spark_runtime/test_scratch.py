@@ -5,7 +5,6 @@ what a real Spark driver puts there is checked in tests/integration/test_supervi
 
 from __future__ import annotations
 
-import contextlib
 import os
 import signal
 import time
@@ -24,17 +23,6 @@ CHILD = "tests.spark_runtime.launched_child"
 def var_dir(tmp_path, monkeypatch):
     monkeypatch.setenv("BACKSTOP_VAR_DIR", str(tmp_path))
     return tmp_path
-
-
-@pytest.fixture
-def started():
-    """The processes a test starts: their sessions are killed at its end."""
-    procs = []
-    yield procs
-    for proc in procs:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
 
 
 def test_a_held_directory_stays_and_a_released_one_goes(tmp_path):
