@@ -22,7 +22,7 @@ from pyspark import SparkContext
 
 from spark_runtime import keys
 from spark_runtime.class_sharing import ARCHIVE_ENV, BUILD_TIMEOUT_S, archive_path
-from spark_runtime.config import DEFAULT_REDIS_URL, build_session, jvm_options
+from spark_runtime.config import DEFAULT_REDIS_URL, build_session, jvm_options, tmpdir_option
 from spark_runtime.env import env
 from spark_runtime.redis_client import connect
 from spark_runtime.spare import warm_up
@@ -41,7 +41,9 @@ def build(archive: Path, redis_url: str) -> bool:
     client.ping()  # the warm-up reads a stream: no Redis, no JVM started for nothing
     partial = archive.with_suffix(f".{os.getpid()}.tmp")
     # What a stage loads, with Backstop's JVM options and no archive mapped.
-    options = f"{jvm_options()} -XX:ArchiveClassesAtExit={partial} -Xlog:cds=off".strip()
+    options = (
+        f"{jvm_options()} -XX:ArchiveClassesAtExit={partial} -Xlog:cds=off {tmpdir_option()}"
+    ).strip()
     spark = build_session("backstop-class-sharing", {"spark.driver.extraJavaOptions": options})
     warm_up(
         spark, client, redis_url, keys.class_sharing_warmup_stream(os.getpid()), threading.Event()

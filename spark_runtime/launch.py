@@ -20,9 +20,11 @@ builder (class_sharing.py), the input generator and the node agents' CPU hogs. W
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import subprocess
 import sys
+import threading
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
@@ -37,6 +39,8 @@ SPARE_MODULE = "spark_runtime.spare"
 # The class-data archive's builder (spark_runtime/class_sharing.py): a driver JVM of its own
 # for about two minutes when a machine has no archive yet.
 ARCHIVE_BUILDER_MODULE = "spark_runtime.class_sharing_build"
+
+log = logging.getLogger(__name__)
 
 
 def start_stage_process(
@@ -55,16 +59,16 @@ def start_stage_process(
     inherited by the child (a lock it holds for its life).
 
     The child's temporary files go to a scratch directory of its own (`scratch.claim`), which
-    the child holds for its life; after the start, the directories of processes that ended are
-    swept (`scratch.sweep`), off the child's start-up path."""
+    the child holds for its life; after the start, a thread sweeps the directories of processes
+    that ended (`scratch.sweep`)."""
     command = [sys.executable, "-m", module, *args]
     root = scratch_root()
-    scratch, lock = claim(root)
-    environment = stage_environment(**{**scratch_environment(scratch), **(env_overrides or {})})
     # In the child, after setsid: the nice level and the new session's autogroup.
     renice = (lambda: set_group_nice(nice)) if nice else None
     with contextlib.ExitStack() as opened:
+        scratch, lock = claim(root)
         opened.callback(os.close, lock)  # the child's copy holds the lock from here on
+        environment = stage_environment(**{**scratch_environment(scratch), **(env_overrides or {})})
         if log_path is None:
             stdout, stderr = subprocess.DEVNULL, subprocess.DEVNULL
         else:
@@ -80,8 +84,18 @@ def start_stage_process(
             preexec_fn=renice,
             pass_fds=(*pass_fds, lock),
         )
-    sweep(root)
+    # Off the caller's path (a restart's): removing a killed stage's files takes a while.
+    threading.Thread(target=sweep_quietly, args=(root,), name="scratch-sweep", daemon=True).start()
     return proc
+
+
+def sweep_quietly(root: Path) -> None:
+    """`sweep(root)`, logging rather than raising what it cannot remove: a start has happened by
+    then, and the next start sweeps again."""
+    try:
+        sweep(root)
+    except OSError as exc:
+        log.warning("scratch directories under %s not swept: %s", root, exc)
 
 
 def scratch_root() -> Path:

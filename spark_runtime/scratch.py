@@ -9,12 +9,14 @@ in 1,500 directories of /tmp.
 
 So every process spark_runtime/launch.py starts gets a directory of its own under
 `<BACKSTOP_VAR_DIR>/scratch` as its TMPDIR and SPARK_LOCAL_DIRS (and the JVM's
-`java.io.tmpdir`, spark_runtime/config.py). The launcher creates it holding an exclusive
-`flock` on its lock file and hands that descriptor to the child, whose copy holds the lock for
-the rest of its life: the kernel releases it however the process ends, SIGKILL included, and
-no pid is compared (pids are reused). `sweep` removes every directory whose lock no process
-holds; the launcher sweeps after each start, so what a killed process left goes at the next
-start of a process on the machine.
+`java.io.tmpdir`, spark_runtime/config.py). The launcher creates it under a dot-name, takes an
+exclusive `flock` on its lock file, and only then gives it its name, so that a sweep never
+finds a named directory whose lock is not yet held. It hands that descriptor to the child,
+whose copy holds the lock for the rest of its life: the kernel releases it however the
+process ends, SIGKILL included, and no pid is compared (pids are reused). `sweep` removes
+every named directory whose lock no process holds, holding the lock while it removes it; the
+launcher sweeps after each start, so what a killed process left goes at the next start of a
+process on the machine.
 """
 
 from __future__ import annotations
@@ -27,8 +29,10 @@ import uuid
 from pathlib import Path
 
 LOCK_NAME = ".lock"
-# A directory is created, then locked: one younger than this without its lock file is a start
-# under way, not a leftover.
+# Where a directory is made before it is locked and named.
+CREATING_PREFIX = "."
+# A directory still being made, or one without a lock file, is left alone this long: a creator
+# that died before naming it leaves it behind, and the sweep takes it then.
 CREATING_GRACE_S = 60.0
 
 
@@ -36,10 +40,17 @@ def claim(root: Path) -> tuple[Path, int]:
     """A new scratch directory under `root` and an open descriptor holding its lock. Pass the
     descriptor to the process that owns the directory and close it here: the lock lasts while
     any copy of it is open."""
-    path = root / uuid.uuid4().hex
-    path.mkdir(parents=True)
-    fd = os.open(path / LOCK_NAME, os.O_CREAT | os.O_WRONLY | os.O_CLOEXEC, 0o644)
-    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    name = uuid.uuid4().hex
+    making = root / f"{CREATING_PREFIX}{name}"
+    making.mkdir(parents=True)
+    fd = os.open(making / LOCK_NAME, os.O_CREAT | os.O_WRONLY | os.O_CLOEXEC, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # nobody else knows the name yet
+        path = root / name
+        making.rename(path)
+    except OSError:
+        os.close(fd)
+        raise
     return path, fd
 
 
@@ -49,20 +60,35 @@ def scratch_environment(path: Path) -> dict[str, str]:
     return {"TMPDIR": str(path), "SPARK_LOCAL_DIRS": str(path)}
 
 
-def _abandoned(path: Path, now: float) -> bool:
-    """True when no process holds `path`'s lock (a directory without a lock file counts once it
-    is older than CREATING_GRACE_S)."""
+def _older_than_grace(path: Path, now: float) -> bool:
+    try:
+        return now - path.stat().st_mtime > CREATING_GRACE_S
+    except FileNotFoundError:  # removed meanwhile by another sweep
+        return False
+
+
+def _remove_if_abandoned(path: Path, now: float) -> bool:
+    """Remove `path` if no process holds its lock (a directory being made, or one without a
+    lock file, once it is older than CREATING_GRACE_S); True if it was removed."""
+    if path.name.startswith(CREATING_PREFIX):
+        if not _older_than_grace(path, now):
+            return False
+        shutil.rmtree(path, ignore_errors=True)
+        return True
     try:
         fd = os.open(path / LOCK_NAME, os.O_RDONLY | os.O_CLOEXEC)
     except FileNotFoundError:
-        try:
-            return now - path.stat().st_mtime > CREATING_GRACE_S
-        except FileNotFoundError:  # removed meanwhile by another sweep
+        if not _older_than_grace(path, now):
             return False
+        shutil.rmtree(path, ignore_errors=True)
+        return True
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
+        os.close(fd)
         return False
+    try:
+        shutil.rmtree(path, ignore_errors=True)
     finally:
         os.close(fd)
     return True
@@ -74,9 +100,4 @@ def sweep(root: Path) -> list[Path]:
     if not root.is_dir():
         return []
     now = time.time()
-    removed = []
-    for path in root.iterdir():
-        if path.is_dir() and _abandoned(path, now):
-            shutil.rmtree(path, ignore_errors=True)
-            removed.append(path)
-    return removed
+    return [p for p in root.iterdir() if p.is_dir() and _remove_if_abandoned(p, now)]

@@ -374,14 +374,15 @@ def wanted_nice(
     without steady levels may still have the recovery class (local-restart), so that its
     restarts do not wait behind other jobs' steady primaries.
 
-    `start_retried`: the queries missed Spark's 10 s for the source's Python worker to connect
-    back and are starting again; until the first batch (`started`), under CPU priorities, the
-    replica runs at START_RETRY_NICE, above steady primaries."""
+    `start_retried`: a standby's queries missed Spark's 10 s for the source's Python worker to
+    connect back and are starting again; until its first batch (`started`), under CPU
+    priorities, it runs at START_RETRY_NICE, above steady primaries. (A primary already runs
+    above the standbys' start; `started` says nothing of a primary, which measures no lag.)"""
     if role == "primary" and recovering and recovery_first:
         return RECOVERING_NICE
     if not cpu_priorities:
         return 0
-    if start_retried and not started:
+    if role == "standby" and start_retried and not started:
         return START_RETRY_NICE
     if role == "primary":
         return PRIMARY_NICE

@@ -50,7 +50,7 @@ ALL_STANDBYS = "all"  # every stage, the reserve not kept (the resource upper bo
 #   a promotion, a standby the policy adds or restores: the stage is unprotected until it has caught
 #   up) catches up at REPROTECTING_NICE, above the steady primaries, below the recovering primary it
 #   protects. Measured: docs/RESULTS.md, "Recovery first";
-# - a replica whose queries missed Spark's fixed 10 s for the source's Python worker to connect
+# - a standby whose queries missed Spark's fixed 10 s for the source's Python worker to connect
 #   back, starting them again, at START_RETRY_NICE until its first batch: a deadline that a
 #   start at its usual level missed on a host busy with steady work. Seen with six jobs
 #   started at once on 2 cores: the standbys (at the normal level while they start) missed it

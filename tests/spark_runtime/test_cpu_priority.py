@@ -57,7 +57,8 @@ def test_a_primary_runs_above_the_normal_level_and_only_a_caught_up_standby_belo
     # A start that missed it and is tried again goes above steady primaries until its first
     # batch; then the usual levels apply.
     assert wanted_nice(True, "standby", RUNNING, started=False, start_retried=True) == -6
-    assert wanted_nice(True, "primary", RUNNING, started=False, start_retried=True) == -6
+    # A primary (which measures no lag, so is never "started") keeps its level.
+    assert wanted_nice(True, "primary", RUNNING, started=False, start_retried=True) == -5
     assert wanted_nice(True, "standby", RUNNING, started=True, start_retried=True) == 5
     assert wanted_nice(False, "standby", RUNNING, started=False, start_retried=True) == 0
     # A strategy without CPU priorities (restart-all, local-restart): everything at 0.

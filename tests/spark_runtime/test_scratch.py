@@ -14,6 +14,7 @@ import pytest
 from spark_runtime.config import session_conf, tmpdir_option
 from spark_runtime.launch import scratch_root, start_stage_process
 from spark_runtime.scratch import CREATING_GRACE_S, LOCK_NAME, claim, sweep
+from tests.conftest import wait_until
 from tests.proc_environ import environ_of
 
 CHILD = "tests.spark_runtime.launched_child"
@@ -41,13 +42,26 @@ def test_a_held_directory_stays_and_a_released_one_goes(tmp_path):
     assert sweep(tmp_path / "never-created") == []
 
 
-def test_a_directory_without_its_lock_is_a_start_under_way_until_the_grace_ends(tmp_path):
-    starting = tmp_path / "starting"
-    starting.mkdir()
+def test_a_directory_being_made_or_without_its_lock_is_kept_until_the_grace_ends(tmp_path):
+    being_made = tmp_path / ".0123abcd"  # made, not yet locked and named (claim)
+    lockless = tmp_path / "lockless"
+    being_made.mkdir()
+    lockless.mkdir()
     assert sweep(tmp_path) == []
     old = time.time() - CREATING_GRACE_S - 1
-    os.utime(starting, (old, old))
-    assert sweep(tmp_path) == [starting]
+    for path in (being_made, lockless):
+        os.utime(path, (old, old))
+    assert sorted(sweep(tmp_path)) == sorted([being_made, lockless])
+
+
+def test_a_claimed_directory_is_named_only_once_its_lock_is_held(tmp_path):
+    path, fd = claim(tmp_path)
+    try:
+        assert [p.name for p in tmp_path.iterdir()] == [path.name]
+        assert not path.name.startswith(".") and (path / LOCK_NAME).is_file()
+        assert sweep(tmp_path) == []
+    finally:
+        os.close(fd)
 
 
 def test_each_child_holds_its_own_directory_and_a_killed_ones_goes_at_the_next_start(
@@ -68,7 +82,7 @@ def test_each_child_holds_its_own_directory_and_a_killed_ones_goes_at_the_next_s
     first.wait()
     second = start_stage_process(CHILD, [], tmp_path / "second.log")
     started.append(second)
-    assert not os.path.exists(scratch)  # swept at this start
+    wait_until(lambda: not os.path.exists(scratch), 10, "the killed child's directory swept")
     other = environ_of(second.pid)["TMPDIR"]
     assert other != scratch and os.path.isdir(other)
     assert [p.name for p in scratch_root().iterdir()] == [os.path.basename(other)]
