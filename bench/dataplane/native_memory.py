@@ -4,7 +4,7 @@
 
 Why: in the hour soak of 2026-11-30 a primary grew 673 -> 767 MB (+14%) between its 10th and
 22nd minute, and in `bench.dataplane.periodic_gc` RSS grew about 5% from minute 10 to 20 with
-any initial heap: part of the growth is outside the heap.
+any initial heap.
 
 Each variant runs the query of `periodic_gc` (a rate source at 20 rows/s, a Python UDF, a count
 by key in RocksDB state, the noop sink, Backstop's session settings and JVM options) in a process
@@ -13,7 +13,9 @@ the driver JVM's RSS and `jcmd PID VM.native_memory summary`: what the JVM commi
 category (heap, metaspace, code cache, threads, its collector's structures, its own mallocs).
 NMT does not see what native libraries allocate with malloc (RocksDB's memtables and block
 cache, through JNI): growth of RSS that no category shows is theirs, or the C library's arenas
-holding memory freed by them. The variants: Backstop's settings, and the same with
+holding memory freed by them, or heap pages touched for the first time within a committed heap:
+each sample also reads how much of the heap's address range is resident (/proc/PID/smaps, the
+range from `jcmd PID GC.heap_info`). The variants: Backstop's settings, and the same with
 MALLOC_ARENA_MAX=2 (glibc gives a threaded process up to 8 arenas per core and keeps what is
 freed in each). Prints the figures and writes them to docs/RESULTS.md ("Data plane", "Native
 memory").
@@ -39,8 +41,17 @@ VARIANTS = (("Backstop's settings", {}), ("MALLOC_ARENA_MAX=2", {"MALLOC_ARENA_M
 # "Total: reserved=1760533KB, committed=326473KB" and "-   Java Heap (reserved=..., committed=...)"
 TOTAL = re.compile(r"^Total: reserved=\d+KB, committed=(\d+)KB", re.MULTILINE)
 CATEGORY = re.compile(r"^-\s+(.+?) \(reserved=\d+KB, committed=(\d+)KB", re.MULTILINE)
+# The address ranges of a collector's spaces in `jcmd PID GC.heap_info`, e.g. "tenured
+# generation total 218688K, used 140000K [0x00000000d5550000, 0x00000000e2aa0000,
+# 0x0000000100000000)": start, end of committed, end of reserved.
+SPACE_RANGE = re.compile(r"\[0x([0-9a-f]+), 0x[0-9a-f]+, 0x([0-9a-f]+)\)")
+# A mapping's first line in /proc/PID/smaps ("7f00a000-7f00b000 rw-p ...") and its Rss line.
+MAPPING = re.compile(r"^([0-9a-f]+)-([0-9a-f]+) ")
+RSS_LINE = re.compile(r"^Rss:\s+(\d+) kB")
 # The categories shown one by one; the others are summed as "other".
 SHOWN = ("Java Heap", "Class", "Metaspace", "Code", "Thread", "GC", "Internal", "Other")
+# Not an NMT category: how much of the heap is resident (smaps), kept beside them in a sample.
+HEAP_RESIDENT = "heap resident"
 
 
 def committed_mb(summary: str) -> dict[str, float]:
@@ -51,6 +62,39 @@ def committed_mb(summary: str) -> dict[str, float]:
     found = {name: int(kb) / 1024 for name, kb in CATEGORY.findall(summary)}
     found["total"] = int(total.group(1)) / 1024
     return found
+
+
+def heap_range(heap_info: str) -> tuple[int, int]:
+    """The Java heap's reserved address range [start, end) from `GC.heap_info`."""
+    ranges = [(int(lo, 16), int(hi, 16)) for lo, hi in SPACE_RANGE.findall(heap_info)]
+    if not ranges:
+        raise RuntimeError(f"no heap address range in:\n{heap_info[:500]}")
+    return min(lo for lo, _ in ranges), max(hi for _, hi in ranges)
+
+
+def resident_mb_in(smaps: str, start: int, end: int) -> float:
+    """MiB resident in the mappings of `smaps` that lie within [start, end)."""
+    total_kb, inside = 0, False
+    for line in smaps.splitlines():
+        mapping = MAPPING.match(line)
+        if mapping:
+            lo, hi = int(mapping.group(1), 16), int(mapping.group(2), 16)
+            inside = lo >= start and hi <= end
+            continue
+        rss = RSS_LINE.match(line)
+        if rss and inside:
+            total_kb += int(rss.group(1))
+    return total_kb / 1024
+
+
+def heap_resident_mb(pid: int) -> float:
+    """How much of JVM `pid`'s Java heap is resident (MiB): the pages RSS counts of it."""
+    info = subprocess.run(
+        ["jcmd", str(pid), "GC.heap_info"], capture_output=True, text=True, timeout=60, check=True
+    ).stdout
+    start, end = heap_range(info)
+    with open(f"/proc/{pid}/smaps") as handle:
+        return resident_mb_in(handle.read(), start, end)
 
 
 def start(label: str, extra_env: dict, args) -> dict:
@@ -73,7 +117,9 @@ def sample(run: dict, minute: float) -> None:
         capture_output=True, text=True, timeout=60, check=True,
     ).stdout  # fmt: skip
     rss = run["jvm"].memory_info().rss / 2**20
-    run["samples"].append((minute, rss, committed_mb(summary)))
+    committed = committed_mb(summary)
+    committed[HEAP_RESIDENT] = heap_resident_mb(pid)
+    run["samples"].append((minute, rss, committed))
     print(f"  {run['label']}: {minute:4.1f} min RSS {rss:5.0f} MB, JVM committed "
           f"{run['samples'][-1][2]['total']:5.0f} MB", flush=True)  # fmt: skip
 
@@ -123,11 +169,16 @@ def rows(run: dict, since: float) -> list[str]:
     for name in SHOWN:
         lines.append(row(name, first[2].get(name, 0.0), last[2].get(name, 0.0)))
     rest = [
-        sum(v for k, v in s[2].items() if k not in SHOWN and k != "total") for s in (first, last)
+        sum(mb for name, mb in s[2].items() if name not in (*SHOWN, "total", HEAP_RESIDENT))
+        for s in (first, last)
     ]
     lines.append(row("the other categories", *rest))
     outside = [s[1] - s[2]["total"] for s in (first, last)]
     lines.append(row("RSS less JVM committed", *outside))
+    if HEAP_RESIDENT in first[2] and HEAP_RESIDENT in last[2]:
+        heap = [s[2][HEAP_RESIDENT] for s in (first, last)]
+        lines.append(row("Java Heap resident (smaps)", *heap))
+        lines.append(row("RSS less heap resident", first[1] - heap[0], last[1] - heap[1]))
     return lines
 
 
@@ -161,7 +212,8 @@ def main(argv=None) -> int:
         "MB committed by the driver JVM per category (`jcmd PID VM.native_memory summary`) and "
         f"its RSS, at minute {args.since:g} and at the last sample (minute {end:.1f}). NMT does "
         "not see native libraries' mallocs (RocksDB's): RSS growth no category shows is theirs "
-        "or the C library's.",
+        "or the C library's, or heap pages touched for the first time: the heap's resident size "
+        "(the Rss of its mappings in /proc/PID/smaps) tells those apart.",
         "",
         f"| variant | what | MB at {args.since:g} min | MB at the end | change |",
         "|---|---|---|---|---|",
