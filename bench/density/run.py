@@ -52,6 +52,7 @@ INJECT_TIMEOUT_S = 60.0
 # How a job whose launch the host reserve refused is failed (workers/controller.py's
 # "could not launch: " before console/services/controller.py's LaunchError "refused: ...").
 RESERVE_REFUSAL = "could not launch: refused: "
+SETTLE_S = 15.0  # between two counts (end_count)
 
 
 @dataclass(frozen=True)
@@ -169,6 +170,11 @@ class Density(Soak):
         s = self.density
         refused: list[str] = []
         jobs = self.start_count(count, refused)
+        if not jobs:  # the host reserve refused every launch: nothing to measure
+            return density_report.density_run(
+                jobs=count, cpu_cores=None, steady_p50_ms=None, episodes=[], audits=[],
+                standbys=(0, 0), faults=[], refused=refused,
+            )  # fmt: skip
         try:
             config = Policy.current().to_config()
             time.sleep(config.warmup_s)
@@ -264,6 +270,11 @@ class Density(Soak):
         finally:
             ended = kill_job_processes({job.key for job in jobs})
             self.say(f"{len(jobs)} job(s) stopped; {ended} leftover process(es) ended")
+        # The host reserve judges the mean of each agent's newest samples, one a second: right
+        # after a count they still hold its processes, and the next count's launches were all
+        # refused on them ("cpu -5% free").
+        self.say(f"{SETTLE_S:g} s for the agents' samples to leave the ended jobs behind")
+        time.sleep(SETTLE_S)
 
     # --- measurements -------------------------------------------------------------------------
 
