@@ -43,6 +43,20 @@ def host_identity() -> str:
     return named or machine_identity()
 
 
+def machine_totals() -> dict[str, float]:
+    """The cores and MiB of the machine an agent runs on, when its host is that machine
+    (`host_totals` of the heartbeat); {} for a simulated host (BACKSTOP_NODE_HOST), whose
+    capacity is its agent's own. Agents sharing a machine may each report a share of its memory
+    (the demo splits it between them) but share all of it: the host reserve judges the
+    machine's figures (console.policy.reserve.host_loads)."""
+    if env("BACKSTOP_NODE_HOST", "").strip():
+        return {}
+    return {
+        "host_cpu": float(psutil.cpu_count() or 1),
+        "host_mem_mb": round(psutil.virtual_memory().total / 2**20, 1),
+    }
+
+
 def machine_identity() -> str:
     """The machine this process runs on: the kernel's boot id, else the host name. Agents in
     containers on one machine have host names of their own but share the boot id, and they do

@@ -103,11 +103,14 @@ def host_loads(
     hosts: Mapping[str, str],
     alive: Mapping[str, bool] | None = None,
     window: int = RESERVE_SAMPLES,
+    machines: Mapping[str, tuple[float, float]] | None = None,
 ) -> dict[str, HostLoad]:
-    """HostLoad per host from its alive nodes' samples (newest first): capacity is the largest
-    total any of its agents reports (they report the same machine), use the sum over its agents
-    of the mean of their newest `window` samples, at most the capacity. Nodes without samples
-    are left out; without `alive` every node counts as alive."""
+    """HostLoad per host from its alive nodes' samples (newest first): capacity is the
+    machine's (`machines`: host -> (cores, MiB) its agents measured), else the largest total
+    any of its agents reports (they report the same machine, or each a share of its memory: the
+    demo splits it); use is the sum over its agents of the mean of their newest `window`
+    samples, at most the capacity. Nodes without samples are left out; without `alive` every
+    node counts as alive."""
     grouped: dict[str, list[tuple[str, Sequence[NodeSample]]]] = {}
     for name, samples in sorted(history.items()):
         if samples and (alive is None or alive.get(name, False)):
@@ -116,6 +119,8 @@ def host_loads(
     for host, members in grouped.items():
         cpu_total = max(samples[0].cpu_total for _, samples in members)
         mem_total = max(samples[0].mem_total for _, samples in members)
+        if machines and host in machines:
+            cpu_total, mem_total = machines[host]
         cpu_used = sum(sum(s.cpu_used for s in samples) / len(samples) for _, samples in members)
         mem_used = sum(sum(s.mem_used for s in samples) / len(samples) for _, samples in members)
         loads[host] = HostLoad(

@@ -17,7 +17,7 @@ from console.models import ControlDecision, Job
 from console.policy.reserve import RESTORE_HOLD_S
 from console.roles import OPERATOR
 from console.services import controller
-from console.services.control import cycle, observe
+from console.services.control import cycle, observe, reserve
 from console.services.policy import change_policy
 from infra import keys as control_keys
 from infra.queues import node_queue
@@ -137,3 +137,14 @@ def test_a_launch_past_the_reserve_is_refused_by_the_api_and_by_the_launch(redis
     # With room the same request is accepted.
     publish_usage(redis_conn, IDLE)
     assert api_as(OPERATOR).post("/api/jobs/", body, format="json").status_code == 201
+
+
+def test_the_machines_figures_come_from_the_heartbeats_that_carry_them():
+    beats = {
+        "n1": {"host": "boot:a", "host_cpu": 2.0, "host_mem_mb": 24576.0},
+        "n2": {"host": "boot:a", "host_cpu": 2.0, "host_mem_mb": 24576.0},
+        "sim": {"host": "rack-7"},  # a simulated host: its agent's own capacity
+        "old": {"host": "boot:c", "host_cpu": "2", "host_mem_mb": None},  # not numbers
+        "zero": {"host": "boot:d", "host_cpu": 0, "host_mem_mb": 1.0},
+    }
+    assert reserve.machines_of(beats) == {"boot:a": (2.0, 24576.0)}

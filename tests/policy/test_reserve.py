@@ -67,6 +67,20 @@ def test_a_host_counts_its_capacity_once_and_its_agents_use_summed_and_averaged(
     assert cluster_free == 0.75 and a.free_shares()[0] == pytest.approx(0.25)
 
 
+def test_a_host_whose_agents_report_shares_of_its_memory_is_judged_on_the_machine():
+    # The demo and the benchmarks split a 24 GiB machine's memory between its three agents;
+    # each reports all of its 2 cores. Counted on one share, 6 GB of stages left 25% free.
+    history = {n: [make_sample(n, 2.0, 0.3, 8192.0, 2048.0)] for n in ("n1", "n2", "n3")}
+    hosts = {n: "boot:a" for n in history}
+    share = host_loads(history, hosts)["boot:a"]
+    assert (share.mem_total, share.mem_used) == (8192.0, 6144.0)
+    machine = host_loads(history, hosts, machines={"boot:a": (2.0, 24576.0)})["boot:a"]
+    assert (machine.cpu_total, machine.mem_total, machine.mem_used) == (2.0, 24576.0, 6144.0)
+    assert machine.free_shares() == pytest.approx((1.1 / 2.0, 0.75))
+    # Another host's figures do not apply.
+    assert host_loads(history, hosts, machines={"boot:z": (8.0, 1.0)})["boot:a"] == share
+
+
 def test_a_node_without_a_host_is_a_host_of_its_own_and_use_never_exceeds_capacity():
     history = {"x": [make_sample("x", 2.0, 2.0)], "y": [make_sample("y", 2.0, 1.5)]}
     loads = host_loads(history, {"x": "h", "y": "h"})

@@ -1,5 +1,6 @@
 """Node sampling with psutil against real processes."""
 
+import os
 import subprocess
 import sys
 import time
@@ -153,3 +154,15 @@ def test_agents_on_one_machine_report_one_host_unless_told_otherwise(monkeypatch
     assert node_metrics.host_identity() == "rack-2-host-7"
     # The machine stays the machine (one spare warm-up at a time on its cores).
     assert node_metrics.machine_identity() == "agent-2-container"
+
+
+def test_an_agent_on_its_machine_reports_the_machines_cores_and_memory(monkeypatch):
+    monkeypatch.delenv("BACKSTOP_NODE_HOST", raising=False)
+    totals = node_metrics.machine_totals()
+    assert totals["host_cpu"] == os.cpu_count()
+    with open("/proc/meminfo") as meminfo:  # MemTotal, in kB
+        kb = int(next(line for line in meminfo if line.startswith("MemTotal:")).split()[1])
+    assert totals["host_mem_mb"] == pytest.approx(kb / 1024, abs=1)
+    # A simulated host's capacity is its agent's own: no machine figures.
+    monkeypatch.setenv("BACKSTOP_NODE_HOST", "rack-2-host-7")
+    assert node_metrics.machine_totals() == {}

@@ -15,7 +15,7 @@ from django.conf import settings
 
 from console.redis import redis_client
 from infra import keys
-from infra.node_metrics import PROCESSES, NodeSampler, host_identity
+from infra.node_metrics import PROCESSES, NodeSampler, host_identity, machine_totals
 from spark_runtime.activity import ActivityMeter, is_busy, tree_rss_mb
 from spark_runtime.class_sharing import ensure_archive
 from spark_runtime.env import env
@@ -66,9 +66,11 @@ def publish_activity(client: redis.Redis) -> None:
 
 def publish_forever(node: str, sampler: NodeSampler) -> None:
     """Heartbeat and metrics every second until the worker shuts down; survives Redis outages.
-    The heartbeat names the agent's host: nodes on one host share its warm spares."""
+    The heartbeat names the agent's host (nodes on one host share its warm spares) and, when
+    that host is the machine, the machine's cores and memory (the host reserve's capacity)."""
     client = redis_client()
     host = host_identity()
+    totals = machine_totals()
     while not _stop.wait(PUBLISH_INTERVAL_S):
         try:
             resume_due(client, node)
@@ -77,6 +79,7 @@ def publish_forever(node: str, sampler: NodeSampler) -> None:
                 **sampler.sample().to_dict(),
                 "spares": idle_spares(client, node),
                 "host": host,
+                **totals,
             }
             payload = json.dumps(usage)
             pipe = client.pipeline()

@@ -15,7 +15,6 @@ from django.utils import timezone
 
 from console.models import ControlDecision, Job, Node, Operator, Replica
 from console.policy.checkpoint import stage_interval, state_store_confs
-from console.policy.reserve import host_loads
 from console.policy.resources import node_capacities
 from console.policy.spares import spare_needed, spares_wanted, stages_covered
 from console.policy.strays import confirmed_strays
@@ -35,6 +34,7 @@ from console.services.control.record import (
     exit_returncode,
     failure_report,
 )
+from console.services.control.reserve import current_loads
 from console.services.policy import policy_in_force
 from infra import keys as control_keys
 from infra import tasks
@@ -287,7 +287,7 @@ def keep_warm_spares(
         stages_covered(placements, names),
         measured=idle,
         asked=asked,
-        loads=host_loads(history, hosts) if config.hold_host_reserve else None,
+        loads=current_loads(history, beats) if config.hold_host_reserve else None,
     )
     with client.pipeline(transaction=False) as pipe:
         for name, count in wanted.items():

@@ -42,9 +42,21 @@ def hosts_of(beats: Mapping[str, dict]) -> dict[str, str]:
     return {name: str(beat.get("host", "")) for name, beat in beats.items()}
 
 
+def machines_of(beats: Mapping[str, dict]) -> dict[str, tuple[float, float]]:
+    """host -> (cores, MiB) of the machine, from the heartbeats that carry them (agents whose
+    host is the machine they run on, infra.node_metrics.machine_totals)."""
+    machines = {}
+    for beat in beats.values():
+        host, cpu, mem = beat.get("host"), beat.get("host_cpu"), beat.get("host_mem_mb")
+        numbers = isinstance(cpu, int | float) and isinstance(mem, int | float)
+        if host and numbers and cpu > 0 and mem > 0:
+            machines[str(host)] = (float(cpu), float(mem))
+    return machines
+
+
 def current_loads(history: Mapping, beats: Mapping[str, dict]) -> dict[str, HostLoad]:
     """Each host's capacity and measured use from its alive agents' recent samples."""
-    return host_loads(history, hosts_of(beats))
+    return host_loads(history, hosts_of(beats), machines=machines_of(beats))
 
 
 def read_claims(client) -> list[StandbyClaim]:
