@@ -10,10 +10,14 @@ from __future__ import annotations
 
 import json
 import time
+from dataclasses import replace
 
 import pytest
 
 from console.models import ControlDecision, Job
+from console.policy.actions import AddStandby, DropStandby
+from console.policy.config import PolicyConfig
+from console.policy.placement import CycleInput, run_cycle
 from console.policy.reserve import RESTORE_HOLD_S
 from console.roles import OPERATOR
 from console.services import controller
@@ -22,6 +26,7 @@ from console.services.policy import change_policy
 from infra import keys as control_keys
 from infra.queues import node_queue
 from tests.factories import NodeFactory, make_job
+from tests.policy.helpers import make_priority, make_sample
 
 pytestmark = pytest.mark.django_db
 
@@ -148,3 +153,32 @@ def test_the_machines_figures_come_from_the_heartbeats_that_carry_them():
         "zero": {"host": "boot:d", "host_cpu": 0, "host_mem_mb": 1.0},
     }
     assert reserve.machines_of(beats) == {"boot:a": (2.0, 24576.0)}
+
+
+def test_a_vetoed_stage_gets_no_standby_back_through_its_next_active_operator():
+    # A stage of two active operators (as topn's window_count and topn in one stage): its
+    # standby is the top one's, and the reserve vetoes the stage by that operator. Vetoing the
+    # top one alone let Algorithm 2 add a standby back for the other in the same cycle that
+    # dropped it, every cycle.
+    priorities = [make_priority("window_count", 0.646), make_priority("topn", 0.639)]
+    stages = {"window_count": ["window_count", "topn"]}
+    veto = "reserve: host boot:a: cpu 12% / mem 83% free (measured) vs reserve 20%"
+    vetoed = cycle.stage_vetoes({"window_count": veto}, stages, priorities)
+    assert vetoed == {"window_count": veto, "topn": veto}
+    samples = {n: [make_sample(n, 2.0, 0.2)] for n in ("n1", "n2", "n3")}
+    state = CycleInput(
+        priorities=priorities,
+        primaries={"window_count": "n1", "topn": "n1"},
+        standbys={"window_count": "n2"},
+        samples=samples,
+        alive=dict.fromkeys(samples, True),
+        vetoed=vetoed,
+    )
+    actions = run_cycle(state, PolicyConfig()).actions
+    assert DropStandby("window_count", "n2", veto) in actions
+    assert not [a for a in actions if isinstance(a, AddStandby)]
+    # Vetoed by its top operator only, as before: the standby came back at once.
+    state = replace(state, vetoed={"window_count": veto})
+    assert [type(a) for a in run_cycle(state, PolicyConfig()).actions if type(a) is AddStandby]
+    # A stage not vetoed keeps nothing vetoed.
+    assert cycle.stage_vetoes({}, stages, priorities) == {}
