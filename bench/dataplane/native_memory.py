@@ -30,7 +30,7 @@ import subprocess
 import sys
 import time
 
-from bench.dataplane.driver_memory import driver_jvm
+from bench.dataplane.periodic_gc import end_children, sample_at, sample_side_by_side
 from bench.dataplane.util import write_result
 from spark_runtime.config import DEFAULT_MASTER, JVM_OPTIONS_ENV, jvm_options
 
@@ -130,36 +130,21 @@ def measure(args) -> list[dict]:
     try:
         for label, extra_env in VARIANTS:
             runs.append(start(label, extra_env, args))
-        for run in runs:
-            run["jvm"] = driver_jvm(run["child"].pid)
-        started = time.monotonic()
-        while any(run["child"].poll() is None for run in runs):
-            time.sleep(args.sample)
-            minute = (time.monotonic() - started) / 60
-            for run in runs:
-                if run["child"].poll() is None and minute < args.minutes - 0.2:
-                    sample(run, minute)
+        # jcmd needs a while: no sample in the last 0.2 minute, as the query ends.
+        sample_side_by_side(runs, args.sample, args.minutes - 0.2, sample)
         for run in runs:
             code = run["child"].wait(timeout=120)
             if code != 0:
                 raise SystemExit(f"{run['label']}: the query's process failed (exit {code})")
     finally:
-        for run in runs:  # a failed measurement leaves no query running behind it
-            if run["child"].poll() is None:
-                run["child"].kill()
-                run["child"].wait()
+        end_children(runs)
     return runs
-
-
-def at(samples: list, minute: float) -> tuple:
-    """The first sample at or after `minute` (the last one if none)."""
-    return next((s for s in samples if s[0] >= minute), samples[-1])
 
 
 def rows(run: dict, since: float) -> list[str]:
     """Table rows of a variant: RSS, the JVM's total and its categories at `since` and at the
     end, and the change."""
-    first, last = at(run["samples"], since), run["samples"][-1]
+    first, last = sample_at(run["samples"], since), run["samples"][-1]
 
     def row(name: str, before: float, after: float) -> str:
         return f"| {run['label']} | {name} | {before:.1f} | {after:.1f} | {after - before:+.1f} |"

@@ -131,6 +131,37 @@ def finish(run: dict) -> None:
     run["pauses"] = pauses(run["gc_log"])
 
 
+def sample_side_by_side(runs: list[dict], every_s: float, until_minute: float, sample) -> None:
+    """Find each run's driver JVM (`run["jvm"]`), then every `every_s` seconds call
+    `sample(run, minute)` for each run whose child still runs, before `until_minute`, until every
+    child has ended. Shared with bench.dataplane.native_memory."""
+    for run in runs:
+        run["jvm"] = driver_jvm(run["child"].pid)
+    started = time.monotonic()
+    while any(run["child"].poll() is None for run in runs):
+        time.sleep(every_s)
+        minute = (time.monotonic() - started) / 60
+        for run in runs:
+            if run["child"].poll() is None and minute < until_minute:
+                sample(run, minute)
+
+
+def end_children(runs: list[dict]) -> None:
+    """Kill every run's child still running: a failed measurement leaves no query behind it
+    (its JVM ends with it)."""
+    for run in runs:
+        if run["child"].poll() is None:
+            run["child"].kill()
+            run["child"].wait()
+
+
+def sample_rss(run: dict, minute: float) -> None:
+    """One sample of a running setting: its driver's RSS (no collection forced)."""
+    rss = run["jvm"].memory_info().rss / 2**20
+    run["rss"].append((minute, rss))
+    print(f"  {run['label']}: {minute:4.1f} min RSS {rss:5.0f} MB", flush=True)
+
+
 def measure(args) -> list[dict]:
     """Run every setting at once and sample each driver's RSS until they finish."""
     log_dir = Path(tempfile.mkdtemp(prefix="backstop-periodic-gc-logs-"))
@@ -138,32 +169,23 @@ def measure(args) -> list[dict]:
     try:
         for number, (interval, extra) in enumerate(variants(args)):
             runs.append(start(number, interval, extra, args, log_dir))
-        for run in runs:
-            run["jvm"] = driver_jvm(run["child"].pid)
-        started = time.monotonic()
-        while any(run["child"].poll() is None for run in runs):
-            time.sleep(args.sample)
-            minute = (time.monotonic() - started) / 60
-            for run in runs:
-                if run["child"].poll() is None and minute < args.minutes - 0.1:
-                    rss = run["jvm"].memory_info().rss / 2**20
-                    run["rss"].append((minute, rss))
-                    print(f"  {run['label']}: {minute:4.1f} min RSS {rss:5.0f} MB", flush=True)
+        sample_side_by_side(runs, args.sample, args.minutes - 0.1, sample_rss)
         for run in runs:
             finish(run)
     finally:
-        # A failed measurement leaves no query running behind it (its JVM ends with it).
-        for run in runs:
-            if run["child"].poll() is None:
-                run["child"].kill()
-                run["child"].wait()
+        end_children(runs)
         shutil.rmtree(log_dir, ignore_errors=True)
     return runs
 
 
+def sample_at(samples: list[tuple], minute: float) -> tuple:
+    """The first sample (minute first) at or after `minute` (the last one if none)."""
+    return next((s for s in samples if s[0] >= minute), samples[-1])
+
+
 def rss_at(samples: list[tuple[float, float]], minute: float) -> float:
     """RSS of the first sample at or after `minute` (the last one if none)."""
-    return next((rss for at, rss in samples if at >= minute), samples[-1][1])
+    return sample_at(samples, minute)[1]
 
 
 def parse_args(argv=None):
