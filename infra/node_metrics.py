@@ -45,10 +45,10 @@ def host_identity() -> str:
 
 def machine_totals() -> dict[str, float]:
     """The cores and MiB of the machine an agent runs on, when its host is that machine
-    (`host_totals` of the heartbeat); {} for a simulated host (BACKSTOP_NODE_HOST), whose
-    capacity is its agent's own. Agents sharing a machine may each report a share of its memory
-    (the demo splits it between them) but share all of it: the host reserve judges the
-    machine's figures (console.policy.reserve.host_loads)."""
+    (`host_cpu`, `host_mem_mb` of the heartbeat); {} for a simulated host
+    (BACKSTOP_NODE_HOST), whose capacity is its agent's own. Agents sharing a machine may each
+    report a share of its memory (the demo splits it between them) but share all of it: the
+    host reserve judges the machine's figures (console.policy.reserve.host_loads)."""
     if env("BACKSTOP_NODE_HOST", "").strip():
         return {}
     return {

@@ -21,6 +21,7 @@ process on the machine.
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import os
 import shutil
@@ -70,27 +71,24 @@ def _older_than_grace(path: Path, now: float) -> bool:
 def _remove_if_abandoned(path: Path, now: float) -> bool:
     """Remove `path` if no process holds its lock (a directory being made, or one without a
     lock file, once it is older than CREATING_GRACE_S); True if it was removed."""
-    if path.name.startswith(CREATING_PREFIX):
+    fd = None
+    if not path.name.startswith(CREATING_PREFIX):
+        with contextlib.suppress(FileNotFoundError):
+            fd = os.open(path / LOCK_NAME, os.O_RDONLY | os.O_CLOEXEC)
+    if fd is None:
         if not _older_than_grace(path, now):
             return False
-        shutil.rmtree(path, ignore_errors=True)
-        return True
-    try:
-        fd = os.open(path / LOCK_NAME, os.O_RDONLY | os.O_CLOEXEC)
-    except FileNotFoundError:
-        if not _older_than_grace(path, now):
+    else:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
             return False
-        shutil.rmtree(path, ignore_errors=True)
-        return True
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        os.close(fd)
-        return False
-    try:
+    try:  # holding the lock, if there is one, while the directory goes
         shutil.rmtree(path, ignore_errors=True)
     finally:
-        os.close(fd)
+        if fd is not None:
+            os.close(fd)
     return True
 
 

@@ -34,7 +34,7 @@ from console.services.control.record import (
     exit_returncode,
     failure_report,
 )
-from console.services.control.reserve import current_loads
+from console.services.control.reserve import current_loads, hosts_of
 from console.services.policy import policy_in_force
 from infra import keys as control_keys
 from infra import tasks
@@ -267,7 +267,7 @@ def keep_warm_spares(
         ttl_s = max(REFILL_HOLD_S, 2 * config.cycle_interval_s)
         client.set(data_keys.spare_needed(), "1", ex=round(ttl_s))
     history = node_history(client, beats) if view is None else view.history
-    hosts = {name: beat.get("host", "") for name, beat in beats.items()}
+    hosts = hosts_of(beats)
     # Spares warming up are kept where they are too: one host's spare is not stopped on one
     # node and started on another as Q changes. So are those a cycle asked for in the last
     # seconds and no agent has started yet: else another job's cycle, seeing none, may ask for
